@@ -1,0 +1,16 @@
+/**
+ * @file keepsake.h
+ * Umbrella header: everything a program needs to save and restore the whole
+ * state of a training run.
+ */
+#ifndef KEEPSAKE_H
+#define KEEPSAKE_H
+
+#include "keepsake/alloc.h"
+#include "keepsake/dtype.h"
+#include "keepsake/statedict.h"
+#include "keepsake/status.h"
+#include "keepsake/tensor.h"
+#include "keepsake/version.h"
+
+#endif

@@ -1,0 +1,311 @@
+/*
+ * Ordered state dict. Entries live in an array in insertion order; an
+ * open-addressing table of entry indices makes lookups O(1) so that a file of
+ * 100,000 tensors loads without quadratic work.
+ */
+#include <string.h>
+
+#include "core/internal.h"
+#include "keepsake/statedict.h"
+
+typedef struct sd_item {
+  char *name;
+  uint64_t hash;
+  ks_value_kind kind;
+  ks_tensor tensor;
+  int64_t i;
+  double f;
+  char *s;
+} sd_item;
+
+typedef struct sd_owner {
+  void *owner;
+  void (*release)(void *);
+} sd_owner;
+
+struct ks_statedict {
+  ks_allocator alloc;
+  sd_item *items;
+  size_t count, cap;
+  uint32_t *slots; /* index+1 into items, 0 = empty */
+  size_t nslots;   /* power of two, or 0 */
+  sd_owner *owners;
+  size_t nowners;
+};
+
+static uint64_t hash_name(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+  return h;
+}
+
+ks_status ks_statedict_create(const ks_allocator *alloc, ks_statedict **out) {
+  ks_statedict *sd = ks__calloc(alloc, 1, sizeof *sd);
+  if (!sd) return KS_E_NOMEM;
+  sd->alloc = *ks__alloc_or_default(alloc);
+  *out = sd;
+  return KS_OK;
+}
+
+const ks_allocator *ks_statedict_allocator(const ks_statedict *sd) { return &sd->alloc; }
+
+static void item_clear(ks_statedict *sd, sd_item *it) {
+  if (it->kind == KS_VAL_TENSOR && it->tensor.ownership == KS_OWNED) ks__free(&sd->alloc, it->tensor.data);
+  ks__free(&sd->alloc, it->s);
+  it->s = NULL;
+  it->tensor.data = NULL;
+}
+
+void ks_statedict_free(ks_statedict *sd) {
+  if (!sd) return;
+  for (size_t k = 0; k < sd->count; k++) {
+    item_clear(sd, &sd->items[k]);
+    ks__free(&sd->alloc, sd->items[k].name);
+  }
+  /* Owners go last: mapped tensors above point into them. */
+  for (size_t k = sd->nowners; k-- > 0;) sd->owners[k].release(sd->owners[k].owner);
+  ks__free(&sd->alloc, sd->owners);
+  ks__free(&sd->alloc, sd->items);
+  ks__free(&sd->alloc, sd->slots);
+  ks__free(&sd->alloc, sd);
+}
+
+/* Slot holding `name`, or the empty slot where it would go. Requires nslots > 0. */
+static size_t find_slot(const ks_statedict *sd, const char *name, uint64_t h) {
+  size_t mask = sd->nslots - 1, s = (size_t)h & mask;
+  while (sd->slots[s]) {
+    const sd_item *it = &sd->items[sd->slots[s] - 1];
+    if (it->hash == h && strcmp(it->name, name) == 0) return s;
+    s = (s + 1) & mask;
+  }
+  return s;
+}
+
+static ks_status rebuild_index(ks_statedict *sd, size_t nslots) {
+  uint32_t *slots = ks__calloc(&sd->alloc, nslots, sizeof *slots);
+  if (!slots) return KS_E_NOMEM;
+  ks__free(&sd->alloc, sd->slots);
+  sd->slots = slots;
+  sd->nslots = nslots;
+  for (size_t k = 0; k < sd->count; k++)
+    sd->slots[find_slot(sd, sd->items[k].name, sd->items[k].hash)] = (uint32_t)(k + 1);
+  return KS_OK;
+}
+
+static long find_index(const ks_statedict *sd, const char *name) {
+  if (sd->nslots == 0) return -1;
+  size_t s = find_slot(sd, name, hash_name(name));
+  return sd->slots[s] ? (long)sd->slots[s] - 1 : -1;
+}
+
+/* Makes room for one more item, growing the array and keeping the table under 50% load. */
+static ks_status reserve_one(ks_statedict *sd) {
+  if (sd->count >= UINT32_MAX - 1) return KS_E_LIMIT;
+  if (sd->count == sd->cap) {
+    size_t ncap = sd->cap ? sd->cap * 2 : 16, bytes;
+    if (!ks__mul_size(ncap, sizeof(sd_item), &bytes)) return KS_E_LIMIT;
+    sd_item *items = ks__realloc(&sd->alloc, sd->items, bytes);
+    if (!items) return KS_E_NOMEM;
+    sd->items = items;
+    sd->cap = ncap;
+  }
+  if ((sd->count + 1) * 2 > sd->nslots) return rebuild_index(sd, sd->nslots ? sd->nslots * 2 : 32);
+  return KS_OK;
+}
+
+static ks_status check_name(const char *name) {
+  if (!name) return KS_E_INVALID;
+  size_t n = strlen(name);
+  if (n == 0) return KS_E_INVALID;
+  if (n > KS_MAX_NAME) return KS_E_LIMIT;
+  return KS_OK;
+}
+
+/* Installs a fully built value under name, replacing any entry of that name. */
+static ks_status put(ks_statedict *sd, const char *name, sd_item *val) {
+  ks_status st = check_name(name);
+  if (st) return st;
+  long idx = find_index(sd, name);
+  if (idx >= 0) {
+    sd_item *it = &sd->items[idx];
+    item_clear(sd, it);
+    val->name = it->name;
+    val->hash = it->hash;
+    *it = *val;
+    return KS_OK;
+  }
+  char *copy = ks__strdup(&sd->alloc, name);
+  if (!copy) return KS_E_NOMEM;
+  if ((st = reserve_one(sd)) != KS_OK) {
+    ks__free(&sd->alloc, copy);
+    return st;
+  }
+  val->name = copy;
+  val->hash = hash_name(name);
+  sd->items[sd->count] = *val;
+  sd->slots[find_slot(sd, copy, val->hash)] = (uint32_t)(sd->count + 1);
+  sd->count++;
+  return KS_OK;
+}
+
+/* Frees the parts of an item that `put` failed to take. */
+static ks_status put_or_release(ks_statedict *sd, const char *name, sd_item *val) {
+  ks_status st = put(sd, name, val);
+  if (st) item_clear(sd, val);
+  return st;
+}
+
+ks_status ks_statedict_set_tensor(ks_statedict *sd, const char *name, const ks_tensor *t, ks_take take) {
+  if (!sd || !t) return KS_E_INVALID;
+  size_t nbytes;
+  ks_status st = ks_shape_size(t->dtype, t->rank, t->shape, NULL, &nbytes);
+  if (st) return st;
+  if (nbytes != t->nbytes || (nbytes && !t->data)) return KS_E_INVALID;
+  sd_item val = {0};
+  val.kind = KS_VAL_TENSOR;
+  val.tensor = *t;
+  if (take == KS_COPY) {
+    val.tensor.data = ks__malloc(&sd->alloc, nbytes);
+    if (!val.tensor.data) return KS_E_NOMEM;
+    if (nbytes) memcpy(val.tensor.data, t->data, nbytes);
+    val.tensor.ownership = KS_OWNED;
+  } else {
+    val.tensor.ownership = take == KS_MAPPED_VIEW ? KS_MAPPED : KS_BORROWED;
+  }
+  return put_or_release(sd, name, &val);
+}
+
+ks_status ks_statedict_new_tensor(ks_statedict *sd, const char *name, ks_dtype dtype, int rank,
+                                  const int64_t *shape, void **out_data) {
+  if (!sd) return KS_E_INVALID;
+  sd_item val = {0};
+  val.kind = KS_VAL_TENSOR;
+  ks_status st = ks_tensor_init(&val.tensor, dtype, rank, shape, NULL);
+  if (st) return st;
+  val.tensor.data = ks__calloc(&sd->alloc, 1, val.tensor.nbytes);
+  if (!val.tensor.data) return KS_E_NOMEM;
+  val.tensor.ownership = KS_OWNED;
+  void *data = val.tensor.data;
+  if ((st = put_or_release(sd, name, &val)) != KS_OK) return st;
+  if (out_data) *out_data = data;
+  return KS_OK;
+}
+
+static ks_status set_scalar(ks_statedict *sd, const char *name, ks_value_kind kind, int64_t i, double f) {
+  if (!sd) return KS_E_INVALID;
+  sd_item val = {0};
+  val.kind = kind;
+  val.i = i;
+  val.f = f;
+  return put(sd, name, &val);
+}
+
+ks_status ks_statedict_set_int(ks_statedict *sd, const char *name, int64_t v) {
+  return set_scalar(sd, name, KS_VAL_INT, v, 0);
+}
+ks_status ks_statedict_set_float(ks_statedict *sd, const char *name, double v) {
+  return set_scalar(sd, name, KS_VAL_FLOAT, 0, v);
+}
+ks_status ks_statedict_set_bool(ks_statedict *sd, const char *name, int v) {
+  return set_scalar(sd, name, KS_VAL_BOOL, v != 0, 0);
+}
+ks_status ks_statedict_set_null(ks_statedict *sd, const char *name) {
+  return set_scalar(sd, name, KS_VAL_NULL, 0, 0);
+}
+
+ks_status ks_statedict_set_string(ks_statedict *sd, const char *name, const char *v) {
+  if (!sd || !v) return KS_E_INVALID;
+  sd_item val = {0};
+  val.kind = KS_VAL_STRING;
+  val.s = ks__strdup(&sd->alloc, v);
+  if (!val.s) return KS_E_NOMEM;
+  return put_or_release(sd, name, &val);
+}
+
+size_t ks_statedict_count(const ks_statedict *sd) { return sd ? sd->count : 0; }
+
+static void fill_entry(const sd_item *it, ks_entry *out) {
+  out->name = it->name;
+  out->kind = it->kind;
+  out->tensor = it->tensor;
+  out->i = it->i;
+  out->f = it->f;
+  out->s = it->s;
+}
+
+ks_status ks_statedict_at(const ks_statedict *sd, size_t i, ks_entry *out) {
+  if (!sd || i >= sd->count) return KS_E_NOTFOUND;
+  fill_entry(&sd->items[i], out);
+  return KS_OK;
+}
+
+ks_status ks_statedict_get(const ks_statedict *sd, const char *name, ks_entry *out) {
+  if (!sd || !name) return KS_E_NOTFOUND;
+  long idx = find_index(sd, name);
+  if (idx < 0) return KS_E_NOTFOUND;
+  fill_entry(&sd->items[idx], out);
+  return KS_OK;
+}
+
+const ks_tensor *ks_statedict_tensor(const ks_statedict *sd, const char *name) {
+  if (!sd || !name) return NULL;
+  long idx = find_index(sd, name);
+  if (idx < 0 || sd->items[idx].kind != KS_VAL_TENSOR) return NULL;
+  return &sd->items[idx].tensor;
+}
+
+ks_status ks_statedict_remove(ks_statedict *sd, const char *name) {
+  long idx = sd && name ? find_index(sd, name) : -1;
+  if (idx < 0) return KS_E_NOTFOUND;
+  item_clear(sd, &sd->items[idx]);
+  ks__free(&sd->alloc, sd->items[idx].name);
+  memmove(&sd->items[idx], &sd->items[idx + 1], (sd->count - (size_t)idx - 1) * sizeof(sd_item));
+  sd->count--;
+  /* Re-index in place: the table is already large enough, so this cannot fail. */
+  memset(sd->slots, 0, sd->nslots * sizeof *sd->slots);
+  for (size_t k = 0; k < sd->count; k++)
+    sd->slots[find_slot(sd, sd->items[k].name, sd->items[k].hash)] = (uint32_t)(k + 1);
+  return KS_OK;
+}
+
+ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(void *owner)) {
+  if (!sd || !release) return KS_E_INVALID;
+  size_t bytes;
+  if (!ks__mul_size(sd->nowners + 1, sizeof(sd_owner), &bytes)) return KS_E_LIMIT;
+  sd_owner *o = ks__realloc(&sd->alloc, sd->owners, bytes);
+  if (!o) return KS_E_NOMEM;
+  sd->owners = o;
+  sd->owners[sd->nowners].owner = owner;
+  sd->owners[sd->nowners].release = release;
+  sd->nowners++;
+  return KS_OK;
+}
+
+static ks_status copy_entry(ks_statedict *dst, const char *name, const sd_item *it) {
+  switch (it->kind) {
+    case KS_VAL_TENSOR: return ks_statedict_set_tensor(dst, name, &it->tensor, KS_COPY);
+    case KS_VAL_INT: return ks_statedict_set_int(dst, name, it->i);
+    case KS_VAL_FLOAT: return ks_statedict_set_float(dst, name, it->f);
+    case KS_VAL_BOOL: return ks_statedict_set_bool(dst, name, (int)it->i);
+    case KS_VAL_STRING: return ks_statedict_set_string(dst, name, it->s);
+    default: return ks_statedict_set_null(dst, name);
+  }
+}
+
+ks_status ks_statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, const char *prefix,
+                                   const char *new_prefix) {
+  if (!dst || !src || !prefix || !new_prefix) return KS_E_INVALID;
+  size_t plen = strlen(prefix), nlen = strlen(new_prefix);
+  char name[KS_MAX_NAME + 1];
+  for (size_t k = 0; k < src->count; k++) {
+    const sd_item *it = &src->items[k];
+    if (strncmp(it->name, prefix, plen) != 0) continue;
+    size_t rest = strlen(it->name) - plen;
+    if (nlen + rest > KS_MAX_NAME) return KS_E_LIMIT;
+    memcpy(name, new_prefix, nlen);
+    memcpy(name + nlen, it->name + plen, rest + 1);
+    ks_status st = copy_entry(dst, name, it);
+    if (st) return st;
+  }
+  return KS_OK;
+}

@@ -1,0 +1,52 @@
+#include "core/internal.h"
+
+/* Length of the UTF-8 sequence starting with byte b, or 0 when b cannot start one. */
+static size_t utf8_seq_len(uint8_t b) {
+  if (b < 0x80) return 1;
+  if (b >= 0xC2 && b <= 0xDF) return 2;
+  if (b >= 0xE0 && b <= 0xEF) return 3;
+  if (b >= 0xF0 && b <= 0xF4) return 4;
+  return 0;
+}
+
+/* Second-byte bounds that rule out overlongs, surrogates and code points past U+10FFFF. */
+static bool utf8_second_ok(uint8_t lead, uint8_t b) {
+  if (lead == 0xE0) return b >= 0xA0 && b <= 0xBF;
+  if (lead == 0xED) return b >= 0x80 && b <= 0x9F;
+  if (lead == 0xF0) return b >= 0x90 && b <= 0xBF;
+  if (lead == 0xF4) return b >= 0x80 && b <= 0x8F;
+  return (b & 0xC0) == 0x80;
+}
+
+bool ks__utf8_valid(const uint8_t *s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    size_t len = utf8_seq_len(s[i]);
+    if (len == 0 || len > n - i) return false;
+    if (len > 1 && !utf8_second_ok(s[i], s[i + 1])) return false;
+    for (size_t k = 2; k < len; k++)
+      if ((s[i + k] & 0xC0) != 0x80) return false;
+    i += len;
+  }
+  return true;
+}
+
+bool ks__glob_match(const char *p, const char *t) {
+  const char *star = NULL, *resume = NULL;
+  while (*t) {
+    if (*p == '*') {
+      star = p++;
+      resume = t;
+    } else if (*p == '?' || *p == *t) {
+      p++;
+      t++;
+    } else if (star) {
+      p = star + 1;
+      t = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (*p == '*') p++;
+  return *p == '\0';
+}

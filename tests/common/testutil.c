@@ -1,0 +1,146 @@
+#include "testutil.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Each block carries a header so `live` can be tracked without a table. */
+typedef struct hdr {
+  size_t size;
+  size_t pad;
+} hdr;
+
+static int should_fail(ks_test_alloc *ta) {
+  ta->calls++;
+  if (ta->fail_at <= 0) return 0;
+  return ta->sticky ? ta->calls >= ta->fail_at : ta->calls == ta->fail_at;
+}
+
+static void *t_malloc(void *ctx, size_t n) {
+  ks_test_alloc *ta = ctx;
+  if (should_fail(ta)) return NULL;
+  hdr *h = malloc(sizeof(hdr) + (n ? n : 1));
+  if (!h) return NULL;
+  h->size = n;
+  ta->live++;
+  return h + 1;
+}
+
+static void t_free(void *ctx, void *p) {
+  ks_test_alloc *ta = ctx;
+  if (!p) return;
+  ta->live--;
+  free((hdr *)p - 1);
+}
+
+static void *t_realloc(void *ctx, void *p, size_t n) {
+  ks_test_alloc *ta = ctx;
+  if (!p) return t_malloc(ctx, n);
+  if (should_fail(ta)) return NULL;
+  hdr *h = realloc((hdr *)p - 1, sizeof(hdr) + (n ? n : 1));
+  if (!h) return NULL;
+  h->size = n;
+  return h + 1;
+}
+
+void ks_test_alloc_init(ks_test_alloc *ta, long fail_at) {
+  memset(ta, 0, sizeof *ta);
+  ta->a.malloc_fn = t_malloc;
+  ta->a.realloc_fn = t_realloc;
+  ta->a.free_fn = t_free;
+  ta->a.ctx = ta;
+  ta->fail_at = fail_at;
+}
+
+char *ks_test_tmpdir(const char *tag) {
+  const char *base = getenv("TMPDIR");
+  char tmpl[4096];
+  snprintf(tmpl, sizeof tmpl, "%s/ks-%s-XXXXXX", base && *base ? base : "/tmp", tag);
+  if (!mkdtemp(tmpl)) return NULL;
+  return strdup(tmpl);
+}
+
+void ks_test_rmtree(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) {
+    unlink(path);
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char *p = ks_test_path(path, e->d_name);
+    struct stat st;
+    if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+      ks_test_rmtree(p);
+    else
+      unlink(p);
+    free(p);
+  }
+  closedir(d);
+  rmdir(path);
+}
+
+char *ks_test_path(const char *dir, const char *name) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%s/%s", dir, name);
+  return p;
+}
+
+uint8_t *ks_test_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *buf = malloc(n > 0 ? (size_t)n : 1);
+  if (buf && n > 0 && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    free(buf);
+    buf = NULL;
+  }
+  fclose(f);
+  if (buf && len) *len = (size_t)n;
+  return buf;
+}
+
+int ks_test_write_file(const char *path, const void *data, size_t len) {
+  FILE *f = fopen(path, "wb");
+  if (!f) return -1;
+  size_t w = len ? fwrite(data, 1, len, f) : 0;
+  return (fclose(f) == 0 && w == len) ? 0 : -1;
+}
+
+int ks_test_run(const char *cmd, char **out) {
+  char full[8192];
+  snprintf(full, sizeof full, "(%s) 2>&1", cmd);
+  FILE *p = popen(full, "r");
+  if (!p) return -1;
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  size_t n;
+  while (buf && (n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+    len += n;
+    if (len + 1 == cap) {
+      char *nb = realloc(buf, cap *= 2);
+      if (!nb) free(buf);
+      buf = nb;
+    }
+  }
+  int status = pclose(p);
+  if (buf) buf[len] = '\0';
+  if (out)
+    *out = buf;
+  else
+    free(buf);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int ks_test_exists(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}

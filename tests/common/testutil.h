@@ -1,0 +1,42 @@
+/* Helpers shared by the tests: a failing allocator, temp dirs, file I/O, running the CLI. */
+#ifndef KS_TESTUTIL_H
+#define KS_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "keepsake/keepsake.h"
+
+/*
+ * An allocator that fails the Nth call (1-based) and every call after it when
+ * fail_at > 0, and counts live blocks so a test can assert nothing leaked.
+ */
+typedef struct ks_test_alloc {
+  ks_allocator a;
+  long calls;
+  long fail_at;
+  long live;
+  int sticky; /* nonzero: keep failing after the first failure */
+} ks_test_alloc;
+
+void ks_test_alloc_init(ks_test_alloc *ta, long fail_at);
+
+/* Creates a fresh empty directory under $TMPDIR; returns a malloc'd path. */
+char *ks_test_tmpdir(const char *tag);
+/* Removes a directory tree (best effort). */
+void ks_test_rmtree(const char *path);
+/* Joins dir and name into a malloc'd path. */
+char *ks_test_path(const char *dir, const char *name);
+/* Reads a whole file; returns malloc'd bytes (NULL on error). */
+uint8_t *ks_test_read_file(const char *path, size_t *len);
+/* Writes bytes to a file; returns 0 on success. */
+int ks_test_write_file(const char *path, const void *data, size_t len);
+/*
+ * Runs a shell command, capturing stdout+stderr into a malloc'd string (*out may be NULL).
+ * Returns the exit status (or -1).
+ */
+int ks_test_run(const char *cmd, char **out);
+/* Nonzero when path exists. */
+int ks_test_exists(const char *path);
+
+#endif
