@@ -115,25 +115,25 @@ static inline void ks__put_le64(uint8_t *p, uint64_t v) {
 }
 
 static inline bool ks__read_u8(ks__cursor *c, uint8_t *v) {
-  const uint8_t *p;
+  const uint8_t *p = NULL;
   if (!ks__take(c, 1, &p)) return false;
   *v = *p;
   return true;
 }
 static inline bool ks__read_u16(ks__cursor *c, uint16_t *v) {
-  const uint8_t *p;
+  const uint8_t *p = NULL;
   if (!ks__take(c, 2, &p)) return false;
   *v = ks__le16(p);
   return true;
 }
 static inline bool ks__read_u32(ks__cursor *c, uint32_t *v) {
-  const uint8_t *p;
+  const uint8_t *p = NULL;
   if (!ks__take(c, 4, &p)) return false;
   *v = ks__le32(p);
   return true;
 }
 static inline bool ks__read_u64(ks__cursor *c, uint64_t *v) {
-  const uint8_t *p;
+  const uint8_t *p = NULL;
   if (!ks__take(c, 8, &p)) return false;
   *v = ks__le64(p);
   return true;

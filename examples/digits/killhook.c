@@ -1,0 +1,65 @@
+/*
+ * Test hook: KS_TEST_KILL_IN_SAVE="<n>:<bytes>" makes the n-th save of this
+ * process SIGKILL itself once <bytes> bytes of the temporary file are written,
+ * a crash in the middle of a save at a reproducible point. Everything else is
+ * passed to the POSIX I/O layer.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "digits.h"
+
+typedef struct kill_ctx {
+  long target_save, saves;
+  size_t kill_at, written;
+} kill_ctx;
+
+static kill_ctx g_kill;
+static ks_io g_io;
+
+static int k_create(void *ctx, const char *path, int *fd) {
+  kill_ctx *k = ctx;
+  k->saves++;
+  k->written = 0;
+  return ks_io_posix()->create_fn(ks_io_posix()->ctx, path, fd);
+}
+
+static int k_write(void *ctx, int fd, const void *buf, size_t n, size_t *written) {
+  kill_ctx *k = ctx;
+  const ks_io *p = ks_io_posix();
+  if (k->saves != k->target_save || k->written + n < k->kill_at) {
+    int e = p->write_fn(p->ctx, fd, buf, n, written);
+    k->written += *written;
+    return e;
+  }
+  size_t part = k->kill_at - k->written;
+  int e = p->write_fn(p->ctx, fd, buf, part, written);
+  (void)e;
+  kill(getpid(), SIGKILL);
+  pause();
+  return 0;
+}
+
+static int k_fsync(void *ctx, int fd) { (void)ctx; return ks_io_posix()->fsync_fn(ks_io_posix()->ctx, fd); }
+static int k_close(void *ctx, int fd) { (void)ctx; return ks_io_posix()->close_fn(ks_io_posix()->ctx, fd); }
+static int k_rename(void *ctx, const char *a, const char *b) {
+  (void)ctx;
+  return ks_io_posix()->rename_fn(ks_io_posix()->ctx, a, b);
+}
+static int k_unlink(void *ctx, const char *p) { (void)ctx; return ks_io_posix()->unlink_fn(ks_io_posix()->ctx, p); }
+static int k_fsync_dir(void *ctx, const char *d) {
+  (void)ctx;
+  return ks_io_posix()->fsync_dir_fn(ks_io_posix()->ctx, d);
+}
+
+const ks_io *digits_test_io(void) {
+  const char *spec = getenv("KS_TEST_KILL_IN_SAVE");
+  long n;
+  size_t bytes;
+  if (!spec || sscanf(spec, "%ld:%zu", &n, &bytes) != 2 || n <= 0) return NULL;
+  g_kill = (kill_ctx){.target_save = n, .kill_at = bytes};
+  g_io = (ks_io){&g_kill, k_create, k_write, k_fsync, k_close, k_rename, k_unlink, k_fsync_dir};
+  return &g_io;
+}

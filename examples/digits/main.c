@@ -1,0 +1,304 @@
+/*
+ * keepsake-digits: trains a small MLP on the UCI digits and checkpoints the
+ * whole run with keepsake, so that a run killed at any point and resumed with
+ * --autoresume ends bit-identical to one that was never interrupted.
+ *
+ * Read this file top to bottom as an example of the API:
+ *   1. build the model, optimizer, scheduler, PRNG, timestamp and data position;
+ *   2. register them in a ks_state, with the metrics built by get_metrics();
+ *   3. let a ks_ckpt_manager autoresume, then save on its interval.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "digits.h"
+
+#define BATCH 32
+#define HIDDEN 128
+#define DROPOUT 0.2f
+
+typedef struct args {
+  const char *run_dir, *save_interval, *data;
+  int epochs, keep, autoresume;
+  long long seed, halt_after;
+} args;
+
+static int usage(void) {
+  fprintf(stderr, "usage: keepsake-digits --run-dir DIR [--epochs N] [--save-interval 50ba|1ep] [--keep N]\n"
+                  "                       [--seed S] [--autoresume] [--halt-after-batches N] [--data FILE]\n");
+  return 2;
+}
+
+static int parse_args(int argc, char **argv, args *a) {
+  *a = (args){.save_interval = "1ep", .data = KS_DIGITS_DEFAULT_DATA, .epochs = 20, .keep = 3, .seed = 42};
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(f, "--autoresume")) a->autoresume = 1;
+    else if (!v) return -1;
+    else if (!strcmp(f, "--run-dir")) a->run_dir = v;
+    else if (!strcmp(f, "--epochs")) a->epochs = atoi(v);
+    else if (!strcmp(f, "--save-interval")) a->save_interval = v;
+    else if (!strcmp(f, "--keep")) a->keep = atoi(v);
+    else if (!strcmp(f, "--seed")) a->seed = atoll(v);
+    else if (!strcmp(f, "--halt-after-batches")) a->halt_after = atoll(v);
+    else if (!strcmp(f, "--data")) a->data = v;
+    else return -1;
+    if (strcmp(f, "--autoresume")) i++;
+  }
+  return a->run_dir && a->epochs > 0 && a->keep >= 0 ? 0 : -1;
+}
+
+/* The program's get_metrics(): what it measures, rebuilt on every start and filled by name on load. */
+static ks_status get_metrics(void *ctx, const char *label, const ks_allocator *alloc, ks_metric_collection **out,
+                             ks_error *err) {
+  (void)ctx;
+  static const char *const train[][2] = {{"MulticlassAccuracy", "{\"num_classes\":10,\"average\":\"micro\"}"},
+                                         {"LanguageCrossEntropy", "{}"}};
+  static const char *const eval[][2] = {{"MulticlassAccuracy", "{\"num_classes\":10,\"average\":\"micro\"}"},
+                                        {"MulticlassF1Score", "{\"num_classes\":10}"},
+                                        {"MulticlassConfusionMatrix", "{\"num_classes\":10}"}};
+  const char *const(*defs)[2] = label ? eval : train;
+  size_t n = label ? 3 : 2;
+  ks_status s = ks_metric_collection_create(alloc, out);
+  for (size_t i = 0; i < n && !s; i++) {
+    ks_metric *m = NULL;
+    s = ks_metric_create(defs[i][0], defs[i][1], alloc, &m, err);
+    if (!s) s = ks_metric_collection_add(*out, defs[i][0], m);
+    if (s) ks_metric_free(m);
+  }
+  if (s) ks_metric_collection_free(*out);
+  return s;
+}
+
+/* Everything the run is made of. */
+typedef struct run {
+  args a;
+  digits_data data;
+  size_t n_train;
+  mlp model;
+  ks_optimizer *opt;
+  ks_scheduler sched;
+  ks_rng rng;
+  ks_timestamp ts;
+  ks_dataset_state ds;
+  ks_state *st;
+  ks_ckpt_manager *mgr;
+  int64_t *order;
+} run;
+
+static int fail(const char *what, ks_status s, const ks_error *e) {
+  char buf[1024];
+  fprintf(stderr, "keepsake-digits: %s: %s\n", what, e && e->code ? ks_error_format(e, buf, sizeof buf) : ks_strerror(s));
+  return 1;
+}
+
+static int build(run *r) {
+  ks_error e;
+  ks_error_clear(&e);
+  r->n_train = r->data.n - DIGITS_EVAL_ROWS;
+  int64_t per_epoch = (int64_t)((r->n_train + BATCH - 1) / BATCH);
+  ks_rng init;
+  ks_rng_seed(&init, (uint64_t)r->a.seed); /* weights from the seed; the training PRNG is a separate stream */
+  ks_rng_seed(&r->rng, (uint64_t)r->a.seed ^ 0x5eedf00dull);
+  if (mlp_create(&r->model, HIDDEN, BATCH) || !(r->order = malloc(sizeof(int64_t) * r->n_train)))
+    return fail("allocating the model", KS_E_NOMEM, NULL);
+  mlp_init(&r->model, &init);
+  ks_adamw_opts ao = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-4};
+  ks_status s = ks_optimizer_create_adamw(&ao, NULL, &r->opt);
+  if (s) return fail("optimizer", s, NULL);
+  ks_scheduler_init(&r->sched, r->opt, ao.lr, per_epoch, per_epoch * r->a.epochs, 0.02);
+  ks_timestamp_init(&r->ts);
+  r->ds = (ks_dataset_state){.shuffle_seed = r->a.seed};
+  char name[64];
+  snprintf(name, sizeof name, "digits-seed%lld", r->a.seed);
+  static const char *const labels[] = {"eval"};
+  s = ks_state_create(name, r->a.seed, NULL, &r->st);
+  if (!s) s = mlp_register(&r->model, r->st, r->opt);
+  if (!s) s = ks_state_add_optimizer(r->st, ks_optimizer_name(r->opt), r->opt);
+  if (!s) s = ks_state_add_scheduler(r->st, "CosineAnnealingWithWarmupScheduler", &r->sched);
+  if (!s) s = ks_state_add_dataset(r->st, "train", &r->ds);
+  if (!s) s = ks_state_build_metrics(r->st, get_metrics, NULL, labels, 1, &e);
+  if (s) return fail("building the training state", s, &e);
+  ks_state_set_timestamp(r->st, &r->ts);
+  ks_state_set_rng(r->st, &r->rng);
+  ks_ckpt_opts co = {.run_dir = r->a.run_dir, .save_interval = r->a.save_interval, .keep = r->a.keep,
+                     .io = digits_test_io()};
+  s = ks_ckpt_manager_create(&co, &r->mgr, &e);
+  return s ? fail("checkpoint manager", s, &e) : 0;
+}
+
+static int resume(run *r) {
+  ks_error e;
+  ks_error_clear(&e);
+  ks_load_report *rep = NULL;
+  int resumed = 0;
+  const char *path = NULL;
+  ks_status s = ks_load_report_create(NULL, &rep);
+  if (!s) s = ks_ckpt_manager_autoresume(r->mgr, r->st, NULL, rep, &resumed, &path, &e);
+  if (!s && resumed) {
+    printf("resumed from %s at epoch %lld, batch %lld\n", path, (long long)r->ts.epoch, (long long)r->ts.batch);
+    ks_load_report_print(rep, stdout);
+  } else if (!s) {
+    printf("no checkpoint to resume in %s: starting fresh\n", r->a.run_dir);
+  }
+  ks_load_report_free(rep);
+  return s ? fail("autoresume", s, &e) : 0;
+}
+
+static int save(run *r) {
+  ks_error e;
+  ks_error_clear(&e);
+  ks_status s = ks_ckpt_manager_save(r->mgr, r->st, NULL, &e);
+  return s ? fail("saving a checkpoint", s, &e) : 0;
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* This epoch's order: a function of (shuffle seed, epoch) only, so a resumed run sees the same order. */
+static void epoch_order(run *r) {
+  ks_rng g;
+  ks_rng_seed(&g, (uint64_t)r->ds.shuffle_seed ^ ((uint64_t)r->ds.epoch * 0x9e3779b97f4a7c15ull));
+  for (size_t i = 0; i < r->n_train; i++) r->order[i] = (int64_t)i;
+  ks_rng_shuffle(&g, r->order, r->n_train);
+}
+
+static ks_status update_all(ks_metric_collection *mc, const float *logits, const int64_t *y, size_t bs, ks_error *e) {
+  ks_tensor in[2];
+  int64_t ls[2] = {(int64_t)bs, DIGITS_CLASSES}, ys[1] = {(int64_t)bs};
+  ks_tensor_init(&in[0], KS_F32, 2, ls, (void *)logits);
+  ks_tensor_init(&in[1], KS_I64, 1, ys, (void *)y);
+  ks_status s = KS_OK;
+  for (size_t i = 0; i < ks_metric_collection_count(mc) && !s; i++)
+    s = ks_metric_update(ks_metric_collection_at(mc, i, NULL), in, 2, e);
+  return s;
+}
+
+static int train_batch(run *r, float *loss) {
+  float x[BATCH * DIGITS_PIXELS], logits[BATCH * DIGITS_CLASSES];
+  int64_t y[BATCH];
+  size_t start = (size_t)r->ds.sample_in_epoch, bs = r->n_train - start < BATCH ? r->n_train - start : BATCH;
+  for (size_t b = 0; b < bs; b++) {
+    size_t row = (size_t)r->order[start + b];
+    memcpy(x + b * DIGITS_PIXELS, r->data.x + row * DIGITS_PIXELS, sizeof(float) * DIGITS_PIXELS);
+    y[b] = r->data.y[row];
+  }
+  double t0 = now();
+  *loss = mlp_train_batch(&r->model, x, y, bs, DROPOUT, &r->rng, logits);
+  ks_optimizer_step(r->opt);
+  ks_scheduler_step(&r->sched, r->opt);
+  ks_error e;
+  ks_error_clear(&e);
+  ks_status s = update_all(ks_state_train_metrics(r->st), logits, y, bs, &e);
+  if (s) return fail("train metrics", s, &e);
+  ks_timestamp_batch_done(&r->ts, (int64_t)bs, 0, now() - t0);
+  r->ds.sample_in_epoch += (int64_t)bs;
+  return 0;
+}
+
+static int evaluate(run *r) {
+  ks_metric_collection *mc = ks_state_eval_metrics(r->st, "eval");
+  for (size_t i = 0; i < ks_metric_collection_count(mc); i++) ks_metric_reset(ks_metric_collection_at(mc, i, NULL));
+  float logits[BATCH * DIGITS_CLASSES];
+  ks_error e;
+  ks_error_clear(&e);
+  for (size_t start = r->n_train; start < r->data.n; start += BATCH) {
+    size_t bs = r->data.n - start < BATCH ? r->data.n - start : BATCH;
+    mlp_forward(&r->model, r->data.x + start * DIGITS_PIXELS, bs, logits);
+    ks_status s = update_all(mc, logits, r->data.y + start, bs, &e);
+    if (s) return fail("eval metrics", s, &e);
+  }
+  return 0;
+}
+
+/* compute() of a scalar metric (also caches `_computed`, which the checkpoint keeps). */
+static double value(ks_metric_collection *mc, const char *name) {
+  const ks_tensor *t;
+  ks_metric *m = ks_metric_collection_get(mc, name);
+  if (!m || ks_metric_compute(m, &t, NULL) || ks_tensor_numel(t) != 1) return -1;
+  return ks_dtype_get_f64(t->dtype, t->data, 0);
+}
+
+static void progress(const run *r, float loss) {
+  if (!isatty(2)) return;
+  int width = 30, done = (int)((size_t)width * (size_t)r->ds.sample_in_epoch / r->n_train);
+  fprintf(stderr, "\repoch %3lld/%d [%.*s%*s] %4lld/%zu  loss %.4f", (long long)r->ts.epoch + 1, r->a.epochs, done,
+          "##############################", width - done, "", (long long)r->ds.sample_in_epoch, r->n_train, loss);
+  fflush(stderr);
+}
+
+static void epoch_line(run *r) {
+  ks_metric_collection *tr = ks_state_train_metrics(r->st), *ev = ks_state_eval_metrics(r->st, "eval");
+  if (isatty(2)) fprintf(stderr, "\r%*s\r", 80, "");
+  (void)value(ev, "MulticlassConfusionMatrix"); /* computed so the checkpoint carries it as `_computed` */
+  printf("epoch %3lld  train_loss %.4f  train_acc %.4f  eval_acc %.4f  eval_f1 %.4f  lr %.5f\n",
+         (long long)r->ts.epoch + 1, value(tr, "LanguageCrossEntropy"), value(tr, "MulticlassAccuracy"),
+         value(ev, "MulticlassAccuracy"), value(ev, "MulticlassF1Score"), ks_optimizer_lr(r->opt));
+  fflush(stdout);
+}
+
+static int train(run *r) {
+  while (r->ts.epoch < r->a.epochs) {
+    if (r->ds.sample_in_epoch == 0) { /* a fresh epoch (also right after resuming at an epoch boundary) */
+      ks_metric_collection *tr = ks_state_train_metrics(r->st);
+      for (size_t i = 0; i < ks_metric_collection_count(tr); i++) ks_metric_reset(ks_metric_collection_at(tr, i, NULL));
+    }
+    epoch_order(r);
+    while ((size_t)r->ds.sample_in_epoch < r->n_train) {
+      float loss;
+      if (train_batch(r, &loss)) return 1;
+      progress(r, loss);
+      if (ks_ckpt_manager_due(r->mgr, &r->ts, 0) && save(r)) return 1;
+      if (r->a.halt_after && r->ts.batch == r->a.halt_after) {
+        fflush(stdout);
+        _exit(137); /* like a kill: no cleanup, no final save */
+      }
+    }
+    if (evaluate(r)) return 1;
+    epoch_line(r);
+    ks_timestamp_epoch_done(&r->ts);
+    r->ds.epoch++;
+    r->ds.sample_in_epoch = 0;
+    if (ks_ckpt_manager_due(r->mgr, &r->ts, 1) && save(r)) return 1;
+  }
+  return 0;
+}
+
+static int finish(run *r) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/final.keepsake", r->a.run_dir);
+  ks_error e;
+  ks_error_clear(&e);
+  ks_status s = ks_state_save(r->st, path, NULL, &e);
+  if (s) return fail("saving the final state", s, &e);
+  printf("final eval accuracy %.4f (%s)\n", value(ks_state_eval_metrics(r->st, "eval"), "MulticlassAccuracy"), path);
+  return 0;
+}
+
+static void teardown(run *r) {
+  ks_ckpt_manager_free(r->mgr);
+  ks_state_free(r->st);
+  ks_optimizer_free(r->opt);
+  mlp_free(&r->model);
+  free(r->order);
+  digits_free(&r->data);
+}
+
+int main(int argc, char **argv) {
+  run r;
+  memset(&r, 0, sizeof r);
+  if (parse_args(argc, argv, &r.a)) return usage();
+  if (digits_load(r.a.data, &r.data)) return 1;
+  int rc = build(&r);
+  if (!rc && r.a.autoresume) rc = resume(&r);
+  if (!rc) rc = train(&r);
+  if (!rc) rc = finish(&r);
+  teardown(&r);
+  return rc;
+}

@@ -1,0 +1,316 @@
+/**
+ * @file format.h
+ * Keepsake files: safetensors-compatible files that hold a whole state dict.
+ *
+ * A keepsake file is a valid safetensors file (8-byte little-endian header
+ * length N, N bytes of UTF-8 JSON, then the tensor data). Keepsake keeps its own
+ * information (format version, writer, scalars, per-tensor XXH3-64 checksums,
+ * component schemas) as string pairs in the safetensors `__metadata__`.
+ * docs/FORMAT.md is the normative specification.
+ *
+ * Reading enforces every rule of the reference safetensors reader plus
+ * keepsake's caps (duplicate keys, name length, rank, tensor count), so any
+ * file - keepsake or plain safetensors - can be opened safely from untrusted
+ * bytes. Writing is atomic and durable (temp file, fsync, rename, fsync dir).
+ */
+#ifndef KEEPSAKE_FORMAT_H
+#define KEEPSAKE_FORMAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "keepsake/alloc.h"
+#include "keepsake/statedict.h"
+#include "keepsake/status.h"
+#include "keepsake/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** The keepsake format version this library writes, and the newest it reads. */
+#define KS_FORMAT_VERSION 1
+/** Value of the "keepsake.format" metadata key in every keepsake file. */
+#define KS_FORMAT_NAME "keepsake"
+/** Largest header accepted, in bytes (the reference reader's limit). */
+#define KS_MAX_HEADER 100000000u
+/** Most tensors accepted in one file. */
+#define KS_MAX_TENSORS 10000000u
+/** The data section starts at a multiple of this many bytes in files keepsake writes. */
+#define KS_DATA_ALIGN 64u
+
+/* Metadata keys owned by the writer (see docs/FORMAT.md). Callers may not set them. */
+#define KS_META_FORMAT "keepsake.format"                 /**< "keepsake" */
+#define KS_META_FORMAT_VERSION "keepsake.format_version" /**< decimal, "1" */
+#define KS_META_WRITER "keepsake.writer"                 /**< "keepsake <library version>" */
+#define KS_META_SCALARS "keepsake.scalars"               /**< JSON object: name -> scalar */
+#define KS_META_CHECKSUMS "keepsake.checksums"           /**< JSON object: name -> 16 hex digits */
+
+/* ------------------------------------------------------------------------ */
+/* Metadata: an ordered string -> string map (the safetensors __metadata__). */
+
+typedef struct ks_meta ks_meta;
+
+/**
+ * Creates an empty metadata map.
+ * @param a   allocator, NULL for malloc; copied, its ctx must outlive the map.
+ * @param out receives the map; untouched on failure.
+ * @return KS_OK, KS_E_INVALID (out NULL) or KS_E_NOMEM. Free with ks_meta_free.
+ * Thread safety: concurrent reads are safe; mutation needs exclusive access.
+ */
+ks_status ks_meta_create(const ks_allocator *a, ks_meta **out);
+
+/** Frees a map and its strings. Accepts NULL. */
+void ks_meta_free(ks_meta *m);
+
+/**
+ * Inserts a pair, or replaces the value of an existing key (keeping its position).
+ * @param key   NUL-terminated UTF-8, copied.
+ * @param value NUL-terminated UTF-8, copied.
+ * @return KS_OK, KS_E_INVALID (NULL argument or invalid UTF-8) or KS_E_NOMEM;
+ *         on failure the map is unchanged.
+ */
+ks_status ks_meta_set(ks_meta *m, const char *key, const char *value);
+
+/** The value of `key`, or NULL when absent. Valid until the key is replaced or the map freed. */
+const char *ks_meta_get(const ks_meta *m, const char *key);
+
+/** Number of pairs (0 for NULL). */
+size_t ks_meta_count(const ks_meta *m);
+
+/**
+ * The pair at insertion position i.
+ * @param key, value receive borrowed pointers (either may be NULL).
+ * @return KS_OK or KS_E_NOTFOUND when i >= count.
+ */
+ks_status ks_meta_at(const ks_meta *m, size_t i, const char **key, const char **value);
+
+/**
+ * Copies every pair of src into dst (insert or replace).
+ * @return KS_OK, KS_E_INVALID or KS_E_NOMEM (dst may then hold some of the pairs).
+ */
+ks_status ks_meta_copy(ks_meta *dst, const ks_meta *src);
+
+/* ------------------------------------------------------------------------ */
+/* Injectable I/O for the writer. Every function returns 0 or an errno value. */
+
+/**
+ * The file operations ks_save performs, in order: create_fn (exclusive create
+ * of the temp file), write_fn (repeatedly), fsync_fn, close_fn, rename_fn,
+ * fsync_dir_fn; unlink_fn removes the temp file after a failure. Tests replace
+ * them to make each step fail in turn. All members must be set.
+ */
+typedef struct ks_io {
+  void *ctx;
+  /** Creates `path` with O_CREAT|O_EXCL for writing (mode 0666 & ~umask); EEXIST when it exists. */
+  int (*create_fn)(void *ctx, const char *path, int *fd);
+  /** Writes up to n bytes; *written receives the count (may be short). */
+  int (*write_fn)(void *ctx, int fd, const void *buf, size_t n, size_t *written);
+  int (*fsync_fn)(void *ctx, int fd);
+  int (*close_fn)(void *ctx, int fd);
+  int (*rename_fn)(void *ctx, const char *from, const char *to);
+  int (*unlink_fn)(void *ctx, const char *path);
+  /** Opens the directory, fsyncs it and closes it. */
+  int (*fsync_dir_fn)(void *ctx, const char *dir);
+} ks_io;
+
+/** The POSIX implementation (what NULL means). Static; thread safe. */
+const ks_io *ks_io_posix(void);
+
+/* ------------------------------------------------------------------------ */
+/* Writing. */
+
+typedef struct ks_save_opts {
+  const ks_allocator *alloc; /**< scratch memory; NULL = malloc */
+  const ks_io *io;           /**< NULL = ks_io_posix() */
+  int no_fsync;              /**< nonzero: skip both fsyncs (faster, not durable; for tests/benchmarks) */
+} ks_save_opts;
+
+/**
+ * Atomically and durably writes every entry of sd (tensors and scalars, in
+ * insertion order) to `path`, with keepsake's metadata plus the `extra` pairs.
+ *
+ * The data is streamed: checksums are computed in a first pass over the
+ * tensors, then the header and the tensor bytes are written with large writes
+ * to `<dir>/.<name>.tmp-XXXXXX`, which is fsynced, renamed over `path`, and the
+ * directory fsynced. On any failure before the rename the temp file is removed
+ * and the previous file at `path` is untouched. If only the final directory
+ * fsync fails, `path` already holds the new file but its durability is unknown;
+ * KS_E_IO is returned.
+ *
+ * @param path  destination; its directory must exist.
+ * @param sd    entries to save; names must not be "__metadata__".
+ * @param extra optional caller pairs (e.g. "keepsake.metrics" -> JSON). Keys
+ *              starting "keepsake." are reserved for keepsake components; the
+ *              KS_META_* writer keys are refused with KS_E_INVALID.
+ * @param opts  NULL for defaults.
+ * @param err   optional details (file, key, expected vs found).
+ * @return KS_OK, KS_E_INVALID, KS_E_NOMEM, KS_E_LIMIT or KS_E_IO.
+ * Thread safety: sd must not be mutated during the call; distinct paths may be
+ * saved concurrently.
+ */
+ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra,
+                  const ks_save_opts *opts, ks_error *err);
+
+/* ------------------------------------------------------------------------ */
+/* Reading. */
+
+typedef enum ks_read_mode {
+  KS_READ_MMAP = 0, /**< map the file; tensor views point into the mapping (open cost independent of data size) */
+  KS_READ_COPY = 1  /**< read everything into memory; the file may change or vanish afterwards */
+} ks_read_mode;
+
+typedef struct ks_read_opts {
+  const ks_allocator *alloc; /**< NULL = malloc */
+  ks_read_mode mode;
+  int verify_checksums; /**< nonzero: run ks_reader_verify during open and fail on mismatch */
+} ks_read_opts;
+
+typedef struct ks_reader ks_reader;
+
+/** Where a tensor lives in the file; offsets are absolute byte positions. */
+typedef struct ks_tensor_info {
+  const char *name;
+  uint64_t begin; /**< absolute offset of the first byte */
+  uint64_t end;   /**< absolute offset one past the last byte */
+} ks_tensor_info;
+
+/**
+ * Opens a keepsake or safetensors file and validates its structure.
+ *
+ * @param path  file to open; read-only, never modified.
+ * @param opts  NULL for defaults (mmap, no checksum verification).
+ * @param out   receives the reader; untouched on failure.
+ * @param err   optional; names the file, key and byte offset of the problem.
+ * @return KS_OK; KS_E_IO (cannot open/read); KS_E_FORMAT (truncated, header
+ *         length past EOF, bad UTF-8/JSON, offsets that do not tile the data
+ *         section, size/shape mismatch, trailing bytes); KS_E_LIMIT (header >
+ *         KS_MAX_HEADER, name > KS_MAX_NAME, rank > 8, more than KS_MAX_TENSORS,
+ *         shape product overflow); KS_E_DTYPE (unknown dtype); KS_E_EXISTS
+ *         (duplicate key); KS_E_VERSION (keepsake format newer than
+ *         KS_FORMAT_VERSION; the message names the version); KS_E_CHECKSUM
+ *         (verify_checksums and a mismatch); KS_E_NOMEM.
+ * Ownership: free *out with ks_reader_free; tensor views live as long as it.
+ * Thread safety: a reader is never mutated after open; any number of threads
+ * may use it at once.
+ */
+ks_status ks_reader_open(const char *path, const ks_read_opts *opts, ks_reader **out, ks_error *err);
+
+/**
+ * Same as ks_reader_open over bytes in memory. In KS_READ_MMAP mode the views
+ * point into `buf`, which must outlive the reader; KS_READ_COPY copies it.
+ * Error messages name the file "<buffer>".
+ */
+ks_status ks_reader_open_buffer(const void *buf, size_t len, const ks_read_opts *opts, ks_reader **out,
+                                ks_error *err);
+
+/** Frees a reader (unmapping the file). Accepts NULL. */
+void ks_reader_free(ks_reader *r);
+
+/** Number of tensors (the __metadata__ entry is not a tensor). */
+size_t ks_reader_count(const ks_reader *r);
+
+/**
+ * Tensor i in header order (for keepsake files, the order they were saved in).
+ * @param name receives a pointer valid as long as the reader (may be NULL).
+ * @param view receives a descriptor with ownership KS_MAPPED pointing into the
+ *             reader's memory. Data is not necessarily aligned to the dtype:
+ *             read elements with memcpy or ks_dtype_get_*.
+ * @return KS_OK or KS_E_NOTFOUND when i >= count.
+ */
+ks_status ks_reader_tensor_at(const ks_reader *r, size_t i, const char **name, ks_tensor *view);
+
+/**
+ * Looks a tensor up by name in O(1).
+ * @return KS_OK or KS_E_NOTFOUND (err names the key).
+ */
+ks_status ks_reader_tensor(const ks_reader *r, const char *name, ks_tensor *view, ks_error *err);
+
+/** Index of tensor `name`, or -1. */
+long ks_reader_find(const ks_reader *r, const char *name);
+
+/** File position of tensor i. @return KS_OK or KS_E_NOTFOUND. */
+ks_status ks_reader_tensor_info(const ks_reader *r, size_t i, ks_tensor_info *info);
+
+/** The raw __metadata__ pairs (possibly empty, never NULL for a valid reader). */
+const ks_meta *ks_reader_meta(const ks_reader *r);
+
+/** Nonzero when the file carries keepsake's own metadata ("keepsake.format" = "keepsake"). */
+int ks_reader_is_keepsake(const ks_reader *r);
+
+/** The keepsake format version of the file, or 0 for a plain safetensors file. */
+int ks_reader_format_version(const ks_reader *r);
+
+/** The path the reader was opened from ("<buffer>" for ks_reader_open_buffer). */
+const char *ks_reader_path(const ks_reader *r);
+
+/** Total file size and the absolute offset where the data section starts (8 + N). */
+uint64_t ks_reader_file_size(const ks_reader *r);
+uint64_t ks_reader_data_offset(const ks_reader *r);
+
+/**
+ * Checks tensor i against its stored checksum (keepsake files only). Parses the
+ * checksum table on every call: to check many tensors use ks_reader_verify_report.
+ * @return KS_OK (also for plain safetensors files, which carry no checksums);
+ *         KS_E_CHECKSUM with key, byte offset, expected and found hashes;
+ *         KS_E_FORMAT when the checksum table is malformed or lacks the tensor;
+ *         KS_E_NOTFOUND for i >= count; KS_E_NOMEM.
+ */
+ks_status ks_reader_verify_tensor(const ks_reader *r, size_t i, ks_error *err);
+
+/**
+ * Called by ks_reader_verify_report for each problem found. Return nonzero to
+ * stop at this problem, 0 to go on looking for more.
+ */
+typedef int (*ks_verify_fn)(void *ctx, const ks_error *problem);
+
+/**
+ * Full verification that reports every problem: each tensor's checksum, the
+ * checksum table itself (malformed, missing or extra entries) and the scalar
+ * table. Structural rules were already enforced at open.
+ * @param on_problem optional; NULL stops at the first problem.
+ * @param err receives the first problem.
+ * @return KS_OK when the file is good, else the status of the first problem
+ *         (KS_E_CHECKSUM, KS_E_FORMAT) or KS_E_NOMEM.
+ */
+ks_status ks_reader_verify_report(const ks_reader *r, ks_verify_fn on_problem, void *ctx, ks_error *err);
+
+/**
+ * Full verification: every tensor's checksum, the checksum table (no entry for
+ * a tensor the file lacks) and the scalar table. Structural rules were already
+ * enforced at open. Reports the first problem.
+ * @return KS_OK, KS_E_CHECKSUM, KS_E_FORMAT or KS_E_NOMEM.
+ */
+ks_status ks_reader_verify(const ks_reader *r, ks_error *err);
+
+/**
+ * Decodes the keepsake scalars of the file into dst (insert or replace), in
+ * saved order. A plain safetensors file has none (KS_OK, nothing added).
+ * @return KS_OK, KS_E_FORMAT (malformed "keepsake.scalars"), KS_E_NOMEM,
+ *         KS_E_INVALID/KS_E_LIMIT (name rejected by the dict).
+ */
+ks_status ks_reader_scalars(const ks_reader *r, ks_statedict *dst, ks_error *err);
+
+/**
+ * Convenience: the whole file as a state dict (tensors in file order, then the
+ * scalars) and a copy of the metadata. Tensors are KS_MAPPED views into the
+ * reader's memory (the mapping in KS_READ_MMAP mode, one heap copy in
+ * KS_READ_COPY mode); the dict keeps the reader alive (ks_statedict_attach).
+ * @param sd   receives the dict; free with ks_statedict_free.
+ * @param meta optional; receives a copy of __metadata__; free with ks_meta_free.
+ * @return any ks_reader_open status, or the status of building the dict.
+ *         On failure nothing is returned and nothing leaks.
+ */
+ks_status ks_load(const char *path, const ks_read_opts *opts, ks_statedict **sd, ks_meta **meta, ks_error *err);
+
+/** ks_load over bytes in memory (see ks_reader_open_buffer for lifetime rules). */
+ks_status ks_load_buffer(const void *buf, size_t len, const ks_read_opts *opts, ks_statedict **sd,
+                         ks_meta **meta, ks_error *err);
+
+/** XXH3-64 of `n` bytes as stored in "keepsake.checksums" (seed 0). Pure; thread safe. */
+uint64_t ks_checksum(const void *data, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,140 @@
+/**
+ * @file torch.h
+ * A safe bridge to PyTorch: reads torch.save files (zip + pickle) without
+ * executing anything, writes files that torch.load(weights_only=True) accepts,
+ * and maps Composer checkpoints onto keepsake's metric layout.
+ *
+ * Reading never imports or calls anything named by the pickle. Known
+ * constructors (tensors, storages, OrderedDict, torch.device, numpy arrays of
+ * RNG state, sets, _codecs.encode) are interpreted; every other GLOBAL, REDUCE,
+ * NEWOBJ or BUILD becomes an inert object.
+ *
+ * Key layout of a flattened file: the '/'-joined path of each leaf. Dict keys
+ * as written (ints in decimal, True/False/None by name), list, tuple and set
+ * items by index. Leaves: tensors and numpy arrays -> tensors (views are
+ * materialised contiguously), bytes -> 1-d U8 tensors, int/float/bool/str/None
+ * -> scalars (ints beyond 64 bits -> decimal strings). An inert object adds
+ * `<path>/__class__` = "module.name" and flattens its BUILD state (attributes)
+ * and any items appended to it under its own path. Empty containers, bare
+ * global references and BUILD state of dicts (OrderedDict `_metadata`) add
+ * nothing.
+ */
+#ifndef KEEPSAKE_TORCH_H
+#define KEEPSAKE_TORCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "keepsake/alloc.h"
+#include "keepsake/statedict.h"
+#include "keepsake/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Options for reading. Zero-initialise; zero limits mean the defaults below. */
+typedef struct ks_torch_read_opts {
+  const ks_allocator *alloc; /**< NULL = malloc; also the result dict's allocator */
+  int verify_crc;            /**< nonzero: check the CRC32 of every zip entry read */
+  size_t max_memo;           /**< memo slots; default 1<<24 (and never more than pickle bytes) */
+  size_t max_stack;          /**< pickle stack + mark depth; default 1<<20 */
+  uint64_t max_string;       /**< one string or bytes object; default 1 GiB */
+  uint64_t max_view_bytes;   /**< bytes materialised for strided views; default 2*file+64 MiB */
+  size_t max_depth;          /**< nesting depth of the flattened tree; default 64 */
+  size_t max_entries;        /**< flattened entries; default 8*pickle bytes + 4096 */
+} ks_torch_read_opts;
+
+/**
+ * Reads a torch.save file into a flat state dict (see the key layout above).
+ *
+ * @param path  file to read; memory-mapped, never modified.
+ * @param opts  NULL for defaults.
+ * @param out   receives a new dict on success; untouched on failure. Contiguous
+ *              tensors are KS_MAPPED views into the file's mapping, which the dict
+ *              keeps alive (ks_statedict_attach) until ks_statedict_free.
+ * @param err   optional; says which entry, key or pickle byte offset failed.
+ * @return KS_OK, KS_E_IO, KS_E_FORMAT (not a zip / bad pickle), KS_E_UNSUPPORTED
+ *         (compressed entry, unknown opcode), KS_E_LIMIT, KS_E_DTYPE, KS_E_CHECKSUM or KS_E_NOMEM.
+ * Thread safety: independent calls may run concurrently.
+ */
+ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
+                        ks_error *err);
+
+/**
+ * Same as ks_torch_load, from bytes in memory. Tensor data is copied into the
+ * dict, so buf may be freed as soon as the call returns.
+ */
+ks_status ks_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts,
+                               ks_statedict **out, ks_error *err);
+
+/** Nonzero when the bytes start like a zip archive ("PK\x03\x04" or an empty "PK\x05\x06"). */
+int ks_torch_is_zip(const void *buf, size_t len);
+
+/** Options for writing. Zero-initialise. */
+typedef struct ks_torch_write_opts {
+  const ks_allocator *alloc; /**< NULL = malloc; used for temporary and output buffers */
+  const char *root;          /**< archive folder name; NULL = "archive" */
+  int force_zip64;           /**< write zip64 records even for small files (tests) */
+  int no_fsync;              /**< skip fsync of the file and its directory */
+} ks_torch_write_opts;
+
+/**
+ * Writes sd as a torch.save-compatible file: a stored zip with 64-byte aligned
+ * storages and a pickle protocol 2 data.pkl that torch 1.13's
+ * torch.load(weights_only=True) accepts. The '/'-joined names are rebuilt into
+ * nested dicts with string keys. Tensors become _rebuild_tensor_v2 calls
+ * (U16 and U32 are widened to I32 / I64; U64 must fit in I64; F8 dtypes are
+ * refused); floats become 0-d float64 tensors (1.13's safe loader lacks
+ * BINFLOAT); ints, bools, strings and null are plain pickle values.
+ * The file is written to a temporary name, synced, and renamed into place.
+ *
+ * @return KS_OK, KS_E_INVALID (a name is both a value and a folder, bad UTF-8),
+ *         KS_E_DTYPE, KS_E_IO or KS_E_NOMEM. On failure `path` is untouched.
+ * Thread safety: sd is only read.
+ */
+ks_status ks_torch_save(const char *path, const ks_statedict *sd, const ks_torch_write_opts *opts,
+                        ks_error *err);
+
+/**
+ * Same as ks_torch_save, into memory. *out is allocated with opts->alloc; free it
+ * with ks_torch_free(opts->alloc, *out).
+ */
+ks_status ks_torch_save_buffer(const ks_statedict *sd, const ks_torch_write_opts *opts, void **out,
+                               size_t *out_len, ks_error *err);
+
+/** Frees memory this module returned (buffers, JSON). alloc NULL = libc. Accepts NULL p. */
+void ks_torch_free(const ks_allocator *alloc, void *p);
+
+/**
+ * Maps the flattened tree of a Composer checkpoint onto keepsake's metric layout.
+ *
+ * Every metric found under `state/train_metrics/<Name>/` or
+ * `state/eval_metrics/<label>/<Name>/` becomes
+ *   <prefix><Name>/state_dict/<state>   (tensors; list states concatenated along dim 0)
+ *   <prefix><Name>/_computed            (tensor, or null; nested results keep their sub-keys)
+ * whether the checkpoint holds `{state_dict, _computed}` (Composer >= 0.14) or
+ * a whole pickled torchmetrics object (<= 0.13.5; states are the names in its
+ * `_persistent` / `_defaults` attributes). Every other entry of `flat` is passed
+ * through unchanged, in order.
+ *
+ * @param flat   a dict produced by ks_torch_load (or any dict with that layout).
+ * @param take   KS_COPY copies passed-through tensors; KS_BORROW keeps pointers
+ *               into `flat`, which must then outlive *out.
+ * @param out    receives a new dict (flat's allocator); untouched on failure.
+ * @param metrics_json optional; receives a JSON object describing the metrics:
+ *   {"layout": "pickled-object" | "state-dict" | "none",
+ *    "metrics": [{"path": ".../<Name>", "group": "train" | "eval", "label": <label or null>,
+ *                 "name": <Name>, "class": "module.Class" or null, "states": [...],
+ *                 "update_count": <int or null>, "attrs": {<public scalar attributes>}}]}
+ *   Free with ks_torch_free(allocator of flat, *metrics_json).
+ * @return KS_OK, KS_E_NOMEM, KS_E_SHAPE / KS_E_DTYPE (list state items that cannot
+ *         be concatenated), KS_E_INVALID.
+ */
+ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out,
+                                char **metrics_json, ks_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

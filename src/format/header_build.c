@@ -1,0 +1,145 @@
+/*
+ * Builds the header of a keepsake file in memory: the 8-byte length, the JSON
+ * (keepsake metadata, then one entry per tensor in insertion order) and the
+ * space padding that puts the data section on a KS_DATA_ALIGN boundary. Tensor
+ * data never passes through here, only its checksums.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "format/fmt_internal.h"
+#include "keepsake/version.h"
+
+uint64_t ks_checksum(const void *data, size_t n) { return n ? XXH3_64bits(data, n) : XXH3_64bits("", 0); }
+
+static bool is_writer_key(const char *k) {
+  static const char *const owned[] = {KS_META_FORMAT, KS_META_FORMAT_VERSION, KS_META_WRITER, KS_META_SCALARS,
+                                      KS_META_CHECKSUMS};
+  for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++)
+    if (!strcmp(k, owned[i])) return true;
+  return false;
+}
+
+static ks_status check_names(const ks_statedict *sd, ks_error *err) {
+  size_t n = ks_statedict_count(sd);
+  for (size_t i = 0; i < n; i++) {
+    ks_entry e;
+    ks_statedict_at(sd, i, &e);
+    if (!ks__utf8_valid((const uint8_t *)e.name, strlen(e.name)))
+      return ks__err_at(err, KS_E_INVALID, NULL, e.name, -1, "entry name is not valid UTF-8");
+    if (!strcmp(e.name, "__metadata__"))
+      return ks__err_at(err, KS_E_INVALID, NULL, e.name, -1, "'__metadata__' is reserved by safetensors");
+  }
+  return KS_OK;
+}
+
+/* The "keepsake.checksums" JSON object, computed in one pass over the tensor data. */
+static void encode_checksums(const ks_statedict *sd, ks__sbuf *out) {
+  size_t n = ks_statedict_count(sd), written = 0;
+  ks__sbuf_putc(out, '{');
+  for (size_t i = 0; i < n; i++) {
+    ks_entry e;
+    ks_statedict_at(sd, i, &e);
+    if (e.kind != KS_VAL_TENSOR) continue;
+    char hex[20];
+    snprintf(hex, sizeof hex, "\"%016" PRIx64 "\"", ks_checksum(e.tensor.data, e.tensor.nbytes));
+    if (written++) ks__sbuf_putc(out, ',');
+    ks__sbuf_put_json_str(out, e.name, strlen(e.name));
+    ks__sbuf_putc(out, ':');
+    ks__sbuf_puts(out, hex);
+  }
+  ks__sbuf_putc(out, '}');
+}
+
+static void put_pair(ks__sbuf *h, const char *k, const char *v, size_t vlen) {
+  ks__sbuf_put_json_str(h, k, strlen(k));
+  ks__sbuf_putc(h, ':');
+  ks__sbuf_put_json_str(h, v, vlen);
+  ks__sbuf_putc(h, ',');
+}
+
+static ks_status put_extra(ks__sbuf *h, const ks_meta *extra, ks_error *err) {
+  for (size_t i = 0; i < ks_meta_count(extra); i++) {
+    const char *k, *v;
+    ks_meta_at(extra, i, &k, &v);
+    if (is_writer_key(k))
+      return ks__err_at(err, KS_E_INVALID, NULL, k, -1, "metadata key '%s' is written by keepsake itself", k);
+    put_pair(h, k, v, strlen(v));
+  }
+  return KS_OK;
+}
+
+static ks_status put_metadata(ks__sbuf *h, const ks_statedict *sd, const ks_meta *extra,
+                              const ks_allocator *a, ks_error *err) {
+  ks__sbuf scalars, sums;
+  ks__sbuf_init(&scalars, a);
+  ks__sbuf_init(&sums, a);
+  ks_status st = ks__scalars_encode(sd, &scalars, err);
+  if (!st) encode_checksums(sd, &sums);
+  if (!st && sums.failed) st = ks__err(err, KS_E_NOMEM, "out of memory encoding checksums");
+  if (!st) {
+    ks__sbuf_puts(h, "{\"__metadata__\":{");
+    put_pair(h, KS_META_FORMAT, KS_FORMAT_NAME, strlen(KS_FORMAT_NAME));
+    put_pair(h, KS_META_FORMAT_VERSION, "1", 1);
+    put_pair(h, KS_META_WRITER, "keepsake " KS_VERSION_STRING, strlen("keepsake " KS_VERSION_STRING));
+    put_pair(h, KS_META_SCALARS, scalars.p, scalars.len);
+    put_pair(h, KS_META_CHECKSUMS, sums.p, sums.len);
+    st = put_extra(h, extra, err);
+    if (!h->failed) h->len--; /* the last pair's comma */
+    ks__sbuf_putc(h, '}');
+  }
+  ks__sbuf_free(&scalars);
+  ks__sbuf_free(&sums);
+  return st;
+}
+
+static void put_tensor(ks__sbuf *h, const ks_entry *e, uint64_t begin) {
+  ks__sbuf_putc(h, ',');
+  ks__sbuf_put_json_str(h, e->name, strlen(e->name));
+  ks__sbuf_puts(h, ":{\"dtype\":\"");
+  ks__sbuf_puts(h, ks_dtype_name(e->tensor.dtype));
+  ks__sbuf_puts(h, "\",\"shape\":[");
+  for (int d = 0; d < e->tensor.rank; d++) {
+    if (d) ks__sbuf_putc(h, ',');
+    ks__sbuf_put_i64(h, e->tensor.shape[d]);
+  }
+  ks__sbuf_puts(h, "],\"data_offsets\":[");
+  ks__sbuf_put_u64(h, begin);
+  ks__sbuf_putc(h, ',');
+  ks__sbuf_put_u64(h, begin + e->tensor.nbytes);
+  ks__sbuf_puts(h, "]}");
+}
+
+/* Pads with spaces so 8 + header length is a multiple of KS_DATA_ALIGN, then fills in the length. */
+static void finish(ks__sbuf *h) {
+  size_t pad = (KS_DATA_ALIGN - h->len % KS_DATA_ALIGN) % KS_DATA_ALIGN;
+  for (size_t i = 0; i < pad; i++) ks__sbuf_putc(h, ' ');
+  if (!h->failed) ks__put_le64((uint8_t *)h->p, (uint64_t)(h->len - 8));
+}
+
+ks_status ks__build_header(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *a, ks__sbuf *h,
+                           uint64_t *data_len, ks_error *err) {
+  ks_status st = check_names(sd, err);
+  if (st) return st;
+  ks__sbuf_put(h, "\0\0\0\0\0\0\0\0", 8);
+  if ((st = put_metadata(h, sd, extra, a, err)) != KS_OK) return st;
+  uint64_t off = 0;
+  for (size_t i = 0; i < ks_statedict_count(sd); i++) {
+    ks_entry e;
+    ks_statedict_at(sd, i, &e);
+    if (e.kind != KS_VAL_TENSOR) continue;
+    put_tensor(h, &e, off);
+    off += e.tensor.nbytes;
+  }
+  ks__sbuf_putc(h, '}');
+  finish(h);
+  if (h->failed) return ks__err(err, KS_E_NOMEM, "out of memory building the header");
+  if (h->len - 8 > KS_MAX_HEADER)
+    return ks__err(err, KS_E_LIMIT, "header is %zu bytes, more than readers accept (%u)", h->len - 8,
+                   KS_MAX_HEADER);
+  *data_len = off;
+  return KS_OK;
+}

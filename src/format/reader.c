@@ -1,0 +1,191 @@
+/*
+ * Opening files and buffers, and the read-only accessors. The bytes come from
+ * an mmap (zero copy, open cost independent of the data size), one heap copy,
+ * or the caller's buffer; ks__fmt_parse then validates them the same way.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "format/fmt_internal.h"
+
+static ks_status reader_new(const ks_allocator *a, const char *path, ks_reader **out, ks_error *err) {
+  ks_reader *r = ks__calloc(a, 1, sizeof *r);
+  if (!r) return ks__err_at(err, KS_E_NOMEM, path, NULL, -1, "out of memory");
+  r->alloc = *ks__alloc_or_default(a);
+  r->path = ks__strdup(&r->alloc, path);
+  if (!r->path || ks_meta_create(&r->alloc, &r->meta)) {
+    ks_reader_free(r);
+    return ks__err_at(err, KS_E_NOMEM, path, NULL, -1, "out of memory");
+  }
+  *out = r;
+  return KS_OK;
+}
+
+void ks_reader_free(ks_reader *r) {
+  if (!r) return;
+  if (r->map) munmap(r->map, r->map_len);
+  ks__free(&r->alloc, r->copy);
+  ks__free(&r->alloc, r->entries);
+  ks__free(&r->alloc, r->names);
+  ks__free(&r->alloc, r->slots);
+  ks_meta_free(r->meta);
+  ks__free(&r->alloc, r->path);
+  ks__free(&r->alloc, r);
+}
+
+static ks_status io_err(const ks_reader *r, const char *what, ks_error *err) {
+  return ks__err_at(err, KS_E_IO, r->path, NULL, -1, "%s: %s", what, strerror(errno ? errno : EIO));
+}
+
+static ks_status read_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
+  r->copy = ks__malloc(&r->alloc, size ? size : 1);
+  if (!r->copy) return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory for %zu bytes", size);
+  size_t got = 0;
+  while (got < size) {
+    size_t want = size - got < ((size_t)1 << 30) ? size - got : ((size_t)1 << 30);
+    ssize_t n = read(fd, r->copy + got, want);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return io_err(r, "cannot read file", err);
+    if (n == 0) return ks__err_at(err, KS_E_IO, r->path, NULL, (int64_t)got, "file shrank while being read");
+    got += (size_t)n;
+  }
+  r->bytes = r->copy;
+  r->size = size;
+  return KS_OK;
+}
+
+static ks_status map_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
+  void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) return io_err(r, "cannot map file", err);
+  r->map = p;
+  r->map_len = size;
+  r->bytes = p;
+  r->size = size;
+  return KS_OK;
+}
+
+static ks_status load_file(ks_reader *r, ks_read_mode mode, ks_error *err) {
+  int fd = open(r->path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return io_err(r, "cannot open file", err);
+  struct stat st;
+  ks_status s;
+  if (fstat(fd, &st) != 0)
+    s = io_err(r, "cannot stat file", err);
+  else if (!S_ISREG(st.st_mode))
+    s = ks__err_at(err, KS_E_IO, r->path, NULL, -1, "not a regular file");
+  else if ((uint64_t)st.st_size > SIZE_MAX)
+    s = ks__err_at(err, KS_E_LIMIT, r->path, NULL, -1, "file too large for this platform");
+  else if (mode == KS_READ_MMAP && st.st_size >= 8) /* an empty mapping is an error: tiny files are read */
+    s = map_whole(r, fd, (size_t)st.st_size, err);
+  else
+    s = read_whole(r, fd, (size_t)st.st_size, err);
+  close(fd);
+  return s;
+}
+
+static ks_status finish_open(ks_reader *r, const ks_read_opts *opts, ks_reader **out, ks_error *err) {
+  ks_status st = ks__fmt_parse(r, err);
+  if (!st && opts && opts->verify_checksums) st = ks_reader_verify(r, err);
+  if (st) {
+    ks__err_set_file(err, r->path);
+    ks_reader_free(r);
+    return st;
+  }
+  *out = r;
+  return KS_OK;
+}
+
+ks_status ks_reader_open(const char *path, const ks_read_opts *opts, ks_reader **out, ks_error *err) {
+  ks_error_clear(err);
+  if (!path || !out) return ks__err(err, KS_E_INVALID, "ks_reader_open: path and out are required");
+  ks_reader *r;
+  ks_status st = reader_new(opts ? opts->alloc : NULL, path, &r, err);
+  if (st) return st;
+  if ((st = load_file(r, opts ? opts->mode : KS_READ_MMAP, err)) != KS_OK) {
+    ks_reader_free(r);
+    return st;
+  }
+  return finish_open(r, opts, out, err);
+}
+
+ks_status ks_reader_open_buffer(const void *buf, size_t len, const ks_read_opts *opts, ks_reader **out,
+                                ks_error *err) {
+  ks_error_clear(err);
+  if ((!buf && len) || !out) return ks__err(err, KS_E_INVALID, "ks_reader_open_buffer: bad arguments");
+  ks_reader *r;
+  ks_status st = reader_new(opts ? opts->alloc : NULL, "<buffer>", &r, err);
+  if (st) return st;
+  r->bytes = buf ? buf : (const void *)"";
+  r->size = len;
+  if (opts && opts->mode == KS_READ_COPY) {
+    r->copy = ks__malloc(&r->alloc, len ? len : 1);
+    if (!r->copy) {
+      ks_reader_free(r);
+      return ks__err_at(err, KS_E_NOMEM, "<buffer>", NULL, -1, "out of memory for %zu bytes", len);
+    }
+    if (len) memcpy(r->copy, buf, len);
+    r->bytes = r->copy;
+  }
+  return finish_open(r, opts, out, err);
+}
+
+size_t ks_reader_count(const ks_reader *r) { return r ? r->count : 0; }
+
+static void fill_view(const ks_reader *r, const fmt_entry *e, ks_tensor *v) {
+  memset(v, 0, sizeof *v);
+  v->dtype = e->dtype;
+  v->rank = e->rank;
+  memcpy(v->shape, e->shape, sizeof v->shape);
+  v->data = (void *)(uintptr_t)(r->bytes + r->data_off + e->begin);
+  v->nbytes = (size_t)(e->end - e->begin);
+  v->ownership = KS_MAPPED;
+}
+
+ks_status ks_reader_tensor_at(const ks_reader *r, size_t i, const char **name, ks_tensor *view) {
+  if (!r || i >= r->count) return KS_E_NOTFOUND;
+  if (name) *name = r->entries[i].name;
+  if (view) fill_view(r, &r->entries[i], view);
+  return KS_OK;
+}
+
+long ks_reader_find(const ks_reader *r, const char *name) {
+  return name ? ks__reader_find_n(r, name, strlen(name)) : -1;
+}
+
+long ks__reader_find_n(const ks_reader *r, const char *name, size_t n) {
+  if (!r || !r->nslots) return -1;
+  size_t mask = r->nslots - 1;
+  uint64_t h = ks__fmt_hash(name, n);
+  for (size_t s = (size_t)h & mask; r->slots[s]; s = (s + 1) & mask) {
+    const fmt_entry *e = &r->entries[r->slots[s] - 1];
+    if (e->hash == h && e->name_len == n && memcmp(e->name, name, n) == 0) return (long)r->slots[s] - 1;
+  }
+  return -1;
+}
+
+ks_status ks_reader_tensor(const ks_reader *r, const char *name, ks_tensor *view, ks_error *err) {
+  long i = ks_reader_find(r, name);
+  if (i < 0)
+    return ks__err_at(err, KS_E_NOTFOUND, r ? r->path : NULL, name, -1, "no tensor named '%s'", name ? name : "");
+  if (view) fill_view(r, &r->entries[i], view);
+  return KS_OK;
+}
+
+ks_status ks_reader_tensor_info(const ks_reader *r, size_t i, ks_tensor_info *info) {
+  if (!r || i >= r->count || !info) return KS_E_NOTFOUND;
+  info->name = r->entries[i].name;
+  info->begin = r->data_off + r->entries[i].begin;
+  info->end = r->data_off + r->entries[i].end;
+  return KS_OK;
+}
+
+const ks_meta *ks_reader_meta(const ks_reader *r) { return r ? r->meta : NULL; }
+int ks_reader_is_keepsake(const ks_reader *r) { return r && r->version > 0; }
+int ks_reader_format_version(const ks_reader *r) { return r ? r->version : 0; }
+const char *ks_reader_path(const ks_reader *r) { return r ? r->path : NULL; }
+uint64_t ks_reader_file_size(const ks_reader *r) { return r ? (uint64_t)r->size : 0; }
+uint64_t ks_reader_data_offset(const ks_reader *r) { return r ? r->data_off : 0; }

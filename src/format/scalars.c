@@ -1,0 +1,127 @@
+/*
+ * The "keepsake.scalars" metadata value: a JSON object mapping each scalar
+ * entry's name to its value. Ints are JSON integers (exact over all of int64),
+ * finite floats JSON numbers with a '.' or exponent (shortest exact form),
+ * non-finite floats {"float": "nan"|"inf"|"-inf", "bits": "<16 hex>"}, bools,
+ * strings and null as themselves.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "format/fmt_internal.h"
+
+static void put_nonfinite(ks__sbuf *b, double f) {
+  uint64_t bits;
+  memcpy(&bits, &f, sizeof bits);
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016" PRIx64, bits);
+  ks__sbuf_puts(b, "{\"float\":");
+  ks__sbuf_puts(b, isnan(f) ? "\"nan\"" : f > 0 ? "\"inf\"" : "\"-inf\"");
+  ks__sbuf_puts(b, ",\"bits\":\"");
+  ks__sbuf_puts(b, hex);
+  ks__sbuf_puts(b, "\"}");
+}
+
+static ks_status put_value(ks__sbuf *b, const ks_entry *e, ks_error *err) {
+  switch (e->kind) {
+    case KS_VAL_INT: ks__sbuf_put_i64(b, e->i); break;
+    case KS_VAL_FLOAT:
+      if (isfinite(e->f))
+        ks__sbuf_put_double(b, e->f);
+      else
+        put_nonfinite(b, e->f);
+      break;
+    case KS_VAL_BOOL: ks__sbuf_puts(b, e->i ? "true" : "false"); break;
+    case KS_VAL_NULL: ks__sbuf_puts(b, "null"); break;
+    case KS_VAL_STRING: {
+      size_t n = strlen(e->s);
+      if (!ks__utf8_valid((const uint8_t *)e->s, n))
+        return ks__err_at(err, KS_E_INVALID, NULL, e->name, -1, "string value is not valid UTF-8");
+      ks__sbuf_put_json_str(b, e->s, n);
+      break;
+    }
+    default: return ks__err_at(err, KS_E_INVALID, NULL, e->name, -1, "unknown scalar kind %d", (int)e->kind);
+  }
+  return KS_OK;
+}
+
+ks_status ks__scalars_encode(const ks_statedict *sd, ks__sbuf *out, ks_error *err) {
+  size_t n = ks_statedict_count(sd), written = 0;
+  ks__sbuf_putc(out, '{');
+  for (size_t i = 0; i < n; i++) {
+    ks_entry e;
+    ks_statedict_at(sd, i, &e);
+    if (e.kind == KS_VAL_TENSOR) continue;
+    if (written++) ks__sbuf_putc(out, ',');
+    ks__sbuf_put_json_str(out, e.name, strlen(e.name));
+    ks__sbuf_putc(out, ':');
+    ks_status st = put_value(out, &e, err);
+    if (st) return st;
+  }
+  ks__sbuf_putc(out, '}');
+  return out->failed ? ks__err(err, KS_E_NOMEM, "out of memory encoding scalars") : KS_OK;
+}
+
+/* Decodes {"float": ..., "bits": ...}; the bits are authoritative when present. */
+static bool decode_nonfinite(json_t *v, double *out) {
+  const char *kind = json_string_value(json_object_get(v, "float"));
+  const char *bits = json_string_value(json_object_get(v, "bits"));
+  if (!kind) return false;
+  uint64_t u;
+  if (bits && ks__parse_hex64(bits, strlen(bits), &u)) {
+    memcpy(out, &u, sizeof u);
+    return !isfinite(*out);
+  }
+  if (!strcmp(kind, "nan")) *out = NAN;
+  else if (!strcmp(kind, "inf")) *out = INFINITY;
+  else if (!strcmp(kind, "-inf")) *out = -INFINITY;
+  else return false;
+  return true;
+}
+
+static ks_status put_scalar(ks_statedict *dst, const char *name, json_t *v) {
+  double f;
+  switch (json_typeof(v)) {
+    case JSON_INTEGER: return ks_statedict_set_int(dst, name, (int64_t)json_integer_value(v));
+    case JSON_REAL: return ks_statedict_set_float(dst, name, json_real_value(v));
+    case JSON_TRUE: return ks_statedict_set_bool(dst, name, 1);
+    case JSON_FALSE: return ks_statedict_set_bool(dst, name, 0);
+    case JSON_NULL: return ks_statedict_set_null(dst, name);
+    case JSON_STRING: return ks_statedict_set_string(dst, name, json_string_value(v));
+    case JSON_OBJECT:
+      if (!decode_nonfinite(v, &f)) return KS_E_FORMAT;
+      return ks_statedict_set_float(dst, name, f);
+    default: return KS_E_FORMAT;
+  }
+}
+
+ks_status ks__scalars_decode(const char *json, const char *file, int64_t offset, ks_statedict *dst,
+                             ks_error *err) {
+  json_error_t jerr;
+  json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root || !json_is_object(root)) {
+    json_decref(root);
+    return ks__err_at(err, KS_E_FORMAT, file, KS_META_SCALARS, offset,
+                      "metadata value is not a JSON object: %s", root ? "wrong type" : jerr.text);
+  }
+  const char *name;
+  json_t *v;
+  ks_status st = KS_OK;
+  json_object_foreach(root, name, v) {
+    st = put_scalar(dst, name, v);
+    if (st == KS_E_FORMAT) {
+      ks__err_at(err, st, file, name, offset, "scalar in '%s' has an unsupported JSON form", KS_META_SCALARS);
+      break;
+    }
+    if (st) {
+      ks__err_at(err, st, file, name, offset, "cannot store scalar: %s", ks_strerror(st));
+      break;
+    }
+  }
+  json_decref(root);
+  return st;
+}

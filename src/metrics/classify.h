@@ -1,0 +1,72 @@
+/*
+ * Reading classification inputs the torchmetrics way: binary predictions
+ * (probabilities, logits or 0/1 labels against a threshold) and multiclass
+ * predictions (argmax / top-k over the class dim, or labels).
+ */
+#ifndef KS_METRICS_CLASSIFY_H
+#define KS_METRICS_CLASSIFY_H
+
+#include <math.h>
+
+#include "metrics/inputs.h"
+
+/* Binary predictions: bit(i) = pred i is positive. */
+typedef struct ks__bpreds {
+  ks__view v; /* F32 for float preds, I64 for labels */
+  int is_float;
+  int sig; /* some value lies outside [0,1]: the floats are logits, sigmoid first */
+  float thr;
+} ks__bpreds;
+
+/*
+ * Prepares binary predictions. Integer preds must be 0/1. The logit test looks at
+ * every element, or (skip_ignored, as the confusion-matrix and curve metrics do) only
+ * at elements whose target is not ignore_index.
+ */
+ks_status ks__bpreds_init(const ks_metric *m, const ks_tensor *preds, const ks__view *target, int skip_ignored,
+                          ks__bpreds *bp, ks_error *err);
+void ks__bpreds_free(const ks_metric *m, ks__bpreds *bp);
+
+static inline float ks__sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static inline int ks__bpred(const ks__bpreds *bp, size_t i) {
+  if (!bp->is_float) return ((const int64_t *)bp->v.p)[i] != 0;
+  float p = ((const float *)bp->v.p)[i];
+  return (bp->sig ? ks__sigmoidf(p) : p) > bp->thr;
+}
+
+static inline int ks__is_ignored(const ks_metric *m, int64_t t) {
+  return m->args.has_ignore && t == m->args.ignore_index;
+}
+
+/* Multiclass input layout: n samples; logits (n, C, P...) or labels. */
+typedef struct ks__mcin {
+  int logits;  /* preds carry a class dim */
+  size_t n;    /* samples (= target numel) */
+  size_t P;    /* positions per sample row (product of dims after the class dim) */
+} ks__mcin;
+
+/* Checks preds/target shapes for a multiclass task with C classes. */
+ks_status ks__mc_layout(const ks_metric *m, const ks_tensor *preds, const ks_tensor *target, ks__mcin *lay,
+                        ks_error *err);
+
+/* Index of the largest of C values spaced `stride` apart; NaN wins, ties go to the first. */
+static inline size_t ks__argmax_f32(const float *r, size_t C, size_t stride) {
+  size_t best = 0;
+  float bv = r[0];
+  if (bv != bv) return 0;
+  for (size_t c = 1; c < C; c++) {
+    float v = r[c * stride];
+    if (v > bv) {
+      bv = v;
+      best = c;
+    } else if (v != v)
+      return c;
+  }
+  return best;
+}
+
+/* Indices of the k largest values (NaN largest, ties to the lower index) into out[k]. */
+void ks__topk_f32(const float *r, size_t C, size_t stride, size_t k, size_t *out);
+
+#endif

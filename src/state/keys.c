@@ -1,0 +1,96 @@
+/* Prefixed keys and typed scalar reads used by every state component. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "state/state_internal.h"
+
+ks_status ks__key(char *buf, const char *prefix, const char *name) {
+  return ks__keyf(buf, prefix, "%s", name);
+}
+
+ks_status ks__keyf(char *buf, const char *prefix, const char *fmt, ...) {
+  int n = snprintf(buf, KS__KEY_MAX + 1, "%s", prefix);
+  if (n < 0 || n > KS__KEY_MAX) return KS_E_LIMIT;
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(buf + n, (size_t)(KS__KEY_MAX + 1 - n), fmt, ap);
+  va_end(ap);
+  if (m < 0 || m > KS__KEY_MAX - n) return KS_E_LIMIT;
+  return KS_OK;
+}
+
+ks_status ks__put_int(ks_statedict *dst, const char *prefix, const char *name, int64_t v) {
+  char k[KS__KEY_MAX + 1];
+  ks_status s = ks__key(k, prefix, name);
+  return s ? s : ks_statedict_set_int(dst, k, v);
+}
+
+ks_status ks__put_float(ks_statedict *dst, const char *prefix, const char *name, double v) {
+  char k[KS__KEY_MAX + 1];
+  ks_status s = ks__key(k, prefix, name);
+  return s ? s : ks_statedict_set_float(dst, k, v);
+}
+
+static ks_status lookup(const ks_statedict *src, const char *prefix, const char *name, ks_entry *e,
+                        char *k, ks_error *err) {
+  if (ks__key(k, prefix, name)) return ks__err(err, KS_E_LIMIT, "key too long: %s%s", prefix, name);
+  if (ks_statedict_get(src, k, e) != KS_OK)
+    return ks__err_at(err, KS_E_NOTFOUND, NULL, k, -1, "missing entry '%s'", k);
+  return KS_OK;
+}
+
+static int scalar_tensor(const ks_entry *e) {
+  return e->kind == KS_VAL_TENSOR && ks_tensor_numel(&e->tensor) == 1 && e->tensor.data != NULL;
+}
+
+ks_status ks__get_int(const ks_statedict *src, const char *prefix, const char *name, int64_t *out,
+                      ks_error *err) {
+  char k[KS__KEY_MAX + 1];
+  ks_entry e;
+  ks_status s = lookup(src, prefix, name, &e, k, err);
+  if (s) return s;
+  if (e.kind == KS_VAL_INT || e.kind == KS_VAL_BOOL) {
+    *out = e.i;
+    return KS_OK;
+  }
+  if (scalar_tensor(&e) && !ks_dtype_is_float(e.tensor.dtype)) {
+    *out = ks_dtype_get_i64(e.tensor.dtype, e.tensor.data, 0);
+    return KS_OK;
+  }
+  return ks__err_at(err, KS_E_VALUE, NULL, k, -1, "'%s': expected an integer", k);
+}
+
+ks_status ks__get_float(const ks_statedict *src, const char *prefix, const char *name, double *out,
+                        ks_error *err) {
+  char k[KS__KEY_MAX + 1];
+  ks_entry e;
+  ks_status s = lookup(src, prefix, name, &e, k, err);
+  if (s) return s;
+  if (e.kind == KS_VAL_FLOAT) *out = e.f;
+  else if (e.kind == KS_VAL_INT) *out = (double)e.i;
+  else if (scalar_tensor(&e)) *out = ks_dtype_get_f64(e.tensor.dtype, e.tensor.data, 0);
+  else return ks__err_at(err, KS_E_VALUE, NULL, k, -1, "'%s': expected a number", k);
+  return KS_OK;
+}
+
+/* `rng` must ignore rng/0/...: try the glob on the path and on each '/'-prefix of it. */
+int ks__path_ignored(const char *const *globs, size_t n, const char *path) {
+  char buf[KS__KEY_MAX + 1];
+  size_t len = strlen(path);
+  if (len > KS__KEY_MAX) len = KS__KEY_MAX;
+  memcpy(buf, path, len);
+  buf[len] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    if (!globs[i]) continue;
+    if (ks__glob_match(globs[i], buf)) return 1;
+    for (size_t j = 1; j < len; j++) {
+      if (buf[j] != '/') continue;
+      buf[j] = '\0';
+      int hit = ks__glob_match(globs[i], buf);
+      buf[j] = '/';
+      if (hit) return 1;
+    }
+  }
+  return 0;
+}

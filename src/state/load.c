@@ -1,0 +1,344 @@
+/*
+ * Load semantics: walk the program's components and fill each from the
+ * checkpoint entry of the same name. Model mismatches are errors in strict mode
+ * (checked before anything is written) and report items otherwise; everything
+ * not loaded as-is ends up in the report. Metrics are in load_metrics.c.
+ */
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "state/state_internal.h"
+
+ks_status ks__note(ks__load_ctx *c, ks_load_kind kind, const char *path, const char *fmt, ...) {
+  if (!c->rep) return KS_OK;
+  char why[KS_ERROR_MSG_MAX + 256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  ks_status s = ks_load_report_add(c->rep, kind, path, why);
+  return s ? ks__err(c->err, s, "load report: out of memory") : KS_OK;
+}
+
+int ks__has_prefix(const ks_statedict *sd, const char *prefix) {
+  size_t n = strlen(prefix), count = ks_statedict_count(sd);
+  for (size_t i = 0; i < count; i++) {
+    ks_entry e;
+    if (ks_statedict_at(sd, i, &e) == KS_OK && !strncmp(e.name, prefix, n)) return 1;
+  }
+  return 0;
+}
+
+int ks__ignored(const ks__load_ctx *c, const char *path) {
+  return ks__path_ignored(c->o.ignore, c->o.n_ignore, path);
+}
+
+/* ---- model ---- */
+
+static const st_comp *find_tensor(const ks_state *st, const char *name) {
+  for (size_t i = 0; i < st->n_comps; i++)
+    if (st->comps[i].kind == ST_TENSOR && !strcmp(st->comps[i].name, name)) return &st->comps[i];
+  return NULL;
+}
+
+/* Why the stored tensor cannot fill the program's one (KS_OK when it can). */
+static ks_status tensor_problem(const ks_tensor *want, const ks_tensor *have, char *why, size_t cap) {
+  char a[128], b[128];
+  if (!have) return snprintf(why, cap, "not in the checkpoint"), KS_E_NOTFOUND;
+  if (have->dtype != want->dtype)
+    return snprintf(why, cap, "dtype %s in the checkpoint, %s in the program", ks_dtype_name(have->dtype),
+                    ks_dtype_name(want->dtype)), KS_E_DTYPE;
+  if (!ks_tensor_same_shape(want, have))
+    return snprintf(why, cap, "shape %s in the checkpoint, %s in the program",
+                    ks_shape_format(have->rank, have->shape, a, sizeof a),
+                    ks_shape_format(want->rank, want->shape, b, sizeof b)), KS_E_SHAPE;
+  return KS_OK;
+}
+
+/* Strict mode: every program tensor present and matching, no unexpected keys. */
+static ks_status check_model_strict(ks__load_ctx *c) {
+  char k[KS__KEY_MAX + 1], why[400];
+  for (size_t i = 0; i < c->st->n_comps; i++) {
+    const st_comp *m = &c->st->comps[i];
+    if (m->kind != ST_TENSOR || ks__comp_prefix(m, k) || ks__ignored(c, k)) continue;
+    ks_status s = tensor_problem(&m->t, ks_statedict_tensor(c->src, k), why, sizeof why);
+    if (s) return ks__err_at(c->err, s, NULL, k, -1, "strict model load: '%s': %s", k, why);
+  }
+  size_t n = ks_statedict_count(c->src);
+  for (size_t i = 0; i < n; i++) {
+    ks_entry e;
+    ks_statedict_at(c->src, i, &e);
+    if (strncmp(e.name, "state/model/", 12) || find_tensor(c->st, e.name + 12)) continue;
+    return ks__err_at(c->err, KS_E_MISMATCH, NULL, e.name, -1,
+                      "strict model load: '%s' is in the checkpoint but not in the program", e.name);
+  }
+  return KS_OK;
+}
+
+static ks_status load_one_tensor(ks__load_ctx *c, const st_comp *m, size_t *loaded) {
+  char k[KS__KEY_MAX + 1], why[400];
+  if (ks__comp_prefix(m, k)) return ks__err(c->err, KS_E_LIMIT, "model tensor name too long");
+  if (ks__ignored(c, k)) return ks__note(c, KS_LOAD_SKIPPED, k, "ignored by an ignore glob; kept as is");
+  const ks_tensor *t = ks_statedict_tensor(c->src, k);
+  ks_status s = tensor_problem(&m->t, t, why, sizeof why);
+  if (s == KS_E_NOTFOUND) return ks__note(c, KS_LOAD_MISSING, k, "%s; kept as is", why);
+  if (s) return ks__note(c, KS_LOAD_MISMATCHED, k, "%s; kept as is", why);
+  if (m->t.nbytes) memcpy(m->t.data, t->data, m->t.nbytes);
+  (*loaded)++;
+  return KS_OK;
+}
+
+static ks_status note_unexpected_model_keys(ks__load_ctx *c) {
+  size_t n = ks_statedict_count(c->src);
+  for (size_t i = 0; i < n; i++) {
+    ks_entry e;
+    ks_statedict_at(c->src, i, &e);
+    if (strncmp(e.name, "state/model/", 12) || find_tensor(c->st, e.name + 12)) continue;
+    ks_status s = ks__note(c, KS_LOAD_SKIPPED, e.name, "in the checkpoint, not in the program");
+    if (s) return s;
+  }
+  return KS_OK;
+}
+
+static ks_status load_model(ks__load_ctx *c) {
+  size_t loaded = 0, total = 0;
+  for (size_t i = 0; i < c->st->n_comps; i++) {
+    if (c->st->comps[i].kind != ST_TENSOR) continue;
+    total++;
+    ks_status s = load_one_tensor(c, &c->st->comps[i], &loaded);
+    if (s) return s;
+  }
+  ks_status s = note_unexpected_model_keys(c);
+  if (s || total == 0) return s;
+  return ks__note(c, KS_LOAD_LOADED, "state/model", "%zu of %zu tensors", loaded, total);
+}
+
+/* ---- other components ---- */
+
+static ks_status load_dataset(ks_dataset_state *ds, const ks_statedict *src, const char *p, ks_error *err) {
+  ks_dataset_state t;
+  ks_status s = ks__get_int(src, p, "epoch", &t.epoch, err);
+  if (!s) s = ks__get_int(src, p, "sample_in_epoch", &t.sample_in_epoch, err);
+  if (!s) s = ks__get_int(src, p, "shuffle_seed", &t.shuffle_seed, err);
+  if (!s && (t.epoch < 0 || t.sample_in_epoch < 0))
+    s = ks__err_at(err, KS_E_VALUE, NULL, p, -1, "dataset state: negative position");
+  if (!s) *ds = t;
+  return s;
+}
+
+static ks_status call_loader(const st_comp *m, const ks_statedict *src, const char *p, ks_error *err) {
+  switch (m->kind) {
+  case ST_OPTIM: return ks_optimizer_load_state_dict(m->obj, src, p, err);
+  case ST_SCHED: return ks_scheduler_load_state_dict(m->obj, src, p, err);
+  case ST_CUSTOM: return m->cb.load_state_dict(m->cb.ctx, src, p, err);
+  case ST_DATASET: return load_dataset(m->obj, src, p, err);
+  case ST_TENSOR: break;
+  }
+  return KS_E_INVALID;
+}
+
+/*
+ * One component under `prefix` ("state/optimizers/AdamW/"). A failure is an
+ * error in strict mode and a `mismatched` item otherwise.
+ */
+typedef ks_status (*comp_loader)(void *obj, const ks_statedict *src, const char *prefix, ks_error *err);
+
+static ks_status load_generic(ks__load_ctx *c, const char *prefix, const st_comp *m, comp_loader fn, void *obj) {
+  char path[KS__KEY_MAX + 1];
+  snprintf(path, sizeof path, "%.*s", (int)strlen(prefix) - 1, prefix);
+  if (ks__ignored(c, path)) return ks__note(c, KS_LOAD_SKIPPED, path, "ignored by an ignore glob; kept as is");
+  if (!ks__has_prefix(c->src, prefix)) return ks__note(c, KS_LOAD_MISSING, path, "not in the checkpoint; kept as is");
+  ks_error e;
+  ks_error_clear(&e);
+  ks_status s = m ? call_loader(m, c->src, prefix, &e) : fn(obj, c->src, prefix, &e);
+  if (s == KS_E_NOMEM || (s && !c->o.non_strict_model)) {
+    if (c->err) *c->err = e;
+    return s;
+  }
+  if (s) return ks__note(c, KS_LOAD_MISMATCHED, path, "%s; kept as is", e.message);
+  return ks__note(c, KS_LOAD_LOADED, path, "restored");
+}
+
+static ks_status ts_loader(void *obj, const ks_statedict *src, const char *p, ks_error *err) {
+  return ks_timestamp_load_state_dict(obj, src, p, err);
+}
+
+static ks_status rng_loader(void *obj, const ks_statedict *src, const char *p, ks_error *err) {
+  return ks_rng_load_state_dict(obj, src, p, err);
+}
+
+static ks_status load_components(ks__load_ctx *c) {
+  for (size_t i = 0; i < c->st->n_comps; i++) {
+    const st_comp *m = &c->st->comps[i];
+    char p[KS__KEY_MAX + 1];
+    if (m->kind == ST_TENSOR) continue;
+    if (ks__comp_prefix(m, p)) return ks__err(c->err, KS_E_LIMIT, "component name too long");
+    ks_status s = load_generic(c, p, m, NULL, NULL);
+    if (s) return s;
+  }
+  ks_status s = KS_OK;
+  if (c->st->ts) s = load_generic(c, "state/timestamp/Timestamp/", NULL, ts_loader, c->st->ts);
+  if (!s && c->st->rng) s = load_generic(c, "rng/0/", NULL, rng_loader, c->st->rng);
+  return s;
+}
+
+/* The run's identity comes from the checkpoint, as Composer's autoresume does. */
+static ks_status load_identity(ks__load_ctx *c) {
+  ks_entry e;
+  if (!ks__ignored(c, "state/rank_zero_seed") && ks_statedict_get(c->src, "state/rank_zero_seed", &e) == KS_OK &&
+      e.kind == KS_VAL_INT)
+    c->st->rank_zero_seed = e.i;
+  if (ks__ignored(c, "state/run_name") || ks_statedict_get(c->src, "state/run_name", &e) != KS_OK ||
+      e.kind != KS_VAL_STRING)
+    return KS_OK;
+  char *name = ks__strdup(&c->st->alloc, e.s);
+  if (!name) return ks__err(c->err, KS_E_NOMEM, "out of memory");
+  ks__free(&c->st->alloc, c->st->run_name);
+  c->st->run_name = name;
+  return KS_OK;
+}
+
+/* ---- checkpoint components the program lacks ---- */
+
+static int program_has(const ks_state *st, const char *path) {
+  char p[KS__KEY_MAX + 1];
+  for (size_t i = 0; i < st->n_comps; i++)
+    if (st->comps[i].kind != ST_TENSOR && !ks__comp_prefix(&st->comps[i], p) && !strncmp(p, path, strlen(path)) &&
+        p[strlen(path)] == '/' && p[strlen(path) + 1] == '\0')
+      return 1;
+  return 0;
+}
+
+/* Cuts `name` after its n-th '/'-separated segment into out; 0 when it has fewer. */
+static int first_segments(const char *name, int n, char *out) {
+  const char *p = name;
+  for (int i = 0; i < n; i++) {
+    p = strchr(p, '/');
+    if (!p) return 0;
+    if (i + 1 < n) p++;
+  }
+  snprintf(out, KS__KEY_MAX + 1, "%.*s", (int)(p - name), name);
+  return 1;
+}
+
+static ks_status note_extra_components(ks__load_ctx *c) {
+  static const char *const roots[] = {"state/optimizers/", "state/schedulers/", "state/callbacks/",
+                                      "state/dataset_state/"};
+  size_t n = ks_statedict_count(c->src);
+  for (size_t i = 0; i < n && c->rep; i++) {
+    ks_entry e;
+    char path[KS__KEY_MAX + 1];
+    ks_statedict_at(c->src, i, &e);
+    for (size_t r = 0; r < 4; r++) {
+      if (strncmp(e.name, roots[r], strlen(roots[r])) || !first_segments(e.name, 3, path)) continue;
+      if (program_has(c->st, path) || ks_load_report_find(c->rep, path)) continue;
+      ks_status s = ks__note(c, KS_LOAD_SKIPPED, path, "in the checkpoint, not in the program");
+      if (s) return s;
+    }
+  }
+  return KS_OK;
+}
+
+static ks_status note_weights_only(ks__load_ctx *c) {
+  char p[KS__KEY_MAX + 1];
+  ks_status s = KS_OK;
+  for (size_t i = 0; i < c->st->n_comps && !s; i++) {
+    if (c->st->comps[i].kind == ST_TENSOR || ks__comp_prefix(&c->st->comps[i], p)) continue;
+    p[strlen(p) - 1] = '\0';
+    s = ks__note(c, KS_LOAD_SKIPPED, p, "weights-only load; kept as is");
+  }
+  if (!s && c->st->ts) s = ks__note(c, KS_LOAD_SKIPPED, "state/timestamp/Timestamp", "weights-only load; kept as is");
+  if (!s && c->st->rng) s = ks__note(c, KS_LOAD_SKIPPED, "rng/0", "weights-only load; kept as is");
+  if (!s && c->st->train) s = ks__note(c, KS_LOAD_SKIPPED, "state/train_metrics", "weights-only load; kept as is");
+  for (size_t i = 0; i < c->st->n_evals && !s; i++) {
+    snprintf(p, sizeof p, "state/eval_metrics/%s", c->st->evals[i].label);
+    s = ks__note(c, KS_LOAD_SKIPPED, p, "weights-only load; kept as is");
+  }
+  return s;
+}
+
+/* ---- entry points ---- */
+
+/* The checkpoint without the entries an ignore glob matches (tensor data borrowed). */
+static ks_status filter_ignored(ks__load_ctx *c, const ks_statedict *src, ks_statedict **out) {
+  ks_statedict *view;
+  ks_status s = ks_statedict_create(&c->st->alloc, &view);
+  size_t n = ks_statedict_count(src);
+  for (size_t i = 0; i < n && !s; i++) {
+    ks_entry e;
+    ks_statedict_at(src, i, &e);
+    if (ks__ignored(c, e.name)) continue;
+    switch (e.kind) {
+    case KS_VAL_TENSOR: s = ks_statedict_set_tensor(view, e.name, &e.tensor, KS_BORROW); break;
+    case KS_VAL_INT: s = ks_statedict_set_int(view, e.name, e.i); break;
+    case KS_VAL_FLOAT: s = ks_statedict_set_float(view, e.name, e.f); break;
+    case KS_VAL_BOOL: s = ks_statedict_set_bool(view, e.name, (int)e.i); break;
+    case KS_VAL_STRING: s = ks_statedict_set_string(view, e.name, e.s); break;
+    case KS_VAL_NULL: s = ks_statedict_set_null(view, e.name); break;
+    }
+  }
+  if (s) {
+    ks_statedict_free(view);
+    return ks__err(c->err, s, "cannot filter ignored keys");
+  }
+  *out = view;
+  return KS_OK;
+}
+
+static ks_status parse_metrics_meta(ks__load_ctx *c, const ks_meta *meta) {
+  const char *txt = meta ? ks_meta_get(meta, KS__META_METRICS) : NULL;
+  if (!txt) return KS_OK;
+  json_error_t je;
+  json_t *j = json_loads(txt, JSON_REJECT_DUPLICATES, &je);
+  if (!j || !json_is_object(j)) {
+    json_decref(j);
+    return ks__err_at(c->err, KS_E_FORMAT, NULL, KS__META_METRICS, -1, "metadata '%s' is not a JSON object: %s",
+                      KS__META_METRICS, je.text);
+  }
+  c->metrics_meta = j;
+  return KS_OK;
+}
+
+static ks_status load_all(ks__load_ctx *c) {
+  ks_status s = c->o.non_strict_model ? KS_OK : check_model_strict(c);
+  if (!s) s = load_model(c);
+  if (s || c->o.weights_only) return s ? s : note_weights_only(c);
+  s = load_components(c);
+  if (!s) s = ks__load_metrics(c);
+  if (!s) s = note_extra_components(c);
+  if (!s) s = load_identity(c);
+  return s;
+}
+
+ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const ks_meta *meta,
+                                   const ks_load_opts *opts, ks_load_report *report, ks_error *err) {
+  if (!st || !src) return ks__err(err, KS_E_INVALID, "load: NULL argument");
+  ks_error_clear(err);
+  ks__load_ctx c = {.st = st, .src = src, .rep = report, .err = err};
+  if (opts) c.o = *opts;
+  ks_statedict *view = NULL;
+  ks_status s = c.o.n_ignore ? filter_ignored(&c, src, &view) : KS_OK;
+  if (view) c.src = view;
+  if (!s) s = parse_metrics_meta(&c, meta);
+  if (!s) s = load_all(&c);
+  json_decref(c.metrics_meta);
+  ks_statedict_free(view);
+  return s;
+}
+
+ks_status ks_state_load(ks_state *st, const char *path, const ks_load_opts *opts, ks_load_report *report,
+                        ks_error *err) {
+  if (!st || !path) return ks__err(err, KS_E_INVALID, "load: NULL argument");
+  ks_read_opts ro = {.alloc = &st->alloc, .mode = KS_READ_MMAP, .verify_checksums = opts && opts->verify_checksums};
+  ks_statedict *sd = NULL;
+  ks_meta *meta = NULL;
+  ks_status s = ks_load(path, &ro, &sd, &meta, err);
+  if (s) return s;
+  s = ks_state_load_state_dict(st, sd, meta, opts, report, err);
+  if (s) ks__err_set_file(err, path);
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  return s;
+}

@@ -1,0 +1,157 @@
+/*
+ * Metrics on load: rebuilt from the program's definitions (its factory), then
+ * filled by name. A metric whose class or arguments changed is reported and
+ * left at its defaults; old schemas are migrated; _computed and the update
+ * count are restored so compute() answers at once.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "state/state_internal.h"
+
+/* Where the stored metric's class/args differ from the program's; NULL when compatible. */
+static const char *definition_problem(const json_t *me, const ks_metric *m, char *why, size_t cap) {
+  const char *cls = json_string_value(json_object_get(me, "class"));
+  if (cls && strcmp(cls, ks_metric_class(m)) != 0) {
+    snprintf(why, cap, "class %s in the checkpoint, %s in the program", cls, ks_metric_class(m));
+    return why;
+  }
+  const json_t *stored = json_object_get(me, "args");
+  json_t *mine = json_loads(ks_metric_args_json(m), 0, NULL);
+  int same = !stored || (mine && json_equal(stored, mine));
+  json_decref(mine);
+  if (same) return NULL;
+  char *s = json_dumps(stored, JSON_COMPACT | JSON_SORT_KEYS);
+  snprintf(why, cap, "arguments changed: %s in the checkpoint, %s in the program", s ? s : "?",
+           ks_metric_args_json(m));
+  free(s);
+  return why;
+}
+
+typedef struct stored_info {
+  int schema_version;
+  int64_t update_count;
+} stored_info;
+
+/*
+ * Without keepsake metadata (a converted Composer file) the states are taken as
+ * current-schema, and the count as 1: Composer's own workaround, so compute()
+ * does not warn that it ran before update().
+ */
+static stored_info stored_of(const json_t *me) {
+  stored_info si = {KS_METRIC_SCHEMA_VERSION, 1};
+  const json_t *v = json_object_get(me, "schema_version");
+  if (json_is_integer(v)) si.schema_version = (int)json_integer_value(v);
+  v = json_object_get(me, "update_count");
+  if (json_is_integer(v) && json_integer_value(v) >= 0) si.update_count = json_integer_value(v);
+  return si;
+}
+
+static ks_status restore_computed(ks__load_ctx *c, ks_metric *m, const char *path, int64_t count) {
+  char k[KS__KEY_MAX + 1];
+  ks__key(k, path, "/_computed");
+  const ks_tensor *t = ks_statedict_tensor(c->src, k);
+  ks_error e;
+  ks_status s = ks_metric_restore_computed(m, t, count, &e);
+  if (s && c->err) *c->err = e;
+  return s;
+}
+
+static ks_status fill(ks__load_ctx *c, ks_metric *m, const char *path, const json_t *me) {
+  char prefix[KS__KEY_MAX + 1];
+  ks__key(prefix, path, "/state_dict/");
+  stored_info si = stored_of(me);
+  int migrated = 0, converted = 0;
+  ks_error e;
+  ks_error_clear(&e);
+  ks_status s = ks_metric_load_state_dict(m, c->src, prefix, si.schema_version, c->o.allow_narrowing, &migrated,
+                                          &converted, &e);
+  if (s == KS_E_NOMEM) return ks__err(c->err, s, "out of memory loading %s", path);
+  if (s) {
+    ks_metric_reset(m);
+    return ks__note(c, KS_LOAD_MISMATCHED, path, "%s; left at defaults", e.message);
+  }
+  s = restore_computed(c, m, path, si.update_count);
+  if (s) return s;
+  if (migrated)
+    return ks__note(c, KS_LOAD_MIGRATED, path, "schema v%d states migrated to v%d%s", si.schema_version,
+                    ks_metric_schema_version(m), converted ? ", dtypes converted" : "");
+  if (converted)
+    return ks__note(c, KS_LOAD_CONVERTED, path, "stored dtypes converted to the declared ones%s",
+                    c->o.allow_narrowing ? " (narrowing allowed)" : "");
+  return ks__note(c, KS_LOAD_LOADED, path, "%zu states, %lld updates", ks_metric_state_count(m),
+                  (long long)si.update_count);
+}
+
+static ks_status load_metric(ks__load_ctx *c, ks_metric *m, const char *path) {
+  char prefix[KS__KEY_MAX + 1], why[KS_ERROR_MSG_MAX];
+  if (ks__ignored(c, path)) {
+    ks_metric_reset(m);
+    return ks__note(c, KS_LOAD_SKIPPED, path, "ignored by an ignore glob; left at defaults");
+  }
+  ks__key(prefix, path, "/");
+  if (!ks__has_prefix(c->src, prefix)) {
+    ks_metric_reset(m);
+    return ks__note(c, KS_LOAD_MISSING, path, "not in the checkpoint; left at defaults");
+  }
+  const json_t *me = json_object_get(c->metrics_meta, path);
+  if (me && definition_problem(me, m, why, sizeof why)) {
+    ks_metric_reset(m);
+    return ks__note(c, KS_LOAD_MISMATCHED, path, "%s; left at defaults", why);
+  }
+  return fill(c, m, path, me);
+}
+
+static ks_status load_collection(ks__load_ctx *c, ks_metric_collection *mc, const char *root) {
+  size_t n = ks_metric_collection_count(mc);
+  for (size_t i = 0; i < n; i++) {
+    const char *name;
+    ks_metric *m = ks_metric_collection_at(mc, i, &name);
+    char path[KS__KEY_MAX + 1];
+    if (ks__key(path, root, name)) return ks__err(c->err, KS_E_LIMIT, "metric name too long: %s", name);
+    ks_status s = load_metric(c, m, path);
+    if (s) return s;
+  }
+  return KS_OK;
+}
+
+/* Checkpoint metrics the program does not define: skipped, as Composer does. */
+static ks_status note_extra(ks__load_ctx *c) {
+  size_t n = ks_statedict_count(c->src);
+  for (size_t i = 0; i < n && c->rep; i++) {
+    ks_entry e;
+    ks_statedict_at(c->src, i, &e);
+    int train = !strncmp(e.name, "state/train_metrics/", 20);
+    if (!train && strncmp(e.name, "state/eval_metrics/", 19)) continue;
+    char path[KS__KEY_MAX + 1], label[KS__KEY_MAX + 1];
+    const char *rest = e.name + (train ? 20 : 19), *slash = strchr(rest, '/');
+    if (!slash) continue;
+    const ks_metric_collection *mc = c->st->train;
+    if (!train) {
+      snprintf(label, sizeof label, "%.*s", (int)(slash - rest), rest);
+      mc = ks_state_eval_metrics(c->st, label);
+      rest = slash + 1;
+      slash = strchr(rest, '/');
+      if (!slash) continue;
+    }
+    snprintf(path, sizeof path, "%.*s", (int)(slash - e.name), e.name);
+    char mname[KS__KEY_MAX + 1];
+    snprintf(mname, sizeof mname, "%.*s", (int)(slash - rest), rest);
+    if ((mc && ks_metric_collection_get(mc, mname)) || ks_load_report_find(c->rep, path)) continue;
+    ks_status s = ks__note(c, KS_LOAD_SKIPPED, path, "in the checkpoint, not in the program");
+    if (s) return s;
+  }
+  return KS_OK;
+}
+
+ks_status ks__load_metrics(ks__load_ctx *c) {
+  ks_status s = c->st->train ? load_collection(c, c->st->train, "state/train_metrics/") : KS_OK;
+  for (size_t i = 0; i < c->st->n_evals && !s; i++) {
+    char root[KS__KEY_MAX + 1];
+    if (ks__keyf(root, "state/eval_metrics/", "%s/", c->st->evals[i].label)) return KS_E_LIMIT;
+    s = load_collection(c, c->st->evals[i].metrics, root);
+  }
+  return s ? s : note_extra(c);
+}

@@ -1,0 +1,360 @@
+/*
+ * SGD with momentum and AdamW, computed as torch 1.13's single-tensor loops do
+ * (F32 tensors, Python-double hyperparameters rounded to F32 per operation), and
+ * saved under torch's state_dict names so a checkpoint reads like torch's.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "state/state_internal.h"
+
+typedef enum { OPT_SGD, OPT_ADAMW } opt_kind;
+
+typedef struct opt_param {
+  float *p;
+  const float *g;
+  int rank;
+  int64_t shape[KS_MAX_RANK];
+  size_t n;
+  float *m; /* exp_avg, or SGD's momentum_buffer */
+  float *v; /* exp_avg_sq (AdamW only) */
+} opt_param;
+
+struct ks_optimizer {
+  ks_allocator alloc;
+  opt_kind kind;
+  double lr, beta1, beta2, eps, weight_decay, momentum, dampening;
+  int nesterov;
+  float step;  /* AdamW: steps taken (torch keeps one per param, all equal here) */
+  int has_buf; /* SGD: momentum buffers exist (torch creates them on the first step) */
+  opt_param *params;
+  size_t count, cap;
+};
+
+static ks_status create(const ks_allocator *alloc, opt_kind kind, double lr, ks_optimizer **out) {
+  if (!out || !(lr >= 0)) return KS_E_INVALID;
+  ks_optimizer *o = ks__calloc(alloc, 1, sizeof *o);
+  if (!o) return KS_E_NOMEM;
+  o->alloc = *ks__alloc_or_default(alloc);
+  o->kind = kind;
+  o->lr = lr;
+  *out = o;
+  return KS_OK;
+}
+
+ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *alloc, ks_optimizer **out) {
+  if (!opts || opts->momentum < 0 || opts->weight_decay < 0) return KS_E_INVALID;
+  if (opts->nesterov && (opts->momentum <= 0 || opts->dampening != 0)) return KS_E_INVALID;
+  ks_status s = create(alloc, OPT_SGD, opts->lr, out);
+  if (s) return s;
+  (*out)->momentum = opts->momentum;
+  (*out)->dampening = opts->dampening;
+  (*out)->weight_decay = opts->weight_decay;
+  (*out)->nesterov = opts->nesterov;
+  return KS_OK;
+}
+
+ks_status ks_optimizer_create_adamw(const ks_adamw_opts *opts, const ks_allocator *alloc, ks_optimizer **out) {
+  if (!opts || !(opts->beta1 >= 0 && opts->beta1 < 1) || !(opts->beta2 >= 0 && opts->beta2 < 1) ||
+      !(opts->eps >= 0) || !(opts->weight_decay >= 0))
+    return KS_E_INVALID;
+  ks_status s = create(alloc, OPT_ADAMW, opts->lr, out);
+  if (s) return s;
+  (*out)->beta1 = opts->beta1;
+  (*out)->beta2 = opts->beta2;
+  (*out)->eps = opts->eps;
+  (*out)->weight_decay = opts->weight_decay;
+  return KS_OK;
+}
+
+void ks_optimizer_free(ks_optimizer *o) {
+  if (!o) return;
+  for (size_t i = 0; i < o->count; i++) {
+    ks__free(&o->alloc, o->params[i].m);
+    ks__free(&o->alloc, o->params[i].v);
+  }
+  ks__free(&o->alloc, o->params);
+  ks__free(&o->alloc, o);
+}
+
+static ks_status alloc_state(ks_optimizer *o, opt_param *p) {
+  size_t bytes;
+  if (!ks__mul_size(p->n ? p->n : 1, sizeof(float), &bytes)) return KS_E_LIMIT;
+  p->m = ks__calloc(&o->alloc, 1, bytes);
+  if (o->kind == OPT_ADAMW) p->v = ks__calloc(&o->alloc, 1, bytes);
+  if (!p->m || (o->kind == OPT_ADAMW && !p->v)) {
+    ks__free(&o->alloc, p->m);
+    ks__free(&o->alloc, p->v);
+    return KS_E_NOMEM;
+  }
+  return KS_OK;
+}
+
+ks_status ks_optimizer_add_param(ks_optimizer *o, float *param, const float *grad, int rank,
+                                 const int64_t *shape) {
+  if (!o || !param || !grad) return KS_E_INVALID;
+  opt_param p = {.p = param, .g = grad, .rank = rank};
+  uint64_t numel;
+  ks_status s = ks_shape_size(KS_F32, rank, shape, &numel, NULL);
+  if (s) return s;
+  if (rank > 0) memcpy(p.shape, shape, (size_t)rank * sizeof *shape);
+  p.n = (size_t)numel;
+  if (o->count == o->cap) {
+    size_t cap = o->cap ? o->cap * 2 : 8, bytes;
+    if (!ks__mul_size(cap, sizeof(opt_param), &bytes)) return KS_E_LIMIT;
+    opt_param *np = ks__realloc(&o->alloc, o->params, bytes);
+    if (!np) return KS_E_NOMEM;
+    o->params = np;
+    o->cap = cap;
+  }
+  s = alloc_state(o, &p);
+  if (s) return s;
+  o->params[o->count++] = p;
+  return KS_OK;
+}
+
+static void adamw_param(const ks_optimizer *o, opt_param *p, float step) {
+  float decay = (float)(1.0 - o->lr * o->weight_decay);
+  float b1 = (float)o->beta1, b2 = (float)o->beta2, c1 = (float)(1.0 - o->beta1), c2 = (float)(1.0 - o->beta2);
+  double bc1 = 1.0 - pow(o->beta1, step), bc2 = 1.0 - pow(o->beta2, step);
+  float step_size = (float)(o->lr / bc1), bc2_sqrt = (float)sqrt(bc2), eps = (float)o->eps;
+  for (size_t i = 0; i < p->n; i++) {
+    float g = p->g[i];
+    p->p[i] *= decay;
+    p->m[i] = p->m[i] * b1 + g * c1;
+    p->v[i] = p->v[i] * b2 + c2 * g * g;
+    float denom = sqrtf(p->v[i]) / bc2_sqrt + eps;
+    p->p[i] += -step_size * (p->m[i] / denom);
+  }
+}
+
+static void sgd_param(const ks_optimizer *o, opt_param *p, int first) {
+  float wd = (float)o->weight_decay, mom = (float)o->momentum, damp = (float)(1.0 - o->dampening);
+  float lr = (float)o->lr;
+  for (size_t i = 0; i < p->n; i++) {
+    float d = p->g[i];
+    if (o->weight_decay != 0) d += wd * p->p[i];
+    if (o->momentum != 0) {
+      p->m[i] = first ? d : p->m[i] * mom + damp * d;
+      d = o->nesterov ? d + mom * p->m[i] : p->m[i];
+    }
+    p->p[i] += -lr * d;
+  }
+}
+
+void ks_optimizer_step(ks_optimizer *o) {
+  if (!o) return;
+  if (o->kind == OPT_ADAMW) o->step += 1.0f;
+  int first = !o->has_buf;
+  for (size_t i = 0; i < o->count; i++) {
+    if (o->kind == OPT_ADAMW) adamw_param(o, &o->params[i], o->step);
+    else sgd_param(o, &o->params[i], first);
+  }
+  if (o->kind == OPT_SGD && o->momentum != 0) o->has_buf = 1;
+}
+
+double ks_optimizer_lr(const ks_optimizer *o) { return o ? o->lr : 0.0; }
+void ks_optimizer_set_lr(ks_optimizer *o, double lr) {
+  if (o) o->lr = lr;
+}
+const char *ks_optimizer_name(const ks_optimizer *o) { return o && o->kind == OPT_ADAMW ? "AdamW" : "SGD"; }
+size_t ks_optimizer_param_count(const ks_optimizer *o) { return o ? o->count : 0; }
+
+/* ---- state dict ---- */
+
+static ks_status put_buffer(ks_statedict *dst, const char *prefix, size_t i, const char *what,
+                            const opt_param *p, const float *data) {
+  char k[KS__KEY_MAX + 1];
+  if (ks__keyf(k, prefix, "state/%zu/%s", i, what)) return KS_E_LIMIT;
+  void *out;
+  ks_status s = ks_statedict_new_tensor(dst, k, KS_F32, p->rank, p->shape, &out);
+  if (s) return s;
+  for (size_t j = 0; j < p->n; j++) {
+    uint32_t bits;
+    memcpy(&bits, &data[j], 4);
+    ks__put_le32((uint8_t *)out + 4 * j, bits);
+  }
+  return KS_OK;
+}
+
+static ks_status put_step(ks_statedict *dst, const char *prefix, size_t i, float step) {
+  char k[KS__KEY_MAX + 1];
+  if (ks__keyf(k, prefix, "state/%zu/step", i)) return KS_E_LIMIT;
+  void *out;
+  ks_status s = ks_statedict_new_tensor(dst, k, KS_F32, 0, NULL, &out);
+  if (s) return s;
+  uint32_t bits;
+  memcpy(&bits, &step, 4);
+  ks__put_le32(out, bits);
+  return KS_OK;
+}
+
+/* torch has no per-param state until the first step; neither do we in the file. */
+static ks_status put_state(const ks_optimizer *o, ks_statedict *dst, const char *prefix) {
+  ks_status s = KS_OK;
+  for (size_t i = 0; i < o->count && !s; i++) {
+    const opt_param *p = &o->params[i];
+    if (o->kind == OPT_ADAMW && o->step > 0) {
+      s = put_step(dst, prefix, i, o->step);
+      if (!s) s = put_buffer(dst, prefix, i, "exp_avg", p, p->m);
+      if (!s) s = put_buffer(dst, prefix, i, "exp_avg_sq", p, p->v);
+    } else if (o->kind == OPT_SGD && o->has_buf) {
+      s = put_buffer(dst, prefix, i, "momentum_buffer", p, p->m);
+    }
+  }
+  return s;
+}
+
+static ks_status put_null(ks_statedict *dst, const char *prefix, const char *name) {
+  char k[KS__KEY_MAX + 1];
+  return ks__key(k, prefix, name) ? KS_E_LIMIT : ks_statedict_set_null(dst, k);
+}
+
+static ks_status put_bool(ks_statedict *dst, const char *prefix, const char *name, int v) {
+  char k[KS__KEY_MAX + 1];
+  return ks__key(k, prefix, name) ? KS_E_LIMIT : ks_statedict_set_bool(dst, k, v);
+}
+
+static ks_status put_groups(const ks_optimizer *o, ks_statedict *dst, const char *gp) {
+  ks_status s = ks__put_float(dst, gp, "lr", o->lr);
+  if (o->kind == OPT_ADAMW) {
+    if (!s) s = ks__put_float(dst, gp, "betas/0", o->beta1);
+    if (!s) s = ks__put_float(dst, gp, "betas/1", o->beta2);
+    if (!s) s = ks__put_float(dst, gp, "eps", o->eps);
+    if (!s) s = ks__put_float(dst, gp, "weight_decay", o->weight_decay);
+    if (!s) s = put_bool(dst, gp, "amsgrad", 0);
+    if (!s) s = put_null(dst, gp, "foreach");
+    if (!s) s = put_bool(dst, gp, "maximize", 0);
+    if (!s) s = put_bool(dst, gp, "capturable", 0);
+  } else {
+    if (!s) s = ks__put_float(dst, gp, "momentum", o->momentum);
+    if (!s) s = ks__put_float(dst, gp, "dampening", o->dampening);
+    if (!s) s = ks__put_float(dst, gp, "weight_decay", o->weight_decay);
+    if (!s) s = put_bool(dst, gp, "nesterov", o->nesterov);
+    if (!s) s = put_bool(dst, gp, "maximize", 0);
+    if (!s) s = put_null(dst, gp, "foreach");
+    if (!s) s = put_bool(dst, gp, "differentiable", 0);
+  }
+  for (size_t i = 0; i < o->count && !s; i++) {
+    char k[KS__KEY_MAX + 1];
+    s = ks__keyf(k, gp, "params/%zu", i);
+    if (!s) s = ks_statedict_set_int(dst, k, (int64_t)i);
+  }
+  return s;
+}
+
+ks_status ks_optimizer_to_state_dict(const ks_optimizer *o, ks_statedict *dst, const char *prefix) {
+  if (!o || !dst || !prefix) return KS_E_INVALID;
+  char gp[KS__KEY_MAX + 1];
+  if (ks__key(gp, prefix, "param_groups/0/")) return KS_E_LIMIT;
+  ks_status s = put_state(o, dst, prefix);
+  return s ? s : put_groups(o, dst, gp);
+}
+
+/* Checks one stored buffer against the parameter: F32, or a type that widens to it. */
+static ks_status check_buffer(const ks_statedict *src, const char *prefix, size_t i, const char *what,
+                              const opt_param *p, const ks_tensor **out, ks_error *err) {
+  char k[KS__KEY_MAX + 1];
+  if (ks__keyf(k, prefix, "state/%zu/%s", i, what)) return ks__err(err, KS_E_LIMIT, "key too long");
+  const ks_tensor *t = ks_statedict_tensor(src, k);
+  if (!t) return ks__err_at(err, KS_E_NOTFOUND, NULL, k, -1, "missing optimizer state '%s'", k);
+  if (t->dtype != KS_F32 && !ks_dtype_widens_to(t->dtype, KS_F32))
+    return ks__err_at(err, KS_E_DTYPE, NULL, k, -1, "expected F32, found %s", ks_dtype_name(t->dtype));
+  if (t->rank != p->rank || (p->rank && memcmp(t->shape, p->shape, (size_t)p->rank * sizeof(int64_t)))) {
+    char a[96], b[96];
+    return ks__err_at(err, KS_E_SHAPE, NULL, k, -1, "expected shape %s, found %s",
+                      ks_shape_format(p->rank, p->shape, a, sizeof a), ks_shape_format(t->rank, t->shape, b, sizeof b));
+  }
+  *out = t;
+  return KS_OK;
+}
+
+typedef struct loaded_params {
+  double lr, beta1, beta2, eps, weight_decay, momentum, dampening;
+  int64_t nesterov;
+} loaded_params;
+
+static ks_status read_groups(const ks_optimizer *o, const ks_statedict *src, const char *gp, loaded_params *lp,
+                             ks_error *err) {
+  ks_status s = ks__get_float(src, gp, "lr", &lp->lr, err);
+  if (!s) s = ks__get_float(src, gp, "weight_decay", &lp->weight_decay, err);
+  if (o->kind == OPT_ADAMW) {
+    if (!s) s = ks__get_float(src, gp, "betas/0", &lp->beta1, err);
+    if (!s) s = ks__get_float(src, gp, "betas/1", &lp->beta2, err);
+    if (!s) s = ks__get_float(src, gp, "eps", &lp->eps, err);
+  } else {
+    if (!s) s = ks__get_float(src, gp, "momentum", &lp->momentum, err);
+    if (!s) s = ks__get_float(src, gp, "dampening", &lp->dampening, err);
+    if (!s) s = ks__get_int(src, gp, "nesterov", &lp->nesterov, err);
+  }
+  if (s) return s;
+  int64_t last;
+  char name[32];
+  snprintf(name, sizeof name, "params/%zu", o->count);
+  if (o->count == 0 || ks__get_int(src, gp, name, &last, NULL) == KS_OK ||
+      ks__keyf(name, "", "params/%zu", o->count - 1) || ks__get_int(src, gp, name, &last, NULL) != KS_OK)
+    return ks__err_at(err, KS_E_MISMATCH, NULL, gp, -1, "optimizer has %zu params; the checkpoint's group differs",
+                      o->count);
+  return KS_OK;
+}
+
+static void copy_in(float *dst, const ks_tensor *t, size_t n) {
+  ks_dtype_convert(KS_F32, dst, t->dtype, t->data, n);
+}
+
+ks_status ks_optimizer_load_state_dict(ks_optimizer *o, const ks_statedict *src, const char *prefix,
+                                       ks_error *err) {
+  if (!o || !src || !prefix) return ks__err(err, KS_E_INVALID, "optimizer load: NULL argument");
+  char gp[KS__KEY_MAX + 1];
+  if (ks__key(gp, prefix, "param_groups/0/")) return ks__err(err, KS_E_LIMIT, "key too long");
+  loaded_params lp = {0};
+  ks_status s = read_groups(o, src, gp, &lp, err);
+  if (s) return s;
+  const char *first = o->kind == OPT_ADAMW ? "exp_avg" : "momentum_buffer";
+  char k0[KS__KEY_MAX + 1];
+  if (ks__key(k0, prefix, "state/0/")) return ks__err(err, KS_E_LIMIT, "key too long");
+  int has_state = o->count > 0 && ks_statedict_tensor(src, strcat(k0, first)) != NULL;
+  float step = 0;
+  if (has_state && o->kind == OPT_ADAMW) {
+    double st;
+    s = ks__get_float(src, prefix, "state/0/step", &st, err);
+    if (s) return s;
+    step = (float)st;
+  }
+  /* Check everything before writing anything, so a failed load changes nothing. */
+  for (size_t i = 0; has_state && i < o->count; i++) {
+    const ks_tensor *t;
+    s = check_buffer(src, prefix, i, first, &o->params[i], &t, err);
+    if (!s && o->kind == OPT_ADAMW) s = check_buffer(src, prefix, i, "exp_avg_sq", &o->params[i], &t, err);
+    if (s) return s;
+  }
+  for (size_t i = 0; i < o->count; i++) {
+    opt_param *p = &o->params[i];
+    const ks_tensor *t = NULL;
+    if (!has_state) {
+      memset(p->m, 0, p->n * sizeof(float));
+      if (p->v) memset(p->v, 0, p->n * sizeof(float));
+      continue;
+    }
+    check_buffer(src, prefix, i, first, p, &t, NULL);
+    copy_in(p->m, t, p->n);
+    if (o->kind == OPT_ADAMW) {
+      check_buffer(src, prefix, i, "exp_avg_sq", p, &t, NULL);
+      copy_in(p->v, t, p->n);
+    }
+  }
+  o->step = step;
+  o->has_buf = o->kind == OPT_SGD && has_state;
+  o->lr = lp.lr;
+  o->weight_decay = lp.weight_decay;
+  if (o->kind == OPT_ADAMW) {
+    o->beta1 = lp.beta1;
+    o->beta2 = lp.beta2;
+    o->eps = lp.eps;
+  } else {
+    o->momentum = lp.momentum;
+    o->dampening = lp.dampening;
+    o->nesterov = lp.nesterov != 0;
+  }
+  return KS_OK;
+}

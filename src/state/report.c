@@ -1,0 +1,103 @@
+/* The load report: one line per component that was loaded, changed or left out. */
+#include <stdio.h>
+#include <string.h>
+
+#include "state/state_internal.h"
+
+/* Items are stored as the public struct; the strings are owned (hence the casts in free). */
+typedef ks_load_item report_item;
+
+struct ks_load_report {
+  ks_allocator alloc;
+  report_item *items;
+  size_t count, cap;
+};
+
+ks_status ks_load_report_create(const ks_allocator *alloc, ks_load_report **out) {
+  if (!out) return KS_E_INVALID;
+  ks_load_report *r = ks__calloc(alloc, 1, sizeof *r);
+  if (!r) return KS_E_NOMEM;
+  r->alloc = *ks__alloc_or_default(alloc);
+  *out = r;
+  return KS_OK;
+}
+
+void ks_load_report_clear(ks_load_report *r) {
+  if (!r) return;
+  for (size_t i = 0; i < r->count; i++) {
+    ks__free(&r->alloc, (char *)r->items[i].path);
+    ks__free(&r->alloc, (char *)r->items[i].reason);
+  }
+  r->count = 0;
+}
+
+void ks_load_report_free(ks_load_report *r) {
+  if (!r) return;
+  ks_load_report_clear(r);
+  ks__free(&r->alloc, r->items);
+  ks__free(&r->alloc, r);
+}
+
+static ks_status grow(ks_load_report *r) {
+  if (r->count < r->cap) return KS_OK;
+  size_t cap = r->cap ? r->cap * 2 : 16, bytes;
+  if (!ks__mul_size(cap, sizeof(report_item), &bytes)) return KS_E_LIMIT;
+  report_item *n = ks__realloc(&r->alloc, r->items, bytes);
+  if (!n) return KS_E_NOMEM;
+  r->items = n;
+  r->cap = cap;
+  return KS_OK;
+}
+
+ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason) {
+  if (!r) return KS_OK; /* a NULL report means the caller does not want one */
+  if (!path || !reason) return KS_E_INVALID;
+  ks_status s = grow(r);
+  if (s) return s;
+  char *p = ks__strdup(&r->alloc, path), *why = ks__strdup(&r->alloc, reason);
+  if (!p || !why) {
+    ks__free(&r->alloc, p);
+    ks__free(&r->alloc, why);
+    return KS_E_NOMEM;
+  }
+  r->items[r->count++] = (report_item){kind, p, why};
+  return KS_OK;
+}
+
+size_t ks_load_report_count(const ks_load_report *r) { return r ? r->count : 0; }
+
+size_t ks_load_report_count_kind(const ks_load_report *r, ks_load_kind kind) {
+  size_t n = 0;
+  for (size_t i = 0; r && i < r->count; i++) n += r->items[i].kind == kind;
+  return n;
+}
+
+ks_status ks_load_report_at(const ks_load_report *r, size_t i, ks_load_item *out) {
+  if (!r || i >= r->count || !out) return KS_E_NOTFOUND;
+  *out = r->items[i];
+  return KS_OK;
+}
+
+const ks_load_item *ks_load_report_find(const ks_load_report *r, const char *path) {
+  for (size_t i = 0; r && path && i < r->count; i++)
+    if (!strcmp(r->items[i].path, path)) return &r->items[i];
+  return NULL;
+}
+
+static const char *const kind_names[] = {"loaded", "migrated", "converted", "skipped", "missing", "mismatched"};
+
+const char *ks_load_kind_name(ks_load_kind kind) {
+  return (unsigned)kind < sizeof kind_names / sizeof kind_names[0] ? kind_names[kind] : "?";
+}
+
+void ks_load_report_print(const ks_load_report *r, FILE *out) {
+  if (!out) return;
+  size_t nk = sizeof kind_names / sizeof kind_names[0];
+  for (size_t k = 0; k < nk; k++)
+    for (size_t i = 0; r && i < r->count; i++)
+      if ((size_t)r->items[i].kind == k)
+        fprintf(out, "  %-10s %s: %s\n", kind_names[k], r->items[i].path, r->items[i].reason);
+  fprintf(out, "  summary:");
+  for (size_t k = 0; k < nk; k++) fprintf(out, " %zu %s%s", ks_load_report_count_kind(r, (ks_load_kind)k),
+                                          kind_names[k], k + 1 < nk ? "," : "\n");
+}

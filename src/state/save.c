@@ -1,0 +1,136 @@
+/*
+ * Flattening the state into Composer's layout, and the metric metadata:
+ *   state/model/<param>                 state/optimizers/<name>/...
+ *   state/schedulers/<name>/...         state/timestamp/Timestamp/<field>
+ *   state/dataset_state/<name>/...      state/callbacks/<name>/...
+ *   state/train_metrics/<M>/state_dict/<s>, state/train_metrics/<M>/_computed
+ *   state/eval_metrics/<label>/<M>/...  state/rank_zero_seed, state/run_name
+ *   rng/0/xoshiro256starstar
+ */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "state/state_internal.h"
+
+static ks_status put_component(const st_comp *c, ks_statedict *dst, ks_error *err) {
+  char p[KS__KEY_MAX + 1];
+  if (ks__comp_prefix(c, p)) return ks__err(err, KS_E_LIMIT, "component name too long: %s", c->name);
+  switch (c->kind) {
+  case ST_TENSOR: return ks_statedict_set_tensor(dst, p, &c->t, KS_BORROW);
+  case ST_OPTIM: return ks_optimizer_to_state_dict(c->obj, dst, p);
+  case ST_SCHED: return ks_scheduler_to_state_dict(c->obj, dst, p);
+  case ST_CUSTOM: return c->cb.to_state_dict(c->cb.ctx, dst, p, err);
+  case ST_DATASET: {
+    const ks_dataset_state *ds = c->obj;
+    ks_status s = ks__put_int(dst, p, "epoch", ds->epoch);
+    if (!s) s = ks__put_int(dst, p, "sample_in_epoch", ds->sample_in_epoch);
+    if (!s) s = ks__put_int(dst, p, "shuffle_seed", ds->shuffle_seed);
+    return s;
+  }
+  }
+  return KS_E_INVALID;
+}
+
+static ks_status put_kind(const ks_state *st, st_kind kind, ks_statedict *dst, ks_error *err) {
+  for (size_t i = 0; i < st->n_comps; i++) {
+    if (st->comps[i].kind != kind) continue;
+    ks_status s = put_component(&st->comps[i], dst, err);
+    if (s) return s;
+  }
+  return KS_OK;
+}
+
+/* {"class":..., "args":{...}, "schema_version":N, "update_count":N} */
+static json_t *metric_json(const ks_metric *m) {
+  json_t *args = json_loads(ks_metric_args_json(m), JSON_REJECT_DUPLICATES, NULL);
+  if (!args) args = json_object();
+  return json_pack("{s:s, s:o, s:i, s:I}", "class", ks_metric_class(m), "args", args, "schema_version",
+                   ks_metric_schema_version(m), "update_count", (json_int_t)ks_metric_update_count(m));
+}
+
+static ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *dst, json_t *mj, ks_error *err) {
+  char k[KS__KEY_MAX + 1];
+  if (ks__key(k, path, "/state_dict/")) return ks__err(err, KS_E_LIMIT, "metric path too long");
+  ks_status s = ks_metric_to_state_dict(m, dst, k, err);
+  if (s) return s;
+  ks__key(k, path, "/_computed");
+  const ks_tensor *c = ks_metric_computed(m);
+  s = c ? ks_statedict_set_tensor(dst, k, c, KS_COPY) : ks_statedict_set_null(dst, k);
+  if (s) return s;
+  json_t *one = metric_json(m);
+  if (!one || json_object_set_new(mj, path, one)) return ks__err(err, KS_E_NOMEM, "out of memory");
+  return KS_OK;
+}
+
+static ks_status put_collection(const ks_metric_collection *c, const char *root, ks_statedict *dst, json_t *mj,
+                                ks_error *err) {
+  for (size_t i = 0; c && i < ks_metric_collection_count(c); i++) {
+    const char *name;
+    const ks_metric *m = ks_metric_collection_at(c, i, &name);
+    char path[KS__KEY_MAX + 1];
+    if (ks__key(path, root, name)) return ks__err(err, KS_E_LIMIT, "metric name too long: %s", name);
+    ks_status s = put_metric(m, path, dst, mj, err);
+    if (s) return s;
+  }
+  return KS_OK;
+}
+
+static ks_status put_metrics(const ks_state *st, ks_statedict *dst, json_t *mj, ks_error *err) {
+  ks_status s = put_collection(st->train, "state/train_metrics/", dst, mj, err);
+  for (size_t i = 0; i < st->n_evals && !s; i++) {
+    char root[KS__KEY_MAX + 1];
+    if (ks__keyf(root, "state/eval_metrics/", "%s/", st->evals[i].label)) return KS_E_LIMIT;
+    s = put_collection(st->evals[i].metrics, root, dst, mj, err);
+  }
+  return s;
+}
+
+static ks_status put_rest(const ks_state *st, ks_statedict *dst) {
+  ks_status s = ks_statedict_set_int(dst, "state/rank_zero_seed", st->rank_zero_seed);
+  if (!s) s = ks_statedict_set_string(dst, "state/run_name", st->run_name);
+  if (!s && st->rng) s = ks_rng_to_state_dict(st->rng, dst, "rng/0/");
+  return s;
+}
+
+static ks_status put_meta(json_t *mj, ks_meta *meta, ks_error *err) {
+  char *metrics = json_dumps(mj, JSON_COMPACT | JSON_SORT_KEYS);
+  if (!metrics) return ks__err(err, KS_E_NOMEM, "out of memory");
+  ks_status s = ks_meta_set(meta, KS__META_METRICS, metrics);
+  free(metrics);
+  if (!s) s = ks_meta_set(meta, KS__META_STATE, "{\"layout_version\":1}");
+  return s ? ks__err(err, s, "cannot set state metadata") : KS_OK;
+}
+
+ks_status ks_state_to_state_dict(const ks_state *st, ks_statedict *dst, ks_meta *meta, ks_error *err) {
+  if (!st || !dst) return ks__err(err, KS_E_INVALID, "to_state_dict: NULL argument");
+  ks_error_clear(err);
+  static const st_kind order[] = {ST_TENSOR, ST_OPTIM, ST_SCHED};
+  ks_status s = KS_OK;
+  for (size_t i = 0; i < 3 && !s; i++) s = put_kind(st, order[i], dst, err);
+  if (!s && st->ts) s = ks_timestamp_to_state_dict(st->ts, dst, "state/timestamp/Timestamp/");
+  if (!s) s = put_kind(st, ST_DATASET, dst, err);
+  if (!s) s = put_kind(st, ST_CUSTOM, dst, err);
+  json_t *mj = json_object();
+  if (!mj) s = s ? s : KS_E_NOMEM;
+  if (!s) s = put_metrics(st, dst, mj, err);
+  if (!s) s = put_rest(st, dst);
+  if (!s && meta) s = put_meta(mj, meta, err);
+  json_decref(mj);
+  if (s && err && err->code == KS_OK) ks__err(err, s, "cannot flatten the training state");
+  return s;
+}
+
+ks_status ks_state_save(const ks_state *st, const char *path, const ks_save_opts *opts, ks_error *err) {
+  if (!st || !path) return ks__err(err, KS_E_INVALID, "save: NULL argument");
+  ks_statedict *sd = NULL;
+  ks_meta *meta = NULL;
+  ks_status s = ks_statedict_create(&st->alloc, &sd);
+  if (!s) s = ks_meta_create(&st->alloc, &meta);
+  if (s) s = ks__err(err, s, "out of memory");
+  if (!s) s = ks_state_to_state_dict(st, sd, meta, err);
+  if (!s) s = ks_save(path, sd, meta, opts, err);
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  return s;
+}

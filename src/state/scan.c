@@ -1,0 +1,201 @@
+/*
+ * Finding checkpoints in a run directory: listing, ordering by the timestamp
+ * stored inside, retention, and autoresume from the newest one that verifies.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "state/manager_internal.h"
+
+typedef struct ckpt {
+  char *name;
+  int readable; /* the header parsed and the timestamp was found */
+  int64_t batch, epoch, sample;
+  char why[KS_ERROR_MSG_MAX + 40]; /* why it is not readable */
+} ckpt;
+
+typedef struct ckpt_list {
+  ckpt *v;
+  size_t n, cap;
+} ckpt_list;
+
+static void list_free(const ks_allocator *a, ckpt_list *l) {
+  for (size_t i = 0; i < l->n; i++) ks__free(a, l->v[i].name);
+  ks__free(a, l->v);
+  l->v = NULL;
+  l->n = l->cap = 0;
+}
+
+/* The part of the template after its last placeholder, e.g. ".keepsake". */
+static const char *suffix_of(const char *tmpl) {
+  const char *close = strrchr(tmpl, '}');
+  return close ? close + 1 : tmpl;
+}
+
+static int is_candidate(const ks_ckpt_manager *m, const char *dir_name, const char *name) {
+  size_t n = strlen(name), sn = strlen(suffix_of(m->tmpl));
+  if (name[0] == '.' || n < sn || strcmp(name + n - sn, suffix_of(m->tmpl))) return 0;
+  char path[4096];
+  struct stat sb;
+  if (snprintf(path, sizeof path, "%s/%s", dir_name, name) >= (int)sizeof path) return 0;
+  return lstat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* Reads the timestamp out of a checkpoint without verifying its data. */
+static void probe(const ks_ckpt_manager *m, ckpt *c) {
+  char path[4096];
+  ks_reader *r = NULL;
+  ks_statedict *sd = NULL;
+  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP};
+  ks_error e;
+  ks_error_clear(&e);
+  snprintf(c->why, sizeof c->why, "no training timestamp in it");
+  if (ks__mgr_join(m, c->name, path, sizeof path)) return;
+  if (ks_reader_open(path, &ro, &r, &e)) {
+    snprintf(c->why, sizeof c->why, "%s (%s)", e.message, ks_status_name(e.code));
+    return;
+  }
+  if (!ks_statedict_create(&m->alloc, &sd) && !ks_reader_scalars(r, sd, NULL) &&
+      !ks__get_int(sd, "state/timestamp/Timestamp/", "batch", &c->batch, NULL) &&
+      !ks__get_int(sd, "state/timestamp/Timestamp/", "epoch", &c->epoch, NULL) &&
+      !ks__get_int(sd, "state/timestamp/Timestamp/", "sample", &c->sample, NULL))
+    c->readable = 1;
+  ks_statedict_free(sd);
+  ks_reader_free(r);
+}
+
+static ks_status list_add(const ks_ckpt_manager *m, ckpt_list *l, const char *name) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 16, bytes;
+    if (!ks__mul_size(cap, sizeof(ckpt), &bytes)) return KS_E_LIMIT;
+    ckpt *v = ks__realloc(&m->alloc, l->v, bytes);
+    if (!v) return KS_E_NOMEM;
+    l->v = v;
+    l->cap = cap;
+  }
+  ckpt c = {.name = ks__strdup(&m->alloc, name)};
+  if (!c.name) return KS_E_NOMEM;
+  probe(m, &c);
+  l->v[l->n++] = c;
+  return KS_OK;
+}
+
+/* Newest first: readable ones by (batch, epoch, sample), then name; unreadable ones last. */
+static int newest_first(const void *pa, const void *pb) {
+  const ckpt *a = pa, *b = pb;
+  if (a->readable != b->readable) return b->readable - a->readable;
+  if (a->batch != b->batch) return a->batch > b->batch ? -1 : 1;
+  if (a->epoch != b->epoch) return a->epoch > b->epoch ? -1 : 1;
+  if (a->sample != b->sample) return a->sample > b->sample ? -1 : 1;
+  return strcmp(b->name, a->name);
+}
+
+static ks_status list_checkpoints(const ks_ckpt_manager *m, ckpt_list *l, ks_error *err) {
+  DIR *d = opendir(m->run_dir);
+  if (!d) return ks__err_at(err, KS_E_IO, m->run_dir, NULL, -1, "opendir: %s", strerror(errno));
+  ks_status s = KS_OK;
+  struct dirent *de;
+  while (!s && (de = readdir(d)) != NULL)
+    if (is_candidate(m, m->run_dir, de->d_name)) s = list_add(m, l, de->d_name);
+  closedir(d);
+  if (s) {
+    list_free(&m->alloc, l);
+    return ks__err(err, s, "listing checkpoints: %s", ks_strerror(s));
+  }
+  if (l->n) qsort(l->v, l->n, sizeof(ckpt), newest_first);
+  return KS_OK;
+}
+
+ks_status ks__mgr_prune(ks_ckpt_manager *m, const char *keep_name, ks_error *err) {
+  ckpt_list l = {0};
+  ks_status s = list_checkpoints(m, &l, err);
+  if (s) return s;
+  size_t kept = 0;
+  for (size_t i = 0; i < l.n; i++) {
+    char path[4096];
+    if (!l.v[i].readable) continue; /* not ours to delete: reported by autoresume */
+    if (kept++ < (size_t)m->keep || !strcmp(l.v[i].name, keep_name)) continue;
+    if (!ks__mgr_join(m, l.v[i].name, path, sizeof path)) unlink(path);
+  }
+  list_free(&m->alloc, &l);
+  return KS_OK;
+}
+
+/* Temp files of saves that were killed halfway: never valid, always safe to remove. */
+static void remove_leftovers(const ks_ckpt_manager *m) {
+  DIR *d = opendir(m->run_dir);
+  if (!d) return;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    char path[4096];
+    if (de->d_name[0] != '.' || !strstr(de->d_name, ".tmp")) continue;
+    if (!ks__mgr_join(m, de->d_name, path, sizeof path)) unlink(path);
+  }
+  closedir(d);
+}
+
+static void warn_skip(ks_ckpt_manager *m, const char *name, const char *why) {
+  fprintf(m->log, "keepsake: warning: skipping checkpoint %s/%s: %s\n", m->run_dir, name, why);
+  m->skipped++;
+}
+
+/* Loads c if it fully verifies; a file that does not comes back as `bad` = 1 with a warning. */
+static ks_status try_one(ks_ckpt_manager *m, const ckpt *c, ks_state *st, const ks_load_opts *opts,
+                         ks_load_report *report, int *bad, ks_error *err) {
+  char path[4096];
+  ks_error e;
+  ks_error_clear(&e);
+  ks_statedict *sd = NULL;
+  ks_meta *meta = NULL;
+  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP, .verify_checksums = 1};
+  if (ks__mgr_join(m, c->name, path, sizeof path)) return ks__err(err, KS_E_LIMIT, "path too long");
+  ks_status s = ks_load(path, &ro, &sd, &meta, &e);
+  if (s == KS_E_NOMEM) return ks__err(err, s, "out of memory loading %s", path);
+  if (s) {
+    char why[KS_ERROR_MSG_MAX + 40];
+    snprintf(why, sizeof why, "%s (%s)", e.message, ks_status_name(e.code));
+    warn_skip(m, c->name, why);
+    *bad = 1;
+    return KS_OK;
+  }
+  s = ks_state_load_state_dict(st, sd, meta, opts, report, err);
+  if (s) ks__err_set_file(err, path);
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  return s;
+}
+
+ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts,
+                                     ks_load_report *report, int *resumed, const char **path, ks_error *err) {
+  if (!m || !st || !resumed) return ks__err(err, KS_E_INVALID, "autoresume: NULL argument");
+  *resumed = 0;
+  m->skipped = 0;
+  remove_leftovers(m);
+  ckpt_list l = {0};
+  ks_status s = list_checkpoints(m, &l, err);
+  /* Unreadable files sort last but may well be the newest (a truncated copy): always warn. */
+  for (size_t i = 0; !s && i < l.n; i++)
+    if (!l.v[i].readable) warn_skip(m, l.v[i].name, l.v[i].why);
+  for (size_t i = 0; !s && i < l.n && !*resumed && l.v[i].readable; i++) {
+    int bad = 0;
+    s = try_one(m, &l.v[i], st, opts, report, &bad, err);
+    if (s || bad) continue;
+    char full[4096];
+    ks__mgr_join(m, l.v[i].name, full, sizeof full);
+    char *copy = ks__strdup(&m->alloc, full);
+    if (!copy) s = ks__err(err, KS_E_NOMEM, "out of memory");
+    else {
+      ks__free(&m->alloc, m->last_path);
+      m->last_path = copy;
+      *resumed = 1;
+      if (path) *path = m->last_path;
+    }
+  }
+  list_free(&m->alloc, &l);
+  return s;
+}

@@ -1,0 +1,183 @@
+/*
+ * The training-state object: a registry of the program's components under
+ * fixed names. Components are borrowed; only metric collections built through
+ * the program's factory are owned.
+ */
+#include <string.h>
+
+#include "state/state_internal.h"
+
+ks_status ks_state_create(const char *run_name, int64_t rank_zero_seed, const ks_allocator *alloc,
+                          ks_state **out) {
+  if (!out) return KS_E_INVALID;
+  ks_state *st = ks__calloc(alloc, 1, sizeof *st);
+  if (!st) return KS_E_NOMEM;
+  st->alloc = *ks__alloc_or_default(alloc);
+  st->run_name = ks__strdup(&st->alloc, run_name ? run_name : "");
+  if (!st->run_name) {
+    ks__free(&st->alloc, st);
+    return KS_E_NOMEM;
+  }
+  st->rank_zero_seed = rank_zero_seed;
+  *out = st;
+  return KS_OK;
+}
+
+static void free_metrics(ks_state *st) {
+  ks_metric_collection_free(st->train);
+  for (size_t i = 0; i < st->n_evals; i++) {
+    ks__free(&st->alloc, st->evals[i].label);
+    ks_metric_collection_free(st->evals[i].metrics);
+  }
+  ks__free(&st->alloc, st->evals);
+  st->train = NULL;
+  st->evals = NULL;
+  st->n_evals = 0;
+}
+
+void ks_state_free(ks_state *st) {
+  if (!st) return;
+  for (size_t i = 0; i < st->n_comps; i++) ks__free(&st->alloc, st->comps[i].name);
+  ks__free(&st->alloc, st->comps);
+  free_metrics(st);
+  ks__free(&st->alloc, st->run_name);
+  ks__free(&st->alloc, st);
+}
+
+/* A name becomes one path segment of every key below it, so '/' would split it. */
+static int valid_name(const char *name) {
+  size_t n = name ? strlen(name) : 0;
+  return n > 0 && n <= 256 && !strchr(name, '/');
+}
+
+static int taken(const ks_state *st, st_kind kind, const char *name) {
+  for (size_t i = 0; i < st->n_comps; i++)
+    if (st->comps[i].kind == kind && !strcmp(st->comps[i].name, name)) return 1;
+  return 0;
+}
+
+/* Model tensor names may contain '/' (nested modules) but no empty segments. */
+static int valid_tensor_name(const char *name) {
+  size_t n = name ? strlen(name) : 0;
+  return n > 0 && n <= 512 && name[0] != '/' && name[n - 1] != '/' && !strstr(name, "//");
+}
+
+static ks_status add_comp(ks_state *st, const st_comp *c) {
+  int ok = c->kind == ST_TENSOR ? valid_tensor_name(c->name) : valid_name(c->name);
+  if (!st || !ok) return KS_E_INVALID;
+  if (taken(st, c->kind, c->name)) return KS_E_EXISTS;
+  if (st->n_comps == st->cap_comps) {
+    size_t cap = st->cap_comps ? st->cap_comps * 2 : 16, bytes;
+    if (!ks__mul_size(cap, sizeof(st_comp), &bytes)) return KS_E_LIMIT;
+    st_comp *n = ks__realloc(&st->alloc, st->comps, bytes);
+    if (!n) return KS_E_NOMEM;
+    st->comps = n;
+    st->cap_comps = cap;
+  }
+  st_comp copy = *c;
+  copy.name = ks__strdup(&st->alloc, c->name);
+  if (!copy.name) return KS_E_NOMEM;
+  st->comps[st->n_comps++] = copy;
+  return KS_OK;
+}
+
+ks_status ks_state_add_tensor(ks_state *st, const char *name, const ks_tensor *t) {
+  if (!t || (t->nbytes > 0 && !t->data)) return KS_E_INVALID;
+  st_comp c = {.kind = ST_TENSOR, .name = (char *)name, .t = *t};
+  c.t.ownership = KS_BORROWED;
+  return add_comp(st, &c);
+}
+
+ks_status ks_state_add_optimizer(ks_state *st, const char *name, ks_optimizer *opt) {
+  if (!opt) return KS_E_INVALID;
+  return add_comp(st, &(st_comp){.kind = ST_OPTIM, .name = (char *)name, .obj = opt});
+}
+
+ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks_scheduler *sched) {
+  if (!sched) return KS_E_INVALID;
+  return add_comp(st, &(st_comp){.kind = ST_SCHED, .name = (char *)name, .obj = sched});
+}
+
+ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb) {
+  if (!cb || !cb->to_state_dict || !cb->load_state_dict) return KS_E_INVALID;
+  return add_comp(st, &(st_comp){.kind = ST_CUSTOM, .name = (char *)name, .cb = *cb});
+}
+
+ks_status ks_state_add_dataset(ks_state *st, const char *name, ks_dataset_state *ds) {
+  if (!ds) return KS_E_INVALID;
+  return add_comp(st, &(st_comp){.kind = ST_DATASET, .name = (char *)name, .obj = ds});
+}
+
+void ks_state_set_timestamp(ks_state *st, ks_timestamp *ts) {
+  if (st) st->ts = ts;
+}
+
+void ks_state_set_rng(ks_state *st, ks_rng *rng) {
+  if (st) st->rng = rng;
+}
+
+ks_status ks__comp_prefix(const st_comp *c, char *buf) {
+  static const char *const roots[] = {"state/model/", "state/optimizers/", "state/schedulers/",
+                                      "state/callbacks/", "state/dataset_state/"};
+  return ks__keyf(buf, roots[c->kind], c->kind == ST_TENSOR ? "%s" : "%s/", c->name);
+}
+
+/* ---- metrics built by the program's factory ---- */
+
+static void free_evals(const ks_allocator *a, st_eval *ev, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    ks__free(a, ev[i].label);
+    ks_metric_collection_free(ev[i].metrics);
+  }
+  ks__free(a, ev);
+}
+
+static ks_status build_evals(ks_state *st, ks_metrics_factory factory, void *ctx, const char *const *labels,
+                             size_t n, st_eval **out, ks_error *err) {
+  size_t bytes;
+  if (!ks__mul_size(n ? n : 1, sizeof(st_eval), &bytes)) return KS_E_LIMIT;
+  st_eval *ev = ks__calloc(&st->alloc, 1, bytes);
+  if (!ev) return KS_E_NOMEM;
+  ks_status s = KS_OK;
+  for (size_t i = 0; i < n && !s; i++) {
+    if (!valid_name(labels[i])) s = ks__err(err, KS_E_INVALID, "bad evaluator label");
+    for (size_t j = 0; j < i && !s; j++)
+      if (!strcmp(labels[i], labels[j])) s = ks__err(err, KS_E_EXISTS, "duplicate label '%s'", labels[i]);
+    if (!s) ev[i].label = ks__strdup(&st->alloc, labels[i]);
+    if (!s && !ev[i].label) s = ks__err(err, KS_E_NOMEM, "out of memory");
+    if (!s) s = factory(ctx, labels[i], &st->alloc, &ev[i].metrics, err);
+  }
+  if (s) {
+    free_evals(&st->alloc, ev, n);
+    return s;
+  }
+  *out = ev;
+  return KS_OK;
+}
+
+ks_status ks_state_build_metrics(ks_state *st, ks_metrics_factory factory, void *ctx,
+                                 const char *const *eval_labels, size_t n_eval, ks_error *err) {
+  if (!st || !factory || (n_eval && !eval_labels)) return ks__err(err, KS_E_INVALID, "build_metrics: bad argument");
+  ks_metric_collection *train = NULL;
+  ks_status s = factory(ctx, NULL, &st->alloc, &train, err);
+  if (s) return s;
+  st_eval *ev = NULL;
+  s = build_evals(st, factory, ctx, eval_labels, n_eval, &ev, err);
+  if (s) {
+    ks_metric_collection_free(train);
+    return s;
+  }
+  free_metrics(st);
+  st->train = train;
+  st->evals = ev;
+  st->n_evals = n_eval;
+  return KS_OK;
+}
+
+ks_metric_collection *ks_state_train_metrics(const ks_state *st) { return st ? st->train : NULL; }
+
+ks_metric_collection *ks_state_eval_metrics(const ks_state *st, const char *label) {
+  for (size_t i = 0; st && label && i < st->n_evals; i++)
+    if (!strcmp(st->evals[i].label, label)) return st->evals[i].metrics;
+  return NULL;
+}

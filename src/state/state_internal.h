@@ -1,0 +1,92 @@
+/*
+ * Helpers shared by the state module: prefixed keys and typed reads of
+ * state dict entries with errors that name the key.
+ */
+#ifndef KS_STATE_INTERNAL_H
+#define KS_STATE_INTERNAL_H
+
+#include <stdint.h>
+
+#include "core/internal.h"
+#include "keepsake/state.h"
+
+/* Longest key the state module builds. */
+#define KS__KEY_MAX KS_MAX_NAME
+
+/* Joins prefix and name into buf (KS__KEY_MAX+1 bytes). @return KS_OK or KS_E_LIMIT. */
+ks_status ks__key(char *buf, const char *prefix, const char *name);
+ks_status ks__keyf(char *buf, const char *prefix, const char *fmt, ...) KS__PRINTF(3, 4);
+
+ks_status ks__put_int(ks_statedict *dst, const char *prefix, const char *name, int64_t v);
+ks_status ks__put_float(ks_statedict *dst, const char *prefix, const char *name, double v);
+
+/* Integer scalar (or integral 0-d tensor). KS_E_NOTFOUND / KS_E_VALUE name the key in err. */
+ks_status ks__get_int(const ks_statedict *src, const char *prefix, const char *name, int64_t *out,
+                      ks_error *err);
+/* Float scalar, int scalar or 0-d tensor of any numeric dtype. */
+ks_status ks__get_float(const ks_statedict *src, const char *prefix, const char *name, double *out,
+                        ks_error *err);
+
+/* Glob over '/' paths that also matches any '/'-prefix of `path`. */
+int ks__path_ignored(const char *const *globs, size_t n, const char *path);
+
+#endif
+
+/* ---- the state object (shared by state.c, save.c and load.c) ---- */
+
+typedef enum st_kind { ST_TENSOR, ST_OPTIM, ST_SCHED, ST_CUSTOM, ST_DATASET } st_kind;
+
+typedef struct st_comp {
+  st_kind kind;
+  char *name;
+  ks_tensor t;    /* ST_TENSOR: borrowed data */
+  void *obj;      /* ST_OPTIM / ST_SCHED / ST_DATASET */
+  ks_stateful cb; /* ST_CUSTOM */
+} st_comp;
+
+typedef struct st_eval {
+  char *label;
+  ks_metric_collection *metrics;
+} st_eval;
+
+struct ks_state {
+  ks_allocator alloc;
+  char *run_name;
+  int64_t rank_zero_seed;
+  st_comp *comps;
+  size_t n_comps, cap_comps;
+  ks_timestamp *ts;
+  ks_rng *rng;
+  ks_metric_collection *train;
+  st_eval *evals;
+  size_t n_evals;
+};
+
+/* Key prefix of a component ("state/optimizers/AdamW/"). @return KS_OK or KS_E_LIMIT. */
+ks_status ks__comp_prefix(const st_comp *c, char *buf);
+
+/* Metadata key listing every metric's class, args, schema version and update count. */
+#define KS__META_METRICS "keepsake.metrics"
+/* Metadata key describing the state layout. */
+#define KS__META_STATE "keepsake.state"
+#define KS__STATE_LAYOUT_VERSION 1
+
+/* ---- loading (load.c, load_metrics.c) ---- */
+
+typedef struct ks__load_ctx {
+  ks_state *st;
+  const ks_statedict *src; /* the checkpoint minus ignored keys */
+  void *metrics_meta;      /* json_t* of "keepsake.metrics", or NULL */
+  ks_load_opts o;
+  ks_load_report *rep;
+  ks_error *err;
+} ks__load_ctx;
+
+/* Adds a report item with a formatted reason. @return KS_OK or KS_E_NOMEM. */
+ks_status ks__note(ks__load_ctx *c, ks_load_kind kind, const char *path, const char *fmt, ...) KS__PRINTF(4, 5);
+/* Nonzero when some key of sd starts with prefix. */
+int ks__has_prefix(const ks_statedict *sd, const char *prefix);
+/* Nonzero when path (or a '/'-prefix of it) matches an ignore glob. */
+int ks__ignored(const ks__load_ctx *c, const char *path);
+/* Fills every program metric (train and eval) from the checkpoint. */
+ks_status ks__load_metrics(ks__load_ctx *c);

@@ -1,0 +1,219 @@
+/*
+ * Flattening: every leaf of a pickle tree becomes one state dict entry named by
+ * its '/'-joined path (dict keys as written, sequence items by index). Inert
+ * objects contribute `__class__` plus their BUILD state and appended items, so a
+ * pickled torchmetrics object's tensors appear under the object's own path.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "torch/torch_internal.h"
+
+typedef struct flat {
+  ks_statedict *sd;
+  const ks__pk_limits *lim;
+  ks_error *err;
+  size_t len, entries;
+  char path[KS_MAX_NAME + 2];
+} flat;
+
+static ks_status visit(flat *f, const ks__pk_node *n, size_t depth);
+
+static ks_status push_comp(flat *f, const char *s, size_t n, size_t *saved) {
+  *saved = f->len;
+  size_t need = f->len + (f->len ? 1 : 0) + n;
+  if (need > KS_MAX_NAME)
+    return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: key longer than %d bytes", KS_MAX_NAME);
+  if (f->len) f->path[f->len++] = '/';
+  memcpy(f->path + f->len, s, n);
+  f->len += n;
+  f->path[f->len] = 0;
+  return KS_OK;
+}
+
+static void pop_comp(flat *f, size_t saved) {
+  f->len = saved;
+  f->path[saved] = 0;
+}
+
+static ks_status key_text(flat *f, const ks__pk_node *k, char *buf, size_t cap, const char **s, size_t *n) {
+  switch (k->kind) {
+    case PK_STR: *s = k->u.s.p, *n = k->u.s.n; return KS_OK;
+    case PK_INT: *n = (size_t)snprintf(buf, cap, "%" PRId64, k->u.i); break;
+    case PK_BOOL: *n = (size_t)snprintf(buf, cap, "%s", k->u.i ? "True" : "False"); break;
+    case PK_NONE: *n = (size_t)snprintf(buf, cap, "None"); break;
+    case PK_FLOAT: *n = (size_t)snprintf(buf, cap, "%.17g", k->u.f); break;
+    case PK_BYTES:
+      if (ks__utf8_valid((const uint8_t *)k->u.s.p, k->u.s.n)) {
+        *s = k->u.s.p, *n = k->u.s.n;
+        return KS_OK;
+      } /* fall through */
+    default:
+      return ks__err_at(f->err, KS_E_UNSUPPORTED, NULL, f->path, -1, "torch: dict key of type %s cannot name an entry",
+                        ks__pk_kind_name(k->kind));
+  }
+  *s = buf;
+  return KS_OK;
+}
+
+static ks_status visit_named(flat *f, const char *s, size_t n, const ks__pk_node *v, size_t depth) {
+  size_t saved;
+  ks_status st = push_comp(f, s, n, &saved);
+  if (!st) st = visit(f, v, depth + 1);
+  pop_comp(f, saved);
+  return st;
+}
+
+static ks_status visit_seq(flat *f, const ks__pk_seq *seq, size_t depth) {
+  char buf[24];
+  for (size_t i = 0; i < seq->n; i++) {
+    int n = snprintf(buf, sizeof buf, "%zu", i);
+    ks_status st = visit_named(f, buf, (size_t)n, seq->v[i], depth);
+    if (st) return st;
+  }
+  return KS_OK;
+}
+
+static ks_status visit_dict(flat *f, const ks__pk_seq *seq, size_t depth) {
+  char buf[40];
+  for (size_t i = 0; i + 1 < seq->n; i += 2) {
+    const char *s = NULL;
+    size_t n = 0;
+    ks_status st = key_text(f, seq->v[i], buf, sizeof buf, &s, &n);
+    if (!st) st = visit_named(f, s, n, seq->v[i + 1], depth);
+    if (st) return st;
+  }
+  return KS_OK;
+}
+
+static ks_status check(flat *f, ks_status st) {
+  if (st == KS_OK) return KS_OK;
+  return ks__err_at(f->err, st, NULL, f->path, -1, "torch: cannot add entry: %s", ks_strerror(st));
+}
+
+static ks_status add_class(flat *f, const ks__pk_node *cls) {
+  char name[512];
+  if (cls && cls->kind == PK_GLOBAL) snprintf(name, sizeof name, "%s.%s", cls->u.g.module, cls->u.g.name);
+  else snprintf(name, sizeof name, "?");
+  size_t saved;
+  ks_status st = push_comp(f, "__class__", 9, &saved);
+  if (!st) st = check(f, ks_statedict_set_string(f->sd, f->path, name));
+  pop_comp(f, saved);
+  f->entries++;
+  return st;
+}
+
+static ks_status visit_object(flat *f, const ks__pk_node *o, size_t depth) {
+  const ks__pk_node *state = o->u.obj.state, *items = o->u.obj.items;
+  ks_status st = add_class(f, o->u.obj.cls);
+  if (!st && state && state->kind == PK_DICT) st = visit_dict(f, &state->u.seq, depth);
+  else if (!st && state && state->kind == PK_TUPLE) {
+    for (size_t i = 0; !st && i < state->u.seq.n; i++) /* (dict, slots) */
+      if (state->u.seq.v[i]->kind == PK_DICT) st = visit_dict(f, &state->u.seq.v[i]->u.seq, depth);
+  } else if (!st && state)
+    st = visit_named(f, "__state__", 9, state, depth);
+  if (!st && items) st = items->kind == PK_DICT ? visit_dict(f, &items->u.seq, depth) : visit_seq(f, &items->u.seq, depth);
+  return st;
+}
+
+/* Decimal text of a little-endian two's complement integer of any length. */
+static ks_status bigint_text(flat *f, const ks__pk_node *n) {
+  size_t len = n->u.s.n, nd = 0;
+  uint8_t mag[4096];
+  char digits[10000];
+  if (len > sizeof mag) return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: integer too large");
+  int neg = (((const uint8_t *)n->u.s.p)[len - 1] & 0x80) != 0;
+  unsigned carry = 1;
+  for (size_t i = 0; i < len; i++) { /* magnitude, big-endian */
+    unsigned b = ((const uint8_t *)n->u.s.p)[i];
+    if (neg) b = (~b & 0xFF) + carry, carry = b >> 8, b &= 0xFF;
+    mag[len - 1 - i] = (uint8_t)b;
+  }
+  for (size_t start = 0; start < len;) {
+    unsigned rem = 0;
+    for (size_t i = start; i < len; i++) {
+      unsigned cur = rem * 256 + mag[i];
+      mag[i] = (uint8_t)(cur / 10);
+      rem = cur % 10;
+    }
+    digits[nd++] = (char)('0' + rem);
+    while (start < len && mag[start] == 0) start++;
+  }
+  if (nd == 0) digits[nd++] = '0';
+  if (neg) digits[nd++] = '-';
+  for (size_t i = 0; i < nd / 2; i++) {
+    char t = digits[i];
+    digits[i] = digits[nd - 1 - i];
+    digits[nd - 1 - i] = t;
+  }
+  digits[nd] = 0;
+  return check(f, ks_statedict_set_string(f->sd, f->path, digits));
+}
+
+static ks_status add_tensor(flat *f, const ks_tensor *t) {
+  ks_take take = t->ownership == KS_BORROWED ? KS_COPY : KS_MAPPED_VIEW;
+  return check(f, ks_statedict_set_tensor(f->sd, f->path, t, take));
+}
+
+static ks_status add_bytes(flat *f, const ks__pk_node *n) {
+  ks_tensor t;
+  int64_t len = (int64_t)n->u.s.n;
+  ks_status st = ks_tensor_init(&t, KS_U8, 1, &len, n->u.s.n ? n->u.s.p : NULL);
+  if (!st) st = ks_statedict_set_tensor(f->sd, f->path, &t, KS_MAPPED_VIEW);
+  return check(f, st);
+}
+
+static ks_status add_storage(flat *f, const ks__pk_node *n) {
+  ks_tensor t;
+  int64_t len = (int64_t)n->u.st.numel;
+  ks_status st = ks_tensor_init(&t, n->u.st.dtype, 1, &len, len ? (void *)(uintptr_t)n->u.st.data : NULL);
+  if (st) return check(f, st);
+  t.ownership = KS_BORROWED;
+  return add_tensor(f, &t);
+}
+
+static ks_status leaf(flat *f, const ks__pk_node *n) {
+  if (f->entries++ >= f->lim->max_entries)
+    return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: more than %zu entries", f->lim->max_entries);
+  if (f->len == 0) push_comp(f, "value", 5, &(size_t){0}); /* a bare value at the root */
+  switch (n->kind) {
+    case PK_NONE: return check(f, ks_statedict_set_null(f->sd, f->path));
+    case PK_BOOL: return check(f, ks_statedict_set_bool(f->sd, f->path, (int)n->u.i));
+    case PK_INT: return check(f, ks_statedict_set_int(f->sd, f->path, n->u.i));
+    case PK_FLOAT: return check(f, ks_statedict_set_float(f->sd, f->path, n->u.f));
+    case PK_STR: return check(f, ks_statedict_set_string(f->sd, f->path, n->u.s.p));
+    case PK_BIGINT: return bigint_text(f, n);
+    case PK_BYTES: return add_bytes(f, n);
+    case PK_TENSOR: return add_tensor(f, &n->u.t);
+    case PK_STORAGE: return add_storage(f, n);
+    default: f->entries--; return KS_OK; /* globals, dtypes: no data */
+  }
+}
+
+static ks_status visit(flat *f, const ks__pk_node *n, size_t depth) {
+  if (depth > f->lim->max_depth)
+    return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: nesting deeper than %zu (or a cycle)", f->lim->max_depth);
+  switch (n->kind) {
+    case PK_DICT: return visit_dict(f, &n->u.seq, depth);
+    case PK_TUPLE:
+    case PK_LIST:
+    case PK_SET: return visit_seq(f, &n->u.seq, depth);
+    case PK_OBJECT: return visit_object(f, n, depth);
+    default: return leaf(f, n);
+  }
+}
+
+ks_status ks__pk_flatten(const ks__pk_node *root, const ks__pk_arena *ar, const ks__pk_limits *lim,
+                         ks_statedict *sd, ks_error *err) {
+  (void)ar;
+  flat *f = ks__malloc(ks_statedict_allocator(sd), sizeof *f);
+  if (!f) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
+  f->sd = sd;
+  f->lim = lim;
+  f->err = err;
+  f->len = f->entries = 0;
+  f->path[0] = 0;
+  ks_status st = visit(f, root, 0);
+  ks__free(ks_statedict_allocator(sd), f);
+  return st;
+}

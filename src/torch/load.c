@@ -1,0 +1,108 @@
+/* ks_torch_load: zip -> data.pkl -> pickle tree -> flat state dict. */
+#include "torch/torch_internal.h"
+
+typedef struct storage_ctx {
+  const ks__zip *zip;
+  int verify;
+} storage_ctx;
+
+static ks_status read_storage(void *ctx, const char *key, const uint8_t **data, size_t *len, ks_error *err) {
+  const storage_ctx *sc = ctx;
+  return ks__zip_read(sc->zip, key, sc->verify, data, len, err);
+}
+
+static void release_arena(void *p) {
+  ks__pk_arena *ar = p;
+  ks_allocator a = ar->alloc;
+  ks__pk_arena_release(ar);
+  ks__free(&a, ar);
+}
+
+/* torch records its byte order since 1.12; big-endian archives are refused. */
+static ks_status check_byteorder(const ks__zip *z, ks_error *err) {
+  const uint8_t *p;
+  size_t n;
+  if (ks__zip_read(z, "byteorder", 0, &p, &n, NULL) != KS_OK) return KS_OK;
+  if (n >= 3 && !memcmp(p, "big", 3))
+    return ks__err(err, KS_E_UNSUPPORTED, "torch: big-endian archive (byteorder 'big')");
+  return KS_OK;
+}
+
+static ks_status run(ks__pk_arena *ar, const ks_torch_read_opts *opts, size_t file_len, ks_statedict *sd,
+                     ks_error *err) {
+  const uint8_t *pkl;
+  size_t n;
+  ks_status st = check_byteorder(ar->zip, err);
+  if (!st) st = ks__zip_read(ar->zip, "data.pkl", opts && opts->verify_crc, &pkl, &n, err);
+  if (st) return st;
+  ks__pk_limits lim;
+  ks__pk_limits_from_opts(opts, file_len, &lim);
+  if (!lim.max_entries) lim.max_entries = n * 8 + 4096;
+  storage_ctx sc = {ar->zip, opts && opts->verify_crc};
+  ks__pk_node *root;
+  if ((st = ks__pk_run(pkl, n, ar, &lim, read_storage, &sc, &root, err)) != KS_OK) {
+    ks__err_set_key(err, "data.pkl");
+    return st;
+  }
+  return ks__pk_flatten(root, ar, &lim, sd, err);
+}
+
+/* Takes ownership of z in every case. */
+static ks_status load_zip(ks__zip *z, size_t file_len, const ks_torch_read_opts *opts, ks_statedict **out,
+                          ks_error *err) {
+  const ks_allocator *a = opts ? opts->alloc : NULL;
+  ks__pk_arena *ar = ks__malloc(a, sizeof *ar);
+  ks_statedict *sd = NULL;
+  if (!ar) {
+    ks__zip_free(z);
+    return ks__err(err, KS_E_NOMEM, "torch: out of memory");
+  }
+  ks__pk_arena_init(ar, a);
+  ar->zip = z;
+  ks_status st = ks_statedict_create(a, &sd);
+  if (st) st = ks__err(err, st, "torch: out of memory");
+  if (!st) st = run(ar, opts, file_len, sd, err);
+  if (!st && (st = ks_statedict_attach(sd, ar, release_arena)) != KS_OK) ks__err(err, st, "torch: out of memory");
+  if (st) {
+    ks_statedict_free(sd);
+    release_arena(ar);
+    return st;
+  }
+  *out = sd;
+  return KS_OK;
+}
+
+ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out, ks_error *err) {
+  if (!path || !out) return ks__err(err, KS_E_INVALID, "torch: NULL argument");
+  ks__zip *z;
+  ks_error_clear(err);
+  ks_status st = ks__zip_open_path(path, opts ? opts->alloc : NULL, &z, err);
+  if (st) return st;
+  const ks__zip_entry *e = ks__zip_at(z, 0);
+  size_t len = e ? (size_t)e->data_off : 0; /* a lower bound is enough for the view limit */
+  for (size_t i = 0; i < ks__zip_count(z); i++) {
+    e = ks__zip_at(z, i);
+    if (e->data_off + e->size > len) len = (size_t)(e->data_off + e->size);
+  }
+  st = load_zip(z, len, opts, out, err);
+  if (st) ks__err_set_file(err, path);
+  return st;
+}
+
+ks_status ks_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts, ks_statedict **out,
+                               ks_error *err) {
+  if (!buf || !out) return ks__err(err, KS_E_INVALID, "torch: NULL argument");
+  ks__zip *z;
+  ks_error_clear(err);
+  ks_status st = ks__zip_open_buffer(buf, len, opts ? opts->alloc : NULL, &z, err);
+  if (st) return st;
+  return load_zip(z, len, opts, out, err);
+}
+
+int ks_torch_is_zip(const void *buf, size_t len) {
+  const uint8_t *p = buf;
+  if (!p || len < 4 || p[0] != 'P' || p[1] != 'K') return 0;
+  return (p[2] == 3 && p[3] == 4) || (p[2] == 5 && p[3] == 6);
+}
+
+void ks_torch_free(const ks_allocator *alloc, void *p) { ks__free(alloc, p); }

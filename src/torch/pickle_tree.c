@@ -1,0 +1,120 @@
+/*
+ * Nodes of a pickle's value tree. Every node and buffer is owned by one arena
+ * and freed with it, so shared references (memo) and cycles need no counting.
+ */
+#include "torch/torch_internal.h"
+
+void ks__pk_arena_init(ks__pk_arena *ar, const ks_allocator *a) {
+  memset(ar, 0, sizeof *ar);
+  ar->alloc = *ks__alloc_or_default(a);
+}
+
+static void free_node(ks__pk_arena *ar, ks__pk_node *n) {
+  switch (n->kind) {
+    case PK_STR:
+    case PK_BYTES:
+    case PK_BIGINT: ks__free(&ar->alloc, n->u.s.p); break;
+    case PK_TUPLE:
+    case PK_LIST:
+    case PK_SET:
+    case PK_DICT: ks__free(&ar->alloc, n->u.seq.v); break;
+    case PK_GLOBAL:
+      ks__free(&ar->alloc, n->u.g.module);
+      ks__free(&ar->alloc, n->u.g.name);
+      break;
+    default: break;
+  }
+  ks__free(&ar->alloc, n);
+}
+
+void ks__pk_arena_release(ks__pk_arena *ar) {
+  for (ks__pk_node *n = ar->nodes, *next; n; n = next) {
+    next = n->next_alloc;
+    free_node(ar, n);
+  }
+  for (size_t i = 0; i < ar->nbufs; i++) ks__free(&ar->alloc, ar->bufs[i]);
+  ks__free(&ar->alloc, ar->bufs);
+  ks__zip_free(ar->zip);
+  ar->nodes = NULL;
+  ar->bufs = NULL;
+  ar->nbufs = ar->capbufs = 0;
+  ar->zip = NULL;
+}
+
+ks__pk_node *ks__pk_new(ks__pk_arena *ar, ks__pk_kind kind) {
+  ks__pk_node *n = ks__calloc(&ar->alloc, 1, sizeof *n);
+  if (!n) return NULL;
+  n->kind = kind;
+  n->next_alloc = ar->nodes;
+  ar->nodes = n;
+  return n;
+}
+
+ks__pk_node *ks__pk_new_str(ks__pk_arena *ar, ks__pk_kind kind, const void *p, size_t n) {
+  char *copy = ks__malloc(&ar->alloc, n + 1);
+  if (!copy) return NULL;
+  if (n) memcpy(copy, p, n);
+  copy[n] = 0;
+  ks__pk_node *node = ks__pk_new(ar, kind);
+  if (!node) {
+    ks__free(&ar->alloc, copy);
+    return NULL;
+  }
+  node->u.s.p = copy;
+  node->u.s.n = n;
+  return node;
+}
+
+ks__pk_node *ks__pk_new_global(ks__pk_arena *ar, const char *module, size_t mlen, const char *name,
+                               size_t nlen) {
+  char *m = ks__strndup(&ar->alloc, module, mlen), *nm = ks__strndup(&ar->alloc, name, nlen);
+  ks__pk_node *g = m && nm ? ks__pk_new(ar, PK_GLOBAL) : NULL;
+  if (!g) {
+    ks__free(&ar->alloc, m);
+    ks__free(&ar->alloc, nm);
+    return NULL;
+  }
+  g->u.g.module = m;
+  g->u.g.name = nm;
+  return g;
+}
+
+bool ks__pk_push(ks__pk_arena *ar, ks__pk_seq *s, ks__pk_node *v) {
+  if (s->n == s->cap) {
+    size_t ncap = s->cap ? s->cap * 2 : 4, bytes;
+    if (!ks__mul_size(ncap, sizeof *s->v, &bytes)) return false;
+    ks__pk_node **nv = ks__realloc(&ar->alloc, s->v, bytes);
+    if (!nv) return false;
+    s->v = nv;
+    s->cap = ncap;
+  }
+  s->v[s->n++] = v;
+  return true;
+}
+
+void *ks__pk_buffer(ks__pk_arena *ar, size_t n) {
+  if (ar->nbufs == ar->capbufs) {
+    size_t ncap = ar->capbufs ? ar->capbufs * 2 : 8, bytes;
+    if (!ks__mul_size(ncap, sizeof *ar->bufs, &bytes)) return NULL;
+    void **nb = ks__realloc(&ar->alloc, ar->bufs, bytes);
+    if (!nb) return NULL;
+    ar->bufs = nb;
+    ar->capbufs = ncap;
+  }
+  void *p = ks__malloc(&ar->alloc, n ? n : 1);
+  if (!p) return NULL;
+  ar->bufs[ar->nbufs++] = p;
+  ar->buf_bytes += n;
+  return p;
+}
+
+int ks__pk_is_global(const ks__pk_node *g, const char *module, const char *name) {
+  return g && g->kind == PK_GLOBAL && !strcmp(g->u.g.module, module) && !strcmp(g->u.g.name, name);
+}
+
+const char *ks__pk_kind_name(ks__pk_kind k) {
+  static const char *const names[] = {"None",   "bool",   "int",    "int",     "float",   "str",
+                                      "bytes",  "tuple",  "list",   "set",     "dict",    "global",
+                                      "object", "storage", "tensor", "numpy.dtype"};
+  return (size_t)k < sizeof names / sizeof names[0] ? names[k] : "?";
+}

@@ -1,0 +1,194 @@
+/*
+ * Internals of the PyTorch bridge: the zip container, the pickle machine and
+ * its node tree, known constructors, flattening and CRC32. Not installed.
+ */
+#ifndef KS_TORCH_INTERNAL_H
+#define KS_TORCH_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/internal.h"
+#include "keepsake/statedict.h"
+#include "keepsake/tensor.h"
+#include "keepsake/torch.h"
+
+/* ---- CRC32 (IEEE, as zip uses) ---- */
+typedef struct ks__crc32 {
+  uint32_t t[8][256];
+} ks__crc32;
+void ks__crc32_init(ks__crc32 *c);
+uint32_t ks__crc32_update(const ks__crc32 *c, uint32_t crc, const void *p, size_t n);
+
+/* ---- zip reader (zip.c) ---- */
+typedef struct ks__zip_entry {
+  const char *name; /* points into the central directory copy, NUL-terminated */
+  uint64_t data_off;
+  uint64_t size;
+  uint32_t crc;
+  uint16_t method;
+  uint16_t flags;
+} ks__zip_entry;
+
+typedef struct ks__zip ks__zip;
+ks_status ks__zip_open_buffer(const void *buf, size_t len, const ks_allocator *a, ks__zip **out,
+                              ks_error *err);
+ks_status ks__zip_open_path(const char *path, const ks_allocator *a, ks__zip **out, ks_error *err);
+void ks__zip_free(ks__zip *z);
+/* Root folder of the archive including its trailing '/', e.g. "archive/". */
+const char *ks__zip_root(const ks__zip *z);
+size_t ks__zip_count(const ks__zip *z);
+const ks__zip_entry *ks__zip_at(const ks__zip *z, size_t i);
+/* Nonzero when the bytes live in a mapping owned by the zip (not the caller's buffer). */
+int ks__zip_owns_data(const ks__zip *z);
+/* Finds root+rel and returns its stored bytes; refuses compressed or encrypted entries. */
+ks_status ks__zip_read(const ks__zip *z, const char *rel, int verify_crc, const uint8_t **data,
+                       size_t *len, ks_error *err);
+
+/* ---- zip writer (zip_writer.c): stored entries, data aligned to 64 bytes ---- */
+typedef ks_status (*ks__zw_write_fn)(void *ctx, const void *p, size_t n);
+typedef struct ks__zw ks__zw;
+ks_status ks__zw_create(const ks_allocator *a, ks__zw_write_fn write, void *ctx, int force_zip64, ks__zw **out);
+/* Appends one stored entry (CRC32 computed here). */
+ks_status ks__zw_add(ks__zw *z, const char *name, const void *data, size_t n, ks_error *err);
+/* Writes the central directory (and zip64 records when needed). */
+ks_status ks__zw_finish(ks__zw *z, ks_error *err);
+void ks__zw_free(ks__zw *z);
+/* Writes sd as a torch archive through fn (pt_writer.c). */
+ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, ks__zw_write_fn fn, void *ctx,
+                       ks_error *err);
+
+/* ---- pickle node tree (pickle_tree.c) ---- */
+typedef enum ks__pk_kind {
+  PK_NONE,
+  PK_BOOL,
+  PK_INT,
+  PK_BIGINT,  /* bytes: little-endian two's complement, more than 8 bytes */
+  PK_FLOAT,
+  PK_STR,     /* bytes: UTF-8, NUL-terminated */
+  PK_BYTES,
+  PK_TUPLE,
+  PK_LIST,
+  PK_SET,
+  PK_DICT,    /* seq holds key0, value0, key1, value1... */
+  PK_GLOBAL,  /* an unresolved reference module.name: never imported */
+  PK_OBJECT,  /* inert result of REDUCE/NEWOBJ on an unknown callable */
+  PK_STORAGE,
+  PK_TENSOR,
+  PK_NPDTYPE
+} ks__pk_kind;
+
+typedef struct ks__pk_node ks__pk_node;
+typedef struct ks__pk_seq {
+  ks__pk_node **v;
+  size_t n, cap;
+} ks__pk_seq;
+
+struct ks__pk_node {
+  ks__pk_kind kind;
+  ks__pk_node *next_alloc; /* arena chain */
+  union {
+    int64_t i;
+    double f;
+    struct {
+      char *p;
+      size_t n;
+    } s;
+    ks__pk_seq seq;
+    struct {
+      char *module, *name;
+    } g;
+    struct {
+      ks__pk_node *cls, *args, *state, *items;
+    } obj;
+    struct {
+      ks_dtype dtype;
+      const uint8_t *data;
+      uint64_t numel;
+    } st;
+    ks_tensor t;
+    struct {
+      ks_dtype dtype;
+      int swap;
+    } npd;
+  } u;
+};
+
+/* Owns every node and every buffer materialised while reading one pickle. */
+typedef struct ks__pk_arena {
+  ks_allocator alloc;
+  ks__pk_node *nodes;
+  void **bufs;
+  size_t nbufs, capbufs;
+  uint64_t buf_bytes;
+  ks__zip *zip; /* kept alive when tensors point into its mapping */
+} ks__pk_arena;
+
+void ks__pk_arena_init(ks__pk_arena *ar, const ks_allocator *a);
+void ks__pk_arena_release(ks__pk_arena *ar); /* frees nodes, buffers and the zip */
+ks__pk_node *ks__pk_new(ks__pk_arena *ar, ks__pk_kind kind);
+ks__pk_node *ks__pk_new_str(ks__pk_arena *ar, ks__pk_kind kind, const void *p, size_t n);
+ks__pk_node *ks__pk_new_global(ks__pk_arena *ar, const char *module, size_t mlen, const char *name,
+                               size_t nlen);
+bool ks__pk_push(ks__pk_arena *ar, ks__pk_seq *s, ks__pk_node *v);
+/* Allocates a buffer owned by the arena (freed with it). */
+void *ks__pk_buffer(ks__pk_arena *ar, size_t n);
+/* Nonzero when g is a PK_GLOBAL naming module.name. */
+int ks__pk_is_global(const ks__pk_node *g, const char *module, const char *name);
+const char *ks__pk_kind_name(ks__pk_kind k);
+
+/* ---- pickle machine (pickle.c, rebuild.c) ---- */
+typedef struct ks__pk_vm ks__pk_vm;
+/* Resolves a storage key to its bytes (the zip's data/<key>). */
+typedef ks_status (*ks__pk_storage_fn)(void *ctx, const char *key, const uint8_t **data, size_t *len,
+                                       ks_error *err);
+
+typedef struct ks__pk_limits {
+  size_t max_memo;
+  size_t max_stack;
+  uint64_t max_string;
+  uint64_t max_view_bytes;
+  size_t max_depth;
+  size_t max_entries;
+} ks__pk_limits;
+
+void ks__pk_limits_from_opts(const ks_torch_read_opts *opts, size_t input_len, ks__pk_limits *out);
+
+/* Runs a pickle program; on success *root is the value STOP returned (owned by ar). */
+ks_status ks__pk_run(const uint8_t *p, size_t n, ks__pk_arena *ar, const ks__pk_limits *lim,
+                     ks__pk_storage_fn storage, void *storage_ctx, ks__pk_node **root, ks_error *err);
+
+/* Known constructors (rebuild.c). `off` is the opcode's byte offset for errors. */
+ks_status ks__pk_reduce(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *callable,
+                        ks__pk_node *args, int64_t off, ks__pk_node **out, ks_error *err);
+ks_status ks__pk_build(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *obj,
+                       ks__pk_node *state, int64_t off, ks_error *err);
+ks_status ks__pk_persid(ks__pk_arena *ar, ks__pk_node *pid, ks__pk_storage_fn storage, void *ctx,
+                        int64_t off, ks__pk_node **out, ks_error *err);
+/* A view of `base` (base_numel elements of dt): borrowed when row-major and aligned,
+ * otherwise materialised into an arena buffer (counted against max_view_bytes). */
+ks_status ks__pk_view(ks__pk_arena *ar, const ks__pk_limits *lim, ks_dtype dt, const uint8_t *base,
+                      uint64_t base_numel, uint64_t offset, int rank, const int64_t *shape,
+                      const int64_t *stride, int64_t off, ks_tensor *t, ks_error *err);
+void ks__pk_strided_copy(uint8_t *dst, const uint8_t *src, size_t esize, int rank, const int64_t *shape,
+                         const int64_t *stride);
+/* numpy (numpy.c): dtype and scalar constructors, BUILD of dtypes and arrays. */
+ks_status ks__pk_np_dtype(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+                          ks__pk_node **out, ks_error *err);
+ks_status ks__pk_np_scalar(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+                           ks__pk_node **out, ks_error *err);
+ks_status ks__pk_np_dtype_build(ks__pk_node *dt, const ks__pk_node *state, int64_t off, ks_error *err);
+ks_status ks__pk_np_array_build(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *obj,
+                                const ks__pk_node *state, int64_t off, ks_error *err);
+/* torch.<X>Storage class name -> dtype. */
+int ks__pk_storage_dtype(const char *name, ks_dtype *dt);
+const char *ks__pk_storage_name(ks_dtype dt);
+
+/* ---- flattening (flatten.c) ---- */
+/* Adds every leaf of root to sd under its '/'-joined path. Tensors whose data the
+ * arena owns are added as KS_MAPPED_VIEW (the caller attaches the arena); others are copied. */
+ks_status ks__pk_flatten(const ks__pk_node *root, const ks__pk_arena *ar, const ks__pk_limits *lim,
+                         ks_statedict *sd, ks_error *err);
+
+#endif

@@ -1,0 +1,60 @@
+/* Helpers shared by the format tests: hand-built safetensors bytes and sample state dicts. */
+#ifndef KS_TEST_FORMAT_HELPERS_H
+#define KS_TEST_FORMAT_HELPERS_H
+
+#include <dirent.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "keepsake/format.h"
+#include "keepsake/keepsake.h"
+#include "testutil.h"
+
+/* A safetensors file from a header text and data bytes (malloc'd; *len receives its size). */
+static inline uint8_t *fmt_build(const char *header, const void *data, size_t dlen, size_t *len) {
+  size_t hl = strlen(header);
+  uint8_t *b = malloc(8 + hl + dlen + 1);
+  for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+  memcpy(b + 8, header, hl);
+  if (dlen) memcpy(b + 8 + hl, data, dlen);
+  *len = 8 + hl + dlen;
+  return b;
+}
+
+/* Opens bytes with a buffer reader in `mode`; returns the status and fills err. */
+static inline ks_status fmt_open_status(const uint8_t *b, size_t len, ks_read_mode mode, ks_error *err) {
+  ks_read_opts o = {NULL, mode, 0};
+  ks_reader *r = NULL;
+  ks_status st = ks_reader_open_buffer(b, len, &o, &r, err);
+  ks_reader_free(r);
+  return st;
+}
+
+/* Number of directory entries other than . and .. */
+static inline int fmt_dir_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+  if (d) closedir(d);
+  return n;
+}
+
+/* A small dict: two tensors and a scalar, values depending on `seed`. */
+static inline ks_statedict *fmt_small_dict(int seed) {
+  ks_statedict *sd;
+  if (ks_statedict_create(NULL, &sd)) return NULL;
+  int64_t shape[2] = {2, 3};
+  float *w;
+  ks_statedict_new_tensor(sd, "model/w", KS_F32, 2, shape, (void **)&w);
+  for (int i = 0; i < 6; i++) w[i] = (float)(i * seed) + 0.5f;
+  int64_t *step;
+  ks_statedict_new_tensor(sd, "step", KS_I64, 0, NULL, (void **)&step);
+  *step = seed;
+  ks_statedict_set_string(sd, "run", "small");
+  return sd;
+}
+
+#endif

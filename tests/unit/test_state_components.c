@@ -1,0 +1,307 @@
+/* State components: PRNG, optimizers (against torch 1.13), scheduler, timestamp, load report, ignore globs. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "keepsake/state.h"
+#include "state/state_internal.h"
+#include "testutil.h"
+
+static void rng_same_seed_same_stream_and_state_round_trips(void **s) {
+  (void)s;
+  ks_rng a, b;
+  ks_rng_seed(&a, 7);
+  ks_rng_seed(&b, 7);
+  for (int i = 0; i < 100; i++) assert_int_equal(ks_rng_next(&a), ks_rng_next(&b));
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_rng_to_state_dict(&a, sd, "rng/0/"), KS_OK);
+  uint64_t expect[5];
+  for (int i = 0; i < 5; i++) expect[i] = ks_rng_next(&a);
+  ks_rng c;
+  ks_rng_seed(&c, 999);
+  assert_int_equal(ks_rng_load_state_dict(&c, sd, "rng/0/", NULL), KS_OK);
+  for (int i = 0; i < 5; i++) assert_int_equal(ks_rng_next(&c), expect[i]);
+  ks_statedict_free(sd);
+}
+
+static void rng_below_and_shuffle_stay_in_range(void **s) {
+  (void)s;
+  ks_rng r;
+  ks_rng_seed(&r, 1);
+  int seen[10] = {0};
+  for (int i = 0; i < 10000; i++) {
+    uint64_t v = ks_rng_below(&r, 10);
+    assert_true(v < 10);
+    seen[v]++;
+  }
+  for (int i = 0; i < 10; i++) assert_true(seen[i] > 800 && seen[i] < 1200);
+  int64_t idx[50];
+  for (int i = 0; i < 50; i++) idx[i] = i;
+  ks_rng_shuffle(&r, idx, 50);
+  int hit[50] = {0}, moved = 0;
+  for (int i = 0; i < 50; i++) {
+    hit[idx[i]]++;
+    moved += idx[i] != i;
+  }
+  for (int i = 0; i < 50; i++) assert_int_equal(hit[i], 1);
+  assert_true(moved > 25);
+  double u = ks_rng_uniform(&r);
+  assert_true(u >= 0 && u < 1);
+}
+
+static void rng_load_rejects_wrong_shape_and_zero_state(void **s) {
+  (void)s;
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  int64_t three = 3;
+  assert_int_equal(ks_statedict_new_tensor(sd, "rng/0/xoshiro256starstar", KS_U64, 1, &three, NULL), KS_OK);
+  ks_rng r, before;
+  ks_rng_seed(&r, 3);
+  before = r;
+  assert_int_equal(ks_rng_load_state_dict(&r, sd, "rng/0/", NULL), KS_E_SHAPE);
+  int64_t four = 4;
+  assert_int_equal(ks_statedict_new_tensor(sd, "rng/0/xoshiro256starstar", KS_U64, 1, &four, NULL), KS_OK);
+  assert_int_equal(ks_rng_load_state_dict(&r, sd, "rng/0/", NULL), KS_E_VALUE);
+  assert_memory_equal(&r, &before, sizeof r);
+  ks_statedict_free(sd);
+}
+
+/* Reference: torch 1.13 AdamW(lr=0.01, wd=0.01) and SGD(lr=0.1, momentum=0.9, nesterov, wd=0.01), 3 steps. */
+static const float ref_adamw[4] = {4.706211388e-01f, -1.219627976e+00f, 1.971349597e+00f, -2.999700047e-02f};
+static const float ref_adamw_exp_avg[4] = {5.610000342e-02f, -5.420000106e-02f, 4.780000448e-02f, 4.064999819e-01f};
+static const float ref_sgd[4] = {3.505675495e-01f, -1.079254150e+00f, 1.821472645e+00f, -1.205264807e+00f};
+
+static void run_three_steps(ks_optimizer *o, float *p, float *g) {
+  for (int k = 0; k < 3; k++) {
+    float grad[4] = {0.1f * (float)(k + 1), -0.2f, 0.3f / (float)(k + 1), 1.5f};
+    memcpy(g, grad, sizeof grad);
+    ks_optimizer_step(o);
+  }
+  (void)p;
+}
+
+static void adamw_matches_torch(void **s) {
+  (void)s;
+  float p[4] = {0.5f, -1.25f, 2.0f, 0.0f}, g[4];
+  int64_t shape[1] = {4};
+  ks_optimizer *o;
+  ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &o), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(o, p, g, 1, shape), KS_OK);
+  run_three_steps(o, p, g);
+  for (int i = 0; i < 4; i++) assert_float_equal(p[i], ref_adamw[i], 2e-6);
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_optimizer_to_state_dict(o, sd, "state/optimizers/AdamW/"), KS_OK);
+  const ks_tensor *m = ks_statedict_tensor(sd, "state/optimizers/AdamW/state/0/exp_avg");
+  assert_non_null(m);
+  for (int i = 0; i < 4; i++) assert_float_equal(((float *)m->data)[i], ref_adamw_exp_avg[i], 1e-6);
+  double step;
+  assert_int_equal(ks__get_float(sd, "state/optimizers/AdamW/", "state/0/step", &step, NULL), KS_OK);
+  assert_true(step == 3.0);
+  double b2;
+  assert_int_equal(ks__get_float(sd, "state/optimizers/AdamW/param_groups/0/", "betas/1", &b2, NULL), KS_OK);
+  assert_true(b2 == 0.999);
+  ks_statedict_free(sd);
+  ks_optimizer_free(o);
+}
+
+static void sgd_nesterov_matches_torch(void **s) {
+  (void)s;
+  float p[4] = {0.5f, -1.25f, 2.0f, 0.0f}, g[4];
+  int64_t shape[1] = {4};
+  ks_optimizer *o;
+  ks_sgd_opts so = {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = 1};
+  assert_int_equal(ks_optimizer_create_sgd(&so, NULL, &o), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(o, p, g, 1, shape), KS_OK);
+  run_three_steps(o, p, g);
+  for (int i = 0; i < 4; i++) assert_float_equal(p[i], ref_sgd[i], 2e-6);
+  assert_string_equal(ks_optimizer_name(o), "SGD");
+  ks_optimizer_free(o);
+}
+
+/* Two optimizers, one restored from the other's state dict, then both stepped: bit-identical. */
+static void optimizer_resumes_bit_identically(void **s) {
+  (void)s;
+  float p1[4] = {0.5f, -1.25f, 2.0f, 0.0f}, g1[4], p2[4], g2[4];
+  int64_t shape[1] = {4};
+  ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
+  ks_optimizer *a, *b;
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &a), KS_OK);
+  ks_adamw_opts other = {0.5, 0.5, 0.5, 1e-3, 0.0};
+  assert_int_equal(ks_optimizer_create_adamw(&other, NULL, &b), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(a, p1, g1, 1, shape), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(b, p2, g2, 1, shape), KS_OK);
+  run_three_steps(a, p1, g1);
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_optimizer_to_state_dict(a, sd, "o/"), KS_OK);
+  assert_int_equal(ks_optimizer_load_state_dict(b, sd, "o/", NULL), KS_OK);
+  memcpy(p2, p1, sizeof p1);
+  run_three_steps(a, p1, g1);
+  run_three_steps(b, p2, g2);
+  assert_memory_equal(p1, p2, sizeof p1);
+  assert_true(ks_optimizer_lr(b) == 0.01);
+  ks_statedict_free(sd);
+  ks_optimizer_free(a);
+  ks_optimizer_free(b);
+}
+
+static void optimizer_load_rejects_shape_mismatch_unchanged(void **s) {
+  (void)s;
+  float p[4] = {1, 2, 3, 4}, g[4] = {1, 1, 1, 1}, q[3] = {0}, h[3] = {0};
+  int64_t s4[1] = {4}, s3[1] = {3};
+  ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
+  ks_optimizer *a, *b;
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &a), KS_OK);
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &b), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(a, p, g, 1, s4), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(b, q, h, 1, s3), KS_OK);
+  ks_optimizer_step(a);
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_optimizer_to_state_dict(a, sd, "o/"), KS_OK);
+  ks_error e;
+  assert_int_equal(ks_optimizer_load_state_dict(b, sd, "o/", &e), KS_E_SHAPE);
+  assert_string_equal(e.key, "o/state/0/exp_avg");
+  ks_statedict *empty;
+  assert_int_equal(ks_statedict_create(NULL, &empty), KS_OK);
+  assert_int_equal(ks_optimizer_to_state_dict(b, empty, "o/"), KS_OK);
+  assert_null(ks_statedict_tensor(empty, "o/state/0/exp_avg")); /* still no state: nothing was written */
+  ks_statedict_free(empty);
+  ks_statedict_free(sd);
+  ks_optimizer_free(a);
+  ks_optimizer_free(b);
+}
+
+static void optimizer_state_dict_survives_every_allocation_failure(void **s) {
+  (void)s;
+  float p[4] = {1, 2, 3, 4}, g[4] = {1, 1, 1, 1};
+  int64_t s4[1] = {4};
+  for (long n = 1;; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_optimizer *o = NULL;
+    ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
+    ks_status st = ks_optimizer_create_adamw(&ao, &ta.a, &o);
+    if (!st) st = ks_optimizer_add_param(o, p, g, 1, s4);
+    if (!st) ks_optimizer_step(o);
+    ks_statedict *sd = NULL;
+    if (!st) st = ks_statedict_create(&ta.a, &sd);
+    if (!st) st = ks_optimizer_to_state_dict(o, sd, "o/");
+    ks_statedict_free(sd);
+    ks_optimizer_free(o);
+    assert_int_equal(ta.live, 0);
+    if (st == KS_OK) break;
+    assert_int_equal(st, KS_E_NOMEM);
+  }
+}
+
+static void scheduler_warms_up_then_decays_by_cosine(void **s) {
+  (void)s;
+  ks_scheduler sc;
+  ks_scheduler_init(&sc, NULL, 1.0, 10, 110, 0.0);
+  assert_true(sc.last_lr == 0.0);
+  assert_float_equal(ks_scheduler_lr_at(&sc, 5), 0.5, 1e-12);
+  assert_float_equal(ks_scheduler_lr_at(&sc, 10), 1.0, 1e-12);
+  assert_float_equal(ks_scheduler_lr_at(&sc, 60), 0.5, 1e-12);
+  assert_float_equal(ks_scheduler_lr_at(&sc, 110), 0.0, 1e-12);
+  ks_scheduler_step(&sc, NULL);
+  assert_int_equal(sc.last_epoch, 1);
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_scheduler_to_state_dict(&sc, sd, "s/"), KS_OK);
+  ks_scheduler other;
+  ks_scheduler_init(&other, NULL, 3.0, 1, 2, 0.5);
+  assert_int_equal(ks_scheduler_load_state_dict(&other, sd, "s/", NULL), KS_OK);
+  assert_memory_equal(&other, &sc, sizeof sc);
+  ks_statedict_free(sd);
+}
+
+static void timestamp_counts_and_round_trips_without_wct(void **s) {
+  (void)s;
+  ks_timestamp ts;
+  ks_timestamp_init(&ts);
+  ks_timestamp_batch_done(&ts, 32, 0, 0.25);
+  ks_timestamp_batch_done(&ts, 16, 0, 0.25);
+  ks_timestamp_epoch_done(&ts);
+  ks_timestamp_batch_done(&ts, 32, 0, 0.5);
+  assert_int_equal(ts.batch, 3);
+  assert_int_equal(ts.sample, 80);
+  assert_int_equal(ts.epoch, 1);
+  assert_int_equal(ts.batch_in_epoch, 1);
+  assert_true(ts.total_wct == 1.0 && ts.epoch_wct == 0.5);
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_timestamp_to_state_dict(&ts, sd, "t/"), KS_OK);
+  assert_int_equal(ks_statedict_remove(sd, "t/total_wct"), KS_OK); /* as if ignored by '*_wct' */
+  ks_timestamp back;
+  ks_timestamp_init(&back);
+  back.total_wct = 9.0;
+  assert_int_equal(ks_timestamp_load_state_dict(&back, sd, "t/", NULL), KS_OK);
+  assert_int_equal(back.sample, 80);
+  assert_true(back.total_wct == 9.0 && back.epoch_wct == 0.5);
+  ks_statedict_free(sd);
+}
+
+static void ignore_glob_matches_slash_prefixes(void **s) {
+  (void)s;
+  const char *g1[] = {"rng"};
+  assert_true(ks__path_ignored(g1, 1, "rng/0/xoshiro256starstar"));
+  assert_false(ks__path_ignored(g1, 1, "rngx/0"));
+  const char *g2[] = {"state/optimizers/*"};
+  assert_true(ks__path_ignored(g2, 1, "state/optimizers/AdamW/state/0/exp_avg"));
+  assert_false(ks__path_ignored(g2, 1, "state/model/fc1.weight"));
+  const char *g3[] = {"*_wct"};
+  assert_true(ks__path_ignored(g3, 1, "state/timestamp/Timestamp/total_wct"));
+  assert_false(ks__path_ignored(g3, 1, "state/timestamp/Timestamp/batch"));
+}
+
+static void load_report_counts_and_survives_allocation_failure(void **s) {
+  (void)s;
+  for (long n = 1;; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_load_report *r = NULL;
+    ks_status st = ks_load_report_create(&ta.a, &r);
+    size_t added = 0;
+    for (int i = 0; i < 20 && !st; i++) {
+      st = ks_load_report_add(r, (ks_load_kind)(i % 6), "state/x", "why");
+      added += st == KS_OK;
+    }
+    if (r) assert_int_equal(ks_load_report_count(r), added); /* a failed add changes nothing */
+    if (!st) {
+      assert_int_equal(ks_load_report_count_kind(r, KS_LOAD_MISMATCHED), 3);
+      assert_non_null(ks_load_report_find(r, "state/x"));
+      assert_null(ks_load_report_find(r, "state/y"));
+    }
+    ks_load_report_free(r);
+    assert_int_equal(ta.live, 0);
+    if (st == KS_OK) break;
+    assert_int_equal(st, KS_E_NOMEM);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(rng_same_seed_same_stream_and_state_round_trips),
+      cmocka_unit_test(rng_below_and_shuffle_stay_in_range),
+      cmocka_unit_test(rng_load_rejects_wrong_shape_and_zero_state),
+      cmocka_unit_test(adamw_matches_torch),
+      cmocka_unit_test(sgd_nesterov_matches_torch),
+      cmocka_unit_test(optimizer_resumes_bit_identically),
+      cmocka_unit_test(optimizer_load_rejects_shape_mismatch_unchanged),
+      cmocka_unit_test(optimizer_state_dict_survives_every_allocation_failure),
+      cmocka_unit_test(scheduler_warms_up_then_decays_by_cosine),
+      cmocka_unit_test(timestamp_counts_and_round_trips_without_wct),
+      cmocka_unit_test(ignore_glob_matches_slash_prefixes),
+      cmocka_unit_test(load_report_counts_and_survives_allocation_failure),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

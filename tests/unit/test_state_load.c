@@ -1,0 +1,514 @@
+/* Load semantics: metrics filled by name from the program's definitions, and everything else in the report. */
+#include <jansson.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "keepsake/state.h"
+#include "testutil.h"
+
+typedef struct mdef {
+  const char *name, *cls, *args;
+} mdef;
+
+/* The program: a 2x3 weight, a bias, AdamW, timestamp, PRNG and the metrics in `train`/`eval`. */
+typedef struct prog {
+  float w[6], b[3], gw[6], gb[3];
+  int64_t wshape[2];
+  ks_optimizer *opt;
+  ks_timestamp ts;
+  ks_rng rng;
+  ks_state *st;
+  const mdef *train, *eval;
+  size_t n_train, n_eval;
+} prog;
+
+static ks_status factory(void *ctx, const char *label, const ks_allocator *a, ks_metric_collection **out,
+                         ks_error *err) {
+  const prog *p = ctx;
+  const mdef *defs = label ? p->eval : p->train;
+  size_t n = label ? p->n_eval : p->n_train;
+  ks_status s = ks_metric_collection_create(a, out);
+  for (size_t i = 0; i < n && !s; i++) {
+    ks_metric *m = NULL;
+    s = ks_metric_create(defs[i].cls, defs[i].args, a, &m, err);
+    if (!s) s = ks_metric_collection_add(*out, defs[i].name, m);
+    if (s) ks_metric_free(m);
+  }
+  if (s) ks_metric_collection_free(*out);
+  return s;
+}
+
+static void prog_init_shape(prog *p, const mdef *train, size_t nt, const mdef *eval, size_t ne, float fill,
+                            int64_t rows, int64_t cols) {
+  memset(p, 0, sizeof *p);
+  for (int i = 0; i < 6; i++) p->w[i] = fill + (float)i;
+  for (int i = 0; i < 3; i++) p->b[i] = fill - (float)i;
+  p->wshape[0] = rows, p->wshape[1] = cols;
+  p->train = train, p->n_train = nt, p->eval = eval, p->n_eval = ne;
+  ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
+  int64_t bshape[1] = {3};
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &p->opt), KS_OK);
+  assert_int_equal(ks_state_create("run", 5, NULL, &p->st), KS_OK);
+  ks_tensor t;
+  assert_int_equal(ks_tensor_init(&t, KS_F32, 2, p->wshape, p->w), KS_OK);
+  assert_int_equal(ks_state_add_tensor(p->st, "fc.weight", &t), KS_OK);
+  assert_int_equal(ks_tensor_init(&t, KS_F32, 1, bshape, p->b), KS_OK);
+  assert_int_equal(ks_state_add_tensor(p->st, "fc.bias", &t), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(p->opt, p->w, p->gw, 2, p->wshape), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(p->opt, p->b, p->gb, 1, bshape), KS_OK);
+  assert_int_equal(ks_state_add_optimizer(p->st, "AdamW", p->opt), KS_OK);
+  ks_timestamp_init(&p->ts);
+  ks_rng_seed(&p->rng, (uint64_t)fill);
+  ks_state_set_timestamp(p->st, &p->ts);
+  ks_state_set_rng(p->st, &p->rng);
+  const char *labels[] = {"eval"};
+  assert_int_equal(ks_state_build_metrics(p->st, factory, p, labels, ne ? 1 : 0, NULL), KS_OK);
+}
+
+static void prog_init(prog *p, const mdef *train, size_t nt, const mdef *eval, size_t ne, float fill) {
+  prog_init_shape(p, train, nt, eval, ne, fill, 2, 3);
+}
+
+static void prog_free(prog *p) {
+  ks_state_free(p->st);
+  ks_optimizer_free(p->opt);
+}
+
+/* Feeds a few batches of 10-class predictions to every train metric, then computes them. */
+static void train_a_little(prog *p) {
+  float logits[4 * 10] = {0};
+  int64_t y[4] = {1, 2, 3, 3};
+  for (int i = 0; i < 4; i++) logits[i * 10 + (i == 3 ? 5 : y[i])] = 4.0f;
+  int64_t ls[2] = {4, 10}, ys[1] = {4};
+  ks_tensor in[2];
+  ks_tensor_init(&in[0], KS_F32, 2, ls, logits);
+  ks_tensor_init(&in[1], KS_I64, 1, ys, y);
+  float v = 2.5f;
+  ks_tensor scalar;
+  ks_tensor_init(&scalar, KS_F32, 0, NULL, &v);
+  ks_metric_collection *mc = ks_state_train_metrics(p->st);
+  for (int step = 0; step < 3; step++)
+    for (size_t i = 0; i < ks_metric_collection_count(mc); i++) {
+      ks_metric *m = ks_metric_collection_at(mc, i, NULL);
+      int agg = !strcmp(ks_metric_class(m), "MeanMetric");
+      assert_int_equal(ks_metric_update(m, agg ? &scalar : in, agg ? 1 : 2, NULL), KS_OK);
+    }
+  for (size_t i = 0; i < ks_metric_collection_count(mc); i++) {
+    const ks_tensor *t;
+    assert_int_equal(ks_metric_compute(ks_metric_collection_at(mc, i, NULL), &t, NULL), KS_OK);
+  }
+  ks_optimizer_step(p->opt);
+  ks_timestamp_batch_done(&p->ts, 4, 0, 0.1);
+}
+
+static double metric_value(ks_state *st, const char *name) {
+  const ks_tensor *t;
+  ks_metric *m = ks_metric_collection_get(ks_state_train_metrics(st), name);
+  assert_non_null(m);
+  assert_int_equal(ks_metric_compute(m, &t, NULL), KS_OK);
+  return ks_dtype_get_f64(t->dtype, t->data, 0);
+}
+
+static ks_load_kind kind_of(const ks_load_report *r, const char *path) {
+  const ks_load_item *it = ks_load_report_find(r, path);
+  if (!it) fail_msg("no report item for %s", path);
+  return it->kind;
+}
+
+/* Saves `a` into (sd, meta) and loads them into `b`. */
+static ks_status transfer(prog *a, prog *b, const ks_load_opts *o, ks_load_report *rep, ks_statedict **keep_sd,
+                          ks_meta **keep_meta, void (*edit)(ks_statedict *, ks_meta *)) {
+  ks_statedict *sd;
+  ks_meta *meta;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, &meta), KS_OK);
+  assert_int_equal(ks_state_to_state_dict(a->st, sd, meta, NULL), KS_OK);
+  if (edit) edit(sd, meta);
+  ks_error e;
+  ks_status s = ks_state_load_state_dict(b->st, sd, meta, o, rep, &e);
+  if (keep_sd) *keep_sd = sd;
+  else ks_statedict_free(sd);
+  if (keep_meta) *keep_meta = meta;
+  else ks_meta_free(meta);
+  return s;
+}
+
+static const mdef ACC = {"MulticlassAccuracy", "MulticlassAccuracy", "{\"num_classes\":10}"};
+static const mdef ACC12 = {"MulticlassAccuracy", "MulticlassAccuracy", "{\"num_classes\":12}"};
+static const mdef F1 = {"MulticlassF1Score", "MulticlassF1Score", "{\"num_classes\":10}"};
+static const mdef MEAN = {"Loss", "MeanMetric", "{}"};
+static const mdef CONF = {"MulticlassConfusionMatrix", "MulticlassConfusionMatrix", "{\"num_classes\":10}"};
+
+static void load_fills_metrics_so_compute_works_at_once(void **s) {
+  (void)s;
+  mdef train[] = {ACC, MEAN}, eval[] = {CONF};
+  prog a, b;
+  prog_init(&a, train, 2, eval, 1, 1.0f);
+  prog_init(&b, train, 2, eval, 1, 50.0f);
+  train_a_little(&a);
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, NULL), KS_OK);
+  ks_metric *ma = ks_metric_collection_get(ks_state_train_metrics(a.st), "MulticlassAccuracy");
+  ks_metric *mb = ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassAccuracy");
+  assert_non_null(ks_metric_computed(mb)); /* _computed restored: no recompute needed */
+  assert_int_equal(ks_metric_update_count(mb), ks_metric_update_count(ma));
+  assert_true(metric_value(b.st, "MulticlassAccuracy") == metric_value(a.st, "MulticlassAccuracy"));
+  assert_true(metric_value(b.st, "Loss") == 2.5);
+  assert_memory_equal(a.w, b.w, sizeof a.w);
+  assert_memory_equal(&a.rng, &b.rng, sizeof a.rng);
+  assert_int_equal(b.ts.batch, 1);
+  assert_int_equal(kind_of(rep, "state/train_metrics/MulticlassAccuracy"), KS_LOAD_LOADED);
+  assert_int_equal(kind_of(rep, "state/eval_metrics/eval/MulticlassConfusionMatrix"), KS_LOAD_LOADED);
+  assert_int_equal(kind_of(rep, "state/optimizers/AdamW"), KS_LOAD_LOADED);
+  assert_int_equal(ks_load_report_count_kind(rep, KS_LOAD_MISMATCHED), 0);
+  ks_load_report_free(rep);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+static void checkpoint_metric_the_program_lacks_is_skipped(void **s) {
+  (void)s;
+  mdef ta[] = {ACC, MEAN}, tb[] = {ACC};
+  prog a, b;
+  prog_init(&a, ta, 2, NULL, 0, 1.0f);
+  prog_init(&b, tb, 1, NULL, 0, 2.0f);
+  train_a_little(&a);
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, NULL), KS_OK);
+  assert_int_equal(kind_of(rep, "state/train_metrics/Loss"), KS_LOAD_SKIPPED);
+  assert_int_equal(kind_of(rep, "state/train_metrics/MulticlassAccuracy"), KS_LOAD_LOADED);
+  assert_int_equal(ks_metric_collection_count(ks_state_train_metrics(b.st)), 1);
+  ks_load_report_free(rep);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+static void program_metric_missing_from_checkpoint_keeps_defaults(void **s) {
+  (void)s;
+  mdef ta[] = {ACC}, tb[] = {ACC, F1};
+  prog a, b;
+  prog_init(&a, ta, 1, NULL, 0, 1.0f);
+  prog_init(&b, tb, 2, NULL, 0, 2.0f);
+  train_a_little(&a);
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, NULL), KS_OK);
+  assert_int_equal(kind_of(rep, "state/train_metrics/MulticlassF1Score"), KS_LOAD_MISSING);
+  ks_metric *f1 = ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassF1Score");
+  assert_int_equal(ks_metric_update_count(f1), 0);
+  assert_null(ks_metric_computed(f1));
+  ks_load_report_free(rep);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+static void to_old_schema(ks_statedict *sd, ks_meta *meta) {
+  const char *k = "state/train_metrics/Loss/state_dict/mean_value";
+  ks_tensor t = *ks_statedict_tensor(sd, k);
+  assert_int_equal(ks_statedict_set_tensor(sd, "state/train_metrics/Loss/state_dict/value", &t, KS_COPY), KS_OK);
+  assert_int_equal(ks_statedict_remove(sd, k), KS_OK);
+  json_t *j = json_loads(ks_meta_get(meta, "keepsake.metrics"), 0, NULL);
+  json_object_set_new(json_object_get(j, "state/train_metrics/Loss"), "schema_version", json_integer(1));
+  char *txt = json_dumps(j, JSON_COMPACT);
+  assert_int_equal(ks_meta_set(meta, "keepsake.metrics", txt), KS_OK);
+  free(txt);
+  json_decref(j);
+}
+
+static void renamed_state_old_schema_metric_is_migrated(void **s) {
+  (void)s;
+  mdef t[] = {MEAN};
+  prog a, b;
+  prog_init(&a, t, 1, NULL, 0, 1.0f);
+  prog_init(&b, t, 1, NULL, 0, 2.0f);
+  train_a_little(&a);
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, to_old_schema), KS_OK);
+  assert_int_equal(kind_of(rep, "state/train_metrics/Loss"), KS_LOAD_MIGRATED);
+  assert_true(metric_value(b.st, "Loss") == 2.5);
+  ks_load_report_free(rep);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+static void changed_num_classes_is_reported_and_left_at_defaults(void **s) {
+  (void)s;
+  mdef ta[] = {ACC}, tb[] = {ACC12};
+  prog a, b;
+  prog_init(&a, ta, 1, NULL, 0, 1.0f);
+  prog_init(&b, tb, 1, NULL, 0, 2.0f);
+  train_a_little(&a);
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, NULL), KS_OK);
+  const ks_load_item *it = ks_load_report_find(rep, "state/train_metrics/MulticlassAccuracy");
+  assert_non_null(it);
+  assert_int_equal(it->kind, KS_LOAD_MISMATCHED);
+  assert_non_null(strstr(it->reason, "num_classes"));
+  ks_metric *m = ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassAccuracy");
+  assert_int_equal(ks_metric_update_count(m), 0);
+  ks_load_report_free(rep);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+static void drop_meta(ks_statedict *sd, ks_meta *meta) {
+  (void)sd;
+  assert_int_equal(ks_meta_set(meta, "keepsake.metrics", "{}"), KS_OK);
+}
+
+/* Without class/args metadata (e.g. a converted Composer file) the shapes still catch 10 -> 12. */
+static void changed_num_classes_without_metadata_is_caught_by_shape(void **s) {
+  (void)s;
+  mdef ta[] = {ACC}, tb[] = {ACC12};
+  prog a, b;
+  prog_init(&a, ta, 1, NULL, 0, 1.0f);
+  prog_init(&b, tb, 1, NULL, 0, 2.0f);
+  train_a_little(&a);
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, drop_meta), KS_OK);
+  assert_int_equal(kind_of(rep, "state/train_metrics/MulticlassAccuracy"), KS_LOAD_MISMATCHED);
+  assert_int_equal(ks_metric_update_count(ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassAccuracy")), 0);
+  ks_load_report_free(rep);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+static void store_as(ks_statedict *sd, ks_dtype dt) {
+  const char *keys[] = {"state/train_metrics/Loss/state_dict/mean_value", "state/train_metrics/Loss/state_dict/weight"};
+  for (int i = 0; i < 2; i++) {
+    const ks_tensor *t = ks_statedict_tensor(sd, keys[i]);
+    double v = ks_dtype_get_f64(t->dtype, t->data, 0);
+    void *data;
+    assert_int_equal(ks_statedict_new_tensor(sd, keys[i], dt, 0, NULL, &data), KS_OK);
+    ks_dtype_set_f64(dt, data, 0, v);
+  }
+}
+static void to_f16(ks_statedict *sd, ks_meta *m) { (void)m; store_as(sd, KS_F16); }
+static void to_f64(ks_statedict *sd, ks_meta *m) { (void)m; store_as(sd, KS_F64); }
+
+static void f16_stored_states_are_widened_and_narrowing_is_refused(void **s) {
+  (void)s;
+  mdef t[] = {MEAN};
+  prog a, b, c, d;
+  prog_init(&a, t, 1, NULL, 0, 1.0f);
+  prog_init(&b, t, 1, NULL, 0, 2.0f);
+  prog_init(&c, t, 1, NULL, 0, 3.0f);
+  prog_init(&d, t, 1, NULL, 0, 4.0f);
+  train_a_little(&a);
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, to_f16), KS_OK);
+  assert_int_equal(kind_of(rep, "state/train_metrics/Loss"), KS_LOAD_CONVERTED);
+  ks_tensor cur;
+  assert_int_equal(ks_metric_state_info(ks_metric_collection_get(ks_state_train_metrics(b.st), "Loss"), 0, NULL, NULL, &cur), KS_OK);
+  assert_int_equal(cur.dtype, KS_F32); /* the declared dtype is kept */
+  assert_true(metric_value(b.st, "Loss") == 2.5);
+  ks_load_report_clear(rep);
+  assert_int_equal(transfer(&a, &c, NULL, rep, NULL, NULL, to_f64), KS_OK);
+  assert_int_equal(kind_of(rep, "state/train_metrics/Loss"), KS_LOAD_MISMATCHED);
+  ks_load_report_clear(rep);
+  ks_load_opts o = {.allow_narrowing = 1};
+  assert_int_equal(transfer(&a, &d, &o, rep, NULL, NULL, to_f64), KS_OK);
+  assert_int_equal(kind_of(rep, "state/train_metrics/Loss"), KS_LOAD_CONVERTED);
+  ks_load_report_free(rep);
+  prog_free(&a);
+  prog_free(&b);
+  prog_free(&c);
+  prog_free(&d);
+}
+
+static void ignore_globs_leave_components_untouched(void **s) {
+  (void)s;
+  mdef t[] = {ACC};
+  prog a, b;
+  prog_init(&a, t, 1, NULL, 0, 1.0f);
+  prog_init(&b, t, 1, NULL, 0, 2.0f);
+  train_a_little(&a);
+  ks_rng rng_before = b.rng;
+  const char *ignore[] = {"rng", "state/optimizers/*", "*_wct"};
+  ks_load_opts o = {.ignore = ignore, .n_ignore = 3};
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  b.ts.total_wct = 123.0;
+  assert_int_equal(transfer(&a, &b, &o, rep, NULL, NULL, NULL), KS_OK);
+  assert_memory_equal(&b.rng, &rng_before, sizeof b.rng);
+  assert_int_equal(kind_of(rep, "rng/0"), KS_LOAD_SKIPPED);
+  assert_int_equal(kind_of(rep, "state/optimizers/AdamW"), KS_LOAD_SKIPPED);
+  assert_int_equal(kind_of(rep, "state/timestamp/Timestamp"), KS_LOAD_LOADED);
+  assert_true(b.ts.total_wct == 123.0);
+  assert_int_equal(b.ts.batch, 1);
+  assert_memory_equal(a.w, b.w, sizeof a.w);
+  ks_load_report_free(rep);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+static void weights_only_loads_the_model_alone(void **s) {
+  (void)s;
+  mdef t[] = {ACC};
+  prog a, b;
+  prog_init(&a, t, 1, NULL, 0, 1.0f);
+  prog_init(&b, t, 1, NULL, 0, 2.0f);
+  train_a_little(&a);
+  ks_load_opts o = {.weights_only = 1};
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(transfer(&a, &b, &o, rep, NULL, NULL, NULL), KS_OK);
+  assert_memory_equal(a.w, b.w, sizeof a.w);
+  assert_int_equal(b.ts.batch, 0);
+  assert_int_equal(ks_metric_update_count(ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassAccuracy")), 0);
+  assert_int_equal(kind_of(rep, "state/model"), KS_LOAD_LOADED);
+  assert_int_equal(kind_of(rep, "state/optimizers/AdamW"), KS_LOAD_SKIPPED);
+  assert_int_equal(kind_of(rep, "state/train_metrics"), KS_LOAD_SKIPPED);
+  ks_load_report_free(rep);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+static void strict_model_mismatch_fails_and_changes_nothing(void **s) {
+  (void)s;
+  mdef t[] = {ACC};
+  prog a, b;
+  prog_init(&a, t, 1, NULL, 0, 1.0f);
+  prog_init_shape(&b, t, 1, NULL, 0, 2.0f, 3, 2); /* same bytes, different shape */
+  float bias_before[3];
+  memcpy(bias_before, b.b, sizeof bias_before);
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, NULL), KS_E_SHAPE);
+  assert_memory_equal(b.b, bias_before, sizeof bias_before); /* nothing written, not even the matching bias */
+  ks_load_report_clear(rep);
+  ks_load_opts o = {.non_strict_model = 1};
+  assert_int_equal(transfer(&a, &b, &o, rep, NULL, NULL, NULL), KS_OK);
+  assert_int_equal(kind_of(rep, "state/model/fc.weight"), KS_LOAD_MISMATCHED);
+  assert_memory_equal(b.b, a.b, sizeof a.b);
+  ks_load_report_free(rep);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+static void strict_model_rejects_unexpected_keys(void **s) {
+  (void)s;
+  mdef t[] = {ACC};
+  prog a, b;
+  prog_init(&a, t, 1, NULL, 0, 1.0f);
+  prog_init(&b, t, 1, NULL, 0, 2.0f);
+  float extra[2] = {1, 2};
+  int64_t es[1] = {2};
+  ks_tensor et;
+  ks_tensor_init(&et, KS_F32, 1, es, extra);
+  assert_int_equal(ks_state_add_tensor(a.st, "head.bias", &et), KS_OK);
+  assert_int_equal(transfer(&a, &b, NULL, NULL, NULL, NULL, NULL), KS_E_MISMATCH);
+  ks_load_opts o = {.non_strict_model = 1};
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(transfer(&a, &b, &o, rep, NULL, NULL, NULL), KS_OK);
+  assert_int_equal(kind_of(rep, "state/model/head.bias"), KS_LOAD_SKIPPED);
+  ks_load_report_free(rep);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+static void state_flattens_to_composer_layout_with_metric_metadata(void **s) {
+  (void)s;
+  mdef t[] = {ACC}, e[] = {CONF};
+  prog a;
+  prog_init(&a, t, 1, e, 1, 1.0f);
+  train_a_little(&a);
+  ks_statedict *sd;
+  ks_meta *meta;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, &meta), KS_OK);
+  assert_int_equal(ks_state_to_state_dict(a.st, sd, meta, NULL), KS_OK);
+  const char *keys[] = {"state/model/fc.weight", "state/optimizers/AdamW/state/0/exp_avg",
+                        "state/optimizers/AdamW/param_groups/0/lr", "state/timestamp/Timestamp/batch",
+                        "state/timestamp/Timestamp/total_wct", "state/train_metrics/MulticlassAccuracy/state_dict/tp",
+                        "state/train_metrics/MulticlassAccuracy/_computed",
+                        "state/eval_metrics/eval/MulticlassConfusionMatrix/state_dict/confmat",
+                        "state/eval_metrics/eval/MulticlassConfusionMatrix/_computed", "state/rank_zero_seed",
+                        "state/run_name", "rng/0/xoshiro256starstar"};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    ks_entry en;
+    if (ks_statedict_get(sd, keys[i], &en) != KS_OK) fail_msg("missing %s", keys[i]);
+  }
+  ks_entry en;
+  assert_int_equal(ks_statedict_get(sd, "state/eval_metrics/eval/MulticlassConfusionMatrix/_computed", &en), KS_OK);
+  assert_int_equal(en.kind, KS_VAL_NULL); /* never computed: None */
+  json_t *j = json_loads(ks_meta_get(meta, "keepsake.metrics"), 0, NULL);
+  json_t *m = json_object_get(j, "state/train_metrics/MulticlassAccuracy");
+  assert_string_equal(json_string_value(json_object_get(m, "class")), "MulticlassAccuracy");
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(m, "args"), "num_classes")), 10);
+  assert_int_equal(json_integer_value(json_object_get(m, "update_count")), 3);
+  assert_int_equal(json_integer_value(json_object_get(m, "schema_version")), KS_METRIC_SCHEMA_VERSION);
+  json_decref(j);
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  prog_free(&a);
+}
+
+static void save_and_load_survive_every_allocation_failure(void **s) {
+  (void)s;
+  mdef t[] = {ACC}, e[] = {CONF};
+  prog a, b;
+  prog_init(&a, t, 1, e, 1, 1.0f);
+  prog_init(&b, t, 1, e, 1, 2.0f);
+  train_a_little(&a);
+  ks_statedict *src;
+  ks_meta *meta;
+  assert_int_equal(ks_statedict_create(NULL, &src), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, &meta), KS_OK);
+  assert_int_equal(ks_state_to_state_dict(a.st, src, meta, NULL), KS_OK);
+  for (long n = 1;; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_statedict *sd = NULL;
+    ks_meta *m2 = NULL;
+    ks_load_report *rep = NULL;
+    ks_status st = ks_statedict_create(&ta.a, &sd);
+    if (!st) st = ks_meta_create(&ta.a, &m2);
+    if (!st) st = ks_state_to_state_dict(a.st, sd, m2, NULL);
+    if (!st) st = ks_load_report_create(&ta.a, &rep);
+    if (!st) st = ks_state_load_state_dict(b.st, src, meta, NULL, rep, NULL);
+    ks_load_report_free(rep);
+    ks_meta_free(m2);
+    ks_statedict_free(sd);
+    assert_int_equal(ta.live, 0);
+    if (st == KS_OK) break;
+    assert_int_equal(st, KS_E_NOMEM);
+  }
+  assert_true(metric_value(b.st, "MulticlassAccuracy") == metric_value(a.st, "MulticlassAccuracy"));
+  ks_meta_free(meta);
+  ks_statedict_free(src);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(load_fills_metrics_so_compute_works_at_once),
+      cmocka_unit_test(checkpoint_metric_the_program_lacks_is_skipped),
+      cmocka_unit_test(program_metric_missing_from_checkpoint_keeps_defaults),
+      cmocka_unit_test(renamed_state_old_schema_metric_is_migrated),
+      cmocka_unit_test(changed_num_classes_is_reported_and_left_at_defaults),
+      cmocka_unit_test(changed_num_classes_without_metadata_is_caught_by_shape),
+      cmocka_unit_test(f16_stored_states_are_widened_and_narrowing_is_refused),
+      cmocka_unit_test(ignore_globs_leave_components_untouched),
+      cmocka_unit_test(weights_only_loads_the_model_alone),
+      cmocka_unit_test(strict_model_mismatch_fails_and_changes_nothing),
+      cmocka_unit_test(strict_model_rejects_unexpected_keys),
+      cmocka_unit_test(state_flattens_to_composer_layout_with_metric_metadata),
+      cmocka_unit_test(save_and_load_survive_every_allocation_failure),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,261 @@
+/* The PyTorch bridge against the shared torch.save and Composer fixtures. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "keepsake/keepsake.h"
+#include "keepsake/torch.h"
+#include "testutil.h"
+
+#define FIX KS_SHARED_DIR "/fixtures/"
+
+static int value_matches(const ks_tensor *t, size_t i, const json_t *v) {
+  if (json_is_string(v)) {
+    double d = ks_dtype_get_f64(t->dtype, t->data, i);
+    const char *s = json_string_value(v);
+    if (!strcmp(s, "nan")) return isnan(d);
+    return !strcmp(s, "inf") ? d == INFINITY : !strcmp(s, "-inf") ? d == -INFINITY : 0;
+  }
+  if (json_is_boolean(v)) return ks_dtype_get_i64(t->dtype, t->data, i) == (json_is_true(v) ? 1 : 0);
+  if (json_is_integer(v) && !ks_dtype_is_float(t->dtype))
+    return ks_dtype_get_i64(t->dtype, t->data, i) == json_integer_value(v);
+  return ks_dtype_get_f64(t->dtype, t->data, i) == json_number_value(v);
+}
+
+static int tensor_matches(const char *key, const ks_entry *e, const json_t *spec) {
+  const ks_tensor *t = &e->tensor;
+  const json_t *shape = json_object_get(spec, "shape"), *data = json_object_get(spec, "data");
+  if (e->kind != KS_VAL_TENSOR || strcmp(ks_dtype_name(t->dtype), json_string_value(json_object_get(spec, "dtype")))) {
+    fprintf(stderr, "%s: kind/dtype differs\n", key);
+    return 0;
+  }
+  if ((size_t)t->rank != json_array_size(shape)) return fprintf(stderr, "%s: rank differs\n", key), 0;
+  for (int d = 0; d < t->rank; d++)
+    if (t->shape[d] != json_integer_value(json_array_get(shape, (size_t)d))) return fprintf(stderr, "%s: shape\n", key), 0;
+  if (ks_tensor_numel(t) != json_array_size(data)) return fprintf(stderr, "%s: numel differs\n", key), 0;
+  for (size_t i = 0; i < json_array_size(data); i++)
+    if (!value_matches(t, i, json_array_get(data, i))) return fprintf(stderr, "%s[%zu] differs\n", key, i), 0;
+  return 1;
+}
+
+static int scalar_matches(const ks_entry *e, const json_t *v) {
+  switch (json_typeof(v)) {
+    case JSON_NULL: return e->kind == KS_VAL_NULL;
+    case JSON_TRUE:
+    case JSON_FALSE: return e->kind == KS_VAL_BOOL && e->i == json_is_true(v);
+    case JSON_INTEGER: return e->kind == KS_VAL_INT && e->i == json_integer_value(v);
+    case JSON_REAL: return e->kind == KS_VAL_FLOAT && e->f == json_real_value(v);
+    case JSON_STRING: return e->kind == KS_VAL_STRING && !strcmp(e->s, json_string_value(v));
+    default: return 0;
+  }
+}
+
+/* Every entry of <fixture>.expected.json is in sd with the right dtype, shape and values. */
+static size_t expect_entries(const ks_statedict *sd, const char *json_path) {
+  json_error_t jerr;
+  json_t *root = json_load_file(json_path, JSON_REJECT_DUPLICATES, &jerr);
+  assert_non_null(root);
+  const char *key;
+  json_t *spec;
+  size_t bad = 0, n = 0;
+  json_object_foreach(json_object_get(root, "entries"), key, spec) {
+    ks_entry e;
+    n++;
+    if (ks_statedict_get(sd, key, &e) != KS_OK) {
+      fprintf(stderr, "missing: %s\n", key);
+      bad++;
+    } else if (json_object_get(spec, "dtype") ? !tensor_matches(key, &e, spec)
+                                                : !scalar_matches(&e, json_object_get(spec, "scalar"))) {
+      fprintf(stderr, "wrong value: %s\n", key);
+      bad++;
+    }
+  }
+  json_decref(root);
+  assert_int_equal(bad, 0);
+  return n;
+}
+
+static void check_fixture(const char *name, int composer) {
+  char pt[512], js[512];
+  snprintf(pt, sizeof pt, FIX "%s.pt", name);
+  snprintf(js, sizeof js, FIX "%s.expected.json", name);
+  ks_statedict *sd, *norm = NULL;
+  ks_error err;
+  assert_int_equal(ks_torch_load(pt, NULL, &sd, &err), KS_OK);
+  if (composer) assert_int_equal(ks_composer_normalize(sd, KS_BORROW, &norm, NULL, &err), KS_OK);
+  assert_true(expect_entries(norm ? norm : sd, js) > 0);
+  ks_statedict_free(norm);
+  ks_statedict_free(sd);
+}
+
+static void reads_every_dtype_view_and_special_value(void **s) {
+  (void)s;
+  check_fixture("torch/tensors", 0);
+}
+
+static void reads_module_and_optimizer_state_dicts(void **s) {
+  (void)s;
+  check_fixture("torch/mlp_state_dict", 0);
+  check_fixture("torch/adamw_state_dict", 0);
+}
+
+static void reads_composer_checkpoints_of_both_metric_layouts(void **s) {
+  (void)s;
+  check_fixture("composer/composer-0.14-dict-metrics", 1);
+  check_fixture("composer/composer-0.13.5-pickled-metrics", 1);
+}
+
+static void malicious_payload_is_kept_inert_and_never_runs(void **s) {
+  (void)s;
+  const char *side_effect = "/tmp/keepsake-pwned"; /* what `posix.system` in the pickle would create */
+  unlink(side_effect);
+  ks_statedict *sd;
+  ks_error err;
+  assert_int_equal(ks_torch_load(FIX "torch/malicious.pt", NULL, &sd, &err), KS_OK);
+  assert_false(ks_test_exists(side_effect));
+  ks_entry e;
+  assert_int_equal(ks_statedict_get(sd, "payload/__class__", &e), KS_OK);
+  assert_string_equal(e.s, "posix.system");
+  expect_entries(sd, FIX "torch/malicious.expected.json");
+  ks_statedict_free(sd);
+  assert_false(ks_test_exists(side_effect));
+}
+
+static void contiguous_tensors_are_views_into_the_mapping(void **s) {
+  (void)s;
+  ks_statedict *sd;
+  assert_int_equal(ks_torch_load(FIX "torch/tensors.pt", NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_tensor(sd, "f32")->ownership, KS_MAPPED);
+  ks_statedict_free(sd);
+}
+
+static void buffer_input_gives_the_same_entries_and_outlives_the_buffer(void **s) {
+  (void)s;
+  size_t len;
+  uint8_t *buf = ks_test_read_file(FIX "torch/tensors.pt", &len);
+  assert_non_null(buf);
+  ks_statedict *sd;
+  assert_int_equal(ks_torch_load_buffer(buf, len, NULL, &sd, NULL), KS_OK);
+  memset(buf, 0, len);
+  free(buf);
+  expect_entries(sd, FIX "torch/tensors.expected.json");
+  ks_statedict_free(sd);
+}
+
+static void every_truncation_is_refused_without_crashing(void **s) {
+  (void)s;
+  size_t len;
+  uint8_t *buf = ks_test_read_file(FIX "torch/malicious.pt", &len);
+  assert_non_null(buf);
+  for (size_t n = 0; n < len; n++) {
+    ks_statedict *sd = NULL;
+    ks_error err;
+    uint8_t *copy = malloc(n ? n : 1);
+    memcpy(copy, buf, n);
+    assert_int_not_equal(ks_torch_load_buffer(copy, n, NULL, &sd, &err), KS_OK);
+    assert_null(sd);
+    free(copy);
+  }
+  free(buf);
+}
+
+static void random_corruption_is_an_error_or_data_never_a_crash(void **s) {
+  (void)s;
+  size_t len;
+  uint8_t *orig = ks_test_read_file(FIX "torch/tensors.pt", &len);
+  assert_non_null(orig);
+  uint8_t *buf = malloc(len);
+  uint32_t rng = 12345;
+  for (int round = 0; round < 3000; round++) {
+    memcpy(buf, orig, len);
+    for (int k = 0; k < 4; k++) {
+      rng = rng * 1664525u + 1013904223u;
+      size_t at = (rng >> 8) % 1600; /* mostly data.pkl, the densest part */
+      rng = rng * 1664525u + 1013904223u;
+      buf[at] = (uint8_t)(rng >> 24);
+    }
+    ks_statedict *sd = NULL;
+    ks_status st = ks_torch_load_buffer(buf, len, NULL, &sd, NULL);
+    assert_true(st == KS_OK ? sd != NULL : sd == NULL);
+    ks_statedict_free(sd);
+  }
+  free(buf);
+  free(orig);
+}
+
+static void crc_verification_catches_a_flipped_storage_byte(void **s) {
+  (void)s;
+  size_t len;
+  uint8_t *buf = ks_test_read_file(FIX "torch/malicious.pt", &len);
+  assert_non_null(buf);
+  /* data/0 holds the 8 bytes of model/w; its data follows the 64-byte aligned local header */
+  const uint8_t one[4] = {0, 0, 0x80, 0x3f};
+  uint8_t *w = NULL;
+  for (size_t i = 0; !w && i + 4 <= len; i++)
+    if (!memcmp(buf + i, one, 4)) w = buf + i;
+  assert_non_null(w);
+  w[0] ^= 1;
+  ks_statedict *sd;
+  ks_error err;
+  ks_torch_read_opts o = {0};
+  o.verify_crc = 1;
+  assert_int_equal(ks_torch_load_buffer(buf, len, &o, &sd, &err), KS_E_CHECKSUM);
+  assert_non_null(strstr(err.key, "data/0"));
+  assert_int_equal(ks_torch_load_buffer(buf, len, NULL, &sd, &err), KS_OK);
+  ks_statedict_free(sd);
+  free(buf);
+}
+
+static void allocation_failures_return_nomem_and_leak_nothing(void **s) {
+  (void)s;
+  size_t len;
+  uint8_t *buf = ks_test_read_file(FIX "composer/composer-0.13.5-pickled-metrics.pt", &len);
+  assert_non_null(buf);
+  for (long n = 1;; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_torch_read_opts o = {0};
+    o.alloc = &ta.a;
+    ks_statedict *sd = NULL, *norm = NULL;
+    char *json = NULL;
+    ks_status st = ks_torch_load_buffer(buf, len, &o, &sd, NULL);
+    if (st == KS_OK) st = ks_composer_normalize(sd, KS_COPY, &norm, &json, NULL);
+    if (st == KS_OK) {
+      assert_non_null(json);
+      ks_torch_free(&ta.a, json);
+      ks_statedict_free(norm);
+      ks_statedict_free(sd);
+      assert_int_equal(ta.live, 0);
+      break;
+    }
+    assert_int_equal(st, KS_E_NOMEM);
+    ks_statedict_free(sd);
+    assert_int_equal(ta.live, 0);
+  }
+  free(buf);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(reads_every_dtype_view_and_special_value),
+      cmocka_unit_test(reads_module_and_optimizer_state_dicts),
+      cmocka_unit_test(reads_composer_checkpoints_of_both_metric_layouts),
+      cmocka_unit_test(malicious_payload_is_kept_inert_and_never_runs),
+      cmocka_unit_test(contiguous_tensors_are_views_into_the_mapping),
+      cmocka_unit_test(buffer_input_gives_the_same_entries_and_outlives_the_buffer),
+      cmocka_unit_test(every_truncation_is_refused_without_crashing),
+      cmocka_unit_test(random_corruption_is_an_error_or_data_never_a_crash),
+      cmocka_unit_test(crc_verification_catches_a_flipped_storage_byte),
+      cmocka_unit_test(allocation_failures_return_nomem_and_leak_nothing),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

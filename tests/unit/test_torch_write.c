@@ -1,0 +1,259 @@
+/* The torch.save-compatible writer, the zip container it produces, and Composer metric mapping. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "keepsake/keepsake.h"
+#include "keepsake/torch.h"
+#include "testutil.h"
+#include "torch/torch_internal.h"
+
+static ks_statedict *sample(const ks_allocator *a) {
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(a, &sd), KS_OK);
+  int64_t s23[2] = {2, 3}, s0[2] = {0, 4}, s4[1] = {4};
+  float *f;
+  assert_int_equal(ks_statedict_new_tensor(sd, "model/w", KS_F32, 2, s23, (void **)&f), KS_OK);
+  for (int i = 0; i < 6; i++) f[i] = (float)i - 2.5f;
+  uint16_t *h;
+  assert_int_equal(ks_statedict_new_tensor(sd, "model/h", KS_BF16, 1, s4, (void **)&h), KS_OK);
+  for (int i = 0; i < 4; i++) h[i] = ks_f32_to_bf16((float)i * 0.5f);
+  uint32_t *u;
+  assert_int_equal(ks_statedict_new_tensor(sd, "rng/numpy", KS_U32, 1, s4, (void **)&u), KS_OK);
+  u[3] = 0xFFFFFFFFu;
+  assert_int_equal(ks_statedict_new_tensor(sd, "empty", KS_I64, 2, s0, NULL), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "flag", KS_BOOL, 0, NULL, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "step", -5000000000LL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "opt/lr", 0.001), KS_OK);
+  assert_int_equal(ks_statedict_set_bool(sd, "opt/amsgrad", 1), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "run_name", "r\xc3\xa9sum\xc3\xa9"), KS_OK);
+  assert_int_equal(ks_statedict_set_null(sd, "opt/foreach"), KS_OK);
+  return sd;
+}
+
+static void written_file_reads_back_with_every_value(void **s) {
+  (void)s;
+  ks_statedict *sd = sample(NULL), *back;
+  void *buf;
+  size_t len;
+  ks_error err;
+  assert_int_equal(ks_torch_save_buffer(sd, NULL, &buf, &len, &err), KS_OK);
+  assert_int_equal(ks_torch_load_buffer(buf, len, NULL, &back, &err), KS_OK);
+  const ks_tensor *w = ks_statedict_tensor(back, "model/w"), *u = ks_statedict_tensor(back, "rng/numpy");
+  assert_non_null(w);
+  assert_memory_equal(w->data, ks_statedict_tensor(sd, "model/w")->data, 24);
+  assert_int_equal(u->dtype, KS_I64); /* torch has no uint32: widened */
+  assert_int_equal(((const int64_t *)u->data)[3], 0xFFFFFFFFLL);
+  assert_int_equal(ks_statedict_tensor(back, "empty")->shape[0], 0);
+  assert_int_equal(ks_statedict_tensor(back, "flag")->rank, 0);
+  const ks_tensor *lr = ks_statedict_tensor(back, "opt/lr"); /* floats travel as 0-d F64 tensors */
+  assert_true(lr && lr->dtype == KS_F64 && lr->rank == 0 && *(const double *)lr->data == 0.001);
+  ks_entry e;
+  assert_int_equal(ks_statedict_get(back, "step", &e), KS_OK);
+  assert_int_equal(e.i, -5000000000LL);
+  assert_int_equal(ks_statedict_get(back, "run_name", &e), KS_OK);
+  assert_string_equal(e.s, "r\xc3\xa9sum\xc3\xa9");
+  assert_int_equal(ks_statedict_get(back, "opt/amsgrad", &e), KS_OK);
+  assert_int_equal(e.kind, KS_VAL_BOOL);
+  assert_int_equal(ks_statedict_get(back, "opt/foreach", &e), KS_OK);
+  assert_int_equal(e.kind, KS_VAL_NULL);
+  ks_statedict_free(back);
+  ks_torch_free(NULL, buf);
+  ks_statedict_free(sd);
+}
+
+static void storages_are_64_byte_aligned_and_crcs_verify(void **s) {
+  (void)s;
+  ks_statedict *sd = sample(NULL), *back;
+  void *buf;
+  size_t len;
+  ks_torch_write_opts wo = {0};
+  wo.root = "ckpt";
+  assert_int_equal(ks_torch_save_buffer(sd, &wo, &buf, &len, NULL), KS_OK);
+  ks__zip *z;
+  assert_int_equal(ks__zip_open_buffer(buf, len, NULL, &z, NULL), KS_OK);
+  assert_string_equal(ks__zip_root(z), "ckpt/");
+  for (size_t i = 0; i < ks__zip_count(z); i++) assert_int_equal(ks__zip_at(z, i)->data_off % 64, 0);
+  ks__zip_free(z);
+  ks_torch_read_opts ro = {0};
+  ro.verify_crc = 1;
+  assert_int_equal(ks_torch_load_buffer(buf, len, &ro, &back, NULL), KS_OK);
+  ks_statedict_free(back);
+  ks_torch_free(NULL, buf);
+  ks_statedict_free(sd);
+}
+
+static void zip64_records_are_written_and_read(void **s) {
+  (void)s;
+  ks_statedict *sd = sample(NULL), *back;
+  void *buf;
+  size_t len;
+  ks_torch_write_opts wo = {0};
+  wo.force_zip64 = 1;
+  assert_int_equal(ks_torch_save_buffer(sd, &wo, &buf, &len, NULL), KS_OK);
+  const uint8_t sig[4] = {0x50, 0x4b, 0x06, 0x06};
+  int found = 0;
+  for (size_t i = 0; i + 4 <= len; i++) found |= !memcmp((uint8_t *)buf + i, sig, 4);
+  assert_true(found);
+  ks_torch_read_opts ro = {0};
+  ro.verify_crc = 1;
+  assert_int_equal(ks_torch_load_buffer(buf, len, &ro, &back, NULL), KS_OK);
+  assert_int_equal(ks_statedict_count(back), ks_statedict_count(sd));
+  ks_statedict_free(back);
+  ks_torch_free(NULL, buf);
+  ks_statedict_free(sd);
+}
+
+static void compressed_entries_are_refused_clearly(void **s) {
+  (void)s;
+  ks_statedict *sd = sample(NULL), *back;
+  uint8_t *buf;
+  size_t len;
+  assert_int_equal(ks_torch_save_buffer(sd, NULL, (void **)&buf, &len, NULL), KS_OK);
+  for (size_t i = 0; i + 46 <= len; i++) /* mark every central entry as deflated */
+    if (ks__le32(buf + i) == 0x02014b50u) ks__put_le16(buf + i + 10, 8);
+  ks_error err;
+  assert_int_equal(ks_torch_load_buffer(buf, len, NULL, &back, &err), KS_E_UNSUPPORTED);
+  assert_non_null(strstr(err.message, "compressed"));
+  ks_torch_free(NULL, buf);
+  ks_statedict_free(sd);
+}
+
+static void a_name_that_is_both_value_and_folder_is_refused(void **s) {
+  (void)s;
+  ks_statedict *sd;
+  ks_statedict_create(NULL, &sd);
+  ks_statedict_set_int(sd, "a", 1);
+  ks_statedict_set_int(sd, "a/b", 2);
+  void *buf;
+  size_t len;
+  ks_error err;
+  assert_int_equal(ks_torch_save_buffer(sd, NULL, &buf, &len, &err), KS_E_INVALID);
+  assert_non_null(strstr(err.message, "both a value and a folder"));
+  ks_statedict_free(sd);
+}
+
+static void fp8_tensors_are_refused(void **s) {
+  (void)s;
+  ks_statedict *sd;
+  ks_statedict_create(NULL, &sd);
+  int64_t n = 2;
+  ks_statedict_new_tensor(sd, "q", KS_F8_E4M3, 1, &n, NULL);
+  void *buf;
+  size_t len;
+  assert_int_equal(ks_torch_save_buffer(sd, NULL, &buf, &len, NULL), KS_E_DTYPE);
+  ks_statedict_free(sd);
+}
+
+static void save_to_a_path_replaces_the_file(void **s) {
+  (void)s;
+  char *dir = ks_test_tmpdir("torchsave"), *path = ks_test_path(dir, "x.pt");
+  ks_test_write_file(path, "old", 3);
+  ks_statedict *sd = sample(NULL), *back;
+  ks_torch_write_opts wo = {0};
+  wo.no_fsync = 1;
+  assert_int_equal(ks_torch_save(path, sd, &wo, NULL), KS_OK);
+  assert_int_equal(ks_torch_load(path, NULL, &back, NULL), KS_OK);
+  assert_int_equal(ks_statedict_count(back), ks_statedict_count(sd));
+  ks_statedict_free(back);
+  ks_statedict_free(sd);
+  ks_test_rmtree(dir);
+  free(path);
+  free(dir);
+}
+
+static void writer_allocation_failures_return_nomem_and_leak_nothing(void **s) {
+  (void)s;
+  ks_statedict *sd = sample(NULL);
+  for (long n = 1;; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_torch_write_opts wo = {0};
+    wo.alloc = &ta.a;
+    void *buf = NULL;
+    size_t len;
+    ks_status st = ks_torch_save_buffer(sd, &wo, &buf, &len, NULL);
+    if (st == KS_OK) {
+      ks_torch_free(&ta.a, buf);
+      assert_int_equal(ta.live, 0);
+      break;
+    }
+    assert_int_equal(st, KS_E_NOMEM);
+    assert_int_equal(ta.live, 0);
+  }
+  ks_statedict_free(sd);
+}
+
+static void composer_list_states_are_concatenated(void **s) {
+  (void)s;
+  ks_statedict *flat, *out;
+  ks_statedict_create(NULL, &flat);
+  const char *r = "state/eval_metrics/val/BinaryAUROC/";
+  char k[256];
+  snprintf(k, sizeof k, "%s__class__", r), ks_statedict_set_string(flat, k, "torchmetrics.classification.auroc.BinaryAUROC");
+  snprintf(k, sizeof k, "%s_persistent/preds", r), ks_statedict_set_bool(flat, k, 1);
+  snprintf(k, sizeof k, "%s_update_count", r), ks_statedict_set_int(flat, k, 2);
+  snprintf(k, sizeof k, "%smax_fpr", r), ks_statedict_set_null(flat, k);
+  int64_t n2 = 2, n3 = 3;
+  float *a, *b;
+  snprintf(k, sizeof k, "%spreds/0", r), ks_statedict_new_tensor(flat, k, KS_F32, 1, &n2, (void **)&a);
+  snprintf(k, sizeof k, "%spreds/1", r), ks_statedict_new_tensor(flat, k, KS_F32, 1, &n3, (void **)&b);
+  a[0] = 1, a[1] = 2, b[0] = 3, b[1] = 4, b[2] = 5;
+  ks_statedict_set_int(flat, "state/rank_zero_seed", 7);
+  char *json;
+  assert_int_equal(ks_composer_normalize(flat, KS_COPY, &out, &json, NULL), KS_OK);
+  snprintf(k, sizeof k, "%sstate_dict/preds", r);
+  const ks_tensor *t = ks_statedict_tensor(out, k);
+  assert_true(t && t->shape[0] == 5 && ((const float *)t->data)[4] == 5);
+  ks_entry e;
+  snprintf(k, sizeof k, "%s_computed", r);
+  assert_int_equal(ks_statedict_get(out, k, &e), KS_OK);
+  assert_int_equal(e.kind, KS_VAL_NULL);
+  assert_int_equal(ks_statedict_get(out, "state/rank_zero_seed", &e), KS_OK);
+  snprintf(k, sizeof k, "%s_update_count", r);
+  assert_int_not_equal(ks_statedict_get(out, k, &e), KS_OK); /* object attributes are not carried over */
+  assert_non_null(strstr(json, "\"layout\":\"pickled-object\""));
+  assert_non_null(strstr(json, "\"label\":\"val\""));
+  assert_non_null(strstr(json, "\"update_count\":2"));
+  assert_non_null(strstr(json, "\"max_fpr\":null"));
+  ks_torch_free(NULL, json);
+  ks_statedict_free(out);
+  ks_statedict_free(flat);
+}
+
+static void composer_state_dict_layout_passes_through(void **s) {
+  (void)s;
+  ks_statedict *sd, *out;
+  char *json;
+  assert_int_equal(ks_torch_load(KS_SHARED_DIR "/fixtures/composer/composer-0.14-dict-metrics.pt", NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_composer_normalize(sd, KS_BORROW, &out, &json, NULL), KS_OK);
+  assert_int_equal(ks_statedict_count(out), ks_statedict_count(sd));
+  assert_non_null(strstr(json, "\"layout\":\"state-dict\""));
+  assert_non_null(strstr(json, "\"states\":[\"mean_value\",\"weight\"]"));
+  assert_non_null(strstr(json, "\"class\":null"));
+  ks_torch_free(NULL, json);
+  ks_statedict_free(out);
+  ks_statedict_free(sd);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(written_file_reads_back_with_every_value),
+      cmocka_unit_test(storages_are_64_byte_aligned_and_crcs_verify),
+      cmocka_unit_test(zip64_records_are_written_and_read),
+      cmocka_unit_test(compressed_entries_are_refused_clearly),
+      cmocka_unit_test(a_name_that_is_both_value_and_folder_is_refused),
+      cmocka_unit_test(fp8_tensors_are_refused),
+      cmocka_unit_test(save_to_a_path_replaces_the_file),
+      cmocka_unit_test(writer_allocation_failures_return_nomem_and_leak_nothing),
+      cmocka_unit_test(composer_list_states_are_concatenated),
+      cmocka_unit_test(composer_state_dict_layout_passes_through),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

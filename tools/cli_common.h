@@ -1,0 +1,65 @@
+/*
+ * Helpers shared by the keepsake subcommands: error printing, an aligned text
+ * table, and the sections of `keepsake inspect`, which other subcommands and
+ * components reuse to show their own parts of a file.
+ */
+#ifndef KS_TOOLS_CLI_COMMON_H
+#define KS_TOOLS_CLI_COMMON_H
+
+#include <stdio.h>
+
+#include <jansson.h>
+
+#include "keepsake/format.h"
+#include "keepsake/keepsake.h"
+
+/* Exit codes shared by all subcommands. */
+#define KS_EXIT_OK 0
+#define KS_EXIT_BAD 1   /* verify: file is bad; diff: files differ */
+#define KS_EXIT_USAGE 2 /* bad command line, or a file that cannot be read (diff) */
+
+/* Prints "keepsake <cmd>: <file> [key 'k'] [at byte N]: message (KS_E_X)" to stderr. */
+void ks_cli_print_error(FILE *out, const char *cmd, const ks_error *err);
+/* Nonzero when argv holds --help or -h. */
+int ks_cli_wants_help(int argc, char **argv);
+/* Nonzero when `pattern` matches `key` or one of its '/'-prefixes ("rng" matches "rng/torch"). */
+int ks_cli_glob_prefix_match(const char *pattern, const char *key);
+/* Writes a shape as "[2, 3]" into buf. */
+const char *ks_cli_shape(const ks_tensor *t, char *buf, size_t cap);
+/* A scalar entry as text ("3", "0.5", "nan", "true", "\"run\"", "null"). */
+const char *ks_cli_scalar_text(const ks_entry *e, char *buf, size_t cap);
+/* A scalar entry as JSON (non-finite floats become the strings "nan", "inf", "-inf"). */
+json_t *ks_cli_scalar_json(const ks_entry *e);
+
+/* ---- an aligned text table ---- */
+typedef struct ks_cli_table ks_cli_table;
+/* A table with ncols columns titled `headers` (copied). NULL on allocation failure. */
+ks_cli_table *ks_cli_table_new(size_t ncols, const char *const *headers);
+/* Appends a row of ncols cells (copied). Returns 0, or -1 on allocation failure. */
+int ks_cli_table_add(ks_cli_table *t, const char *const *cells);
+size_t ks_cli_table_rows(const ks_cli_table *t);
+/* Prints "title (N)" then the header and rows with aligned columns; cells never truncated. */
+void ks_cli_table_print(const ks_cli_table *t, FILE *out, const char *title);
+void ks_cli_table_free(ks_cli_table *t);
+
+/*
+ * ---- sections of `keepsake inspect` ----
+ * Each prints its part of the file to `out`, or, when `json` is non-NULL, adds
+ * it to that JSON object instead. They return 0, or -1 after printing an error.
+ */
+int ks_inspect_summary(const ks_reader *r, FILE *out, json_t *json);
+int ks_inspect_tensors(const ks_reader *r, FILE *out, json_t *json);
+int ks_inspect_scalars(const ks_reader *r, FILE *out, json_t *json);
+int ks_inspect_metadata(const ks_reader *r, FILE *out, json_t *json);
+
+/*
+ * Extension points for components (metrics, training state). A component that
+ * has its own view of a file defines these (strong symbols) in its own tools
+ * file: ks_inspect_components prints its sections after the generic ones, and
+ * metadata keys for which ks_inspect_component_owns_key returns nonzero are
+ * left out of the generic metadata section.
+ */
+int ks_inspect_components(const ks_reader *r, FILE *out, json_t *json) __attribute__((weak));
+int ks_inspect_component_owns_key(const char *key) __attribute__((weak));
+
+#endif

@@ -1,0 +1,118 @@
+/* keepsake convert IN OUT: between torch.save / Composer files and keepsake files. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "keepsake/torch.h"
+
+#define META_COMPOSER "keepsake.composer_metrics"
+
+static void convert_usage(FILE *out) {
+  fprintf(out,
+          "usage: keepsake convert IN OUT\n\n"
+          "Converts a checkpoint. The input type is detected from its bytes: a zip archive\n"
+          "is a torch.save / Composer file (read without executing any pickled code),\n"
+          "anything else a keepsake or safetensors file. The direction follows OUT's name:\n"
+          "  OUT ending in .pt or .pth   torch.save-compatible file that\n"
+          "                              torch.load(OUT, weights_only=True) accepts\n"
+          "  any other name              keepsake file\n\n"
+          "Entries are named by their '/'-joined path in the pickled structure, e.g.\n"
+          "state/optimizers/AdamW/state/0/exp_avg. Composer metrics of both layouts\n"
+          "(pickled torchmetrics objects, or {state_dict, _computed}) are written as\n"
+          "<metric>/state_dict/<state> and <metric>/_computed, and described in the\n"
+          "metadata key " META_COMPOSER ".\n\n"
+          "exit status: 0 converted, 1 the input could not be read or OUT not written,\n"
+          "2 bad command line\n");
+}
+
+static int ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && !strcmp(s + n - m, suffix);
+}
+
+static int is_zip_file(const char *path) {
+  unsigned char head[4] = {0};
+  FILE *f = fopen(path, "rb");
+  if (!f) return 0;
+  size_t n = fread(head, 1, sizeof head, f);
+  fclose(f);
+  return ks_torch_is_zip(head, n);
+}
+
+static int has_metrics(const ks_statedict *sd) {
+  ks_entry e;
+  for (size_t i = 0; ks_statedict_at(sd, i, &e) == KS_OK; i++)
+    if (!strncmp(e.name, "state/train_metrics/", 20) || !strncmp(e.name, "state/eval_metrics/", 19)) return 1;
+  return 0;
+}
+
+/* Reads a torch file; Composer metrics are mapped onto keepsake's layout. */
+static ks_status read_torch(const char *in, ks_statedict **raw, ks_statedict **sd, ks_meta *extra, ks_error *err) {
+  ks_status st = ks_torch_load(in, NULL, raw, err);
+  if (st) return st;
+  if (!has_metrics(*raw)) {
+    *sd = *raw;
+    *raw = NULL;
+    return KS_OK;
+  }
+  char *json = NULL;
+  if ((st = ks_composer_normalize(*raw, KS_BORROW, sd, &json, err)) != KS_OK) return st;
+  st = ks_meta_set(extra, META_COMPOSER, json);
+  ks_torch_free(NULL, json);
+  return st;
+}
+
+/* Keeps the caller's metadata pairs of a keepsake/safetensors input; the writer owns its own keys. */
+static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
+  const char *k, *v;
+  for (size_t i = 0; meta && ks_meta_at(meta, i, &k, &v) == KS_OK; i++) {
+    if (!strcmp(k, KS_META_FORMAT) || !strcmp(k, KS_META_FORMAT_VERSION) || !strcmp(k, KS_META_WRITER) ||
+        !strcmp(k, KS_META_SCALARS) || !strcmp(k, KS_META_CHECKSUMS))
+      continue;
+    ks_status st = ks_meta_set(extra, k, v);
+    if (st) return st;
+  }
+  return KS_OK;
+}
+
+static int convert(const char *in, const char *out) {
+  ks_error err;
+  ks_statedict *raw = NULL, *sd = NULL;
+  ks_error_clear(&err);
+  ks_meta *meta = NULL, *extra = NULL;
+  ks_status st = ks_meta_create(NULL, &extra);
+  if (!st && is_zip_file(in)) st = read_torch(in, &raw, &sd, extra, &err);
+  else if (!st && (st = ks_load(in, NULL, &sd, &meta, &err)) == KS_OK) st = keep_meta(meta, extra);
+  if (st && !err.code) {
+    err.code = st;
+    snprintf(err.message, sizeof err.message, "%s", ks_strerror(st));
+  }
+  if (st) {
+    ks_cli_print_error(stderr, "convert", &err);
+  } else if (ends_with(out, ".pt") || ends_with(out, ".pth")) {
+    ks_torch_write_opts wo = {0};
+    if ((st = ks_torch_save(out, sd, &wo, &err))) ks_cli_print_error(stderr, "convert", &err);
+  } else if ((st = ks_save(out, sd, extra, NULL, &err))) {
+    ks_cli_print_error(stderr, "convert", &err);
+  }
+  if (!st) printf("%s -> %s: %zu entries\n", in, out, ks_statedict_count(sd));
+  ks_statedict_free(sd);
+  ks_statedict_free(raw);
+  ks_meta_free(meta);
+  ks_meta_free(extra);
+  return st ? KS_EXIT_BAD : KS_EXIT_OK;
+}
+
+int ks_cmd_convert(int argc, char **argv) {
+  if (ks_cli_wants_help(argc, argv)) {
+    convert_usage(stdout);
+    return KS_EXIT_OK;
+  }
+  if (argc != 3) {
+    convert_usage(stderr);
+    return KS_EXIT_USAGE;
+  }
+  return convert(argv[1], argv[2]);
+}

@@ -1,0 +1,199 @@
+/*
+ * keepsake diff A B [--ignore GLOB]...: key-by-key differences between two
+ * files. Exit 0 when identical in content outside the ignored keys, 1 when
+ * they differ, 2 on a bad command line or an unreadable file.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_common.h"
+#include "commands.h"
+
+typedef struct diff_ctx {
+  char **ignore;
+  int nignore;
+  size_t compared, differ, ignored;
+} diff_ctx;
+
+static void diff_usage(FILE *out) {
+  fprintf(out,
+          "usage: keepsake diff A B [--ignore GLOB]...\n\n"
+          "Compares two keepsake or safetensors files key by key: keys missing on either\n"
+          "side, dtype or shape changes, how many elements differ and the largest absolute\n"
+          "difference, changed scalars and changed metadata. NaN equals NaN in the same place.\n\n"
+          "  --ignore GLOB  skip keys matching GLOB ('*' any run, '?' one byte), or whose\n"
+          "                 '/'-prefix matches it ('rng' skips 'rng/torch'); repeatable\n\n"
+          "exit status: 0 identical, 1 different, 2 bad command line or unreadable file\n");
+}
+
+static int ignored(const diff_ctx *c, const char *key) {
+  for (int i = 0; i < c->nignore; i++)
+    if (ks_cli_glob_prefix_match(c->ignore[i], key)) return 1;
+  return 0;
+}
+
+static int same_element(ks_dtype dt, const uint8_t *a, const uint8_t *b, size_t es, size_t i) {
+  if (memcmp(a + i * es, b + i * es, es) == 0) return 1;
+  return ks_dtype_is_float(dt) && isnan(ks_dtype_get_f64(dt, a, i)) && isnan(ks_dtype_get_f64(dt, b, i));
+}
+
+static int diff_tensor_data(const char *name, const ks_tensor *a, const ks_tensor *b) {
+  if (a->nbytes == 0 || memcmp(a->data, b->data, a->nbytes) == 0) return 0;
+  size_t es = ks_dtype_size(a->dtype), n = a->nbytes / es, differ = 0, nan_mismatch = 0;
+  double max_abs = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (same_element(a->dtype, a->data, b->data, es, i)) continue;
+    differ++;
+    double d = fabs(ks_dtype_get_f64(a->dtype, a->data, i) - ks_dtype_get_f64(b->dtype, b->data, i));
+    if (isnan(d)) nan_mismatch++;
+    else if (d > max_abs) max_abs = d;
+  }
+  if (!differ) return 0;
+  printf("~ %s: %zu of %zu elements differ, max abs difference %.9g", name, differ, n, max_abs);
+  if (nan_mismatch) printf(" (%zu where only one side is NaN)", nan_mismatch);
+  printf("\n");
+  return 1;
+}
+
+static int diff_tensor(const char *name, const ks_tensor *a, const ks_tensor *b) {
+  char sa[160], sb[160];
+  if (a->dtype != b->dtype) {
+    printf("~ %s: dtype %s -> %s\n", name, ks_dtype_name(a->dtype), ks_dtype_name(b->dtype));
+    return 1;
+  }
+  if (!ks_tensor_same_shape(a, b)) {
+    printf("~ %s: shape %s -> %s\n", name, ks_cli_shape(a, sa, sizeof sa), ks_cli_shape(b, sb, sizeof sb));
+    return 1;
+  }
+  return diff_tensor_data(name, a, b);
+}
+
+static int same_scalar(const ks_entry *a, const ks_entry *b) {
+  if (a->kind != b->kind) return 0;
+  switch (a->kind) {
+    case KS_VAL_FLOAT: return memcmp(&a->f, &b->f, sizeof a->f) == 0 || (isnan(a->f) && isnan(b->f));
+    case KS_VAL_STRING: return strcmp(a->s, b->s) == 0;
+    case KS_VAL_NULL: return 1;
+    default: return a->i == b->i;
+  }
+}
+
+static int diff_entry(const ks_entry *a, const ks_entry *b) {
+  if (a->kind == KS_VAL_TENSOR && b->kind == KS_VAL_TENSOR) return diff_tensor(a->name, &a->tensor, &b->tensor);
+  if (same_scalar(a, b)) return 0;
+  char va[256], vb[256], sh[160];
+  if (a->kind == KS_VAL_TENSOR) snprintf(va, sizeof va, "tensor %s", ks_cli_shape(&a->tensor, sh, sizeof sh));
+  else ks_cli_scalar_text(a, va, sizeof va);
+  if (b->kind == KS_VAL_TENSOR) snprintf(vb, sizeof vb, "tensor %s", ks_cli_shape(&b->tensor, sh, sizeof sh));
+  else ks_cli_scalar_text(b, vb, sizeof vb);
+  printf("~ %s: %s -> %s\n", a->name, va, vb);
+  return 1;
+}
+
+static void describe(const ks_entry *e, char *buf, size_t cap) {
+  char sh[160];
+  if (e->kind == KS_VAL_TENSOR)
+    snprintf(buf, cap, "%s %s", ks_dtype_name(e->tensor.dtype), ks_cli_shape(&e->tensor, sh, sizeof sh));
+  else
+    ks_cli_scalar_text(e, buf, cap);
+}
+
+static void diff_entries(diff_ctx *c, const ks_statedict *a, const ks_statedict *b) {
+  char desc[256];
+  for (size_t i = 0; i < ks_statedict_count(a); i++) {
+    ks_entry ea, eb;
+    ks_statedict_at(a, i, &ea);
+    if (ignored(c, ea.name)) { c->ignored++; continue; }
+    c->compared++;
+    if (ks_statedict_get(b, ea.name, &eb) == KS_OK) {
+      c->differ += (size_t)diff_entry(&ea, &eb);
+      continue;
+    }
+    describe(&ea, desc, sizeof desc);
+    printf("- %s: only in A (%s)\n", ea.name, desc);
+    c->differ++;
+  }
+  for (size_t i = 0; i < ks_statedict_count(b); i++) {
+    ks_entry ea, eb;
+    ks_statedict_at(b, i, &eb);
+    if (ks_statedict_get(a, eb.name, &ea) == KS_OK) continue;
+    if (ignored(c, eb.name)) { c->ignored++; continue; }
+    c->compared++;
+    describe(&eb, desc, sizeof desc);
+    printf("+ %s: only in B (%s)\n", eb.name, desc);
+    c->differ++;
+  }
+}
+
+/* Metadata that is content: everything but what the writer derives or stamps itself. */
+static int meta_is_content(const diff_ctx *c, const char *k) {
+  return strcmp(k, KS_META_WRITER) && strcmp(k, KS_META_CHECKSUMS) && strcmp(k, KS_META_SCALARS) && !ignored(c, k);
+}
+
+static void diff_meta_side(diff_ctx *c, const ks_meta *x, const ks_meta *y, const char *sign, const char *side) {
+  for (size_t i = 0; i < ks_meta_count(x); i++) {
+    const char *k, *v, *w;
+    ks_meta_at(x, i, &k, &v);
+    if (!meta_is_content(c, k)) continue;
+    w = ks_meta_get(y, k);
+    if (w && *sign == '+') continue; /* pairs on both sides are compared in the first pass */
+    if (!w) {
+      printf("%s metadata '%s': only in %s\n", sign, k, side);
+      c->differ++;
+    } else if (strcmp(v, w) != 0) {
+      printf("~ metadata '%s': values differ (%zu bytes -> %zu bytes)\n", k, strlen(v), strlen(w));
+      c->differ++;
+    }
+  }
+}
+
+static int diff_files(diff_ctx *c, const char *pa, const char *pb) {
+  ks_statedict *a = NULL, *b = NULL;
+  ks_meta *ma = NULL, *mb = NULL;
+  ks_error err;
+  int rc = KS_EXIT_USAGE;
+  if (ks_load(pa, NULL, &a, &ma, &err) || ks_load(pb, NULL, &b, &mb, &err)) {
+    ks_cli_print_error(stderr, "diff", &err);
+  } else {
+    diff_entries(c, a, b);
+    diff_meta_side(c, ma, mb, "-", "A");
+    diff_meta_side(c, mb, ma, "+", "B");
+    printf("%s: %zu keys compared, %zu differ, %zu ignored\n", c->differ ? "different" : "identical", c->compared,
+           c->differ, c->ignored);
+    rc = c->differ ? KS_EXIT_BAD : KS_EXIT_OK;
+  }
+  ks_statedict_free(a);
+  ks_statedict_free(b);
+  ks_meta_free(ma);
+  ks_meta_free(mb);
+  return rc;
+}
+
+int ks_cmd_diff(int argc, char **argv) {
+  if (ks_cli_wants_help(argc, argv)) return diff_usage(stdout), KS_EXIT_OK;
+  diff_ctx c = {0};
+  const char *paths[2];
+  int npaths = 0;
+  c.ignore = calloc((size_t)argc, sizeof *c.ignore);
+  if (!c.ignore) return fprintf(stderr, "keepsake diff: out of memory\n"), KS_EXIT_USAGE;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--ignore") && i + 1 < argc) {
+      c.ignore[c.nignore++] = argv[++i];
+    } else if (!strncmp(argv[i], "--ignore=", 9)) {
+      c.ignore[c.nignore++] = argv[i] + 9;
+    } else if ((argv[i][0] == '-' && argv[i][1]) || npaths == 2) {
+      fprintf(stderr, "keepsake diff: unexpected argument '%s'\n", argv[i]);
+      free(c.ignore);
+      return diff_usage(stderr), KS_EXIT_USAGE;
+    } else {
+      paths[npaths++] = argv[i];
+    }
+  }
+  int rc = KS_EXIT_USAGE;
+  if (npaths == 2) rc = diff_files(&c, paths[0], paths[1]);
+  else diff_usage(stderr);
+  free(c.ignore);
+  return rc;
+}

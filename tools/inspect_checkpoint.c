@@ -1,0 +1,195 @@
+/*
+ * `keepsake inspect` on a training checkpoint: the run's identity and
+ * timestamp, its components, and its metrics with their computed values.
+ * Hooks into cmd_inspect.c through ks_inspect_components (cli_common.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_common.h"
+#include "keepsake/state.h"
+
+#define META_METRICS "keepsake.metrics"
+#define META_STATE "keepsake.state"
+
+int ks_inspect_component_owns_key(const char *key) {
+  return !strcmp(key, META_METRICS) || !strcmp(key, META_STATE);
+}
+
+/* Component path of a key: state/model, state/optimizers/AdamW, state/eval_metrics/eval/F1, rng/0... */
+static void component_of(const char *key, char *out, size_t cap) {
+  static const struct {
+    const char *root;
+    int segments;
+  } roots[] = {{"state/model/", 2},         {"state/optimizers/", 3},  {"state/schedulers/", 3},
+               {"state/callbacks/", 3},     {"state/dataset_state/", 3}, {"state/timestamp/", 3},
+               {"state/train_metrics/", 3}, {"state/eval_metrics/", 4}, {"rng/", 2}};
+  int segs = 2;
+  for (size_t i = 0; i < sizeof roots / sizeof roots[0]; i++)
+    if (!strncmp(key, roots[i].root, strlen(roots[i].root))) segs = roots[i].segments;
+  const char *p = key;
+  for (int i = 0; i < segs && p; i++) {
+    p = strchr(p, '/');
+    if (p && i + 1 < segs) p++;
+  }
+  snprintf(out, cap, "%.*s", p ? (int)(p - key) : (int)strlen(key), key);
+}
+
+typedef struct comp_row {
+  char path[512];
+  size_t entries;
+  uint64_t bytes;
+} comp_row;
+
+static int add_entry(comp_row **rows, size_t *n, const char *key, uint64_t bytes) {
+  char path[512];
+  component_of(key, path, sizeof path);
+  for (size_t i = 0; i < *n; i++) /* tensors come before scalars in a file: merge by path */
+    if (!strcmp((*rows)[i].path, path)) {
+      (*rows)[i].entries++;
+      (*rows)[i].bytes += bytes;
+      return 0;
+    }
+  comp_row *r = realloc(*rows, (*n + 1) * sizeof **rows);
+  if (!r) return -1;
+  *rows = r;
+  snprintf(r[*n].path, sizeof r[*n].path, "%s", path);
+  r[*n].entries = 1;
+  r[*n].bytes = bytes;
+  (*n)++;
+  return 0;
+}
+
+static int components(const ks_statedict *sd, FILE *out, json_t *json) {
+  comp_row *rows = NULL;
+  size_t n = 0;
+  int rc = 0;
+  for (size_t i = 0; i < ks_statedict_count(sd) && !rc; i++) {
+    ks_entry e;
+    ks_statedict_at(sd, i, &e);
+    rc = add_entry(&rows, &n, e.name, e.kind == KS_VAL_TENSOR ? e.tensor.nbytes : 0);
+  }
+  const char *hdr[] = {"COMPONENT", "ENTRIES", "BYTES"};
+  ks_cli_table *t = json ? NULL : ks_cli_table_new(3, hdr);
+  json_t *arr = json ? json_array() : NULL;
+  for (size_t i = 0; i < n && !rc; i++) {
+    char ne[32], nb[32];
+    snprintf(ne, sizeof ne, "%zu", rows[i].entries);
+    snprintf(nb, sizeof nb, "%llu", (unsigned long long)rows[i].bytes);
+    const char *cells[] = {rows[i].path, ne, nb};
+    if (t) rc = ks_cli_table_add(t, cells);
+    if (arr) json_array_append_new(arr, json_pack("{s:s, s:I, s:I}", "path", rows[i].path, "entries",
+                                                  (json_int_t)rows[i].entries, "bytes", (json_int_t)rows[i].bytes));
+  }
+  if (t) ks_cli_table_print(t, out, "\ncomponents");
+  if (arr) json_object_set_new(json, "components", arr);
+  ks_cli_table_free(t);
+  free(rows);
+  return rc;
+}
+
+/* The value of `_computed`: a number for 0-d/1-element results, a shape otherwise, None when absent. */
+static void computed_text(const ks_statedict *sd, const char *path, char *buf, size_t cap) {
+  char k[1100];
+  ks_entry e;
+  snprintf(k, sizeof k, "%s/_computed", path);
+  if (ks_statedict_get(sd, k, &e) != KS_OK) snprintf(buf, cap, "-");
+  else if (e.kind != KS_VAL_TENSOR) snprintf(buf, cap, "None");
+  else if (ks_tensor_numel(&e.tensor) == 1) snprintf(buf, cap, "%.6g", ks_dtype_get_f64(e.tensor.dtype, e.tensor.data, 0));
+  else {
+    char s[96];
+    snprintf(buf, cap, "%s %s tensor", ks_dtype_name(e.tensor.dtype), ks_cli_shape(&e.tensor, s, sizeof s));
+  }
+}
+
+static int metrics(const ks_reader *r, const ks_statedict *sd, FILE *out, json_t *json) {
+  const char *txt = ks_meta_get(ks_reader_meta(r), META_METRICS);
+  json_t *mj = txt ? json_loads(txt, JSON_REJECT_DUPLICATES, NULL) : NULL;
+  if (!mj) return 0;
+  const char *hdr[] = {"METRIC", "CLASS", "ARGS", "SCHEMA", "UPDATES", "COMPUTED"};
+  ks_cli_table *t = json ? NULL : ks_cli_table_new(6, hdr);
+  json_t *obj = json ? json_object() : NULL;
+  const char *path;
+  json_t *m;
+  int rc = 0;
+  json_object_foreach(mj, path, m) {
+    char *args = json_dumps(json_object_get(m, "args"), JSON_COMPACT | JSON_SORT_KEYS);
+    char sv[16], uc[32], comp[160];
+    snprintf(sv, sizeof sv, "%lld", (long long)json_integer_value(json_object_get(m, "schema_version")));
+    snprintf(uc, sizeof uc, "%lld", (long long)json_integer_value(json_object_get(m, "update_count")));
+    computed_text(sd, path, comp, sizeof comp);
+    const char *cls = json_string_value(json_object_get(m, "class"));
+    const char *cells[] = {path, cls ? cls : "?", args ? args : "{}", sv, uc, comp};
+    if (t && ks_cli_table_add(t, cells)) rc = -1;
+    if (obj) {
+      json_t *one = json_deep_copy(m);
+      json_object_set_new(one, "computed", json_string(comp));
+      json_object_set_new(obj, path, one);
+    }
+    free(args);
+  }
+  if (t) ks_cli_table_print(t, out, "\nmetrics");
+  if (obj) json_object_set_new(json, "metrics", obj);
+  ks_cli_table_free(t);
+  json_decref(mj);
+  return rc;
+}
+
+static void timestamp(const ks_statedict *sd, FILE *out, json_t *json) {
+  static const char *const f[] = {"epoch", "batch", "sample", "token", "batch_in_epoch", "sample_in_epoch",
+                                  "token_in_epoch", "total_wct", "epoch_wct", "batch_wct"};
+  json_t *obj = json ? json_object() : NULL;
+  int any = 0;
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+    char k[96], v[64];
+    ks_entry e;
+    snprintf(k, sizeof k, "state/timestamp/Timestamp/%s", f[i]);
+    if (ks_statedict_get(sd, k, &e) != KS_OK) continue;
+    if (!any++ && out && !json) fprintf(out, "\ntimestamp\n");
+    if (obj) json_object_set_new(obj, f[i], ks_cli_scalar_json(&e));
+    else fprintf(out, "  %-16s %s\n", f[i], ks_cli_scalar_text(&e, v, sizeof v));
+  }
+  if (obj && any) json_object_set_new(json, "timestamp", obj);
+  else json_decref(obj);
+}
+
+static void identity(const ks_statedict *sd, FILE *out, json_t *json) {
+  ks_entry name, seed;
+  int has_name = ks_statedict_get(sd, "state/run_name", &name) == KS_OK && name.kind == KS_VAL_STRING;
+  int has_seed = ks_statedict_get(sd, "state/rank_zero_seed", &seed) == KS_OK && seed.kind == KS_VAL_INT;
+  if (json) {
+    if (has_name) json_object_set_new(json, "run_name", json_string(name.s));
+    if (has_seed) json_object_set_new(json, "rank_zero_seed", json_integer(seed.i));
+  } else if (has_name || has_seed) {
+    fprintf(out, "\ntraining checkpoint: run '%s', rank_zero_seed %lld\n", has_name ? name.s : "?",
+            has_seed ? (long long)seed.i : 0LL);
+  }
+}
+
+int ks_inspect_components(const ks_reader *r, FILE *out, json_t *json) {
+  ks_statedict *sd;
+  ks_error err;
+  if (ks_statedict_create(NULL, &sd)) return fprintf(stderr, "keepsake inspect: out of memory\n"), -1;
+  for (size_t i = 0; i < ks_reader_count(r); i++) {
+    const char *name;
+    ks_tensor v;
+    if (!ks_reader_tensor_at(r, i, &name, &v) && ks_statedict_set_tensor(sd, name, &v, KS_BORROW)) break;
+  }
+  int rc = 0;
+  if (ks_reader_scalars(r, sd, &err)) {
+    ks_cli_print_error(stderr, "inspect", &err);
+    rc = -1;
+  }
+  ks_entry e;
+  int is_state = !rc && (ks_statedict_get(sd, "state/run_name", &e) == KS_OK ||
+                         ks_meta_get(ks_reader_meta(r), META_METRICS) != NULL);
+  if (is_state) {
+    identity(sd, out, json);
+    timestamp(sd, out, json);
+    rc = components(sd, out, json);
+    if (!rc) rc = metrics(r, sd, out, json);
+  }
+  ks_statedict_free(sd);
+  return rc;
+}
