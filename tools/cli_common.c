@@ -39,12 +39,29 @@ const char *ks_cli_shape(const ks_tensor *t, char *buf, size_t cap) {
   return ks_shape_format(t->rank, t->shape, buf, cap);
 }
 
+/* The shortest %g form that reads back as the same double. */
+static void shortest_double(double v, char *buf, size_t cap) {
+  for (int prec = 1; prec <= 17; prec++) {
+    snprintf(buf, cap, "%.*g", prec, v);
+    if (!isfinite(v) || strtod(buf, NULL) == v) return;
+  }
+}
+
+/* A string as a JSON literal, so quotes and control characters stay visible. */
+static void quoted(const char *s, char *buf, size_t cap) {
+  json_t *j = json_string(s);
+  char *q = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
+  snprintf(buf, cap, "%s", q ? q : "\"?\"");
+  free(q);
+  json_decref(j);
+}
+
 const char *ks_cli_scalar_text(const ks_entry *e, char *buf, size_t cap) {
   switch (e->kind) {
     case KS_VAL_INT: snprintf(buf, cap, "%" PRId64, e->i); break;
-    case KS_VAL_FLOAT: snprintf(buf, cap, "%.17g", e->f); break;
+    case KS_VAL_FLOAT: shortest_double(e->f, buf, cap); break;
     case KS_VAL_BOOL: snprintf(buf, cap, "%s", e->i ? "true" : "false"); break;
-    case KS_VAL_STRING: snprintf(buf, cap, "\"%s\"", e->s); break;
+    case KS_VAL_STRING: quoted(e->s, buf, cap); break;
     case KS_VAL_NULL: snprintf(buf, cap, "null"); break;
     default: snprintf(buf, cap, "<tensor>"); break;
   }

@@ -8,9 +8,13 @@
 
 #include "keepsake/alloc.h"
 #include "keepsake/dtype.h"
+#include "keepsake/format.h"
+#include "keepsake/metric.h"
+#include "keepsake/state.h"
 #include "keepsake/statedict.h"
 #include "keepsake/status.h"
 #include "keepsake/tensor.h"
+#include "keepsake/torch.h"
 #include "keepsake/version.h"
 
 #endif

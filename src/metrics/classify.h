@@ -7,6 +7,7 @@
 #define KS_METRICS_CLASSIFY_H
 
 #include <math.h>
+#include <stdint.h>
 
 #include "metrics/inputs.h"
 
@@ -65,6 +66,52 @@ static inline size_t ks__argmax_f32(const float *r, size_t C, size_t stride) {
   }
   return best;
 }
+
+#if defined(__SSE2__) && defined(__GNUC__)
+#include <emmintrin.h>
+
+/* First index in r[0..C) equal to the broadcast max m (C >= 4; overlapping tail load). */
+static inline size_t ks__first_eq_sse(const float *r, size_t C, __m128 m) {
+  size_t c = 0;
+  if (C <= 64) {
+    uint64_t bits = 0;
+    for (; c + 4 <= C; c += 4) bits |= (uint64_t)_mm_movemask_ps(_mm_cmpeq_ps(_mm_loadu_ps(r + c), m)) << c;
+    if (c < C) bits |= (uint64_t)_mm_movemask_ps(_mm_cmpeq_ps(_mm_loadu_ps(r + C - 4), m)) << (C - 4);
+    return (size_t)__builtin_ctzll(bits);
+  }
+  for (;; c = c + 4 <= C - 4 ? c + 4 : C - 4) {
+    int mask = _mm_movemask_ps(_mm_cmpeq_ps(_mm_loadu_ps(r + c), m));
+    if (mask) return c + (size_t)__builtin_ctz((unsigned)mask);
+  }
+}
+
+/*
+ * Argmax of a contiguous row, vectorised: max over 4-wide blocks (rows holding
+ * a NaN take the scalar path, so NaN still wins), then the first index equal
+ * to the max. Same result as ks__argmax_f32.
+ */
+static inline size_t ks__argmax_row(const float *r, size_t C) {
+  if (C < 4) return ks__argmax_f32(r, C, 1);
+  __m128 m = _mm_loadu_ps(r), nan = _mm_cmpunord_ps(m, m);
+  size_t c = 4;
+  for (; c + 4 <= C; c += 4) {
+    __m128 v = _mm_loadu_ps(r + c);
+    m = _mm_max_ps(m, v);
+    nan = _mm_or_ps(nan, _mm_cmpunord_ps(v, v));
+  }
+  if (c < C) {
+    __m128 v = _mm_loadu_ps(r + C - 4);
+    m = _mm_max_ps(m, v);
+    nan = _mm_or_ps(nan, _mm_cmpunord_ps(v, v));
+  }
+  if (_mm_movemask_ps(nan)) return ks__argmax_f32(r, C, 1);
+  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+  return ks__first_eq_sse(r, C, m);
+}
+#else
+static inline size_t ks__argmax_row(const float *r, size_t C) { return ks__argmax_f32(r, C, 1); }
+#endif
 
 /* Indices of the k largest values (NaN largest, ties to the lower index) into out[k]. */
 void ks__topk_f32(const float *r, size_t C, size_t stride, size_t k, size_t *out);

@@ -50,9 +50,23 @@ typedef struct binned {
   size_t T, C;
 } binned;
 
+/* linspace(0, 1, T): start from v * (T-1) and step to the exact rank (at most a step or two). */
+static size_t thr_rank_linspace(const float *thr, size_t T, float v) {
+  if (!(v >= 0.0f)) return 0; /* negative or NaN: below every threshold */
+  if (v >= 1.0f) return T;
+  size_t k = (size_t)(v * (float)(T - 1));
+  while (k < T && v >= thr[k]) k++;
+  while (k > 0 && v < thr[k - 1]) k--;
+  return k;
+}
+
 static void binned_add(const ks_metric *m, binned *b, size_t c, int y, float v) {
   const float *thr = m->args.thr;
   int64_t *row = b->h + (c * 2 + (size_t)y) * (b->T + 1);
+  if (!m->args.thr_list) {
+    row[thr_rank_linspace(thr, b->T, v)]++;
+    return;
+  }
   if (m->args.thr_sorted) {
     row[thr_rank(thr, b->T, v)]++;
     return;

@@ -101,19 +101,21 @@ static void verify_accepts_a_foreign_safetensors_file(void **state) {
   free(path);
 }
 
-static void inspect_shows_scalars_and_component_metadata(void **state) {
+static void inspect_shows_scalars_and_metadata(void **state) {
   (void)state;
   ks_statedict *sd = fmt_small_dict(4);
   ks_statedict_set_float(sd, "lr", NAN);
   ks_meta *extra;
   ks_meta_create(NULL, &extra);
   ks_meta_set(extra, "keepsake.metrics", "{\"train/acc\":{\"class\":\"MeanMetric\"}}");
+  ks_meta_set(extra, "user.note", "{\"raw\": true}");
   char *path = saved("k.ks", sd, extra), *out;
   assert_int_equal(cli(&out, "inspect '%s'", path), 0);
   assert_contains(out, "keepsake version 1");
   assert_contains(out, "\"small\"");
   assert_contains(out, "nan");
-  assert_contains(out, "keepsake.metrics: {\"train/acc\":{\"class\":\"MeanMetric\"}}");
+  assert_contains(out, "user.note: {\"raw\": true}"); /* caller metadata is printed raw */
+  assert_contains(out, "train/acc"); /* raw, or rendered by the metrics component when linked in */
   free(out);
   assert_int_equal(cli(&out, "inspect --json '%s'", path), 0);
   json_t *j = json_loads(out, 0, NULL);
@@ -231,7 +233,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(inspect_shows_a_foreign_safetensors_file),
       cmocka_unit_test(verify_accepts_a_foreign_safetensors_file),
-      cmocka_unit_test(inspect_shows_scalars_and_component_metadata),
+      cmocka_unit_test(inspect_shows_scalars_and_metadata),
       cmocka_unit_test(verify_names_key_and_offset_of_corruption),
       cmocka_unit_test(diff_exit_status_follows_content),
       cmocka_unit_test(diff_treats_nan_in_the_same_place_as_equal),

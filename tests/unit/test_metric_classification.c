@@ -103,6 +103,25 @@ static void auroc_orders_scores(void **st) {
   ks_metric_free(binned);
 }
 
+static void binned_counts_preds_at_or_above_each_threshold(void **st) {
+  (void)st;
+  float p[6] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 0.3f};
+  int64_t t[6] = {1, 1, 1, 1, 1, 1}, want[5] = {6, 5, 3, 2, 1};
+  ks_metric *a = mt_make("BinaryAUROC", "{\"thresholds\":5}");
+  ks_metric *l = mt_make("BinaryAUROC", "{\"thresholds\":[0.0,0.25,0.5,0.75,1.0]}");
+  mt_update2(a, F32V(p), I64V(t));
+  mt_update2(l, F32V(p), I64V(t));
+  ks_tensor ca, cl;
+  ks_metric_state_info(a, 0, NULL, NULL, &ca);
+  ks_metric_state_info(l, 0, NULL, NULL, &cl);
+  for (int k = 0; k < 5; k++) {
+    assert_int_equal(((int64_t *)ca.data)[k * 4 + 3], want[k]);
+    assert_int_equal(((int64_t *)cl.data)[k * 4 + 3], want[k]);
+  }
+  ks_metric_free(a);
+  ks_metric_free(l);
+}
+
 static void exact_curves_need_samples(void **st) {
   (void)st;
   ks_metric *a = mt_make("BinaryAUROC", NULL);
@@ -287,6 +306,7 @@ int main(void) {
       cmocka_unit_test(binary_rejects_bad_inputs_unchanged),
       cmocka_unit_test(binary_confusion_matrix_ignores_before_the_logit_test),
       cmocka_unit_test(auroc_orders_scores),
+      cmocka_unit_test(binned_counts_preds_at_or_above_each_threshold),
       cmocka_unit_test(exact_curves_need_samples),
       cmocka_unit_test(auroc_without_positives_is_zero),
       cmocka_unit_test(curves_reject_integer_preds),
