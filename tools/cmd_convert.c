@@ -5,9 +5,11 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "convert_metrics.h"
 #include "keepsake/torch.h"
 
 #define META_COMPOSER "keepsake.composer_metrics"
+#define META_METRICS "keepsake.metrics"
 
 static void convert_usage(FILE *out) {
   fprintf(out,
@@ -22,7 +24,10 @@ static void convert_usage(FILE *out) {
           "state/optimizers/AdamW/state/0/exp_avg. Composer metrics of both layouts\n"
           "(pickled torchmetrics objects, or {state_dict, _computed}) are written as\n"
           "<metric>/state_dict/<state> and <metric>/_computed, and described in the\n"
-          "metadata key " META_COMPOSER ".\n\n"
+          "metadata key " META_COMPOSER ". The metadata key " META_METRICS "\n"
+          "gives each metric's catalogue class, its arguments when the checkpoint\n"
+          "records them, its state schema version and update count, so that\n"
+          "keepsake's state loader fills the program's metrics by name.\n\n"
           "exit status: 0 converted, 1 the input could not be read or OUT not written,\n"
           "2 bad command line\n");
 }
@@ -57,9 +62,12 @@ static ks_status read_torch(const char *in, ks_statedict **raw, ks_statedict **s
     *raw = NULL;
     return KS_OK;
   }
-  char *json = NULL;
+  char *json = NULL, *metrics = NULL;
   if ((st = ks_composer_normalize(*raw, KS_BORROW, sd, &json, err)) != KS_OK) return st;
   st = ks_meta_set(extra, META_COMPOSER, json);
+  if (!st) st = ks_convert_metrics_meta(json, *sd, &metrics, err);
+  if (!st) st = ks_meta_set(extra, META_METRICS, metrics);
+  free(metrics);
   ks_torch_free(NULL, json);
   return st;
 }

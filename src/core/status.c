@@ -40,7 +40,7 @@ static void copy_where(char *dst, const char *src) {
   snprintf(dst, KS_ERROR_WHERE_MAX, "%s", src);
 }
 
-static void verr(ks_error *err, ks_status code, const char *fmt, va_list ap) {
+KS__PRINTF(3, 0) static void verr(ks_error *err, ks_status code, const char *fmt, va_list ap) {
   err->code = code;
   vsnprintf(err->message, sizeof err->message, fmt, ap);
 }
