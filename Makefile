@@ -37,9 +37,13 @@ test-asan: deps
 bench: build
 	@scripts/bench $(BUILD)
 
+FUZZ_TARGETS := $(notdir $(basename $(wildcard tests/fuzz/fuzz_*.c)))
+
+# The library itself is instrumented for coverage (fuzzer-no-link), not just the targets.
 fuzz: deps
-	CC=clang cmake -S . -B $(FUZZ_BUILD) -DKS_WITH_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS)
-	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -DKS_WITH_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" $(CMAKE_FLAGS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZ_TARGETS)
 	@scripts/fuzz $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 install: build

@@ -75,8 +75,12 @@ static ks_status fill(ks__load_ctx *c, ks_metric *m, const char *path, const jso
   }
   s = restore_computed(c, m, path, si.update_count);
   if (s) return s;
-  if (migrated)
+  /* Old shapes (a 0-d MSE sum) are reshaped whatever version the metadata names, if any. */
+  if (migrated && si.schema_version < ks_metric_schema_version(m))
     return ks__note(c, KS_LOAD_MIGRATED, path, "schema v%d states migrated to v%d%s", si.schema_version,
+                    ks_metric_schema_version(m), converted ? ", dtypes converted" : "");
+  if (migrated)
+    return ks__note(c, KS_LOAD_MIGRATED, path, "old state shapes migrated to schema v%d%s",
                     ks_metric_schema_version(m), converted ? ", dtypes converted" : "");
   if (converted)
     return ks__note(c, KS_LOAD_CONVERTED, path, "stored dtypes converted to the declared ones%s",
