@@ -150,3 +150,22 @@ void ks_cli_table_free(ks_cli_table *t) {
   free(t->cells);
   free(t);
 }
+
+/* Component path of a key: state/model, state/optimizers/AdamW, state/eval_metrics/eval/F1, rng/0... */
+void ks_cli_component_of(const char *key, char *out, size_t cap) {
+  static const struct {
+    const char *root;
+    int segments;
+  } roots[] = {{"state/model/", 2},         {"state/optimizers/", 3},  {"state/schedulers/", 3},
+               {"state/callbacks/", 3},     {"state/dataset_state/", 3}, {"state/timestamp/", 3},
+               {"state/train_metrics/", 3}, {"state/eval_metrics/", 4}, {"rng/", 2}};
+  int segs = 2;
+  for (size_t i = 0; i < sizeof roots / sizeof roots[0]; i++)
+    if (!strncmp(key, roots[i].root, strlen(roots[i].root))) segs = roots[i].segments;
+  const char *p = key;
+  for (int i = 0; i < segs && p; i++) {
+    p = strchr(p, '/');
+    if (p && i + 1 < segs) p++;
+  }
+  snprintf(out, cap, "%.*s", p ? (int)(p - key) : (int)strlen(key), key);
+}

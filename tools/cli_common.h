@@ -26,6 +26,11 @@ int ks_cli_wants_help(int argc, char **argv);
 int ks_cli_glob_prefix_match(const char *pattern, const char *key);
 /* Writes a shape as "[2, 3]" into buf. */
 const char *ks_cli_shape(const ks_tensor *t, char *buf, size_t cap);
+/*
+ * The training-state component a key belongs to (state/model, state/optimizers/AdamW,
+ * state/eval_metrics/eval/MulticlassF1Score, rng/0, ...), following Composer's layout.
+ */
+void ks_cli_component_of(const char *key, char *out, size_t cap);
 /* A scalar entry as text ("3", "0.5", "nan", "true", "\"run\"", "null"). */
 const char *ks_cli_scalar_text(const ks_entry *e, char *buf, size_t cap);
 /* A scalar entry as JSON (non-finite floats become the strings "nan", "inf", "-inf"). */

@@ -11,10 +11,17 @@
 #include "cli_common.h"
 #include "commands.h"
 
+typedef struct comp_tally {
+  char path[512];
+  size_t keys, differ;
+} comp_tally;
+
 typedef struct diff_ctx {
   char **ignore;
   int nignore;
   size_t compared, differ, ignored;
+  comp_tally *comps; /* per component, in order of first appearance */
+  size_t ncomps;
 } diff_ctx;
 
 static void diff_usage(FILE *out) {
@@ -100,30 +107,62 @@ static void describe(const ks_entry *e, char *buf, size_t cap) {
     ks_cli_scalar_text(e, buf, cap);
 }
 
+/* Counts one compared key (and whether it differed) against its component. */
+static void tally(diff_ctx *c, const char *key, int differed) {
+  char path[512];
+  ks_cli_component_of(key, path, sizeof path);
+  c->compared++;
+  c->differ += (size_t)differed;
+  size_t i = 0;
+  while (i < c->ncomps && strcmp(c->comps[i].path, path) != 0) i++;
+  if (i == c->ncomps) {
+    comp_tally *t = realloc(c->comps, (c->ncomps + 1) * sizeof *t);
+    if (!t) return; /* the per-key lines and totals stay right; only the summary loses a row */
+    c->comps = t;
+    snprintf(t[i].path, sizeof t[i].path, "%s", path);
+    t[i].keys = t[i].differ = 0;
+    c->ncomps++;
+  }
+  c->comps[i].keys++;
+  c->comps[i].differ += (size_t)differed;
+}
+
+static void print_components(const diff_ctx *c) {
+  const char *hdr[] = {"COMPONENT", "KEYS", "DIFFER", "RESULT"};
+  ks_cli_table *t = ks_cli_table_new(4, hdr);
+  for (size_t i = 0; t && i < c->ncomps; i++) {
+    char nk[32], nd[32];
+    snprintf(nk, sizeof nk, "%zu", c->comps[i].keys);
+    snprintf(nd, sizeof nd, "%zu", c->comps[i].differ);
+    const char *cells[] = {c->comps[i].path, nk, nd, c->comps[i].differ ? "different" : "identical"};
+    ks_cli_table_add(t, cells);
+  }
+  if (t) ks_cli_table_print(t, stdout, "\ncomponents");
+  ks_cli_table_free(t);
+}
+
 static void diff_entries(diff_ctx *c, const ks_statedict *a, const ks_statedict *b) {
   char desc[256];
   for (size_t i = 0; i < ks_statedict_count(a); i++) {
     ks_entry ea, eb;
     ks_statedict_at(a, i, &ea);
     if (ignored(c, ea.name)) { c->ignored++; continue; }
-    c->compared++;
     if (ks_statedict_get(b, ea.name, &eb) == KS_OK) {
-      c->differ += (size_t)diff_entry(&ea, &eb);
+      tally(c, ea.name, diff_entry(&ea, &eb));
       continue;
     }
     describe(&ea, desc, sizeof desc);
     printf("- %s: only in A (%s)\n", ea.name, desc);
-    c->differ++;
+    tally(c, ea.name, 1);
   }
   for (size_t i = 0; i < ks_statedict_count(b); i++) {
     ks_entry ea, eb;
     ks_statedict_at(b, i, &eb);
     if (ks_statedict_get(a, eb.name, &ea) == KS_OK) continue;
     if (ignored(c, eb.name)) { c->ignored++; continue; }
-    c->compared++;
     describe(&eb, desc, sizeof desc);
     printf("+ %s: only in B (%s)\n", eb.name, desc);
-    c->differ++;
+    tally(c, eb.name, 1);
   }
 }
 
@@ -160,6 +199,7 @@ static int diff_files(diff_ctx *c, const char *pa, const char *pb) {
     diff_entries(c, a, b);
     diff_meta_side(c, ma, mb, "-", "A");
     diff_meta_side(c, mb, ma, "+", "B");
+    print_components(c);
     printf("%s: %zu keys compared, %zu differ, %zu ignored\n", c->differ ? "different" : "identical", c->compared,
            c->differ, c->ignored);
     rc = c->differ ? KS_EXIT_BAD : KS_EXIT_OK;
@@ -195,5 +235,6 @@ int ks_cmd_diff(int argc, char **argv) {
   if (npaths == 2) rc = diff_files(&c, paths[0], paths[1]);
   else diff_usage(stderr);
   free(c.ignore);
+  free(c.comps);
   return rc;
 }

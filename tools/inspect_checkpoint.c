@@ -17,25 +17,6 @@ int ks_inspect_component_owns_key(const char *key) {
   return !strcmp(key, META_METRICS) || !strcmp(key, META_STATE);
 }
 
-/* Component path of a key: state/model, state/optimizers/AdamW, state/eval_metrics/eval/F1, rng/0... */
-static void component_of(const char *key, char *out, size_t cap) {
-  static const struct {
-    const char *root;
-    int segments;
-  } roots[] = {{"state/model/", 2},         {"state/optimizers/", 3},  {"state/schedulers/", 3},
-               {"state/callbacks/", 3},     {"state/dataset_state/", 3}, {"state/timestamp/", 3},
-               {"state/train_metrics/", 3}, {"state/eval_metrics/", 4}, {"rng/", 2}};
-  int segs = 2;
-  for (size_t i = 0; i < sizeof roots / sizeof roots[0]; i++)
-    if (!strncmp(key, roots[i].root, strlen(roots[i].root))) segs = roots[i].segments;
-  const char *p = key;
-  for (int i = 0; i < segs && p; i++) {
-    p = strchr(p, '/');
-    if (p && i + 1 < segs) p++;
-  }
-  snprintf(out, cap, "%.*s", p ? (int)(p - key) : (int)strlen(key), key);
-}
-
 typedef struct comp_row {
   char path[512];
   size_t entries;
@@ -44,7 +25,7 @@ typedef struct comp_row {
 
 static int add_entry(comp_row **rows, size_t *n, const char *key, uint64_t bytes) {
   char path[512];
-  component_of(key, path, sizeof path);
+  ks_cli_component_of(key, path, sizeof path);
   for (size_t i = 0; i < *n; i++) /* tensors come before scalars in a file: merge by path */
     if (!strcmp((*rows)[i].path, path)) {
       (*rows)[i].entries++;

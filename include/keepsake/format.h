@@ -132,7 +132,7 @@ typedef struct ks_save_opts {
  *
  * The data is streamed: checksums are computed in a first pass over the
  * tensors, then the header and the tensor bytes are written with large writes
- * to `<dir>/.<name>.tmp-XXXXXX`, which is fsynced, renamed over `path`, and the
+ * to `<dir>/.<name>.tmp-<6 random characters>`, which is fsynced, renamed over `path`, and the
  * directory fsynced. On any failure before the rename the temp file is removed
  * and the previous file at `path` is untouched. If only the final directory
  * fsync fails, `path` already holds the new file but its durability is unknown;

@@ -103,7 +103,7 @@ static size_t utf8_encode(uint32_t cp, uint8_t out[4]) {
   return 4;
 }
 
-/* Decodes \uXXXX (and its low surrogate) at j->pos, which points just past the 'u'. */
+/* Decodes \uHHHH (and its low surrogate) at j->pos, which points just past the 'u'. */
 static ks_status read_u_escape(ks__json *j, uint32_t *cp) {
   int hi = j->n - j->pos >= 4 ? hex4(j->s + j->pos) : -1;
   if (hi < 0) return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: bad \\u escape");

@@ -23,7 +23,7 @@ typedef struct save_ctx {
   const ks_io *io;
   const char *path;
   char *dir, *tmp;
-  size_t tmp_suffix; /* where the XXXXXX of tmp starts */
+  size_t tmp_suffix; /* where the random suffix of tmp starts */
   int fd;
   bool have_fd, have_tmp;
   uint8_t *stage;
@@ -36,7 +36,7 @@ static ks_status io_fail(save_ctx *c, int rc, const char *what) {
                     strerror(rc));
 }
 
-/* Splits path into its directory and "<dir>/.<name>.tmp-XXXXXX". */
+/* Splits path into its directory and "<dir>/.<name>.tmp-<6 random characters>". */
 static ks_status make_paths(save_ctx *c) {
   const char *slash = strrchr(c->path, '/');
   const char *base = slash ? slash + 1 : c->path;
