@@ -67,7 +67,8 @@ ks_status ks_rng_to_state_dict(const ks_rng *r, ks_statedict *dst, const char *p
   if (ks__key(k, prefix, RNG_KEY)) return KS_E_LIMIT;
   int64_t shape[1] = {4};
   void *data;
-  ks_status s = ks_statedict_new_tensor(dst, k, KS_U64, 1, shape, &data);
+  /* I64 holding the words' bit patterns: torch has no uint64, and a checkpoint must export to .pt. */
+  ks_status s = ks_statedict_new_tensor(dst, k, KS_I64, 1, shape, &data);
   if (s) return s;
   for (int i = 0; i < 4; i++) ks__put_le64((uint8_t *)data + 8 * i, r->s[i]);
   return KS_OK;
@@ -79,7 +80,7 @@ ks_status ks_rng_load_state_dict(ks_rng *r, const ks_statedict *src, const char 
   const ks_tensor *t = ks_statedict_tensor(src, k);
   if (!t) return ks__err_at(err, KS_E_NOTFOUND, NULL, k, -1, "missing PRNG state '%s'", k);
   if (t->dtype != KS_U64 && t->dtype != KS_I64)
-    return ks__err_at(err, KS_E_DTYPE, NULL, k, -1, "PRNG state: expected U64, found %s",
+    return ks__err_at(err, KS_E_DTYPE, NULL, k, -1, "PRNG state: expected I64 (or U64), found %s",
                       ks_dtype_name(t->dtype));
   if (t->rank != 1 || t->shape[0] != 4 || !t->data)
     return ks__err_at(err, KS_E_SHAPE, NULL, k, -1, "PRNG state: expected shape [4]");

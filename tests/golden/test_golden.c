@@ -209,6 +209,8 @@ static void digits_demo_checkpoint_still_reads(void **s) {
   ks_entry e;
   assert_int_equal(ks_statedict_get(sd, "state/timestamp/Timestamp/epoch", &e), KS_OK);
   assert_int_equal(e.i, 20);
+  ks_rng rng; /* version 1 stored the PRNG words as U64; they must keep loading */
+  assert_int_equal(ks_rng_load_state_dict(&rng, sd, "rng/0/", &err), KS_OK);
   json_error_t jerr;
   json_t *metrics = json_loads(ks_meta_get(meta, "keepsake.metrics"), JSON_REJECT_DUPLICATES, &jerr);
   assert_non_null(metrics);
