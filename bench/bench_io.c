@@ -219,13 +219,17 @@ static void report(const bench_case *c, const results *r, double bytes) {
 }
 
 int main(int argc, char **argv) {
-  int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+  int quick = 0, many_only = 0; /* --many-only: skip the 1 GiB case when tuning per-tensor costs */
+  for (int a = 1; a < argc; a++) {
+    quick |= strcmp(argv[a], "--quick") == 0;
+    many_only |= strcmp(argv[a], "--many-only") == 0;
+  }
   bench_case cases[2] = {
       {"large", quick ? 16 : 256, 1u << 20, 5},
       {"many-small", quick ? 10000 : 100000, 16, 3},
   };
   printf("bench_io: keepsake save/load vs raw I/O, memcpy and torch (dir %s)\n", tmp_dir());
-  for (int i = 0; i < 2; i++) {
+  for (int i = many_only ? 1 : 0; i < 2; i++) {
     const bench_case *c = &cases[i];
     size_t n = c->count * c->elems, bytes = n * sizeof(float);
     float *payload = make_payload(n);
