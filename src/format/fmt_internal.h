@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/internal.h"
 #include "keepsake/format.h"
@@ -73,13 +74,32 @@ typedef struct ks__sbuf {
 
 void ks__sbuf_init(ks__sbuf *b, const ks_allocator *a);
 void ks__sbuf_free(ks__sbuf *b);
-void ks__sbuf_put(ks__sbuf *b, const void *s, size_t n);
-void ks__sbuf_puts(ks__sbuf *b, const char *s);
-void ks__sbuf_putc(ks__sbuf *b, char c);
+/* Out-of-line path of ks__sbuf_put: grows the buffer, then appends. */
+void ks__sbuf_put_slow(ks__sbuf *b, const void *s, size_t n);
+/* Headers of 100,000 tensors make millions of tiny appends, so the common case is inline. */
+static inline void ks__sbuf_put(ks__sbuf *b, const void *s, size_t n) {
+  if (n && !b->failed && n <= b->cap - b->len) {
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+  } else {
+    ks__sbuf_put_slow(b, s, n);
+  }
+}
+static inline void ks__sbuf_puts(ks__sbuf *b, const char *s) { ks__sbuf_put(b, s, strlen(s)); }
+static inline void ks__sbuf_putc(ks__sbuf *b, char c) {
+  if (!b->failed && b->len < b->cap)
+    b->p[b->len++] = c;
+  else
+    ks__sbuf_put_slow(b, &c, 1);
+}
 void ks__sbuf_put_u64(ks__sbuf *b, uint64_t v);
 void ks__sbuf_put_i64(ks__sbuf *b, int64_t v);
+/* Appends v as 16 lowercase hex digits. */
+void ks__sbuf_put_hex64(ks__sbuf *b, uint64_t v);
 /* Appends s as a quoted JSON string (s must be valid UTF-8). */
 void ks__sbuf_put_json_str(ks__sbuf *b, const char *s, size_t n);
+/* Appends what ks__sbuf_put_json_str would, escaped once more, for JSON nested in a string value. */
+void ks__sbuf_put_json_str_nested(ks__sbuf *b, const char *s, size_t n);
 /* Appends a finite double as the shortest JSON number that reads back exactly,
    always with a '.' or exponent so it reads back as a float. */
 void ks__sbuf_put_double(ks__sbuf *b, double v);

@@ -160,15 +160,22 @@ static ks_status check_size(ks__json *j, size_t at, const char *name, const fmt_
   return st;
 }
 
+/* Index of a tensor-entry field (0 dtype, 1 shape, 2 data_offsets), or -1; literal
+   lengths let the compiler inline the compares, which run three times per tensor. */
+static int field_index(const char *k, size_t kn) {
+  if (kn == 5 && !memcmp(k, "dtype", 5)) return 0;
+  if (kn == 5 && !memcmp(k, "shape", 5)) return 1;
+  if (kn == 12 && !memcmp(k, "data_offsets", 12)) return 2;
+  return -1;
+}
+
 static ks_status read_field(ks__json *j, const char *name, const char *k, size_t kn, fmt_entry *e, unsigned *seen) {
   static const char *const fields[] = {"dtype", "shape", "data_offsets"};
-  for (unsigned f = 0; f < 3; f++) {
-    if (!key_is(k, kn, fields[f])) continue;
-    if (*seen & (1u << f)) return ks__json_fail(j, KS_E_EXISTS, name, "duplicate key \"%s\"", fields[f]);
-    *seen |= 1u << f;
-    return f == 0 ? read_dtype(j, name, e) : f == 1 ? read_shape(j, name, e) : read_offsets(j, name, e);
-  }
-  return ks__json_skip(j, 1); /* unknown fields are ignored, as the reference reader does */
+  int f = field_index(k, kn);
+  if (f < 0) return ks__json_skip(j, 1); /* unknown fields are ignored, as the reference reader does */
+  if (*seen & (1u << f)) return ks__json_fail(j, KS_E_EXISTS, name, "duplicate key \"%s\"", fields[f]);
+  *seen |= 1u << f;
+  return f == 0 ? read_dtype(j, name, e) : f == 1 ? read_shape(j, name, e) : read_offsets(j, name, e);
 }
 
 static ks_status read_tensor(ks__json *j, const char *name, fmt_entry *e) {

@@ -49,6 +49,8 @@ void ks__json_ws(ks__json *j) {
 }
 
 bool ks__json_peek(ks__json *j, char c) {
+  /* Writers rarely put whitespace between tokens: c (never whitespace) is usually right here. */
+  if (j->pos < j->n && j->s[j->pos] == (uint8_t)c) return true;
   ks__json_ws(j);
   return j->pos < j->n && j->s[j->pos] == (uint8_t)c;
 }
@@ -63,7 +65,7 @@ ks_status ks__json_expect(ks__json *j, char c) {
 
 static bool buf_put(ks__json *j, ks__jbuf *b, const void *p, size_t n) {
   if (n == 0) return true;
-  if (b->len + n > b->cap) {
+  if (n > b->cap - b->len) {
     size_t ncap = b->cap ? b->cap : 64;
     while (ncap < b->len + n) ncap *= 2;
     char *q = ks__realloc(j->alloc, b->p, ncap);
@@ -118,24 +120,44 @@ static ks_status read_u_escape(ks__json *j, uint32_t *cp) {
   return KS_OK;
 }
 
+/* The byte a one-character escape stands for, or 0 when c does not name one. */
+static uint8_t simple_escape(uint8_t c) {
+  switch (c) {
+    case '"': return '"';
+    case '\\': return '\\';
+    case '/': return '/';
+    case 'b': return '\b';
+    case 'f': return '\f';
+    case 'n': return '\n';
+    case 'r': return '\r';
+    case 't': return '\t';
+    default: return 0;
+  }
+}
+
 static ks_status read_escape(ks__json *j, ks__jbuf *b) {
   if (j->pos >= j->n) return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: unterminated string");
   uint8_t c = j->s[j->pos++], out[4];
-  static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-  const char *hit = c ? strchr(from, c) : NULL;
   size_t n = 1;
-  if (hit) {
-    out[0] = (uint8_t)to[hit - from];
-  } else if (c == 'u') {
+  if ((out[0] = simple_escape(c)) == 0) {
+    if (c != 'u') {
+      j->pos--;
+      return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: invalid escape '\\%c'", c);
+    }
     uint32_t cp = 0;
     ks_status st = read_u_escape(j, &cp);
     if (st) return st;
     n = utf8_encode(cp, out);
-  } else {
-    j->pos--;
-    return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: invalid escape '\\%c'", c);
   }
   return buf_put(j, b, out, n) ? KS_OK : ks__err(j->err, KS_E_NOMEM, "out of memory decoding a string");
+}
+
+/* True for the bytes that end a run of plain string content: '"', '\\' and control characters. */
+static bool ends_run(uint8_t c) { return c < 0x20 || c == '"' || c == '\\'; }
+
+/* Advances j->pos past plain string content. */
+static void scan_run(ks__json *j) {
+  while (j->pos < j->n && !ends_run(j->s[j->pos])) j->pos++;
 }
 
 /* Slow path: the string has escapes; decode it into b. j->pos is at the first backslash. */
@@ -144,7 +166,7 @@ static ks_status read_escaped(ks__json *j, ks__jbuf *b, size_t start) {
   if (!buf_put(j, b, j->s + start, j->pos - start)) return ks__err(j->err, KS_E_NOMEM, "out of memory");
   while (j->pos < j->n) {
     size_t run = j->pos;
-    while (j->pos < j->n && j->s[j->pos] != '"' && j->s[j->pos] != '\\' && j->s[j->pos] >= 0x20) j->pos++;
+    scan_run(j);
     if (!buf_put(j, b, j->s + run, j->pos - run)) return ks__err(j->err, KS_E_NOMEM, "out of memory");
     if (j->pos >= j->n || j->s[j->pos] < 0x20) break;
     if (j->s[j->pos++] == '"') return KS_OK;
@@ -158,7 +180,7 @@ ks_status ks__json_string(ks__json *j, ks__jbuf *b, const char **s, size_t *n) {
   ks_status st = ks__json_expect(j, '"');
   if (st) return st;
   size_t start = j->pos;
-  while (j->pos < j->n && j->s[j->pos] != '"' && j->s[j->pos] != '\\' && j->s[j->pos] >= 0x20) j->pos++;
+  scan_run(j);
   if (j->pos < j->n && j->s[j->pos] == '"') {
     *s = (const char *)j->s + start;
     *n = j->pos++ - start;

@@ -36,56 +36,102 @@ static bool grow(ks__sbuf *b, size_t extra) {
   return true;
 }
 
-void ks__sbuf_put(ks__sbuf *b, const void *s, size_t n) {
+void ks__sbuf_put_slow(ks__sbuf *b, const void *s, size_t n) {
   if (n == 0 || !grow(b, n)) return;
   memcpy(b->p + b->len, s, n);
   b->len += n;
 }
 
-void ks__sbuf_puts(ks__sbuf *b, const char *s) { ks__sbuf_put(b, s, strlen(s)); }
+static const char hex_digits[] = "0123456789abcdef";
 
-void ks__sbuf_putc(ks__sbuf *b, char c) { ks__sbuf_put(b, &c, 1); }
+/* Two digits per step: header numbers are formatted a few hundred thousand times per file. */
+static const char dec_pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                "8081828384858687888990919293949596979899";
 
 void ks__sbuf_put_u64(ks__sbuf *b, uint64_t v) {
-  char tmp[24];
-  int n = snprintf(tmp, sizeof tmp, "%" PRIu64, v);
-  ks__sbuf_put(b, tmp, (size_t)n);
+  char tmp[20];
+  size_t i = sizeof tmp;
+  while (v >= 100) {
+    size_t d = (size_t)(v % 100) * 2;
+    v /= 100;
+    tmp[--i] = dec_pairs[d + 1];
+    tmp[--i] = dec_pairs[d];
+  }
+  if (v >= 10) {
+    tmp[--i] = dec_pairs[v * 2 + 1];
+    tmp[--i] = dec_pairs[v * 2];
+  } else {
+    tmp[--i] = (char)('0' + v);
+  }
+  ks__sbuf_put(b, tmp + i, sizeof tmp - i);
 }
 
 void ks__sbuf_put_i64(ks__sbuf *b, int64_t v) {
-  char tmp[24];
-  int n = snprintf(tmp, sizeof tmp, "%" PRId64, v);
-  ks__sbuf_put(b, tmp, (size_t)n);
+  if (v < 0) ks__sbuf_putc(b, '-');
+  /* The magnitude in unsigned arithmetic, so INT64_MIN does not overflow. */
+  ks__sbuf_put_u64(b, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
 }
 
-/* The escape for byte c, or NULL when it is copied as is. */
-static const char *escape_of(unsigned char c, char tmp[8]) {
-  switch (c) {
-    case '"': return "\\\"";
-    case '\\': return "\\\\";
-    case '\n': return "\\n";
-    case '\r': return "\\r";
-    case '\t': return "\\t";
-    default: break;
+void ks__sbuf_put_hex64(ks__sbuf *b, uint64_t v) {
+  char tmp[16];
+  for (int i = 7; i >= 0; i--, v >>= 8) {
+    tmp[2 * i] = hex_digits[(v >> 4) & 15];
+    tmp[2 * i + 1] = hex_digits[v & 15];
   }
-  if (c >= 0x20) return NULL;
-  snprintf(tmp, 8, "\\u%04x", c);
-  return tmp;
+  ks__sbuf_put(b, tmp, sizeof tmp);
+}
+
+static bool needs_escape(unsigned char c) { return c < 0x20 || c == '"' || c == '\\'; }
+
+/* Writes the JSON escape of c (a byte needs_escape accepts) to out; returns its length. */
+static size_t escape_of(unsigned char c, char out[6]) {
+  char short_form = c == '"' ? '"' : c == '\\' ? '\\' : c == '\n' ? 'n' : c == '\r' ? 'r' : c == '\t' ? 't' : 0;
+  out[0] = '\\';
+  if (short_form) {
+    out[1] = short_form;
+    return 2;
+  }
+  memcpy(out + 1, "u00", 3);
+  out[4] = hex_digits[c >> 4];
+  out[5] = hex_digits[c & 15];
+  return 6;
 }
 
 void ks__sbuf_put_json_str(ks__sbuf *b, const char *s, size_t n) {
   ks__sbuf_putc(b, '"');
   size_t run = 0; /* start of the pending unescaped run */
-  char tmp[8];
   for (size_t i = 0; i < n; i++) {
-    const char *esc = escape_of((unsigned char)s[i], tmp);
-    if (!esc) continue;
+    unsigned char c = (unsigned char)s[i];
+    if (!needs_escape(c)) continue;
+    char esc[6];
     ks__sbuf_put(b, s + run, i - run);
-    ks__sbuf_puts(b, esc);
+    ks__sbuf_put(b, esc, escape_of(c, esc));
     run = i + 1;
   }
   ks__sbuf_put(b, s + run, n - run);
   ks__sbuf_putc(b, '"');
+}
+
+/* Bytes that need no escape stay the same through both levels, and an escape is
+   plain ASCII in which only the backslash and the quote need escaping again. */
+void ks__sbuf_put_json_str_nested(ks__sbuf *b, const char *s, size_t n) {
+  ks__sbuf_put(b, "\\\"", 2);
+  size_t run = 0;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (!needs_escape(c)) continue;
+    char esc[6];
+    size_t k = escape_of(c, esc);
+    ks__sbuf_put(b, s + run, i - run);
+    for (size_t j = 0; j < k; j++) {
+      if (esc[j] == '"' || esc[j] == '\\') ks__sbuf_putc(b, '\\');
+      ks__sbuf_putc(b, esc[j]);
+    }
+    run = i + 1;
+  }
+  ks__sbuf_put(b, s + run, n - run);
+  ks__sbuf_put(b, "\\\"", 2);
 }
 
 /* Rewrites a locale decimal separator to '.', so output never depends on setlocale. */

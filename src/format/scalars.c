@@ -5,9 +5,7 @@
  * non-finite floats {"float": "nan"|"inf"|"-inf", "bits": "<16 hex>"}, bools,
  * strings and null as themselves.
  */
-#include <inttypes.h>
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -17,12 +15,10 @@
 static void put_nonfinite(ks__sbuf *b, double f) {
   uint64_t bits;
   memcpy(&bits, &f, sizeof bits);
-  char hex[17];
-  snprintf(hex, sizeof hex, "%016" PRIx64, bits);
   ks__sbuf_puts(b, "{\"float\":");
   ks__sbuf_puts(b, isnan(f) ? "\"nan\"" : f > 0 ? "\"inf\"" : "\"-inf\"");
   ks__sbuf_puts(b, ",\"bits\":\"");
-  ks__sbuf_puts(b, hex);
+  ks__sbuf_put_hex64(b, bits);
   ks__sbuf_puts(b, "\"}");
 }
 
