@@ -98,14 +98,23 @@ ks_status ks__multilabel_stat_update(ks_metric *m, const ks_tensor *in, size_t n
 /* ---- multiclass: per-class target count, prediction count and hits ---- */
 
 /*
- * Scratch counts of one batch. With few classes every sample bumps one cell of
- * a C x C matrix (one increment per sample); tc/pc/hit are derived after.
+ * Scratch counts of one batch, in 32-bit fields so the per-class arrays stay
+ * small (12 bytes a class) and a sample costs two increments: th[y] counts the
+ * target in its low half and a hit in its high half, pc[p] the prediction.
+ * With few classes each sample bumps one cell of a C x C matrix instead (one
+ * increment), folded into th/pc after. A batch is counted in chunks short
+ * enough that no 32-bit field overflows; each chunk but the last is spilled
+ * into 64-bit totals. The states see nothing until the whole batch was valid.
  */
 #define KS__SMALL_C 64
+#define KS__MC_CHUNK ((size_t)1 << 31) /* predictions counted per chunk */
+
 typedef struct mc_counts {
-  int64_t *cm;            /* C*C when C <= KS__SMALL_C, else NULL */
-  int64_t *tc, *pc, *hit; /* each C long */
-  int64_t n;
+  uint64_t *th;   /* C: targets (low 32 bits) | hits (high 32 bits) */
+  uint32_t *pc;   /* C: predictions */
+  uint32_t *cm;   /* C*C when the matrix is used, else NULL */
+  int64_t *tot;   /* tc[C] pc[C] hit[C] of spilled chunks; NULL until a spill */
+  int64_t n;      /* samples counted (not ignored) */
   size_t C;
   int64_t ign_in; /* ignore_index when it is a valid class, else -1 */
 } mc_counts;
@@ -123,30 +132,89 @@ static inline int target_ok(const ks_metric *m, const mc_counts *c, int64_t y) {
 static inline void tally(mc_counts *c, size_t y, size_t p) {
   if (c->cm) c->cm[y * c->C + p]++;
   else {
-    c->tc[y]++;
+    c->th[y] += 1 + ((uint64_t)(p == y) << 32);
     c->pc[p]++;
-    c->hit[y] += p == y;
   }
 }
 
-static ks_status count_labels(const ks_metric *m, const int64_t *p, const int64_t *t, size_t n, mc_counts *c,
-                              ks_error *err) {
-  for (size_t i = 0; i < n; i++) {
-    int ok = target_ok(m, c, t[i]);
-    if (ok < 0) return bad_label("target", i, t[i], c->C, err);
-    if (!ok) continue;
-    if ((uint64_t)p[i] >= c->C) return bad_label("preds", i, p[i], c->C, err);
-    tally(c, (size_t)t[i], (size_t)p[i]);
-    c->n++;
+/* A label pair off the fast path: 1 count, 0 ignored, -1 invalid (error in *st). */
+static int label_slow(const ks_metric *m, const mc_counts *c, int64_t q, int64_t y, size_t i, ks_status *st,
+                      ks_error *err) {
+  int ok = target_ok(m, c, y);
+  if (ok < 0) *st = bad_label("target", i, y, c->C, err);
+  else if (ok && (uint64_t)q >= c->C) {
+    *st = bad_label("preds", i, q, c->C, err);
+    ok = -1;
   }
+  return ok;
+}
+
+#if defined(__GNUC__)
+#define KS__NOINLINE __attribute__((noinline))
+#else
+#define KS__NOINLINE
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#define KS__UNROLL4 _Pragma("GCC unroll 4")
+#else
+#define KS__UNROLL4
+#endif
+
+/*
+ * Counts label pairs from i on until hi or the first pair that is out of
+ * range or (ign >= 0) has target ign; returns where it stopped. Kept out of
+ * line so the loop keeps its few pointers in registers; the ignore_index
+ * compare is skipped when ignore_index is not a class, as the range test
+ * already catches it.
+ */
+#define KS__FAST_LOOP(COUNT)                                                               \
+  if (ign < 0) {                                                                           \
+    KS__UNROLL4 for (; i < hi; i++) {                                                      \
+      int64_t y = t[i], q = p[i];                                                          \
+      if (((uint64_t)y >= C) | ((uint64_t)q >= C)) break;                                  \
+      COUNT;                                                                               \
+    }                                                                                      \
+  } else {                                                                                 \
+    KS__UNROLL4 for (; i < hi; i++) {                                                      \
+      int64_t y = t[i], q = p[i];                                                          \
+      if (((uint64_t)y >= C) | ((uint64_t)q >= C) | (y == ign)) break;                     \
+      COUNT;                                                                               \
+    }                                                                                      \
+  }                                                                                        \
+  return i;
+
+static KS__NOINLINE size_t fast_pairs(const int64_t *p, const int64_t *t, size_t i, size_t hi, uint64_t C,
+                                      int64_t ign, uint64_t *th, uint32_t *pc) {
+  KS__FAST_LOOP((th[y] += 1 + ((uint64_t)(q == y) << 32), pc[q]++))
+}
+
+static KS__NOINLINE size_t fast_cells(const int64_t *p, const int64_t *t, size_t i, size_t hi, uint64_t C,
+                                      int64_t ign, uint32_t *cm) {
+  KS__FAST_LOOP(cm[(uint64_t)y * C + (uint64_t)q]++)
+}
+
+static ks_status count_labels(const ks_metric *m, const int64_t *p, const int64_t *t, size_t lo, size_t hi,
+                              mc_counts *c, ks_error *err) {
+  size_t skipped = 0;
+  for (size_t i = lo;; i++) {
+    i = c->cm ? fast_cells(p, t, i, hi, c->C, c->ign_in, c->cm) : fast_pairs(p, t, i, hi, c->C, c->ign_in, c->th, c->pc);
+    if (i == hi) break;
+    ks_status st = KS_OK;
+    int ok = label_slow(m, c, p[i], t[i], i, &st, err);
+    if (ok < 0) return st;
+    if (ok) tally(c, (size_t)t[i], (size_t)p[i]);
+    else skipped++;
+  }
+  c->n += (int64_t)(hi - lo - skipped);
   return KS_OK;
 }
 
 /* The hot path: (N, C) float32 logits, argmax per row. */
-static ks_status count_argmax_rows(const ks_metric *m, const float *p, const int64_t *t, size_t n, mc_counts *c,
-                                   ks_error *err) {
+static ks_status count_argmax_rows(const ks_metric *m, const float *p, const int64_t *t, size_t lo, size_t hi,
+                                   mc_counts *c, ks_error *err) {
   size_t C = c->C;
-  for (size_t i = 0; i < n; i++, p += C) {
+  p += lo * C;
+  for (size_t i = lo; i < hi; i++, p += C) {
     int ok = target_ok(m, c, t[i]);
     if (ok < 0) return bad_label("target", i, t[i], C, err);
     if (!ok) continue;
@@ -157,54 +225,86 @@ static ks_status count_argmax_rows(const ks_metric *m, const float *p, const int
 }
 
 static ks_status count_logits(const ks_metric *m, const float *p, const int64_t *t, const ks__mcin *lay,
-                              size_t *topk, mc_counts *c, ks_error *err) {
+                              size_t *topk, size_t lo, size_t hi, mc_counts *c, ks_error *err) {
   size_t C = c->C, k = (size_t)m->args.top_k, P = lay->P;
-  if (k == 1 && P == 1) return count_argmax_rows(m, p, t, lay->n, c, err);
-  for (size_t i = 0; i < lay->n; i++) {
+  if (k == 1 && P == 1) return count_argmax_rows(m, p, t, lo, hi, c, err);
+  for (size_t i = lo; i < hi; i++) {
     int ok = target_ok(m, c, t[i]);
     if (ok < 0) return bad_label("target", i, t[i], C, err);
     if (!ok) continue;
     const float *row = p + (i / P) * C * P + i % P;
     if (k == 1) topk[0] = ks__argmax_f32(row, C, P);
     else ks__topk_f32(row, C, P, k, topk);
-    c->tc[t[i]]++;
+    uint64_t hits = 0;
     for (size_t j = 0; j < k; j++) {
       c->pc[topk[j]]++;
-      c->hit[t[i]] += (int64_t)topk[j] == t[i];
+      hits += topk[j] == (size_t)t[i];
     }
+    c->th[t[i]] += 1 + (hits << 32);
     c->n++;
   }
   return KS_OK;
 }
 
+/* Adds the matrix of a chunk to th/pc and clears it. */
 static void derive_from_matrix(mc_counts *c) {
   if (!c->cm) return;
   for (size_t y = 0; y < c->C; y++)
     for (size_t p = 0; p < c->C; p++) {
-      int64_t v = c->cm[y * c->C + p];
-      c->tc[y] += v;
-      c->pc[p] += v;
-      if (p == y) c->hit[y] += v;
+      uint64_t v = c->cm[y * c->C + p];
+      c->th[y] += v + (p == y ? v << 32 : 0);
+      c->pc[p] += (uint32_t)v;
     }
+  memset(c->cm, 0, c->C * c->C * sizeof *c->cm);
+}
+
+/* Moves the 32-bit counts of a finished chunk into the 64-bit totals. */
+static ks_status spill(ks_metric *m, mc_counts *c, ks_error *err) {
+  size_t C = c->C;
+  if (!c->tot && !(c->tot = ks__calloc(&m->alloc, 3 * C, sizeof *c->tot)))
+    return ks__err(err, KS_E_NOMEM, "out of memory counting %s", m->cls->name);
+  for (size_t i = 0; i < C; i++) {
+    c->tot[i] += (int64_t)(c->th[i] & 0xffffffffu);
+    c->tot[C + i] += c->pc[i];
+    c->tot[2 * C + i] += (int64_t)(c->th[i] >> 32);
+  }
+  memset(c->th, 0, C * sizeof *c->th);
+  memset(c->pc, 0, C * sizeof *c->pc);
+  return KS_OK;
+}
+
+/* Batch totals of class i: targets, predictions, hits. */
+static inline void class_counts(const mc_counts *c, size_t i, int64_t *tc, int64_t *pc, int64_t *hit) {
+  *tc = (int64_t)(c->th[i] & 0xffffffffu);
+  *pc = c->pc[i];
+  *hit = (int64_t)(c->th[i] >> 32);
+  if (!c->tot) return;
+  *tc += c->tot[i];
+  *pc += c->tot[c->C + i];
+  *hit += c->tot[2 * c->C + i];
 }
 
 static void commit_multiclass(ks_metric *m, const mc_counts *c) {
-  int64_t C = (int64_t)c->C;
   int64_t *tp = ks__i64(&m->st[0]), *fp = ks__i64(&m->st[1]), *tn = ks__i64(&m->st[2]), *fn = ks__i64(&m->st[3]);
+  int64_t tc, pc, hit, n = c->n;
   if (m->st[0].shape[0] == 1) { /* micro, top_k == 1 */
     int64_t hits = 0;
-    for (int64_t i = 0; i < C; i++) hits += c->hit[i];
+    for (size_t i = 0; i < c->C; i++) {
+      class_counts(c, i, &tc, &pc, &hit);
+      hits += hit;
+    }
     tp[0] += hits;
-    fp[0] += c->n - hits;
-    fn[0] += c->n - hits;
-    tn[0] += C * c->n - (2 * c->n - hits);
+    fp[0] += n - hits;
+    fn[0] += n - hits;
+    tn[0] += (int64_t)c->C * n - (2 * n - hits);
     return;
   }
-  for (int64_t i = 0; i < C; i++) {
-    tp[i] += c->hit[i];
-    fp[i] += c->pc[i] - c->hit[i];
-    fn[i] += c->tc[i] - c->hit[i];
-    tn[i] += c->n - c->pc[i] - c->tc[i] + c->hit[i];
+  for (size_t i = 0; i < c->C; i++) {
+    class_counts(c, i, &tc, &pc, &hit);
+    tp[i] += hit;
+    fp[i] += pc - hit;
+    fn[i] += tc - hit;
+    tn[i] += n - pc - tc + hit;
   }
 }
 
@@ -218,36 +318,52 @@ static ks_status raw_labels(const ks_metric *m, const ks_tensor *t, const char *
   return KS_OK;
 }
 
+/* Counts samples [0, n) chunk by chunk; 32-bit fields hold at most KS__MC_CHUNK each. */
+static ks_status count_chunks(ks_metric *m, const ks__view *p, const ks__view *t, const ks__mcin *lay, size_t *topk,
+                              mc_counts *c, ks_error *err) {
+  size_t n = t->n, chunk = KS__MC_CHUNK / (size_t)m->args.top_k;
+  ks_status st = KS_OK;
+  for (size_t lo = 0; !st && lo < n; lo += chunk) {
+    size_t hi = n - lo <= chunk ? n : lo + chunk;
+    st = lay->logits ? count_logits(m, p->p, t->p, lay, topk, lo, hi, c, err)
+                     : count_labels(m, p->p, t->p, lo, hi, c, err);
+    derive_from_matrix(c);
+    if (!st && hi < n) st = spill(m, c, err);
+  }
+  return st;
+}
+
 static ks_status multiclass_count(ks_metric *m, const ks_tensor *preds, const ks__view *t, const ks__mcin *lay,
                                   mc_counts *c, ks_error *err) {
   ks__view p = {0};
+  size_t *topk = NULL;
   ks_status st;
   if (lay->logits) {
-    size_t *topk = ks__malloc(&m->alloc, (size_t)m->args.top_k * sizeof *topk);
+    topk = ks__malloc(&m->alloc, (size_t)m->args.top_k * sizeof *topk);
     if (!topk) return ks__err(err, KS_E_NOMEM, "out of memory for top_k");
-    if (m->args.top_k > 1 || lay->P > 1) c->cm = NULL; /* the top-k loop counts tc/pc/hit itself */
+    if (m->args.top_k > 1 || lay->P > 1) c->cm = NULL; /* the top-k loop counts th/pc itself */
     st = ks__view_as(m, preds, KS_F32, &p, err);
-    if (!st) st = count_logits(m, p.p, t->p, lay, topk, c, err);
-    ks__free(&m->alloc, topk);
   } else {
     st = raw_labels(m, preds, "preds", &p, err);
-    if (!st) st = count_labels(m, p.p, t->p, t->n, c, err);
   }
+  if (!st) st = count_chunks(m, &p, t, lay, topk, c, err);
+  ks__free(&m->alloc, topk);
   ks__view_free(m, &p);
   return st;
 }
 
+/* One block: th (8 bytes a class), pc (4), then the matrix (4 a cell) when C is small. */
 static ks_status counts_init(ks_metric *m, mc_counts *c, ks_error *err) {
-  size_t C = (size_t)m->args.num_classes, cells = 3 * C + (C <= KS__SMALL_C ? C * C : 0);
+  size_t C = (size_t)m->args.num_classes, words = 3 * C + (C <= KS__SMALL_C ? C * C : 0);
   memset(c, 0, sizeof *c);
   c->C = C;
   c->ign_in = (m->args.has_ignore && m->args.ignore_index >= 0 && m->args.ignore_index < (int64_t)C)
                   ? m->args.ignore_index : -1;
-  c->tc = ks__calloc(&m->alloc, cells, sizeof(int64_t));
-  if (!c->tc) return ks__err(err, KS_E_NOMEM, "out of memory counting %s", m->cls->name);
-  c->pc = c->tc + C;
-  c->hit = c->pc + C;
-  if (C <= KS__SMALL_C) c->cm = c->hit + C;
+  void *block = ks__calloc(&m->alloc, words, sizeof(uint32_t));
+  if (!block) return ks__err(err, KS_E_NOMEM, "out of memory counting %s", m->cls->name);
+  c->th = block;
+  c->pc = (uint32_t *)(c->th + C);
+  if (C <= KS__SMALL_C) c->cm = c->pc + C;
   return KS_OK;
 }
 
@@ -261,11 +377,9 @@ ks_status ks__multiclass_stat_update(ks_metric *m, const ks_tensor *in, size_t n
   if (st) return st;
   st = counts_init(m, &c, err);
   if (!st) st = multiclass_count(m, &in[0], &t, &lay, &c, err);
-  if (!st) {
-    derive_from_matrix(&c);
-    commit_multiclass(m, &c);
-  }
-  ks__free(&m->alloc, c.tc);
+  if (!st) commit_multiclass(m, &c);
+  ks__free(&m->alloc, c.th);
+  ks__free(&m->alloc, c.tot);
   ks__view_free(m, &t);
   return st;
 }
