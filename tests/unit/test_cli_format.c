@@ -195,6 +195,46 @@ static void diff_exit_status_follows_content(void **state) {
   free(pb);
 }
 
+/* The RESULT cell of a component's row in diff's summary table, or "" when absent. */
+static const char *component_result(const char *out, const char *component) {
+  char needle[256];
+  snprintf(needle, sizeof needle, "\n  %s ", component);
+  const char *row = strstr(out, needle);
+  if (!row) return "";
+  const char *end = strchr(row + 1, '\n');
+  const char *d = strstr(row, "different"), *i = strstr(row, "identical");
+  if (d && (!end || d < end)) return "different";
+  if (i && (!end || i < end)) return "identical";
+  return "";
+}
+
+static void diff_summarises_checkpoints_component_by_component(void **state) {
+  (void)state;
+  ks_statedict *a, *b;
+  int64_t shape[1] = {3};
+  assert_int_equal(ks_statedict_create(NULL, &a), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &b), KS_OK);
+  float *wa, *wb, *ma, *mb;
+  ks_statedict_new_tensor(a, "state/model/fc.weight", KS_F32, 1, shape, (void **)&wa);
+  ks_statedict_new_tensor(b, "state/model/fc.weight", KS_F32, 1, shape, (void **)&wb);
+  ks_statedict_new_tensor(a, "state/optimizers/AdamW/state/0/exp_avg", KS_F32, 1, shape, (void **)&ma);
+  ks_statedict_new_tensor(b, "state/optimizers/AdamW/state/0/exp_avg", KS_F32, 1, shape, (void **)&mb);
+  ks_statedict_set_int(a, "state/timestamp/Timestamp/batch", 10);
+  ks_statedict_set_int(b, "state/timestamp/Timestamp/batch", 10);
+  wb[1] = 1.0f; /* only the model differs */
+  char *pa = saved("ca.ks", a, NULL), *pb = saved("cb.ks", b, NULL), *out;
+  assert_int_equal(cli(&out, "diff '%s' '%s'", pa, pb), 1);
+  assert_contains(out, "components (3)");
+  assert_string_equal(component_result(out, "state/model"), "different");
+  assert_string_equal(component_result(out, "state/optimizers/AdamW"), "identical");
+  assert_string_equal(component_result(out, "state/timestamp/Timestamp"), "identical");
+  free(out);
+  ks_statedict_free(a);
+  ks_statedict_free(b);
+  free(pa);
+  free(pb);
+}
+
 static void diff_treats_nan_in_the_same_place_as_equal(void **state) {
   (void)state;
   ks_statedict *a = fmt_small_dict(4), *b = fmt_small_dict(4);
@@ -236,6 +276,7 @@ int main(void) {
       cmocka_unit_test(inspect_shows_scalars_and_metadata),
       cmocka_unit_test(verify_names_key_and_offset_of_corruption),
       cmocka_unit_test(diff_exit_status_follows_content),
+      cmocka_unit_test(diff_summarises_checkpoints_component_by_component),
       cmocka_unit_test(diff_treats_nan_in_the_same_place_as_equal),
       cmocka_unit_test(every_subcommand_has_help_and_rejects_bad_usage),
   };
