@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "keepsake/alloc.h"
+#include "keepsake/io.h" /* ks_io, ks_io_posix: the writer's injectable I/O */
 #include "keepsake/statedict.h"
 #include "keepsake/status.h"
 #include "keepsake/tensor.h"
@@ -90,32 +91,6 @@ ks_status ks_meta_at(const ks_meta *m, size_t i, const char **key, const char **
  * @return KS_OK, KS_E_INVALID or KS_E_NOMEM (dst may then hold some of the pairs).
  */
 ks_status ks_meta_copy(ks_meta *dst, const ks_meta *src);
-
-/* ------------------------------------------------------------------------ */
-/* Injectable I/O for the writer. Every function returns 0 or an errno value. */
-
-/**
- * The file operations ks_save performs, in order: create_fn (exclusive create
- * of the temp file), write_fn (repeatedly), fsync_fn, close_fn, rename_fn,
- * fsync_dir_fn; unlink_fn removes the temp file after a failure. Tests replace
- * them to make each step fail in turn. All members must be set.
- */
-typedef struct ks_io {
-  void *ctx;
-  /** Creates `path` with O_CREAT|O_EXCL for writing (mode 0666 & ~umask); EEXIST when it exists. */
-  int (*create_fn)(void *ctx, const char *path, int *fd);
-  /** Writes up to n bytes; *written receives the count (may be short). */
-  int (*write_fn)(void *ctx, int fd, const void *buf, size_t n, size_t *written);
-  int (*fsync_fn)(void *ctx, int fd);
-  int (*close_fn)(void *ctx, int fd);
-  int (*rename_fn)(void *ctx, const char *from, const char *to);
-  int (*unlink_fn)(void *ctx, const char *path);
-  /** Opens the directory, fsyncs it and closes it. */
-  int (*fsync_dir_fn)(void *ctx, const char *dir);
-} ks_io;
-
-/** The POSIX implementation (what NULL means). Static; thread safe. */
-const ks_io *ks_io_posix(void);
 
 /* ------------------------------------------------------------------------ */
 /* Writing. */

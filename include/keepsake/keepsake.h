@@ -9,6 +9,7 @@
 #include "keepsake/alloc.h"
 #include "keepsake/dtype.h"
 #include "keepsake/format.h"
+#include "keepsake/io.h"
 #include "keepsake/metric.h"
 #include "keepsake/state.h"
 #include "keepsake/statedict.h"

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "keepsake/alloc.h"
+#include "keepsake/io.h"
 #include "keepsake/statedict.h"
 #include "keepsake/status.h"
 
@@ -77,6 +78,7 @@ typedef struct ks_torch_write_opts {
   const char *root;          /**< archive folder name; NULL = "archive" */
   int force_zip64;           /**< write zip64 records even for small files (tests) */
   int no_fsync;              /**< skip fsync of the file and its directory */
+  const ks_io *io;           /**< file operations of ks_torch_save; NULL = ks_io_posix() */
 } ks_torch_write_opts;
 
 /**
@@ -87,10 +89,17 @@ typedef struct ks_torch_write_opts {
  * (U16 and U32 are widened to I32 / I64; U64 must fit in I64; F8 dtypes are
  * refused); floats become 0-d float64 tensors (1.13's safe loader lacks
  * BINFLOAT); ints, bools, strings and null are plain pickle values.
- * The file is written to a temporary name, synced, and renamed into place.
+ * The archive is streamed through opts->io to `<dir>/.<name>.tmp-<6 random
+ * characters>`, which is fsynced, renamed over `path`, and the directory
+ * fsynced (the same durable replace as ks_save). On any failure before the
+ * rename the temporary file is removed and the previous file at `path` is
+ * untouched. If only the final directory fsync fails, `path` already holds the
+ * new file but its durability is unknown; KS_E_IO is returned.
  *
- * @return KS_OK, KS_E_INVALID (a name is both a value and a folder, bad UTF-8),
- *         KS_E_DTYPE, KS_E_IO or KS_E_NOMEM. On failure `path` is untouched.
+ * @param path destination; its directory must exist.
+ * @return KS_OK, KS_E_INVALID (a name is both a value and a folder, bad UTF-8,
+ *         path names a directory), KS_E_DTYPE, KS_E_IO or KS_E_NOMEM; err names
+ *         `path` as the file.
  * Thread safety: sd is only read.
  */
 ks_status ks_torch_save(const char *path, const ks_statedict *sd, const ks_torch_write_opts *opts,

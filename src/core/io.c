@@ -1,10 +1,10 @@
-/* The POSIX implementation of ks_io, the layer the writer does all its file I/O through. */
+/* The POSIX implementation of ks_io, the layer the durable writers do all their file I/O through. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <unistd.h>
 
-#include "format/fmt_internal.h"
+#include "keepsake/io.h"
 
 static int errno_or_io(void) { return errno ? errno : EIO; }
 

@@ -1,0 +1,45 @@
+/*
+ * Durable replace: write a file under a temporary name in its directory, fsync
+ * it, rename it over the destination and fsync the directory, all through a
+ * ks_io table. Shared by every writer of files (format, torch). Not installed.
+ *
+ * Use: prepare (allocations only, no I/O), open, write..., commit, then always
+ * abort, which removes whatever is left of the temporary file and frees memory.
+ * Errors name the destination path as the file; messages name the temp file.
+ */
+#ifndef KS_CORE_DURABLE_H
+#define KS_CORE_DURABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "keepsake/alloc.h"
+#include "keepsake/io.h"
+#include "keepsake/status.h"
+
+typedef struct ks__durable {
+  const ks_allocator *alloc;
+  const ks_io *io;
+  const char *path; /* borrowed: must outlive the ks__durable */
+  char *dir, *tmp;
+  size_t tmp_suffix; /* where the random suffix of tmp starts */
+  int fd;
+  bool have_fd, have_tmp;
+  ks_error *err;
+} ks__durable;
+
+/* Splits path into its directory and "<dir>/.<name>.tmp-XXXXXX". io NULL = POSIX.
+ * KS_E_INVALID when path names a directory, KS_E_NOMEM. Call abort even on failure. */
+ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
+                              ks_error *err);
+/* Creates the temporary file exclusively under a fresh random name. */
+ks_status ks__durable_open(ks__durable *d);
+/* Writes all n bytes to the temporary file (retrying short writes). */
+ks_status ks__durable_write(ks__durable *d, const void *p, size_t n);
+/* fsync, close, rename over path, fsync the directory (no_fsync skips both fsyncs).
+ * A failing directory fsync returns KS_E_IO with the new file already in place. */
+ks_status ks__durable_commit(ks__durable *d, int no_fsync);
+/* Closes and unlinks the temporary file if still held, frees memory. Idempotent. */
+void ks__durable_abort(ks__durable *d);
+
+#endif
