@@ -137,6 +137,25 @@ static ks_status stage_state(const ks_metric *m, const ks_statedict *src, const 
   return st;
 }
 
+/* Cat states of one metric (preds and target of a curve) hold one row per sample each. */
+static ks_status check_cat_rows(const ks_metric *m, const staged *sg, const char *prefix, ks_error *err) {
+  const ks__state *first = NULL;
+  int64_t rows = 0;
+  for (size_t i = 0; i < m->n_states; i++) {
+    if (m->st[i].reduce != KS_REDUCE_CAT) continue;
+    if (!first) {
+      first = &m->st[i];
+      rows = sg[i].shape[0];
+    } else if (sg[i].shape[0] != rows) {
+      char name[KS_MAX_NAME + 2];
+      full_name(prefix, m->st[i].name, name, sizeof name, NULL);
+      return ks__err_at(err, KS_E_SHAPE, NULL, name, -1, "state '%s' has %lld rows but '%s' has %lld",
+                        m->st[i].name, (long long)sg[i].shape[0], first->name, (long long)rows);
+    }
+  }
+  return KS_OK;
+}
+
 static void install(ks_metric *m, staged *sg) {
   for (size_t i = 0; i < m->n_states; i++) {
     ks__state *s = &m->st[i];
@@ -166,6 +185,7 @@ ks_status ks_metric_load_state_dict(ks_metric *m, const ks_statedict *src, const
   ks_status st = KS_OK;
   for (size_t i = 0; !st && i < m->n_states; i++)
     st = stage_state(m, src, prefix, schema_version, allow_narrowing, i, &sg[i], &mig, &conv, err);
+  if (!st) st = check_cat_rows(m, sg, prefix, err);
   if (st) {
     for (size_t i = 0; i < m->n_states; i++) ks__free(&m->alloc, sg[i].data);
     return st;

@@ -31,15 +31,35 @@ static void list_free(const ks_allocator *a, ckpt_list *l) {
   l->n = l->cap = 0;
 }
 
-/* The part of the template after its last placeholder, e.g. ".keepsake". */
-static const char *suffix_of(const char *tmpl) {
-  const char *close = strrchr(tmpl, '}');
-  return close ? close + 1 : tmpl;
+/* Length of the placeholder at t ({epoch} {batch} {sample}), 0 when t is plain text. */
+static size_t placeholder_len(const char *t) {
+  if (!strncmp(t, "{epoch}", 7) || !strncmp(t, "{batch}", 7)) return 7;
+  return strncmp(t, "{sample}", 8) ? 0 : 8;
+}
+
+/*
+ * Whether `name` is what the template expands to for some timestamp: text
+ * matches itself, a placeholder one or more digits (after an optional '-').
+ * Other files in the run dir (a final export, a copied checkpoint) are neither
+ * resumed from nor deleted by retention.
+ */
+static int matches_template(const char *t, const char *name) {
+  for (; *t; t++, name++) {
+    size_t k = placeholder_len(t);
+    if (k) {
+      if (*name == '-') name++;
+      /* Adjacent placeholders ("{epoch}{batch}") split a digit run: try every split. */
+      for (const char *d = name; *d >= '0' && *d <= '9'; d++)
+        if (matches_template(t + k, d + 1)) return 1;
+      return 0;
+    }
+    if (*name != *t) return 0;
+  }
+  return *name == '\0';
 }
 
 static int is_candidate(const ks_ckpt_manager *m, const char *dir_name, const char *name) {
-  size_t n = strlen(name), sn = strlen(suffix_of(m->tmpl));
-  if (name[0] == '.' || n < sn || strcmp(name + n - sn, suffix_of(m->tmpl))) return 0;
+  if (name[0] == '.' || !matches_template(m->tmpl, name)) return 0;
   char path[4096];
   struct stat sb;
   if (snprintf(path, sizeof path, "%s/%s", dir_name, name) >= (int)sizeof path) return 0;

@@ -320,6 +320,26 @@ static void load_rejects_missing_misshapen_or_future_states_unchanged(void **st)
   ks_metric_free(m);
 }
 
+static void load_rejects_curve_preds_and_target_of_different_lengths(void **st) {
+  (void)st;
+  float p[3] = {0.1f, 0.6f, 0.8f};
+  int64_t y[3] = {0, 1, 1}, y5[5] = {0, 1, 1, 0, 1};
+  ks_metric *src = mt_make("BinaryAUROC", NULL), *m = mt_make("BinaryAUROC", NULL);
+  mt_update2(src, F32V(p), I64V(y));
+  mt_update2(m, F32V(p), I64V(y));
+  ks_statedict *sd = mt_snapshot(src), *before = mt_snapshot(m);
+  ks_tensor t = I64V(y5);
+  assert_int_equal(ks_statedict_set_tensor(sd, "target", &t, KS_COPY), KS_OK);
+  ks_error e;
+  assert_int_equal(ks_metric_load_state_dict(m, sd, "", 2, 0, NULL, NULL, &e), KS_E_SHAPE);
+  assert_true(mt_unchanged(m, before));
+  assert_true(mt_close(mt_value(m, 0), 1.0));
+  ks_statedict_free(sd);
+  ks_statedict_free(before);
+  ks_metric_free(src);
+  ks_metric_free(m);
+}
+
 static void restore_computed_sets_cache_and_count(void **st) {
   (void)st;
   ks_metric *m = mt_make("SumMetric", NULL);
@@ -561,6 +581,7 @@ int main(void) {
       cmocka_unit_test(load_reshapes_mse_and_mae_sums),
       cmocka_unit_test(load_widens_but_refuses_narrowing_unless_allowed),
       cmocka_unit_test(load_rejects_missing_misshapen_or_future_states_unchanged),
+      cmocka_unit_test(load_rejects_curve_preds_and_target_of_different_lengths),
       cmocka_unit_test(restore_computed_sets_cache_and_count),
       cmocka_unit_test(merge_matches_updating_one_metric),
       cmocka_unit_test(merge_is_associative_and_commutative),

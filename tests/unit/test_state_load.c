@@ -494,6 +494,33 @@ static void save_and_load_survive_every_allocation_failure(void **s) {
   prog_free(&b);
 }
 
+static void retention_deletes_only_files_named_by_the_template(void **s) {
+  (void)s;
+  static const mdef train[] = {ACC};
+  prog p;
+  prog_init(&p, train, 1, NULL, 0, 1.0f);
+  char *dir = ks_test_tmpdir("retention");
+  ks_ckpt_opts co = {.run_dir = dir, .save_interval = "1ba", .keep = 1, .no_fsync = 1};
+  ks_ckpt_manager *mgr;
+  assert_int_equal(ks_ckpt_manager_create(&co, &mgr, NULL), KS_OK);
+  train_a_little(&p);
+  char *final = ks_test_path(dir, "final.keepsake"), *first = ks_test_path(dir, "ep0-ba1.keepsake");
+  assert_int_equal(ks_state_save(p.st, final, NULL, NULL), KS_OK); /* an export beside the checkpoints */
+  assert_int_equal(ks_ckpt_manager_save(mgr, p.st, NULL, NULL), KS_OK);
+  train_a_little(&p);
+  assert_int_equal(ks_ckpt_manager_save(mgr, p.st, NULL, NULL), KS_OK);
+  train_a_little(&p);
+  assert_int_equal(ks_ckpt_manager_save(mgr, p.st, NULL, NULL), KS_OK);
+  assert_true(ks_test_exists(final));
+  assert_false(ks_test_exists(first));
+  ks_ckpt_manager_free(mgr);
+  ks_test_rmtree(dir);
+  free(final);
+  free(first);
+  free(dir);
+  prog_free(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(load_fills_metrics_so_compute_works_at_once),
@@ -509,6 +536,7 @@ int main(void) {
       cmocka_unit_test(strict_model_rejects_unexpected_keys),
       cmocka_unit_test(state_flattens_to_composer_layout_with_metric_metadata),
       cmocka_unit_test(save_and_load_survive_every_allocation_failure),
+      cmocka_unit_test(retention_deletes_only_files_named_by_the_template),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
