@@ -1,7 +1,9 @@
 /* keepsake convert IN OUT: between torch.save / Composer files and keepsake files. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -39,11 +41,11 @@ static int ends_with(const char *s, const char *suffix) {
 
 static int is_zip_file(const char *path) {
   unsigned char head[4] = {0};
-  FILE *f = fopen(path, "rb");
-  if (!f) return 0;
-  size_t n = fread(head, 1, sizeof head, f);
-  fclose(f);
-  return ks_torch_is_zip(head, n);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* fopen would wait forever on a FIFO */
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, head, sizeof head);
+  close(fd);
+  return n > 0 && ks_torch_is_zip(head, (size_t)n);
 }
 
 static int has_metrics(const ks_statedict *sd) {

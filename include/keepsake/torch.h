@@ -43,7 +43,7 @@ typedef struct ks_torch_read_opts {
   uint64_t max_string;       /**< one string or bytes object; default 1 GiB */
   uint64_t max_view_bytes;   /**< bytes materialised for strided views; default 2*file+64 MiB */
   size_t max_depth;          /**< nesting depth of the flattened tree; default 64 */
-  size_t max_entries;        /**< flattened entries; default 8*pickle bytes + 4096 */
+  size_t max_entries;        /**< flattened entries, and separately containers visited while flattening (a pickle can share one container many times); default 8*pickle bytes + 4096 */
 } ks_torch_read_opts;
 
 /**

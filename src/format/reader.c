@@ -86,7 +86,8 @@ static ks_status map_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
 }
 
 static ks_status load_file(ks_reader *r, ks_read_mode mode, ks_error *err) {
-  int fd = open(r->path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: opening a FIFO must not wait for a writer before it is refused as not a regular file. */
+  int fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return io_err(r, "cannot open file", err);
   struct stat st;
   ks_status s;

@@ -142,9 +142,11 @@ static ks_status cat_shape(norm *nm, const char *base, ks_dtype *dt, int *rank, 
       for (int i = 1; i < r; i++) shape[i] = t->shape[i];
     }
     if (t->dtype != *dt) return ks__err_at(nm->err, KS_E_DTYPE, NULL, key, -1, "composer: list state items differ in dtype");
-    for (int i = 1; i < r; i++)
-      if (r != *rank || t->shape[i] != shape[i])
-        return ks__err_at(nm->err, KS_E_SHAPE, NULL, key, -1, "composer: list state items differ in shape");
+    int same = r == *rank; /* a lower rank after a higher one would be copied into too small a tensor */
+    for (int i = 1; same && i < r; i++) same = t->shape[i] == shape[i];
+    if (!same)
+      return ks__err_at(nm->err, KS_E_SHAPE, NULL, key, -1, "composer: list state items differ in shape");
+    if (d0 > INT64_MAX - shape[0]) return ks__err_at(nm->err, KS_E_LIMIT, NULL, key, -1, "composer: list state too long");
     shape[0] += d0;
   }
 }

@@ -13,7 +13,7 @@ typedef struct flat {
   ks_statedict *sd;
   const ks__pk_limits *lim;
   ks_error *err;
-  size_t len, entries;
+  size_t len, entries, containers;
   char path[KS_MAX_NAME + 2];
 } flat;
 
@@ -193,6 +193,12 @@ static ks_status leaf(flat *f, const ks__pk_node *n) {
 static ks_status visit(flat *f, const ks__pk_node *n, size_t depth) {
   if (depth > f->lim->max_depth)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: nesting deeper than %zu (or a cycle)", f->lim->max_depth);
+  /* Shared references make a small DAG of containers without leaves visit exponentially many paths. */
+  bool container = n->kind == PK_DICT || n->kind == PK_TUPLE || n->kind == PK_LIST || n->kind == PK_SET ||
+                   n->kind == PK_OBJECT;
+  if (container && f->containers++ >= f->lim->max_entries)
+    return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1,
+                      "torch: more than %zu containers visited (shared references?)", f->lim->max_entries);
   switch (n->kind) {
     case PK_DICT: return visit_dict(f, &n->u.seq, depth);
     case PK_TUPLE:
@@ -211,7 +217,7 @@ ks_status ks__pk_flatten(const ks__pk_node *root, const ks__pk_arena *ar, const 
   f->sd = sd;
   f->lim = lim;
   f->err = err;
-  f->len = f->entries = 0;
+  f->len = f->entries = f->containers = 0;
   f->path[0] = 0;
   ks_status st = visit(f, root, 0);
   ks__free(ks_statedict_allocator(sd), f);

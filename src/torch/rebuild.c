@@ -326,15 +326,21 @@ static ks_status merge_state(ks__pk_arena *ar, ks__pk_node *obj, ks__pk_node *st
   ks__pk_node *old = obj->u.obj.state;
   if (!old || old->kind != PK_DICT || state->kind != PK_DICT) {
     obj->u.obj.state = state;
+    obj->u.obj.state_owned = false;
     return KS_OK;
   }
-  ks__pk_node *d = ks__pk_new(ar, PK_DICT);
-  if (!d) return nomem(err);
-  for (size_t i = 0; i < old->u.seq.n; i++)
-    if (!ks__pk_push(ar, &d->u.seq, old->u.seq.v[i])) return nomem(err);
+  /* A dict of our own is extended in place: copying it on every BUILD would make a
+     program of n BUILDs cost n^2 time and memory. Other dicts may be shared (memo). */
+  ks__pk_node *d = old;
+  if (!obj->u.obj.state_owned) {
+    if (!(d = ks__pk_new(ar, PK_DICT))) return nomem(err);
+    for (size_t i = 0; i < old->u.seq.n; i++)
+      if (!ks__pk_push(ar, &d->u.seq, old->u.seq.v[i])) return nomem(err);
+    obj->u.obj.state = d;
+    obj->u.obj.state_owned = true;
+  }
   for (size_t i = 0; i < state->u.seq.n; i++)
     if (!ks__pk_push(ar, &d->u.seq, state->u.seq.v[i])) return nomem(err);
-  obj->u.obj.state = d;
   return KS_OK;
 }
 

@@ -101,6 +101,7 @@ struct ks__pk_node {
     } g;
     struct {
       ks__pk_node *cls, *args, *state, *items;
+      bool state_owned; /* state is a dict merge_state made, referenced from nowhere else */
     } obj;
     struct {
       ks_dtype dtype;

@@ -215,10 +215,14 @@ ks_status ks__zip_open_buffer(const void *buf, size_t len, const ks_allocator *a
 }
 
 static ks_status map_file(const char *path, void **map, size_t *len, ks_error *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO is refused, not waited on */
   if (fd < 0) return ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot open: %s", strerror(errno));
   struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size <= 0 || (uint64_t)sb.st_size > SIZE_MAX) {
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    return ks__err_at(err, KS_E_IO, path, NULL, -1, "not a regular file");
+  }
+  if (sb.st_size <= 0 || (uint64_t)sb.st_size > SIZE_MAX) {
     close(fd);
     return ks__err_at(err, KS_E_FORMAT, path, NULL, -1, "not a regular non-empty file");
   }

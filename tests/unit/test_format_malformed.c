@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -394,6 +396,21 @@ static void reader_open_survives_every_allocation_failure(void **state) {
   free(b);
 }
 
+static void reader_refuses_a_fifo_without_waiting_for_a_writer(void **state) {
+  (void)state;
+  char *path = ks_test_path(tmp_dir, "fifo");
+  assert_int_equal(mkfifo(path, 0600), 0);
+  alarm(10); /* a blocking open would wait forever: let the alarm fail the test instead */
+  ks_reader *r = NULL;
+  ks_error err;
+  assert_int_equal(ks_reader_open(path, NULL, &r, &err), KS_E_IO);
+  alarm(0);
+  assert_null(r);
+  assert_non_null(strstr(err.message, "not a regular file"));
+  unlink(path);
+  free(path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(reader_rejects_header_length_past_eof),
@@ -419,6 +436,7 @@ int main(void) {
       cmocka_unit_test(verify_rejects_a_tampered_checksum_table),
       cmocka_unit_test(reader_loads_a_file_with_every_scalar_kind),
       cmocka_unit_test(reader_open_survives_every_allocation_failure),
+      cmocka_unit_test(reader_refuses_a_fifo_without_waiting_for_a_writer),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -244,6 +245,43 @@ static void allocation_failures_return_nomem_and_leak_nothing(void **s) {
   free(buf);
 }
 
+/* A pickled metric's list state whose items disagree in rank: [1, 0] then [5] must not be
+   concatenated into a [6, 0] tensor of no bytes while 20 bytes are copied into it. */
+static void composer_list_state_items_of_different_rank_are_refused(void **s) {
+  (void)s;
+  static const float five[5] = {1, 2, 3, 4, 5};
+  ks_statedict *sd, *norm = NULL;
+  ks_tensor a, b;
+  int64_t sa[2] = {1, 0}, sb[1] = {5};
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "state/train_metrics/M/__class__", "m.M"), KS_OK);
+  assert_int_equal(ks_statedict_set_null(sd, "state/train_metrics/M/_defaults/x"), KS_OK);
+  assert_int_equal(ks_tensor_init(&a, KS_F32, 2, sa, NULL), KS_OK);
+  assert_int_equal(ks_tensor_init(&b, KS_F32, 1, sb, (void *)five), KS_OK);
+  assert_int_equal(ks_statedict_set_tensor(sd, "state/train_metrics/M/x/0", &a, KS_COPY), KS_OK);
+  assert_int_equal(ks_statedict_set_tensor(sd, "state/train_metrics/M/x/1", &b, KS_BORROW), KS_OK);
+  ks_error err;
+  assert_int_equal(ks_composer_normalize(sd, KS_BORROW, &norm, NULL, &err), KS_E_SHAPE);
+  assert_null(norm);
+  ks_statedict_free(sd);
+}
+
+static void torch_load_refuses_a_fifo_without_waiting_for_a_writer(void **s) {
+  (void)s;
+  char *dir = ks_test_tmpdir("torch-fifo");
+  char *path = ks_test_path(dir, "fifo.pt");
+  assert_int_equal(mkfifo(path, 0600), 0);
+  alarm(10); /* a blocking open would wait forever: let the alarm fail the test instead */
+  ks_statedict *sd = NULL;
+  ks_error err;
+  assert_int_equal(ks_torch_load(path, NULL, &sd, &err), KS_E_IO); /* as ks_reader_open says */
+  alarm(0);
+  assert_null(sd);
+  ks_test_rmtree(dir);
+  free(path);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(reads_every_dtype_view_and_special_value),
@@ -256,6 +294,8 @@ int main(void) {
       cmocka_unit_test(random_corruption_is_an_error_or_data_never_a_crash),
       cmocka_unit_test(crc_verification_catches_a_flipped_storage_byte),
       cmocka_unit_test(allocation_failures_return_nomem_and_leak_nothing),
+      cmocka_unit_test(composer_list_state_items_of_different_rank_are_refused),
+      cmocka_unit_test(torch_load_refuses_a_fifo_without_waiting_for_a_writer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -158,6 +158,50 @@ static void self_referencing_list_hits_the_depth_limit(void **s) {
   assert_non_null(strstr(err.message, "deeper"));
 }
 
+/* L0 = [], L(k+1) = [Lk, Lk]: 200 bytes of pickle, 2^21 paths and not one leaf. */
+static void shared_empty_containers_are_bounded_by_the_entry_limit(void **s) {
+  (void)s;
+  char prog[256];
+  size_t n = 0;
+  memcpy(prog, "\x80\x02]q\x00", 5);
+  n = 5;
+  for (int k = 0; k < 20; k++) {
+    const char step[] = {'(', 'h', (char)k, 'h', (char)k, 'l', 'q', (char)(k + 1)};
+    memcpy(prog + n, step, sizeof step);
+    n += sizeof step;
+  }
+  prog[n++] = '.';
+  ks_statedict *sd;
+  ks_error err;
+  assert_int_equal(run(prog, n, NULL, &sd, &err), KS_E_LIMIT);
+  assert_non_null(strstr(err.message, "containers"));
+}
+
+/* obj; BUILD {1: 1}; then 2000 x (GET 0, BUILD): the state grows by one item per BUILD. */
+static void repeated_builds_extend_the_state_without_copying_it(void **s) {
+  (void)s;
+  enum { N = 2000 };
+  static char prog[32 + 3 * N];
+  static const char head[] = "\x80\x02" "cfoo\nBar\n)R}(K\x01K\x01uq\x00" "b";
+  size_t n = sizeof head - 1;
+  memcpy(prog, head, n);
+  for (int i = 0; i < N; i++, n += 3) memcpy(prog + n, "h\x00" "b", 3);
+  prog[n++] = '.';
+  ks_test_alloc ta;
+  ks_test_alloc_init(&ta, 0);
+  ks__pk_arena ar;
+  ks__pk_limits lim;
+  ks__pk_arena_init(&ar, &ta.a);
+  ks__pk_limits_from_opts(NULL, n, &lim);
+  ks__pk_node *root = NULL;
+  assert_int_equal(ks__pk_run((const uint8_t *)prog, n, &ar, &lim, NULL, NULL, &root, NULL), KS_OK);
+  assert_int_equal(root->kind, PK_OBJECT);
+  assert_int_equal(root->u.obj.state->u.seq.n, 2 * (N + 1));
+  assert_true(ta.calls < N); /* copying the state on every BUILD allocates at least once per BUILD */
+  ks__pk_arena_release(&ar);
+  assert_int_equal(ta.live, 0);
+}
+
 static void stack_depth_is_capped(void **s) {
   (void)s;
   char prog[4096];
@@ -228,6 +272,8 @@ int main(void) {
       cmocka_unit_test(zero_stride_views_are_bounded_by_the_view_limit),
       cmocka_unit_test(memo_index_beyond_the_program_is_a_limit),
       cmocka_unit_test(self_referencing_list_hits_the_depth_limit),
+      cmocka_unit_test(shared_empty_containers_are_bounded_by_the_entry_limit),
+      cmocka_unit_test(repeated_builds_extend_the_state_without_copying_it),
       cmocka_unit_test(stack_depth_is_capped),
       cmocka_unit_test(malformed_programs_are_clear_errors),
       cmocka_unit_test(numpy_rng_array_becomes_a_tensor),
