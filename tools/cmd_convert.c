@@ -15,7 +15,7 @@
 
 static void convert_usage(FILE *out) {
   fprintf(out,
-          "usage: keepsake convert IN OUT\n\n"
+          "usage: keepsake convert IN OUT [--ignore GLOB]...\n\n"
           "Converts a checkpoint. The input type is detected from its bytes: a zip archive\n"
           "is a torch.save / Composer file (read without executing any pickled code),\n"
           "anything else a keepsake or safetensors file. The direction follows OUT's name:\n"
@@ -30,6 +30,8 @@ static void convert_usage(FILE *out) {
           "gives each metric's catalogue class, its arguments when the checkpoint\n"
           "records them, its state schema version and update count, so that\n"
           "keepsake's state loader fills the program's metrics by name.\n\n"
+          "  --ignore GLOB  leave out entries matching GLOB ('*' any run, '?' one byte), or\n"
+          "                 whose '/'-prefix matches it ('rng' drops 'rng/0/...'); repeatable\n\n"
           "exit status: 0 converted, 1 the input could not be read or OUT not written,\n"
           "2 bad command line\n");
 }
@@ -87,7 +89,25 @@ static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
   return KS_OK;
 }
 
-static int convert(const char *in, const char *out) {
+/* The entries of src that no glob ignores, borrowing src's tensor data (src must outlive *out). */
+static ks_status without_ignored(const ks_statedict *src, char **globs, int nglobs, ks_statedict **out) {
+  ks_statedict *dst;
+  ks_status st = ks_statedict_create(NULL, &dst);
+  ks_entry e;
+  for (size_t i = 0; !st && ks_statedict_at(src, i, &e) == KS_OK; i++) {
+    int drop = 0;
+    for (int g = 0; g < nglobs && !drop; g++) drop = ks_cli_glob_prefix_match(globs[g], e.name);
+    if (!drop) st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW);
+  }
+  if (st) {
+    ks_statedict_free(dst);
+    return st;
+  }
+  *out = dst;
+  return KS_OK;
+}
+
+static int convert(const char *in, const char *out, char **globs, int nglobs) {
   ks_error err;
   ks_statedict *raw = NULL, *sd = NULL;
   ks_error_clear(&err);
@@ -95,6 +115,8 @@ static int convert(const char *in, const char *out) {
   ks_status st = ks_meta_create(NULL, &extra);
   if (!st && is_zip_file(in)) st = read_torch(in, &raw, &sd, extra, &err);
   else if (!st && (st = ks_load(in, NULL, &sd, &meta, &err)) == KS_OK) st = keep_meta(meta, extra);
+  ks_statedict *kept = NULL;
+  if (!st) st = without_ignored(sd, globs, nglobs, &kept);
   if (st && !err.code) {
     err.code = st;
     snprintf(err.message, sizeof err.message, "%s", ks_strerror(st));
@@ -103,11 +125,14 @@ static int convert(const char *in, const char *out) {
     ks_cli_print_error(stderr, "convert", &err);
   } else if (ends_with(out, ".pt") || ends_with(out, ".pth")) {
     ks_torch_write_opts wo = {0};
-    if ((st = ks_torch_save(out, sd, &wo, &err))) ks_cli_print_error(stderr, "convert", &err);
-  } else if ((st = ks_save(out, sd, extra, NULL, &err))) {
+    if ((st = ks_torch_save(out, kept, &wo, &err))) ks_cli_print_error(stderr, "convert", &err);
+  } else if ((st = ks_save(out, kept, extra, NULL, &err))) {
     ks_cli_print_error(stderr, "convert", &err);
   }
-  if (!st) printf("%s -> %s: %zu entries\n", in, out, ks_statedict_count(sd));
+  if (!st)
+    printf("%s -> %s: %zu entries (%zu ignored)\n", in, out, ks_statedict_count(kept),
+           ks_statedict_count(sd) - ks_statedict_count(kept));
+  ks_statedict_free(kept);
   ks_statedict_free(sd);
   ks_statedict_free(raw);
   ks_meta_free(meta);
@@ -120,9 +145,24 @@ int ks_cmd_convert(int argc, char **argv) {
     convert_usage(stdout);
     return KS_EXIT_OK;
   }
-  if (argc != 3) {
-    convert_usage(stderr);
-    return KS_EXIT_USAGE;
+  char **globs = calloc((size_t)argc, sizeof *globs);
+  const char *paths[2] = {NULL, NULL};
+  int nglobs = 0, npaths = 0, bad = !globs;
+  for (int i = 1; i < argc && !bad; i++) {
+    if (!strcmp(argv[i], "--ignore") && i + 1 < argc)
+      globs[nglobs++] = argv[++i];
+    else if (!strncmp(argv[i], "--ignore=", 9))
+      globs[nglobs++] = argv[i] + 9;
+    else if ((argv[i][0] == '-' && argv[i][1]) || npaths == 2)
+      bad = 1;
+    else
+      paths[npaths++] = argv[i];
   }
-  return convert(argv[1], argv[2]);
+  int rc = KS_EXIT_USAGE;
+  if (bad || npaths != 2)
+    convert_usage(stderr);
+  else
+    rc = convert(paths[0], paths[1], globs, nglobs);
+  free(globs);
+  return rc;
 }

@@ -92,6 +92,14 @@ ks_status ks_statedict_set_bool(ks_statedict *sd, const char *name, int v);
 ks_status ks_statedict_set_string(ks_statedict *sd, const char *name, const char *v);
 ks_status ks_statedict_set_null(ks_statedict *sd, const char *name);
 
+/**
+ * Inserts or replaces an entry of any kind, copied from a view such as one
+ * ks_statedict_at returned (possibly from another dict).
+ * @param take for tensors, as in ks_statedict_set_tensor; ignored for scalars (always copied).
+ * @return as ks_statedict_set_tensor; KS_E_INVALID for an unknown kind.
+ */
+ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take);
+
 /** Number of entries. */
 size_t ks_statedict_count(const ks_statedict *sd);
 

@@ -281,14 +281,16 @@ ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(voi
   return KS_OK;
 }
 
-static ks_status copy_entry(ks_statedict *dst, const char *name, const sd_item *it) {
-  switch (it->kind) {
-    case KS_VAL_TENSOR: return ks_statedict_set_tensor(dst, name, &it->tensor, KS_COPY);
-    case KS_VAL_INT: return ks_statedict_set_int(dst, name, it->i);
-    case KS_VAL_FLOAT: return ks_statedict_set_float(dst, name, it->f);
-    case KS_VAL_BOOL: return ks_statedict_set_bool(dst, name, (int)it->i);
-    case KS_VAL_STRING: return ks_statedict_set_string(dst, name, it->s);
-    default: return ks_statedict_set_null(dst, name);
+ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take) {
+  if (!e) return KS_E_INVALID;
+  switch (e->kind) {
+    case KS_VAL_TENSOR: return ks_statedict_set_tensor(sd, name, &e->tensor, take);
+    case KS_VAL_INT: return ks_statedict_set_int(sd, name, e->i);
+    case KS_VAL_FLOAT: return ks_statedict_set_float(sd, name, e->f);
+    case KS_VAL_BOOL: return ks_statedict_set_bool(sd, name, (int)e->i);
+    case KS_VAL_STRING: return ks_statedict_set_string(sd, name, e->s);
+    case KS_VAL_NULL: return ks_statedict_set_null(sd, name);
+    default: return KS_E_INVALID;
   }
 }
 
@@ -304,7 +306,9 @@ ks_status ks_statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, c
     if (nlen + rest > KS_MAX_NAME) return KS_E_LIMIT;
     memcpy(name, new_prefix, nlen);
     memcpy(name + nlen, it->name + plen, rest + 1);
-    ks_status st = copy_entry(dst, name, it);
+    ks_entry e;
+    fill_entry(it, &e);
+    ks_status st = ks_statedict_set_entry(dst, name, &e, KS_COPY);
     if (st) return st;
   }
   return KS_OK;
