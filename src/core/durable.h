@@ -28,7 +28,7 @@ typedef struct ks__durable {
   ks_error *err;
 } ks__durable;
 
-/* Splits path into its directory and "<dir>/.<name>.tmp-XXXXXX". io NULL = POSIX.
+/* Splits path into its directory and "<dir>/.<name>.tmp-<6 random characters>". io NULL = POSIX.
  * KS_E_INVALID when path names a directory, KS_E_NOMEM. Call abort even on failure. */
 ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
                               ks_error *err);
