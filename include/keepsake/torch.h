@@ -132,7 +132,7 @@ void ks_torch_free(const ks_allocator *alloc, void *p);
  *               into `flat`, which must then outlive *out.
  * @param out    receives a new dict (flat's allocator); untouched on failure.
  * @param metrics_json optional; receives a JSON object describing the metrics:
- *   {"layout": "pickled-object" | "state-dict" | "none",
+ *   {"layout": "pickled-object" | "state-dict" | "mixed" (both kinds in one file) | "none",
  *    "metrics": [{"path": ".../<Name>", "group": "train" | "eval", "label": <label or null>,
  *                 "name": <Name>, "class": "module.Class" or null, "states": [...],
  *                 "update_count": <int or null>, "attrs": {<public scalar attributes>}}]}
