@@ -144,3 +144,13 @@ int ks_test_exists(const char *path) {
   struct stat st;
   return stat(path, &st) == 0;
 }
+
+int ks_test_dir_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+  if (d) closedir(d);
+  return n;
+}

@@ -36,6 +36,8 @@ int ks_test_write_file(const char *path, const void *data, size_t len);
  * Returns the exit status (or -1).
  */
 int ks_test_run(const char *cmd, char **out);
+/* Number of entries in a directory other than . and .. (0 when it cannot be read). */
+int ks_test_dir_entries(const char *dir);
 /* Nonzero when path exists. */
 int ks_test_exists(const char *path);
 

@@ -12,64 +12,8 @@
 
 #include <cmocka.h>
 
+#include "faultio.h"
 #include "test_format_helpers.h"
-
-typedef enum { OP_CREATE, OP_WRITE, OP_FSYNC, OP_CLOSE, OP_RENAME, OP_UNLINK, OP_FSYNC_DIR } fault_op;
-
-typedef struct fault_io {
-  ks_io io;
-  long calls, fail_at;
-  int failed_op; /* the op that was made to fail, or -1 */
-  size_t max_write; /* 0 = no limit */
-  int op_count[7];
-} fault_io;
-
-static int inject(fault_io *f, fault_op op, int errnum) {
-  f->op_count[op]++;
-  if (++f->calls != f->fail_at) return 0;
-  f->failed_op = (int)op;
-  return errnum;
-}
-
-#define BASE ks_io_posix()
-static int f_create(void *c, const char *p, int *fd) {
-  int e = inject(c, OP_CREATE, EACCES);
-  return e ? e : BASE->create_fn(NULL, p, fd);
-}
-static int f_write(void *c, int fd, const void *b, size_t n, size_t *w) {
-  fault_io *f = c;
-  int e = inject(f, OP_WRITE, ENOSPC);
-  if (f->max_write && n > f->max_write) n = f->max_write;
-  return e ? e : BASE->write_fn(NULL, fd, b, n, w);
-}
-static int f_fsync(void *c, int fd) {
-  int e = inject(c, OP_FSYNC, EIO);
-  return e ? e : BASE->fsync_fn(NULL, fd);
-}
-static int f_close(void *c, int fd) {
-  int e = inject(c, OP_CLOSE, EIO);
-  int rc = BASE->close_fn(NULL, fd); /* a failed close still releases the descriptor */
-  return e ? e : rc;
-}
-static int f_rename(void *c, const char *a, const char *b) {
-  int e = inject(c, OP_RENAME, EXDEV);
-  return e ? e : BASE->rename_fn(NULL, a, b);
-}
-static int f_unlink(void *c, const char *p) {
-  int e = inject(c, OP_UNLINK, EIO);
-  return e ? e : BASE->unlink_fn(NULL, p);
-}
-static int f_fsync_dir(void *c, const char *d) {
-  int e = inject(c, OP_FSYNC_DIR, EIO);
-  return e ? e : BASE->fsync_dir_fn(NULL, d);
-}
-
-static void fault_io_init(fault_io *f, long fail_at) {
-  memset(f, 0, sizeof *f);
-  f->io = (ks_io){f, f_create, f_write, f_fsync, f_close, f_rename, f_unlink, f_fsync_dir};
-  f->fail_at = fail_at;
-  f->failed_op = -1;
-}
 
 typedef struct fixture {
   char *dir, *path;
@@ -126,12 +70,12 @@ static void save_failing_at_each_io_step_keeps_old_file(void **state) {
   fixture *fx = *state;
   int seen[7] = {0};
   for (long n = 1;; n++) {
-    fault_io f;
-    fault_io_init(&f, n);
+    ks_fault_io f;
+    ks_fault_io_init(&f, n);
     ks_save_opts o = {NULL, &f.io, 0};
     ks_error err;
     ks_status st = ks_save(fx->path, fx->next, NULL, &o, &err);
-    assert_int_equal(fmt_dir_entries(fx->dir), 1); /* no temporary file left behind */
+    assert_int_equal(ks_test_dir_entries(fx->dir), 1); /* no temporary file left behind */
     if (st == KS_OK) {
       assert_int_equal(f.failed_op, -1);
       assert_file_is(fx->path, fx->new_bytes, fx->new_len);
@@ -141,7 +85,7 @@ static void save_failing_at_each_io_step_keeps_old_file(void **state) {
     assert_int_equal(st, KS_E_IO);
     assert_string_equal(err.file, fx->path);
     seen[f.failed_op] = 1;
-    if (f.failed_op == OP_FSYNC_DIR) {
+    if (f.failed_op == KS_FAULT_FSYNC_DIR) {
       /* The rename already happened: the new file is in place, only its durability is unknown. */
       assert_non_null(strstr(err.message, "durability unknown"));
       assert_file_is(fx->path, fx->new_bytes, fx->new_len);
@@ -151,7 +95,7 @@ static void save_failing_at_each_io_step_keeps_old_file(void **state) {
     }
   }
   for (int op = 0; op < 7; op++)
-    if (op != OP_UNLINK) assert_true(seen[op]); /* every step was made to fail once */
+    if (op != KS_FAULT_UNLINK) assert_true(seen[op]); /* every step was made to fail once */
 }
 
 static void save_failing_at_each_allocation_keeps_old_file(void **state) {
@@ -162,7 +106,7 @@ static void save_failing_at_each_allocation_keeps_old_file(void **state) {
     ks_save_opts o = {&ta.a, NULL, 1};
     ks_status st = ks_save(fx->path, fx->next, NULL, &o, NULL);
     assert_int_equal(ta.live, 0);
-    assert_int_equal(fmt_dir_entries(fx->dir), 1);
+    assert_int_equal(ks_test_dir_entries(fx->dir), 1);
     if (st == KS_OK) {
       assert_true(n > 3);
       assert_file_is(fx->path, fx->new_bytes, fx->new_len);
@@ -176,29 +120,29 @@ static void save_failing_at_each_allocation_keeps_old_file(void **state) {
 
 static void save_handles_short_writes(void **state) {
   fixture *fx = *state;
-  fault_io f;
-  fault_io_init(&f, 0);
+  ks_fault_io f;
+  ks_fault_io_init(&f, 0);
   f.max_write = 7;
   ks_save_opts o = {NULL, &f.io, 0};
   assert_int_equal(ks_save(fx->path, fx->next, NULL, &o, NULL), KS_OK);
   assert_file_is(fx->path, fx->new_bytes, fx->new_len);
-  assert_true(f.op_count[OP_WRITE] >= (int)(fx->new_len / 7));
+  assert_true(f.op_count[KS_FAULT_WRITE] >= (int)(fx->new_len / 7));
   restore_old(fx);
 }
 
 static void save_without_fsync_skips_both_syncs(void **state) {
   fixture *fx = *state;
-  fault_io f;
-  fault_io_init(&f, 0);
+  ks_fault_io f;
+  ks_fault_io_init(&f, 0);
   ks_save_opts o = {NULL, &f.io, 1};
   assert_int_equal(ks_save(fx->path, fx->next, NULL, &o, NULL), KS_OK);
-  assert_int_equal(f.op_count[OP_FSYNC], 0);
-  assert_int_equal(f.op_count[OP_FSYNC_DIR], 0);
-  fault_io_init(&f, 0);
+  assert_int_equal(f.op_count[KS_FAULT_FSYNC], 0);
+  assert_int_equal(f.op_count[KS_FAULT_FSYNC_DIR], 0);
+  ks_fault_io_init(&f, 0);
   o.no_fsync = 0;
   assert_int_equal(ks_save(fx->path, fx->next, NULL, &o, NULL), KS_OK);
-  assert_int_equal(f.op_count[OP_FSYNC], 1);
-  assert_int_equal(f.op_count[OP_FSYNC_DIR], 1);
+  assert_int_equal(f.op_count[KS_FAULT_FSYNC], 1);
+  assert_int_equal(f.op_count[KS_FAULT_FSYNC_DIR], 1);
   restore_old(fx);
 }
 
@@ -212,7 +156,7 @@ static void save_into_read_only_dir_fails_cleanly(void **state) {
   assert_int_equal(st, KS_E_IO);
   assert_non_null(strstr(err.message, "temporary"));
   assert_file_is(fx->path, fx->old_bytes, fx->old_len);
-  assert_int_equal(fmt_dir_entries(fx->dir), 1);
+  assert_int_equal(ks_test_dir_entries(fx->dir), 1);
 }
 
 static void save_into_missing_dir_reports_io_error(void **state) {

@@ -2,7 +2,6 @@
 #ifndef KS_TEST_FORMAT_HELPERS_H
 #define KS_TEST_FORMAT_HELPERS_H
 
-#include <dirent.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,17 +28,6 @@ static inline ks_status fmt_open_status(const uint8_t *b, size_t len, ks_read_mo
   ks_status st = ks_reader_open_buffer(b, len, &o, &r, err);
   ks_reader_free(r);
   return st;
-}
-
-/* Number of directory entries other than . and .. */
-static inline int fmt_dir_entries(const char *dir) {
-  DIR *d = opendir(dir);
-  int n = 0;
-  struct dirent *e;
-  while (d && (e = readdir(d)) != NULL)
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-  if (d) closedir(d);
-  return n;
 }
 
 /* A small dict: two tensors and a scalar, values depending on `seed`. */

@@ -3,7 +3,6 @@
  * turn; the previous .pt must stay byte-identical and no temporary file may
  * remain. The durable replace is the one ks_save uses (core/durable.c).
  */
-#include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,77 +15,8 @@
 #include <cmocka.h>
 
 #include "keepsake/keepsake.h"
+#include "faultio.h"
 #include "testutil.h"
-
-typedef enum { OP_CREATE, OP_WRITE, OP_FSYNC, OP_CLOSE, OP_RENAME, OP_UNLINK, OP_FSYNC_DIR, OP_COUNT } fault_op;
-
-typedef struct fault_io {
-  ks_io io;
-  long calls, fail_at; /* fail_at 0: never fail, only count */
-  int failed_op;       /* the op that was made to fail, or -1 */
-  size_t max_write;    /* 0 = no limit */
-  int op_count[OP_COUNT];
-  char created[512]; /* last temporary path created */
-} fault_io;
-
-static int inject(fault_io *f, fault_op op, int errnum) {
-  f->op_count[op]++;
-  if (++f->calls != f->fail_at) return 0;
-  f->failed_op = (int)op;
-  return errnum;
-}
-
-#define BASE ks_io_posix()
-static int f_create(void *c, const char *p, int *fd) {
-  fault_io *f = c;
-  snprintf(f->created, sizeof f->created, "%s", p);
-  int e = inject(f, OP_CREATE, EACCES);
-  return e ? e : BASE->create_fn(NULL, p, fd);
-}
-static int f_write(void *c, int fd, const void *b, size_t n, size_t *w) {
-  fault_io *f = c;
-  int e = inject(f, OP_WRITE, ENOSPC);
-  if (f->max_write && n > f->max_write) n = f->max_write;
-  return e ? e : BASE->write_fn(NULL, fd, b, n, w);
-}
-static int f_fsync(void *c, int fd) {
-  int e = inject(c, OP_FSYNC, EIO);
-  return e ? e : BASE->fsync_fn(NULL, fd);
-}
-static int f_close(void *c, int fd) {
-  int e = inject(c, OP_CLOSE, EIO);
-  int rc = BASE->close_fn(NULL, fd); /* a failed close still releases the descriptor */
-  return e ? e : rc;
-}
-static int f_rename(void *c, const char *a, const char *b) {
-  int e = inject(c, OP_RENAME, EXDEV);
-  return e ? e : BASE->rename_fn(NULL, a, b);
-}
-static int f_unlink(void *c, const char *p) {
-  int e = inject(c, OP_UNLINK, EIO);
-  return e ? e : BASE->unlink_fn(NULL, p);
-}
-static int f_fsync_dir(void *c, const char *d) {
-  int e = inject(c, OP_FSYNC_DIR, EIO);
-  return e ? e : BASE->fsync_dir_fn(NULL, d);
-}
-
-static void fault_io_init(fault_io *f, long fail_at) {
-  memset(f, 0, sizeof *f);
-  f->io = (ks_io){f, f_create, f_write, f_fsync, f_close, f_rename, f_unlink, f_fsync_dir};
-  f->fail_at = fail_at;
-  f->failed_op = -1;
-}
-
-static int dir_entries(const char *dir) {
-  DIR *d = opendir(dir);
-  int n = 0;
-  struct dirent *e;
-  while (d && (e = readdir(d)) != NULL)
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-  if (d) closedir(d);
-  return n;
-}
 
 /* Tensors (one widened U32 -> I64, which costs an allocation mid-write) and scalars, varying with seed. */
 static ks_statedict *pt_dict(int seed) {
@@ -152,7 +82,7 @@ static void assert_file_is(const char *path, const void *want, size_t want_len) 
 static void restore_old(fixture *fx) { assert_int_equal(ks_test_write_file(fx->path, fx->old_bytes, fx->old_len), 0); }
 
 static void assert_io_error_names_step(const ks_error *err, int op) {
-  static const char *const step[OP_COUNT] = {"cannot create temporary file", "cannot write temporary file",
+  static const char *const step[KS_FAULT_OP_COUNT] = {"cannot create temporary file", "cannot write temporary file",
                                              "cannot fsync temporary file", "cannot close temporary file",
                                              "cannot rename into place",     NULL,
                                              "durability unknown"};
@@ -162,15 +92,15 @@ static void assert_io_error_names_step(const ks_error *err, int op) {
 
 static void pt_save_failing_at_each_io_step_keeps_old_file(void **state) {
   fixture *fx = *state;
-  int seen[OP_COUNT] = {0};
+  int seen[KS_FAULT_OP_COUNT] = {0};
   for (long n = 1;; n++) {
-    fault_io f;
-    fault_io_init(&f, n);
+    ks_fault_io f;
+    ks_fault_io_init(&f, n);
     ks_torch_write_opts o = {0};
     o.io = &f.io;
     ks_error err;
     ks_status st = ks_torch_save(fx->path, fx->next, &o, &err);
-    assert_int_equal(dir_entries(fx->dir), 1); /* no temporary file left behind */
+    assert_int_equal(ks_test_dir_entries(fx->dir), 1); /* no temporary file left behind */
     if (st == KS_OK) {
       assert_int_equal(f.failed_op, -1);
       assert_file_is(fx->path, fx->new_bytes, fx->new_len);
@@ -181,7 +111,7 @@ static void pt_save_failing_at_each_io_step_keeps_old_file(void **state) {
     assert_string_equal(err.file, fx->path);
     assert_io_error_names_step(&err, f.failed_op);
     seen[f.failed_op] = 1;
-    if (f.failed_op == OP_FSYNC_DIR) {
+    if (f.failed_op == KS_FAULT_FSYNC_DIR) {
       /* The rename already happened: the new file is in place, only its durability is unknown. */
       assert_file_is(fx->path, fx->new_bytes, fx->new_len);
       restore_old(fx);
@@ -189,8 +119,8 @@ static void pt_save_failing_at_each_io_step_keeps_old_file(void **state) {
       assert_file_is(fx->path, fx->old_bytes, fx->old_len);
     }
   }
-  for (int op = 0; op < OP_COUNT; op++)
-    if (op != OP_UNLINK) assert_true(seen[op]); /* every step was made to fail once */
+  for (int op = 0; op < KS_FAULT_OP_COUNT; op++)
+    if (op != KS_FAULT_UNLINK) assert_true(seen[op]); /* every step was made to fail once */
 }
 
 static void pt_save_failing_at_each_allocation_keeps_old_file(void **state) {
@@ -199,14 +129,14 @@ static void pt_save_failing_at_each_allocation_keeps_old_file(void **state) {
   for (long n = 1;; n++) {
     ks_test_alloc ta;
     ks_test_alloc_init(&ta, n);
-    fault_io f;
-    fault_io_init(&f, 0);
+    ks_fault_io f;
+    ks_fault_io_init(&f, 0);
     ks_torch_write_opts o = {0};
     o.alloc = &ta.a;
     o.io = &f.io;
     ks_status st = ks_torch_save(fx->path, fx->next, &o, NULL);
     assert_int_equal(ta.live, 0);
-    assert_int_equal(dir_entries(fx->dir), 1);
+    assert_int_equal(ks_test_dir_entries(fx->dir), 1);
     if (st == KS_OK) {
       assert_true(n > 3);
       assert_file_is(fx->path, fx->new_bytes, fx->new_len);
@@ -215,9 +145,9 @@ static void pt_save_failing_at_each_allocation_keeps_old_file(void **state) {
     }
     assert_int_equal(st, KS_E_NOMEM);
     assert_file_is(fx->path, fx->old_bytes, fx->old_len);
-    if (f.op_count[OP_CREATE]) {
+    if (f.op_count[KS_FAULT_CREATE]) {
       failed_with_temp_open = 1;
-      assert_int_equal(f.op_count[OP_UNLINK], 1); /* the partial temporary file was removed */
+      assert_int_equal(f.op_count[KS_FAULT_UNLINK], 1); /* the partial temporary file was removed */
     }
   }
   assert_true(failed_with_temp_open); /* some allocations happen while streaming the archive */
@@ -225,8 +155,8 @@ static void pt_save_failing_at_each_allocation_keeps_old_file(void **state) {
 
 static void pt_save_writes_temp_in_same_directory_and_syncs_it(void **state) {
   fixture *fx = *state;
-  fault_io f;
-  fault_io_init(&f, 0);
+  ks_fault_io f;
+  ks_fault_io_init(&f, 0);
   ks_torch_write_opts o = {0};
   o.io = &f.io;
   assert_int_equal(ks_torch_save(fx->path, fx->next, &o, NULL), KS_OK);
@@ -234,28 +164,28 @@ static void pt_save_writes_temp_in_same_directory_and_syncs_it(void **state) {
   snprintf(prefix, sizeof prefix, "%s/.ckpt.pt.tmp-", fx->dir);
   assert_int_equal(strncmp(f.created, prefix, strlen(prefix)), 0);
   assert_int_equal(strlen(f.created), strlen(prefix) + 6);
-  assert_int_equal(f.op_count[OP_FSYNC], 1);
-  assert_int_equal(f.op_count[OP_FSYNC_DIR], 1);
-  assert_int_equal(f.op_count[OP_RENAME], 1);
-  fault_io_init(&f, 0);
+  assert_int_equal(f.op_count[KS_FAULT_FSYNC], 1);
+  assert_int_equal(f.op_count[KS_FAULT_FSYNC_DIR], 1);
+  assert_int_equal(f.op_count[KS_FAULT_RENAME], 1);
+  ks_fault_io_init(&f, 0);
   o.no_fsync = 1;
   assert_int_equal(ks_torch_save(fx->path, fx->next, &o, NULL), KS_OK);
-  assert_int_equal(f.op_count[OP_FSYNC], 0);
-  assert_int_equal(f.op_count[OP_FSYNC_DIR], 0);
+  assert_int_equal(f.op_count[KS_FAULT_FSYNC], 0);
+  assert_int_equal(f.op_count[KS_FAULT_FSYNC_DIR], 0);
   assert_file_is(fx->path, fx->new_bytes, fx->new_len);
   restore_old(fx);
 }
 
 static void pt_save_handles_short_writes(void **state) {
   fixture *fx = *state;
-  fault_io f;
-  fault_io_init(&f, 0);
+  ks_fault_io f;
+  ks_fault_io_init(&f, 0);
   f.max_write = 7;
   ks_torch_write_opts o = {0};
   o.io = &f.io;
   assert_int_equal(ks_torch_save(fx->path, fx->next, &o, NULL), KS_OK);
   assert_file_is(fx->path, fx->new_bytes, fx->new_len);
-  assert_true(f.op_count[OP_WRITE] >= (int)(fx->new_len / 7));
+  assert_true(f.op_count[KS_FAULT_WRITE] >= (int)(fx->new_len / 7));
   restore_old(fx);
 }
 
@@ -269,14 +199,14 @@ static void pt_save_of_invalid_dict_leaves_no_temp_file(void **state) {
   assert_int_equal(ks_torch_save(fx->path, bad, NULL, &err), KS_E_INVALID);
   assert_string_equal(err.file, fx->path);
   assert_file_is(fx->path, fx->old_bytes, fx->old_len);
-  assert_int_equal(dir_entries(fx->dir), 1);
+  assert_int_equal(ks_test_dir_entries(fx->dir), 1);
   ks_statedict_free(bad);
 }
 
 static void pt_save_after_failures_writes_a_loadable_file(void **state) {
   fixture *fx = *state;
-  fault_io f;
-  fault_io_init(&f, 2); /* the first write fails */
+  ks_fault_io f;
+  ks_fault_io_init(&f, 2); /* the first write fails */
   ks_torch_write_opts o = {0};
   o.io = &f.io;
   assert_int_equal(ks_torch_save(fx->path, fx->next, &o, NULL), KS_E_IO);
@@ -291,7 +221,7 @@ static void pt_save_after_failures_writes_a_loadable_file(void **state) {
   assert_non_null(w);
   assert_memory_equal(w->data, ks_statedict_tensor(fx->next, "model/w")->data, 24);
   ks_statedict_free(back);
-  assert_int_equal(dir_entries(fx->dir), 1);
+  assert_int_equal(ks_test_dir_entries(fx->dir), 1);
   restore_old(fx);
 }
 
@@ -301,7 +231,7 @@ static void pt_save_to_directory_path_is_invalid(void **state) {
   ks_error err;
   assert_int_equal(ks_torch_save(p, fx->next, NULL, &err), KS_E_INVALID);
   assert_non_null(strstr(err.message, "directory"));
-  assert_int_equal(dir_entries(fx->dir), 1);
+  assert_int_equal(ks_test_dir_entries(fx->dir), 1);
   free(p);
 }
 
