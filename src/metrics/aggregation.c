@@ -154,14 +154,19 @@ ks_status ks__max_declare(ks_metric *m, ks_error *err) {
   return st;
 }
 
-ks_status ks__max_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
+/* MaxMetric and MinMetric: fold the batch's extreme into the one state. */
+static ks_status extreme_update(ks_metric *m, const ks_tensor *in, size_t n, int is_max, ks_error *err) {
   agg_acc acc;
   ks_status st = agg_inputs(m, in, n, 1, err);
   if (!st) st = agg_scan(m, &in[0], NULL, &acc, NULL, err);
   if (st || !acc.kept) return st;
   float *s = ks__f32(&m->st[0]);
-  *s = fmaxf(*s, acc.mx);
+  *s = is_max ? fmaxf(*s, acc.mx) : fminf(*s, acc.mn);
   return KS_OK;
+}
+
+ks_status ks__max_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
+  return extreme_update(m, in, n, 1, err);
 }
 
 ks_status ks__max_compute(ks_metric *m, ks_tensor *out, ks_error *err) { return scalar_result(m, out, err); }
@@ -173,13 +178,7 @@ ks_status ks__min_declare(ks_metric *m, ks_error *err) {
 }
 
 ks_status ks__min_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
-  agg_acc acc;
-  ks_status st = agg_inputs(m, in, n, 1, err);
-  if (!st) st = agg_scan(m, &in[0], NULL, &acc, NULL, err);
-  if (st || !acc.kept) return st;
-  float *s = ks__f32(&m->st[0]);
-  *s = fminf(*s, acc.mn);
-  return KS_OK;
+  return extreme_update(m, in, n, 0, err);
 }
 
 ks_status ks__min_compute(ks_metric *m, ks_tensor *out, ks_error *err) { return scalar_result(m, out, err); }
