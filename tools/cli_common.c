@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
 
 void ks_cli_print_error(FILE *out, const char *cmd, const ks_error *err) {
   char line[KS_ERROR_MSG_MAX + 3 * KS_ERROR_WHERE_MAX];
@@ -17,22 +16,6 @@ int ks_cli_wants_help(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
   return 0;
-}
-
-int ks_cli_glob_prefix_match(const char *pattern, const char *key) {
-  if (ks__glob_match(pattern, key)) return 1;
-  size_t n = strlen(key);
-  char *prefix = malloc(n + 1);
-  if (!prefix) return 0;
-  int hit = 0;
-  for (size_t i = 0; i < n && !hit; i++) {
-    if (key[i] != '/') continue;
-    memcpy(prefix, key, i);
-    prefix[i] = '\0';
-    hit = ks__glob_match(pattern, prefix);
-  }
-  free(prefix);
-  return hit;
 }
 
 const char *ks_cli_shape(const ks_tensor *t, char *buf, size_t cap) {

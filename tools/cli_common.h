@@ -22,8 +22,6 @@
 void ks_cli_print_error(FILE *out, const char *cmd, const ks_error *err);
 /* Nonzero when argv holds --help or -h. */
 int ks_cli_wants_help(int argc, char **argv);
-/* Nonzero when `pattern` matches `key` or one of its '/'-prefixes ("rng" matches "rng/torch"). */
-int ks_cli_glob_prefix_match(const char *pattern, const char *key);
 /* Writes a shape as "[2, 3]" into buf. */
 const char *ks_cli_shape(const ks_tensor *t, char *buf, size_t cap);
 /*

@@ -96,7 +96,7 @@ static ks_status without_ignored(const ks_statedict *src, char **globs, int nglo
   ks_entry e;
   for (size_t i = 0; !st && ks_statedict_at(src, i, &e) == KS_OK; i++) {
     int drop = 0;
-    for (int g = 0; g < nglobs && !drop; g++) drop = ks_cli_glob_prefix_match(globs[g], e.name);
+    for (int g = 0; g < nglobs && !drop; g++) drop = ks_path_match(globs[g], e.name);
     if (!drop) st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW);
   }
   if (st) {

@@ -37,7 +37,7 @@ static void diff_usage(FILE *out) {
 
 static int ignored(const diff_ctx *c, const char *key) {
   for (int i = 0; i < c->nignore; i++)
-    if (ks_cli_glob_prefix_match(c->ignore[i], key)) return 1;
+    if (ks_path_match(c->ignore[i], key)) return 1;
   return 0;
 }
 

@@ -100,6 +100,15 @@ ks_status ks_statedict_set_null(ks_statedict *sd, const char *name);
  */
 ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take);
 
+/**
+ * Matches a '/'-joined path against a glob ('*' any run of bytes, '/' included;
+ * '?' one byte). The glob also matches when it matches a '/'-prefix of the path,
+ * so "rng" matches "rng/0/state", and "state/optimizers/" followed by a star matches every
+ * optimizer entry.
+ * @return nonzero on a match; 0 when either argument is NULL. Pure; thread safe.
+ */
+int ks_path_match(const char *glob, const char *path);
+
 /** Number of entries. */
 size_t ks_statedict_count(const ks_statedict *sd);
 

@@ -1,4 +1,7 @@
+#include <string.h>
+
 #include "core/internal.h"
+#include "keepsake/statedict.h"
 
 /* Length of the UTF-8 sequence starting with byte b, or 0 when b cannot start one. */
 static size_t utf8_seq_len(uint8_t b) {
@@ -31,22 +34,35 @@ bool ks__utf8_valid(const uint8_t *s, size_t n) {
   return true;
 }
 
-bool ks__glob_match(const char *p, const char *t) {
-  const char *star = NULL, *resume = NULL;
-  while (*t) {
+/* Glob over the first n bytes of t. */
+static bool glob_n(const char *p, const char *t, size_t n) {
+  const char *star = NULL;
+  size_t i = 0, resume = 0;
+  while (i < n) {
     if (*p == '*') {
       star = p++;
-      resume = t;
-    } else if (*p == '?' || *p == *t) {
+      resume = i;
+    } else if (*p && (*p == '?' || *p == t[i])) {
       p++;
-      t++;
+      i++;
     } else if (star) {
       p = star + 1;
-      t = ++resume;
+      i = ++resume;
     } else {
       return false;
     }
   }
   while (*p == '*') p++;
   return *p == '\0';
+}
+
+bool ks__glob_match(const char *p, const char *t) { return glob_n(p, t, strlen(t)); }
+
+int ks_path_match(const char *glob, const char *path) {
+  if (!glob || !path) return 0;
+  size_t n = strlen(path);
+  if (glob_n(glob, path, n)) return 1;
+  for (size_t j = 1; j < n; j++)
+    if (path[j] == '/' && glob_n(glob, path, j)) return 1;
+  return 0;
 }

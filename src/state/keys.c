@@ -74,23 +74,9 @@ ks_status ks__get_float(const ks_statedict *src, const char *prefix, const char 
   return KS_OK;
 }
 
-/* `rng` must ignore rng/0/...: try the glob on the path and on each '/'-prefix of it. */
+/* Any glob matching the path or one of its '/'-prefixes (`rng` ignores rng/0/...). */
 int ks__path_ignored(const char *const *globs, size_t n, const char *path) {
-  char buf[KS__KEY_MAX + 1];
-  size_t len = strlen(path);
-  if (len > KS__KEY_MAX) len = KS__KEY_MAX;
-  memcpy(buf, path, len);
-  buf[len] = '\0';
-  for (size_t i = 0; i < n; i++) {
-    if (!globs[i]) continue;
-    if (ks__glob_match(globs[i], buf)) return 1;
-    for (size_t j = 1; j < len; j++) {
-      if (buf[j] != '/') continue;
-      buf[j] = '\0';
-      int hit = ks__glob_match(globs[i], buf);
-      buf[j] = '/';
-      if (hit) return 1;
-    }
-  }
+  for (size_t i = 0; i < n; i++)
+    if (ks_path_match(globs[i], path)) return 1;
   return 0;
 }

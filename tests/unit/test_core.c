@@ -207,6 +207,18 @@ static void glob_matches_paths(void **s) {
   assert_true(ks__glob_match("a?c", "abc"));
 }
 
+static void path_match_also_matches_slash_prefixes(void **s) {
+  (void)s;
+  assert_true(ks_path_match("rng", "rng/0/xoshiro256starstar"));
+  assert_false(ks_path_match("rng", "rngx/0"));
+  assert_true(ks_path_match("state/optimizers/*", "state/optimizers/AdamW/state/0/step"));
+  assert_true(ks_path_match("*_wct", "state/timestamp/Timestamp/total_wct"));
+  assert_false(ks_path_match("*_wct", "state/timestamp/Timestamp/batch"));
+  assert_true(ks_path_match("state/*/AdamW", "state/optimizers/AdamW/param_groups/0/lr"));
+  assert_false(ks_path_match("state/model", "state/model_ema/w"));
+  assert_false(ks_path_match(NULL, "a"));
+}
+
 static void utf8_validation_rejects_bad_sequences(void **s) {
   (void)s;
   assert_true(ks__utf8_valid((const uint8_t *)"h\xc3\xa9", 3));
@@ -230,6 +242,7 @@ int main(void) {
       cmocka_unit_test(statedict_handles_many_entries),
       cmocka_unit_test(statedict_survives_every_allocation_failure),
       cmocka_unit_test(glob_matches_paths),
+      cmocka_unit_test(path_match_also_matches_slash_prefixes),
       cmocka_unit_test(utf8_validation_rejects_bad_sequences),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
