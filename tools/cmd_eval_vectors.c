@@ -1,6 +1,6 @@
 /*
  * keepsake eval-vectors FILE.json: replays metric reference vectors (the
- * format of shared/vectors/metrics.json, produced by torchmetrics) through
+ * format of tests/vectors/metrics-tm1.4.3.json, produced by torchmetrics) through
  * keepsake's metrics and checks compute() after every batch, the final state
  * dict, a state-dict round trip, and that merging a metric fed the first half
  * of the batches into one fed the second half matches feeding them all.

@@ -16,7 +16,7 @@ import tempfile
 try:
     import torch
 except ImportError:
-    print("torch is not importable: skipping")
+    print("skipped: %s has no torch (Debian 13 ships none; Debian 12 has python3-torch 1.13)" % sys.executable)
     sys.exit(77)
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,

@@ -19,7 +19,7 @@
 #include "keepsake/state.h"
 #include "testutil.h"
 
-#define FIXTURES KS_SHARED_DIR "/fixtures/composer/"
+#define FIXTURES KS_FIXTURES_DIR "/composer/"
 #define OLD "composer-0.13.5-pickled-metrics"
 #define NEW "composer-0.14-dict-metrics"
 #define MAX_MODEL 16

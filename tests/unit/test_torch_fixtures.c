@@ -17,7 +17,7 @@
 #include "keepsake/torch.h"
 #include "testutil.h"
 
-#define FIX KS_SHARED_DIR "/fixtures/"
+#define FIX KS_FIXTURES_DIR "/"
 
 static int value_matches(const ks_tensor *t, size_t i, const json_t *v) {
   if (json_is_string(v)) {
