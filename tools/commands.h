@@ -1,14 +1,15 @@
-/* Subcommands of the keepsake CLI. Each returns the process exit code. */
+/*
+ * Subcommands of the keepsake CLI. Each takes argv from the subcommand's name
+ * on and returns the process exit code. main.c lists them in a plain table, so
+ * a missing command is a link error, never a silently absent feature.
+ */
 #ifndef KS_TOOLS_COMMANDS_H
 #define KS_TOOLS_COMMANDS_H
 
-/* Declared weak so a build without a subcommand's module still links and says so. */
-#define KS__CMD(fn) int fn(int argc, char **argv) __attribute__((weak))
-KS__CMD(ks_cmd_inspect);
-KS__CMD(ks_cmd_verify);
-KS__CMD(ks_cmd_diff);
-KS__CMD(ks_cmd_eval_vectors);
-KS__CMD(ks_cmd_convert);
-#undef KS__CMD
+int ks_cmd_inspect(int argc, char **argv);
+int ks_cmd_verify(int argc, char **argv);
+int ks_cmd_diff(int argc, char **argv);
+int ks_cmd_eval_vectors(int argc, char **argv);
+int ks_cmd_convert(int argc, char **argv);
 
 #endif

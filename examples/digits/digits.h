@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "keepsake/manager.h"
 #include "keepsake/state.h"
 
 #define DIGITS_ROWS 1797

@@ -10,12 +10,14 @@
 #include "keepsake/dtype.h"
 #include "keepsake/format.h"
 #include "keepsake/io.h"
+#include "keepsake/manager.h"
 #include "keepsake/metric.h"
 #include "keepsake/state.h"
 #include "keepsake/statedict.h"
 #include "keepsake/status.h"
 #include "keepsake/tensor.h"
 #include "keepsake/torch.h"
+#include "keepsake/train.h"
 #include "keepsake/version.h"
 
 #endif

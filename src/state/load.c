@@ -31,6 +31,13 @@ int ks__has_prefix(const ks_statedict *sd, const char *prefix) {
   return 0;
 }
 
+/* Any glob matching the path or one of its '/'-prefixes (`rng` ignores rng/0/...). */
+int ks__path_ignored(const char *const *globs, size_t n, const char *path) {
+  for (size_t i = 0; i < n; i++)
+    if (ks_path_match(globs[i], path)) return 1;
+  return 0;
+}
+
 int ks__ignored(const ks__load_ctx *c, const char *path) {
   return ks__path_ignored(c->o.ignore, c->o.n_ignore, path);
 }

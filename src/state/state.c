@@ -116,6 +116,10 @@ void ks_state_set_rng(ks_state *st, ks_rng *rng) {
   if (st) st->rng = rng;
 }
 
+const ks_timestamp *ks_state_timestamp(const ks_state *st) {
+  return st ? st->ts : NULL;
+}
+
 ks_status ks__comp_prefix(const st_comp *c, char *buf) {
   static const char *const roots[] = {"state/model/", "state/optimizers/", "state/schedulers/",
                                       "state/callbacks/", "state/dataset_state/"};

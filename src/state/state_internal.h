@@ -1,6 +1,6 @@
 /*
- * Helpers shared by the state module: prefixed keys and typed reads of
- * state dict entries with errors that name the key.
+ * The state registry's object and the load context, shared by state.c,
+ * save.c, load.c and load_metrics.c.
  */
 #ifndef KS_STATE_INTERNAL_H
 #define KS_STATE_INTERNAL_H
@@ -8,29 +8,11 @@
 #include <stdint.h>
 
 #include "core/internal.h"
+#include "core/keys.h"
 #include "keepsake/state.h"
-
-/* Longest key the state module builds. */
-#define KS__KEY_MAX KS_MAX_NAME
-
-/* Joins prefix and name into buf (KS__KEY_MAX+1 bytes). @return KS_OK or KS_E_LIMIT. */
-ks_status ks__key(char *buf, const char *prefix, const char *name);
-ks_status ks__keyf(char *buf, const char *prefix, const char *fmt, ...) KS__PRINTF(3, 4);
-
-ks_status ks__put_int(ks_statedict *dst, const char *prefix, const char *name, int64_t v);
-ks_status ks__put_float(ks_statedict *dst, const char *prefix, const char *name, double v);
-
-/* Integer scalar (or integral 0-d tensor). KS_E_NOTFOUND / KS_E_VALUE name the key in err. */
-ks_status ks__get_int(const ks_statedict *src, const char *prefix, const char *name, int64_t *out,
-                      ks_error *err);
-/* Float scalar, int scalar or 0-d tensor of any numeric dtype. */
-ks_status ks__get_float(const ks_statedict *src, const char *prefix, const char *name, double *out,
-                        ks_error *err);
 
 /* Glob over '/' paths that also matches any '/'-prefix of `path`. */
 int ks__path_ignored(const char *const *globs, size_t n, const char *path);
-
-#endif
 
 /* ---- the state object (shared by state.c, save.c and load.c) ---- */
 
@@ -90,3 +72,5 @@ int ks__has_prefix(const ks_statedict *sd, const char *prefix);
 int ks__ignored(const ks__load_ctx *c, const char *path);
 /* Fills every program metric (train and eval) from the checkpoint. */
 ks_status ks__load_metrics(ks__load_ctx *c);
+
+#endif

@@ -4,7 +4,6 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdio.h>
-#include <time.h>
 
 #include <cmocka.h>
 
@@ -222,13 +221,8 @@ static void empty_dict_roundtrips(void **state) {
   free(path);
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void hundred_thousand_tensors_open_fast(void **state) {
+/* Correctness at 100k entries; how fast that is belongs to `make bench` (bench_io). */
+static void hundred_thousand_tensors_roundtrip(void **state) {
   (void)state;
   ks_statedict *sd;
   ks_statedict_create(NULL, &sd);
@@ -242,12 +236,9 @@ static void hundred_thousand_tensors_open_fast(void **state) {
   }
   char *path = ks_test_path(tmp_dir, "many.ks");
   ks_save_opts so = {NULL, NULL, 1};
-  double t0 = now_ms();
   assert_int_equal(ks_save(path, sd, NULL, &so, NULL), KS_OK);
-  double t1 = now_ms();
   ks_reader *r;
   assert_int_equal(ks_reader_open(path, NULL, &r, NULL), KS_OK);
-  double t2 = now_ms();
   assert_int_equal(ks_reader_count(r), 100000);
   ks_tensor v;
   assert_int_equal(ks_reader_tensor(r, "model/layers.999/block.99/weight", &v, NULL), KS_OK);
@@ -255,11 +246,6 @@ static void hundred_thousand_tensors_open_fast(void **state) {
   memcpy(&last, v.data, 4);
   assert_true(last == 99999.0f);
   assert_int_equal(ks_reader_verify(r, NULL), KS_OK);
-  double t3 = now_ms();
-  printf("100k tensors: save %.1f ms, open %.1f ms, verify %.1f ms\n", t1 - t0, t2 - t1, t3 - t2);
-#if !defined(__SANITIZE_ADDRESS__)
-  assert_true(t2 - t1 < 150.0);
-#endif
   ks_reader_free(r);
   ks_statedict_free(sd);
   free(path);
@@ -317,7 +303,7 @@ int main(void) {
       cmocka_unit_test(writer_aligns_data_and_keeps_insertion_order),
       cmocka_unit_test(save_refuses_reserved_names),
       cmocka_unit_test(empty_dict_roundtrips),
-      cmocka_unit_test(hundred_thousand_tensors_open_fast),
+      cmocka_unit_test(hundred_thousand_tensors_roundtrip),
       cmocka_unit_test(meta_keeps_order_and_replaces_in_place),
       cmocka_unit_test(meta_survives_every_allocation_failure),
   };

@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "keepsake/manager.h"
 #include "keepsake/state.h"
 #include "testutil.h"
 

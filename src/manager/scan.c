@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "state/manager_internal.h"
+#include "manager/manager_internal.h"
 
 typedef struct ckpt {
   char *name;

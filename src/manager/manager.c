@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "state/manager_internal.h"
+#include "manager/manager_internal.h"
 
 static ks_status parse_interval(const char *spec, int64_t *every, int *epochs) {
   if (!spec) spec = "1ep";
@@ -132,8 +132,9 @@ ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const cha
   if (!m || !st) return ks__err(err, KS_E_INVALID, "save: NULL argument");
   ks_timestamp zero;
   ks_timestamp_init(&zero);
+  const ks_timestamp *ts = ks_state_timestamp(st);
   char name[1024], path[4096];
-  if (expand(m->tmpl, st->ts ? st->ts : &zero, name, sizeof name) || ks__mgr_join(m, name, path, sizeof path))
+  if (expand(m->tmpl, ts ? ts : &zero, name, sizeof name) || ks__mgr_join(m, name, path, sizeof path))
     return ks__err(err, KS_E_LIMIT, "checkpoint path too long");
   ks_save_opts so = {.alloc = &m->alloc, .io = m->io, .no_fsync = m->no_fsync};
   ks_status s = ks_state_save(st, path, &so, err);

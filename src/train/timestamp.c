@@ -1,7 +1,8 @@
 /* Composer's Timestamp: training progress counters plus wall-clock totals. */
 #include <string.h>
 
-#include "state/state_internal.h"
+#include "core/keys.h"
+#include "keepsake/train.h"
 
 void ks_timestamp_init(ks_timestamp *ts) { memset(ts, 0, sizeof *ts); }
 

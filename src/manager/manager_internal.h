@@ -1,8 +1,12 @@
 /* The checkpoint manager's object, shared by manager.c and scan.c. */
-#ifndef KS_STATE_MANAGER_INTERNAL_H
-#define KS_STATE_MANAGER_INTERNAL_H
+#ifndef KS_MANAGER_INTERNAL_H
+#define KS_MANAGER_INTERNAL_H
 
-#include "state/state_internal.h"
+#include <stdio.h>
+
+#include "core/internal.h"
+#include "core/keys.h"
+#include "keepsake/manager.h"
 
 struct ks_ckpt_manager {
   ks_allocator alloc;

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "state/state_internal.h"
+#include "core/keys.h"
 
 ks_status ks__key(char *buf, const char *prefix, const char *name) {
   return ks__keyf(buf, prefix, "%s", name);
@@ -72,11 +72,4 @@ ks_status ks__get_float(const ks_statedict *src, const char *prefix, const char 
   else if (scalar_tensor(&e)) *out = ks_dtype_get_f64(e.tensor.dtype, e.tensor.data, 0);
   else return ks__err_at(err, KS_E_VALUE, NULL, k, -1, "'%s': expected a number", k);
   return KS_OK;
-}
-
-/* Any glob matching the path or one of its '/'-prefixes (`rng` ignores rng/0/...). */
-int ks__path_ignored(const char *const *globs, size_t n, const char *path) {
-  for (size_t i = 0; i < n; i++)
-    if (ks_path_match(globs[i], path)) return 1;
-  return 0;
 }

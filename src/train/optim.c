@@ -4,9 +4,11 @@
  * saved under torch's state_dict names so a checkpoint reads like torch's.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
-#include "state/state_internal.h"
+#include "core/keys.h"
+#include "keepsake/train.h"
 
 typedef enum { OPT_SGD, OPT_ADAMW } opt_kind;
 

@@ -5,7 +5,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "state/state_internal.h"
+#include "core/keys.h"
+#include "keepsake/train.h"
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 

@@ -5,7 +5,8 @@
  */
 #include <math.h>
 
-#include "state/state_internal.h"
+#include "core/keys.h"
+#include "keepsake/train.h"
 
 static double multiplier(const ks_scheduler *s, int64_t t) {
   if (t < s->t_warmup) return (double)t / (double)s->t_warmup;

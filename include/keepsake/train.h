@@ -1,0 +1,172 @@
+/**
+ * @file train.h
+ * The training helpers a program registers in a ks_state: the xoshiro256** PRNG,
+ * the timestamp, dataset positions, SGD and AdamW with torch's state names, and a
+ * warmup + cosine scheduler. Each writes and reads its own state dict entries.
+ *
+ * Thread safety: none of these objects may be used from two threads at once;
+ * distinct objects are independent (there is no global state).
+ */
+#ifndef KEEPSAKE_TRAIN_H
+#define KEEPSAKE_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "keepsake/alloc.h"
+#include "keepsake/statedict.h"
+#include "keepsake/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* PRNG: xoshiro256**, 256 bits of state, all of it saved.                   */
+/* ------------------------------------------------------------------------ */
+
+/** A xoshiro256** generator. A plain value: copy it to fork a stream. */
+typedef struct ks_rng {
+  uint64_t s[4];
+} ks_rng;
+
+/** Seeds from one 64-bit value (expanded with splitmix64, so seed 0 is fine). */
+void ks_rng_seed(ks_rng *r, uint64_t seed);
+/** Next 64 random bits. */
+uint64_t ks_rng_next(ks_rng *r);
+/** Uniform integer in [0, n) without modulo bias; returns 0 when n is 0. */
+uint64_t ks_rng_below(ks_rng *r, uint64_t n);
+/** Uniform double in [0, 1) with 53 random bits. */
+double ks_rng_uniform(ks_rng *r);
+/** Standard normal (Box-Muller; consumes exactly two draws, caches nothing). */
+double ks_rng_normal(ks_rng *r);
+/** Fisher-Yates shuffle of n indices in place. */
+void ks_rng_shuffle(ks_rng *r, int64_t *idx, size_t n);
+/** Writes `<prefix>xoshiro256starstar` (U64 [4]). @return KS_OK or KS_E_NOMEM. */
+ks_status ks_rng_to_state_dict(const ks_rng *r, ks_statedict *dst, const char *prefix);
+/** Reads what ks_rng_to_state_dict wrote. @return KS_OK, KS_E_NOTFOUND, KS_E_SHAPE or KS_E_DTYPE (r unchanged). */
+ks_status ks_rng_load_state_dict(ks_rng *r, const ks_statedict *src, const char *prefix, ks_error *err);
+
+/* ------------------------------------------------------------------------ */
+/* Timestamp: Composer's counters plus wall-clock totals (the *_wct fields). */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ks_timestamp {
+  int64_t epoch, batch, sample, token;
+  int64_t batch_in_epoch, sample_in_epoch, token_in_epoch;
+  double total_wct, epoch_wct, batch_wct; /**< seconds; never compared by resume tests */
+} ks_timestamp;
+
+/** All counters zero. */
+void ks_timestamp_init(ks_timestamp *ts);
+/** Counts one finished batch of `samples` samples / `tokens` tokens that took `seconds`. */
+void ks_timestamp_batch_done(ks_timestamp *ts, int64_t samples, int64_t tokens, double seconds);
+/** Counts a finished epoch: epoch+1, in-epoch counters and epoch_wct back to zero. */
+void ks_timestamp_epoch_done(ks_timestamp *ts);
+/** Writes `<prefix>epoch` ... `<prefix>batch_wct` as scalars. @return KS_OK or KS_E_NOMEM. */
+ks_status ks_timestamp_to_state_dict(const ks_timestamp *ts, ks_statedict *dst, const char *prefix);
+/** Reads them back; integer fields must be ints. @return KS_OK, KS_E_NOTFOUND or KS_E_VALUE (ts unchanged). */
+ks_status ks_timestamp_load_state_dict(ks_timestamp *ts, const ks_statedict *src, const char *prefix,
+                                       ks_error *err);
+
+/** Where a data loader is: which epoch's order, how far into it, and the shuffle seed. */
+typedef struct ks_dataset_state {
+  int64_t epoch;
+  int64_t sample_in_epoch;
+  int64_t shuffle_seed;
+} ks_dataset_state;
+
+/* ------------------------------------------------------------------------ */
+/* Optimizers: SGD with momentum and AdamW, with torch's state names.        */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ks_optimizer ks_optimizer;
+
+/** torch.optim.SGD hyperparameters (defaults: all zero except lr). */
+typedef struct ks_sgd_opts {
+  double lr, momentum, dampening, weight_decay;
+  int nesterov;
+} ks_sgd_opts;
+
+/** torch.optim.AdamW hyperparameters (torch defaults: 1e-3, 0.9, 0.999, 1e-8, 1e-2). */
+typedef struct ks_adamw_opts {
+  double lr, beta1, beta2, eps, weight_decay;
+} ks_adamw_opts;
+
+/**
+ * Creates an optimizer over no parameters yet; add them with ks_optimizer_add_param.
+ * @return KS_OK, KS_E_INVALID (NULL opts, negative lr...) or KS_E_NOMEM.
+ * Ownership: free with ks_optimizer_free.
+ */
+ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *alloc, ks_optimizer **out);
+ks_status ks_optimizer_create_adamw(const ks_adamw_opts *opts, const ks_allocator *alloc, ks_optimizer **out);
+/** Frees the optimizer and its state buffers (never the parameters). Accepts NULL. */
+void ks_optimizer_free(ks_optimizer *o);
+
+/**
+ * Appends parameter number `count` (torch's param index). `param` and `grad` are
+ * borrowed F32 buffers of `numel` elements and must outlive the optimizer; the
+ * shape is used for the state tensors and for load checks.
+ * @return KS_OK, KS_E_INVALID, KS_E_LIMIT or KS_E_NOMEM (optimizer unchanged).
+ */
+ks_status ks_optimizer_add_param(ks_optimizer *o, float *param, const float *grad, int rank,
+                                 const int64_t *shape);
+/** One update of every parameter from its gradient, as torch does it (F32 arithmetic). */
+void ks_optimizer_step(ks_optimizer *o);
+/** Current learning rate of param group 0, and setting it (schedulers do). */
+double ks_optimizer_lr(const ks_optimizer *o);
+void ks_optimizer_set_lr(ks_optimizer *o, double lr);
+/** "SGD" or "AdamW": the key optimizers are saved under by convention. */
+const char *ks_optimizer_name(const ks_optimizer *o);
+/** Number of parameters. */
+size_t ks_optimizer_param_count(const ks_optimizer *o);
+
+/**
+ * Writes torch's optimizer.state_dict() flattened: `<prefix>state/<i>/exp_avg`,
+ * `exp_avg_sq`, `step` (F32 0-d) for AdamW, `momentum_buffer` for SGD, and
+ * `<prefix>param_groups/0/lr`, `betas/0`, ... `params/<i>`.
+ * @return KS_OK or KS_E_NOMEM (dst may hold some entries).
+ */
+ks_status ks_optimizer_to_state_dict(const ks_optimizer *o, ks_statedict *dst, const char *prefix);
+/**
+ * Restores state and hyperparameters. All entries are checked (presence, dtype
+ * F32 or a widening of it, shape) before anything is written.
+ * @return KS_OK, KS_E_NOTFOUND, KS_E_SHAPE, KS_E_DTYPE or KS_E_VALUE; optimizer unchanged on error.
+ */
+ks_status ks_optimizer_load_state_dict(ks_optimizer *o, const ks_statedict *src, const char *prefix,
+                                       ks_error *err);
+
+/* ------------------------------------------------------------------------ */
+/* Scheduler: linear warmup then cosine decay, stepped once per batch.       */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Like Composer's CosineAnnealingWithWarmupScheduler over a torch LambdaLR:
+ * multiplier t/t_warmup during warmup, then alpha_f + (1-alpha_f)(1+cos(pi*frac))/2.
+ * A plain value; `last_epoch` counts scheduler steps as in torch.
+ */
+typedef struct ks_scheduler {
+  double base_lr;
+  int64_t t_warmup, t_max;
+  double alpha_f;
+  int64_t last_epoch;
+  double last_lr;
+} ks_scheduler;
+
+/** Initializes and applies the step-0 learning rate to `opt` (may be NULL). */
+void ks_scheduler_init(ks_scheduler *s, ks_optimizer *opt, double base_lr, int64_t t_warmup, int64_t t_max,
+                       double alpha_f);
+/** The learning rate after `t` steps. */
+double ks_scheduler_lr_at(const ks_scheduler *s, int64_t t);
+/** Advances one step and sets the new learning rate on `opt` (may be NULL). */
+void ks_scheduler_step(ks_scheduler *s, ks_optimizer *opt);
+/** Writes `<prefix>base_lrs/0`, `last_epoch`, `_step_count`, `_last_lr/0`, `t_warmup`, `t_max`, `alpha_f`. */
+ks_status ks_scheduler_to_state_dict(const ks_scheduler *s, ks_statedict *dst, const char *prefix);
+/** Restores it. @return KS_OK, KS_E_NOTFOUND or KS_E_VALUE (s unchanged). */
+ks_status ks_scheduler_load_state_dict(ks_scheduler *s, const ks_statedict *src, const char *prefix,
+                                       ks_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

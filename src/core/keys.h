@@ -1,0 +1,31 @@
+/*
+ * Prefixed state dict keys and typed scalar reads with errors that name the
+ * key. Shared by every module that flattens a component into a state dict
+ * (train, state, manager).
+ */
+#ifndef KS_CORE_KEYS_H
+#define KS_CORE_KEYS_H
+
+#include <stdint.h>
+
+#include "core/internal.h"
+#include "keepsake/statedict.h"
+
+/* Longest key the modules build. */
+#define KS__KEY_MAX KS_MAX_NAME
+
+/* Joins prefix and name into buf (KS__KEY_MAX+1 bytes). @return KS_OK or KS_E_LIMIT. */
+ks_status ks__key(char *buf, const char *prefix, const char *name);
+ks_status ks__keyf(char *buf, const char *prefix, const char *fmt, ...) KS__PRINTF(3, 4);
+
+ks_status ks__put_int(ks_statedict *dst, const char *prefix, const char *name, int64_t v);
+ks_status ks__put_float(ks_statedict *dst, const char *prefix, const char *name, double v);
+
+/* Integer scalar (or integral 0-d tensor). KS_E_NOTFOUND / KS_E_VALUE name the key in err. */
+ks_status ks__get_int(const ks_statedict *src, const char *prefix, const char *name, int64_t *out,
+                      ks_error *err);
+/* Float scalar, int scalar or 0-d tensor of any numeric dtype. */
+ks_status ks__get_float(const ks_statedict *src, const char *prefix, const char *name, double *out,
+                        ks_error *err);
+
+#endif
