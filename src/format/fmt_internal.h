@@ -124,6 +124,7 @@ typedef struct ks__json {
   const ks_allocator *alloc;
   ks_error *err;
   ks__jbuf kbuf, vbuf; /* scratch for decoded keys and values */
+  bool skipping;       /* inside a value that is read and dropped: \u0000 is allowed there */
 } ks__json;
 
 void ks__json_init(ks__json *j, const void *s, size_t n, int64_t base, const char *file, const ks_allocator *a,
@@ -139,8 +140,12 @@ ks_status ks__json_expect(ks__json *j, char c);
 ks_status ks__json_string(ks__json *j, ks__jbuf *b, const char **s, size_t *n);
 /* A non-negative integer without fraction or exponent; `what` names it in errors. */
 ks_status ks__json_u64(ks__json *j, const char *key, const char *what, uint64_t *v);
-/* Skips any value (depth-limited). */
+/* Skips any value. `depth` is the nesting level of the value (the header object is 1);
+   containers deeper than 127 are refused with KS_E_LIMIT, as the reference reader does. */
 ks_status ks__json_skip(ks__json *j, int depth);
+/* True when the reference reader refuses the number s[0..n) (valid JSON grammar) as out
+   of range of an f64 (json_range.c). */
+bool ks__json_number_out_of_range(const uint8_t *s, size_t n);
 /* Object iteration: start with *first = true; *done becomes true at the closing brace.
    The key lives in j->kbuf or the input and is followed by the ':' (consumed). */
 ks_status ks__json_next_key(ks__json *j, bool *first, bool *done, const char **key, size_t *klen);

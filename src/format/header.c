@@ -172,7 +172,12 @@ static int field_index(const char *k, size_t kn) {
 static ks_status read_field(ks__json *j, const char *name, const char *k, size_t kn, fmt_entry *e, unsigned *seen) {
   static const char *const fields[] = {"dtype", "shape", "data_offsets"};
   int f = field_index(k, kn);
-  if (f < 0) return ks__json_skip(j, 1); /* unknown fields are ignored, as the reference reader does */
+  if (f < 0) { /* unknown fields are ignored, as the reference reader does; the value sits at depth 3 */
+    j->skipping = true;
+    ks_status st = ks__json_skip(j, 3);
+    j->skipping = false;
+    return st;
+  }
   if (*seen & (1u << f)) return ks__json_fail(j, KS_E_EXISTS, name, "duplicate key \"%s\"", fields[f]);
   *seen |= 1u << f;
   return f == 0 ? read_dtype(j, name, e) : f == 1 ? read_shape(j, name, e) : read_offsets(j, name, e);
@@ -221,6 +226,7 @@ static ks_status grow(hdr_parse *p, size_t name_len) {
 
 static ks_status add_tensor(hdr_parse *p, const char *k, size_t kn) {
   ks_reader *r = p->r;
+  if (kn == 0) return ks__json_fail(&p->j, KS_E_FORMAT, NULL, "empty tensor name (a state dict entry needs a name)");
   if (kn > KS_MAX_NAME)
     return ks__json_fail(&p->j, KS_E_LIMIT, NULL, "tensor name of %zu bytes exceeds the limit of %d", kn, KS_MAX_NAME);
   if (r->count >= KS_MAX_TENSORS) return ks__json_fail(&p->j, KS_E_LIMIT, NULL, "more than %u tensors", KS_MAX_TENSORS);

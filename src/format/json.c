@@ -12,7 +12,9 @@
 
 #include "format/fmt_internal.h"
 
-#define MAX_DEPTH 64
+/* Containers may nest 127 deep, counting the header object as 1: the reference reader's
+   JSON parser (serde_json) refuses the 128th level. */
+#define MAX_DEPTH 127
 
 void ks__json_init(ks__json *j, const void *s, size_t n, int64_t base, const char *file, const ks_allocator *a,
                    ks_error *err) {
@@ -112,7 +114,8 @@ static ks_status read_u_escape(ks__json *j, uint32_t *cp) {
   j->pos += 4;
   *cp = (uint32_t)hi;
   if (hi >= 0xDC00 && hi <= 0xDFFF) return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: lone low surrogate");
-  if (hi < 0xD800 || hi > 0xDBFF) return hi ? KS_OK : ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: \\u0000 is not allowed");
+  if (hi < 0xD800 || hi > 0xDBFF)
+    return hi || j->skipping ? KS_OK : ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: \\u0000 is not allowed");
   int lo = j->n - j->pos >= 6 && j->s[j->pos] == '\\' && j->s[j->pos + 1] == 'u' ? hex4(j->s + j->pos + 2) : -1;
   if (lo < 0xDC00 || lo > 0xDFFF) return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: lone high surrogate");
   j->pos += 6;
@@ -214,9 +217,10 @@ static ks_status skip_number(ks__json *j) {
     if (j->pos < j->n && (j->s[j->pos] == '+' || j->s[j->pos] == '-')) j->pos++;
     ok = digits(j) > 0;
   }
-  if (ok) return KS_OK;
+  if (ok && !ks__json_number_out_of_range(j->s + start, j->pos - start)) return KS_OK;
   j->pos = start;
-  return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: invalid number");
+  return ks__json_fail(j, KS_E_FORMAT, NULL, ok ? "header JSON: number out of range of a double"
+                                                : "header JSON: invalid number");
 }
 
 ks_status ks__json_u64(ks__json *j, const char *key, const char *what, uint64_t *v) {
@@ -265,12 +269,13 @@ static ks_status skip_container(ks__json *j, int depth, char close) {
 }
 
 ks_status ks__json_skip(ks__json *j, int depth) {
-  if (depth > MAX_DEPTH) return ks__json_fail(j, KS_E_LIMIT, NULL, "header JSON nests deeper than %d", MAX_DEPTH);
   ks__json_ws(j);
   if (j->pos >= j->n) return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: value expected before the end");
   uint8_t c = j->s[j->pos];
   const char *s;
   size_t n;
+  if ((c == '{' || c == '[') && depth > MAX_DEPTH)
+    return ks__json_fail(j, KS_E_LIMIT, NULL, "header JSON nests deeper than %d", MAX_DEPTH);
   if (c == '"') return ks__json_string(j, &j->vbuf, &s, &n);
   if (c == '{') return skip_container(j, depth, '}');
   if (c == '[') return skip_container(j, depth, ']');
