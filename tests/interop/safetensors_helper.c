@@ -4,12 +4,15 @@
  * from any file, one JSON object per line, so the Python side can compare it
  * with the reference safetensors implementation.
  *
- *   safetensors_helper write-dtypes OUT      every dtype in shapes (), (0,), (7,), (3,5), (2,0,4), (2,3,4)
+ *   safetensors_helper write-dtypes OUT [DTYPE...]
+ *        every dtype (or only those named) in shapes (), (0,), (7,), (3,5), (2,0,4), (2,3,4),
+ *        named "<DTYPE>/s<shape index>", plus three scalars and two caller metadata pairs
  *   safetensors_helper write-many OUT N      N tensors, dtypes and shapes cycling
  *   safetensors_helper read FILE...          ks_load each file; print status, tensors, metadata
  *
- * Tensor bytes come from splitmix64 seeded with the tensor's position + 1 (BOOL
- * bytes masked to 0/1), so the reader of the file can recompute them independently.
+ * Tensor bytes come from splitmix64 (BOOL bytes masked to 0/1), seeded with
+ * dtype * 6 + shape index + 1 (write-dtypes) or the tensor's position + 1
+ * (write-many), so the reader of the file can recompute them independently.
  * Exit status: 0 done (read reports per-file status in its output), 1 an error, 2 usage.
  */
 #include <stdint.h>
@@ -64,18 +67,24 @@ static const struct {
 } SHAPES[] = {{0, {0}}, {1, {0}}, {1, {7}}, {2, {3, 5}}, {3, {2, 0, 4}}, {3, {2, 3, 4}}};
 #define NSHAPES (sizeof SHAPES / sizeof SHAPES[0])
 
-static int write_dtypes(const char *path) {
+/* True when dtype d is to be written: no names given, or d among them. */
+static int wanted(ks_dtype d, int n, char **names) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(names[i], ks_dtype_name(d))) return 1;
+  return n == 0;
+}
+
+static int write_dtypes(const char *path, int nnames, char **names) {
   ks_statedict *sd;
   ks_meta *extra;
   if (ks_statedict_create(NULL, &sd)) return 1;
   if (ks_meta_create(NULL, &extra)) return ks_statedict_free(sd), 1;
   int rc = 0;
-  uint64_t seed = 1;
   char name[64];
   for (int d = 0; d < KS_DTYPE_COUNT && !rc; d++)
-    for (size_t k = 0; k < NSHAPES && !rc; k++) {
+    for (size_t k = 0; k < NSHAPES && !rc && wanted((ks_dtype)d, nnames, names); k++) {
       snprintf(name, sizeof name, "%s/s%zu", ks_dtype_name((ks_dtype)d), k);
-      rc = add(sd, name, (ks_dtype)d, SHAPES[k].rank, SHAPES[k].shape, seed++);
+      rc = add(sd, name, (ks_dtype)d, SHAPES[k].rank, SHAPES[k].shape, (uint64_t)d * NSHAPES + k + 1);
     }
   /* Scalars live in the metadata; caller pairs are kept as is. */
   if (!rc) rc = ks_statedict_set_int(sd, "step", -9223372036854775807 - 1) != KS_OK;
@@ -171,12 +180,12 @@ static void read_one(const char *path) {
 }
 
 int main(int argc, char **argv) {
-  if (argc >= 3 && !strcmp(argv[1], "write-dtypes")) return write_dtypes(argv[2]);
+  if (argc >= 3 && !strcmp(argv[1], "write-dtypes")) return write_dtypes(argv[2], argc - 3, argv + 3);
   if (argc >= 4 && !strcmp(argv[1], "write-many")) return write_many(argv[2], atol(argv[3]));
   if (argc >= 2 && !strcmp(argv[1], "read")) {
     for (int i = 2; i < argc; i++) read_one(argv[i]);
     return fflush(stdout) != 0;
   }
-  fprintf(stderr, "usage: safetensors_helper write-dtypes OUT | write-many OUT N | read FILE...\n");
+  fprintf(stderr, "usage: safetensors_helper write-dtypes OUT [DTYPE...] | write-many OUT N | read FILE...\n");
   return 2;
 }

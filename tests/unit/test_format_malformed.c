@@ -185,8 +185,8 @@ static void reader_rejects_invalid_json(void **state) {
   expect_reject_header("nul_escape", "{\"a\\u0000\":{}}", 0, KS_E_FORMAT, NULL, "u0000");
   expect_reject_header("bad_number", "{\"a\":{\"x\":01,\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0,
                        KS_E_FORMAT, NULL, "number");
-  char deep[400] = "{\"a\":{\"x\":";
-  for (int i = 0; i < 100; i++) strcat(deep, "[");
+  char deep[400] = "{\"a\":{\"x\":"; /* levels 1 and 2, then 130 more: past the limit of 127 */
+  for (int i = 0; i < 130; i++) strcat(deep, "[");
   expect_reject_header("deep_nesting", deep, 0, KS_E_LIMIT, NULL, "deeper");
 }
 
