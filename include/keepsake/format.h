@@ -8,10 +8,11 @@
  * component schemas) as string pairs in the safetensors `__metadata__`.
  * docs/FORMAT.md is the normative specification.
  *
- * Reading enforces every rule of the reference safetensors reader plus
- * keepsake's caps (duplicate keys, name length, rank, tensor count), so any
- * file - keepsake or plain safetensors - can be opened safely from untrusted
- * bytes. Writing is atomic and durable (temp file, fsync, rename, fsync dir).
+ * Reading accepts exactly the files the reference safetensors reader accepts,
+ * except where keepsake is stricter on purpose (duplicate keys, NUL or empty
+ * names, name length, rank, dtypes outside format version 1, keepsake metadata
+ * checks; docs/FORMAT.md section 5.1 lists each), so any file - keepsake or
+ * plain safetensors - can be opened safely from untrusted bytes. Writing is atomic and durable (temp file, fsync, rename, fsync dir).
  */
 #ifndef KEEPSAKE_FORMAT_H
 #define KEEPSAKE_FORMAT_H
@@ -158,10 +159,11 @@ typedef struct ks_tensor_info {
  * @param out   receives the reader; untouched on failure.
  * @param err   optional; names the file, key and byte offset of the problem.
  * @return KS_OK; KS_E_IO (cannot open/read); KS_E_FORMAT (truncated, header
- *         length past EOF, bad UTF-8/JSON, offsets that do not tile the data
+ *         length past EOF, bad UTF-8/JSON, a number out of range of a double,
+ *         \u0000 in a name or metadata, an empty name, offsets that do not tile the data
  *         section, size/shape mismatch, trailing bytes); KS_E_LIMIT (header >
  *         KS_MAX_HEADER, name > KS_MAX_NAME, rank > 8, more than KS_MAX_TENSORS,
- *         shape product overflow); KS_E_DTYPE (unknown dtype); KS_E_EXISTS
+ *         shape product overflow, JSON nested deeper than 127); KS_E_DTYPE (unknown dtype); KS_E_EXISTS
  *         (duplicate key); KS_E_VERSION (keepsake format newer than
  *         KS_FORMAT_VERSION; the message names the version); KS_E_CHECKSUM
  *         (verify_checksums and a mismatch); KS_E_NOMEM.

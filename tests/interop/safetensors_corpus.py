@@ -67,6 +67,10 @@ def build():
         data += bytes(range(off, off + 3 * size))
         off += 3 * size
     case("valid_all_dtypes", obj(*entries), data)
+    case("valid_field_order", '{"a":{"data_offsets":[0,2],"shape":[1],"dtype":"F16"}}', b"\x00\x3c")
+    case("valid_uppercase_hex_escape", obj(T("\\u00E9\\u00e9", "U8", "[1]", 0, 1)), b"\x01")
+    case("valid_empty_same_offset", obj(T("e", "U8", "[0]", 0, 0), T("f", "I32", "[0]", 0, 0), T("a", "I32", "[1]", 0, 4)),
+         bytes(4))
     case("valid_rank_8", obj(T("r", "U8", "[1,1,1,1,1,1,1,1]", 0, 1)), b"\x01")
     case("valid_unknown_fields", obj(T("a", "U8", "[1]", 0, 1, ',"x":{"y":[1,-2.5e-3,true,false,null,"s"]},"x":0')), b"\x01")
     case("valid_unknown_negative_zero", obj(T("a", "U8", "[1]", 0, 1, ',"x":-0,"y":-9223372036854775809')), b"\x01")
@@ -139,6 +143,8 @@ def build():
     case("meta_value_object", '{"__metadata__":{"a":{}}}')
     case("meta_duplicate_object", '{"__metadata__":{},"__metadata__":{}}')
     case("meta_duplicate_escaped", '{"__metadata__":{},"\\u005f_metadata__":{}}')
+    case("meta_key_case_is_a_tensor", '{"__METADATA__":{"a":"b"}}')
+    case("dtype_with_nul", obj(T("a", "U8\\u0000", "[1]", 0, 1)), b"\x01")
     case("entry_array", '{"a":[]}')
     case("entry_null", '{"a":null}')
     case("entry_string", '{"a":"U8"}')
