@@ -48,5 +48,7 @@ ks_status mlp_register(mlp *m, ks_state *st, ks_optimizer *opt);
 
 /* Installs the optional save-kill hook from KS_TEST_KILL_IN_SAVE="<save number>:<bytes>". NULL when unset. */
 const ks_io *digits_test_io(void);
+/* Test hook: raises the signal KS_TEST_SIGNAL_AT names after that batch. */
+void digits_test_after_batch(long long batch);
 
 #endif

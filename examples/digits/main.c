@@ -8,6 +8,7 @@
  *   2. register them in a ks_state, with the metrics built by get_metrics();
  *   3. let a ks_ckpt_manager autoresume, then save on its interval.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,23 +22,65 @@
 #define DROPOUT 0.2f
 
 typedef struct args {
-  const char *run_dir, *save_interval, *data;
-  int epochs, keep, autoresume;
+  const char *run_dir, *save_interval, *data, *keep_every;
+  int epochs, keep, autoresume, async_save;
   long long seed, halt_after;
+  int keep_best;                     /* --keep-best N:METRIC:max|min */
+  char best_metric[256];
+  ks_best_mode best_mode;
+  double save_every_seconds;
+  char early_metric[256];            /* --early-stop METRIC:PATIENCE[:max|min] */
+  long long early_patience;
+  ks_best_mode early_mode;
 } args;
 
 static int usage(void) {
   fprintf(stderr, "usage: keepsake-digits --run-dir DIR [--epochs N] [--save-interval 50ba|1ep] [--keep N]\n"
-                  "                       [--seed S] [--autoresume] [--halt-after-batches N] [--data FILE]\n");
+                  "                       [--seed S] [--autoresume] [--halt-after-batches N] [--data FILE]\n"
+                  "                       [--async-save] [--keep-best N:METRIC:max|min] [--keep-every 5ep|100ba]\n"
+                  "                       [--save-every-seconds S] [--early-stop METRIC:PATIENCE[:max|min]]\n"
+                  "  METRIC is label/Name, e.g. eval/MulticlassAccuracy. SIGTERM or SIGUSR1 saves at the next\n"
+                  "  batch and exits with status 75; --autoresume continues from there.\n");
   return 2;
+}
+
+/* "max" / "min" (NULL = max). */
+static int parse_mode(const char *s, ks_best_mode *m) {
+  if (!s || !strcmp(s, "max")) *m = KS_BEST_MAX;
+  else if (!strcmp(s, "min")) *m = KS_BEST_MIN;
+  else return -1;
+  return 0;
+}
+
+/* "N:METRIC[:MODE]" into n, metric and mode; METRIC may not contain ':'. */
+static int parse_spec(const char *v, long long *n, char *metric, size_t cap, ks_best_mode *mode, int n_first) {
+  char buf[512];
+  if (snprintf(buf, sizeof buf, "%s", v) >= (int)sizeof buf) return -1;
+  char *a = strtok(buf, ":"), *b = strtok(NULL, ":"), *c = strtok(NULL, ":");
+  if (!a || !b || strtok(NULL, ":")) return -1;
+  const char *num = n_first ? a : b, *name = n_first ? b : a;
+  char *end;
+  *n = strtoll(num, &end, 10);
+  if (*end || *n <= 0 || strlen(name) >= cap) return -1;
+  memcpy(metric, name, strlen(name) + 1);
+  return parse_mode(c, mode);
 }
 
 static int parse_args(int argc, char **argv, args *a) {
   *a = (args){.save_interval = "1ep", .data = KS_DIGITS_DEFAULT_DATA, .epochs = 20, .keep = 3, .seed = 42};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    long long n = 0;
     if (!strcmp(f, "--autoresume")) a->autoresume = 1;
+    else if (!strcmp(f, "--async-save")) a->async_save = 1;
     else if (!v) return -1;
+    else if (!strcmp(f, "--keep-best")) {
+      if (parse_spec(v, &n, a->best_metric, sizeof a->best_metric, &a->best_mode, 1) || n > 1000) return -1;
+      a->keep_best = (int)n;
+    } else if (!strcmp(f, "--early-stop")) {
+      if (parse_spec(v, &a->early_patience, a->early_metric, sizeof a->early_metric, &a->early_mode, 0)) return -1;
+    } else if (!strcmp(f, "--keep-every")) a->keep_every = v;
+    else if (!strcmp(f, "--save-every-seconds")) a->save_every_seconds = atof(v);
     else if (!strcmp(f, "--run-dir")) a->run_dir = v;
     else if (!strcmp(f, "--epochs")) a->epochs = atoi(v);
     else if (!strcmp(f, "--save-interval")) a->save_interval = v;
@@ -46,7 +89,7 @@ static int parse_args(int argc, char **argv, args *a) {
     else if (!strcmp(f, "--halt-after-batches")) a->halt_after = atoll(v);
     else if (!strcmp(f, "--data")) a->data = v;
     else return -1;
-    if (strcmp(f, "--autoresume")) i++;
+    if (strcmp(f, "--autoresume") && strcmp(f, "--async-save")) i++;
   }
   return a->run_dir && a->epochs > 0 && a->keep >= 0 ? 0 : -1;
 }
@@ -87,6 +130,8 @@ typedef struct run {
   ks_state *st;
   ks_ckpt_manager *mgr;
   int64_t *order;
+  ks_early_stop early;
+  int stopping;  /* early stopping fired */
 } run;
 
 static int fail(const char *what, ks_status s, const ks_error *e) {
@@ -121,11 +166,23 @@ static int build(run *r) {
   if (!s) s = ks_state_add_scheduler(r->st, "CosineAnnealingWithWarmupScheduler", &r->sched);
   if (!s) s = ks_state_add_dataset(r->st, "train", &r->ds);
   if (!s) s = ks_state_build_metrics(r->st, get_metrics, NULL, labels, 1, &e);
+  if (!s && r->a.early_metric[0]) {
+    s = ks_early_stop_init(&r->early, r->a.early_metric, r->a.early_mode, r->a.early_patience, 0.0, &e);
+    ks_stateful es = ks_early_stop_stateful(&r->early);
+    if (!s) s = ks_state_add_stateful(r->st, "EarlyStopping", &es);
+  }
   if (s) return fail("building the training state", s, &e);
   ks_state_set_timestamp(r->st, &r->ts);
   ks_state_set_rng(r->st, &r->rng);
+  int policies = r->a.keep_best || r->a.keep_every;
   ks_ckpt_opts co = {.run_dir = r->a.run_dir, .save_interval = r->a.save_interval, .keep = r->a.keep,
-                     .io = digits_test_io()};
+                     .io = digits_test_io(), .keep_best = r->a.keep_best,
+                     .best_metric = r->a.keep_best ? r->a.best_metric : NULL, .best_mode = r->a.best_mode,
+                     .keep_every = r->a.keep_every, .retention_log = policies ? stdout : NULL,
+                     .save_every_seconds = r->a.save_every_seconds};
+  static const int preempt[] = {SIGTERM, SIGUSR1};
+  s = ks_preemption_install(preempt, 2, &e);
+  if (s) return fail("preemption handlers", s, &e);
   s = ks_ckpt_manager_create(&co, &r->mgr, &e);
   return s ? fail("checkpoint manager", s, &e) : 0;
 }
@@ -151,8 +208,21 @@ static int resume(run *r) {
 static int save(run *r) {
   ks_error e;
   ks_error_clear(&e);
-  ks_status s = ks_ckpt_manager_save(r->mgr, r->st, NULL, &e);
+  ks_status s = r->a.async_save ? ks_ckpt_manager_save_async(r->mgr, r->st, NULL, &e)
+                                : ks_ckpt_manager_save(r->mgr, r->st, NULL, &e);
   return s ? fail("saving a checkpoint", s, &e) : 0;
+}
+
+/* After a preemption signal: the checkpoint just started must be durable before the exit. */
+static int preempted(run *r) {
+  ks_error e;
+  ks_error_clear(&e);
+  ks_status s = ks_ckpt_manager_wait(r->mgr, &e);
+  if (s) return fail("saving the preemption checkpoint", s, &e);
+  printf("preempted by signal %d after batch %lld: checkpoint saved; resume with --autoresume\n",
+         ks_preemption_signal(), (long long)r->ts.batch);
+  fflush(stdout);
+  return KS_EXIT_PREEMPTED;
 }
 
 static double now(void) {
@@ -243,7 +313,26 @@ static void epoch_line(run *r) {
   fflush(stdout);
 }
 
+/* "label/Name" of the program's own metrics (eval/MulticlassAccuracy), computed now. */
+static double monitored(run *r, const char *metric) {
+  const char *slash = strchr(metric, '/');
+  if (!slash) return -1;
+  char label[256];
+  snprintf(label, sizeof label, "%.*s", (int)(slash - metric), metric);
+  ks_metric_collection *mc = !strcmp(label, "train") ? ks_state_train_metrics(r->st) : ks_state_eval_metrics(r->st, label);
+  return mc ? value(mc, slash + 1) : -1;
+}
+
+static void early_stop_check(run *r) {
+  if (!r->a.early_metric[0]) return;
+  if (!ks_early_stop_update(&r->early, monitored(r, r->early.monitor), r->ts.epoch)) return;
+  r->stopping = 1;
+  printf("early stopping after epoch %lld: %s did not improve for %lld epochs (best %.4f)\n",
+         (long long)r->ts.epoch + 1, r->early.monitor, (long long)r->early.patience, r->early.best_score);
+}
+
 static int train(run *r) {
+  if (r->a.early_metric[0] && r->early.stopped_epoch >= 0) return 0; /* resumed after it fired */
   while (r->ts.epoch < r->a.epochs) {
     if (r->ds.sample_in_epoch == 0) { /* a fresh epoch (also right after resuming at an epoch boundary) */
       ks_metric_collection *tr = ks_state_train_metrics(r->st);
@@ -254,7 +343,9 @@ static int train(run *r) {
       float loss;
       if (train_batch(r, &loss)) return 1;
       progress(r, loss);
-      if (ks_ckpt_manager_due(r->mgr, &r->ts, 0) && save(r)) return 1;
+      digits_test_after_batch(r->ts.batch);
+      if (ks_ckpt_manager_should_save(r->mgr, &r->ts, 0) && save(r)) return 1;
+      if (ks_preemption_signal()) return preempted(r);
       if (r->a.halt_after && r->ts.batch == r->a.halt_after) {
         fflush(stdout);
         _exit(137); /* like a kill: no cleanup, no final save */
@@ -262,15 +353,21 @@ static int train(run *r) {
     }
     if (evaluate(r)) return 1;
     epoch_line(r);
+    early_stop_check(r);
     ks_timestamp_epoch_done(&r->ts);
     r->ds.epoch++;
     r->ds.sample_in_epoch = 0;
-    if (ks_ckpt_manager_due(r->mgr, &r->ts, 1) && save(r)) return 1;
+    if (ks_ckpt_manager_should_save(r->mgr, &r->ts, 1) && save(r)) return 1;
+    if (r->stopping) break;
   }
   return 0;
 }
 
 static int finish(run *r) {
+  ks_error we;
+  ks_error_clear(&we);
+  ks_status ws = ks_ckpt_manager_wait(r->mgr, &we); /* the last background save must have landed */
+  if (ws) return fail("background save", ws, &we);
   char path[4096];
   snprintf(path, sizeof path, "%s/final.keepsake", r->a.run_dir);
   ks_error e;

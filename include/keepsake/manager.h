@@ -27,6 +27,17 @@ extern "C" {
 
 typedef struct ks_ckpt_manager ks_ckpt_manager;
 
+/**
+ * Options of a manager. Zero-initialise: every field's zero is its default, and
+ * new fields are only ever appended.
+ *
+ * Preservation: a checkpoint is kept when ANY configured policy keeps it (keep,
+ * keep_best, keep_every, keep_period_seconds); the newest checkpoint is always
+ * kept; with no policy at all, all are kept. The set is recomputed after every
+ * save from the checkpoints in run_dir (their timestamps and stored metric
+ * values), so it survives resumes and another spelling of run_dir. Files that
+ * do not match the template, or whose header cannot be read, are never deleted.
+ */
 typedef struct ks_ckpt_opts {
   const char *run_dir;       /**< created if missing */
   const char *save_interval; /**< "100ba" (every 100 batches) or "2ep" (every 2 epochs); NULL = "1ep" */
@@ -36,6 +47,24 @@ typedef struct ks_ckpt_opts {
   const ks_io *io;           /**< passed to ks_save; NULL = POSIX */
   int no_fsync;              /**< tests only */
   FILE *log;                 /**< warnings (skipped corrupt checkpoints); NULL = stderr */
+  /* --- appended in 0.2 --- */
+  int keep_best;             /**< keep the N best checkpoints by best_metric; 0 = off */
+  /**
+   * The metric keep_best ranks by, as stored in each checkpoint's own `_computed`:
+   * "eval/MulticlassAccuracy" (evaluator label / metric name), "train/Name", or a
+   * full path "state/.../Name". A checkpoint whose value is absent, None or not
+   * finite (e.g. saved before the first evaluation) is never among the best; other
+   * policies may still keep it.
+   */
+  const char *best_metric;
+  ks_best_mode best_mode;
+  const char *keep_every;    /**< "5ep": keep checkpoints taken at the end of every 5th epoch; "500ba": at every 500th batch; NULL = off */
+  double keep_period_seconds; /**< keep the first checkpoint of each period of training wall-clock time (total_wct); 0 = off */
+  FILE *retention_log;       /**< if set, one line per checkpoint after each save: kept (and why) or deleted */
+  double save_every_seconds; /**< ks_ckpt_manager_should_save is also true once this much time passed since the last save; 0 = off */
+  ks_async_busy async_busy;  /**< ks_ckpt_manager_save_async while one is in flight: wait (default) or KS_E_STATE */
+  void *staging;             /**< optional caller staging buffer for async saves (see ks_async_opts) */
+  size_t staging_size;
 } ks_ckpt_opts;
 
 /**
@@ -57,6 +86,31 @@ int ks_ckpt_manager_due(const ks_ckpt_manager *m, const ks_timestamp *ts, int ep
  */
 ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err);
 /**
+ * Like ks_ckpt_manager_save, but returns once the state is snapshotted: the file,
+ * then `latest`, then retention are done on a background thread, in that order and
+ * with the same durability. At most one save is in flight (see async_busy).
+ * An error of the previous background save is returned by this call or the next
+ * manager call (or ks_ckpt_manager_wait), once; it is never swallowed.
+ * @param saved optional; receives the path being written (owned by the manager).
+ * @return KS_OK (started) or an error (see ks_state_save_async).
+ */
+ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err);
+
+/**
+ * Waits for a background save in flight.
+ * @return its result, or KS_OK when there was none or it succeeded.
+ */
+ks_status ks_ckpt_manager_wait(ks_ckpt_manager *m, ks_error *err);
+
+/**
+ * The manager's full save trigger: ks_ckpt_manager_due, or (at a batch boundary,
+ * epoch_end = 0) save_every_seconds elapsed since the last save, or a pending
+ * preemption signal (ks_preemption_signal). Call it where ks_ckpt_manager_due is
+ * called.
+ */
+int ks_ckpt_manager_should_save(const ks_ckpt_manager *m, const ks_timestamp *ts, int epoch_end);
+
+/**
  * Loads the newest checkpoint of the run directory that fully verifies; corrupt
  * or partial ones are skipped with a warning. Leftover temporary files are removed.
  * @param resumed receives 1 when a checkpoint was loaded, 0 when there was none.
@@ -68,6 +122,27 @@ ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_
                                      ks_error *err);
 /** Number of checkpoints skipped as corrupt by the last autoresume. */
 size_t ks_ckpt_manager_skipped(const ks_ckpt_manager *m);
+
+/* ------------------------------------------------------------------------ */
+/* Preemption.                                                               */
+/* ------------------------------------------------------------------------ */
+
+/** Exit status a program uses after saving on preemption (EX_TEMPFAIL: "try again"). */
+#define KS_EXIT_PREEMPTED 75
+
+/**
+ * Installs handlers that record the arrival of each signal in `signals` (e.g.
+ * SIGTERM, SIGUSR1) instead of terminating; the program then saves at its next
+ * batch boundary (ks_ckpt_manager_should_save turns true) and exits with
+ * KS_EXIT_PREEMPTED. Signal dispositions are process-wide, and so is this one
+ * flag: it is the library's only process-wide state, and is written only by the
+ * handler.
+ * @return KS_OK, KS_E_INVALID (n == 0 or a bad signal) or KS_E_IO (sigaction failed).
+ */
+ks_status ks_preemption_install(const int *signals, size_t n, ks_error *err);
+
+/** The signal that asked for preemption, or 0. Async-signal-safe to call. */
+int ks_preemption_signal(void);
 
 #ifdef __cplusplus
 }

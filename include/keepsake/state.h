@@ -91,6 +91,13 @@ typedef struct ks_stateful {
 } ks_stateful;
 
 /**
+ * The component to register with ks_state_add_stateful (es is borrowed). Loading
+ * refuses, with KS_E_MISMATCH and es unchanged, a saved monitor or mode other than
+ * es's; patience and min_delta are the program's own.
+ */
+ks_stateful ks_early_stop_stateful(ks_early_stop *es);
+
+/**
  * The program's get_metrics(): builds a fresh collection of default metrics for
  * `label` (NULL for the train metrics, an evaluator label such as "eval" otherwise).
  */
@@ -173,6 +180,82 @@ ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const 
 /** ks_load (copying, so nothing stays mapped) + ks_state_load_state_dict. */
 ks_status ks_state_load(ks_state *st, const char *path, const ks_load_opts *opts, ks_load_report *report,
                         ks_error *err);
+
+/* ------------------------------------------------------------------------ */
+/* Background (async) saves.                                                 */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * A background saver: snapshots a state into a reusable staging buffer, then
+ * writes it on a thread of its own with exactly the durable replace of
+ * ks_state_save (temp file, fsync, rename, directory fsync). At most one save
+ * is in flight per saver.
+ *
+ * Thread safety: a saver is driven from one thread (the training loop); the
+ * allocator it is given is also used from its background thread, so it must be
+ * thread-safe (malloc is).
+ */
+typedef struct ks_async_saver ks_async_saver;
+
+/** What starting a save does while another is still in flight. */
+typedef enum ks_async_busy {
+  KS_ASYNC_WAIT = 0,     /**< wait for it to finish, then start (default) */
+  KS_ASYNC_FAIL_BUSY = 1 /**< return KS_E_STATE at once; the one in flight goes on */
+} ks_async_busy;
+
+/** Options of a saver. Zero-initialise; new fields are only ever appended. */
+typedef struct ks_async_opts {
+  const ks_allocator *alloc; /**< NULL = malloc; must be thread-safe */
+  ks_async_busy busy;
+  void *staging;             /**< optional caller buffer; used while it is large enough, else
+                                  the saver stages in its own (grown, then reused) buffer */
+  size_t staging_size;       /**< bytes at `staging` */
+} ks_async_opts;
+
+/**
+ * Called on the background thread once the file is durable at `path`, before the
+ * save counts as finished; an error it returns is the save's error.
+ */
+typedef ks_status (*ks_after_save_fn)(void *ctx, const char *path, ks_error *err);
+
+/**
+ * Creates a saver.
+ * @return KS_OK, KS_E_INVALID (staging_size without staging) or KS_E_NOMEM.
+ * Ownership: free with ks_async_saver_free.
+ */
+ks_status ks_async_saver_create(const ks_async_opts *opts, ks_async_saver **out, ks_error *err);
+
+/**
+ * Finishes a save in flight (it is never cut short: the file is either fully
+ * committed or, if it fails, its temp file removed), then frees. Accepts NULL.
+ * A result not yet collected by ks_async_saver_wait is dropped here, so call
+ * wait first when the outcome matters.
+ */
+void ks_async_saver_free(ks_async_saver *sv);
+
+/**
+ * Snapshots `st` and returns; a background thread then saves it to `path`.
+ * The state may change as soon as this returns. Before starting, a save still
+ * in flight is waited for (or refused, per ks_async_opts.busy), and if the
+ * previous save failed its error is returned now, once, and nothing new starts.
+ * @return KS_OK (started), the previous save's error, KS_E_STATE (busy),
+ *         KS_E_NOMEM / KS_E_LIMIT (snapshot) or KS_E_IO (no thread).
+ */
+ks_status ks_state_save_async(ks_async_saver *sv, const ks_state *st, const char *path, const ks_save_opts *opts,
+                              ks_error *err);
+
+/** ks_state_save_async with an after-commit step run on the background thread (may be NULL). */
+ks_status ks_async_saver_start(ks_async_saver *sv, const ks_state *st, const char *path,
+                               const ks_save_opts *opts, ks_after_save_fn after, void *ctx, ks_error *err);
+
+/**
+ * Waits for the save in flight, if any.
+ * @return its result (KS_OK when none failed since the last call), with err filled.
+ */
+ks_status ks_async_saver_wait(ks_async_saver *sv, ks_error *err);
+
+/** Nonzero while a background save is still running. */
+int ks_async_saver_busy(ks_async_saver *sv);
 
 #ifdef __cplusplus
 }

@@ -166,6 +166,51 @@ ks_status ks_scheduler_to_state_dict(const ks_scheduler *s, ks_statedict *dst, c
 ks_status ks_scheduler_load_state_dict(ks_scheduler *s, const ks_statedict *src, const char *prefix,
                                        ks_error *err);
 
+/** Which end of a metric is better, for keep-best and early stopping. */
+typedef enum ks_best_mode {
+  KS_BEST_MAX = 0, /**< higher is better (accuracy) */
+  KS_BEST_MIN = 1  /**< lower is better (loss) */
+} ks_best_mode;
+
+/* ------------------------------------------------------------------------ */
+/* Early stopping, saved like any other component.                           */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Early stopping on a monitored metric, as Lightning's EarlyStopping: a value
+ * improves when it beats the best by more than min_delta (in the mode's
+ * direction); after `patience` epochs in a row without improvement, training
+ * stops. Saved as state/callbacks/<name>/{monitor,mode,patience,min_delta,
+ * best_score,wait_count,stopped_epoch} through ks_early_stop_stateful, so a run
+ * resumed mid-patience stops at the same epoch as one never interrupted
+ * (ks_early_stop_stateful in state.h).
+ * A NaN value never improves.
+ */
+typedef struct ks_early_stop {
+  char monitor[256];      /**< e.g. "eval/MulticlassAccuracy" */
+  ks_best_mode mode;
+  int64_t patience;       /**< >= 1 */
+  double min_delta;       /**< >= 0 */
+  int has_best;           /**< 0 until the first finite value */
+  double best_score;
+  int64_t wait_count;     /**< epochs since the last improvement */
+  int64_t stopped_epoch;  /**< epoch at which it fired; -1 while running */
+} ks_early_stop;
+
+/**
+ * Initialises es for `monitor` (NUL-terminated, under 256 bytes).
+ * @return KS_OK or KS_E_INVALID (empty/long monitor, patience < 1, min_delta < 0 or NaN, bad mode).
+ */
+ks_status ks_early_stop_init(ks_early_stop *es, const char *monitor, ks_best_mode mode, int64_t patience,
+                             double min_delta, ks_error *err);
+
+/**
+ * Records the monitored value at the end of `epoch`.
+ * @return 1 when training should stop now (stopped_epoch is set), else 0.
+ */
+int ks_early_stop_update(ks_early_stop *es, double value, int64_t epoch);
+
+
 #ifdef __cplusplus
 }
 #endif

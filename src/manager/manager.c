@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "manager/manager_internal.h"
@@ -47,12 +48,51 @@ static ks_status mkdir_p(const char *dir, ks_error *err) {
   return KS_OK;
 }
 
+static double mono_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+ks_status ks__mgr_metric_key(const char *metric, char *key, size_t cap) {
+  int w;
+  if (!metric || !*metric) return KS_E_INVALID;
+  if (!strncmp(metric, "state/", 6)) w = snprintf(key, cap, "%s/_computed", metric);
+  else if (!strncmp(metric, "train/", 6)) w = snprintf(key, cap, "state/train_metrics/%s/_computed", metric + 6);
+  else if (strchr(metric, '/')) w = snprintf(key, cap, "state/eval_metrics/%s/_computed", metric);
+  else return KS_E_INVALID;
+  return w < 0 || (size_t)w >= cap ? KS_E_LIMIT : KS_OK;
+}
+
+/* The preservation policies of opts, checked. */
+static ks_status parse_retention(const ks_ckpt_opts *o, ks__retention *r, ks_error *err) {
+  *r = (ks__retention){.keep_latest = o->keep, .keep_best = o->keep_best, .best_min = o->best_mode == KS_BEST_MIN,
+                       .period_seconds = o->keep_period_seconds};
+  if (o->keep_best < 0 || !(o->keep_period_seconds >= 0) || (o->best_mode != KS_BEST_MAX && o->best_mode != KS_BEST_MIN))
+    return ks__err(err, KS_E_INVALID, "retention: keep_best, best_mode or keep_period_seconds out of range");
+  if (o->keep_best) {
+    if (ks__mgr_metric_key(o->best_metric, r->metric_key, sizeof r->metric_key))
+      return ks__err(err, KS_E_INVALID, "keep_best: metric '%s': expected label/Name (eval/MulticlassAccuracy), "
+                     "train/Name or a state/... path", o->best_metric ? o->best_metric : "(none)");
+    snprintf(r->metric_name, sizeof r->metric_name, "%s", o->best_metric);
+  }
+  if (o->keep_every && parse_interval(o->keep_every, &r->every, &r->every_epochs))
+    return ks__err(err, KS_E_INVALID, "keep_every '%s': expected e.g. 5ep or 500ba", o->keep_every);
+  return KS_OK;
+}
+
 ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out, ks_error *err) {
   if (!opts || !opts->run_dir || !*opts->run_dir || !out || opts->keep < 0)
     return ks__err(err, KS_E_INVALID, "checkpoint manager: run_dir and out are required, keep >= 0");
   const char *tmpl = opts->filename ? opts->filename : "ep{epoch}-ba{batch}.keepsake";
   ks_ckpt_manager m = {.alloc = *ks__alloc_or_default(opts->alloc), .keep = opts->keep, .io = opts->io,
-                       .no_fsync = opts->no_fsync, .log = opts->log ? opts->log : stderr};
+                       .no_fsync = opts->no_fsync, .log = opts->log ? opts->log : stderr,
+                       .retention_log = opts->retention_log, .save_every_seconds = opts->save_every_seconds,
+                       .last_save_time = mono_now(), .async_busy = opts->async_busy, .staging = opts->staging,
+                       .staging_size = opts->staging_size};
+  if (!(opts->save_every_seconds >= 0)) return ks__err(err, KS_E_INVALID, "save_every_seconds must be >= 0");
+  ks_status rs = parse_retention(opts, &m.ret, err);
+  if (rs) return rs;
   if (parse_interval(opts->save_interval, &m.every, &m.by_epoch))
     return ks__err(err, KS_E_INVALID, "save interval '%s': expected e.g. 100ba or 1ep", opts->save_interval);
   if (!valid_template(tmpl)) return ks__err(err, KS_E_INVALID, "filename template '%s' is not valid", tmpl);
@@ -74,6 +114,7 @@ ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out
 
 void ks_ckpt_manager_free(ks_ckpt_manager *m) {
   if (!m) return;
+  ks_async_saver_free(m->saver); /* finishes a save in flight: committed, or its temp file removed */
   ks__free(&m->alloc, m->run_dir);
   ks__free(&m->alloc, m->tmpl);
   ks__free(&m->alloc, m->last_path);
@@ -84,6 +125,14 @@ int ks_ckpt_manager_due(const ks_ckpt_manager *m, const ks_timestamp *ts, int ep
   if (!m || !ts) return 0;
   if (m->by_epoch) return epoch_end && ts->epoch > 0 && ts->epoch % m->every == 0;
   return !epoch_end && ts->batch > 0 && ts->batch % m->every == 0;
+}
+
+int ks_ckpt_manager_should_save(const ks_ckpt_manager *m, const ks_timestamp *ts, int epoch_end) {
+  if (!m || !ts) return 0;
+  if (ks_ckpt_manager_due(m, ts, epoch_end)) return 1;
+  if (epoch_end) return 0;
+  if (ks_preemption_signal()) return 1;
+  return m->save_every_seconds > 0 && mono_now() - m->last_save_time >= m->save_every_seconds;
 }
 
 size_t ks_ckpt_manager_skipped(const ks_ckpt_manager *m) { return m ? m->skipped : 0; }
@@ -128,23 +177,65 @@ static ks_status update_latest(ks_ckpt_manager *m, const char *name, ks_error *e
   return e ? ks__err_at(err, KS_E_IO, m->run_dir, NULL, -1, "fsync dir: %s", strerror(e)) : KS_OK;
 }
 
-ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err) {
-  if (!m || !st) return ks__err(err, KS_E_INVALID, "save: NULL argument");
+/* What follows a durable checkpoint, in order: `latest`, then retention. Runs on the saver's
+ * thread for async saves; the manager is not touched by the caller's thread meanwhile. */
+static ks_status after_commit(void *ctx, const char *path, ks_error *err) {
+  ks_ckpt_manager *m = ctx;
+  const char *slash = strrchr(path, '/');
+  const char *name = slash ? slash + 1 : path;
+  ks_status s = update_latest(m, name, err);
+  if (!s) s = ks__mgr_prune(m, name, err);
+  return s;
+}
+
+/* The checkpoint's path from the template; remembered as last_path. */
+static ks_status next_path(ks_ckpt_manager *m, const ks_state *st, ks_error *err) {
   ks_timestamp zero;
   ks_timestamp_init(&zero);
   const ks_timestamp *ts = ks_state_timestamp(st);
   char name[1024], path[4096];
   if (expand(m->tmpl, ts ? ts : &zero, name, sizeof name) || ks__mgr_join(m, name, path, sizeof path))
     return ks__err(err, KS_E_LIMIT, "checkpoint path too long");
-  ks_save_opts so = {.alloc = &m->alloc, .io = m->io, .no_fsync = m->no_fsync};
-  ks_status s = ks_state_save(st, path, &so, err);
-  if (!s) s = update_latest(m, name, err);
-  if (!s && m->keep > 0) s = ks__mgr_prune(m, name, err);
-  if (s) return s;
   char *copy = ks__strdup(&m->alloc, path);
   if (!copy) return ks__err(err, KS_E_NOMEM, "out of memory");
   ks__free(&m->alloc, m->last_path);
   m->last_path = copy;
-  if (saved) *saved = m->last_path;
   return KS_OK;
+}
+
+ks_status ks_ckpt_manager_wait(ks_ckpt_manager *m, ks_error *err) {
+  if (!m) return ks__err(err, KS_E_INVALID, "wait: NULL manager");
+  return m->saver ? ks_async_saver_wait(m->saver, err) : KS_OK;
+}
+
+ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err) {
+  if (!m || !st) return ks__err(err, KS_E_INVALID, "save: NULL argument");
+  ks_status s = ks_ckpt_manager_wait(m, err);
+  if (!s) s = next_path(m, st, err);
+  if (s) return s;
+  ks_save_opts so = {.alloc = &m->alloc, .io = m->io, .no_fsync = m->no_fsync};
+  s = ks_state_save(st, m->last_path, &so, err);
+  if (!s) s = after_commit(m, m->last_path, err);
+  m->last_save_time = mono_now();
+  if (!s && saved) *saved = m->last_path;
+  return s;
+}
+
+ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err) {
+  if (!m || !st) return ks__err(err, KS_E_INVALID, "save: NULL argument");
+  if (!m->saver) {
+    ks_async_opts ao = {.alloc = &m->alloc, .busy = m->async_busy, .staging = m->staging,
+                        .staging_size = m->staging_size};
+    ks_status s = ks_async_saver_create(&ao, &m->saver, err);
+    if (s) return s;
+  }
+  if (m->async_busy == KS_ASYNC_FAIL_BUSY && ks_async_saver_busy(m->saver))
+    return ks__err(err, KS_E_STATE, "a background save is still in flight");
+  ks_status s = ks_async_saver_wait(m->saver, err); /* the previous save's error surfaces here, once */
+  if (!s) s = next_path(m, st, err);
+  ks_save_opts so = {.alloc = &m->alloc, .io = m->io, .no_fsync = m->no_fsync};
+  if (!s) s = ks_async_saver_start(m->saver, st, m->last_path, &so, after_commit, m, err);
+  m->last_save_time = mono_now();
+  if (!s && saved) *saved = m->last_path;
+  return s;
 }

@@ -15,7 +15,10 @@
 typedef struct ckpt {
   char *name;
   int readable; /* the header parsed and the timestamp was found */
-  int64_t batch, epoch, sample;
+  int64_t batch, epoch, sample, batch_in_epoch;
+  double wct;
+  int has_metric;
+  double metric;
   char why[KS_ERROR_MSG_MAX + 40]; /* why it is not readable */
 } ckpt;
 
@@ -66,6 +69,19 @@ static int is_candidate(const ks_ckpt_manager *m, const char *dir_name, const ch
   return lstat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
+/* The stored value of the best-N metric: a finite one-element `_computed` tensor, or none. */
+static void probe_metric(const ks_ckpt_manager *m, const ks_reader *r, ckpt *c) {
+  ks_tensor t;
+  if (!m->ret.keep_best || ks_reader_tensor(r, m->ret.metric_key, &t, NULL)) return;
+  if (ks_tensor_numel(&t) != 1 || !ks_dtype_is_float(t.dtype)) return;
+  double v = ks_dtype_get_f64(t.dtype, t.data, 0);
+  if (v != v || v - v != 0) return; /* NaN or infinite */
+  c->metric = v;
+  c->has_metric = 1;
+}
+
+#define TS_PREFIX "state/timestamp/Timestamp/"
+
 /* Reads the timestamp out of a checkpoint without verifying its data. */
 static void probe(const ks_ckpt_manager *m, ckpt *c) {
   char path[4096];
@@ -81,10 +97,13 @@ static void probe(const ks_ckpt_manager *m, ckpt *c) {
     return;
   }
   if (!ks_statedict_create(&m->alloc, &sd) && !ks_reader_scalars(r, sd, NULL) &&
-      !ks__get_int(sd, "state/timestamp/Timestamp/", "batch", &c->batch, NULL) &&
-      !ks__get_int(sd, "state/timestamp/Timestamp/", "epoch", &c->epoch, NULL) &&
-      !ks__get_int(sd, "state/timestamp/Timestamp/", "sample", &c->sample, NULL))
+      !ks__get_int(sd, TS_PREFIX, "batch", &c->batch, NULL) && !ks__get_int(sd, TS_PREFIX, "epoch", &c->epoch, NULL) &&
+      !ks__get_int(sd, TS_PREFIX, "sample", &c->sample, NULL)) {
     c->readable = 1;
+    if (ks__get_int(sd, TS_PREFIX, "batch_in_epoch", &c->batch_in_epoch, NULL)) c->batch_in_epoch = -1;
+    if (ks__get_float(sd, TS_PREFIX, "total_wct", &c->wct, NULL)) c->wct = 0;
+    probe_metric(m, r, c);
+  }
   ks_statedict_free(sd);
   ks_reader_free(r);
 }
@@ -131,19 +150,55 @@ static ks_status list_checkpoints(const ks_ckpt_manager *m, ckpt_list *l, ks_err
   return KS_OK;
 }
 
+/* Retention's view of the readable checkpoints of l (which come first, newest first). */
+static ks_status infos(const ks_ckpt_manager *m, const ckpt_list *l, ks__ckpt_info **out, size_t *n) {
+  size_t k = 0;
+  while (k < l->n && l->v[k].readable) k++;
+  *n = k;
+  *out = k ? ks__calloc(&m->alloc, k, sizeof **out) : NULL;
+  if (k && !*out) return KS_E_NOMEM;
+  for (size_t i = 0; i < k; i++) {
+    const ckpt *c = &l->v[i];
+    (*out)[i] = (ks__ckpt_info){.name = c->name, .batch = c->batch, .epoch = c->epoch,
+                               .batch_in_epoch = c->batch_in_epoch, .wct = c->wct,
+                               .has_metric = c->has_metric, .metric = c->metric};
+  }
+  return KS_OK;
+}
+
+/* Deletes what no policy keeps; a failed unlink is reported, and the rest still run. */
+static ks_status apply(ks_ckpt_manager *m, const ks__ckpt_info *v, size_t n, const char *keep_name, ks_error *err) {
+  ks_status s = KS_OK;
+  for (size_t i = 0; i < n; i++) {
+    char path[4096];
+    int keep = v[i].keep || !strcmp(v[i].name, keep_name);
+    if (m->retention_log) {
+      if (keep) fprintf(m->retention_log, "keepsake: kept %s: %s\n", v[i].name, v[i].why[0] ? v[i].why : "just saved");
+      else fprintf(m->retention_log, "keepsake: deleted %s: kept by no policy\n", v[i].name);
+    }
+    if (keep || ks__mgr_join(m, v[i].name, path, sizeof path)) continue;
+    if (unlink(path) && errno != ENOENT && !s)
+      s = ks__err_at(err, KS_E_IO, path, NULL, -1, "retention: unlink: %s", strerror(errno));
+  }
+  if (m->retention_log) fflush(m->retention_log);
+  return s;
+}
+
 ks_status ks__mgr_prune(ks_ckpt_manager *m, const char *keep_name, ks_error *err) {
   ckpt_list l = {0};
   ks_status s = list_checkpoints(m, &l, err);
   if (s) return s;
-  size_t kept = 0;
-  for (size_t i = 0; i < l.n; i++) {
-    char path[4096];
-    if (!l.v[i].readable) continue; /* not ours to delete: reported by autoresume */
-    if (kept++ < (size_t)m->keep || !strcmp(l.v[i].name, keep_name)) continue;
-    if (!ks__mgr_join(m, l.v[i].name, path, sizeof path)) unlink(path);
+  ks__ckpt_info *v = NULL;
+  size_t n = 0;
+  s = infos(m, &l, &v, &n);
+  if (s) s = ks__err(err, s, "retention: out of memory");
+  if (!s) {
+    ks__retention_decide(&m->ret, v, n);
+    s = apply(m, v, n, keep_name, err);
   }
+  ks__free(&m->alloc, v);
   list_free(&m->alloc, &l);
-  return KS_OK;
+  return s;
 }
 
 /* Temp files of saves that were killed halfway: never valid, always safe to remove. */
@@ -159,8 +214,18 @@ static void remove_leftovers(const ks_ckpt_manager *m) {
   closedir(d);
 }
 
+/*
+ * A damaged checkpoint is renamed to <name>.corrupt: kept for inspection, but no
+ * longer matching the template, so no later autoresume tries it and no policy
+ * ranks it (its stored metric could be the damaged bytes).
+ */
 static void warn_skip(ks_ckpt_manager *m, const char *name, const char *why) {
-  fprintf(m->log, "keepsake: warning: skipping checkpoint %s/%s: %s\n", m->run_dir, name, why);
+  char from[4096], to[4096];
+  const ks_io *io = m->io ? m->io : ks_io_posix();
+  int moved = !ks__mgr_join(m, name, from, sizeof from) && snprintf(to, sizeof to, "%s.corrupt", from) < (int)sizeof to &&
+              io->rename_fn(io->ctx, from, to) == 0;
+  fprintf(m->log, "keepsake: warning: skipping checkpoint %s/%s: %s%s\n", m->run_dir, name, why,
+          moved ? " (moved aside to .corrupt)" : "");
   m->skipped++;
 }
 
@@ -194,6 +259,8 @@ ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_
                                      ks_load_report *report, int *resumed, const char **path, ks_error *err) {
   if (!m || !st || !resumed) return ks__err(err, KS_E_INVALID, "autoresume: NULL argument");
   *resumed = 0;
+  ks_status ws = ks_ckpt_manager_wait(m, err); /* never read a directory a background save is changing */
+  if (ws) return ws;
   m->skipped = 0;
   remove_leftovers(m);
   ckpt_list l = {0};

@@ -1,0 +1,211 @@
+/*
+ * Background saves. A save is split at the one point where the training loop
+ * may move on: once every tensor has been copied into the staging buffer (the
+ * snapshot), the state may change; a thread then writes the snapshot with the
+ * same durable replace as ks_state_save, and runs the caller's after-commit
+ * step (the manager's `latest` update and retention) in the same order a
+ * synchronous save does.
+ *
+ * The staging buffer is kept and reused, so steady saves copy into warm memory.
+ * At most one save is in flight; its result is kept until the next call.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "state/state_internal.h"
+
+#define STAGING_ALIGN 64
+
+struct ks_async_saver {
+  ks_allocator alloc;
+  ks_async_busy busy_mode;
+  /* Staging: owned (reused, grown as needed) unless the caller gave one. */
+  unsigned char *own, *own_base;
+  size_t own_size;
+  unsigned char *given;
+  size_t given_size;
+  /* The job in flight (or finished and not yet collected). */
+  pthread_t thread;
+  int running;       /* a thread was started and not yet joined (touched by the caller's thread only) */
+  atomic_int done;   /* set by the worker as its last act */
+  ks_statedict *sd;
+  ks_meta *meta;
+  char *path;
+  ks_save_opts save_opts;
+  ks_after_save_fn after;
+  void *after_ctx;
+  ks_status result; /* of the last finished job, until collected */
+  ks_error result_err;
+};
+
+ks_status ks_async_saver_create(const ks_async_opts *opts, ks_async_saver **out, ks_error *err) {
+  if (!out) return ks__err(err, KS_E_INVALID, "async saver: out is NULL");
+  if (opts && opts->staging_size && !opts->staging)
+    return ks__err(err, KS_E_INVALID, "async saver: staging_size without a staging buffer");
+  const ks_allocator *a = ks__alloc_or_default(opts ? opts->alloc : NULL);
+  ks_async_saver *sv = ks__calloc(a, 1, sizeof *sv);
+  if (!sv) return ks__err(err, KS_E_NOMEM, "out of memory");
+  sv->alloc = *a;
+  sv->busy_mode = opts ? opts->busy : KS_ASYNC_WAIT;
+  sv->given = opts ? opts->staging : NULL;
+  sv->given_size = opts ? opts->staging_size : 0;
+  ks_error_clear(&sv->result_err);
+  *out = sv;
+  return KS_OK;
+}
+
+static void job_clear(ks_async_saver *sv) {
+  ks_statedict_free(sv->sd);
+  ks_meta_free(sv->meta);
+  ks__free(&sv->alloc, sv->path);
+  sv->sd = NULL;
+  sv->meta = NULL;
+  sv->path = NULL;
+}
+
+/* Joins a started thread; its result stays in sv->result until collected. */
+static void join(ks_async_saver *sv) {
+  if (!sv->running) return;
+  pthread_join(sv->thread, NULL);
+  sv->running = 0;
+  job_clear(sv);
+}
+
+/* Hands the last job's result to the caller once, then forgets it. */
+static ks_status collect(ks_async_saver *sv, ks_error *err) {
+  ks_status s = sv->result;
+  if (s && err) *err = sv->result_err;
+  sv->result = KS_OK;
+  ks_error_clear(&sv->result_err);
+  return s;
+}
+
+void ks_async_saver_free(ks_async_saver *sv) {
+  if (!sv) return;
+  join(sv);
+  ks__free(&sv->alloc, sv->own_base);
+  ks__free(&sv->alloc, sv);
+}
+
+ks_status ks_async_saver_wait(ks_async_saver *sv, ks_error *err) {
+  if (!sv) return ks__err(err, KS_E_INVALID, "async saver: NULL");
+  join(sv);
+  return collect(sv, err);
+}
+
+int ks_async_saver_busy(ks_async_saver *sv) { return sv && sv->running && !atomic_load(&sv->done); }
+
+static size_t align_up(size_t n) { return (n + (STAGING_ALIGN - 1)) & ~(size_t)(STAGING_ALIGN - 1); }
+
+/* Bytes of staging the tensors of sd need, each 64-aligned. */
+static ks_status staging_need(const ks_statedict *sd, size_t *need) {
+  size_t total = 0;
+  for (size_t i = 0; i < ks_statedict_count(sd); i++) {
+    ks_entry e;
+    if (ks_statedict_at(sd, i, &e) || e.kind != KS_VAL_TENSOR) continue;
+    if (e.tensor.nbytes > SIZE_MAX - total - STAGING_ALIGN) return KS_E_LIMIT;
+    total = align_up(total + e.tensor.nbytes);
+  }
+  *need = total;
+  return KS_OK;
+}
+
+/* A staging area of at least `need` bytes: the caller's if it is big enough, else ours (grown). */
+static unsigned char *staging(ks_async_saver *sv, size_t need) {
+  if (sv->given && sv->given_size >= need) return sv->given;
+  if (sv->own && sv->own_size >= need) return sv->own;
+  unsigned char *base = ks__malloc(&sv->alloc, need + STAGING_ALIGN);
+  if (!base) return NULL;
+  ks__free(&sv->alloc, sv->own_base);
+  sv->own_base = base;
+  sv->own = (unsigned char *)(((uintptr_t)base + (STAGING_ALIGN - 1)) & ~(uintptr_t)(STAGING_ALIGN - 1));
+  sv->own_size = need;
+  return sv->own;
+}
+
+/* Copies every entry of src into dst; tensor bytes go to the staging area (borrowed). */
+static ks_status copy_entries(const ks_statedict *src, ks_statedict *dst, unsigned char *area) {
+  size_t off = 0;
+  for (size_t i = 0; i < ks_statedict_count(src); i++) {
+    ks_entry e;
+    ks_status s = ks_statedict_at(src, i, &e);
+    if (!s && e.kind == KS_VAL_TENSOR) {
+      if (e.tensor.nbytes) memcpy(area + off, e.tensor.data, e.tensor.nbytes);
+      e.tensor.data = area + off;
+      off = align_up(off + e.tensor.nbytes);
+    }
+    if (!s) s = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW);
+    if (s) return s;
+  }
+  return KS_OK;
+}
+
+/* The snapshot: the flattened state with every tensor copied into staging. */
+static ks_status snapshot(ks_async_saver *sv, const ks_state *st, ks_error *err) {
+  ks_statedict *flat = NULL;
+  size_t need = 0;
+  ks_status s = ks_statedict_create(&sv->alloc, &flat);
+  if (!s) s = ks_statedict_create(&sv->alloc, &sv->sd);
+  if (!s) s = ks_meta_create(&sv->alloc, &sv->meta);
+  if (s) s = ks__err(err, s, "out of memory");
+  if (!s) s = ks_state_to_state_dict(st, flat, sv->meta, err);
+  if (!s && staging_need(flat, &need)) s = ks__err(err, KS_E_LIMIT, "state too large to stage");
+  unsigned char *area = s ? NULL : staging(sv, need);
+  if (!s && !area) s = ks__err(err, KS_E_NOMEM, "out of memory for %zu bytes of staging", need);
+  if (!s && copy_entries(flat, sv->sd, area)) s = ks__err(err, KS_E_NOMEM, "out of memory");
+  ks_statedict_free(flat);
+  return s;
+}
+
+static void *worker(void *arg) {
+  ks_async_saver *sv = arg;
+  ks_error e;
+  ks_error_clear(&e);
+  ks_status s = ks_save(sv->path, sv->sd, sv->meta, &sv->save_opts, &e);
+  if (!s && sv->after) s = sv->after(sv->after_ctx, sv->path, &e);
+  if (s && e.code == KS_OK) ks__err(&e, s, "background save of %s failed", sv->path);
+  sv->result = s;
+  sv->result_err = e;
+  atomic_store(&sv->done, 1);
+  return NULL;
+}
+
+/* Waits for (or, in busy mode, refuses beside) a save in flight; then surfaces its error once. */
+static ks_status make_room(ks_async_saver *sv, ks_error *err) {
+  if (sv->busy_mode == KS_ASYNC_FAIL_BUSY && ks_async_saver_busy(sv))
+    return ks__err(err, KS_E_STATE, "a background save is still in flight");
+  join(sv);
+  return collect(sv, err);
+}
+
+ks_status ks_async_saver_start(ks_async_saver *sv, const ks_state *st, const char *path,
+                               const ks_save_opts *opts, ks_after_save_fn after, void *ctx, ks_error *err) {
+  if (!sv || !st || !path) return ks__err(err, KS_E_INVALID, "async save: NULL argument");
+  ks_status s = make_room(sv, err);
+  if (s) return s;
+  s = snapshot(sv, st, err);
+  sv->path = s ? NULL : ks__strdup(&sv->alloc, path);
+  if (!s && !sv->path) s = ks__err(err, KS_E_NOMEM, "out of memory");
+  if (s) {
+    job_clear(sv);
+    return s;
+  }
+  sv->save_opts = opts ? *opts : (ks_save_opts){0};
+  if (!sv->save_opts.alloc) sv->save_opts.alloc = &sv->alloc;
+  sv->after = after;
+  sv->after_ctx = ctx;
+  atomic_store(&sv->done, 0);
+  if (pthread_create(&sv->thread, NULL, worker, sv)) {
+    job_clear(sv);
+    return ks__err(err, KS_E_IO, "cannot start the background save thread");
+  }
+  sv->running = 1;
+  return KS_OK;
+}
+
+ks_status ks_state_save_async(ks_async_saver *sv, const ks_state *st, const char *path, const ks_save_opts *opts,
+                              ks_error *err) {
+  return ks_async_saver_start(sv, st, path, opts, NULL, NULL, err);
+}
