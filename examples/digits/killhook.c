@@ -6,9 +6,11 @@
  *
  * KS_TEST_SAVE_DELAY_MS=<ms> makes every write of a save sleep first, so a save
  * (a background one in particular) is still in flight when the run is halted.
+ * KS_TEST_FAIL_SAVE=<n> makes every write of the n-th save fail with ENOSPC, a full disk.
  * KS_TEST_SIGNAL_AT="<batch>:<signal number>" makes the process send itself the
  * signal right after that batch, a preemption at a reproducible point.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@ typedef struct kill_ctx {
   long target_save, saves;
   size_t kill_at, written;
   long delay_ms;
+  long fail_save;
 } kill_ctx;
 
 static kill_ctx g_kill;
@@ -36,6 +39,7 @@ static int k_write(void *ctx, int fd, const void *buf, size_t n, size_t *written
   kill_ctx *k = ctx;
   const ks_io *p = ks_io_posix();
   if (k->delay_ms) usleep((useconds_t)k->delay_ms * 1000);
+  if (k->fail_save && k->saves == k->fail_save) return ENOSPC;
   if (k->saves != k->target_save || k->written + n < k->kill_at) {
     int e = p->write_fn(p->ctx, fd, buf, n, written);
     k->written += *written;
@@ -63,12 +67,15 @@ static int k_fsync_dir(void *ctx, const char *d) {
 
 const ks_io *digits_test_io(void) {
   const char *spec = getenv("KS_TEST_KILL_IN_SAVE"), *delay = getenv("KS_TEST_SAVE_DELAY_MS");
+  const char *failing = getenv("KS_TEST_FAIL_SAVE");
+  long fail_n = failing ? atol(failing) : 0;
   long n = 0;
   size_t bytes = 0;
   int kill_spec = spec && sscanf(spec, "%ld:%zu", &n, &bytes) == 2 && n > 0;
   long ms = delay ? atol(delay) : 0;
-  if (!kill_spec && ms <= 0) return NULL;
-  g_kill = (kill_ctx){.target_save = kill_spec ? n : 0, .kill_at = bytes, .delay_ms = ms > 0 ? ms : 0};
+  if (!kill_spec && ms <= 0 && fail_n <= 0) return NULL;
+  g_kill = (kill_ctx){.target_save = kill_spec ? n : 0, .kill_at = bytes, .delay_ms = ms > 0 ? ms : 0,
+                      .fail_save = fail_n > 0 ? fail_n : 0};
   g_io = (ks_io){&g_kill, k_create, k_write, k_fsync, k_close, k_rename, k_unlink, k_fsync_dir};
   return &g_io;
 }

@@ -23,7 +23,7 @@
 
 typedef struct args {
   const char *run_dir, *save_interval, *data, *keep_every;
-  int epochs, keep, autoresume, async_save;
+  int epochs, keep, autoresume, async_save, continue_on_save_error;
   long long seed, halt_after;
   int keep_best;                     /* --keep-best N:METRIC:max|min */
   char best_metric[256];
@@ -39,6 +39,7 @@ static int usage(void) {
                   "                       [--seed S] [--autoresume] [--halt-after-batches N] [--data FILE]\n"
                   "                       [--async-save] [--keep-best N:METRIC:max|min] [--keep-every 5ep|100ba]\n"
                   "                       [--save-every-seconds S] [--early-stop METRIC:PATIENCE[:max|min]]\n"
+                  "                       [--on-save-error stop|continue]\n"
                   "  METRIC is label/Name, e.g. eval/MulticlassAccuracy. SIGTERM or SIGUSR1 saves at the next\n"
                   "  batch and exits with status 75; --autoresume continues from there.\n");
   return 2;
@@ -79,6 +80,9 @@ static int parse_args(int argc, char **argv, args *a) {
       a->keep_best = (int)n;
     } else if (!strcmp(f, "--early-stop")) {
       if (parse_spec(v, &a->early_patience, a->early_metric, sizeof a->early_metric, &a->early_mode, 0)) return -1;
+    } else if (!strcmp(f, "--on-save-error")) {
+      if (strcmp(v, "stop") && strcmp(v, "continue")) return -1;
+      a->continue_on_save_error = !strcmp(v, "continue");
     } else if (!strcmp(f, "--keep-every")) a->keep_every = v;
     else if (!strcmp(f, "--save-every-seconds")) a->save_every_seconds = atof(v);
     else if (!strcmp(f, "--run-dir")) a->run_dir = v;
@@ -210,7 +214,11 @@ static int save(run *r) {
   ks_error_clear(&e);
   ks_status s = r->a.async_save ? ks_ckpt_manager_save_async(r->mgr, r->st, NULL, &e)
                                 : ks_ckpt_manager_save(r->mgr, r->st, NULL, &e);
-  return s ? fail("saving a checkpoint", s, &e) : 0;
+  if (!s) return 0;
+  fail(r->a.continue_on_save_error ? "saving a checkpoint (training goes on; the next save retries)"
+                                   : "saving a checkpoint",
+       s, &e);
+  return !r->a.continue_on_save_error;
 }
 
 /* After a preemption signal: the checkpoint just started must be durable before the exit. */
@@ -367,7 +375,10 @@ static int finish(run *r) {
   ks_error we;
   ks_error_clear(&we);
   ks_status ws = ks_ckpt_manager_wait(r->mgr, &we); /* the last background save must have landed */
-  if (ws) return fail("background save", ws, &we);
+  if (ws) {
+    fail("background save", ws, &we);
+    if (!r->a.continue_on_save_error) return 1;
+  }
   char path[4096];
   snprintf(path, sizeof path, "%s/final.keepsake", r->a.run_dir);
   ks_error e;

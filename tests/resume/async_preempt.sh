@@ -86,5 +86,22 @@ for b in 170 215; do
   same "es$b" es_ref
 done
 
+# 6. A full disk at the 3rd save: by default the run stops, naming the file and the cause, with the
+#    checkpoints already committed intact; with --on-save-error continue it trains on, the next save
+#    retries, and the run ends identical to the reference.
+for mode in sync async; do
+  flag=$([ $mode = async ] && echo --async-save)
+  KS_TEST_FAIL_SAVE=3 "$BIN" --run-dir "$WORK/full_$mode" $COMMON $flag >"$WORK/full_$mode.log" 2>&1
+  [ $? -eq 1 ] || die_case "full_$mode: expected exit status 1 on a failed save"
+  grep -q "ep1-ba60.keepsake.*No space left" "$WORK/full_$mode.log" || die_case "full_$mode: the error names neither the file nor the cause"
+  "$CLI" verify "$WORK/full_$mode/ep0-ba40.keepsake" >/dev/null 2>&1 || die_case "full_$mode: the last good checkpoint is damaged"
+  no_temp "full_$mode"
+  KS_TEST_FAIL_SAVE=3 "$BIN" --run-dir "$WORK/cont_$mode" $COMMON $flag --on-save-error continue >"$WORK/cont_$mode.log" 2>&1 ||
+    die_case "cont_$mode: the run did not go on after the failed save"
+  grep -q "training goes on" "$WORK/cont_$mode.log" || die_case "cont_$mode: no warning about the failed save"
+  same "cont_$mode" ref
+  no_temp "cont_$mode"
+done
+
 [ $fails -eq 0 ] && say "all async, preemption and early-stopping cases resumed bit-identically" || say "$fails failure(s)"
 exit $fails
