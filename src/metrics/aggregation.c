@@ -54,13 +54,18 @@ static size_t bcast_index(const bcast *b, size_t i) {
   return wi;
 }
 
-/* Applies the NaN policy to one (value, weight) pair; returns 0 to drop it, -1 for an error. */
+/*
+ * Applies the NaN policy to one (value, weight) pair; returns 0 to drop it, -1
+ * for an error. A numeric nan_strategy replaces the value by the number and the
+ * weight by 1 when either is NaN (torchmetrics >= 1.5; 1.4 set the weight to
+ * the number too).
+ */
 static int nan_policy(const ks__margs *a, double *v, double *w) {
   if (!isnan(*v) && !isnan(*w)) return 1;
   if (a->nan_strategy == KS__NAN_ERROR) return -1;
   if (a->nan_strategy == KS__NAN_VALUE) {
     *v = a->nan_value;
-    *w = a->nan_value;
+    *w = 1.0;
     return 1;
   }
   return 0;

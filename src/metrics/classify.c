@@ -51,20 +51,3 @@ ks_status ks__mc_layout(const ks_metric *m, const ks_tensor *preds, const ks_ten
   }
   return KS_OK;
 }
-
-/* a ranks above b: NaN is largest; equal values keep index order. */
-static int above(float a, float b) { return (a != a) ? (b == b) : (a > b); }
-
-void ks__topk_f32(const float *r, size_t C, size_t stride, size_t k, size_t *out) {
-  size_t have = 0;
-  for (size_t c = 0; c < C; c++) {
-    float v = r[c * stride];
-    if (have == k && !above(v, r[out[k - 1] * stride])) continue;
-    size_t j = have < k ? have++ : k - 1;
-    while (j > 0 && above(v, r[out[j - 1] * stride])) {
-      out[j] = out[j - 1];
-      j--;
-    }
-    out[j] = c;
-  }
-}

@@ -113,7 +113,16 @@ static inline size_t ks__argmax_row(const float *r, size_t C) {
 static inline size_t ks__argmax_row(const float *r, size_t C) { return ks__argmax_f32(r, C, 1); }
 #endif
 
-/* Indices of the k largest values (NaN largest, ties to the lower index) into out[k]. */
-void ks__topk_f32(const float *r, size_t C, size_t stride, size_t k, size_t *out);
+/* A score and its class index: torch.topk's working pairs. */
+typedef struct ks__scored {
+  float v;
+  size_t i;
+} ks__scored;
+
+/*
+ * Indices of the k largest of C values spaced `stride` apart into out[k], in
+ * torch.topk's order, ties and NaN (largest) included (topk.c). work holds C pairs.
+ */
+void ks__topk_f32(const float *r, size_t C, size_t stride, size_t k, ks__scored *work, size_t *out);
 
 #endif

@@ -95,10 +95,12 @@ static double exact_ap(work *w, size_t n) {
   size_t k = w->c.k;
   float tlast = (float)w->c.tps[k - 1];
   /* torchmetrics reverses the curve, appends (recall 0, precision 1) and takes
-     -sum (R[j+1]-R[j]) P[j]; in curve order that is sum (r_i - r_{i-1}) p_i, r_{-1} = 0. */
+     -sum (R[j+1]-R[j]) P[j]; in curve order that is sum (r_i - r_{i-1}) p_i, r_{-1} = 0.
+     Without positive targets torchmetrics warns and sets every recall to 1; every
+     precision is then 0, so the area is (-)0, not 0/0. */
   double ap = 0, r_next = 0;
   for (size_t i = 0; i < k; i++) {
-    float r = (float)w->c.tps[i] / tlast;
+    float r = tlast > 0 ? (float)w->c.tps[i] / tlast : 1.0f;
     float p = (float)w->c.tps[i] / (float)(w->c.tps[i] + w->c.fps[i]);
     ap += ((double)r - r_next) * (double)p;
     r_next = (double)r;
@@ -130,11 +132,17 @@ static double binned_auroc(const int64_t *cm, size_t T, size_t C, size_t c, floa
   return trapz(x, y, T);
 }
 
+/*
+ * Binned AP in the order the thresholds were given (torchmetrics does not sort
+ * a list): precision and recall are 0/0 = NaN where nothing is predicted
+ * positive / nothing is positive, and NaN counts as 0 in the sum (1.9); 1.4's
+ * _safe_divide gave 0 directly, the same sum.
+ */
 static double binned_ap(const int64_t *cm, size_t T) {
   double ap = 0;
   for (size_t t = 0; t < T; t++) {
     const int64_t *q = cm + t * 4;
-    float prec = (q[3] + q[1]) ? (float)q[3] / (float)(q[3] + q[1]) : 1.0f;
+    float prec = rate(q[3], q[3] + q[1]);
     float rec = rate(q[3], q[3] + q[2]);
     float rnext = 0.0f;
     if (t + 1 < T) rnext = rate(cm[(t + 1) * 4 + 3], cm[(t + 1) * 4 + 3] + cm[(t + 1) * 4 + 2]);

@@ -77,6 +77,7 @@ ks_status ks_metric_compute(ks_metric *m, const ks_tensor **out, ks_error *err) 
     memset(&t, 0, sizeof t);
     ks_status st = m->cls->compute(m, &t, err);
     if (st) return st;
+    if (ks_tensor_numel(&t) == 1) t.rank = 0; /* torchmetrics squeezes one-element results */
     m->computed = t;
     m->has_computed = 1;
   }

@@ -67,7 +67,8 @@ typedef struct ks__state {
   int rank;
   int64_t shape[KS_MAX_RANK];
   double fill;      /* default value of every element (non-cat) */
-  int reshape_ok;   /* () and (n,) are interchangeable on load (MSE/MAE sums) */
+  int reshape_ok;   /* 1: () and (n,) are interchangeable on load when the counts agree (MSE/MAE/R2 sums);
+                       2: also a () value broadcasts to (n,) (R2Score sums of torchmetrics >= 1.5) */
   int row_dynamic;  /* CatMetric: row shape fixed by the first rows seen */
   int row_known;
   void *data;

@@ -112,10 +112,9 @@ static ks_status error_update(ks_metric *m, const ks_tensor *in, size_t n, int k
   return st;
 }
 
-static ks_status declare_error(ks_metric *m, const char *name, int scalar_when_one, ks_error *err) {
+static ks_status declare_error(ks_metric *m, const char *name, ks_error *err) {
   int64_t K = m->args.num_outputs;
-  int rank = (scalar_when_one && K == 1) ? 0 : 1;
-  ks_status st = ks__state_declare(m, name, KS_REDUCE_SUM, KS_F32, rank, &K, 0.0, err);
+  ks_status st = ks__state_declare(m, name, KS_REDUCE_SUM, KS_F32, 1, &K, 0.0, err);
   if (st) return st;
   ks__state_last(m)->reshape_ok = 1;
   return ks__state_declare(m, "total", KS_REDUCE_SUM, KS_I64, 0, NULL, 0.0, err);
@@ -136,7 +135,7 @@ static ks_status error_compute(ks_metric *m, int root, ks_tensor *out, ks_error 
 
 /* ---- MeanSquaredError ---- */
 
-ks_status ks__mse_declare(ks_metric *m, ks_error *err) { return declare_error(m, "sum_squared_error", 0, err); }
+ks_status ks__mse_declare(ks_metric *m, ks_error *err) { return declare_error(m, "sum_squared_error", err); }
 ks_status ks__mse_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
   return error_update(m, in, n, ERR_SQ, err);
 }
@@ -144,22 +143,28 @@ ks_status ks__mse_compute(ks_metric *m, ks_tensor *out, ks_error *err) {
   return error_compute(m, !m->args.squared, out, err);
 }
 
-/* ---- MeanAbsoluteError: sum_abs_error is () in torchmetrics 1.4 ---- */
+/* ---- MeanAbsoluteError: sum_abs_error is (num_outputs,) since torchmetrics 1.5, () before (migrated on load) ---- */
 
-ks_status ks__mae_declare(ks_metric *m, ks_error *err) { return declare_error(m, "sum_abs_error", 1, err); }
+ks_status ks__mae_declare(ks_metric *m, ks_error *err) { return declare_error(m, "sum_abs_error", err); }
 ks_status ks__mae_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
   return error_update(m, in, n, ERR_ABS, err);
 }
 ks_status ks__mae_compute(ks_metric *m, ks_tensor *out, ks_error *err) { return error_compute(m, 0, out, err); }
 
-/* ---- R2Score ---- */
-
+/*
+ * ---- R2Score ----
+ * torchmetrics >= 1.5 starts the three sums as () and lets the first update
+ * broadcast them to (outputs,); keepsake is told num_outputs instead, so the
+ * sums are () for one output and (num_outputs,) for more: the 1.5+ shapes after
+ * any update. Loading migrates 1.4's (1,) sums and broadcasts 1.5+'s () zeros.
+ */
 ks_status ks__r2_declare(ks_metric *m, ks_error *err) {
   static const char *const names[3] = {"sum_squared_error", "sum_error", "residual"};
   int64_t K = m->args.num_outputs;
   for (int i = 0; i < 3; i++) {
-    ks_status st = ks__state_declare(m, names[i], KS_REDUCE_SUM, KS_F32, 1, &K, 0.0, err);
+    ks_status st = ks__state_declare(m, names[i], KS_REDUCE_SUM, KS_F32, K == 1 ? 0 : 1, &K, 0.0, err);
     if (st) return st;
+    ks__state_last(m)->reshape_ok = K == 1 ? 1 : 2;
   }
   return ks__state_declare(m, "total", KS_REDUCE_SUM, KS_I64, 0, NULL, 0.0, err);
 }

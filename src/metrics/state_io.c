@@ -68,7 +68,8 @@ static ks_status check_fixed_shape(const ks__state *s, const ks_tensor *t, int *
   }
   uint64_t want = 1;
   for (int i = 0; i < s->rank; i++) want *= (uint64_t)s->shape[i];
-  if (s->reshape_ok && t->rank <= 1 && s->rank <= 1 && ks_tensor_numel(t) == want) {
+  int counts_agree = ks_tensor_numel(t) == want, broadcast = s->reshape_ok == 2 && t->rank == 0;
+  if (s->reshape_ok && t->rank <= 1 && s->rank <= 1 && (counts_agree || broadcast)) {
     *migrated = 1;
     return KS_OK;
   }
@@ -100,17 +101,21 @@ static ks_status check_dtype(const ks__state *s, ks_dtype found, int allow_narro
   return KS_OK;
 }
 
+/* Copies a state's value, converting its dtype; a fixed state given one value for n broadcasts it. */
 static ks_status stage_one(const ks_metric *m, const ks__state *s, const ks_tensor *t, staged *out,
                            const char *name, ks_error *err) {
   size_t n = ks__numel(t), nbytes;
+  if (s->reduce != KS_REDUCE_CAT && n == 1) n = s->nbytes / ks_dtype_size(s->dtype);
   if (!ks__mul_size(n, ks_dtype_size(s->dtype), &nbytes))
     return ks__err_at(err, KS_E_LIMIT, NULL, name, -1, "state too large");
   out->data = ks__malloc(&m->alloc, nbytes ? nbytes : 1);
   if (!out->data) return ks__err_at(err, KS_E_NOMEM, NULL, name, -1, "out of memory loading the state");
+  size_t src_n = ks__numel(t), esz = ks_dtype_size(s->dtype);
   if (t->dtype == s->dtype) {
-    if (nbytes) memcpy(out->data, t->data, nbytes);
+    if (src_n) memcpy(out->data, t->data, src_n * esz);
   } else
-    ks_dtype_convert(s->dtype, out->data, t->dtype, t->data, n);
+    ks_dtype_convert(s->dtype, out->data, t->dtype, t->data, src_n);
+  for (size_t i = src_n; i < n; i++) memcpy((char *)out->data + i * esz, out->data, esz); /* broadcast */
   out->nbytes = nbytes;
   if (s->reduce == KS_REDUCE_CAT) {
     out->rank = t->rank;

@@ -209,6 +209,12 @@ static ks_status count_labels(const ks_metric *m, const int64_t *p, const int64_
   return KS_OK;
 }
 
+/* Scratch of the top-k path: C (score, index) pairs and the k chosen indices. */
+typedef struct topk_buf {
+  ks__scored *work;
+  size_t *idx;
+} topk_buf;
+
 /* The hot path: (N, C) float32 logits, argmax per row. */
 static ks_status count_argmax_rows(const ks_metric *m, const float *p, const int64_t *t, size_t lo, size_t hi,
                                    mc_counts *c, ks_error *err) {
@@ -224,8 +230,21 @@ static ks_status count_argmax_rows(const ks_metric *m, const float *p, const int
   return KS_OK;
 }
 
+/*
+ * The predicted class of one sample under top_k > 1, as torchmetrics >= 1.7
+ * (_refine_preds_oh): the target when it is among torch.topk's k best, else
+ * torch.topk's first. Each sample so predicts exactly one class.
+ */
+static size_t topk_prediction(const float *row, size_t C, size_t P, size_t k, size_t y, ks__scored *work,
+                              size_t *topk) {
+  ks__topk_f32(row, C, P, k, work, topk);
+  for (size_t j = 0; j < k; j++)
+    if (topk[j] == y) return y;
+  return topk[0];
+}
+
 static ks_status count_logits(const ks_metric *m, const float *p, const int64_t *t, const ks__mcin *lay,
-                              size_t *topk, size_t lo, size_t hi, mc_counts *c, ks_error *err) {
+                              const topk_buf *tb, size_t lo, size_t hi, mc_counts *c, ks_error *err) {
   size_t C = c->C, k = (size_t)m->args.top_k, P = lay->P;
   if (k == 1 && P == 1) return count_argmax_rows(m, p, t, lo, hi, c, err);
   for (size_t i = lo; i < hi; i++) {
@@ -233,14 +252,9 @@ static ks_status count_logits(const ks_metric *m, const float *p, const int64_t 
     if (ok < 0) return bad_label("target", i, t[i], C, err);
     if (!ok) continue;
     const float *row = p + (i / P) * C * P + i % P;
-    if (k == 1) topk[0] = ks__argmax_f32(row, C, P);
-    else ks__topk_f32(row, C, P, k, topk);
-    uint64_t hits = 0;
-    for (size_t j = 0; j < k; j++) {
-      c->pc[topk[j]]++;
-      hits += topk[j] == (size_t)t[i];
-    }
-    c->th[t[i]] += 1 + (hits << 32);
+    size_t pred = k == 1 ? ks__argmax_f32(row, C, P) : topk_prediction(row, C, P, k, (size_t)t[i], tb->work, tb->idx);
+    c->pc[pred]++;
+    c->th[t[i]] += 1 + ((uint64_t)(pred == (size_t)t[i]) << 32);
     c->n++;
   }
   return KS_OK;
@@ -319,13 +333,13 @@ static ks_status raw_labels(const ks_metric *m, const ks_tensor *t, const char *
 }
 
 /* Counts samples [0, n) chunk by chunk; 32-bit fields hold at most KS__MC_CHUNK each. */
-static ks_status count_chunks(ks_metric *m, const ks__view *p, const ks__view *t, const ks__mcin *lay, size_t *topk,
-                              mc_counts *c, ks_error *err) {
-  size_t n = t->n, chunk = KS__MC_CHUNK / (size_t)m->args.top_k;
+static ks_status count_chunks(ks_metric *m, const ks__view *p, const ks__view *t, const ks__mcin *lay,
+                              const topk_buf *tb, mc_counts *c, ks_error *err) {
+  size_t n = t->n, chunk = KS__MC_CHUNK;
   ks_status st = KS_OK;
   for (size_t lo = 0; !st && lo < n; lo += chunk) {
     size_t hi = n - lo <= chunk ? n : lo + chunk;
-    st = lay->logits ? count_logits(m, p->p, t->p, lay, topk, lo, hi, c, err)
+    st = lay->logits ? count_logits(m, p->p, t->p, lay, tb, lo, hi, c, err)
                      : count_labels(m, p->p, t->p, lo, hi, c, err);
     derive_from_matrix(c);
     if (!st && hi < n) st = spill(m, c, err);
@@ -336,18 +350,27 @@ static ks_status count_chunks(ks_metric *m, const ks__view *p, const ks__view *t
 static ks_status multiclass_count(ks_metric *m, const ks_tensor *preds, const ks__view *t, const ks__mcin *lay,
                                   mc_counts *c, ks_error *err) {
   ks__view p = {0};
-  size_t *topk = NULL;
+  topk_buf tb = {NULL, NULL};
   ks_status st;
   if (lay->logits) {
-    topk = ks__malloc(&m->alloc, (size_t)m->args.top_k * sizeof *topk);
-    if (!topk) return ks__err(err, KS_E_NOMEM, "out of memory for top_k");
-    if (m->args.top_k > 1 || lay->P > 1) c->cm = NULL; /* the top-k loop counts th/pc itself */
+    size_t k = (size_t)m->args.top_k;
+    if (k > 1) {
+      tb.work = ks__malloc(&m->alloc, c->C * sizeof *tb.work);
+      tb.idx = ks__malloc(&m->alloc, k * sizeof *tb.idx);
+      if (!tb.work || !tb.idx) {
+        ks__free(&m->alloc, tb.work);
+        ks__free(&m->alloc, tb.idx);
+        return ks__err(err, KS_E_NOMEM, "out of memory for top_k");
+      }
+    }
+    if (k > 1 || lay->P > 1) c->cm = NULL; /* the per-sample loop counts th/pc itself */
     st = ks__view_as(m, preds, KS_F32, &p, err);
   } else {
     st = raw_labels(m, preds, "preds", &p, err);
   }
-  if (!st) st = count_chunks(m, &p, t, lay, topk, c, err);
-  ks__free(&m->alloc, topk);
+  if (!st) st = count_chunks(m, &p, t, lay, &tb, c, err);
+  ks__free(&m->alloc, tb.work);
+  ks__free(&m->alloc, tb.idx);
   ks__view_free(m, &p);
   return st;
 }
