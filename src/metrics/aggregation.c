@@ -15,6 +15,7 @@ typedef struct agg_acc {
   float mx, mn;
   size_t kept;
   int dropped; /* some NaN was removed (CatMetric rows become 1-d) */
+  int has_nan; /* a NaN was kept (nan_strategy 'disable'): max and min are NaN, as torch.max */
 } agg_acc;
 
 /* Strides that map a value index to its broadcast weight element. */
@@ -58,9 +59,14 @@ static size_t bcast_index(const bcast *b, size_t i) {
  * Applies the NaN policy to one (value, weight) pair; returns 0 to drop it, -1
  * for an error. A numeric nan_strategy replaces the value by the number and the
  * weight by 1 when either is NaN (torchmetrics >= 1.5; 1.4 set the weight to
- * the number too).
+ * the number too). 'disable' (torchmetrics 1.9) checks nothing: NaN flows into
+ * the states, and, as torchmetrics 1.9 does, every weight becomes 1.
  */
 static int nan_policy(const ks__margs *a, double *v, double *w) {
+  if (a->nan_strategy == KS__NAN_DISABLE) {
+    *w = 1.0;
+    return 1;
+  }
   if (!isnan(*v) && !isnan(*w)) return 1;
   if (a->nan_strategy == KS__NAN_ERROR) return -1;
   if (a->nan_strategy == KS__NAN_VALUE) {
@@ -93,6 +99,7 @@ static ks_status agg_scan(const ks_metric *m, const ks_tensor *val, const ks_ten
     acc->sum_v += (double)fv;
     acc->sum_vw += (double)(fv * fw);
     acc->sum_w += (double)fw;
+    acc->has_nan |= fv != fv;
     acc->mx = fmaxf(acc->mx, fv);
     acc->mn = fminf(acc->mn, fv);
     if (cat_out) cat_out[acc->kept] = fv;
@@ -166,7 +173,8 @@ static ks_status extreme_update(ks_metric *m, const ks_tensor *in, size_t n, int
   if (!st) st = agg_scan(m, &in[0], NULL, &acc, NULL, err);
   if (st || !acc.kept) return st;
   float *s = ks__f32(&m->st[0]);
-  *s = is_max ? fmaxf(*s, acc.mx) : fminf(*s, acc.mn);
+  if (acc.has_nan || isnan(*s)) *s = NAN; /* torch.max / torch.min propagate NaN */
+  else *s = is_max ? fmaxf(*s, acc.mx) : fminf(*s, acc.mn);
   return KS_OK;
 }
 

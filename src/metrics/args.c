@@ -130,13 +130,13 @@ static ks_status get_thresholds(json_t *v, const ks_allocator *a, ks__margs *o, 
 }
 
 static ks_status get_nan(json_t *v, ks__margs *o, ks_error *err) {
-  static const char *const names[] = {"warn", "ignore", "error"};
+  static const char *const names[] = {"warn", "ignore", "error", "disable"};
   if (json_is_number(v)) {
     o->nan_strategy = KS__NAN_VALUE;
     o->nan_value = json_number_value(v);
     return KS_OK;
   }
-  return get_enum(v, "nan_strategy", names, 3, &o->nan_strategy, err);
+  return get_enum(v, "nan_strategy", names, 4, &o->nan_strategy, err);
 }
 
 static ks_status parse_one(const ks__class *cls, unsigned bit, json_t *v, const ks_allocator *a,
@@ -287,7 +287,7 @@ static void put_int(sbuf *b, int64_t x) {
 }
 
 static void put_value(sbuf *b, unsigned bit, const ks__margs *o) {
-  static const char *const nan_names[] = {"\"warn\"", "\"ignore\"", "\"error\""};
+  static const char *const nan_names[] = {"\"warn\"", "\"ignore\"", "\"error\"", "\"disable\""};
   switch (bit) {
     case KS__A_AVERAGE: put(b, "\""), put(b, k_avg_names[o->average]), put(b, "\""); break;
     case KS__A_IGNORE: o->has_ignore ? put_int(b, o->ignore_index) : put(b, "null"); break;

@@ -22,7 +22,7 @@
 typedef enum { KS__AVG_MICRO, KS__AVG_MACRO, KS__AVG_WEIGHTED, KS__AVG_NONE } ks__avg;
 typedef enum { KS__NORM_NONE, KS__NORM_TRUE, KS__NORM_PRED, KS__NORM_ALL } ks__norm;
 typedef enum { KS__TASK_NONE, KS__TASK_BINARY, KS__TASK_MULTICLASS, KS__TASK_MULTILABEL } ks__task;
-typedef enum { KS__NAN_WARN, KS__NAN_IGNORE, KS__NAN_ERROR, KS__NAN_VALUE } ks__nan;
+typedef enum { KS__NAN_WARN, KS__NAN_IGNORE, KS__NAN_ERROR, KS__NAN_DISABLE, KS__NAN_VALUE } ks__nan;
 
 /* Which constructor arguments a class accepts (bit set). */
 enum {

@@ -43,8 +43,8 @@ static void merge_cat(ks__state *d, const ks__state *s) {
 static double reduce_one(ks_reduce r, double a, double b, double wa, double wb) {
   switch (r) {
     case KS_REDUCE_SUM: return a + b;
-    case KS_REDUCE_MAX: return fmax(a, b);
-    case KS_REDUCE_MIN: return fmin(a, b);
+    case KS_REDUCE_MAX: return isnan(a) || isnan(b) ? NAN : fmax(a, b); /* torch.max propagates NaN */
+    case KS_REDUCE_MIN: return isnan(a) || isnan(b) ? NAN : fmin(a, b);
     default: return (wa + wb) > 0 ? (a * wa + b * wb) / (wa + wb) : (a + b) / 2;
   }
 }

@@ -47,6 +47,7 @@ static const spec k_specs[] = {
     {"MeanSquaredError", "{\"squared\":false}", K_REG, 0},
     {"MeanAbsoluteError", NULL, K_REG, 0},
     {"MeanMetric", "{\"nan_strategy\":2.5}", K_AGG, 0},
+    {"MaxMetric", "{\"nan_strategy\":\"disable\"}", K_AGG, 0},
     {"R2Score", NULL, K_REG, 0},
     {"LanguageCrossEntropy", NULL, K_LM, 6},
     {"LanguagePerplexity", NULL, K_LM, 6},

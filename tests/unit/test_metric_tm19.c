@@ -288,6 +288,22 @@ static void sum_adds_each_batch_sum_to_the_float32_state_once(void **st) {
   ks_metric_free(e);
 }
 
+static void nan_strategy_disable_lets_nan_through_and_ignores_weights(void **st) {
+  (void)st;
+  ks_metric *mx = mt_make("MaxMetric", "{\"nan_strategy\":\"disable\"}");
+  ks_metric *mean = mt_make("MeanMetric", "{\"nan_strategy\":\"disable\"}");
+  assert_string_equal(ks_metric_args_json(mx), "{\"nan_strategy\":\"disable\"}");
+  float v[3] = {1, NAN, 3}, after[1] = {9}, mv[2] = {1, 3}, mw[2] = {3, 1};
+  mt_update(mx, (ks_tensor[]){F32V(v)}, 1);
+  assert_true(isnan(mt_value(mx, 0))); /* torch.max propagates NaN, and it stays */
+  mt_update(mx, (ks_tensor[]){F32V(after)}, 1);
+  assert_true(isnan(mt_value(mx, 0)));
+  mt_update2(mean, F32V(mv), F32V(mw));
+  assert_true(mt_close(mt_value(mean, 0), 2.0)); /* torchmetrics 1.9 sets every weight to 1 here */
+  ks_metric_free(mx);
+  ks_metric_free(mean);
+}
+
 /* ---- one-element results are 0-d (torchmetrics' _squeeze_if_scalar) ---- */
 
 static void cat_metric_with_one_value_computes_a_scalar(void **st) {
@@ -320,6 +336,7 @@ int main(void) {
       cmocka_unit_test(mean_absolute_error_sum_has_one_element_per_output),
       cmocka_unit_test(mean_numeric_nan_strategy_gives_weight_one),
       cmocka_unit_test(sum_adds_each_batch_sum_to_the_float32_state_once),
+      cmocka_unit_test(nan_strategy_disable_lets_nan_through_and_ignores_weights),
       cmocka_unit_test(cat_metric_with_one_value_computes_a_scalar),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

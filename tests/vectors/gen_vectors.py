@@ -152,7 +152,15 @@ def add(*a, **kw):
 # ---- aggregation ----
 
 NAN_STRATEGIES = [("default", None), ("warn", "warn"), ("ignore", "ignore"), ("error", "error"),
-                  ("value", 2.5), ("zero", 0.0)]
+                  ("value", 2.5), ("zero", 0.0), ("disable", "disable")]
+
+
+def has_disable(tm):
+    try:
+        agg.SumMetric(nan_strategy="disable")
+        return None
+    except ValueError:
+        return f"nan_strategy='disable' does not exist in torchmetrics {torchmetrics.__version__}"
 
 
 def agg_plain(g, b, shape=None):
@@ -207,7 +215,8 @@ for metric in ["MeanMetric", "SumMetric", "MaxMetric", "MinMetric", "CatMetric"]
             if metric == "CatMetric" and iname == "scalar" and sname != "default":
                 continue
             late = metric == "MeanMetric" and iname == "nan" and sname in ("value", "zero")
-            add(f"{metric}_{sname}_{iname}", metric, args, fn, skip=newer_nan_weight if late else None)
+            skip = has_disable if sname == "disable" else newer_nan_weight if late else None
+            add(f"{metric}_{sname}_{iname}", metric, args, fn, skip=skip)
 
 
 def mean_weighted(g, b):
@@ -239,9 +248,11 @@ def mean_weight_nan(g, b):
 
 for sname, strat in NAN_STRATEGIES:
     args = {} if strat is None else {"nan_strategy": strat}
-    if sname in ("default", "warn", "ignore", "value", "zero"):
+    if sname in ("default", "warn", "ignore", "value", "zero", "disable"):
         add(f"MeanMetric_{sname}_weights_nan", "MeanMetric", args, mean_weight_nan,
-            skip=newer_nan_weight if sname in ("value", "zero") else None)
+            skip=has_disable if sname == "disable" else newer_nan_weight if sname in ("value", "zero") else None)
+add("MeanMetric_disable_weighted", "MeanMetric", {"nan_strategy": "disable"}, mean_weighted, skip=has_disable,
+    note="torchmetrics 1.9 replaces every weight by 1 under nan_strategy='disable'")
 for iname, fn in [("weighted", mean_weighted), ("weight_scalar", mean_weight_scalar),
                   ("weight_bcast_col", mean_weight_bcast), ("weight_bcast_row", mean_weight_row)]:
     add(f"MeanMetric_{iname}", "MeanMetric", {}, fn)
@@ -349,6 +360,8 @@ add("BinaryConfusionMatrix_ignore_-1_logits", "BinaryConfusionMatrix", {"ignore_
 add("BinaryConfusionMatrix_ignore_0", "BinaryConfusionMatrix", {"ignore_index": 0, "normalize": "true"},
     bin_ignore(0))
 add("BinaryConfusionMatrix_2d", "BinaryConfusionMatrix", {}, bin_2d)
+add("BinaryConfusionMatrix_normalize_null", "BinaryConfusionMatrix", {"normalize": None}, bin_probs)
+add("BinaryAccuracy_base_options", "BinaryAccuracy", {"validate_args": True, "compute_with_cache": False}, bin_probs)
 
 CURVE_THRESHOLDS = [("exact", None), ("binned_5", 5), ("binned_11", 11), ("binned_100", 100),
                     ("list_sorted", [0.1, 0.25, 0.5, 0.75, 0.9]), ("list_unsorted", [0.7, 0.1, 0.5, 0.3, 0.9]),
@@ -452,6 +465,12 @@ for metric in ["MulticlassAccuracy", "MulticlassPrecision", "MulticlassRecall", 
                     args["ignore_index"] = int(iname.split("_")[1])
                 add(f"{metric}_{avg}_top{k}_{iname}", metric, args, fn, skip=topk_rule_for(metric))
 add("MulticlassAccuracy_default_args", "MulticlassAccuracy", {"num_classes": C}, mc_logits)
+add("MulticlassRecall_average_null", "MulticlassRecall", {"num_classes": C, "average": None}, mc_logits)
+add("MulticlassF1Score_multidim_global", "MulticlassF1Score", {"num_classes": C, "multidim_average": "global"}, mc_extra)
+add("MulticlassAccuracy_base_options", "MulticlassAccuracy",
+    {"num_classes": C, "validate_args": False, "dist_sync_on_step": False, "sync_on_compute": True,
+     "compute_on_cpu": False, "compute_with_cache": True}, mc_logits,
+    note="torchmetrics base-class options that do not change the state")
 add("MulticlassAccuracy_top2_wide_tied", "MulticlassAccuracy", {"num_classes": 200, "top_k": 2, "average": "micro"},
     lambda g, b: (ints(g, 2, 12, 200).float(), ints(g, 200, 12)),
     note="C >= 64 k: torch.topk takes its partial_sort path")
@@ -537,6 +556,7 @@ for metric in ["MultilabelAccuracy", "MultilabelF1Score"]:
             add(f"{metric}_{avg}_{iname}", metric, args, fn)
         add(f"{metric}_{avg}_threshold_0.3", metric, {"num_labels": L, "average": avg, "threshold": 0.3}, ml_probs)
     add(f"{metric}_default_args", metric, {"num_labels": L}, ml_probs)
+    add(f"{metric}_multidim_global", metric, {"num_labels": L, "multidim_average": "global"}, ml_extra)
 
 # ---- regression ----
 
