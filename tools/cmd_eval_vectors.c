@@ -250,14 +250,16 @@ static int compare_states(ctx *c, json_t *cs, const ks_metric *m, json_t *want, 
     memcpy(first, c->why, sizeof first);
     int migrated = 0;
     rc = load_expected(c, cs, want, &fresh, &migrated) || !migrated || ks_metric_to_state_dict(fresh, mig_sd, "", &e);
+    if (rc) memcpy(c->why, first, sizeof first); /* not an older layout: the direct mismatch stands */
     for (size_t i = 0; !rc && i < ks_statedict_count(sd); i++) {
       ks_entry x;
+      char label[256];
       ks_statedict_at(sd, i, &x);
+      snprintf(label, sizeof label, "%s state '%s' (after migrating the file's layout)", what, x.name);
       const ks_tensor *y = ks_statedict_tensor(mig_sd, x.name);
-      rc = y ? compare(c, x.name, y, &x.tensor) : -1;
+      rc = y ? compare(c, label, y, &x.tensor) : fail(c, "%s: '%s' missing after migration", what, x.name);
     }
-    if (rc) memcpy(c->why, first, sizeof first);
-    else c->notes |= NOTE_MIGRATED;
+    if (!rc) c->notes |= NOTE_MIGRATED;
   }
   ks_metric_free(fresh);
   ks_statedict_free(mig_sd);
