@@ -120,8 +120,9 @@ typedef struct ks__scored {
 } ks__scored;
 
 /*
- * Indices of the k largest of C values spaced `stride` apart into out[k], in
- * torch.topk's order, ties and NaN (largest) included (topk.c). work holds C pairs.
+ * Indices of the k largest of C values spaced `stride` apart into out[k]: the same
+ * set as torch.topk's and the same first index, ties and NaN (largest) included
+ * (topk.c; when ties decide the set, the whole order is torch's). work holds C pairs.
  */
 void ks__topk_f32(const float *r, size_t C, size_t stride, size_t k, ks__scored *work, size_t *out);
 

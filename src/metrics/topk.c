@@ -181,7 +181,40 @@ static void std_sort(ks__scored *first, ks__scored *last) {
     insertion_sort(first, last);
 }
 
+/* The m best of C by a single insertion pass (m small); NaN first, equal values in index order. */
+static void best_m(const float *r, size_t C, size_t stride, size_t m, ks__scored *best) {
+  size_t have = 0;
+  for (size_t c = 0; c < C; c++) {
+    ks__scored x = {r[c * stride], c};
+    if (have == m && !above(&x, &best[m - 1])) continue;
+    size_t j = have < m ? have++ : m - 1;
+    while (j > 0 && above(&x, &best[j - 1])) {
+      best[j] = best[j - 1];
+      j--;
+    }
+    best[j] = x;
+  }
+}
+
+static int same(const ks__scored *a, const ks__scored *b) { return a->v == b->v || (a->v != a->v && b->v != b->v); }
+
+/*
+ * Fast path: when the largest score is unique and the k-th best is strictly
+ * above the (k+1)-th, the set of k and its first element do not depend on any
+ * tie-break, so one insertion pass answers; the callers use only those two.
+ * Returns 0 when a tie decides them (the full emulation runs then).
+ */
+static int topk_untied(const float *r, size_t C, size_t stride, size_t k, ks__scored *work, size_t *out) {
+  size_t m = k < C ? k + 1 : k;
+  if (m > 16) return 0; /* the insertion pass is O(C * m): keep it for small k */
+  best_m(r, C, stride, m, work);
+  if (same(&work[0], &work[1]) || (m > k && same(&work[k - 1], &work[k]))) return 0;
+  for (size_t j = 0; j < k; j++) out[j] = work[j].i;
+  return 1;
+}
+
 void ks__topk_f32(const float *r, size_t C, size_t stride, size_t k, ks__scored *work, size_t *out) {
+  if (k >= 2 && topk_untied(r, C, stride, k, work, out)) return;
   for (size_t c = 0; c < C; c++) {
     work[c].v = r[c * stride];
     work[c].i = c;
