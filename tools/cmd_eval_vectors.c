@@ -26,7 +26,8 @@
  *    curve list states, R2Score's sums and result); keepsake's states and
  *    results are float32. Values are compared with the usual tolerance.
  *  - MIGRATED: the file's state has an older torchmetrics layout (MAE's () sum,
- *    R2Score's (1,) sums before 1.5); it must load into a fresh metric as a
+ *    R2Score's (1,) sums before 1.5; the aggregation `value` names before 1.1,
+ *    loaded as schema version 1); it must load into a fresh metric as a
  *    migration and then equal keepsake's state.
  *  - TOPK_RULE: files from torchmetrics < 1.7 count fp/tn of top_k > 1 with
  *    each of the k predictions; keepsake follows 1.7+ (one prediction per
@@ -226,7 +227,8 @@ static int load_expected(ctx *c, json_t *cs, json_t *want, ks_metric **fresh, in
     free(t.data);
   }
   ks_error e;
-  if (!rc && ks_metric_load_state_dict(*fresh, sd, "", KS_METRIC_SCHEMA_VERSION, 0, migrated, NULL, &e))
+  int schema = c->tm_major < 1 || (c->tm_major == 1 && c->tm_minor < 1) ? 1 : KS_METRIC_SCHEMA_VERSION; /* names */
+  if (!rc && ks_metric_load_state_dict(*fresh, sd, "", schema, 0, migrated, NULL, &e))
     rc = fail(c, "the expected state does not load: %s", e.message);
   ks_statedict_free(sd);
   return rc;
