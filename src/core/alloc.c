@@ -53,3 +53,18 @@ char *ks__strndup(const ks_allocator *a, const char *s, size_t n) {
 }
 
 char *ks__strdup(const ks_allocator *a, const char *s) { return ks__strndup(a, s, strlen(s)); }
+
+ks_status ks__grow(const ks_allocator *a, void *arrayp, size_t *cap, size_t need, size_t size) {
+  if (need <= *cap) return KS_OK;
+  size_t ncap = *cap ? *cap : 16, bytes;
+  while (ncap < need)
+    if (!ks__mul_size(ncap, 2, &ncap)) return KS_E_LIMIT;
+  if (!ks__mul_size(ncap, size, &bytes)) return KS_E_LIMIT;
+  void *old, *p;
+  memcpy(&old, arrayp, sizeof old); /* arrayp points to a T*, read without type punning */
+  p = ks__realloc(a, old, bytes);
+  if (!p) return KS_E_NOMEM;
+  memcpy(arrayp, &p, sizeof p);
+  *cap = ncap;
+  return KS_OK;
+}

@@ -30,6 +30,14 @@ char *ks__strdup(const ks_allocator *a, const char *s);
 char *ks__strndup(const ks_allocator *a, const char *s, size_t n);
 
 /*
+ * The one grow-by-doubling helper: makes the array at *arrayp (a pointer to any
+ * T*) hold at least `need` elements of `size` bytes, doubling its capacity
+ * (at least 16). @return KS_OK, KS_E_LIMIT (size overflow) or KS_E_NOMEM; the
+ * array and *cap are unchanged on error.
+ */
+ks_status ks__grow(const ks_allocator *a, void *arrayp, size_t *cap, size_t need, size_t size);
+
+/*
  * Records an error and returns `code`, so callers can write
  *   return ks__err(err, KS_E_FORMAT, "header: expected '{'");
  * err may be NULL.

@@ -5,11 +5,13 @@
  */
 #include <string.h>
 
+#include "core/hindex.h"
 #include "core/internal.h"
 #include "keepsake/statedict.h"
 
 typedef struct sd_item {
   char *name;
+  size_t name_len;
   uint64_t hash;
   ks_value_kind kind;
   ks_tensor tensor;
@@ -27,17 +29,22 @@ struct ks_statedict {
   ks_allocator alloc;
   sd_item *items;
   size_t count, cap;
-  uint32_t *slots; /* index+1 into items, 0 = empty */
-  size_t nslots;   /* power of two, or 0 */
+  ks__hindex index; /* by name */
   sd_owner *owners;
   size_t nowners;
 };
 
-static uint64_t hash_name(const char *s) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-  return h;
+static uint64_t item_hash(const void *ctx, size_t i) {
+  return ((const ks_statedict *)ctx)->items[i].hash;
 }
+
+static const char *item_key(const void *ctx, size_t i, size_t *len) {
+  const sd_item *it = &((const ks_statedict *)ctx)->items[i];
+  *len = it->name_len;
+  return it->name;
+}
+
+static const ks__hindex_ops sd_ops = {item_hash, item_key};
 
 ks_status ks_statedict_create(const ks_allocator *alloc, ks_statedict **out) {
   ks_statedict *sd = ks__calloc(alloc, 1, sizeof *sd);
@@ -66,36 +73,13 @@ void ks_statedict_free(ks_statedict *sd) {
   for (size_t k = sd->nowners; k-- > 0;) sd->owners[k].release(sd->owners[k].owner);
   ks__free(&sd->alloc, sd->owners);
   ks__free(&sd->alloc, sd->items);
-  ks__free(&sd->alloc, sd->slots);
+  ks__hindex_free(&sd->index, &sd->alloc);
   ks__free(&sd->alloc, sd);
 }
 
-/* Slot holding `name`, or the empty slot where it would go. Requires nslots > 0. */
-static size_t find_slot(const ks_statedict *sd, const char *name, uint64_t h) {
-  size_t mask = sd->nslots - 1, s = (size_t)h & mask;
-  while (sd->slots[s]) {
-    const sd_item *it = &sd->items[sd->slots[s] - 1];
-    if (it->hash == h && strcmp(it->name, name) == 0) return s;
-    s = (s + 1) & mask;
-  }
-  return s;
-}
-
-static ks_status rebuild_index(ks_statedict *sd, size_t nslots) {
-  uint32_t *slots = ks__calloc(&sd->alloc, nslots, sizeof *slots);
-  if (!slots) return KS_E_NOMEM;
-  ks__free(&sd->alloc, sd->slots);
-  sd->slots = slots;
-  sd->nslots = nslots;
-  for (size_t k = 0; k < sd->count; k++)
-    sd->slots[find_slot(sd, sd->items[k].name, sd->items[k].hash)] = (uint32_t)(k + 1);
-  return KS_OK;
-}
-
 static long find_index(const ks_statedict *sd, const char *name) {
-  if (sd->nslots == 0) return -1;
-  size_t s = find_slot(sd, name, hash_name(name));
-  return sd->slots[s] ? (long)sd->slots[s] - 1 : -1;
+  size_t n = strlen(name);
+  return ks__hindex_find(&sd->index, name, n, ks__hash(name, n), &sd_ops, sd);
 }
 
 /* Makes room for one more item, growing the array and keeping the table under 50% load. */
@@ -109,8 +93,7 @@ static ks_status reserve_one(ks_statedict *sd) {
     sd->items = items;
     sd->cap = ncap;
   }
-  if ((sd->count + 1) * 2 > sd->nslots) return rebuild_index(sd, sd->nslots ? sd->nslots * 2 : 32);
-  return KS_OK;
+  return ks__hindex_reserve(&sd->index, &sd->alloc, sd->count + 1, sd->count, &sd_ops, sd);
 }
 
 static ks_status check_name(const char *name) {
@@ -130,6 +113,7 @@ static ks_status put(ks_statedict *sd, const char *name, sd_item *val) {
     sd_item *it = &sd->items[idx];
     item_clear(sd, it);
     val->name = it->name;
+    val->name_len = it->name_len;
     val->hash = it->hash;
     *it = *val;
     return KS_OK;
@@ -141,9 +125,10 @@ static ks_status put(ks_statedict *sd, const char *name, sd_item *val) {
     return st;
   }
   val->name = copy;
-  val->hash = hash_name(name);
+  val->name_len = strlen(copy);
+  val->hash = ks__hash(copy, val->name_len);
   sd->items[sd->count] = *val;
-  sd->slots[find_slot(sd, copy, val->hash)] = (uint32_t)(sd->count + 1);
+  ks__hindex_insert(&sd->index, sd->count, val->hash);
   sd->count++;
   return KS_OK;
 }
@@ -262,9 +247,7 @@ ks_status ks_statedict_remove(ks_statedict *sd, const char *name) {
   memmove(&sd->items[idx], &sd->items[idx + 1], (sd->count - (size_t)idx - 1) * sizeof(sd_item));
   sd->count--;
   /* Re-index in place: the table is already large enough, so this cannot fail. */
-  memset(sd->slots, 0, sd->nslots * sizeof *sd->slots);
-  for (size_t k = 0; k < sd->count; k++)
-    sd->slots[find_slot(sd, sd->items[k].name, sd->items[k].hash)] = (uint32_t)(k + 1);
+  ks__hindex_rebuild(&sd->index, sd->count, &sd_ops, sd);
   return KS_OK;
 }
 

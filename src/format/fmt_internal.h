@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/hindex.h"
 #include "core/internal.h"
 #include "keepsake/format.h"
 
@@ -38,8 +39,7 @@ struct ks_reader {
   fmt_entry *entries;
   size_t count;
   char *names; /* arena of NUL-terminated names */
-  uint32_t *slots; /* index+1 into entries, 0 = empty; power-of-two size */
-  size_t nslots;
+  ks__hindex index; /* entries by name */
   ks_meta *meta;
   int version; /* keepsake format version, 0 for plain safetensors */
 };
@@ -47,8 +47,8 @@ struct ks_reader {
 /* Index of the tensor named name[0..n), or -1. */
 long ks__reader_find_n(const ks_reader *r, const char *name, size_t n);
 
-/* Hash used by every name index of the module. */
-uint64_t ks__fmt_hash(const char *s, size_t n);
+/* The callbacks of the reader's name index (layout.c). */
+extern const ks__hindex_ops ks__fmt_entry_ops;
 
 /* Steps of opening a file, in order (header.c), then the layout checks (layout.c). */
 ks_status ks__fmt_read_prefix(ks_reader *r, ks_error *err);

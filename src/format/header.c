@@ -239,7 +239,7 @@ static ks_status add_tensor(hdr_parse *p, const char *k, size_t kn) {
   name[kn] = '\0';
   e->name_off = p->arena_len;
   e->name_len = kn;
-  e->hash = ks__fmt_hash(name, kn);
+  e->hash = ks__hash(name, kn);
   p->arena_len += kn + 1;
   return read_tensor(&p->j, name, e);
 }

@@ -86,21 +86,24 @@ static ks_status check_layout(const ks_reader *r, ks_error *err) {
   return st;
 }
 
+static uint64_t entry_hash(const void *ctx, size_t i) { return ((const ks_reader *)ctx)->entries[i].hash; }
+
+static const char *entry_key(const void *ctx, size_t i, size_t *len) {
+  const fmt_entry *e = &((const ks_reader *)ctx)->entries[i];
+  *len = e->name_len;
+  return e->name;
+}
+
+const ks__hindex_ops ks__fmt_entry_ops = {entry_hash, entry_key};
+
 static ks_status build_index(ks_reader *r, ks_error *err) {
-  size_t n = 16;
-  while (n < r->count * 2) n *= 2;
-  r->slots = ks__calloc(&r->alloc, n, sizeof *r->slots);
-  if (!r->slots) return ks__err(err, KS_E_NOMEM, "out of memory indexing %zu tensors", r->count);
-  r->nslots = n;
+  ks_status s = ks__hindex_reserve(&r->index, &r->alloc, r->count, 0, &ks__fmt_entry_ops, r);
+  if (s) return ks__err(err, s, "cannot index %zu tensors", r->count);
   for (size_t i = 0; i < r->count; i++) {
     const fmt_entry *e = &r->entries[i];
-    size_t s = (size_t)e->hash & (n - 1);
-    for (; r->slots[s]; s = (s + 1) & (n - 1)) {
-      const fmt_entry *o = &r->entries[r->slots[s] - 1];
-      if (o->hash == e->hash && o->name_len == e->name_len && !memcmp(o->name, e->name, e->name_len))
-        return DATA_ERR(r, KS_E_EXISTS, e->name, ks__fmt_key_offset(r, e->name), "duplicate tensor name");
-    }
-    r->slots[s] = (uint32_t)(i + 1);
+    if (ks__hindex_find(&r->index, e->name, e->name_len, e->hash, &ks__fmt_entry_ops, r) >= 0)
+      return DATA_ERR(r, KS_E_EXISTS, e->name, ks__fmt_key_offset(r, e->name), "duplicate tensor name");
+    ks__hindex_insert(&r->index, i, e->hash);
   }
   return KS_OK;
 }

@@ -5,13 +5,13 @@
  */
 #include <string.h>
 
-#include <xxhash.h>
-
+#include "core/hindex.h"
 #include "format/fmt_internal.h"
 
 typedef struct meta_pair {
   char *key;
   char *value;
+  size_t klen;
   uint64_t hash;
 } meta_pair;
 
@@ -19,11 +19,18 @@ struct ks_meta {
   ks_allocator alloc;
   meta_pair *pairs;
   size_t count, cap;
-  uint32_t *slots; /* index+1, 0 = empty */
-  size_t nslots;
+  ks__hindex index; /* by key */
 };
 
-uint64_t ks__fmt_hash(const char *s, size_t n) { return XXH3_64bits(s, n); }
+static uint64_t pair_hash(const void *ctx, size_t i) { return ((const ks_meta *)ctx)->pairs[i].hash; }
+
+static const char *pair_key(const void *ctx, size_t i, size_t *len) {
+  const meta_pair *p = &((const ks_meta *)ctx)->pairs[i];
+  *len = p->klen;
+  return p->key;
+}
+
+static const ks__hindex_ops meta_ops = {pair_hash, pair_key};
 
 ks_status ks_meta_create(const ks_allocator *a, ks_meta **out) {
   if (!out) return KS_E_INVALID;
@@ -41,36 +48,15 @@ void ks_meta_free(ks_meta *m) {
     ks__free(&m->alloc, m->pairs[i].value);
   }
   ks__free(&m->alloc, m->pairs);
-  ks__free(&m->alloc, m->slots);
+  ks__hindex_free(&m->index, &m->alloc);
   ks__free(&m->alloc, m);
 }
 
-static size_t find_slot(const ks_meta *m, const char *key, uint64_t h) {
-  size_t mask = m->nslots - 1, s = (size_t)h & mask;
-  while (m->slots[s]) {
-    const meta_pair *p = &m->pairs[m->slots[s] - 1];
-    if (p->hash == h && strcmp(p->key, key) == 0) return s;
-    s = (s + 1) & mask;
-  }
-  return s;
+static long find_n(const ks_meta *m, const char *key, size_t klen) {
+  return m ? ks__hindex_find(&m->index, key, klen, ks__hash(key, klen), &meta_ops, m) : -1;
 }
 
-static long find_index(const ks_meta *m, const char *key) {
-  if (!m || m->nslots == 0) return -1;
-  size_t s = find_slot(m, key, ks__fmt_hash(key, strlen(key)));
-  return m->slots[s] ? (long)m->slots[s] - 1 : -1;
-}
-
-static ks_status rebuild_index(ks_meta *m, size_t nslots) {
-  uint32_t *slots = ks__calloc(&m->alloc, nslots, sizeof *slots);
-  if (!slots) return KS_E_NOMEM;
-  ks__free(&m->alloc, m->slots);
-  m->slots = slots;
-  m->nslots = nslots;
-  for (size_t i = 0; i < m->count; i++)
-    m->slots[find_slot(m, m->pairs[i].key, m->pairs[i].hash)] = (uint32_t)(i + 1);
-  return KS_OK;
-}
+static long find_index(const ks_meta *m, const char *key) { return find_n(m, key, strlen(key)); }
 
 /* Room for one more pair, keeping the table at most half full. */
 static ks_status reserve_one(ks_meta *m) {
@@ -83,8 +69,7 @@ static ks_status reserve_one(ks_meta *m) {
     m->pairs = p;
     m->cap = ncap;
   }
-  if ((m->count + 1) * 2 > m->nslots) return rebuild_index(m, m->nslots ? m->nslots * 2 : 16);
-  return KS_OK;
+  return ks__hindex_reserve(&m->index, &m->alloc, m->count + 1, m->count, &meta_ops, m);
 }
 
 ks_status ks__meta_append(ks_meta *m, const char *key, size_t klen, const char *value, size_t vlen) {
@@ -100,22 +85,14 @@ ks_status ks__meta_append(ks_meta *m, const char *key, size_t klen, const char *
   meta_pair *p = &m->pairs[m->count];
   p->key = k;
   p->value = v;
-  p->hash = ks__fmt_hash(k, klen);
-  m->slots[find_slot(m, k, p->hash)] = (uint32_t)(m->count + 1);
+  p->klen = klen;
+  p->hash = ks__hash(k, klen);
+  ks__hindex_insert(&m->index, m->count, p->hash);
   m->count++;
   return KS_OK;
 }
 
-bool ks__meta_has(const ks_meta *m, const char *key, size_t klen) {
-  if (!m->nslots) return false;
-  uint64_t h = ks__fmt_hash(key, klen);
-  size_t mask = m->nslots - 1;
-  for (size_t s = (size_t)h & mask; m->slots[s]; s = (s + 1) & mask) {
-    const meta_pair *p = &m->pairs[m->slots[s] - 1];
-    if (p->hash == h && strncmp(p->key, key, klen) == 0 && p->key[klen] == '\0') return true;
-  }
-  return false;
-}
+bool ks__meta_has(const ks_meta *m, const char *key, size_t klen) { return find_n(m, key, klen) >= 0; }
 
 ks_status ks_meta_set(ks_meta *m, const char *key, const char *value) {
   if (!m || !key || !value) return KS_E_INVALID;

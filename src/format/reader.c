@@ -31,7 +31,7 @@ void ks_reader_free(ks_reader *r) {
   ks__free(&r->alloc, r->copy);
   ks__free(&r->alloc, r->entries);
   ks__free(&r->alloc, r->names);
-  ks__free(&r->alloc, r->slots);
+  ks__hindex_free(&r->index, &r->alloc);
   ks_meta_free(r->meta);
   ks__free(&r->alloc, r->path);
   ks__free(&r->alloc, r);
@@ -175,14 +175,7 @@ long ks_reader_find(const ks_reader *r, const char *name) {
 }
 
 long ks__reader_find_n(const ks_reader *r, const char *name, size_t n) {
-  if (!r || !r->nslots) return -1;
-  size_t mask = r->nslots - 1;
-  uint64_t h = ks__fmt_hash(name, n);
-  for (size_t s = (size_t)h & mask; r->slots[s]; s = (s + 1) & mask) {
-    const fmt_entry *e = &r->entries[r->slots[s] - 1];
-    if (e->hash == h && e->name_len == n && memcmp(e->name, name, n) == 0) return (long)r->slots[s] - 1;
-  }
-  return -1;
+  return r ? ks__hindex_find(&r->index, name, n, ks__hash(name, n), &ks__fmt_entry_ops, r) : -1;
 }
 
 ks_status ks_reader_tensor(const ks_reader *r, const char *name, ks_tensor *view, ks_error *err) {

@@ -22,13 +22,10 @@ ks_status ks__note(ks__load_ctx *c, ks_load_kind kind, const char *path, const c
   return s ? ks__err(c->err, s, "load report: out of memory") : KS_OK;
 }
 
-int ks__has_prefix(const ks_statedict *sd, const char *prefix) {
-  size_t n = strlen(prefix), count = ks_statedict_count(sd);
-  for (size_t i = 0; i < count; i++) {
-    ks_entry e;
-    if (ks_statedict_at(sd, i, &e) == KS_OK && !strncmp(e.name, prefix, n)) return 1;
-  }
-  return 0;
+ks_status ks__has_prefix(ks__load_ctx *c, const char *prefix, int *found) {
+  ks_status s = c->prefixes ? KS_OK : ks__prefixes_create(&c->st->alloc, c->src, &c->prefixes);
+  if (!s) s = ks__prefixes_has(c->prefixes, prefix, found);
+  return s ? ks__err(c->err, s, "cannot index the checkpoint's keys") : KS_OK;
 }
 
 /* Any glob matching the path or one of its '/'-prefixes (`rng` ignores rng/0/...). */
@@ -44,11 +41,8 @@ int ks__ignored(const ks__load_ctx *c, const char *path) {
 
 /* ---- model ---- */
 
-static const st_comp *find_tensor(const ks_state *st, const char *name) {
-  for (size_t i = 0; i < st->n_comps; i++)
-    if (st->comps[i].kind == ST_TENSOR && !strcmp(st->comps[i].name, name)) return &st->comps[i];
-  return NULL;
-}
+/* Whether the program registered the model tensor of checkpoint key `key` (state/model/...). */
+static int program_has_tensor(const ks_state *st, const char *key) { return ks__comp_find(st, key) != NULL; }
 
 /* Why the stored tensor cannot fill the program's one (KS_OK when it can). */
 static ks_status tensor_problem(const ks_tensor *want, const ks_tensor *have, char *why, size_t cap) {
@@ -77,7 +71,7 @@ static ks_status check_model_strict(ks__load_ctx *c) {
   for (size_t i = 0; i < n; i++) {
     ks_entry e;
     ks_statedict_at(c->src, i, &e);
-    if (strncmp(e.name, "state/model/", 12) || find_tensor(c->st, e.name + 12)) continue;
+    if (strncmp(e.name, "state/model/", 12) || program_has_tensor(c->st, e.name)) continue;
     return ks__err_at(c->err, KS_E_MISMATCH, NULL, e.name, -1,
                       "strict model load: '%s' is in the checkpoint but not in the program", e.name);
   }
@@ -102,7 +96,7 @@ static ks_status note_unexpected_model_keys(ks__load_ctx *c) {
   for (size_t i = 0; i < n; i++) {
     ks_entry e;
     ks_statedict_at(c->src, i, &e);
-    if (strncmp(e.name, "state/model/", 12) || find_tensor(c->st, e.name + 12)) continue;
+    if (strncmp(e.name, "state/model/", 12) || program_has_tensor(c->st, e.name)) continue;
     ks_status s = ks__note(c, KS_LOAD_SKIPPED, e.name, "in the checkpoint, not in the program");
     if (s) return s;
   }
@@ -156,10 +150,13 @@ static ks_status load_generic(ks__load_ctx *c, const char *prefix, const st_comp
   char path[KS__KEY_MAX + 1];
   snprintf(path, sizeof path, "%.*s", (int)strlen(prefix) - 1, prefix);
   if (ks__ignored(c, path)) return ks__note(c, KS_LOAD_SKIPPED, path, "ignored by an ignore glob; kept as is");
-  if (!ks__has_prefix(c->src, prefix)) return ks__note(c, KS_LOAD_MISSING, path, "not in the checkpoint; kept as is");
+  int present;
+  ks_status s = ks__has_prefix(c, prefix, &present);
+  if (s) return s;
+  if (!present) return ks__note(c, KS_LOAD_MISSING, path, "not in the checkpoint; kept as is");
   ks_error e;
   ks_error_clear(&e);
-  ks_status s = m ? call_loader(m, c->src, prefix, &e) : fn(obj, c->src, prefix, &e);
+  s = m ? call_loader(m, c->src, prefix, &e) : fn(obj, c->src, prefix, &e);
   if (s == KS_E_NOMEM || (s && !c->o.non_strict_model)) {
     if (c->err) *c->err = e;
     return s;
@@ -209,13 +206,10 @@ static ks_status load_identity(ks__load_ctx *c) {
 
 /* ---- checkpoint components the program lacks ---- */
 
+/* Whether the program registered the component at `path` (state/optimizers/AdamW). */
 static int program_has(const ks_state *st, const char *path) {
   char p[KS__KEY_MAX + 1];
-  for (size_t i = 0; i < st->n_comps; i++)
-    if (st->comps[i].kind != ST_TENSOR && !ks__comp_prefix(&st->comps[i], p) && !strncmp(p, path, strlen(path)) &&
-        p[strlen(path)] == '/' && p[strlen(path) + 1] == '\0')
-      return 1;
-  return 0;
+  return !ks__keyf(p, path, "/") && ks__comp_find(st, p) != NULL;
 }
 
 /* Cuts `name` after its n-th '/'-separated segment into out; 0 when it has fewer. */
@@ -331,6 +325,7 @@ ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const 
   if (!s) s = parse_metrics_meta(&c, meta);
   if (!s) s = load_all(&c);
   json_decref(c.metrics_meta);
+  ks__prefixes_free(c.prefixes);
   ks_statedict_free(view);
   return s;
 }

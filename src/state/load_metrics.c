@@ -96,7 +96,10 @@ static ks_status load_metric(ks__load_ctx *c, ks_metric *m, const char *path) {
     return ks__note(c, KS_LOAD_SKIPPED, path, "ignored by an ignore glob; left at defaults");
   }
   ks__key(prefix, path, "/");
-  if (!ks__has_prefix(c->src, prefix)) {
+  int present;
+  ks_status s = ks__has_prefix(c, prefix, &present);
+  if (s) return s;
+  if (!present) {
     ks_metric_reset(m);
     return ks__note(c, KS_LOAD_MISSING, path, "not in the checkpoint; left at defaults");
   }

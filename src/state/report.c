@@ -11,7 +11,20 @@ struct ks_load_report {
   ks_allocator alloc;
   report_item *items;
   size_t count, cap;
+  uint64_t *hashes;  /* of each item's path, for the index */
+  size_t cap_hashes;
+  ks__hindex index;  /* first item of each path */
 };
+
+static uint64_t item_hash(const void *ctx, size_t i) { return ((const ks_load_report *)ctx)->hashes[i]; }
+
+static const char *item_key(const void *ctx, size_t i, size_t *len) {
+  const char *p = ((const ks_load_report *)ctx)->items[i].path;
+  *len = strlen(p);
+  return p;
+}
+
+static const ks__hindex_ops report_ops = {item_hash, item_key};
 
 ks_status ks_load_report_create(const ks_allocator *alloc, ks_load_report **out) {
   if (!out) return KS_E_INVALID;
@@ -29,24 +42,27 @@ void ks_load_report_clear(ks_load_report *r) {
     ks__free(&r->alloc, (char *)r->items[i].reason);
   }
   r->count = 0;
+  ks__hindex_rebuild(&r->index, 0, &report_ops, r);
 }
 
 void ks_load_report_free(ks_load_report *r) {
   if (!r) return;
   ks_load_report_clear(r);
   ks__free(&r->alloc, r->items);
+  ks__free(&r->alloc, r->hashes);
+  ks__hindex_free(&r->index, &r->alloc);
   ks__free(&r->alloc, r);
 }
 
 static ks_status grow(ks_load_report *r) {
-  if (r->count < r->cap) return KS_OK;
-  size_t cap = r->cap ? r->cap * 2 : 16, bytes;
-  if (!ks__mul_size(cap, sizeof(report_item), &bytes)) return KS_E_LIMIT;
-  report_item *n = ks__realloc(&r->alloc, r->items, bytes);
-  if (!n) return KS_E_NOMEM;
-  r->items = n;
-  r->cap = cap;
-  return KS_OK;
+  ks_status s = ks__grow(&r->alloc, &r->items, &r->cap, r->count + 1, sizeof *r->items);
+  if (!s) s = ks__grow(&r->alloc, &r->hashes, &r->cap_hashes, r->count + 1, sizeof *r->hashes);
+  if (!s) s = ks__hindex_reserve(&r->index, &r->alloc, r->count + 1, r->count, &report_ops, r);
+  return s;
+}
+
+static long find_path(const ks_load_report *r, const char *path, size_t len, uint64_t h) {
+  return ks__hindex_find(&r->index, path, len, h, &report_ops, r);
 }
 
 ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason) {
@@ -60,7 +76,13 @@ ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *p
     ks__free(&r->alloc, why);
     return KS_E_NOMEM;
   }
-  r->items[r->count++] = (report_item){kind, p, why};
+  size_t len = strlen(p);
+  uint64_t h = ks__hash(p, len);
+  int first = find_path(r, p, len, h) < 0;
+  r->hashes[r->count] = h;
+  r->items[r->count] = (report_item){kind, p, why};
+  if (first) ks__hindex_insert(&r->index, r->count, h);
+  r->count++;
   return KS_OK;
 }
 
@@ -79,9 +101,10 @@ ks_status ks_load_report_at(const ks_load_report *r, size_t i, ks_load_item *out
 }
 
 const ks_load_item *ks_load_report_find(const ks_load_report *r, const char *path) {
-  for (size_t i = 0; r && path && i < r->count; i++)
-    if (!strcmp(r->items[i].path, path)) return &r->items[i];
-  return NULL;
+  if (!r || !path) return NULL;
+  size_t len = strlen(path);
+  long i = find_path(r, path, len, ks__hash(path, len));
+  return i < 0 ? NULL : &r->items[i];
 }
 
 static const char *const kind_names[] = {"loaded", "migrated", "converted", "skipped", "missing", "mismatched"};

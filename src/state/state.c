@@ -37,8 +37,12 @@ static void free_metrics(ks_state *st) {
 
 void ks_state_free(ks_state *st) {
   if (!st) return;
-  for (size_t i = 0; i < st->n_comps; i++) ks__free(&st->alloc, st->comps[i].name);
+  for (size_t i = 0; i < st->n_comps; i++) {
+    ks__free(&st->alloc, st->comps[i].name);
+    ks__free(&st->alloc, st->comps[i].key);
+  }
   ks__free(&st->alloc, st->comps);
+  ks__hindex_free(&st->comp_index, &st->alloc);
   free_metrics(st);
   ks__free(&st->alloc, st->run_name);
   ks__free(&st->alloc, st);
@@ -50,10 +54,24 @@ static int valid_name(const char *name) {
   return n > 0 && n <= 256 && !strchr(name, '/');
 }
 
-static int taken(const ks_state *st, st_kind kind, const char *name) {
-  for (size_t i = 0; i < st->n_comps; i++)
-    if (st->comps[i].kind == kind && !strcmp(st->comps[i].name, name)) return 1;
-  return 0;
+static uint64_t comp_hash(const void *ctx, size_t i) { return ((const ks_state *)ctx)->comps[i].hash; }
+
+static const char *comp_key(const void *ctx, size_t i, size_t *len) {
+  const st_comp *c = &((const ks_state *)ctx)->comps[i];
+  *len = c->key_len;
+  return c->key;
+}
+
+static const ks__hindex_ops comp_ops = {comp_hash, comp_key};
+
+static long find_key(const ks_state *st, const char *key, size_t len, uint64_t h) {
+  return ks__hindex_find(&st->comp_index, key, len, h, &comp_ops, st);
+}
+
+const st_comp *ks__comp_find(const ks_state *st, const char *key) {
+  size_t n = strlen(key);
+  long i = find_key(st, key, n, ks__hash(key, n));
+  return i < 0 ? NULL : &st->comps[i];
 }
 
 /* Model tensor names may contain '/' (nested modules) but no empty segments. */
@@ -65,19 +83,24 @@ static int valid_tensor_name(const char *name) {
 static ks_status add_comp(ks_state *st, const st_comp *c) {
   int ok = c->kind == ST_TENSOR ? valid_tensor_name(c->name) : valid_name(c->name);
   if (!st || !ok) return KS_E_INVALID;
-  if (taken(st, c->kind, c->name)) return KS_E_EXISTS;
-  if (st->n_comps == st->cap_comps) {
-    size_t cap = st->cap_comps ? st->cap_comps * 2 : 16, bytes;
-    if (!ks__mul_size(cap, sizeof(st_comp), &bytes)) return KS_E_LIMIT;
-    st_comp *n = ks__realloc(&st->alloc, st->comps, bytes);
-    if (!n) return KS_E_NOMEM;
-    st->comps = n;
-    st->cap_comps = cap;
-  }
+  char key[KS__KEY_MAX + 1];
+  if (ks__comp_prefix(c, key)) return KS_E_LIMIT;
   st_comp copy = *c;
+  copy.key_len = strlen(key);
+  copy.hash = ks__hash(key, copy.key_len);
+  if (find_key(st, key, copy.key_len, copy.hash) >= 0) return KS_E_EXISTS;
+  ks_status s = ks__grow(&st->alloc, &st->comps, &st->cap_comps, st->n_comps + 1, sizeof *st->comps);
+  if (!s) s = ks__hindex_reserve(&st->comp_index, &st->alloc, st->n_comps + 1, st->n_comps, &comp_ops, st);
+  if (s) return s;
   copy.name = ks__strdup(&st->alloc, c->name);
-  if (!copy.name) return KS_E_NOMEM;
-  st->comps[st->n_comps++] = copy;
+  copy.key = ks__strdup(&st->alloc, key);
+  if (!copy.name || !copy.key) {
+    ks__free(&st->alloc, copy.name);
+    ks__free(&st->alloc, copy.key);
+    return KS_E_NOMEM;
+  }
+  st->comps[st->n_comps] = copy;
+  ks__hindex_insert(&st->comp_index, st->n_comps++, copy.hash);
   return KS_OK;
 }
 

@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "core/hindex.h"
 #include "core/internal.h"
 #include "core/keys.h"
 #include "keepsake/state.h"
@@ -21,6 +22,9 @@ typedef enum st_kind { ST_TENSOR, ST_OPTIM, ST_SCHED, ST_CUSTOM, ST_DATASET } st
 typedef struct st_comp {
   st_kind kind;
   char *name;
+  char *key;      /* ks__comp_prefix of the component: its index key */
+  size_t key_len;
+  uint64_t hash;
   ks_tensor t;    /* ST_TENSOR: borrowed data */
   void *obj;      /* ST_OPTIM / ST_SCHED / ST_DATASET */
   ks_stateful cb; /* ST_CUSTOM */
@@ -37,6 +41,7 @@ struct ks_state {
   int64_t rank_zero_seed;
   st_comp *comps;
   size_t n_comps, cap_comps;
+  ks__hindex comp_index; /* comps by key */
   ks_timestamp *ts;
   ks_rng *rng;
   ks_metric_collection *train;
@@ -46,6 +51,15 @@ struct ks_state {
 
 /* Key prefix of a component ("state/optimizers/AdamW/"). @return KS_OK or KS_E_LIMIT. */
 ks_status ks__comp_prefix(const st_comp *c, char *buf);
+/* The component whose key prefix is `key` (see ks__comp_prefix), or NULL. */
+const st_comp *ks__comp_find(const ks_state *st, const char *key);
+
+/* Which '/'-terminated prefixes the keys of a state dict have (prefixes.c). */
+typedef struct ks__prefixes ks__prefixes;
+ks_status ks__prefixes_create(const ks_allocator *a, const ks_statedict *sd, ks__prefixes **out);
+void ks__prefixes_free(ks__prefixes *p);
+/* *found = some key starts with `prefix` (which ends in '/'). @return KS_OK, KS_E_INVALID or KS_E_NOMEM. */
+ks_status ks__prefixes_has(ks__prefixes *p, const char *prefix, int *found);
 
 /* Metadata key listing every metric's class, args, schema version and update count. */
 #define KS__META_METRICS "keepsake.metrics"
@@ -59,6 +73,7 @@ typedef struct ks__load_ctx {
   ks_state *st;
   const ks_statedict *src; /* the checkpoint minus ignored keys */
   void *metrics_meta;      /* json_t* of "keepsake.metrics", or NULL */
+  ks__prefixes *prefixes;  /* of src, built on demand */
   ks_load_opts o;
   ks_load_report *rep;
   ks_error *err;
@@ -66,8 +81,8 @@ typedef struct ks__load_ctx {
 
 /* Adds a report item with a formatted reason. @return KS_OK or KS_E_NOMEM. */
 ks_status ks__note(ks__load_ctx *c, ks_load_kind kind, const char *path, const char *fmt, ...) KS__PRINTF(4, 5);
-/* Nonzero when some key of sd starts with prefix. */
-int ks__has_prefix(const ks_statedict *sd, const char *prefix);
+/* *found = some key of the checkpoint starts with prefix (ends in '/'). @return KS_OK or an error in c->err. */
+ks_status ks__has_prefix(ks__load_ctx *c, const char *prefix, int *found);
 /* Nonzero when path (or a '/'-prefix of it) matches an ignore glob. */
 int ks__ignored(const ks__load_ctx *c, const char *path);
 /* Fills every program metric (train and eval) from the checkpoint. */

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -288,8 +289,83 @@ static void load_report_counts_and_survives_allocation_failure(void **s) {
   }
 }
 
+/* Many components and report items: found by key, duplicates refused, first report item wins. */
+static void registry_and_report_find_by_key_at_scale(void **s) {
+  (void)s;
+  ks_state *st;
+  assert_int_equal(ks_state_create("r", 1, NULL, &st), KS_OK);
+  static float data[5000];
+  int64_t one = 1;
+  char name[64];
+  for (int i = 0; i < 5000; i++) {
+    ks_tensor t;
+    assert_int_equal(ks_tensor_init(&t, KS_F32, 1, &one, &data[i]), KS_OK);
+    snprintf(name, sizeof name, "layer%d/w", i);
+    assert_int_equal(ks_state_add_tensor(st, name, &t), KS_OK);
+  }
+  ks_tensor t;
+  assert_int_equal(ks_tensor_init(&t, KS_F32, 1, &one, &data[0]), KS_OK);
+  assert_int_equal(ks_state_add_tensor(st, "layer4999/w", &t), KS_E_EXISTS);
+  assert_int_equal(ks_state_add_tensor(st, "layer0/w", &t), KS_E_EXISTS);
+  ks_dataset_state ds = {0, 0, 0};
+  /* Same name, another kind: a different key, so allowed. */
+  assert_int_equal(ks_state_add_dataset(st, "layer0", &ds), KS_OK);
+  assert_int_equal(ks_state_add_dataset(st, "layer0", &ds), KS_E_EXISTS);
+  assert_non_null(ks__comp_find(st, "state/model/layer2500/w"));
+  assert_non_null(ks__comp_find(st, "state/dataset_state/layer0/"));
+  assert_null(ks__comp_find(st, "state/model/layer5000/w"));
+  ks_state_free(st);
+
+  ks_load_report *r;
+  assert_int_equal(ks_load_report_create(NULL, &r), KS_OK);
+  for (int i = 0; i < 3000; i++) {
+    snprintf(name, sizeof name, "state/c%d", i % 1000);
+    assert_int_equal(ks_load_report_add(r, (ks_load_kind)(i / 1000), name, "why"), KS_OK);
+  }
+  const ks_load_item *it = ks_load_report_find(r, "state/c999");
+  assert_non_null(it);
+  assert_int_equal(it->kind, KS_LOAD_LOADED); /* the first of the three */
+  assert_null(ks_load_report_find(r, "state/c1000"));
+  ks_load_report_clear(r);
+  assert_null(ks_load_report_find(r, "state/c0"));
+  assert_int_equal(ks_load_report_add(r, KS_LOAD_SKIPPED, "state/c0", "again"), KS_OK);
+  assert_int_equal(ks_load_report_find(r, "state/c0")->kind, KS_LOAD_SKIPPED);
+  ks_load_report_free(r);
+}
+
+/* The prefix set answers like a scan of every key, at every depth. */
+static void prefix_set_matches_a_scan(void **s) {
+  (void)s;
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "state/optimizers/AdamW/state/0/step", 1), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "state/schedulers/Cos/last_epoch", 1), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "rng/0/x", 1), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "state/optimizers/SGD/x", 1), KS_OK);
+  ks__prefixes *p;
+  assert_int_equal(ks__prefixes_create(NULL, sd, &p), KS_OK);
+  static const char *const yes[] = {"state/", "rng/0/", "state/optimizers/AdamW/", "state/optimizers/SGD/",
+                                    "state/optimizers/AdamW/state/0/", "state/schedulers/Cos/"};
+  static const char *const no[] = {"state/optimizers/Adam/", "rng/1/", "state/schedulers/Cos/last_epoch/",
+                                   "rn/", "state/optimizers/AdamW/state/1/"};
+  int found;
+  for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+    assert_int_equal(ks__prefixes_has(p, yes[i], &found), KS_OK);
+    assert_true(found);
+  }
+  for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+    assert_int_equal(ks__prefixes_has(p, no[i], &found), KS_OK);
+    assert_false(found);
+  }
+  assert_int_equal(ks__prefixes_has(p, "state", &found), KS_E_INVALID);
+  ks__prefixes_free(p);
+  ks_statedict_free(sd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(registry_and_report_find_by_key_at_scale),
+      cmocka_unit_test(prefix_set_matches_a_scan),
       cmocka_unit_test(rng_same_seed_same_stream_and_state_round_trips),
       cmocka_unit_test(rng_below_and_shuffle_stay_in_range),
       cmocka_unit_test(rng_load_rejects_wrong_shape_and_zero_state),
