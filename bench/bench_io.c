@@ -101,7 +101,7 @@ static double time_raw_read(const char *path, size_t n) {
 
 static double time_save(const char *path, const ks_statedict *sd, int sync) {
   ks_error err;
-  ks_save_opts o = {NULL, NULL, !sync};
+  ks_save_opts o = {.io = sync ? NULL : ks_bench_io_nosync()};
   double t0 = ks_bench_now();
   if (ks_save(path, sd, NULL, &o, &err)) {
     fprintf(stderr, "save failed: %s\n", err.message);
@@ -111,7 +111,7 @@ static double time_save(const char *path, const ks_statedict *sd, int sync) {
 }
 
 static double time_open(const char *path, ks_read_mode mode, int verify) {
-  ks_read_opts o = {NULL, mode, verify};
+  ks_read_opts o = {.mode = mode, .verify_checksums = verify};
   ks_reader *r;
   ks_error err;
   double t0 = ks_bench_now();

@@ -27,16 +27,6 @@ typedef struct model {
   ks_rng rng;
 } model;
 
-static int no_fsync(void *ctx, int fd) { return (void)ctx, (void)fd, 0; }
-static int no_fsync_dir(void *ctx, const char *dir) { return (void)ctx, (void)dir, 0; }
-
-static ks_io nosync_io(void) {
-  ks_io io = *ks_io_posix();
-  io.fsync_fn = no_fsync;
-  io.fsync_dir_fn = no_fsync_dir;
-  return io;
-}
-
 static void die(const char *what, const ks_error *e) {
   fprintf(stderr, "bench_state: %s failed: %s\n", what, e ? e->message : "");
   exit(1);
@@ -133,8 +123,7 @@ static double time_state_load(model *m, const char *path) {
 static row measure(size_t n, const char *dir, int reps) {
   model m;
   model_build(&m, n);
-  ks_io io = nosync_io();
-  ks_save_opts so = {.io = &io};
+  ks_save_opts so = {.io = ks_bench_io_nosync()};
   char a[4096], b[4096];
   snprintf(a, sizeof a, "%s/state-%zu.keepsake", dir, n);
   snprintf(b, sizeof b, "%s/plain-%zu.keepsake", dir, n);

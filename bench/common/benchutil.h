@@ -4,6 +4,8 @@
 
 #include <stddef.h>
 
+#include "keepsake/io.h"
+
 /* Seconds from a monotonic clock. */
 double ks_bench_now(void);
 /* GiB/s for `bytes` moved in `seconds`. */
@@ -15,6 +17,8 @@ double ks_bench_gibps(double bytes, double seconds);
 double ks_bench_read_bandwidth(size_t bytes, int reps);
 /* memcpy bandwidth over `bytes` (best of `reps`), in GiB/s. */
 double ks_bench_memcpy_bandwidth(size_t bytes, int reps);
+/* The POSIX I/O table with no-op fsyncs: measures a save's CPU work without the disk's flush. */
+const ks_io *ks_bench_io_nosync(void);
 /* Keeps the optimiser from dropping a computed value. */
 void ks_bench_sink(double v);
 

@@ -76,7 +76,7 @@ const ks_io *digits_test_io(void) {
   if (!kill_spec && ms <= 0 && fail_n <= 0) return NULL;
   g_kill = (kill_ctx){.target_save = kill_spec ? n : 0, .kill_at = bytes, .delay_ms = ms > 0 ? ms : 0,
                       .fail_save = fail_n > 0 ? fail_n : 0};
-  g_io = (ks_io){&g_kill, k_create, k_write, k_fsync, k_close, k_rename, k_unlink, k_fsync_dir};
+  g_io = (ks_io){sizeof(ks_io), &g_kill, k_create, k_write, k_fsync, k_close, k_rename, k_unlink, k_fsync_dir};
   return &g_io;
 }
 

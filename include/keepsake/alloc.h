@@ -8,11 +8,11 @@
 #ifndef KEEPSAKE_ALLOC_H
 #define KEEPSAKE_ALLOC_H
 
+#include "keepsake/export.h"
+
 #include <stddef.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 /**
  * An allocator. All three functions receive `ctx`. `realloc_fn` must behave like
@@ -26,7 +26,5 @@ typedef struct ks_allocator {
   void *ctx;
 } ks_allocator;
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

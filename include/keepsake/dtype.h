@@ -6,14 +6,14 @@
 #ifndef KEEPSAKE_DTYPE_H
 #define KEEPSAKE_DTYPE_H
 
+#include "keepsake/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 #include "keepsake/status.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 /** Element type. Values are stable (stored in no file, but kept fixed anyway). */
 typedef enum ks_dtype {
@@ -88,7 +88,5 @@ void ks_dtype_set_i64(ks_dtype dt, void *data, size_t i, int64_t v);
  */
 ks_status ks_dtype_convert(ks_dtype ddt, void *dst, ks_dtype sdt, const void *src, size_t n);
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

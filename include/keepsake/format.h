@@ -17,6 +17,8 @@
 #ifndef KEEPSAKE_FORMAT_H
 #define KEEPSAKE_FORMAT_H
 
+#include "keepsake/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,9 +28,7 @@
 #include "keepsake/status.h"
 #include "keepsake/tensor.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 /** The keepsake format version this library writes, and the newest it reads. */
 #define KS_FORMAT_VERSION 1
@@ -97,9 +97,9 @@ ks_status ks_meta_copy(ks_meta *dst, const ks_meta *src);
 /* Writing. */
 
 typedef struct ks_save_opts {
+  size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const ks_allocator *alloc; /**< scratch memory; NULL = malloc */
   const ks_io *io;           /**< NULL = ks_io_posix() */
-  int no_fsync;              /**< nonzero: skip both fsyncs (faster, not durable; for tests/benchmarks) */
 } ks_save_opts;
 
 /**
@@ -112,7 +112,7 @@ typedef struct ks_save_opts {
  * directory fsynced. On any failure before the rename the temp file is removed
  * and the previous file at `path` is untouched. If only the final directory
  * fsync fails, `path` already holds the new file but its durability is unknown;
- * KS_E_IO is returned.
+ * KS_E_NOT_DURABLE is returned (KS_E_IO always means `path` is unchanged).
  *
  * @param path  destination; its directory must exist.
  * @param sd    entries to save; names must not be "__metadata__".
@@ -121,7 +121,7 @@ typedef struct ks_save_opts {
  *              KS_META_* writer keys are refused with KS_E_INVALID.
  * @param opts  NULL for defaults.
  * @param err   optional details (file, key, expected vs found).
- * @return KS_OK, KS_E_INVALID, KS_E_NOMEM, KS_E_LIMIT or KS_E_IO.
+ * @return KS_OK, KS_E_INVALID, KS_E_NOMEM, KS_E_LIMIT, KS_E_IO or KS_E_NOT_DURABLE.
  * Thread safety: sd must not be mutated during the call; distinct paths may be
  * saved concurrently.
  */
@@ -137,6 +137,7 @@ typedef enum ks_read_mode {
 } ks_read_mode;
 
 typedef struct ks_read_opts {
+  size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const ks_allocator *alloc; /**< NULL = malloc */
   ks_read_mode mode;
   int verify_checksums; /**< nonzero: run ks_reader_verify during open and fail on mismatch */
@@ -287,7 +288,5 @@ ks_status ks_load_buffer(const void *buf, size_t len, const ks_read_opts *opts, 
 /** XXH3-64 of `n` bytes as stored in "keepsake.checksums" (seed 0). Pure; thread safe. */
 uint64_t ks_checksum(const void *data, size_t n);
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

@@ -11,11 +11,11 @@
 #ifndef KEEPSAKE_IO_H
 #define KEEPSAKE_IO_H
 
+#include "keepsake/export.h"
+
 #include <stddef.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 /**
  * The file operations a durable replace performs, in order: create_fn
@@ -26,6 +26,7 @@ extern "C" {
  * functions (and ctx) are thread safe; ks_io_posix() is.
  */
 typedef struct ks_io {
+  size_t size; /**< 0 or sizeof(ks_io): see "Growing structs" in export.h */
   void *ctx; /**< passed unchanged as the first argument of every function */
   /** Creates `path` with O_CREAT|O_EXCL for writing (mode 0666 & ~umask); EEXIST when it exists. */
   int (*create_fn)(void *ctx, const char *path, int *fd);
@@ -50,7 +51,5 @@ typedef struct ks_io {
  */
 const ks_io *ks_io_posix(void);
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

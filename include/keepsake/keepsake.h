@@ -8,6 +8,7 @@
 
 #include "keepsake/alloc.h"
 #include "keepsake/dtype.h"
+#include "keepsake/export.h"
 #include "keepsake/format.h"
 #include "keepsake/io.h"
 #include "keepsake/manager.h"

@@ -9,6 +9,8 @@
 #ifndef KEEPSAKE_MANAGER_H
 #define KEEPSAKE_MANAGER_H
 
+#include "keepsake/export.h"
+
 #include <stdio.h>
 
 #include "keepsake/alloc.h"
@@ -17,9 +19,7 @@
 #include "keepsake/status.h"
 #include "keepsake/train.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 /* ------------------------------------------------------------------------ */
 /* Checkpoint manager.                                                       */
@@ -39,13 +39,13 @@ typedef struct ks_ckpt_manager ks_ckpt_manager;
  * do not match the template, or whose header cannot be read, are never deleted.
  */
 typedef struct ks_ckpt_opts {
+  size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const char *run_dir;       /**< created if missing */
   const char *save_interval; /**< "100ba" (every 100 batches) or "2ep" (every 2 epochs); NULL = "1ep" */
   const char *filename;      /**< template with {epoch} {batch} {sample}; NULL = "ep{epoch}-ba{batch}.keepsake" */
   int keep;                  /**< keep the N newest checkpoints; 0 keeps all */
   const ks_allocator *alloc;
   const ks_io *io;           /**< passed to ks_save; NULL = POSIX */
-  int no_fsync;              /**< tests only */
   FILE *log;                 /**< warnings (skipped corrupt checkpoints); NULL = stderr */
   /* --- appended in 0.2 --- */
   int keep_best;             /**< keep the N best checkpoints by best_metric; 0 = off */
@@ -83,6 +83,10 @@ int ks_ckpt_manager_due(const ks_ckpt_manager *m, const ks_timestamp *ts, int ep
  * `latest` at it (symlink to a temporary name, rename, fsync the directory), then
  * deletes the oldest checkpoints beyond `keep`.
  * @param saved optional; receives the path (owned by the manager, valid until the next save).
+ * @return KS_OK; KS_E_NOT_DURABLE when a directory fsync failed after a rename (the
+ *         checkpoint, or the new `latest`, is in place but may not survive a crash;
+ *         `latest` is not re-pointed at a checkpoint whose save returned it); any
+ *         ks_state_save error (nothing changed).
  */
 ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err);
 /**
@@ -144,7 +148,5 @@ ks_status ks_preemption_install(const int *signals, size_t n, ks_error *err);
 /** The signal that asked for preemption, or 0. Async-signal-safe to call. */
 int ks_preemption_signal(void);
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

@@ -63,6 +63,8 @@
 #ifndef KEEPSAKE_METRIC_H
 #define KEEPSAKE_METRIC_H
 
+#include "keepsake/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -71,9 +73,7 @@
 #include "keepsake/status.h"
 #include "keepsake/tensor.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 /**
  * Current state schema version written by this library. Version 1 is the
@@ -270,7 +270,5 @@ size_t ks_metric_collection_count(const ks_metric_collection *c);
 /** Metric at insertion position i (and its name in *name, if not NULL), or NULL when out of range. */
 ks_metric *ks_metric_collection_at(const ks_metric_collection *c, size_t i, const char **name);
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

@@ -19,6 +19,8 @@
 #ifndef KEEPSAKE_STATE_H
 #define KEEPSAKE_STATE_H
 
+#include "keepsake/export.h"
+
 #include <stdint.h>
 #include <stdio.h>
 
@@ -30,9 +32,7 @@
 #include "keepsake/tensor.h"
 #include "keepsake/train.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 /* ------------------------------------------------------------------------ */
 /* Load report.                                                              */
@@ -159,6 +159,7 @@ ks_status ks_state_save(const ks_state *st, const char *path, const ks_save_opts
 
 /** Options of a load. All-zero (or NULL) gives the defaults. */
 typedef struct ks_load_opts {
+  size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   int non_strict_model;       /**< report+skip model shape/dtype mismatches instead of failing */
   int weights_only;           /**< load state/model only */
   const char *const *ignore;  /**< globs over '/' paths; a glob matching a '/'-prefix ignores the subtree */
@@ -205,6 +206,7 @@ typedef enum ks_async_busy {
 
 /** Options of a saver. Zero-initialise; new fields are only ever appended. */
 typedef struct ks_async_opts {
+  size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const ks_allocator *alloc; /**< NULL = malloc; must be thread-safe */
   ks_async_busy busy;
   void *staging;             /**< optional caller buffer; used while it is large enough, else
@@ -257,7 +259,5 @@ ks_status ks_async_saver_wait(ks_async_saver *sv, ks_error *err);
 /** Nonzero while a background save is still running. */
 int ks_async_saver_busy(ks_async_saver *sv);
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

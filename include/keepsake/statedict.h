@@ -13,6 +13,8 @@
 #ifndef KEEPSAKE_STATEDICT_H
 #define KEEPSAKE_STATEDICT_H
 
+#include "keepsake/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,9 +22,7 @@
 #include "keepsake/status.h"
 #include "keepsake/tensor.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 /** Longest name accepted, in bytes (excluding the terminator). */
 #define KS_MAX_NAME 1024
@@ -145,7 +145,5 @@ ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(voi
 ks_status ks_statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, const char *prefix,
                                    const char *new_prefix);
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

@@ -10,12 +10,12 @@
 #ifndef KEEPSAKE_STATUS_H
 #define KEEPSAKE_STATUS_H
 
+#include "keepsake/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 /* Append new codes at the end only. Never renumber. */
 #define KS_STATUS_LIST(X)                                                   \
@@ -36,7 +36,8 @@ extern "C" {
   X(KS_E_STATE, 14, "operation not valid in the current state")             \
   X(KS_E_VALUE, 15, "invalid value in input data")                          \
   X(KS_E_UNSAFE, 16, "refused: input asks for code execution")              \
-  X(KS_E_NET, 17, "network or remote storage error")
+  X(KS_E_NET, 17, "network or remote storage error")                       \
+  X(KS_E_NOT_DURABLE, 18, "saved, but the directory fsync failed: durability unknown")
 
 typedef enum ks_status_code {
 #define KS__STATUS_ENUM(name, num, text) name = num,
@@ -87,7 +88,5 @@ void ks_error_clear(ks_error *err);
  */
 char *ks_error_format(const ks_error *err, char *buf, size_t cap);
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

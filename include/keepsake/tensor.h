@@ -10,15 +10,15 @@
 #ifndef KEEPSAKE_TENSOR_H
 #define KEEPSAKE_TENSOR_H
 
+#include "keepsake/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 #include "keepsake/dtype.h"
 #include "keepsake/status.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 #define KS_MAX_RANK 8
 
@@ -63,7 +63,5 @@ int ks_tensor_same_shape(const ks_tensor *a, const ks_tensor *b);
 /** Writes a shape as "[2, 3]" into buf (NUL-terminated). @return buf. */
 char *ks_shape_format(int rank, const int64_t *shape, char *buf, size_t cap);
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

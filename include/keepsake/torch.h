@@ -22,6 +22,8 @@
 #ifndef KEEPSAKE_TORCH_H
 #define KEEPSAKE_TORCH_H
 
+#include "keepsake/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,12 +32,11 @@
 #include "keepsake/statedict.h"
 #include "keepsake/status.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 /** Options for reading. Zero-initialise; zero limits mean the defaults below. */
 typedef struct ks_torch_read_opts {
+  size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const ks_allocator *alloc; /**< NULL = malloc; also the result dict's allocator */
   int verify_crc;            /**< nonzero: check the CRC32 of every zip entry read */
   size_t max_memo;           /**< memo slots; default 1<<24 (and never more than pickle bytes) */
@@ -74,10 +75,9 @@ int ks_torch_is_zip(const void *buf, size_t len);
 
 /** Options for writing. Zero-initialise. */
 typedef struct ks_torch_write_opts {
+  size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const ks_allocator *alloc; /**< NULL = malloc; used for temporary and output buffers */
   const char *root;          /**< archive folder name; NULL = "archive" */
-  int force_zip64;           /**< write zip64 records even for small files (tests) */
-  int no_fsync;              /**< skip fsync of the file and its directory */
   const ks_io *io;           /**< file operations of ks_torch_save; NULL = ks_io_posix() */
 } ks_torch_write_opts;
 
@@ -94,11 +94,12 @@ typedef struct ks_torch_write_opts {
  * fsynced (the same durable replace as ks_save). On any failure before the
  * rename the temporary file is removed and the previous file at `path` is
  * untouched. If only the final directory fsync fails, `path` already holds the
- * new file but its durability is unknown; KS_E_IO is returned.
+ * new file but its durability is unknown; KS_E_NOT_DURABLE is returned (KS_E_IO
+ * always means `path` is unchanged).
  *
  * @param path destination; its directory must exist.
  * @return KS_OK, KS_E_INVALID (a name is both a value and a folder, bad UTF-8,
- *         path names a directory), KS_E_DTYPE, KS_E_IO or KS_E_NOMEM; err names
+ *         path names a directory), KS_E_DTYPE, KS_E_IO, KS_E_NOT_DURABLE or KS_E_NOMEM; err names
  *         `path` as the file.
  * Thread safety: sd is only read.
  */
@@ -143,7 +144,5 @@ void ks_torch_free(const ks_allocator *alloc, void *p);
 ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out,
                                 char **metrics_json, ks_error *err);
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

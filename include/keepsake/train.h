@@ -10,6 +10,8 @@
 #ifndef KEEPSAKE_TRAIN_H
 #define KEEPSAKE_TRAIN_H
 
+#include "keepsake/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,9 +19,7 @@
 #include "keepsake/statedict.h"
 #include "keepsake/status.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_DECLS
 
 /* ------------------------------------------------------------------------ */
 /* PRNG: xoshiro256**, 256 bits of state, all of it saved.                   */
@@ -211,7 +211,5 @@ ks_status ks_early_stop_init(ks_early_stop *es, const char *monitor, ks_best_mod
 int ks_early_stop_update(ks_early_stop *es, double value, int64_t epoch);
 
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_DECLS
 #endif

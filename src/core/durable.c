@@ -23,7 +23,13 @@ static ks_status io_fail(ks__durable *d, int rc, const char *what) {
 
 ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
                               ks_error *err) {
-  *d = (ks__durable){a, io ? io : ks_io_posix(), path, NULL, NULL, 0, -1, false, false, err};
+  *d = (ks__durable){.alloc = a, .path = path, .fd = -1, .err = err};
+  d->io = &d->io_copy;
+  if (ks__struct_in(&d->io_copy, sizeof d->io_copy, io ? io : ks_io_posix(), KS__V1_SIZE(ks_io, fsync_dir_fn)))
+    return ks__err_at(err, KS_E_INVALID, path, NULL, -1, "ks_io: struct size is not one this library knows");
+  if (!d->io_copy.create_fn || !d->io_copy.write_fn || !d->io_copy.fsync_fn || !d->io_copy.close_fn ||
+      !d->io_copy.rename_fn || !d->io_copy.unlink_fn || !d->io_copy.fsync_dir_fn)
+    return ks__err_at(err, KS_E_INVALID, path, NULL, -1, "ks_io: every member must be set");
   const char *slash = strrchr(path, '/');
   const char *base = slash ? slash + 1 : path;
   if (!*base) return ks__err_at(err, KS_E_INVALID, path, NULL, -1, "path names a directory, not a file");
@@ -80,16 +86,16 @@ ks_status ks__durable_write(ks__durable *d, const void *p, size_t n) {
   return KS_OK;
 }
 
-ks_status ks__durable_commit(ks__durable *d, int no_fsync) {
-  int rc = no_fsync ? 0 : d->io->fsync_fn(d->io->ctx, d->fd);
+ks_status ks__durable_commit(ks__durable *d) {
+  int rc = d->io->fsync_fn(d->io->ctx, d->fd);
   if (rc) return io_fail(d, rc, "cannot fsync temporary file");
   d->have_fd = false;
   if ((rc = d->io->close_fn(d->io->ctx, d->fd)) != 0) return io_fail(d, rc, "cannot close temporary file");
   if ((rc = d->io->rename_fn(d->io->ctx, d->tmp, d->path)) != 0)
     return io_fail(d, rc, "cannot rename into place temporary file");
   d->have_tmp = false;
-  if (!no_fsync && (rc = d->io->fsync_dir_fn(d->io->ctx, d->dir)) != 0)
-    return ks__err_at(d->err, KS_E_IO, d->path, NULL, -1,
+  if ((rc = d->io->fsync_dir_fn(d->io->ctx, d->dir)) != 0)
+    return ks__err_at(d->err, KS_E_NOT_DURABLE, d->path, NULL, -1,
                       "file saved, but fsync of directory '%s' failed (%s): durability unknown", d->dir,
                       strerror(rc));
   return KS_OK;

@@ -19,7 +19,8 @@
 
 typedef struct ks__durable {
   const ks_allocator *alloc;
-  const ks_io *io;
+  const ks_io *io;  /* &io_copy */
+  ks_io io_copy;    /* the caller's table in this library's layout */
   const char *path; /* borrowed: must outlive the ks__durable */
   char *dir, *tmp;
   size_t tmp_suffix; /* where the random suffix of tmp starts */
@@ -29,16 +30,17 @@ typedef struct ks__durable {
 } ks__durable;
 
 /* Splits path into its directory and "<dir>/.<name>.tmp-<6 random characters>". io NULL = POSIX.
- * KS_E_INVALID when path names a directory, KS_E_NOMEM. Call abort even on failure. */
+ * KS_E_INVALID when path names a directory or io has an unknown size, KS_E_NOMEM.
+ * Call abort even on failure. */
 ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
                               ks_error *err);
 /* Creates the temporary file exclusively under a fresh random name. */
 ks_status ks__durable_open(ks__durable *d);
 /* Writes all n bytes to the temporary file (retrying short writes). */
 ks_status ks__durable_write(ks__durable *d, const void *p, size_t n);
-/* fsync, close, rename over path, fsync the directory (no_fsync skips both fsyncs).
- * A failing directory fsync returns KS_E_IO with the new file already in place. */
-ks_status ks__durable_commit(ks__durable *d, int no_fsync);
+/* fsync, close, rename over path, fsync the directory. KS_E_IO: nothing changed at
+ * path. KS_E_NOT_DURABLE: the directory fsync failed with the new file already in place. */
+ks_status ks__durable_commit(ks__durable *d);
 /* Closes and unlinks the temporary file if still held, frees memory. Idempotent. */
 void ks__durable_abort(ks__durable *d);
 

@@ -38,6 +38,28 @@ char *ks__strndup(const ks_allocator *a, const char *s, size_t n);
 ks_status ks__grow(const ks_allocator *a, void *arrayp, size_t *cap, size_t need, size_t size);
 
 /*
+ * Reads a caller's growing struct (first member `size_t size`, see export.h)
+ * into dst (dst_size bytes: this library's layout), zeroing what the caller's
+ * layout lacks. src NULL gives all zeros; size 0 means this library's layout.
+ * v1_size is the smallest layout ever released (the first with a size field).
+ * @return KS_OK or KS_E_INVALID (a size this library cannot read).
+ */
+ks_status ks__struct_in(void *dst, size_t dst_size, const void *src, size_t v1_size);
+
+/* At the top of a public function: copies *opts (NULL, older or newer layout) into a
+ * local of this library's layout and points opts at it. */
+#define KS__TAKE_OPTS(type, opts, v1_size, err)                                                \
+  type ks__opts_local_;                                                                        \
+  if (ks__struct_in(&ks__opts_local_, sizeof ks__opts_local_, (opts), (v1_size)) != KS_OK)     \
+    return ks__err((err), KS_E_INVALID, "options: struct size %zu is not one this library knows", \
+                   *(const size_t *)(const void *)(opts));                                     \
+  (opts) = &ks__opts_local_
+
+/* The first layouts with a size field (0.2) of the growing structs: the smallest size accepted.
+ * Frozen: name the member that was last then, never a member appended later. */
+#define KS__V1_SIZE(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
+
+/*
  * Records an error and returns `code`, so callers can write
  *   return ks__err(err, KS_E_FORMAT, "header: expected '{'");
  * err may be NULL.

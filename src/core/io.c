@@ -58,7 +58,7 @@ static int posix_fsync_dir(void *ctx, const char *dir) {
 }
 
 const ks_io *ks_io_posix(void) {
-  static const ks_io io = {NULL,         posix_create, posix_write,    posix_fsync,
+  static const ks_io io = {sizeof(ks_io), NULL, posix_create, posix_write,    posix_fsync,
                            posix_close,  posix_rename, posix_unlink,   posix_fsync_dir};
   return &io;
 }

@@ -120,6 +120,7 @@ static ks_status finish_open(ks_reader *r, const ks_read_opts *opts, ks_reader *
 ks_status ks_reader_open(const char *path, const ks_read_opts *opts, ks_reader **out, ks_error *err) {
   ks_error_clear(err);
   if (!path || !out) return ks__err(err, KS_E_INVALID, "ks_reader_open: path and out are required");
+  KS__TAKE_OPTS(ks_read_opts, opts, KS__V1_SIZE(ks_read_opts, verify_checksums), err);
   ks_reader *r;
   ks_status st = reader_new(opts ? opts->alloc : NULL, path, &r, err);
   if (st) return st;
@@ -134,6 +135,7 @@ ks_status ks_reader_open_buffer(const void *buf, size_t len, const ks_read_opts 
                                 ks_error *err) {
   ks_error_clear(err);
   if ((!buf && len) || !out) return ks__err(err, KS_E_INVALID, "ks_reader_open_buffer: bad arguments");
+  KS__TAKE_OPTS(ks_read_opts, opts, KS__V1_SIZE(ks_read_opts, verify_checksums), err);
   ks_reader *r;
   ks_status st = reader_new(opts ? opts->alloc : NULL, "<buffer>", &r, err);
   if (st) return st;

@@ -55,6 +55,7 @@ ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra
                   ks_error *err) {
   ks_error_clear(err);
   if (!path || !*path || !sd) return ks__err(err, KS_E_INVALID, "ks_save: path and state dict are required");
+  KS__TAKE_OPTS(ks_save_opts, opts, KS__V1_SIZE(ks_save_opts, io), err);
   save_ctx c = {0};
   c.alloc = opts ? opts->alloc : NULL;
   ks__sbuf hdr;
@@ -66,7 +67,7 @@ ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra
   if (!st && !(c.stage = ks__malloc(c.alloc, c.stage_cap))) st = ks__err(err, KS_E_NOMEM, "out of memory");
   if (!st) st = ks__durable_open(&c.out);
   if (!st) st = write_body(&c, &hdr, sd);
-  if (!st) st = ks__durable_commit(&c.out, opts ? opts->no_fsync : 0);
+  if (!st) st = ks__durable_commit(&c.out);
   if (st) ks__err_set_file(err, path);
   cleanup(&c);
   ks__sbuf_free(&hdr);

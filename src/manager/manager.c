@@ -84,9 +84,10 @@ static ks_status parse_retention(const ks_ckpt_opts *o, ks__retention *r, ks_err
 ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out, ks_error *err) {
   if (!opts || !opts->run_dir || !*opts->run_dir || !out || opts->keep < 0)
     return ks__err(err, KS_E_INVALID, "checkpoint manager: run_dir and out are required, keep >= 0");
+  KS__TAKE_OPTS(ks_ckpt_opts, opts, KS__V1_SIZE(ks_ckpt_opts, staging_size), err);
   const char *tmpl = opts->filename ? opts->filename : "ep{epoch}-ba{batch}.keepsake";
   ks_ckpt_manager m = {.alloc = *ks__alloc_or_default(opts->alloc), .keep = opts->keep, .io = opts->io,
-                       .no_fsync = opts->no_fsync, .log = opts->log ? opts->log : stderr,
+                       .log = opts->log ? opts->log : stderr,
                        .retention_log = opts->retention_log, .save_every_seconds = opts->save_every_seconds,
                        .last_save_time = mono_now(), .async_busy = opts->async_busy, .staging = opts->staging,
                        .staging_size = opts->staging_size};
@@ -173,8 +174,8 @@ static ks_status update_latest(ks_ckpt_manager *m, const char *name, ks_error *e
     unlink(tmp);
     return ks__err_at(err, KS_E_IO, dst, NULL, -1, "rename: %s", strerror(e));
   }
-  e = m->no_fsync ? 0 : io->fsync_dir_fn(io->ctx, m->run_dir);
-  return e ? ks__err_at(err, KS_E_IO, m->run_dir, NULL, -1, "fsync dir: %s", strerror(e)) : KS_OK;
+  e = io->fsync_dir_fn(io->ctx, m->run_dir);
+  return e ? ks__err_at(err, KS_E_NOT_DURABLE, m->run_dir, NULL, -1, "fsync dir: %s", strerror(e)) : KS_OK;
 }
 
 /* What follows a durable checkpoint, in order: `latest`, then retention. Runs on the saver's
@@ -213,7 +214,7 @@ ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const cha
   ks_status s = ks_ckpt_manager_wait(m, err);
   if (!s) s = next_path(m, st, err);
   if (s) return s;
-  ks_save_opts so = {.alloc = &m->alloc, .io = m->io, .no_fsync = m->no_fsync};
+  ks_save_opts so = {.alloc = &m->alloc, .io = m->io};
   s = ks_state_save(st, m->last_path, &so, err);
   if (!s) s = after_commit(m, m->last_path, err);
   m->last_save_time = mono_now();
@@ -233,7 +234,7 @@ ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_state *st, con
     return ks__err(err, KS_E_STATE, "a background save is still in flight");
   ks_status s = ks_async_saver_wait(m->saver, err); /* the previous save's error surfaces here, once */
   if (!s) s = next_path(m, st, err);
-  ks_save_opts so = {.alloc = &m->alloc, .io = m->io, .no_fsync = m->no_fsync};
+  ks_save_opts so = {.alloc = &m->alloc, .io = m->io};
   if (!s) s = ks_async_saver_start(m->saver, st, m->last_path, &so, after_commit, m, err);
   m->last_save_time = mono_now();
   if (!s && saved) *saved = m->last_path;

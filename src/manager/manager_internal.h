@@ -42,7 +42,6 @@ struct ks_ckpt_manager {
   int64_t every;
   int by_epoch;
   const ks_io *io;
-  int no_fsync;
   FILE *log;
   char *last_path;
   size_t skipped;

@@ -258,6 +258,7 @@ static ks_status try_one(ks_ckpt_manager *m, const ckpt *c, ks_state *st, const 
 ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts,
                                      ks_load_report *report, int *resumed, const char **path, ks_error *err) {
   if (!m || !st || !resumed) return ks__err(err, KS_E_INVALID, "autoresume: NULL argument");
+  KS__TAKE_OPTS(ks_load_opts, opts, KS__V1_SIZE(ks_load_opts, verify_checksums), err);
   *resumed = 0;
   ks_status ws = ks_ckpt_manager_wait(m, err); /* never read a directory a background save is changing */
   if (ws) return ws;

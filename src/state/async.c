@@ -42,6 +42,7 @@ struct ks_async_saver {
 
 ks_status ks_async_saver_create(const ks_async_opts *opts, ks_async_saver **out, ks_error *err) {
   if (!out) return ks__err(err, KS_E_INVALID, "async saver: out is NULL");
+  KS__TAKE_OPTS(ks_async_opts, opts, KS__V1_SIZE(ks_async_opts, staging_size), err);
   if (opts && opts->staging_size && !opts->staging)
     return ks__err(err, KS_E_INVALID, "async saver: staging_size without a staging buffer");
   const ks_allocator *a = ks__alloc_or_default(opts ? opts->alloc : NULL);
@@ -192,7 +193,10 @@ ks_status ks_async_saver_start(ks_async_saver *sv, const ks_state *st, const cha
     job_clear(sv);
     return s;
   }
-  sv->save_opts = opts ? *opts : (ks_save_opts){0};
+  if (ks__struct_in(&sv->save_opts, sizeof sv->save_opts, opts, KS__V1_SIZE(ks_save_opts, io))) {
+    job_clear(sv);
+    return ks__err(err, KS_E_INVALID, "options: struct size is not one this library knows");
+  }
   if (!sv->save_opts.alloc) sv->save_opts.alloc = &sv->alloc;
   sv->after = after;
   sv->after_ctx = ctx;

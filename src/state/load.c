@@ -317,6 +317,7 @@ ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const 
                                    const ks_load_opts *opts, ks_load_report *report, ks_error *err) {
   if (!st || !src) return ks__err(err, KS_E_INVALID, "load: NULL argument");
   ks_error_clear(err);
+  KS__TAKE_OPTS(ks_load_opts, opts, KS__V1_SIZE(ks_load_opts, verify_checksums), err);
   ks__load_ctx c = {.st = st, .src = src, .rep = report, .err = err};
   if (opts) c.o = *opts;
   ks_statedict *view = NULL;
@@ -333,6 +334,7 @@ ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const 
 ks_status ks_state_load(ks_state *st, const char *path, const ks_load_opts *opts, ks_load_report *report,
                         ks_error *err) {
   if (!st || !path) return ks__err(err, KS_E_INVALID, "load: NULL argument");
+  KS__TAKE_OPTS(ks_load_opts, opts, KS__V1_SIZE(ks_load_opts, verify_checksums), err);
   ks_read_opts ro = {.alloc = &st->alloc, .mode = KS_READ_MMAP, .verify_checksums = opts && opts->verify_checksums};
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;

@@ -123,6 +123,7 @@ ks_status ks_state_to_state_dict(const ks_state *st, ks_statedict *dst, ks_meta 
 
 ks_status ks_state_save(const ks_state *st, const char *path, const ks_save_opts *opts, ks_error *err) {
   if (!st || !path) return ks__err(err, KS_E_INVALID, "save: NULL argument");
+  KS__TAKE_OPTS(ks_save_opts, opts, KS__V1_SIZE(ks_save_opts, io), err);
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
   ks_status s = ks_statedict_create(&st->alloc, &sd);

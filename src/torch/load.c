@@ -74,6 +74,7 @@ static ks_status load_zip(ks__zip *z, size_t file_len, const ks_torch_read_opts 
 
 ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out, ks_error *err) {
   if (!path || !out) return ks__err(err, KS_E_INVALID, "torch: NULL argument");
+  KS__TAKE_OPTS(ks_torch_read_opts, opts, KS__V1_SIZE(ks_torch_read_opts, max_entries), err);
   ks__zip *z;
   ks_error_clear(err);
   ks_status st = ks__zip_open_path(path, opts ? opts->alloc : NULL, &z, err);
@@ -92,6 +93,7 @@ ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_sta
 ks_status ks_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts, ks_statedict **out,
                                ks_error *err) {
   if (!buf || !out) return ks__err(err, KS_E_INVALID, "torch: NULL argument");
+  KS__TAKE_OPTS(ks_torch_read_opts, opts, KS__V1_SIZE(ks_torch_read_opts, max_entries), err);
   ks__zip *z;
   ks_error_clear(err);
   ks_status st = ks__zip_open_buffer(buf, len, opts ? opts->alloc : NULL, &z, err);

@@ -292,8 +292,8 @@ static ks_status write_archive(writer *wr, const char *root, ks__zw *z) {
   return st ? st : ks__zw_finish(z, wr->err);
 }
 
-ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, ks__zw_write_fn fn, void *ctx,
-                       ks_error *err) {
+ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, int force_zip64, ks__zw_write_fn fn,
+                       void *ctx, ks_error *err) {
   const char *root = opts && opts->root ? opts->root : "archive";
   if (!*root || strlen(root) > 200 || strchr(root, '/')) return ks__err(err, KS_E_INVALID, "torch: bad archive folder name");
   writer wr = {0};
@@ -302,7 +302,7 @@ ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, 
   wr.err = err;
   ks__zw *z = NULL;
   ks_status st = build_pickle(&wr);
-  if (!st && ks__zw_create(wr.a, fn, ctx, opts && opts->force_zip64, &z)) st = ks__err(err, KS_E_NOMEM, "torch: out of memory");
+  if (!st && ks__zw_create(wr.a, fn, ctx, force_zip64, &z)) st = ks__err(err, KS_E_NOMEM, "torch: out of memory");
   if (!st) st = write_archive(&wr, root, z);
   ks__zw_free(z);
   ks__free(wr.a, wr.p);

@@ -55,9 +55,12 @@ ks_status ks__zw_add(ks__zw *z, const char *name, const void *data, size_t n, ks
 /* Writes the central directory (and zip64 records when needed). */
 ks_status ks__zw_finish(ks__zw *z, ks_error *err);
 void ks__zw_free(ks__zw *z);
-/* Writes sd as a torch archive through fn (pt_writer.c). */
-ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, ks__zw_write_fn fn, void *ctx,
-                       ks_error *err);
+/* Writes sd as a torch archive through fn (pt_writer.c); force_zip64 writes zip64 records even when small. */
+ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, int force_zip64, ks__zw_write_fn fn,
+                       void *ctx, ks_error *err);
+/* ks_torch_save_buffer with zip64 records forced (tests of the zip64 path; not exported). */
+ks_status ks__torch_save_buffer_zip64(const ks_statedict *sd, const ks_torch_write_opts *opts, void **out,
+                                      size_t *out_len, ks_error *err);
 
 /* ---- pickle node tree (pickle_tree.c) ---- */
 typedef enum ks__pk_kind {

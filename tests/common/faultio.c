@@ -49,7 +49,7 @@ static int f_fsync_dir(void *c, const char *d) {
 
 void ks_fault_io_init(ks_fault_io *f, long fail_at) {
   memset(f, 0, sizeof *f);
-  f->io = (ks_io){f, f_create, f_write, f_fsync, f_close, f_rename, f_unlink, f_fsync_dir};
+  f->io = (ks_io){sizeof(ks_io), f, f_create, f_write, f_fsync, f_close, f_rename, f_unlink, f_fsync_dir};
   f->fail_at = fail_at;
   f->failed_op = -1;
 }

@@ -27,6 +27,8 @@ char *ks_test_tmpdir(const char *tag);
 void ks_test_rmtree(const char *path);
 /* Joins dir and name into a malloc'd path. */
 char *ks_test_path(const char *dir, const char *name);
+/* The POSIX I/O table with no-op fsyncs: fast saves for tests that do not test durability. */
+const ks_io *ks_test_io_nosync(void);
 /* Reads a whole file; returns malloc'd bytes (NULL on error). */
 uint8_t *ks_test_read_file(const char *path, size_t *len);
 /* Writes bytes to a file; returns 0 on success. */

@@ -55,8 +55,7 @@ static int add(ks_statedict *sd, const char *name, ks_dtype dt, int rank, const 
 
 static int save(const char *path, ks_statedict *sd, const ks_meta *extra) {
   ks_error err;
-  ks_save_opts opts = {NULL, NULL, 1};
-  ks_status st = ks_save(path, sd, extra, &opts, &err);
+  ks_status st = ks_save(path, sd, extra, NULL, &err);
   if (st) fprintf(stderr, "helper: saving %s: %s\n", path, err.message);
   return st != KS_OK;
 }

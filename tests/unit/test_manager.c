@@ -111,7 +111,7 @@ static void check_oracle(const char *dir, const oracle *o) {
 }
 
 static ks_ckpt_manager *make_mgr(const char *dir, int keep, int keep_best) {
-  ks_ckpt_opts co = {.run_dir = dir, .save_interval = "10ba", .keep = keep, .no_fsync = 1, .keep_best = keep_best,
+  ks_ckpt_opts co = {.run_dir = dir, .save_interval = "10ba", .keep = keep, .io = ks_test_io_nosync(), .keep_best = keep_best,
                      .best_metric = "eval/MeanMetric", .best_mode = KS_BEST_MAX};
   ks_ckpt_manager *m = NULL;
   assert_int_equal(ks_ckpt_manager_create(&co, &m, NULL), KS_OK);
@@ -170,7 +170,7 @@ static void keep_best_ignores_a_corrupt_newest_after_autoresume(void **state) {
   ks_ckpt_manager_free(m);
 
   FILE *log = tmpfile();
-  ks_ckpt_opts co = {.run_dir = dir, .save_interval = "10ba", .keep = 1, .no_fsync = 1, .keep_best = 2,
+  ks_ckpt_opts co = {.run_dir = dir, .save_interval = "10ba", .keep = 1, .io = ks_test_io_nosync(), .keep_best = 2,
                      .best_metric = "eval/MeanMetric", .log = log};
   assert_int_equal(ks_ckpt_manager_create(&co, &m, NULL), KS_OK);
   prog q;

@@ -501,7 +501,7 @@ static void retention_deletes_only_files_named_by_the_template(void **s) {
   prog p;
   prog_init(&p, train, 1, NULL, 0, 1.0f);
   char *dir = ks_test_tmpdir("retention");
-  ks_ckpt_opts co = {.run_dir = dir, .save_interval = "1ba", .keep = 1, .no_fsync = 1};
+  ks_ckpt_opts co = {.run_dir = dir, .save_interval = "1ba", .keep = 1, .io = ks_test_io_nosync()};
   ks_ckpt_manager *mgr;
   assert_int_equal(ks_ckpt_manager_create(&co, &mgr, NULL), KS_OK);
   train_a_little(&p);

@@ -107,7 +107,8 @@ static void pt_save_failing_at_each_io_step_keeps_old_file(void **state) {
       restore_old(fx);
       break;
     }
-    assert_int_equal(st, KS_E_IO);
+    /* A failed directory fsync comes after the rename: its own status, the file is in place. */
+    assert_int_equal(st, f.failed_op == KS_FAULT_FSYNC_DIR ? KS_E_NOT_DURABLE : KS_E_IO);
     assert_string_equal(err.file, fx->path);
     assert_io_error_names_step(&err, f.failed_op);
     seen[f.failed_op] = 1;
@@ -167,11 +168,6 @@ static void pt_save_writes_temp_in_same_directory_and_syncs_it(void **state) {
   assert_int_equal(f.op_count[KS_FAULT_FSYNC], 1);
   assert_int_equal(f.op_count[KS_FAULT_FSYNC_DIR], 1);
   assert_int_equal(f.op_count[KS_FAULT_RENAME], 1);
-  ks_fault_io_init(&f, 0);
-  o.no_fsync = 1;
-  assert_int_equal(ks_torch_save(fx->path, fx->next, &o, NULL), KS_OK);
-  assert_int_equal(f.op_count[KS_FAULT_FSYNC], 0);
-  assert_int_equal(f.op_count[KS_FAULT_FSYNC_DIR], 0);
   assert_file_is(fx->path, fx->new_bytes, fx->new_len);
   restore_old(fx);
 }

@@ -16,7 +16,7 @@ int main(int argc, char **argv) {
     return 1;
   ks_statedict_free(sd);
   ks_reader *r;
-  ks_read_opts o = {NULL, KS_READ_COPY, 1};
+  ks_read_opts o = {.alloc = NULL, .mode = KS_READ_COPY, .verify_checksums = 1};
   if (ks_reader_open(argv[1], &o, &r, &err)) return 1;
   ks_tensor v;
   int ok = ks_reader_tensor(r, "model/w", &v, &err) == KS_OK && v.nbytes == sizeof w &&
