@@ -37,7 +37,6 @@ enum { NOTE_F64_AS_F32 = 1, NOTE_MIGRATED = 2, NOTE_TOPK_RULE = 4 };
 
 typedef struct ctx {
   char why[512];
-  int verbose;
   int tm_major, tm_minor; /* torchmetrics version that made the file */
   unsigned notes;         /* NOTE_* met by the current case */
 } ctx;

@@ -160,7 +160,11 @@ ks_status ks_state_save(const ks_state *st, const char *path, const ks_save_opts
 /** Options of a load. All-zero (or NULL) gives the defaults. */
 typedef struct ks_load_opts {
   size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
-  int non_strict_model;       /**< report+skip model shape/dtype mismatches instead of failing */
+  /** Non-strict: model tensors that are missing or differ in shape/dtype, file tensors the
+   *  program lacks, and optimizers/schedulers/custom components/timestamp/RNG whose load
+   *  fails, are reported (missing, mismatched, skipped) and left as they are, instead of
+   *  failing the load; everything else still loads. */
+  int non_strict_model;
   int weights_only;           /**< load state/model only */
   const char *const *ignore;  /**< globs over '/' paths; a glob matching a '/'-prefix ignores the subtree */
   size_t n_ignore;
@@ -178,7 +182,12 @@ typedef struct ks_load_opts {
  */
 ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const ks_meta *meta,
                                    const ks_load_opts *opts, ks_load_report *report, ks_error *err);
-/** ks_load (copying, so nothing stays mapped) + ks_state_load_state_dict. */
+/**
+ * ks_load of `path` (memory-mapped, checksums verified when opts->verify_checksums)
+ * + ks_state_load_state_dict. Tensor data is copied out of the mapping into the
+ * program's buffers, and the mapping is released before returning, so nothing
+ * stays mapped afterwards and the file may change or vanish.
+ */
 ks_status ks_state_load(ks_state *st, const char *path, const ks_load_opts *opts, ks_load_report *report,
                         ks_error *err);
 

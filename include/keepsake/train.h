@@ -42,7 +42,11 @@ double ks_rng_uniform(ks_rng *r);
 double ks_rng_normal(ks_rng *r);
 /** Fisher-Yates shuffle of n indices in place. */
 void ks_rng_shuffle(ks_rng *r, int64_t *idx, size_t n);
-/** Writes `<prefix>xoshiro256starstar` (U64 [4]). @return KS_OK or KS_E_NOMEM. */
+/**
+ * Writes `<prefix>xoshiro256starstar`: I64 [4] holding the bit patterns of the four
+ * 64-bit state words (torch has no uint64, so the entry exports to .pt).
+ * @return KS_OK or KS_E_NOMEM.
+ */
 ks_status ks_rng_to_state_dict(const ks_rng *r, ks_statedict *dst, const char *prefix);
 /** Reads what ks_rng_to_state_dict wrote. @return KS_OK, KS_E_NOTFOUND, KS_E_SHAPE or KS_E_DTYPE (r unchanged). */
 ks_status ks_rng_load_state_dict(ks_rng *r, const ks_statedict *src, const char *prefix, ks_error *err);

@@ -173,6 +173,6 @@ static inline bool ks__read_u64(ks__cursor *c, uint64_t *v) {
 bool ks__utf8_valid(const uint8_t *s, size_t n);
 
 /* Shell-style glob over '/'-joined keys: '*' matches any run (including '/'), '?' one byte. */
-bool ks__glob_match(const char *pattern, const char *text);
+
 
 #endif

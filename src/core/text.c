@@ -56,7 +56,6 @@ static bool glob_n(const char *p, const char *t, size_t n) {
   return *p == '\0';
 }
 
-bool ks__glob_match(const char *p, const char *t) { return glob_n(p, t, strlen(t)); }
 
 int ks_path_match(const char *glob, const char *path) {
   if (!glob || !path) return 0;

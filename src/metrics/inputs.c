@@ -24,7 +24,6 @@ ks_status ks__check_input(const ks_tensor *t, const char *what, ks_error *err) {
   return KS_OK;
 }
 
-int ks__is_int_dtype(ks_dtype dt) { return !ks_dtype_is_float(dt); }
 
 size_t ks__numel(const ks_tensor *t) { return (size_t)ks_tensor_numel(t); }
 

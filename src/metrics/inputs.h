@@ -22,9 +22,6 @@ ks_status ks__need_inputs(const ks_metric *m, size_t n, size_t lo, size_t hi, ks
 /* Checks a caller's descriptor: dtype, rank, dims, nbytes and data pointer agree. */
 ks_status ks__check_input(const ks_tensor *t, const char *what, ks_error *err);
 
-/* Nonzero for integer and bool dtypes (label tensors). */
-int ks__is_int_dtype(ks_dtype dt);
-
 /* Number of elements of a checked descriptor, as size_t. */
 size_t ks__numel(const ks_tensor *t);
 

@@ -53,7 +53,7 @@ static ks_status find_entry(const ks_statedict *src, const char *prefix, const k
   }
   if ((st = full_name(prefix, s->name, name, KS_MAX_NAME + 2, err))) return st;
   if (ks_statedict_get(src, name, e) != KS_OK)
-    return ks__err_at(err, KS_E_NOTFOUND, NULL, name, -1, "state '%s' of %s is missing", s->name, "metric");
+    return ks__err_at(err, KS_E_NOTFOUND, NULL, name, -1, "state '%s' is missing (looked for '%s')", s->name, name);
   if (e->kind != KS_VAL_TENSOR)
     return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "state '%s' is not a tensor", s->name);
   return KS_OK;
