@@ -12,6 +12,7 @@
 
 #include "core/hindex.h"
 #include "core/internal.h"
+#include "core/json.h"
 #include "keepsake/format.h"
 
 /* One tensor of an open file; offsets are relative to the data section. */
@@ -64,100 +65,15 @@ bool ks__meta_has(const ks_meta *m, const char *key, size_t klen);
 /* Appends a pair without looking for an existing key (the caller knows it is new). */
 ks_status ks__meta_append(ks_meta *m, const char *key, size_t klen, const char *value, size_t vlen);
 
-/* Growable byte buffer. On allocation failure it latches `failed` and ignores further appends. */
-typedef struct ks__sbuf {
-  const ks_allocator *alloc;
-  char *p;
-  size_t len, cap;
-  bool failed;
-} ks__sbuf;
-
-void ks__sbuf_init(ks__sbuf *b, const ks_allocator *a);
-void ks__sbuf_free(ks__sbuf *b);
-/* Out-of-line path of ks__sbuf_put: grows the buffer, then appends. */
-void ks__sbuf_put_slow(ks__sbuf *b, const void *s, size_t n);
-/* Headers of 100,000 tensors make millions of tiny appends, so the common case is inline. */
-static inline void ks__sbuf_put(ks__sbuf *b, const void *s, size_t n) {
-  if (n && !b->failed && n <= b->cap - b->len) {
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-  } else {
-    ks__sbuf_put_slow(b, s, n);
-  }
-}
-static inline void ks__sbuf_puts(ks__sbuf *b, const char *s) { ks__sbuf_put(b, s, strlen(s)); }
-static inline void ks__sbuf_putc(ks__sbuf *b, char c) {
-  if (!b->failed && b->len < b->cap)
-    b->p[b->len++] = c;
-  else
-    ks__sbuf_put_slow(b, &c, 1);
-}
-void ks__sbuf_put_u64(ks__sbuf *b, uint64_t v);
-void ks__sbuf_put_i64(ks__sbuf *b, int64_t v);
-/* Appends v as 16 lowercase hex digits. */
-void ks__sbuf_put_hex64(ks__sbuf *b, uint64_t v);
-/* Appends s as a quoted JSON string (s must be valid UTF-8). */
-void ks__sbuf_put_json_str(ks__sbuf *b, const char *s, size_t n);
-/* Appends what ks__sbuf_put_json_str would, escaped once more, for JSON nested in a string value. */
-void ks__sbuf_put_json_str_nested(ks__sbuf *b, const char *s, size_t n);
-/* Appends a finite double as the shortest JSON number that reads back exactly,
-   always with a '.' or exponent so it reads back as a float. */
-void ks__sbuf_put_double(ks__sbuf *b, double v);
-
 /* Encodes the scalar entries of sd as the JSON object stored under "keepsake.scalars". */
 ks_status ks__scalars_encode(const ks_statedict *sd, ks__sbuf *out, ks_error *err);
 /* Decodes a "keepsake.scalars" value into dst; `file` names the source in errors. */
 ks_status ks__scalars_decode(const char *json, const char *file, int64_t offset, ks_statedict *dst,
                              ks_error *err);
 
-/* A streaming JSON reader over untrusted bytes (json.c). */
-typedef struct ks__jbuf {
-  char *p;
-  size_t len, cap;
-} ks__jbuf;
-
-typedef struct ks__json {
-  const uint8_t *s;
-  size_t n, pos;
-  int64_t base; /* absolute file offset of s[0], for errors */
-  const char *file;
-  const ks_allocator *alloc;
-  ks_error *err;
-  ks__jbuf kbuf, vbuf; /* scratch for decoded keys and values */
-  bool skipping;       /* inside a value that is read and dropped: \u0000 is allowed there */
-} ks__json;
-
-void ks__json_init(ks__json *j, const void *s, size_t n, int64_t base, const char *file, const ks_allocator *a,
-                   ks_error *err);
-void ks__json_free(ks__json *j);
-/* Records an error at the current position and returns code. */
-ks_status ks__json_fail(ks__json *j, ks_status code, const char *key, const char *fmt, ...) KS__PRINTF(4, 5);
-void ks__json_ws(ks__json *j);
-/* Skips whitespace; true when the next byte is c (not consumed). */
-bool ks__json_peek(ks__json *j, char c);
-ks_status ks__json_expect(ks__json *j, char c);
-/* A string: *s points into the input (no escapes) or into b; valid until b is reused. */
-ks_status ks__json_string(ks__json *j, ks__jbuf *b, const char **s, size_t *n);
-/* A non-negative integer without fraction or exponent; `what` names it in errors. */
-ks_status ks__json_u64(ks__json *j, const char *key, const char *what, uint64_t *v);
-/* Skips any value. `depth` is the nesting level of the value (the header object is 1);
-   containers deeper than 127 are refused with KS_E_LIMIT, as the reference reader does. */
-ks_status ks__json_skip(ks__json *j, int depth);
-/* True when the reference reader refuses the number s[0..n) (valid JSON grammar) as out
-   of range of an f64 (json_range.c). */
-bool ks__json_number_out_of_range(const uint8_t *s, size_t n);
-/* Object iteration: start with *first = true; *done becomes true at the closing brace.
-   The key lives in j->kbuf or the input and is followed by the ':' (consumed). */
-ks_status ks__json_next_key(ks__json *j, bool *first, bool *done, const char **key, size_t *klen);
-/* Only whitespace may remain. */
-ks_status ks__json_end(ks__json *j);
-
 /* Builds the 8-byte length prefix, JSON header and padding of a file holding sd;
    *data_len receives the size of the data section that must follow. */
 ks_status ks__build_header(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *a, ks__sbuf *h,
                            uint64_t *data_len, ks_error *err);
-
-/* Parses 16 lowercase/uppercase hex digits. */
-bool ks__parse_hex64(const char *s, size_t n, uint64_t *out);
 
 #endif

@@ -4,11 +4,11 @@
  * (checked before anything is written) and report items otherwise; everything
  * not loaded as-is ends up in the report. Metrics are in load_metrics.c.
  */
-#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "core/json.h"
 #include "state/state_internal.h"
 
 ks_status ks__note(ks__load_ctx *c, ks_load_kind kind, const char *path, const char *fmt, ...) {
@@ -291,12 +291,15 @@ static ks_status filter_ignored(ks__load_ctx *c, const ks_statedict *src, ks_sta
 static ks_status parse_metrics_meta(ks__load_ctx *c, const ks_meta *meta) {
   const char *txt = meta ? ks_meta_get(meta, KS__META_METRICS) : NULL;
   if (!txt) return KS_OK;
-  json_error_t je;
-  json_t *j = json_loads(txt, JSON_REJECT_DUPLICATES, &je);
-  if (!j || !json_is_object(j)) {
-    json_decref(j);
-    return ks__err_at(c->err, KS_E_FORMAT, NULL, KS__META_METRICS, -1, "metadata '%s' is not a JSON object: %s",
-                      KS__META_METRICS, je.text);
+  ks_error je;
+  ks_error_clear(&je);
+  ks__jv *j = NULL;
+  ks_status s = ks__jv_parse(&c->st->alloc, txt, strlen(txt), KS__META_METRICS, &j, &je);
+  if (s == KS_E_NOMEM) return ks__err(c->err, s, "out of memory parsing metadata '%s'", KS__META_METRICS);
+  if (s || !ks__jv_is(j, KS__JV_OBJECT)) {
+    ks__jv_free(&c->st->alloc, j);
+    return ks__err_at(c->err, KS_E_FORMAT, NULL, KS__META_METRICS, s ? je.offset : -1,
+                      "metadata '%s' is not a JSON object: %s", KS__META_METRICS, s ? je.message : "another value");
   }
   c->metrics_meta = j;
   return KS_OK;
@@ -325,7 +328,7 @@ ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const 
   if (view) c.src = view;
   if (!s) s = parse_metrics_meta(&c, meta);
   if (!s) s = load_all(&c);
-  json_decref(c.metrics_meta);
+  ks__jv_free(&st->alloc, c.metrics_meta);
   ks__prefixes_free(c.prefixes);
   ks_statedict_free(view);
   return s;

@@ -4,30 +4,40 @@
  * left at its defaults; old schemas are migrated; _computed and the update
  * count are restored so compute() answers at once.
  */
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json.h"
 #include "state/state_internal.h"
 
-/* Where the stored metric's class/args differ from the program's; NULL when compatible. */
-static const char *definition_problem(const json_t *me, const ks_metric *m, char *why, size_t cap) {
-  const char *cls = json_string_value(json_object_get(me, "class"));
+/*
+ * Where the stored metric's class/args differ from the program's: *problem is
+ * `why` then, NULL when compatible. @return KS_OK or KS_E_NOMEM.
+ */
+static ks_status definition_problem(const ks_allocator *a, const ks__jv *me, const ks_metric *m, char *why,
+                                    size_t cap, const char **problem) {
+  *problem = NULL;
+  const char *cls = ks__jv_string(ks__jv_get(me, "class"));
   if (cls && strcmp(cls, ks_metric_class(m)) != 0) {
     snprintf(why, cap, "class %s in the checkpoint, %s in the program", cls, ks_metric_class(m));
-    return why;
+    *problem = why;
+    return KS_OK;
   }
-  const json_t *stored = json_object_get(me, "args");
-  json_t *mine = json_loads(ks_metric_args_json(m), 0, NULL);
-  int same = !stored || (mine && json_equal(stored, mine));
-  json_decref(mine);
-  if (same) return NULL;
-  char *s = json_dumps(stored, JSON_COMPACT | JSON_SORT_KEYS);
-  snprintf(why, cap, "arguments changed: %s in the checkpoint, %s in the program", s ? s : "?",
-           ks_metric_args_json(m));
-  free(s);
-  return why;
+  const ks__jv *stored = ks__jv_get(me, "args");
+  const char *txt = ks_metric_args_json(m);
+  ks__jv *mine = NULL;
+  ks_status s = stored && txt ? ks__jv_parse(a, txt, strlen(txt), "args", &mine, NULL) : KS_OK;
+  if (s == KS_E_NOMEM) return s;
+  int same = !stored || (mine && ks__jv_equal(stored, mine));
+  ks__jv_free(a, mine);
+  if (same) return KS_OK;
+  char *d = ks__jv_dump(a, stored, true);
+  if (!d) return KS_E_NOMEM;
+  snprintf(why, cap, "arguments changed: %s in the checkpoint, %s in the program", d, txt ? txt : "?");
+  ks__free(a, d);
+  *problem = why;
+  return KS_OK;
 }
 
 typedef struct stored_info {
@@ -40,12 +50,12 @@ typedef struct stored_info {
  * current-schema, and the count as 1: Composer's own workaround, so compute()
  * does not warn that it ran before update().
  */
-static stored_info stored_of(const json_t *me) {
+static stored_info stored_of(const ks__jv *me) {
   stored_info si = {KS_METRIC_SCHEMA_VERSION, 1};
-  const json_t *v = json_object_get(me, "schema_version");
-  if (json_is_integer(v)) si.schema_version = (int)json_integer_value(v);
-  v = json_object_get(me, "update_count");
-  if (json_is_integer(v) && json_integer_value(v) >= 0) si.update_count = json_integer_value(v);
+  int64_t v;
+  if (ks__jv_is_int(ks__jv_get(me, "schema_version"), &v) && v >= INT32_MIN && v <= INT32_MAX)
+    si.schema_version = (int)v;
+  if (ks__jv_is_int(ks__jv_get(me, "update_count"), &v) && v >= 0) si.update_count = v;
   return si;
 }
 
@@ -59,7 +69,7 @@ static ks_status restore_computed(ks__load_ctx *c, ks_metric *m, const char *pat
   return s;
 }
 
-static ks_status fill(ks__load_ctx *c, ks_metric *m, const char *path, const json_t *me) {
+static ks_status fill(ks__load_ctx *c, ks_metric *m, const char *path, const ks__jv *me) {
   char prefix[KS__KEY_MAX + 1];
   ks__key(prefix, path, "/state_dict/");
   stored_info si = stored_of(me);
@@ -103,8 +113,11 @@ static ks_status load_metric(ks__load_ctx *c, ks_metric *m, const char *path) {
     ks_metric_reset(m);
     return ks__note(c, KS_LOAD_MISSING, path, "not in the checkpoint; left at defaults");
   }
-  const json_t *me = json_object_get(c->metrics_meta, path);
-  if (me && definition_problem(me, m, why, sizeof why)) {
+  const ks__jv *me = ks__jv_get(c->metrics_meta, path);
+  const char *problem = NULL;
+  s = me ? definition_problem(&c->st->alloc, me, m, why, sizeof why, &problem) : KS_OK;
+  if (s) return ks__err(c->err, s, "out of memory comparing metric arguments of %s", path);
+  if (problem) {
     ks_metric_reset(m);
     return ks__note(c, KS_LOAD_MISMATCHED, path, "%s; left at defaults", why);
   }

@@ -7,10 +7,10 @@
  *   state/eval_metrics/<label>/<M>/...  state/rank_zero_seed, state/run_name
  *   rng/0/xoshiro256starstar
  */
-#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json.h"
 #include "state/state_internal.h"
 
 static ks_status put_component(const st_comp *c, ks_statedict *dst, ks_error *err) {
@@ -41,15 +41,31 @@ static ks_status put_kind(const ks_state *st, st_kind kind, ks_statedict *dst, k
   return KS_OK;
 }
 
-/* {"class":..., "args":{...}, "schema_version":N, "update_count":N} */
-static json_t *metric_json(const ks_metric *m) {
-  json_t *args = json_loads(ks_metric_args_json(m), JSON_REJECT_DUPLICATES, NULL);
-  if (!args) args = json_object();
-  return json_pack("{s:s, s:o, s:i, s:I}", "class", ks_metric_class(m), "args", args, "schema_version",
-                   ks_metric_schema_version(m), "update_count", (json_int_t)ks_metric_update_count(m));
+/* The metric's canonical arguments as a JSON value (an empty object if they do not parse). */
+static ks__jv *metric_args(const ks_allocator *a, const ks_metric *m) {
+  const char *txt = ks_metric_args_json(m);
+  ks__jv *args = NULL;
+  ks_status s = txt ? ks__jv_parse(a, txt, strlen(txt), "args", &args, NULL) : KS_E_FORMAT;
+  if (s == KS_E_NOMEM) return NULL;
+  return s ? ks__jv_object(a) : args;
 }
 
-static ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *dst, json_t *mj, ks_error *err) {
+/* mj[path] = {"class":..., "args":{...}, "schema_version":N, "update_count":N} */
+static ks_status put_metric_json(const ks_allocator *a, const ks_metric *m, const char *path, ks__jv *mj) {
+  ks__jv *one = ks__jv_object(a);
+  ks_status s = one ? KS_OK : KS_E_NOMEM;
+  if (!s) s = ks__jv_set(a, one, "class", ks__jv_str(a, ks_metric_class(m)));
+  if (!s) s = ks__jv_set(a, one, "args", metric_args(a, m));
+  if (!s) s = ks__jv_set(a, one, "schema_version", ks__jv_int(a, ks_metric_schema_version(m)));
+  if (!s) s = ks__jv_set(a, one, "update_count", ks__jv_int(a, ks_metric_update_count(m)));
+  if (s) {
+    ks__jv_free(a, one);
+    return s;
+  }
+  return ks__jv_set(a, mj, path, one);
+}
+
+static ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *dst, ks__jv *mj, ks_error *err) {
   char k[KS__KEY_MAX + 1];
   if (ks__key(k, path, "/state_dict/")) return ks__err(err, KS_E_LIMIT, "metric path too long");
   ks_status s = ks_metric_to_state_dict(m, dst, k, err);
@@ -58,12 +74,11 @@ static ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *
   const ks_tensor *c = ks_metric_computed(m);
   s = c ? ks_statedict_set_tensor(dst, k, c, KS_COPY) : ks_statedict_set_null(dst, k);
   if (s) return s;
-  json_t *one = metric_json(m);
-  if (!one || json_object_set_new(mj, path, one)) return ks__err(err, KS_E_NOMEM, "out of memory");
-  return KS_OK;
+  s = put_metric_json(ks_statedict_allocator(dst), m, path, mj);
+  return s ? ks__err(err, s, "out of memory") : KS_OK;
 }
 
-static ks_status put_collection(const ks_metric_collection *c, const char *root, ks_statedict *dst, json_t *mj,
+static ks_status put_collection(const ks_metric_collection *c, const char *root, ks_statedict *dst, ks__jv *mj,
                                 ks_error *err) {
   for (size_t i = 0; c && i < ks_metric_collection_count(c); i++) {
     const char *name;
@@ -76,7 +91,7 @@ static ks_status put_collection(const ks_metric_collection *c, const char *root,
   return KS_OK;
 }
 
-static ks_status put_metrics(const ks_state *st, ks_statedict *dst, json_t *mj, ks_error *err) {
+static ks_status put_metrics(const ks_state *st, ks_statedict *dst, ks__jv *mj, ks_error *err) {
   ks_status s = put_collection(st->train, "state/train_metrics/", dst, mj, err);
   for (size_t i = 0; i < st->n_evals && !s; i++) {
     char root[KS__KEY_MAX + 1];
@@ -93,11 +108,11 @@ static ks_status put_rest(const ks_state *st, ks_statedict *dst) {
   return s;
 }
 
-static ks_status put_meta(json_t *mj, ks_meta *meta, ks_error *err) {
-  char *metrics = json_dumps(mj, JSON_COMPACT | JSON_SORT_KEYS);
+static ks_status put_meta(const ks_allocator *a, ks__jv *mj, ks_meta *meta, ks_error *err) {
+  char *metrics = ks__jv_dump(a, mj, true);
   if (!metrics) return ks__err(err, KS_E_NOMEM, "out of memory");
   ks_status s = ks_meta_set(meta, KS__META_METRICS, metrics);
-  free(metrics);
+  ks__free(a, metrics);
   if (!s) s = ks_meta_set(meta, KS__META_STATE, "{\"layout_version\":1}");
   return s ? ks__err(err, s, "cannot set state metadata") : KS_OK;
 }
@@ -111,12 +126,13 @@ ks_status ks_state_to_state_dict(const ks_state *st, ks_statedict *dst, ks_meta 
   if (!s && st->ts) s = ks_timestamp_to_state_dict(st->ts, dst, "state/timestamp/Timestamp/");
   if (!s) s = put_kind(st, ST_DATASET, dst, err);
   if (!s) s = put_kind(st, ST_CUSTOM, dst, err);
-  json_t *mj = json_object();
+  const ks_allocator *a = ks_statedict_allocator(dst);
+  ks__jv *mj = ks__jv_object(a);
   if (!mj) s = s ? s : KS_E_NOMEM;
   if (!s) s = put_metrics(st, dst, mj, err);
   if (!s) s = put_rest(st, dst);
-  if (!s && meta) s = put_meta(mj, meta, err);
-  json_decref(mj);
+  if (!s && meta) s = put_meta(a, mj, meta, err);
+  ks__jv_free(a, mj);
   if (s && err && err->code == KS_OK) ks__err(err, s, "cannot flatten the training state");
   return s;
 }

@@ -72,7 +72,7 @@ ks_status ks__prefixes_has(ks__prefixes *p, const char *prefix, int *found);
 typedef struct ks__load_ctx {
   ks_state *st;
   const ks_statedict *src; /* the checkpoint minus ignored keys */
-  void *metrics_meta;      /* json_t* of "keepsake.metrics", or NULL */
+  struct ks__jv *metrics_meta; /* "keepsake.metrics" parsed, or NULL */
   ks__prefixes *prefixes;  /* of src, built on demand */
   ks_load_opts o;
   ks_load_report *rep;

@@ -10,7 +10,7 @@
  */
 #include <math.h>
 
-#include "format/fmt_internal.h"
+#include "core/json.h"
 
 #define E(x) 1e##x
 #define R10(p) E(p##0), E(p##1), E(p##2), E(p##3), E(p##4), E(p##5), E(p##6), E(p##7), E(p##8), E(p##9)

@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "format/fmt_internal.h"
+#include "core/json.h"
 
 /* Containers may nest 127 deep, counting the header object as 1: the reference reader's
    JSON parser (serde_json) refuses the 128th level. */

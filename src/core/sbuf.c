@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "format/fmt_internal.h"
+#include "core/json.h"
 
 void ks__sbuf_init(ks__sbuf *b, const ks_allocator *a) {
   memset(b, 0, sizeof *b);
