@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/hindex.h"
 #include "core/internal.h"
 
 /* Growable byte buffer. On allocation failure it latches `failed` and ignores further appends. */
@@ -128,6 +129,8 @@ struct ks__jv {
   size_t cap;
   ks__jv **items;   /* array items, object values */
   char **keys;      /* object keys */
+  uint64_t *hashes; /* object keys' hashes */
+  ks__hindex index; /* object keys, once there are more than a few (large objects stay O(1)) */
 };
 
 /* Constructors: NULL when out of memory. Free with ks__jv_free (NULL is fine). */
@@ -158,6 +161,10 @@ bool ks__jv_is_int(const ks__jv *v, int64_t *out);
 /* Nonzero for an int or real (into *out). */
 bool ks__jv_is_number(const ks__jv *v, double *out);
 static inline bool ks__jv_is(const ks__jv *v, ks__jv_type t) { return v && v->type == t; }
+/* The value of an int or real (0 for anything else). */
+static inline double ks__jv_number(const ks__jv *v) {
+  return !v ? 0.0 : v->type == KS__JV_INT ? (double)v->i : v->type == KS__JV_REAL ? v->d : 0.0;
+}
 /* Same JSON value: types equal (1 and 1.0 differ, as in jansson), objects regardless of order. */
 bool ks__jv_equal(const ks__jv *x, const ks__jv *y);
 

@@ -60,24 +60,49 @@ void ks__jv_free(const ks_allocator *a, ks__jv *v) {
   for (size_t i = 0; i < v->len && v->keys; i++) ks__free(a, v->keys[i]);
   ks__free(a, v->items);
   ks__free(a, v->keys);
+  ks__free(a, v->hashes);
+  ks__hindex_free(&v->index, a);
   ks__free(a, v->s);
   ks__free(a, v);
 }
 
-/* Room for one more item (and key, for objects); cap is the smaller of the two capacities. */
+#define INDEX_FROM 16 /* members; smaller objects are searched linearly */
+
+static uint64_t member_hash(const void *ctx, size_t i) { return ((const ks__jv *)ctx)->hashes[i]; }
+
+static const char *member_key(const void *ctx, size_t i, size_t *len) {
+  const char *k = ((const ks__jv *)ctx)->keys[i];
+  *len = strlen(k);
+  return k;
+}
+
+static const ks__hindex_ops member_ops = {member_hash, member_key};
+
+/* Room for one more item (and key, hash and index slot, for objects); cap is the smallest capacity. */
 static ks_status reserve(const ks_allocator *a, ks__jv *c) {
-  size_t icap = c->cap, kcap = c->cap;
+  size_t icap = c->cap, kcap = c->cap, hcap = c->cap;
   ks_status s = ks__grow(a, &c->items, &icap, c->len + 1, sizeof *c->items);
-  if (!s && c->type == KS__JV_OBJECT) s = ks__grow(a, &c->keys, &kcap, c->len + 1, sizeof *c->keys);
-  else kcap = icap;
-  if (!s) c->cap = icap < kcap ? icap : kcap;
+  if (c->type != KS__JV_OBJECT) {
+    if (!s) c->cap = icap;
+    return s;
+  }
+  if (!s) s = ks__grow(a, &c->keys, &kcap, c->len + 1, sizeof *c->keys);
+  if (!s) s = ks__grow(a, &c->hashes, &hcap, c->len + 1, sizeof *c->hashes);
+  if (!s && c->len + 1 >= INDEX_FROM) s = ks__hindex_reserve(&c->index, a, c->len + 1, c->len, &member_ops, c);
+  if (!s) c->cap = icap < kcap ? (icap < hcap ? icap : hcap) : (kcap < hcap ? kcap : hcap);
   return s;
 }
 
-static long find_key(const ks__jv *obj, const char *key) {
+static long find_key_h(const ks__jv *obj, const char *key, size_t n, uint64_t h) {
+  if (obj->index.nslots) return ks__hindex_find(&obj->index, key, n, h, &member_ops, obj);
   for (size_t i = 0; i < obj->len; i++)
-    if (!strcmp(obj->keys[i], key)) return (long)i;
+    if (obj->hashes[i] == h && !strcmp(obj->keys[i], key)) return (long)i;
   return -1;
+}
+
+static long find_key(const ks__jv *obj, const char *key) {
+  size_t n = strlen(key);
+  return find_key_h(obj, key, n, ks__hash(key, n));
 }
 
 ks_status ks__jv_set(const ks_allocator *a, ks__jv *obj, const char *key, ks__jv *val) {
@@ -95,7 +120,10 @@ ks_status ks__jv_set(const ks_allocator *a, ks__jv *obj, const char *key, ks__jv
     ks__jv_free(a, val);
     return KS_E_NOMEM;
   }
+  size_t n = strlen(k);
   obj->keys[obj->len] = k;
+  obj->hashes[obj->len] = ks__hash(k, n);
+  if (obj->index.nslots) ks__hindex_insert(&obj->index, obj->len, obj->hashes[obj->len]);
   obj->items[obj->len++] = val;
   return KS_OK;
 }

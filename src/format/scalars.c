@@ -8,8 +8,6 @@
 #include <math.h>
 #include <string.h>
 
-#include <jansson.h>
-
 #include "format/fmt_internal.h"
 
 static void put_nonfinite(ks__sbuf *b, double f) {
@@ -63,9 +61,9 @@ ks_status ks__scalars_encode(const ks_statedict *sd, ks__sbuf *out, ks_error *er
 }
 
 /* Decodes {"float": ..., "bits": ...}; the bits are authoritative when present. */
-static bool decode_nonfinite(json_t *v, double *out) {
-  const char *kind = json_string_value(json_object_get(v, "float"));
-  const char *bits = json_string_value(json_object_get(v, "bits"));
+static bool decode_nonfinite(const ks__jv *v, double *out) {
+  const char *kind = ks__jv_string(ks__jv_get(v, "float"));
+  const char *bits = ks__jv_string(ks__jv_get(v, "bits"));
   if (!kind) return false;
   uint64_t u;
   if (bits && ks__parse_hex64(bits, strlen(bits), &u)) {
@@ -79,36 +77,40 @@ static bool decode_nonfinite(json_t *v, double *out) {
   return true;
 }
 
-static ks_status put_scalar(ks_statedict *dst, const char *name, json_t *v) {
+static ks_status put_scalar(ks_statedict *dst, const char *name, const ks__jv *v) {
   double f;
-  switch (json_typeof(v)) {
-    case JSON_INTEGER: return ks_statedict_set_int(dst, name, (int64_t)json_integer_value(v));
-    case JSON_REAL: return ks_statedict_set_float(dst, name, json_real_value(v));
-    case JSON_TRUE: return ks_statedict_set_bool(dst, name, 1);
-    case JSON_FALSE: return ks_statedict_set_bool(dst, name, 0);
-    case JSON_NULL: return ks_statedict_set_null(dst, name);
-    case JSON_STRING: return ks_statedict_set_string(dst, name, json_string_value(v));
-    case JSON_OBJECT:
+  switch (v->type) {
+    case KS__JV_INT: return ks_statedict_set_int(dst, name, v->i);
+    case KS__JV_REAL: return ks_statedict_set_float(dst, name, v->d);
+    case KS__JV_BOOL: return ks_statedict_set_bool(dst, name, v->b);
+    case KS__JV_NULL: return ks_statedict_set_null(dst, name);
+    case KS__JV_STRING:
+      if (memchr(v->s, '\0', v->len)) return KS_E_FORMAT; /* the state dict holds C strings */
+      return ks_statedict_set_string(dst, name, v->s);
+    case KS__JV_OBJECT:
       if (!decode_nonfinite(v, &f)) return KS_E_FORMAT;
       return ks_statedict_set_float(dst, name, f);
-    default: return KS_E_FORMAT;
+    case KS__JV_ARRAY: break;
   }
+  return KS_E_FORMAT;
 }
 
 ks_status ks__scalars_decode(const char *json, const char *file, int64_t offset, ks_statedict *dst,
                              ks_error *err) {
-  json_error_t jerr;
-  json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
-  if (!root || !json_is_object(root)) {
-    json_decref(root);
+  const ks_allocator *a = ks_statedict_allocator(dst);
+  ks_error jerr;
+  ks_error_clear(&jerr);
+  ks__jv *root = NULL;
+  ks_status st = ks__jv_parse(a, json, strlen(json), KS_META_SCALARS, &root, &jerr);
+  if (st == KS_E_NOMEM) return ks__err_at(err, st, file, KS_META_SCALARS, offset, "out of memory decoding scalars");
+  if (st || root->type != KS__JV_OBJECT) {
+    ks__jv_free(a, root);
     return ks__err_at(err, KS_E_FORMAT, file, KS_META_SCALARS, offset,
-                      "metadata value is not a JSON object: %s", root ? "wrong type" : jerr.text);
+                      "metadata value is not a JSON object: %s", st ? jerr.message : "wrong type");
   }
-  const char *name;
-  json_t *v;
-  ks_status st = KS_OK;
-  json_object_foreach(root, name, v) {
-    st = put_scalar(dst, name, v);
+  for (size_t i = 0; i < root->len; i++) {
+    const char *name = root->keys[i];
+    st = put_scalar(dst, name, root->items[i]);
     if (st == KS_E_FORMAT) {
       ks__err_at(err, st, file, name, offset, "scalar in '%s' has an unsupported JSON form", KS_META_SCALARS);
       break;
@@ -118,6 +120,6 @@ ks_status ks__scalars_decode(const char *json, const char *file, int64_t offset,
       break;
     }
   }
-  json_decref(root);
+  ks__jv_free(a, root);
   return st;
 }

@@ -3,11 +3,11 @@
  * wrong types and out-of-range values are errors) and the canonical JSON that
  * identifies a metric's configuration.
  */
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "core/json.h"
 #include "metrics/internal.h"
 
 typedef struct arg_name {
@@ -43,9 +43,9 @@ static int is_ignored(const char *key) {
   return 0;
 }
 
-static ks_status get_int(json_t *v, const char *key, int64_t lo, int64_t hi, int64_t *out, ks_error *err) {
-  if (!json_is_integer(v)) return ks__err(err, KS_E_INVALID, "argument '%s' must be an integer", key);
-  json_int_t x = json_integer_value(v);
+static ks_status get_int(const ks__jv *v, const char *key, int64_t lo, int64_t hi, int64_t *out, ks_error *err) {
+  if (!ks__jv_is(v, KS__JV_INT)) return ks__err(err, KS_E_INVALID, "argument '%s' must be an integer", key);
+  int64_t x = v->i;
   if (x < lo || x > hi)
     return ks__err(err, KS_E_INVALID, "argument '%s' = %lld is out of range [%lld, %lld]", key, (long long)x,
                    (long long)lo, (long long)hi);
@@ -53,26 +53,26 @@ static ks_status get_int(json_t *v, const char *key, int64_t lo, int64_t hi, int
   return KS_OK;
 }
 
-static ks_status get_enum(json_t *v, const char *key, const char *const *names, int n, int *out, ks_error *err) {
-  if (json_is_null(v)) {
+static ks_status get_enum(const ks__jv *v, const char *key, const char *const *names, int n, int *out, ks_error *err) {
+  if (ks__jv_is(v, KS__JV_NULL)) {
     for (int i = 0; i < n; i++)
       if (!strcmp(names[i], "none")) {
         *out = i;
         return KS_OK;
       }
   }
-  if (json_is_string(v))
+  if (ks__jv_is(v, KS__JV_STRING))
     for (int i = 0; i < n; i++)
-      if (!strcmp(names[i], json_string_value(v))) {
+      if (!strcmp(names[i], ks__jv_string(v))) {
         *out = i;
         return KS_OK;
       }
   return ks__err(err, KS_E_INVALID, "argument '%s' has an unsupported value", key);
 }
 
-static ks_status get_unit(json_t *v, const char *key, double *out, ks_error *err) {
-  if (!json_is_number(v)) return ks__err(err, KS_E_INVALID, "argument '%s' must be a number", key);
-  double d = json_number_value(v);
+static ks_status get_unit(const ks__jv *v, const char *key, double *out, ks_error *err) {
+  if (!ks__jv_is_number(v, NULL)) return ks__err(err, KS_E_INVALID, "argument '%s' must be a number", key);
+  double d = ks__jv_number(v);
   if (!(d >= 0.0 && d <= 1.0)) return ks__err(err, KS_E_INVALID, "argument '%s' must lie in [0, 1]", key);
   *out = d;
   return KS_OK;
@@ -98,14 +98,14 @@ static void linspace01(float *thr, int64_t n) {
   for (; idx < n; idx++) thr[idx] = lin_point(step, idx, n);
 }
 
-static ks_status get_thresholds(json_t *v, const ks_allocator *a, ks__margs *o, ks_error *err) {
-  if (json_is_null(v)) return KS_OK;
+static ks_status get_thresholds(const ks__jv *v, const ks_allocator *a, ks__margs *o, ks_error *err) {
+  if (ks__jv_is(v, KS__JV_NULL)) return KS_OK;
   int64_t n;
-  if (json_is_integer(v)) {
+  if (ks__jv_is(v, KS__JV_INT)) {
     ks_status st = get_int(v, "thresholds", 2, KS__MAX_THRESHOLDS, &n, err);
     if (st) return st;
-  } else if (json_is_array(v)) {
-    n = (int64_t)json_array_size(v);
+  } else if (ks__jv_is(v, KS__JV_ARRAY)) {
+    n = (int64_t)v->len;
     if (n < 1 || n > KS__MAX_THRESHOLDS)
       return ks__err(err, KS_E_INVALID, "argument 'thresholds' needs 1..%d values", KS__MAX_THRESHOLDS);
   } else
@@ -113,13 +113,13 @@ static ks_status get_thresholds(json_t *v, const ks_allocator *a, ks__margs *o, 
   o->thr = ks__malloc(a, (size_t)n * sizeof(float));
   if (!o->thr) return ks__err(err, KS_E_NOMEM, "out of memory for thresholds");
   o->n_thr = n;
-  if (json_is_integer(v)) {
+  if (ks__jv_is(v, KS__JV_INT)) {
     linspace01(o->thr, n);
   } else {
     o->thr_list = 1;
     for (int64_t i = 0; i < n; i++) {
       double d;
-      ks_status st = get_unit(json_array_get(v, (size_t)i), "thresholds", &d, err);
+      ks_status st = get_unit(v->items[i], "thresholds", &d, err);
       if (st) return st;
       o->thr[i] = (float)d;
     }
@@ -129,17 +129,17 @@ static ks_status get_thresholds(json_t *v, const ks_allocator *a, ks__margs *o, 
   return KS_OK;
 }
 
-static ks_status get_nan(json_t *v, ks__margs *o, ks_error *err) {
+static ks_status get_nan(const ks__jv *v, ks__margs *o, ks_error *err) {
   static const char *const names[] = {"warn", "ignore", "error", "disable"};
-  if (json_is_number(v)) {
+  if (ks__jv_is_number(v, NULL)) {
     o->nan_strategy = KS__NAN_VALUE;
-    o->nan_value = json_number_value(v);
+    o->nan_value = ks__jv_number(v);
     return KS_OK;
   }
   return get_enum(v, "nan_strategy", names, 4, &o->nan_strategy, err);
 }
 
-static ks_status parse_one(const ks__class *cls, unsigned bit, json_t *v, const ks_allocator *a,
+static ks_status parse_one(const ks__class *cls, unsigned bit, const ks__jv *v, const ks_allocator *a,
                            ks__margs *o, ks_error *err) {
   int64_t x = 0;
   ks_status st = KS_OK;
@@ -151,7 +151,7 @@ static ks_status parse_one(const ks__class *cls, unsigned bit, json_t *v, const 
                      k_avg_names[o->average]);
       return st;
     case KS__A_IGNORE:
-      if (json_is_null(v)) {
+      if (ks__jv_is(v, KS__JV_NULL)) {
         o->has_ignore = 0;
         return KS_OK;
       }
@@ -159,7 +159,7 @@ static ks_status parse_one(const ks__class *cls, unsigned bit, json_t *v, const 
       o->has_ignore = !st;
       return st;
     case KS__A_MULTIDIM:
-      if (json_is_string(v) && !strcmp(json_string_value(v), "global")) return KS_OK;
+      if (ks__jv_is(v, KS__JV_STRING) && !strcmp(ks__jv_string(v), "global")) return KS_OK;
       return ks__err(err, KS_E_UNSUPPORTED, "only multidim_average='global' is supported");
     case KS__A_NAN: return get_nan(v, o, err);
     case KS__A_NORMALIZE: return get_enum(v, "normalize", k_norm_names, 4, &o->normalize, err);
@@ -167,8 +167,8 @@ static ks_status parse_one(const ks__class *cls, unsigned bit, json_t *v, const 
     case KS__A_NUM_LABELS: return get_int(v, "num_labels", 2, KS__MAX_CLASSES, &o->num_classes, err);
     case KS__A_NUM_OUTPUTS: return get_int(v, "num_outputs", 1, KS__MAX_OUTPUTS, &o->num_outputs, err);
     case KS__A_SQUARED:
-      if (!json_is_boolean(v)) return ks__err(err, KS_E_INVALID, "argument 'squared' must be a boolean");
-      o->squared = json_is_true(v);
+      if (!ks__jv_is(v, KS__JV_BOOL)) return ks__err(err, KS_E_INVALID, "argument 'squared' must be a boolean");
+      o->squared = (v)->b;
       return KS_OK;
     case KS__A_THRESHOLD: return get_unit(v, "threshold", &o->threshold, err);
     case KS__A_THRESHOLDS: return get_thresholds(v, a, o, err);
@@ -190,12 +190,12 @@ static void set_defaults(const ks__class *cls, ks__margs *o) {
   o->ignore_index = cls->default_ignore;
 }
 
-static ks_status parse_object(const ks__class *cls, json_t *root, const ks_allocator *a, ks__margs *o,
+static ks_status parse_object(const ks__class *cls, const ks__jv *root, const ks_allocator *a, ks__margs *o,
                               ks_error *err) {
   unsigned seen = 0;
-  const char *key;
-  json_t *v;
-  json_object_foreach(root, key, v) {
+  for (size_t i = 0; i < root->len; i++) {
+    const char *key = root->keys[i];
+    const ks__jv *v = root->items[i];
     if (is_ignored(key)) continue;
     unsigned bit = arg_bit(key);
     if (!bit || !(cls->accepts & bit))
@@ -217,12 +217,15 @@ ks_status ks__args_parse(const ks__class *cls, const char *json, const ks_alloca
                          ks_error *err) {
   set_defaults(cls, out);
   if (!json || !*json) json = "{}";
-  json_error_t je;
-  json_t *root = json_loadb(json, strlen(json), JSON_REJECT_DUPLICATES, &je);
-  if (!root) return ks__err(err, KS_E_INVALID, "%s arguments: %s (at column %d)", cls->name, je.text, je.column);
-  ks_status st = json_is_object(root) ? parse_object(cls, root, a, out, err)
+  ks_error je;
+  ks_error_clear(&je);
+  ks__jv *root = NULL;
+  ks_status st = ks__jv_parse(a, json, strlen(json), "args", &root, &je);
+  if (st == KS_E_NOMEM) return ks__err(err, st, "%s arguments: out of memory", cls->name);
+  if (st) return ks__err(err, KS_E_INVALID, "%s arguments: %s (at byte %lld)", cls->name, je.message, (long long)je.offset);
+  st = ks__jv_is(root, KS__JV_OBJECT) ? parse_object(cls, root, a, out, err)
                                       : ks__err(err, KS_E_INVALID, "%s arguments must be a JSON object", cls->name);
-  json_decref(root);
+  ks__jv_free(a, root);
   if (st) ks__args_free(a, out);
   return st;
 }
