@@ -6,10 +6,11 @@
  * whole torchmetrics object; flattening leaves its attributes under <root>, and
  * its state names are the keys of its `_persistent` and `_defaults` attributes.
  */
-#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/json.h"
 #include "torch/torch_internal.h"
 
 #define TRAIN "state/train_metrics/"
@@ -29,7 +30,7 @@ typedef struct norm {
   ks_error *err;
   metric *m;
   size_t n, cap;
-  json_t *list;
+  ks__jv *list;
 } norm;
 
 static ks_status nomem(ks_error *err) { return ks__err(err, KS_E_NOMEM, "composer: out of memory"); }
@@ -106,15 +107,16 @@ static int component(const char *name, const char *prefix, char *buf, size_t cap
   return 1;
 }
 
-static int json_has(json_t *arr, const char *s) {
-  size_t i;
-  json_t *v;
-  json_array_foreach(arr, i, v) if (!strcmp(json_string_value(v), s)) return 1;
+static const ks_allocator *alloc_of(const norm *nm) { return ks_statedict_allocator(nm->flat); }
+
+static int json_has(const ks__jv *arr, const char *s) {
+  for (size_t i = 0; i < arr->len; i++)
+    if (!strcmp(ks__jv_string(arr->items[i]), s)) return 1;
   return 0;
 }
 
 /* State names: keys under <root>_persistent/ and <root>_defaults/ (pickled) or <root>state_dict/. */
-static ks_status state_names(norm *nm, const metric *m, json_t *names) {
+static ks_status state_names(norm *nm, const metric *m, ks__jv *names) {
   char p1[KS_MAX_NAME + 32], p2[KS_MAX_NAME + 32], buf[KS_MAX_NAME + 1];
   snprintf(p1, sizeof p1, "%s%s", m->root, m->pickled ? "_persistent/" : "state_dict/");
   snprintf(p2, sizeof p2, "%s%s", m->root, m->pickled ? "_defaults/" : "state_dict/");
@@ -122,7 +124,7 @@ static ks_status state_names(norm *nm, const metric *m, json_t *names) {
   for (size_t i = 0; ks_statedict_at(nm->flat, i, &e) == KS_OK; i++) {
     if (!component(e.name, p1, buf, sizeof buf) && !component(e.name, p2, buf, sizeof buf)) continue;
     if (json_has(names, buf)) continue;
-    if (json_array_append_new(names, json_string(buf))) return nomem(nm->err);
+    if (ks__jv_push(alloc_of(nm), names, ks__jv_str(alloc_of(nm), buf))) return nomem(nm->err);
   }
   return KS_OK;
 }
@@ -205,25 +207,31 @@ static int module_attr(const char *s) {
   return s[0] == '_';
 }
 
-static json_t *scalar_json(const ks_entry *e) {
+/* Whether a scalar has a JSON form: non-finite floats and non-UTF-8 strings are left out. */
+static int has_json_form(const ks_entry *e) {
+  if (e->kind == KS_VAL_FLOAT) return isfinite(e->f);
+  if (e->kind == KS_VAL_STRING) return ks__utf8_valid((const uint8_t *)e->s, strlen(e->s));
+  return e->kind == KS_VAL_INT || e->kind == KS_VAL_BOOL || e->kind == KS_VAL_NULL;
+}
+
+static ks__jv *scalar_json(const ks_allocator *a, const ks_entry *e) {
   switch (e->kind) {
-    case KS_VAL_INT: return json_integer(e->i);
-    case KS_VAL_FLOAT: return json_real(e->f);
-    case KS_VAL_BOOL: return json_boolean(e->i);
-    case KS_VAL_STRING: return json_string(e->s);
-    case KS_VAL_NULL: return json_null();
-    default: return NULL;
+    case KS_VAL_INT: return ks__jv_int(a, e->i);
+    case KS_VAL_FLOAT: return ks__jv_real(a, e->f);
+    case KS_VAL_BOOL: return ks__jv_bool(a, e->i != 0);
+    case KS_VAL_STRING: return ks__jv_str(a, e->s);
+    default: return ks__jv_null(a);
   }
 }
 
 /* Public scalar attributes of a pickled metric: its constructor arguments in practice. */
-static ks_status attrs_json(norm *nm, const metric *m, json_t *attrs) {
+static ks_status attrs_json(norm *nm, const metric *m, ks__jv *attrs) {
   ks_entry e;
   for (size_t i = 0; ks_statedict_at(nm->flat, i, &e) == KS_OK; i++) {
     if (strncmp(e.name, m->root, m->len) || strchr(e.name + m->len, '/')) continue;
     const char *attr = e.name + m->len;
-    json_t *v = module_attr(attr) ? NULL : scalar_json(&e);
-    if (v && json_object_set_new(attrs, attr, v)) return nomem(nm->err);
+    if (module_attr(attr) || !has_json_form(&e)) continue;
+    if (ks__jv_set(alloc_of(nm), attrs, attr, scalar_json(alloc_of(nm), &e))) return nomem(nm->err);
   }
   return KS_OK;
 }
@@ -240,35 +248,54 @@ static void metric_names(const metric *m, int eval, char *label, char *name, siz
   component(m->root, prefix, name, cap);
 }
 
-static json_t *metric_json(norm *nm, const metric *m, json_t *states) {
+/* {"path", "group", "label", "name", "class", "states", "update_count", "attrs"} in this order;
+   takes `states` in every case. */
+static ks__jv *metric_json(norm *nm, const metric *m, ks__jv *states) {
   char label[KS_MAX_NAME + 1], name[KS_MAX_NAME + 1], key[KS_MAX_NAME + 32], path[KS_MAX_NAME + 1];
   int eval = starts(m->root, EVAL);
   ks_entry e;
   metric_names(m, eval, label, name, sizeof name);
   snprintf(key, sizeof key, "%s__class__", m->root);
-  json_t *cls = m->pickled && !ks_statedict_get(nm->flat, key, &e) ? json_string(e.s) : json_null();
+  const ks_allocator *a = alloc_of(nm);
+  int has_cls = m->pickled && !ks_statedict_get(nm->flat, key, &e) && e.kind == KS_VAL_STRING &&
+                ks__utf8_valid((const uint8_t *)e.s, strlen(e.s));
+  ks__jv *cls = has_cls ? ks__jv_str(a, e.s) : ks__jv_null(a);
   snprintf(key, sizeof key, "%s_update_count", m->root);
   int has_count = m->pickled && !ks_statedict_get(nm->flat, key, &e) && e.kind == KS_VAL_INT;
   snprintf(path, sizeof path, "%.*s", (int)m->len - 1, m->root);
-  return json_pack("{s:s, s:s, s:o, s:s, s:o, s:O, s:o, s:o}", "path", path, "group", eval ? "eval" : "train",
-                   "label", eval ? json_string(label) : json_null(), "name", name, "class", cls, "states", states,
-                   "update_count", has_count ? json_integer(e.i) : json_null(), "attrs", json_object());
+  ks__jv *o = ks__jv_object(a);
+  ks_status s = o ? KS_OK : KS_E_NOMEM;
+  if (!s) s = ks__jv_set(a, o, "path", ks__jv_str(a, path));
+  if (!s) s = ks__jv_set(a, o, "group", ks__jv_str(a, eval ? "eval" : "train"));
+  if (!s) s = ks__jv_set(a, o, "label", eval ? ks__jv_str(a, label) : ks__jv_null(a));
+  if (!s) s = ks__jv_set(a, o, "name", ks__jv_str(a, name));
+  if (!s) s = ks__jv_set(a, o, "class", cls), cls = NULL;
+  if (!s) s = ks__jv_set(a, o, "states", states), states = NULL;
+  if (!s) s = ks__jv_set(a, o, "update_count", has_count ? ks__jv_int(a, e.i) : ks__jv_null(a));
+  if (!s) s = ks__jv_set(a, o, "attrs", ks__jv_object(a));
+  ks__jv_free(a, cls);
+  ks__jv_free(a, states);
+  if (s) ks__jv_free(a, o), o = NULL;
+  return o;
 }
 
 static ks_status emit_metric(norm *nm, metric *m) {
-  json_t *states = json_array();
+  const ks_allocator *a = alloc_of(nm);
+  ks__jv *states = ks__jv_array(a);
   if (!states) return nomem(nm->err);
   ks_status st = state_names(nm, m, states);
-  json_t *info = st ? NULL : metric_json(nm, m, states);
-  json_decref(states);
-  if (!st && !info) return nomem(nm->err);
-  if (!st && m->pickled) st = attrs_json(nm, m, json_object_get(info, "attrs"));
-  size_t i;
-  json_t *v;
-  if (m->pickled) json_array_foreach(json_object_get(info, "states"), i, v) if (!st) st = emit_state(nm, m, json_string_value(v));
+  if (st) {
+    ks__jv_free(a, states);
+    return st;
+  }
+  ks__jv *info = metric_json(nm, m, states);
+  if (!info) return nomem(nm->err);
+  if (m->pickled) st = attrs_json(nm, m, (ks__jv *)ks__jv_get(info, "attrs"));
+  const ks__jv *names = ks__jv_get(info, "states");
+  for (size_t i = 0; m->pickled && !st && i < names->len; i++) st = emit_state(nm, m, ks__jv_string(names->items[i]));
   if (!st && m->pickled) st = emit_computed(nm, m);
-  if (!st && json_array_append_new(nm->list, info)) st = nomem(nm->err);
-  else if (st) json_decref(info);
+  if (!st) st = ks__jv_push(a, nm->list, info) ? nomem(nm->err) : KS_OK;
+  else ks__jv_free(a, info);
   m->emitted = 1;
   return st;
 }
@@ -286,12 +313,13 @@ static ks_status run(norm *nm) {
 }
 
 static ks_status finish_json(norm *nm, const char *layout, char **out) {
-  json_t *doc = json_pack("{s:s, s:O}", "layout", layout, "metrics", nm->list);
-  char *s = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-  json_decref(doc);
-  if (!s) return nomem(nm->err);
-  *out = ks__strdup(ks_statedict_allocator(nm->flat), s);
-  free(s);
+  const ks_allocator *a = alloc_of(nm);
+  ks__jv *doc = ks__jv_object(a);
+  ks_status s = doc ? KS_OK : KS_E_NOMEM;
+  if (!s) s = ks__jv_set(a, doc, "layout", ks__jv_str(a, layout));
+  if (!s) s = ks__jv_set(a, doc, "metrics", nm->list), nm->list = NULL; /* the document takes the list */
+  *out = s ? NULL : ks__jv_dump(a, doc, false);
+  ks__jv_free(a, doc);
   return *out ? KS_OK : nomem(nm->err);
 }
 
@@ -304,14 +332,14 @@ static const char *layout_of(const norm *nm) {
 ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out, char **metrics_json,
                                 ks_error *err) {
   if (!flat || !out || (take != KS_COPY && take != KS_BORROW)) return ks__err(err, KS_E_INVALID, "composer: bad argument");
-  norm nm = {flat, NULL, take, err, NULL, 0, 0, json_array()};
   const ks_allocator *a = ks_statedict_allocator(flat);
+  norm nm = {flat, NULL, take, err, NULL, 0, 0, ks__jv_array(a)};
   ks_status st = nm.list ? ks_statedict_create(a, &nm.out) : KS_E_NOMEM;
   if (st) st = nomem(err);
   if (!st) st = run(&nm);
   char *json = NULL;
   if (!st && metrics_json) st = finish_json(&nm, layout_of(&nm), &json);
-  json_decref(nm.list);
+  ks__jv_free(a, nm.list);
   ks__free(a, nm.m);
   if (st) {
     ks_statedict_free(nm.out);
