@@ -25,12 +25,13 @@ void ks__json_init(ks__json *j, const void *s, size_t n, int64_t base, const cha
   j->file = file;
   j->alloc = a;
   j->err = err;
+  ks__sbuf_init(&j->kbuf, a);
+  ks__sbuf_init(&j->vbuf, a);
 }
 
 void ks__json_free(ks__json *j) {
-  ks__free(j->alloc, j->kbuf.p);
-  ks__free(j->alloc, j->vbuf.p);
-  j->kbuf.p = j->vbuf.p = NULL;
+  ks__sbuf_free(&j->kbuf);
+  ks__sbuf_free(&j->vbuf);
 }
 
 ks_status ks__json_fail(ks__json *j, ks_status code, const char *key, const char *fmt, ...) {
@@ -65,19 +66,11 @@ ks_status ks__json_expect(ks__json *j, char c) {
   return KS_OK;
 }
 
-static bool buf_put(ks__json *j, ks__jbuf *b, const void *p, size_t n) {
+static bool buf_put(ks__json *j, ks__sbuf *b, const void *p, size_t n) {
   if (n == 0) return true;
-  if (n > b->cap - b->len) {
-    size_t ncap = b->cap ? b->cap : 64;
-    while (ncap < b->len + n) ncap *= 2;
-    char *q = ks__realloc(j->alloc, b->p, ncap);
-    if (!q) return false;
-    b->p = q;
-    b->cap = ncap;
-  }
-  memcpy(b->p + b->len, p, n);
-  b->len += n;
-  return true;
+  (void)j;
+  ks__sbuf_put(b, p, n);
+  return !b->failed;
 }
 
 static int hex4(const uint8_t *p) {
@@ -138,7 +131,7 @@ static uint8_t simple_escape(uint8_t c) {
   }
 }
 
-static ks_status read_escape(ks__json *j, ks__jbuf *b) {
+static ks_status read_escape(ks__json *j, ks__sbuf *b) {
   if (j->pos >= j->n) return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: unterminated string");
   uint8_t c = j->s[j->pos++], out[4];
   size_t n = 1;
@@ -164,7 +157,7 @@ static void scan_run(ks__json *j) {
 }
 
 /* Slow path: the string has escapes; decode it into b. j->pos is at the first backslash. */
-static ks_status read_escaped(ks__json *j, ks__jbuf *b, size_t start) {
+static ks_status read_escaped(ks__json *j, ks__sbuf *b, size_t start) {
   b->len = 0;
   if (!buf_put(j, b, j->s + start, j->pos - start)) return ks__err(j->err, KS_E_NOMEM, "out of memory");
   while (j->pos < j->n) {
@@ -179,7 +172,7 @@ static ks_status read_escaped(ks__json *j, ks__jbuf *b, size_t start) {
   return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: unterminated string or raw control character");
 }
 
-ks_status ks__json_string(ks__json *j, ks__jbuf *b, const char **s, size_t *n) {
+ks_status ks__json_string(ks__json *j, ks__sbuf *b, const char **s, size_t *n) {
   ks_status st = ks__json_expect(j, '"');
   if (st) return st;
   size_t start = j->pos;

@@ -64,10 +64,6 @@ bool ks__parse_hex64(const char *s, size_t n, uint64_t *out);
 
 
 /* A streaming JSON reader over untrusted bytes (json.c). */
-typedef struct ks__jbuf {
-  char *p;
-  size_t len, cap;
-} ks__jbuf;
 
 typedef struct ks__json {
   const uint8_t *s;
@@ -76,7 +72,7 @@ typedef struct ks__json {
   const char *file;
   const ks_allocator *alloc;
   ks_error *err;
-  ks__jbuf kbuf, vbuf; /* scratch for decoded keys and values */
+  ks__sbuf kbuf, vbuf; /* scratch for decoded keys and values */
   bool skipping;       /* inside a value that is read and dropped: \u0000 is allowed there */
 } ks__json;
 
@@ -90,7 +86,7 @@ void ks__json_ws(ks__json *j);
 bool ks__json_peek(ks__json *j, char c);
 ks_status ks__json_expect(ks__json *j, char c);
 /* A string: *s points into the input (no escapes) or into b; valid until b is reused. */
-ks_status ks__json_string(ks__json *j, ks__jbuf *b, const char **s, size_t *n);
+ks_status ks__json_string(ks__json *j, ks__sbuf *b, const char **s, size_t *n);
 /* A non-negative integer without fraction or exponent; `what` names it in errors. */
 ks_status ks__json_u64(ks__json *j, const char *key, const char *what, uint64_t *v);
 /* Skips any value. `depth` is the nesting level of the value (the header object is 1);

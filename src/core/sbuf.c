@@ -24,15 +24,7 @@ static bool grow(ks__sbuf *b, size_t extra) {
   size_t need;
   if (b->failed || !ks__add_size(b->len, extra, &need)) return b->failed = true, false;
   if (need <= b->cap) return true;
-  size_t ncap = b->cap ? b->cap : 256;
-  while (ncap < need) {
-    if (ncap > SIZE_MAX / 2) return b->failed = true, false;
-    ncap *= 2;
-  }
-  char *p = ks__realloc(b->alloc, b->p, ncap);
-  if (!p) return b->failed = true, false;
-  b->p = p;
-  b->cap = ncap;
+  if (ks__grow(b->alloc, &b->p, &b->cap, need, 1)) return b->failed = true, false;
   return true;
 }
 

@@ -85,14 +85,8 @@ static long find_index(const ks_statedict *sd, const char *name) {
 /* Makes room for one more item, growing the array and keeping the table under 50% load. */
 static ks_status reserve_one(ks_statedict *sd) {
   if (sd->count >= UINT32_MAX - 1) return KS_E_LIMIT;
-  if (sd->count == sd->cap) {
-    size_t ncap = sd->cap ? sd->cap * 2 : 16, bytes;
-    if (!ks__mul_size(ncap, sizeof(sd_item), &bytes)) return KS_E_LIMIT;
-    sd_item *items = ks__realloc(&sd->alloc, sd->items, bytes);
-    if (!items) return KS_E_NOMEM;
-    sd->items = items;
-    sd->cap = ncap;
-  }
+  ks_status s = ks__grow(&sd->alloc, &sd->items, &sd->cap, sd->count + 1, sizeof *sd->items);
+  if (s) return s;
   return ks__hindex_reserve(&sd->index, &sd->alloc, sd->count + 1, sd->count, &sd_ops, sd);
 }
 

@@ -206,21 +206,10 @@ static ks_status read_tensor(ks__json *j, const char *name, fmt_entry *e) {
 
 static ks_status grow(hdr_parse *p, size_t name_len) {
   ks_reader *r = p->r;
-  if (r->count == p->cap) {
-    size_t ncap = p->cap ? p->cap * 2 : 64;
-    fmt_entry *e = ks__realloc(&r->alloc, r->entries, ncap * sizeof *e);
-    if (!e) return ks__err(p->j.err, KS_E_NOMEM, "out of memory for %zu tensors", ncap);
-    r->entries = e;
-    p->cap = ncap;
-  }
-  if (p->arena_len + name_len + 1 > p->arena_cap) {
-    size_t ncap = p->arena_cap ? p->arena_cap * 2 : 4096;
-    while (ncap < p->arena_len + name_len + 1) ncap *= 2;
-    char *a = ks__realloc(&r->alloc, r->names, ncap);
-    if (!a) return ks__err(p->j.err, KS_E_NOMEM, "out of memory for tensor names");
-    r->names = a;
-    p->arena_cap = ncap;
-  }
+  if (ks__grow(&r->alloc, &r->entries, &p->cap, r->count + 1, sizeof *r->entries))
+    return ks__err(p->j.err, KS_E_NOMEM, "out of memory for %zu tensors", r->count + 1);
+  if (ks__grow(&r->alloc, &r->names, &p->arena_cap, p->arena_len + name_len + 1, 1))
+    return ks__err(p->j.err, KS_E_NOMEM, "out of memory for tensor names");
   return KS_OK;
 }
 

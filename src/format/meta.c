@@ -61,14 +61,8 @@ static long find_index(const ks_meta *m, const char *key) { return find_n(m, key
 /* Room for one more pair, keeping the table at most half full. */
 static ks_status reserve_one(ks_meta *m) {
   if (m->count >= UINT32_MAX - 1) return KS_E_LIMIT;
-  if (m->count == m->cap) {
-    size_t ncap = m->cap ? m->cap * 2 : 8, bytes;
-    if (!ks__mul_size(ncap, sizeof(meta_pair), &bytes)) return KS_E_LIMIT;
-    meta_pair *p = ks__realloc(&m->alloc, m->pairs, bytes);
-    if (!p) return KS_E_NOMEM;
-    m->pairs = p;
-    m->cap = ncap;
-  }
+  ks_status s = ks__grow(&m->alloc, &m->pairs, &m->cap, m->count + 1, sizeof *m->pairs);
+  if (s) return s;
   return ks__hindex_reserve(&m->index, &m->alloc, m->count + 1, m->count, &meta_ops, m);
 }
 

@@ -109,14 +109,8 @@ static void probe(const ks_ckpt_manager *m, ckpt *c) {
 }
 
 static ks_status list_add(const ks_ckpt_manager *m, ckpt_list *l, const char *name) {
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? l->cap * 2 : 16, bytes;
-    if (!ks__mul_size(cap, sizeof(ckpt), &bytes)) return KS_E_LIMIT;
-    ckpt *v = ks__realloc(&m->alloc, l->v, bytes);
-    if (!v) return KS_E_NOMEM;
-    l->v = v;
-    l->cap = cap;
-  }
+  ks_status s = ks__grow(&m->alloc, &l->v, &l->cap, l->n + 1, sizeof *l->v);
+  if (s) return s;
   ckpt c = {.name = ks__strdup(&m->alloc, name)};
   if (!c.name) return KS_E_NOMEM;
   probe(m, &c);

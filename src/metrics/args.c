@@ -251,30 +251,10 @@ ks_status ks__args_copy(const ks_allocator *a, const ks__margs *src, ks__margs *
 
 /* ---- canonical JSON ---- */
 
-typedef struct sbuf {
-  const ks_allocator *a;
-  char *p;
-  size_t len, cap;
-  int fail;
-} sbuf;
+/* Canonical arguments are written with the core string buffer. */
+typedef ks__sbuf sbuf;
 
-static void put(sbuf *b, const char *s) {
-  size_t n = strlen(s);
-  if (b->fail) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 128;
-    while (cap < b->len + n + 1) cap *= 2;
-    char *p = ks__realloc(b->a, b->p, cap);
-    if (!p) {
-      b->fail = 1;
-      return;
-    }
-    b->p = p;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->len, s, n + 1);
-  b->len += n;
-}
+static void put(sbuf *b, const char *s) { ks__sbuf_puts(b, s); }
 
 static void put_num(sbuf *b, double d) {
   char t[40];
@@ -283,11 +263,7 @@ static void put_num(sbuf *b, double d) {
   put(b, t);
 }
 
-static void put_int(sbuf *b, int64_t x) {
-  char t[32];
-  snprintf(t, sizeof t, "%lld", (long long)x);
-  put(b, t);
-}
+static void put_int(sbuf *b, int64_t x) { ks__sbuf_put_i64(b, x); }
 
 static void put_value(sbuf *b, unsigned bit, const ks__margs *o) {
   static const char *const nan_names[] = {"\"warn\"", "\"ignore\"", "\"error\"", "\"disable\""};
@@ -319,7 +295,8 @@ static void put_value(sbuf *b, unsigned bit, const ks__margs *o) {
 }
 
 ks_status ks__args_canonical(const ks__class *cls, const ks__margs *args, const ks_allocator *a, char **out) {
-  sbuf b = {a, NULL, 0, 0, 0};
+  sbuf b;
+  ks__sbuf_init(&b, a);
   put(&b, "{");
   int first = 1;
   for (size_t i = 0; i < N_ARGS; i++) {
@@ -331,8 +308,9 @@ ks_status ks__args_canonical(const ks__class *cls, const ks__margs *args, const 
     first = 0;
   }
   put(&b, "}");
-  if (b.fail) {
-    ks__free(a, b.p);
+  ks__sbuf_putc(&b, '\0');
+  if (b.failed) {
+    ks__sbuf_free(&b);
     return KS_E_NOMEM;
   }
   *out = b.p;

@@ -46,13 +46,8 @@ ks_status ks_metric_collection_add(ks_metric_collection *c, const char *name, ks
   size_t len = strlen(name);
   if (len == 0 || len > KS_MAX_NAME) return KS_E_INVALID;
   if (ks_metric_collection_get(c, name)) return KS_E_EXISTS;
-  if (c->count == c->cap) {
-    size_t cap = c->cap ? c->cap * 2 : 8;
-    coll_item *p = ks__realloc(&c->alloc, c->items, cap * sizeof *p);
-    if (!p) return KS_E_NOMEM;
-    c->items = p;
-    c->cap = cap;
-  }
+  ks_status s = ks__grow(&c->alloc, &c->items, &c->cap, c->count + 1, sizeof *c->items);
+  if (s) return s;
   char *copy = ks__strdup(&c->alloc, name);
   if (!copy) return KS_E_NOMEM;
   c->items[c->count].name = copy;

@@ -165,13 +165,8 @@ ks_status ks__cat_reserve(const ks_metric *m, ks__state *s, uint64_t rows, ks_er
   if (!ks__mul_u64(rows, ks__state_row_bytes(s), &add) || !ks__add_u64(add, s->nbytes, &need) ||
       need > SIZE_MAX / 2)
     return ks__err(err, KS_E_LIMIT, "state '%s' would exceed the address space", s->name);
-  if (need <= s->cap) return KS_OK;
-  size_t cap = s->cap ? s->cap : 256;
-  while (cap < need) cap *= 2;
-  void *p = ks__realloc(&m->alloc, s->data, cap);
-  if (!p) return ks__err(err, KS_E_NOMEM, "out of memory growing state '%s'", s->name);
-  s->data = p;
-  s->cap = cap;
+  if (ks__grow(&m->alloc, &s->data, &s->cap, (size_t)need, 1))
+    return ks__err(err, KS_E_NOMEM, "out of memory growing state '%s'", s->name);
   return KS_OK;
 }
 

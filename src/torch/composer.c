@@ -64,13 +64,7 @@ static ks_status collect(norm *nm) {
   for (size_t i = 0; ks_statedict_at(nm->flat, i, &e) == KS_OK; i++) {
     size_t len = root_len(e.name);
     if (!len || find_metric(nm, e.name, len)) continue;
-    if (nm->n == nm->cap) {
-      size_t ncap = nm->cap ? nm->cap * 2 : 8;
-      metric *m = ks__realloc(a, nm->m, ncap * sizeof *m);
-      if (!m) return nomem(nm->err);
-      nm->m = m;
-      nm->cap = ncap;
-    }
+    if (ks__grow(a, &nm->m, &nm->cap, nm->n + 1, sizeof *nm->m)) return nomem(nm->err);
     metric *m = &nm->m[nm->n++];
     memcpy(m->root, e.name, len);
     m->root[len] = 0;

@@ -51,14 +51,9 @@ static size_t floor_sp(const vm_t *vm) { return vm->nm ? vm->marks[vm->nm - 1] :
 static ks_status grow(vm_t *vm, void **arr, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return KS_OK;
   if (need > vm->lim->max_stack) return fail(vm, KS_E_LIMIT, "stack deeper than %zu", vm->lim->max_stack);
-  size_t ncap = *cap ? *cap * 2 : 64, bytes;
-  if (ncap < need) ncap = need;
-  if (!ks__mul_size(ncap, elem, &bytes)) return fail(vm, KS_E_LIMIT, "stack too large");
-  void *p = ks__realloc(&vm->ar->alloc, *arr, bytes);
-  if (!p) return nomem(vm);
-  *arr = p;
-  *cap = ncap;
-  return KS_OK;
+  ks_status s = ks__grow(&vm->ar->alloc, arr, cap, need, elem);
+  if (s == KS_E_LIMIT) return fail(vm, KS_E_LIMIT, "stack too large");
+  return s ? nomem(vm) : KS_OK;
 }
 
 static ks_status push(vm_t *vm, ks__pk_node *n) {

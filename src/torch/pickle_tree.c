@@ -80,27 +80,13 @@ ks__pk_node *ks__pk_new_global(ks__pk_arena *ar, const char *module, size_t mlen
 }
 
 bool ks__pk_push(ks__pk_arena *ar, ks__pk_seq *s, ks__pk_node *v) {
-  if (s->n == s->cap) {
-    size_t ncap = s->cap ? s->cap * 2 : 4, bytes;
-    if (!ks__mul_size(ncap, sizeof *s->v, &bytes)) return false;
-    ks__pk_node **nv = ks__realloc(&ar->alloc, s->v, bytes);
-    if (!nv) return false;
-    s->v = nv;
-    s->cap = ncap;
-  }
+  if (ks__grow(&ar->alloc, &s->v, &s->cap, s->n + 1, sizeof *s->v)) return false;
   s->v[s->n++] = v;
   return true;
 }
 
 void *ks__pk_buffer(ks__pk_arena *ar, size_t n) {
-  if (ar->nbufs == ar->capbufs) {
-    size_t ncap = ar->capbufs ? ar->capbufs * 2 : 8, bytes;
-    if (!ks__mul_size(ncap, sizeof *ar->bufs, &bytes)) return NULL;
-    void **nb = ks__realloc(&ar->alloc, ar->bufs, bytes);
-    if (!nb) return NULL;
-    ar->bufs = nb;
-    ar->capbufs = ncap;
-  }
+  if (ks__grow(&ar->alloc, &ar->bufs, &ar->capbufs, ar->nbufs + 1, sizeof *ar->bufs)) return NULL;
   void *p = ks__malloc(&ar->alloc, n ? n : 1);
   if (!p) return NULL;
   ar->bufs[ar->nbufs++] = p;

@@ -14,14 +14,8 @@ static ks_status mem_write(void *ctx, const void *p, size_t n) {
   membuf *m = ctx;
   size_t need;
   if (!ks__add_size(m->n, n, &need)) return KS_E_LIMIT;
-  if (need > m->cap) {
-    size_t ncap = m->cap ? m->cap : 4096;
-    while (ncap < need) ncap = ncap > SIZE_MAX / 2 ? need : ncap * 2;
-    uint8_t *b = ks__realloc(m->a, m->p, ncap);
-    if (!b) return KS_E_NOMEM;
-    m->p = b;
-    m->cap = ncap;
-  }
+  ks_status s = ks__grow(m->a, &m->p, &m->cap, need, 1);
+  if (s) return s;
   memcpy(m->p + m->n, p, n);
   m->n += n;
   return KS_OK;

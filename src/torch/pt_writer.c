@@ -46,13 +46,7 @@ static wnode *child(writer *wr, wnode *parent, const char *name, size_t nlen, in
   for (size_t i = parent->n; i-- > 0;) /* newest first: siblings usually arrive together */
     if (parent->kids[i]->nlen == nlen && !memcmp(parent->kids[i]->name, name, nlen)) return parent->kids[i];
   if (!create) return NULL;
-  if (parent->n == parent->cap) {
-    size_t ncap = parent->cap ? parent->cap * 2 : 4;
-    wnode **k = ks__realloc(wr->a, parent->kids, ncap * sizeof *k);
-    if (!k) return NULL;
-    parent->kids = k;
-    parent->cap = ncap;
-  }
+  if (ks__grow(wr->a, &parent->kids, &parent->cap, parent->n + 1, sizeof *parent->kids)) return NULL;
   wnode *w = ks__calloc(wr->a, 1, sizeof *w);
   if (!w) return NULL;
   w->name = name;
@@ -85,16 +79,10 @@ static ks_status insert(writer *wr, wnode *root, const char *name, long idx) {
 
 static void put(writer *wr, const void *p, size_t n) {
   if (wr->oom) return;
-  if (wr->n + n > wr->cap) {
-    size_t ncap = wr->cap ? wr->cap : 256;
-    while (ncap < wr->n + n) ncap *= 2;
-    uint8_t *b = ks__realloc(wr->a, wr->p, ncap);
-    if (!b) {
-      wr->oom = 1;
-      return;
-    }
-    wr->p = b;
-    wr->cap = ncap;
+  size_t need;
+  if (!ks__add_size(wr->n, n, &need) || ks__grow(wr->a, &wr->p, &wr->cap, need, 1)) {
+    wr->oom = 1;
+    return;
   }
   memcpy(wr->p + wr->n, p, n);
   wr->n += n;
@@ -154,13 +142,8 @@ static ks_status storage_dtype(writer *wr, const char *name, ks_dtype dt, ks_dty
 }
 
 static ks_status add_storage(writer *wr, const ks_tensor *t, double f, ks_dtype dt) {
-  if (wr->nst == wr->capst) {
-    size_t ncap = wr->capst ? wr->capst * 2 : 16;
-    wstorage *s = ks__realloc(wr->a, wr->st, ncap * sizeof *s);
-    if (!s) return ks__err(wr->err, KS_E_NOMEM, "torch: out of memory");
-    wr->st = s;
-    wr->capst = ncap;
-  }
+  if (ks__grow(wr->a, &wr->st, &wr->capst, wr->nst + 1, sizeof *wr->st))
+    return ks__err(wr->err, KS_E_NOMEM, "torch: out of memory");
   wr->st[wr->nst++] = (wstorage){t, f, dt};
   return KS_OK;
 }

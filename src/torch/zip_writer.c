@@ -53,14 +53,8 @@ static ks_status emit(ks__zw *z, const void *p, size_t n, ks_error *err) {
 }
 
 static ks_status record(ks__zw *z, const char *name, uint64_t size, uint32_t crc, ks_error *err) {
-  if (z->n == z->cap) {
-    size_t ncap = z->cap ? z->cap * 2 : 16, bytes;
-    if (!ks__mul_size(ncap, sizeof *z->e, &bytes)) return ks__err(err, KS_E_LIMIT, "zip: too many entries");
-    zw_entry *e = ks__realloc(&z->alloc, z->e, bytes);
-    if (!e) return ks__err(err, KS_E_NOMEM, "zip: out of memory");
-    z->e = e;
-    z->cap = ncap;
-  }
+  ks_status g = ks__grow(&z->alloc, &z->e, &z->cap, z->n + 1, sizeof *z->e);
+  if (g) return ks__err(err, g, g == KS_E_LIMIT ? "zip: too many entries" : "zip: out of memory");
   char *copy = ks__strdup(&z->alloc, name);
   if (!copy) return ks__err(err, KS_E_NOMEM, "zip: out of memory");
   z->e[z->n++] = (zw_entry){copy, size, z->pos, crc};

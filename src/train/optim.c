@@ -101,15 +101,8 @@ ks_status ks_optimizer_add_param(ks_optimizer *o, float *param, const float *gra
   if (s) return s;
   if (rank > 0) memcpy(p.shape, shape, (size_t)rank * sizeof *shape);
   p.n = (size_t)numel;
-  if (o->count == o->cap) {
-    size_t cap = o->cap ? o->cap * 2 : 8, bytes;
-    if (!ks__mul_size(cap, sizeof(opt_param), &bytes)) return KS_E_LIMIT;
-    opt_param *np = ks__realloc(&o->alloc, o->params, bytes);
-    if (!np) return KS_E_NOMEM;
-    o->params = np;
-    o->cap = cap;
-  }
-  s = alloc_state(o, &p);
+  s = ks__grow(&o->alloc, &o->params, &o->cap, o->count + 1, sizeof *o->params);
+  if (!s) s = alloc_state(o, &p);
   if (s) return s;
   o->params[o->count++] = p;
   return KS_OK;
