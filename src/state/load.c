@@ -271,14 +271,7 @@ static ks_status filter_ignored(ks__load_ctx *c, const ks_statedict *src, ks_sta
     ks_entry e;
     ks_statedict_at(src, i, &e);
     if (ks__ignored(c, e.name)) continue;
-    switch (e.kind) {
-    case KS_VAL_TENSOR: s = ks_statedict_set_tensor(view, e.name, &e.tensor, KS_BORROW); break;
-    case KS_VAL_INT: s = ks_statedict_set_int(view, e.name, e.i); break;
-    case KS_VAL_FLOAT: s = ks_statedict_set_float(view, e.name, e.f); break;
-    case KS_VAL_BOOL: s = ks_statedict_set_bool(view, e.name, (int)e.i); break;
-    case KS_VAL_STRING: s = ks_statedict_set_string(view, e.name, e.s); break;
-    case KS_VAL_NULL: s = ks_statedict_set_null(view, e.name); break;
-    }
+    s = ks_statedict_set_entry(view, e.name, &e, KS_BORROW);
   }
   if (s) {
     ks_statedict_free(view);

@@ -78,15 +78,7 @@ static ks_status collect(norm *nm) {
 }
 
 static ks_status put(norm *nm, const char *name, const ks_entry *e, ks_take take) {
-  ks_status st;
-  switch (e->kind) {
-    case KS_VAL_TENSOR: st = ks_statedict_set_tensor(nm->out, name, &e->tensor, take); break;
-    case KS_VAL_INT: st = ks_statedict_set_int(nm->out, name, e->i); break;
-    case KS_VAL_FLOAT: st = ks_statedict_set_float(nm->out, name, e->f); break;
-    case KS_VAL_BOOL: st = ks_statedict_set_bool(nm->out, name, (int)e->i); break;
-    case KS_VAL_STRING: st = ks_statedict_set_string(nm->out, name, e->s); break;
-    default: st = ks_statedict_set_null(nm->out, name); break;
-  }
+  ks_status st = ks_statedict_set_entry(nm->out, name, e, take);
   return st ? ks__err_at(nm->err, st, NULL, name, -1, "composer: cannot add entry") : KS_OK;
 }
 
