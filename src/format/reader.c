@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/fmap.h"
 #include "format/fmt_internal.h"
 
 static ks_status reader_new(const ks_allocator *a, const char *path, ks_reader **out, ks_error *err) {
@@ -37,72 +38,17 @@ void ks_reader_free(ks_reader *r) {
   ks__free(&r->alloc, r);
 }
 
-static ks_status io_err(const ks_reader *r, const char *what, ks_error *err) {
-  return ks__err_at(err, KS_E_IO, r->path, NULL, -1, "%s: %s", what, strerror(errno ? errno : EIO));
-}
-
-/*
- * A large copy is dominated by first-touch page faults, not by read(): asking
- * for transparent huge pages over the buffer cuts the faults 512-fold where the
- * kernel allows it (a hint only; harmless where it does not).
- */
-static void advise_huge(void *p, size_t size) {
-#ifdef MADV_HUGEPAGE
-  const uintptr_t huge = (uintptr_t)2 << 20;
-  uintptr_t begin = ((uintptr_t)p + huge - 1) & ~(huge - 1), end = ((uintptr_t)p + size) & ~(huge - 1);
-  if (end > begin) madvise((void *)begin, end - begin, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)size;
-#endif
-}
-
-static ks_status read_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
-  r->copy = ks__malloc(&r->alloc, size ? size : 1);
-  if (!r->copy) return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory for %zu bytes", size);
-  advise_huge(r->copy, size);
-  size_t got = 0;
-  while (got < size) {
-    size_t want = size - got < ((size_t)1 << 30) ? size - got : ((size_t)1 << 30);
-    ssize_t n = read(fd, r->copy + got, want);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return io_err(r, "cannot read file", err);
-    if (n == 0) return ks__err_at(err, KS_E_IO, r->path, NULL, (int64_t)got, "file shrank while being read");
-    got += (size_t)n;
-  }
-  r->bytes = r->copy;
-  r->size = size;
-  return KS_OK;
-}
-
-static ks_status map_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
-  void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (p == MAP_FAILED) return io_err(r, "cannot map file", err);
-  r->map = p;
-  r->map_len = size;
-  r->bytes = p;
-  r->size = size;
-  return KS_OK;
-}
-
+/* The whole file through the core mapper; the reader keeps (and later releases) what it returns. */
 static ks_status load_file(ks_reader *r, ks_read_mode mode, ks_error *err) {
-  /* O_NONBLOCK: opening a FIFO must not wait for a writer before it is refused as not a regular file. */
-  int fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return io_err(r, "cannot open file", err);
-  struct stat st;
-  ks_status s;
-  if (fstat(fd, &st) != 0)
-    s = io_err(r, "cannot stat file", err);
-  else if (!S_ISREG(st.st_mode))
-    s = ks__err_at(err, KS_E_IO, r->path, NULL, -1, "not a regular file");
-  else if ((uint64_t)st.st_size > SIZE_MAX)
-    s = ks__err_at(err, KS_E_LIMIT, r->path, NULL, -1, "file too large for this platform");
-  else if (mode == KS_READ_MMAP && st.st_size >= 8) /* an empty mapping is an error: tiny files are read */
-    s = map_whole(r, fd, (size_t)st.st_size, err);
-  else
-    s = read_whole(r, fd, (size_t)st.st_size, err);
-  close(fd);
-  return s;
+  ks__fmap m;
+  ks_status s = ks__fmap_open(&m, r->path, mode != KS_READ_MMAP, 8, &r->alloc, err);
+  if (s) return s;
+  r->bytes = m.bytes;
+  r->size = m.size;
+  r->map = m.map;
+  r->map_len = m.map_len;
+  r->copy = m.copy;
+  return KS_OK;
 }
 
 static ks_status finish_open(ks_reader *r, const ks_read_opts *opts, ks_reader **out, ks_error *err) {

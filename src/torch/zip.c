@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/fmap.h"
 #include "torch/torch_internal.h"
 
 #define SIG_LOCAL 0x04034b50u
@@ -214,22 +215,17 @@ ks_status ks__zip_open_buffer(const void *buf, size_t len, const ks_allocator *a
   return KS_OK;
 }
 
-static ks_status map_file(const char *path, void **map, size_t *len, ks_error *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO is refused, not waited on */
-  if (fd < 0) return ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot open: %s", strerror(errno));
-  struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    close(fd);
-    return ks__err_at(err, KS_E_IO, path, NULL, -1, "not a regular file");
+/* The whole file, mapped by the core mapper; an empty file is not a zip (a format error). */
+static ks_status map_file(const char *path, const ks_allocator *a, void **map, size_t *len, ks_error *err) {
+  ks__fmap m;
+  ks_status st = ks__fmap_open(&m, path, false, 1, a, err);
+  if (st) return st;
+  if (!m.map) {
+    ks__fmap_close(&m, a);
+    return ks__err_at(err, KS_E_FORMAT, path, NULL, 0, "empty file: not a zip archive");
   }
-  if (sb.st_size <= 0 || (uint64_t)sb.st_size > SIZE_MAX) {
-    close(fd);
-    return ks__err_at(err, KS_E_FORMAT, path, NULL, -1, "not a regular non-empty file");
-  }
-  *len = (size_t)sb.st_size;
-  *map = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
-  close(fd);
-  if (*map == MAP_FAILED) return ks__err_at(err, KS_E_IO, path, NULL, -1, "mmap failed: %s", strerror(errno));
+  *map = m.map;
+  *len = m.map_len;
   return KS_OK;
 }
 
@@ -237,7 +233,7 @@ ks_status ks__zip_open_path(const char *path, const ks_allocator *a, ks__zip **o
   ks__zip *z;
   ks_status st = zip_new(a, &z, err);
   if (st) return st;
-  if ((st = map_file(path, &z->map, &z->map_len, err)) != KS_OK) {
+  if ((st = map_file(path, &z->alloc, &z->map, &z->map_len, err)) != KS_OK) {
     ks__zip_free(z);
     return st;
   }
