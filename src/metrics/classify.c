@@ -51,3 +51,10 @@ ks_status ks__mc_layout(const ks_metric *m, const ks_tensor *preds, const ks_ten
   }
   return KS_OK;
 }
+
+ks_status ks__binary_inputs(const ks_metric *m, const ks_tensor *in, ks__view *t, ks__bpreds *bp, ks_error *err) {
+  ks_status st = ks__same_shape(&in[0], &in[1], "preds", "target", err);
+  if (!st) st = ks__labels(m, &in[1], 2, m->args.has_ignore, m->args.ignore_index, "target", t, err);
+  if (!st) st = ks__bpreds_init(m, &in[0], t, 1, bp, err);
+  return st;
+}

@@ -22,19 +22,14 @@ ks_status ks__multiclass_confmat_declare(ks_metric *m, ks_error *err) {
 }
 
 static ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
-  ks_status st = ks__need_inputs(m, n, 2, 2, err);
-  if (!st) st = ks__check_input(&in[0], "preds", err);
-  if (!st) st = ks__check_input(&in[1], "target", err);
-  return st;
+  return ks__check_pair(m, in, n, err);
 }
 
 ks_status ks__binary_confmat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
   ks__view t = {0};
   ks__bpreds bp = {0};
   ks_status st = check_pair(m, in, n, err);
-  if (!st) st = ks__same_shape(&in[0], &in[1], "preds", "target", err);
-  if (!st) st = ks__labels(m, &in[1], 2, m->args.has_ignore, m->args.ignore_index, "target", &t, err);
-  if (!st) st = ks__bpreds_init(m, &in[0], &t, 1, &bp, err);
+  if (!st) st = ks__binary_inputs(m, in, &t, &bp, err);
   if (!st) {
     const int64_t *y = t.p;
     int64_t c[4] = {0, 0, 0, 0};

@@ -100,9 +100,7 @@ static ks_status binned_init(const ks_metric *m, binned *b, size_t C, ks_error *
 }
 
 static ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
-  ks_status st = ks__need_inputs(m, n, 2, 2, err);
-  if (!st) st = ks__check_input(&in[0], "preds", err);
-  if (!st) st = ks__check_input(&in[1], "target", err);
+  ks_status st = ks__check_pair(m, in, n, err);
   if (!st && !ks_dtype_is_float(in[0].dtype))
     st = ks__err(err, KS_E_DTYPE, "%s needs float preds (probabilities or logits), got %s", m->cls->name,
                  ks_dtype_name(in[0].dtype));
@@ -149,9 +147,7 @@ ks_status ks__binary_curve_update(ks_metric *m, const ks_tensor *in, size_t n, k
   ks__view t = {0};
   ks__bpreds bp = {0};
   ks_status st = check_pair(m, in, n, err);
-  if (!st) st = ks__same_shape(&in[0], &in[1], "preds", "target", err);
-  if (!st) st = ks__labels(m, &in[1], 2, m->args.has_ignore, m->args.ignore_index, "target", &t, err);
-  if (!st) st = ks__bpreds_init(m, &in[0], &t, 1, &bp, err);
+  if (!st) st = ks__binary_inputs(m, in, &t, &bp, err);
   if (!st) st = binary_apply(m, &bp, t.p, t.n, err);
   ks__bpreds_free(m, &bp);
   ks__view_free(m, &t);

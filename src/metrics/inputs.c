@@ -12,6 +12,13 @@ ks_status ks__need_inputs(const ks_metric *m, size_t n, size_t lo, size_t hi, ks
                  n);
 }
 
+ks_status ks__check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
+  ks_status st = ks__need_inputs(m, n, 2, 2, err);
+  if (!st) st = ks__check_input(&in[0], "preds", err);
+  if (!st) st = ks__check_input(&in[1], "target", err);
+  return st;
+}
+
 ks_status ks__check_input(const ks_tensor *t, const char *what, ks_error *err) {
   if (!t) return ks__err(err, KS_E_INVALID, "%s: NULL tensor", what);
   size_t nbytes;

@@ -19,6 +19,9 @@ typedef struct ks__view {
 /* Checks the number of update() arguments. */
 ks_status ks__need_inputs(const ks_metric *m, size_t n, size_t lo, size_t hi, ks_error *err);
 
+/* Exactly two inputs (preds, target), each a consistent descriptor. */
+ks_status ks__check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
+
 /* Checks a caller's descriptor: dtype, rank, dims, nbytes and data pointer agree. */
 ks_status ks__check_input(const ks_tensor *t, const char *what, ks_error *err);
 

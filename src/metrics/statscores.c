@@ -71,10 +71,7 @@ static ks_status binary_like_update(ks_metric *m, const ks_tensor *in, size_t L,
 }
 
 static ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
-  ks_status st = ks__need_inputs(m, n, 2, 2, err);
-  if (!st) st = ks__check_input(&in[0], "preds", err);
-  if (!st) st = ks__check_input(&in[1], "target", err);
-  return st;
+  return ks__check_pair(m, in, n, err);
 }
 
 ks_status ks__binary_stat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
