@@ -37,6 +37,12 @@ double ks_bench_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double ks_bench_cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 double ks_bench_gibps(double bytes, double seconds) {
   return seconds > 0 ? bytes / seconds / (1024.0 * 1024.0 * 1024.0) : 0.0;
 }

@@ -8,6 +8,8 @@
 
 /* Seconds from a monotonic clock. */
 double ks_bench_now(void);
+/* CPU seconds (user + system) this process has used: steadier than wall time on a loaded machine. */
+double ks_bench_cpu_now(void);
 /* GiB/s for `bytes` moved in `seconds`. */
 double ks_bench_gibps(double bytes, double seconds);
 /*
