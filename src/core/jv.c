@@ -48,8 +48,11 @@ ks__jv *ks__jv_strn(const ks_allocator *a, const char *s, size_t n) {
   if (!v) return NULL;
   v->s = ks__strndup(a, s, n);
   v->len = n;
-  if (!v->s) ks__free(a, v);
-  return v->s ? v : NULL;
+  if (!v->s) {
+    ks__free(a, v);
+    return NULL;
+  }
+  return v;
 }
 
 ks__jv *ks__jv_str(const ks_allocator *a, const char *s) { return ks__jv_strn(a, s, strlen(s)); }
