@@ -7,11 +7,8 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "convert_metrics.h"
-#include "keepsake/torch.h"
-
-#define META_COMPOSER "keepsake.composer_metrics"
-#define META_METRICS "keepsake.metrics"
+#include "keepsake/import.h"
+#include "keepsake/layout.h"
 
 static void convert_usage(FILE *out) {
   fprintf(out,
@@ -26,7 +23,7 @@ static void convert_usage(FILE *out) {
           "state/optimizers/AdamW/state/0/exp_avg. Composer metrics of both layouts\n"
           "(pickled torchmetrics objects, or {state_dict, _computed}) are written as\n"
           "<metric>/state_dict/<state> and <metric>/_computed, and described in the\n"
-          "metadata key " META_COMPOSER ". The metadata key " META_METRICS "\n"
+          "metadata key " KS_META_COMPOSER_METRICS ". The metadata key " KS_META_METRICS "\n"
           "gives each metric's catalogue class, its arguments when the checkpoint\n"
           "records them, its state schema version and update count, so that\n"
           "keepsake's state loader fills the program's metrics by name.\n\n"
@@ -48,32 +45,6 @@ static int is_zip_file(const char *path) {
   ssize_t n = read(fd, head, sizeof head);
   close(fd);
   return n > 0 && ks_torch_is_zip(head, (size_t)n);
-}
-
-static int has_metrics(const ks_statedict *sd) {
-  ks_entry e;
-  for (size_t i = 0; ks_statedict_at(sd, i, &e) == KS_OK; i++)
-    if (!strncmp(e.name, "state/train_metrics/", 20) || !strncmp(e.name, "state/eval_metrics/", 19)) return 1;
-  return 0;
-}
-
-/* Reads a torch file; Composer metrics are mapped onto keepsake's layout. */
-static ks_status read_torch(const char *in, ks_statedict **raw, ks_statedict **sd, ks_meta *extra, ks_error *err) {
-  ks_status st = ks_torch_load(in, NULL, raw, err);
-  if (st) return st;
-  if (!has_metrics(*raw)) {
-    *sd = *raw;
-    *raw = NULL;
-    return KS_OK;
-  }
-  char *json = NULL, *metrics = NULL;
-  if ((st = ks_composer_normalize(*raw, KS_BORROW, sd, &json, err)) != KS_OK) return st;
-  st = ks_meta_set(extra, META_COMPOSER, json);
-  if (!st) st = ks_convert_metrics_meta(json, *sd, &metrics, err);
-  if (!st) st = ks_meta_set(extra, META_METRICS, metrics);
-  free(metrics);
-  ks_torch_free(NULL, json);
-  return st;
 }
 
 /* Keeps the caller's metadata pairs of a keepsake/safetensors input; the writer owns its own keys. */
@@ -107,15 +78,22 @@ static ks_status without_ignored(const ks_statedict *src, char **globs, int nglo
   return KS_OK;
 }
 
+/* Reads IN: a torch file through the library's import, anything else as a keepsake file. */
+static ks_status read_input(const char *in, ks_statedict **sd, ks_meta **extra, ks_error *err) {
+  if (is_zip_file(in)) return ks_torch_import(in, NULL, sd, extra, err);
+  ks_meta *meta = NULL;
+  ks_status st = ks_meta_create(NULL, extra);
+  if (!st && (st = ks_load(in, NULL, sd, &meta, err)) == KS_OK) st = keep_meta(meta, *extra);
+  ks_meta_free(meta);
+  return st;
+}
+
 static int convert(const char *in, const char *out, char **globs, int nglobs) {
   ks_error err;
-  ks_statedict *raw = NULL, *sd = NULL;
+  ks_statedict *sd = NULL, *kept = NULL;
+  ks_meta *extra = NULL;
   ks_error_clear(&err);
-  ks_meta *meta = NULL, *extra = NULL;
-  ks_status st = ks_meta_create(NULL, &extra);
-  if (!st && is_zip_file(in)) st = read_torch(in, &raw, &sd, extra, &err);
-  else if (!st && (st = ks_load(in, NULL, &sd, &meta, &err)) == KS_OK) st = keep_meta(meta, extra);
-  ks_statedict *kept = NULL;
+  ks_status st = read_input(in, &sd, &extra, &err);
   if (!st) st = without_ignored(sd, globs, nglobs, &kept);
   if (st && !err.code) {
     err.code = st;
@@ -134,8 +112,6 @@ static int convert(const char *in, const char *out, char **globs, int nglobs) {
            ks_statedict_count(sd) - ks_statedict_count(kept));
   ks_statedict_free(kept);
   ks_statedict_free(sd);
-  ks_statedict_free(raw);
-  ks_meta_free(meta);
   ks_meta_free(extra);
   return st ? KS_EXIT_BAD : KS_EXIT_OK;
 }
