@@ -122,10 +122,14 @@ void ks_torch_free(const ks_allocator *alloc, void *p);
  * `state/eval_metrics/<label>/<Name>/` becomes
  *   <prefix><Name>/state_dict/<state>   (tensors; list states concatenated along dim 0)
  *   <prefix><Name>/_computed            (tensor, or null; nested results keep their sub-keys)
- * whether the checkpoint holds `{state_dict, _computed}` (Composer >= 0.14) or
- * a whole pickled torchmetrics object (<= 0.13.5; states are the names in its
- * `_persistent` / `_defaults` attributes). Every other entry of `flat` is passed
- * through unchanged, in order.
+ * whether the checkpoint holds `{state_dict, _computed}` (Composer >= 0.14; a
+ * list state's items state_dict/<state>/0, /1, ... are joined) or a whole
+ * pickled torchmetrics object (<= 0.13.5; states are the names in its
+ * `_persistent` / `_defaults` attributes). Names and labels may contain '/': a
+ * metric's folder is the shortest one that holds `__class__`, `state_dict/` or
+ * `_computed`. In the description an eval metric's name is its last folder and
+ * its label the folders before it. Every other entry of `flat` is passed
+ * through unchanged, in order. Linear in the number of entries.
  *
  * @param flat   a dict produced by ks_torch_load (or any dict with that layout).
  * @param take   KS_COPY copies passed-through tensors; KS_BORROW keeps pointers

@@ -289,17 +289,21 @@ static ks_status attrs_json(norm *nm, const metric *m, json_t *attrs) {
   return KS_OK;
 }
 
-/* Train: name = all past the group. Eval: label = the first folder, name = the rest. */
+/*
+ * Train: name = all past the group. Eval: name = the last folder, label = the
+ * folders before it. A '/' in an eval label cannot be told from one in the
+ * name; the last folder is the name because Composer names metrics by class.
+ * The path, which the state loader goes by, is exact either way.
+ */
 static void metric_names(const metric *m, int eval, char *label, char *name, size_t cap) {
-  const char *rest = m->root + strlen(eval ? EVAL : TRAIN);
-  size_t n = (size_t)(m->root + m->len - 1 - rest);
+  const char *rest = m->root + strlen(eval ? EVAL : TRAIN), *end = m->root + m->len - 1, *cut = rest;
   label[0] = 0;
   if (eval) {
-    size_t l = (size_t)(strchr(rest, '/') - rest);
-    snprintf(label, cap, "%.*s", (int)l, rest);
-    rest += l + 1, n -= l + 1;
+    for (const char *p = rest; p < end; p++)
+      if (*p == '/') cut = p + 1;
+    snprintf(label, cap, "%.*s", (int)(cut - rest - 1), rest);
   }
-  snprintf(name, cap, "%.*s", (int)n, rest);
+  snprintf(name, cap, "%.*s", (int)(end - cut), cut);
 }
 
 static json_t *metric_json(norm *nm, const metric *m, json_t *states) {
