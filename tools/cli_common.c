@@ -1,5 +1,6 @@
 /* Helpers shared by the keepsake subcommands (see cli_common.h). */
 #include "cli_common.h"
+#include "keepsake/layout.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -139,9 +140,9 @@ void ks_cli_component_of(const char *key, char *out, size_t cap) {
   static const struct {
     const char *root;
     int segments;
-  } roots[] = {{"state/model/", 2},         {"state/optimizers/", 3},  {"state/schedulers/", 3},
-               {"state/callbacks/", 3},     {"state/dataset_state/", 3}, {"state/timestamp/", 3},
-               {"state/train_metrics/", 3}, {"state/eval_metrics/", 4}, {"rng/", 2}};
+  } roots[] = {{KS_KEY_MODEL, 2},         {KS_KEY_OPTIMIZERS, 3},  {KS_KEY_SCHEDULERS, 3},
+               {KS_KEY_CALLBACKS, 3},     {KS_KEY_DATASET_STATE, 3}, {"state/timestamp/", 3},
+               {KS_KEY_TRAIN_METRICS, 3}, {KS_KEY_EVAL_METRICS, 4}, {"rng/", 2}};
   int segs = 2;
   for (size_t i = 0; i < sizeof roots / sizeof roots[0]; i++)
     if (!strncmp(key, roots[i].root, strlen(roots[i].root))) segs = roots[i].segments;

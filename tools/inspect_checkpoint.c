@@ -8,13 +8,12 @@
 #include <string.h>
 
 #include "cli_common.h"
+#include "keepsake/layout.h"
 #include "keepsake/state.h"
 
-#define META_METRICS "keepsake.metrics"
-#define META_STATE "keepsake.state"
 
 int ks_inspect_component_owns_key(const char *key) {
-  return !strcmp(key, META_METRICS) || !strcmp(key, META_STATE);
+  return !strcmp(key, KS_META_METRICS) || !strcmp(key, KS_META_STATE);
 }
 
 typedef struct comp_row {
@@ -74,7 +73,7 @@ static int components(const ks_statedict *sd, FILE *out, json_t *json) {
 static void computed_text(const ks_statedict *sd, const char *path, char *buf, size_t cap) {
   char k[1100];
   ks_entry e;
-  snprintf(k, sizeof k, "%s/_computed", path);
+  snprintf(k, sizeof k, "%s/" KS_KEY_METRIC_COMPUTED, path);
   if (ks_statedict_get(sd, k, &e) != KS_OK) snprintf(buf, cap, "-");
   else if (e.kind != KS_VAL_TENSOR) snprintf(buf, cap, "None");
   else if (ks_tensor_numel(&e.tensor) == 1) snprintf(buf, cap, "%.6g", ks_dtype_get_f64(e.tensor.dtype, e.tensor.data, 0));
@@ -85,7 +84,7 @@ static void computed_text(const ks_statedict *sd, const char *path, char *buf, s
 }
 
 static int metrics(const ks_reader *r, const ks_statedict *sd, FILE *out, json_t *json) {
-  const char *txt = ks_meta_get(ks_reader_meta(r), META_METRICS);
+  const char *txt = ks_meta_get(ks_reader_meta(r), KS_META_METRICS);
   json_t *mj = txt ? json_loads(txt, JSON_REJECT_DUPLICATES, NULL) : NULL;
   if (!mj) return 0;
   const char *hdr[] = {"METRIC", "CLASS", "ARGS", "SCHEMA", "UPDATES", "COMPUTED"};
@@ -125,7 +124,7 @@ static void timestamp(const ks_statedict *sd, FILE *out, json_t *json) {
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
     char k[96], v[64];
     ks_entry e;
-    snprintf(k, sizeof k, "state/timestamp/Timestamp/%s", f[i]);
+    snprintf(k, sizeof k, KS_KEY_TIMESTAMP "%s", f[i]);
     if (ks_statedict_get(sd, k, &e) != KS_OK) continue;
     if (!any++ && out && !json) fprintf(out, "\ntimestamp\n");
     if (obj) json_object_set_new(obj, f[i], ks_cli_scalar_json(&e));
@@ -137,8 +136,8 @@ static void timestamp(const ks_statedict *sd, FILE *out, json_t *json) {
 
 static void identity(const ks_statedict *sd, FILE *out, json_t *json) {
   ks_entry name, seed;
-  int has_name = ks_statedict_get(sd, "state/run_name", &name) == KS_OK && name.kind == KS_VAL_STRING;
-  int has_seed = ks_statedict_get(sd, "state/rank_zero_seed", &seed) == KS_OK && seed.kind == KS_VAL_INT;
+  int has_name = ks_statedict_get(sd, KS_KEY_RUN_NAME, &name) == KS_OK && name.kind == KS_VAL_STRING;
+  int has_seed = ks_statedict_get(sd, KS_KEY_RANK_ZERO_SEED, &seed) == KS_OK && seed.kind == KS_VAL_INT;
   if (json) {
     if (has_name) json_object_set_new(json, "run_name", json_string(name.s));
     if (has_seed) json_object_set_new(json, "rank_zero_seed", json_integer(seed.i));
@@ -163,8 +162,8 @@ int ks_inspect_components(const ks_reader *r, FILE *out, json_t *json) {
     rc = -1;
   }
   ks_entry e;
-  int is_state = !rc && (ks_statedict_get(sd, "state/run_name", &e) == KS_OK ||
-                         ks_meta_get(ks_reader_meta(r), META_METRICS) != NULL);
+  int is_state = !rc && (ks_statedict_get(sd, KS_KEY_RUN_NAME, &e) == KS_OK ||
+                         ks_meta_get(ks_reader_meta(r), KS_META_METRICS) != NULL);
   if (is_state) {
     identity(sd, out, json);
     timestamp(sd, out, json);

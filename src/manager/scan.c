@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "keepsake/layout.h"
 #include "manager/manager_internal.h"
 
 typedef struct ckpt {
@@ -80,7 +81,7 @@ static void probe_metric(const ks_ckpt_manager *m, const ks_reader *r, ckpt *c) 
   c->has_metric = 1;
 }
 
-#define TS_PREFIX "state/timestamp/Timestamp/"
+#define TS_PREFIX KS_KEY_TIMESTAMP
 
 /* Reads the timestamp out of a checkpoint without verifying its data. */
 static void probe(const ks_ckpt_manager *m, ckpt *c) {

@@ -9,6 +9,7 @@
 
 #include "core/internal.h"
 #include "core/keys.h"
+#include "keepsake/layout.h"
 #include "keepsake/state.h"
 
 /* Glob over '/' paths that also matches any '/'-prefix of `path`. */
@@ -47,10 +48,6 @@ struct ks_state {
 /* Key prefix of a component ("state/optimizers/AdamW/"). @return KS_OK or KS_E_LIMIT. */
 ks_status ks__comp_prefix(const st_comp *c, char *buf);
 
-/* Metadata key listing every metric's class, args, schema version and update count. */
-#define KS__META_METRICS "keepsake.metrics"
-/* Metadata key describing the state layout. */
-#define KS__META_STATE "keepsake.state"
 #define KS__STATE_LAYOUT_VERSION 1
 
 /* ---- loading (load.c, load_metrics.c) ---- */
@@ -58,7 +55,7 @@ ks_status ks__comp_prefix(const st_comp *c, char *buf);
 typedef struct ks__load_ctx {
   ks_state *st;
   const ks_statedict *src; /* the checkpoint minus ignored keys */
-  void *metrics_meta;      /* json_t* of "keepsake.metrics", or NULL */
+  void *metrics_meta;      /* json_t* of KS_META_METRICS, or NULL */
   ks_load_opts o;
   ks_load_report *rep;
   ks_error *err;
