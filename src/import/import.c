@@ -3,7 +3,10 @@
  * metric layout from ks_composer_normalize, and the "keepsake.metrics"
  * metadata the state loader needs, from what the metrics module knows about
  * older torchmetrics states. Uses torch, metrics and format (for ks_meta);
- * none of them knows this module.
+ * none of them knows this module. One byte budget, from the input's size,
+ * bounds what untrusted metric data can make it allocate: list states joined
+ * (their items may all view one shared storage) and metrics rebuilt from
+ * pickled attributes (num_classes sizes a confusion matrix).
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -15,6 +18,7 @@
 #include "keepsake/import.h"
 #include "keepsake/layout.h"
 #include "keepsake/metric.h"
+#include "torch/composer_internal.h"
 
 #define DEFAULT_METRIC_SLACK ((uint64_t)64 << 20)
 
@@ -122,7 +126,7 @@ static void release_dict(void *sd) { ks_statedict_free(sd); }
 /* Maps the metrics of raw (which *sd then owns) and describes them in meta. */
 static ks_status import_metrics(ks_statedict *raw, uint64_t budget, ks_statedict **sd, ks_meta *meta, ks_error *err) {
   char *json = NULL, *metrics = NULL;
-  ks_status st = ks_composer_normalize(raw, KS_BORROW, sd, &json, err);
+  ks_status st = ks__composer_normalize(raw, KS_BORROW, &budget, sd, &json, err);
   if (st) {
     ks_statedict_free(raw);
     return st;

@@ -41,15 +41,18 @@ static void *budget_realloc(void *ctx, void *p, size_t n) {
 
 static void budget_free(void *ctx, void *p) { ks__free(((budget *)ctx)->a, p); }
 
+static ks_status over(ks_error *err, const char *cls, const char *args, uint64_t cap) {
+  return ks__err(err, KS_E_LIMIT, "%s(%s) would allocate more than the %llu bytes left for metrics rebuilt from untrusted attributes",
+                 cls, args, (unsigned long long)cap);
+}
+
 /* Builds cls(args) within the budget; KS_OK with *out NULL when the arguments do not build it. */
 static ks_status probe(const char *cls, const char *args, budget *b, ks_metric **out, ks_error *err) {
   ks_allocator ba = {budget_malloc, budget_realloc, budget_free, b};
   ks_error e;
   *out = NULL;
   ks_status st = ks_metric_create(cls, args, &ba, out, &e);
-  if (b->over)
-    return ks__err(err, KS_E_LIMIT, "%s(%s) needs more than %llu bytes of state, more than this input may ask for", cls,
-                   args, (unsigned long long)b->cap);
+  if (b->over) return over(err, cls, args, b->cap);
   if (st == KS_E_NOMEM) return ks__err(err, st, "out of memory rebuilding %s", cls);
   return KS_OK;
 }
@@ -126,9 +129,7 @@ ks_status ks_metric_from_attributes(const char *class_name, const char *attrs_js
   ks_status st = ks__class_find(class_name) ? from_attrs(class_name, attrs, &b, &canonical, &cost, err) : KS_OK;
   json_decref(attrs);
   /* The metric handed back costs what its probe cost; it is charged too. */
-  if (!st && canonical && !charge(&b, (size_t)cost))
-    st = ks__err(err, KS_E_LIMIT, "%s(%s) needs more than %llu bytes of state, more than this input may ask for", class_name,
-                 canonical, (unsigned long long)b.cap);
+  if (!st && canonical && !charge(&b, (size_t)cost)) st = over(err, class_name, canonical, b.cap);
   if (!st && canonical) st = ks_metric_create(class_name, canonical, alloc, out, err);
   ks__free(b.a, canonical);
   if (state_budget) *state_budget = b.left;

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "keepsake/layout.h"
+#include "torch/composer_internal.h"
 #include "torch/torch_internal.h"
 
 #define TRAIN KS_KEY_TRAIN_METRICS
@@ -47,6 +48,7 @@ typedef struct norm {
   ks_statedict *index;  /* metric root -> its index in m */
   ks_statedict *seen;   /* <root><state>: a state name already listed */
   ks_statedict *joined; /* list state key -> number of items joined into it */
+  uint64_t *join_left;  /* bytes list states may still be joined into; NULL = no cap */
   json_t *list;
 } norm;
 
@@ -216,6 +218,13 @@ static ks_status cat_state(norm *nm, const char *base, const char *dst, size_t *
   int64_t shape[KS_MAX_RANK] = {0};
   ks_status st = cat_shape(nm, base, &dt, &rank, shape, count);
   if (st) return st;
+  size_t bytes;
+  if (ks_shape_size(dt, rank, shape, NULL, &bytes) != KS_OK || (nm->join_left && bytes > *nm->join_left))
+    return ks__err_at(nm->err, KS_E_LIMIT, NULL, dst, -1,
+                      "composer: list state joins %lld rows, more bytes than the %llu left for this input",
+                      (long long)shape[0], nm->join_left ? (unsigned long long)*nm->join_left : 0ull);
+  /* Items may all view one shared storage: joining copies, so the budget counts copies. */
+  if (nm->join_left) *nm->join_left -= bytes;
   uint8_t *data = NULL;
   if ((st = ks_statedict_new_tensor(nm->out, dst, dt, rank, shape, (void **)&data)) != KS_OK)
     return ks__err_at(nm->err, st, NULL, dst, -1, "composer: cannot add entry");
@@ -419,10 +428,11 @@ static void norm_free(norm *nm) {
   ks_statedict_free(nm->joined);
 }
 
-ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out, char **metrics_json,
-                                ks_error *err) {
+ks_status ks__composer_normalize(const ks_statedict *flat, ks_take take, uint64_t *join_budget, ks_statedict **out,
+                                 char **metrics_json, ks_error *err) {
   if (!flat || !out || (take != KS_COPY && take != KS_BORROW)) return ks__err(err, KS_E_INVALID, "composer: bad argument");
-  norm nm = {.flat = flat, .take = take, .err = err, .a = ks_statedict_allocator(flat), .list = json_array()};
+  norm nm = {.flat = flat, .take = take, .err = err, .a = ks_statedict_allocator(flat), .join_left = join_budget,
+             .list = json_array()};
   ks_status st = nm.list && !ks_statedict_create(nm.a, &nm.out) && !ks_statedict_create(nm.a, &nm.index) &&
                          !ks_statedict_create(nm.a, &nm.seen) && !ks_statedict_create(nm.a, &nm.joined)
                      ? KS_OK
@@ -438,4 +448,9 @@ ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_state
   if (metrics_json) *metrics_json = json;
   *out = nm.out;
   return KS_OK;
+}
+
+ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out, char **metrics_json,
+                                ks_error *err) {
+  return ks__composer_normalize(flat, take, NULL, out, metrics_json, err);
 }

@@ -443,6 +443,30 @@ static void metric_arguments_cannot_drive_memory(void **s) {
   free(dir);
 }
 
+/*
+ * 384 references to one 256 KiB storage in a list state: joining them copies
+ * 96 MiB out of a 260 KB file. The join shares the import's byte budget.
+ */
+static void joined_list_states_are_bounded(void **s) {
+  (void)s;
+  ks_statedict *sd = NULL;
+  ks_meta *meta = NULL;
+  ks_error err;
+  assert_int_equal(ks_torch_import(FIXTURES "hostile-shared-list-state.pt", NULL, &sd, &meta, &err), KS_E_LIMIT);
+  assert_null(sd);
+  assert_null(meta);
+  assert_string_equal(err.key, "state/train_metrics/CatMetric/state_dict/value");
+  /* The same budget is an option: a real checkpoint's joins fit the default, not 64 bytes. */
+  ks_import_opts o = {0};
+  o.max_metric_bytes = 64;
+  assert_int_equal(ks_torch_import(REAL ".pt", &o, &sd, &meta, &err), KS_E_LIMIT);
+  assert_non_null(strstr(err.message, "list state"));
+  o.max_metric_bytes = 1 << 20;
+  import_file(REAL ".pt", &o, &sd, &meta);
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+}
+
 /* One budget bounds every metric of an import: it shrinks by what each rebuild allocated. */
 static void attribute_budget_is_shared_and_exact(void **s) {
   (void)s;
@@ -536,6 +560,7 @@ int main(void) {
       cmocka_unit_test(dict_layout_list_states_are_joined),
       cmocka_unit_test(slash_in_pickled_metric_names_and_labels),
       cmocka_unit_test(metric_arguments_cannot_drive_memory),
+      cmocka_unit_test(joined_list_states_are_bounded),
       cmocka_unit_test(attribute_budget_is_shared_and_exact),
       cmocka_unit_test(many_metrics_import),
   };
