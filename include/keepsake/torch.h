@@ -147,6 +147,19 @@ void ks_torch_free(const ks_allocator *alloc, void *p);
 ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out,
                                 char **metrics_json, ks_error *err);
 
+/**
+ * ks_composer_normalize with the bytes that joining list states may copy
+ * bounded: list items can all view one shared storage, so a join can copy far
+ * more than the file holds (384 references to a 256 KiB storage join to 96 MiB).
+ *
+ * @param join_budget NULL = no cap; else in: the bytes joins may allocate, out:
+ *                    decreased by what they allocated.
+ * @return as ks_composer_normalize; KS_E_LIMIT when a join would pass the budget
+ *         (err names the state).
+ */
+ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, uint64_t *join_budget,
+                                        ks_statedict **out, char **metrics_json, ks_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,7 +18,6 @@
 #include "keepsake/import.h"
 #include "keepsake/layout.h"
 #include "keepsake/metric.h"
-#include "torch/composer_internal.h"
 
 #define DEFAULT_METRIC_SLACK ((uint64_t)64 << 20)
 
@@ -126,7 +125,7 @@ static void release_dict(void *sd) { ks_statedict_free(sd); }
 /* Maps the metrics of raw (which *sd then owns) and describes them in meta. */
 static ks_status import_metrics(ks_statedict *raw, uint64_t budget, ks_statedict **sd, ks_meta *meta, ks_error *err) {
   char *json = NULL, *metrics = NULL;
-  ks_status st = ks__composer_normalize(raw, KS_BORROW, &budget, sd, &json, err);
+  ks_status st = ks_composer_normalize_bounded(raw, KS_BORROW, &budget, sd, &json, err);
   if (st) {
     ks_statedict_free(raw);
     return st;

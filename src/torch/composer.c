@@ -18,7 +18,6 @@
 #include <stdlib.h>
 
 #include "keepsake/layout.h"
-#include "torch/composer_internal.h"
 #include "torch/torch_internal.h"
 
 #define TRAIN KS_KEY_TRAIN_METRICS
@@ -428,7 +427,8 @@ static void norm_free(norm *nm) {
   ks_statedict_free(nm->joined);
 }
 
-ks_status ks__composer_normalize(const ks_statedict *flat, ks_take take, uint64_t *join_budget, ks_statedict **out,
+ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, uint64_t *join_budget,
+                                        ks_statedict **out,
                                  char **metrics_json, ks_error *err) {
   if (!flat || !out || (take != KS_COPY && take != KS_BORROW)) return ks__err(err, KS_E_INVALID, "composer: bad argument");
   norm nm = {.flat = flat, .take = take, .err = err, .a = ks_statedict_allocator(flat), .join_left = join_budget,
@@ -452,5 +452,5 @@ ks_status ks__composer_normalize(const ks_statedict *flat, ks_take take, uint64_
 
 ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out, char **metrics_json,
                                 ks_error *err) {
-  return ks__composer_normalize(flat, take, NULL, out, metrics_json, err);
+  return ks_composer_normalize_bounded(flat, take, NULL, out, metrics_json, err);
 }
