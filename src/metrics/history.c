@@ -42,8 +42,9 @@ static void *budget_realloc(void *ctx, void *p, size_t n) {
 static void budget_free(void *ctx, void *p) { ks__free(((budget *)ctx)->a, p); }
 
 static ks_status over(ks_error *err, const char *cls, const char *args, uint64_t cap) {
-  return ks__err(err, KS_E_LIMIT, "%s(%s) would allocate more than the %llu bytes left for metrics rebuilt from untrusted attributes",
-                 cls, args, (unsigned long long)cap);
+  return ks__err(err, KS_E_LIMIT,
+                 "%s(%s) would allocate more than the %llu bytes left for metrics rebuilt from untrusted attributes", cls,
+                 args, (unsigned long long)cap);
 }
 
 /* Builds cls(args) within the budget; KS_OK with *out NULL when the arguments do not build it. */

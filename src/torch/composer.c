@@ -428,8 +428,7 @@ static void norm_free(norm *nm) {
 }
 
 ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, uint64_t *join_budget,
-                                        ks_statedict **out,
-                                 char **metrics_json, ks_error *err) {
+                                        ks_statedict **out, char **metrics_json, ks_error *err) {
   if (!flat || !out || (take != KS_COPY && take != KS_BORROW)) return ks__err(err, KS_E_INVALID, "composer: bad argument");
   norm nm = {.flat = flat, .take = take, .err = err, .a = ks_statedict_allocator(flat), .join_left = join_budget,
              .list = json_array()};

@@ -133,7 +133,8 @@ static void check_state(const ks_statedict *sd, const char *path, const char *st
   const ks_tensor *t = ks_statedict_tensor(sd, key);
   if (!t) fail_msg("%s is not a tensor after import", key);
   json_t *vals = flat_values(want);
-  if ((size_t)ks_tensor_numel(t) != json_array_size(vals)) fail_msg("%s: %lld values, want %zu", key, (long long)ks_tensor_numel(t), json_array_size(vals));
+  if ((size_t)ks_tensor_numel(t) != json_array_size(vals))
+    fail_msg("%s: %lld values, want %zu", key, (long long)ks_tensor_numel(t), json_array_size(vals));
   for (size_t i = 0; i < json_array_size(vals); i++)
     assert_true(ks_dtype_get_f64(t->dtype, t->data, i) == (double)(float)json_number_value(json_array_get(vals, i)) ||
                 ks_dtype_get_f64(t->dtype, t->data, i) == json_number_value(json_array_get(vals, i)));
@@ -241,9 +242,10 @@ typedef struct cat_case {
 } cat_case;
 
 static void batch(const cat_case *c, int b, ks_tensor *in, float *preds, int64_t *target, int64_t n) {
+  int cols = c->classes ? c->classes : 1;
   for (int64_t i = 0; i < n; i++) {
     target[i] = (i * 7 + b * 3) % (c->classes ? c->classes : 2);
-    for (int k = 0; k < (c->classes ? c->classes : 1); k++) preds[i * (c->classes ? c->classes : 1) + k] = (float)((i * 37 + k * 11 + b * 5) % 17) / 17.0f;
+    for (int k = 0; k < cols; k++) preds[i * cols + k] = (float)((i * 37 + k * 11 + b * 5) % 17) / 17.0f;
   }
   int64_t ps[2] = {n, c->classes}, ts[1] = {n};
   ks_tensor_init(&in[0], KS_F32, c->classes ? 2 : 1, ps, preds);
@@ -334,8 +336,10 @@ static ks_statedict *renamed_old(void) {
   for (size_t i = 0; ks_statedict_at(raw, i, &e) == KS_OK; i++) {
     char name[1200];
     const char *acc = "state/train_metrics/MulticlassAccuracy/", *ev = "state/eval_metrics/eval/";
-    if (!strncmp(e.name, acc, strlen(acc))) snprintf(name, sizeof name, "state/train_metrics/acc/top1/%s", e.name + strlen(acc));
-    else if (!strncmp(e.name, ev, strlen(ev))) snprintf(name, sizeof name, "state/eval_metrics/val/holdout/%s", e.name + strlen(ev));
+    if (!strncmp(e.name, acc, strlen(acc)))
+      snprintf(name, sizeof name, "state/train_metrics/acc/top1/%s", e.name + strlen(acc));
+    else if (!strncmp(e.name, ev, strlen(ev)))
+      snprintf(name, sizeof name, "state/eval_metrics/val/holdout/%s", e.name + strlen(ev));
     else snprintf(name, sizeof name, "%s", e.name);
     assert_int_equal(ks_statedict_set_entry(out, name, &e, KS_COPY), KS_OK);
   }
@@ -357,12 +361,14 @@ static void slash_in_pickled_metric_names_and_labels(void **s) {
   assert_string_equal(meta_class(mj, "state/eval_metrics/val/holdout/MeanMetric"), "MeanMetric");
   assert_int_equal(meta_version(mj, "state/eval_metrics/val/holdout/MeanMetric"), 1);
   assert_null(ks_statedict_tensor(sd, "state/train_metrics/acc/top1/_defaults/tp"));
-  ks_metric *acc = fresh("MulticlassAccuracy", "{\"num_classes\":10,\"average\":\"micro\"}", sd, mj, "state/train_metrics/acc/top1");
-  const ks_tensor *tp = ks_statedict_tensor(sd, "state/train_metrics/acc/top1/state_dict/tp");
-  assert_non_null(tp);
-  ks_metric *mean = fresh("MeanMetric", "{}", sd, mj, "state/eval_metrics/val/holdout/MeanMetric");
+  assert_non_null(ks_statedict_tensor(sd, "state/train_metrics/acc/top1/state_dict/tp"));
+  ks_metric *acc = fresh("MulticlassAccuracy", "{\"num_classes\":10,\"average\":\"micro\"}", sd, mj,
+                         "state/train_metrics/acc/top1");
+  ks_metric *mean;
+  ok(ks_metric_create("MeanMetric", "{}", NULL, &mean, NULL), NULL, "mean");
   int migrated = 0;
-  ok(ks_metric_load_state_dict(mean, sd, "state/eval_metrics/val/holdout/MeanMetric/state_dict/", 1, 0, &migrated, NULL, NULL), NULL, "mean");
+  const char *prefix = "state/eval_metrics/val/holdout/MeanMetric/state_dict/";
+  ok(ks_metric_load_state_dict(mean, sd, prefix, 1, 0, &migrated, NULL, NULL), NULL, "mean");
   assert_true(migrated);
   ks_metric_free(mean);
   ks_metric_free(acc);
@@ -387,7 +393,8 @@ static char *confmat_file(const char *dir, int64_t n) {
   ks_tensor t;
   ks_tensor_init(&t, KS_I64, 2, shape, cm);
 #define KEY(x) (snprintf(k, sizeof k, "%s%s", r, x), k)
-  assert_int_equal(ks_statedict_set_string(flat, KEY("__class__"), "torchmetrics.classification.confusion_matrix.MulticlassConfusionMatrix"), KS_OK);
+  const char *cls = "torchmetrics.classification.confusion_matrix.MulticlassConfusionMatrix";
+  assert_int_equal(ks_statedict_set_string(flat, KEY("__class__"), cls), KS_OK);
   assert_int_equal(ks_statedict_set_int(flat, KEY("num_classes"), n), KS_OK);
   assert_int_equal(ks_statedict_set_tensor(flat, KEY("_defaults/confmat"), &t, KS_COPY), KS_OK);
   assert_int_equal(ks_statedict_set_tensor(flat, KEY("confmat"), &t, KS_COPY), KS_OK);
