@@ -7,6 +7,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "convert_input.h"
 #include "keepsake/import.h"
 #include "keepsake/layout.h"
 
@@ -23,12 +24,20 @@ static void convert_usage(FILE *out) {
           "state/optimizers/AdamW/state/0/exp_avg. Composer metrics of both layouts\n"
           "(pickled torchmetrics objects, or {state_dict, _computed}) are written as\n"
           "<metric>/state_dict/<state> and <metric>/_computed, and described in the\n"
-          "metadata key " KS_META_COMPOSER_METRICS ". The metadata key " KS_META_METRICS "\n"
+          "metadata key " META_COMPOSER ". The metadata key " META_METRICS "\n"
           "gives each metric's catalogue class, its arguments when the checkpoint\n"
           "records them, its state schema version and update count, so that\n"
           "keepsake's state loader fills the program's metrics by name.\n\n"
           "  --ignore GLOB  leave out entries matching GLOB ('*' any run, '?' one byte), or\n"
-          "                 whose '/'-prefix matches it ('rng' drops 'rng/0/...'); repeatable\n\n"
+          "                 whose '/'-prefix matches it ('rng' drops 'rng/0/...'); repeatable\n"
+          "  --salvage      convert even when the input fails its integrity checks, after\n"
+          "                 printing each problem ('salvaged despite: ...') to stderr\n\n"
+          "The input's integrity is checked before anything is written: every keepsake\n"
+          "checksum, every zip entry's CRC32. A mismatch stops the conversion (exit 1)\n"
+          "unless --salvage is given. The input is read into memory, never mapped.\n"
+          "OUT is replaced atomically when it is absent or a writable regular file; an\n"
+          "OUT that is a symbolic link (not followed), directory, device, FIFO, socket\n"
+          "or read-only file is refused and left as it is.\n\n"
           "exit status: 0 converted, 1 the input could not be read or OUT not written,\n"
           "2 bad command line\n");
 }
@@ -78,22 +87,20 @@ static ks_status without_ignored(const ks_statedict *src, char **globs, int nglo
   return KS_OK;
 }
 
-/* Reads IN: a torch file through the library's import, anything else as a keepsake file. */
-static ks_status read_input(const char *in, ks_statedict **sd, ks_meta **extra, ks_error *err) {
-  if (is_zip_file(in)) return ks_torch_import(in, NULL, sd, extra, err);
-  ks_meta *meta = NULL;
-  ks_status st = ks_meta_create(NULL, extra);
-  if (!st && (st = ks_load(in, NULL, sd, &meta, err)) == KS_OK) st = keep_meta(meta, *extra);
-  ks_meta_free(meta);
-  return st;
-}
-
-static int convert(const char *in, const char *out, char **globs, int nglobs) {
+static int convert(const char *in, const char *out, char **globs, int nglobs, int salvage) {
   ks_error err;
-  ks_statedict *sd = NULL, *kept = NULL;
-  ks_meta *extra = NULL;
+  if (ks_cli_check_output("convert", out)) return KS_EXIT_BAD;
+  ks_statedict *sd = NULL;
   ks_error_clear(&err);
-  ks_status st = read_input(in, &sd, &extra, &err);
+  ks_meta *meta = NULL, *extra = NULL;
+  ks_status st = KS_OK;
+  if (is_zip_file(in)) {
+    st = ks_convert_read_torch(in, salvage, &sd, &extra, &err); /* the library's import, nothing added */
+  } else if (!(st = ks_meta_create(NULL, &extra)) &&
+             (st = ks_convert_read_keepsake(in, salvage, &sd, &meta, &err)) == KS_OK) {
+    st = keep_meta(meta, extra);
+  }
+  ks_statedict *kept = NULL;
   if (!st) st = without_ignored(sd, globs, nglobs, &kept);
   if (st && !err.code) {
     err.code = st;
@@ -108,10 +115,11 @@ static int convert(const char *in, const char *out, char **globs, int nglobs) {
     ks_cli_print_error(stderr, "convert", &err);
   }
   if (!st)
-    printf("%s -> %s: %zu entries (%zu ignored)\n", in, out, ks_statedict_count(kept),
+    printf("%s -> %s: %zu entries (%zu ignored)\n", ks_cli_esc(in), ks_cli_esc(out), ks_statedict_count(kept),
            ks_statedict_count(sd) - ks_statedict_count(kept));
   ks_statedict_free(kept);
   ks_statedict_free(sd);
+  ks_meta_free(meta);
   ks_meta_free(extra);
   return st ? KS_EXIT_BAD : KS_EXIT_OK;
 }
@@ -123,12 +131,14 @@ int ks_cmd_convert(int argc, char **argv) {
   }
   char **globs = calloc((size_t)argc, sizeof *globs);
   const char *paths[2] = {NULL, NULL};
-  int nglobs = 0, npaths = 0, bad = !globs;
+  int nglobs = 0, npaths = 0, bad = !globs, salvage = 0;
   for (int i = 1; i < argc && !bad; i++) {
     if (!strcmp(argv[i], "--ignore") && i + 1 < argc)
       globs[nglobs++] = argv[++i];
     else if (!strncmp(argv[i], "--ignore=", 9))
       globs[nglobs++] = argv[i] + 9;
+    else if (!strcmp(argv[i], "--salvage"))
+      salvage = 1;
     else if ((argv[i][0] == '-' && argv[i][1]) || npaths == 2)
       bad = 1;
     else
@@ -138,7 +148,7 @@ int ks_cmd_convert(int argc, char **argv) {
   if (bad || npaths != 2)
     convert_usage(stderr);
   else
-    rc = convert(paths[0], paths[1], globs, nglobs);
+    rc = convert(paths[0], paths[1], globs, nglobs, salvage);
   free(globs);
   return rc;
 }

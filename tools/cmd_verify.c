@@ -21,10 +21,12 @@ static int print_problem(void *ctx, const ks_error *problem) {
   return 0; /* keep going: report every problem */
 }
 
-static int verify_file(const char *path) {
+static int verify_file(const char *file) {
   ks_reader *r;
   ks_error err;
-  if (ks_reader_open(path, NULL, &r, &err)) {
+  ks_read_opts ro = ks_cli_read_opts(); /* copy mode: a file truncated meanwhile is an error, not SIGBUS */
+  const char *path = ks_cli_esc(file); /* printed: names from the file cannot start a line */
+  if (ks_reader_open(file, &ro, &r, &err)) {
     ks_cli_print_error(stdout, "verify", &err);
     printf("%s: BAD\n", path);
     return KS_EXIT_BAD;

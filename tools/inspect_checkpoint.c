@@ -3,6 +3,7 @@
  * timestamp, its components, and its metrics with their computed values.
  * Hooks into cmd_inspect.c through ks_inspect_components (cli_common.h).
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,34 +23,41 @@ typedef struct comp_row {
   uint64_t bytes;
 } comp_row;
 
-static int add_entry(comp_row **rows, size_t *n, const char *key, uint64_t bytes) {
+/* Rows merge by component path through a hash index: a linear search per key made
+   inspect quadratic in the number of components. */
+static int add_entry(ks_cli_index *idx, comp_row **rows, size_t *n, size_t *cap, const char *key, uint64_t bytes) {
   char path[512];
   ks_cli_component_of(key, path, sizeof path);
-  for (size_t i = 0; i < *n; i++) /* tensors come before scalars in a file: merge by path */
-    if (!strcmp((*rows)[i].path, path)) {
-      (*rows)[i].entries++;
-      (*rows)[i].bytes += bytes;
-      return 0;
+  size_t i = ks_cli_index_get_or_add(idx, path, *n);
+  if (i == SIZE_MAX) return -1;
+  if (i == *n) {
+    if (*n == *cap) {
+      size_t ncap = *cap ? *cap * 2 : 64;
+      comp_row *r = realloc(*rows, ncap * sizeof **rows);
+      if (!r) return -1;
+      *rows = r, *cap = ncap;
     }
-  comp_row *r = realloc(*rows, (*n + 1) * sizeof **rows);
-  if (!r) return -1;
-  *rows = r;
-  snprintf(r[*n].path, sizeof r[*n].path, "%s", path);
-  r[*n].entries = 1;
-  r[*n].bytes = bytes;
-  (*n)++;
+    snprintf((*rows)[i].path, sizeof (*rows)[i].path, "%s", path);
+    (*rows)[i].entries = 0;
+    (*rows)[i].bytes = 0;
+    (*n)++;
+  }
+  (*rows)[i].entries++;
+  (*rows)[i].bytes += bytes;
   return 0;
 }
 
 static int components(const ks_statedict *sd, FILE *out, json_t *json) {
   comp_row *rows = NULL;
-  size_t n = 0;
-  int rc = 0;
+  size_t n = 0, cap = 0;
+  ks_cli_index *idx = ks_cli_index_new();
+  int rc = idx ? 0 : -1;
   for (size_t i = 0; i < ks_statedict_count(sd) && !rc; i++) {
     ks_entry e;
     ks_statedict_at(sd, i, &e);
-    rc = add_entry(&rows, &n, e.name, e.kind == KS_VAL_TENSOR ? e.tensor.nbytes : 0);
+    rc = add_entry(idx, &rows, &n, &cap, e.name, e.kind == KS_VAL_TENSOR ? e.tensor.nbytes : 0);
   }
+  ks_cli_index_free(idx);
   const char *hdr[] = {"COMPONENT", "ENTRIES", "BYTES"};
   ks_cli_table *t = json ? NULL : ks_cli_table_new(3, hdr);
   json_t *arr = json ? json_array() : NULL;
@@ -142,7 +150,7 @@ static void identity(const ks_statedict *sd, FILE *out, json_t *json) {
     if (has_name) json_object_set_new(json, "run_name", json_string(name.s));
     if (has_seed) json_object_set_new(json, "rank_zero_seed", json_integer(seed.i));
   } else if (has_name || has_seed) {
-    fprintf(out, "\ntraining checkpoint: run '%s', rank_zero_seed %lld\n", has_name ? name.s : "?",
+    fprintf(out, "\ntraining checkpoint: run '%s', rank_zero_seed %lld\n", has_name ? ks_cli_esc(name.s) : "?",
             has_seed ? (long long)seed.i : 0LL);
   }
 }

@@ -5,9 +5,13 @@
  */
 #include "core/durable.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,6 +19,10 @@
 
 #define MAX_WRITE ((size_t)1 << 30)
 #define TMP_ATTEMPTS 64
+/* A temporary file nobody holds locked is stale once unmodified this long. The age
+ * protects writers that hold no lock (a custom ks_io) and the instant between a
+ * writer's close and its rename; a killed writer's lock is gone at once. */
+#define STALE_AGE_S 60
 
 static ks_status io_fail(ks__durable *d, int rc, const char *what) {
   return ks__err_at(d->err, KS_E_IO, d->path, NULL, -1, "%s '%s': %s", what, d->have_tmp ? d->tmp : d->path,
@@ -55,13 +63,55 @@ static void random_suffix(ks__durable *d, unsigned attempt) {
   s[6] = '\0';
 }
 
+/* ".<name>.tmp-" followed by exactly 6 letters or digits: the names this file makes. */
+static bool is_our_tmp(const char *name) {
+  size_t n = strlen(name);
+  if (n < 13 || name[0] != '.' || memcmp(name + n - 11, ".tmp-", 5) != 0) return false;
+  for (size_t i = n - 6; i < n; i++) {
+    char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))) return false;
+  }
+  return true;
+}
+
+/* Removes one temporary file when provably abandoned: no writer holds its lock, and old. */
+static void remove_if_stale(int dfd, const char *name, time_t now) {
+  int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat sb, cur;
+  if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && now - sb.st_mtime >= STALE_AGE_S &&
+      flock(fd, LOCK_EX | LOCK_NB) == 0 && fstatat(dfd, name, &cur, AT_SYMLINK_NOFOLLOW) == 0 &&
+      cur.st_ino == sb.st_ino && cur.st_dev == sb.st_dev)
+    unlinkat(dfd, name, 0);
+  close(fd);
+}
+
+/* Best effort: temporary files of killed writers (ours, in this directory) would pile up. */
+static void clean_stale(const ks__durable *d) {
+  DIR *dir = opendir(d->dir);
+  if (!dir) return;
+  time_t now = time(NULL);
+  struct dirent *e;
+  while ((e = readdir(dir)) != NULL)
+    if (is_our_tmp(e->d_name)) remove_if_stale(dirfd(dir), e->d_name, now);
+  closedir(dir);
+}
+
 ks_status ks__durable_open(ks__durable *d) {
+  bool posix = d->io == ks_io_posix(); /* a custom ks_io may not keep its files where we look */
+  if (posix) clean_stale(d);
   for (unsigned attempt = 0; attempt < TMP_ATTEMPTS; attempt++) {
     random_suffix(d, attempt);
     int rc = d->io->create_fn(d->io->ctx, d->tmp, &d->fd);
     if (rc == EEXIST) continue;
-    if (rc) return io_fail(d, rc, "cannot create temporary file");
+    if (rc) { /* the message names the temporary file, not the destination */
+      d->have_tmp = true;
+      ks_status st = io_fail(d, rc, "cannot create temporary file");
+      d->have_tmp = false;
+      return st;
+    }
     d->have_fd = d->have_tmp = true;
+    if (posix) flock(d->fd, LOCK_EX | LOCK_NB); /* held until close: tells cleaners we are alive */
     return KS_OK;
   }
   return io_fail(d, EEXIST, "cannot find a free temporary name like");

@@ -32,7 +32,10 @@ typedef struct ks__durable {
  * KS_E_INVALID when path names a directory, KS_E_NOMEM. Call abort even on failure. */
 ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
                               ks_error *err);
-/* Creates the temporary file exclusively under a fresh random name. */
+/* Creates the temporary file exclusively under a fresh random name. With the POSIX
+ * ks_io it first removes stale temporary files of this pattern in the directory
+ * (".*.tmp-XXXXXX" that no writer holds flock'd and unmodified for 60 s: left by a
+ * killed writer), and holds an flock on its own until close. */
 ks_status ks__durable_open(ks__durable *d);
 /* Writes all n bytes to the temporary file (retrying short writes). */
 ks_status ks__durable_write(ks__durable *d, const void *p, size_t n);

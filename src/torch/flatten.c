@@ -116,38 +116,12 @@ static ks_status visit_object(flat *f, const ks__pk_node *o, size_t depth) {
   return st;
 }
 
-/* Decimal text of a little-endian two's complement integer of any length. */
+/* The decimal text the pickle machine made once (every reference shares it). */
 static ks_status bigint_text(flat *f, const ks__pk_node *n) {
-  size_t len = n->u.s.n, nd = 0;
-  uint8_t mag[4096];
-  char digits[10000];
-  if (len > sizeof mag) return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: integer too large");
-  int neg = (((const uint8_t *)n->u.s.p)[len - 1] & 0x80) != 0;
-  unsigned carry = 1;
-  for (size_t i = 0; i < len; i++) { /* magnitude, big-endian */
-    unsigned b = ((const uint8_t *)n->u.s.p)[i];
-    if (neg) b = (~b & 0xFF) + carry, carry = b >> 8, b &= 0xFF;
-    mag[len - 1 - i] = (uint8_t)b;
-  }
-  for (size_t start = 0; start < len;) {
-    unsigned rem = 0;
-    for (size_t i = start; i < len; i++) {
-      unsigned cur = rem * 256 + mag[i];
-      mag[i] = (uint8_t)(cur / 10);
-      rem = cur % 10;
-    }
-    digits[nd++] = (char)('0' + rem);
-    while (start < len && mag[start] == 0) start++;
-  }
-  if (nd == 0) digits[nd++] = '0';
-  if (neg) digits[nd++] = '-';
-  for (size_t i = 0; i < nd / 2; i++) {
-    char t = digits[i];
-    digits[i] = digits[nd - 1 - i];
-    digits[nd - 1 - i] = t;
-  }
-  digits[nd] = 0;
-  return check(f, ks_statedict_set_string(f->sd, f->path, digits));
+  if (!n->u.s.p)
+    return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: integer of %zu bytes is longer than %d",
+                      n->u.s.n, KS__PK_BIGINT_MAX);
+  return check(f, ks_statedict_set_string(f->sd, f->path, n->u.s.p));
 }
 
 static ks_status add_tensor(flat *f, const ks_tensor *t) {

@@ -64,7 +64,7 @@ typedef enum ks__pk_kind {
   PK_NONE,
   PK_BOOL,
   PK_INT,
-  PK_BIGINT,  /* bytes: little-endian two's complement, more than 8 bytes */
+  PK_BIGINT,  /* s: its decimal text, made once when read (NULL when longer than KS__PK_BIGINT_MAX bytes; n = byte length) */
   PK_FLOAT,
   PK_STR,     /* bytes: UTF-8, NUL-terminated */
   PK_BYTES,
@@ -123,6 +123,7 @@ typedef struct ks__pk_arena {
   void **bufs;
   size_t nbufs, capbufs;
   uint64_t buf_bytes;
+  uint64_t work; /* items copied into sequences: the cost the pickle's opcodes cause (see max_work) */
   ks__zip *zip; /* kept alive when tensors point into its mapping */
 } ks__pk_arena;
 
@@ -132,7 +133,13 @@ ks__pk_node *ks__pk_new(ks__pk_arena *ar, ks__pk_kind kind);
 ks__pk_node *ks__pk_new_str(ks__pk_arena *ar, ks__pk_kind kind, const void *p, size_t n);
 ks__pk_node *ks__pk_new_global(ks__pk_arena *ar, const char *module, size_t mlen, const char *name,
                                size_t nlen);
+/* Appends v (one unit of ar->work). */
 bool ks__pk_push(ks__pk_arena *ar, ks__pk_seq *s, ks__pk_node *v);
+/* Longest integer (in bytes) converted to decimal; longer ones are kept without text. */
+#define KS__PK_BIGINT_MAX 4096
+/* A PK_BIGINT from n little-endian two's complement bytes, converted to decimal here, once,
+ * however many times the pickle references it (the conversion is quadratic in n). */
+ks__pk_node *ks__pk_new_bigint(ks__pk_arena *ar, const uint8_t *le, size_t n);
 /* Allocates a buffer owned by the arena (freed with it). */
 void *ks__pk_buffer(ks__pk_arena *ar, size_t n);
 /* Nonzero when g is a PK_GLOBAL naming module.name. */
@@ -152,6 +159,7 @@ typedef struct ks__pk_limits {
   uint64_t max_view_bytes;
   size_t max_depth;
   size_t max_entries;
+  uint64_t max_work; /* opcodes run plus items copied by constructors; capped at 32 per pickle byte + 1M */
 } ks__pk_limits;
 
 void ks__pk_limits_from_opts(const ks_torch_read_opts *opts, size_t input_len, ks__pk_limits *out);
