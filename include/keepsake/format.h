@@ -131,8 +131,20 @@ ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra
 /* ------------------------------------------------------------------------ */
 /* Reading. */
 
+/*
+ * What the mapped mode promises: the views show the file as it is on disk, page by
+ * page, for as long as the reader lives. It does not promise that the pages stay
+ * there: if another process truncates the file while it is mapped, touching a view
+ * (or verifying, which reads every byte) past the new end raises SIGBUS in the
+ * reading process, and bytes rewritten in place change under the views. Map only
+ * files that nobody else modifies while they are read (keepsake's own writers never
+ * modify a file in place: they write a new file and rename it over the old one, which
+ * leaves existing mappings intact). For files you do not control use KS_READ_COPY:
+ * a file that shrinks while it is read then gives KS_E_IO or KS_E_FORMAT, never a
+ * signal. The keepsake CLI reads every input in copy mode.
+ */
 typedef enum ks_read_mode {
-  KS_READ_MMAP = 0, /**< map the file; tensor views point into the mapping (open cost independent of data size) */
+  KS_READ_MMAP = 0, /**< map the file; tensor views point into the mapping (open cost independent of data size); see above */
   KS_READ_COPY = 1  /**< read everything into memory; the file may change or vanish afterwards */
 } ks_read_mode;
 

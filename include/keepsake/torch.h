@@ -49,7 +49,10 @@ typedef struct ks_torch_read_opts {
 /**
  * Reads a torch.save file into a flat state dict (see the key layout above).
  *
- * @param path  file to read; memory-mapped, never modified.
+ * @param path  file to read; memory-mapped, never modified. The mapping makes the
+ *              same promise as KS_READ_MMAP (format.h): a file truncated by another
+ *              process meanwhile raises SIGBUS. For files you do not control, read
+ *              the bytes yourself and use ks_torch_load_buffer.
  * @param opts  NULL for defaults.
  * @param out   receives a new dict on success; untouched on failure. Contiguous
  *              tensors are KS_MAPPED views into the file's mapping, which the dict

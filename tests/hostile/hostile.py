@@ -245,6 +245,28 @@ def flip_last_data_byte(path):
         f.write(bytes([b[0] ^ 1]))
 
 
+def template(k, p, a, b, c, d):
+    """A fuzz template (tests/fuzz/expand.h): P + A*2^k + B + C*2^k + D."""
+    assert max(map(len, (p, a, b, c))) < 256
+    return bytes([0xFE, k, len(p), len(a), len(b), len(c)]) + p + a + b + c + d
+
+
+def templates():
+    """Seeds that let the fuzzers start from the depth and size limits."""
+    from_type = glob("torch._tensor", "_rebuild_from_type_v2")
+    innermost = tup(glob("torch._utils", "_rebuild_tensor_v2"), NONE,
+                    tup(storage("0"), pint(0), tup(pint(4)), tup(pint(1)), NEWFALSE, EMPTY_DICT), NONE)
+    yield "tpl-from-type-131072", template(17, PROTO + from_type + from_type + put(0) + POP, MARK + get(0) + NONE,
+                                           innermost, NONE + TUPLE, REDUCE + STOP)
+    yield "tpl-dict-65536", template(16, PROTO, EMPTY_DICT + ustr("k"), NONE, SETITEM, STOP)
+    yield "tpl-list-131072", template(17, PROTO, MARK, NONE, b"l", STOP)
+    yield "tpl-marks-131072", template(17, PROTO, MARK * 8, b"", b"", STOP)
+    yield "tpl-bigint-refs", template(14, PROTO + EMPTY_LIST + MARK + pint((1 << 1900) + 1) + put(1), get(1), b"",
+                                      b"", APPENDS + STOP)
+    yield "tpl-set-copies", template(12, PROTO + MARK + NONE * 200 + b"l" + put(0) + POP,
+                                     glob("builtins", "set") + tup(get(0)) + REDUCE + POP, NONE, b"", STOP)
+
+
 def fam8_laundering(R):
     """convert checks its input: keepsake checksums and zip CRCs; --salvage says what it salvaged."""
     for n in (1, 3):
@@ -385,6 +407,9 @@ def main():
                 os.makedirs(os.path.join(corpus_dir, t), exist_ok=True)
                 open(os.path.join(corpus_dir, t, "hostile-" + name), "wb").write(pkl)
 
+    if corpus_dir:
+        for name, tpl in templates():
+            corpus(name, tpl)
     for fam in (fam1_recursion, fam2_wrap, fam3_cpu):
         fam(R, corpus)
     for fam in (fam8_laundering, fam9_output, fam10_terminal, fam13_small):
