@@ -232,7 +232,7 @@ int ks_cmd_diff(int argc, char **argv) {
     } else if (!strncmp(argv[i], "--ignore=", 9)) {
       c.ignore[c.nignore++] = argv[i] + 9;
     } else if ((argv[i][0] == '-' && argv[i][1]) || npaths == 2) {
-      fprintf(stderr, "keepsake diff: unexpected argument '%s'\n", argv[i]);
+      fprintf(stderr, "keepsake diff: unexpected argument '%s'\n", ks_cli_esc(argv[i]));
       free(c.ignore);
       return diff_usage(stderr), KS_EXIT_USAGE;
     } else {

@@ -136,7 +136,7 @@ static void timestamp(const ks_statedict *sd, FILE *out, json_t *json) {
     if (ks_statedict_get(sd, k, &e) != KS_OK) continue;
     if (!any++ && out && !json) fprintf(out, "\ntimestamp\n");
     if (obj) json_object_set_new(obj, f[i], ks_cli_scalar_json(&e));
-    else fprintf(out, "  %-16s %s\n", f[i], ks_cli_scalar_text(&e, v, sizeof v));
+    else fprintf(out, "  %-16s %s\n", f[i], ks_cli_esc(ks_cli_scalar_text(&e, v, sizeof v)));
   }
   if (obj && any) json_object_set_new(json, "timestamp", obj);
   else json_decref(obj);

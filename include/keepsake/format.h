@@ -110,7 +110,12 @@ typedef struct ks_save_opts {
  * tensors, then the header and the tensor bytes are written with large writes
  * to `<dir>/.<name>.tmp-<6 random characters>`, which is fsynced, renamed over `path`, and the
  * directory fsynced. On any failure before the rename the temp file is removed
- * and the previous file at `path` is untouched. If only the final directory
+ * and the previous file at `path` is untouched. With the default (POSIX) io the
+ * writer holds an flock on its temp file, and first removes temp files of this
+ * pattern in the directory that nobody holds and that are unmodified for 60 s
+ * (left by a killed writer). A `path` that exists and is a device, FIFO, socket
+ * or directory is refused (KS_E_INVALID); a symlink is replaced by the new file
+ * (its target is untouched) and so is a read-only file; the CLI refuses both. If only the final directory
  * fsync fails, `path` already holds the new file but its durability is unknown;
  * KS_E_IO is returned.
  *

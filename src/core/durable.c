@@ -97,8 +97,23 @@ static void clean_stale(const ks__durable *d) {
   closedir(dir);
 }
 
+/* A rename over a device, FIFO, socket or directory would replace it (as root, even /dev/null). */
+static ks_status check_destination(const ks__durable *d) {
+  struct stat sb;
+  if (lstat(d->path, &sb) != 0 || S_ISREG(sb.st_mode) || S_ISLNK(sb.st_mode)) return KS_OK;
+  const char *what = S_ISDIR(sb.st_mode)   ? "a directory"
+                     : S_ISCHR(sb.st_mode) ? "a character device"
+                     : S_ISBLK(sb.st_mode) ? "a block device"
+                     : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                                            : "not a regular file";
+  return ks__err_at(d->err, KS_E_INVALID, d->path, NULL, -1, "destination exists and is %s; refusing to replace it",
+                    what);
+}
+
 ks_status ks__durable_open(ks__durable *d) {
   bool posix = d->io == ks_io_posix(); /* a custom ks_io may not keep its files where we look */
+  ks_status st = posix ? check_destination(d) : KS_OK;
+  if (st) return st;
   if (posix) clean_stale(d);
   for (unsigned attempt = 0; attempt < TMP_ATTEMPTS; attempt++) {
     random_suffix(d, attempt);
@@ -106,7 +121,7 @@ ks_status ks__durable_open(ks__durable *d) {
     if (rc == EEXIST) continue;
     if (rc) { /* the message names the temporary file, not the destination */
       d->have_tmp = true;
-      ks_status st = io_fail(d, rc, "cannot create temporary file");
+      st = io_fail(d, rc, "cannot create temporary file");
       d->have_tmp = false;
       return st;
     }
