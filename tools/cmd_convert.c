@@ -108,6 +108,9 @@ static int convert(const char *in, const char *out, char **globs, int nglobs, in
   }
   if (st) {
     ks_cli_print_error(stderr, "convert", &err);
+    if (st == KS_E_CHECKSUM && !salvage)
+      fprintf(stderr, "keepsake convert: the input failed its integrity check; nothing was written "
+                      "(--salvage converts it anyway)\n");
   } else if (ends_with(out, ".pt") || ends_with(out, ".pth")) {
     ks_torch_write_opts wo = {0};
     if ((st = ks_torch_save(out, kept, &wo, &err))) ks_cli_print_error(stderr, "convert", &err);
