@@ -34,7 +34,16 @@
 extern "C" {
 #endif
 
-/** Options for reading. Zero-initialise; zero limits mean the defaults below. */
+/**
+ * Options for reading. Zero-initialise; zero limits mean the defaults below.
+ * Besides these, two fixed bounds keep a small hostile file cheap: the pickle
+ * program's work (opcodes run plus items copied by constructors such as set()
+ * or OrderedDict() of a memoised list) is capped at 32 per pickle byte + 2^20,
+ * and integers longer than 4096 bytes are refused (KS_E_LIMIT) when they would
+ * become an entry; shorter ones are converted to decimal once, however many
+ * times the pickle references them. Nesting of _rebuild_from_type_v2 is
+ * unwrapped iteratively, at any depth.
+ */
 typedef struct ks_torch_read_opts {
   const ks_allocator *alloc; /**< NULL = malloc; also the result dict's allocator */
   int verify_crc;            /**< nonzero: check the CRC32 of every zip entry read */

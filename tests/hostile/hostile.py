@@ -111,12 +111,13 @@ class Runner:
     def p(self, name):
         return os.path.join(self.work, name)
 
-    def run(self, label, args, rc, text, stdout_only=False, absent=None, stdin=None):
+    def run(self, label, args, rc, text, stdout_only=False, absent=None, stdin=None, small_stack=False):
         self.count += 1
         cmd = [self.ks] + args
         t0 = time.monotonic()
+        pre = small_stack_1mib if small_stack else None
         try:
-            r = subprocess.run(cmd, capture_output=True, timeout=HANG_S, stdin=stdin)
+            r = subprocess.run(cmd, capture_output=True, timeout=HANG_S, stdin=stdin, preexec_fn=pre)
         except subprocess.TimeoutExpired:
             self.failures.append(f"{label}: hang (> {HANG_S} s)")
             return
@@ -139,6 +140,12 @@ class Runner:
             print(f"  {kb / 1024:7.1f} MiB {took:6.2f} s  {label}")
 
 
+def small_stack_1mib():
+    """Nesting cases run with a 1 MiB stack: recursion per level would need far more."""
+    import resource
+    resource.setrlimit(resource.RLIMIT_STACK, (1 << 20, 1 << 20))
+
+
 # ---------------------------------------------------------------- families
 def fam1_recursion(R, corpus):
     """Nesting: _rebuild_from_type_v2 chains (iterative now), dicts and lists (depth limit), marks."""
@@ -154,7 +161,7 @@ def fam1_recursion(R, corpus):
         pkl = PROTO + from_type + body + REDUCE + STOP
         # the outermost REDUCE takes the outer tuple as args: (from_type, None, inner, None)
         path = archive(R.p(f"from_type_{depth}.pt"), pkl, {"0": b"\0" * 16})
-        R.run(f"1 from_type nested {depth}", ["convert", path, R.p("f1.keepsake")], 0, "1 entries")
+        R.run(f"1 from_type nested {depth}", ["convert", path, R.p("f1.keepsake")], 0, "1 entries", small_stack=True)
         if corpus and depth <= 10000:
             corpus(f"from_type_{depth}", pkl)
     del inner_tensor
@@ -165,13 +172,13 @@ def fam1_recursion(R, corpus):
         path = archive(R.p(f"dict_{depth}.pt"), pkl)
         ok = depth < 64
         R.run(f"1 dict nested {depth}", ["convert", path, R.p("f1.keepsake")], 0 if ok else 1,
-              "1 entries" if ok else too_deep)
+              "1 entries" if ok else too_deep, small_stack=True)
         if corpus and depth == 1000:
             corpus(f"dict_nested_{depth}", pkl)
     for depth in (1000, 200000):
         pkl = PROTO + MARK * depth + NONE + b"l" * depth + STOP
         path = archive(R.p(f"list_{depth}.pt"), pkl)
-        R.run(f"1 list nested {depth}", ["convert", path, R.p("f1.keepsake")], 1, too_deep)
+        R.run(f"1 list nested {depth}", ["convert", path, R.p("f1.keepsake")], 1, too_deep, small_stack=True)
     pkl = PROTO + MARK * ((1 << 20) + 1) + STOP
     R.run("1 marks 2^20+1", ["convert", archive(R.p("marks.pt"), pkl), R.p("f1.keepsake")], 1,
           "stack deeper than 1048576")
