@@ -11,7 +11,9 @@ static void verify_usage(FILE *out) {
           "Validates FILE completely: the safetensors structure (header, dtypes, shapes,\n"
           "offsets that tile the data exactly) and, for keepsake files, every tensor's\n"
           "XXH3-64 checksum and the scalar table. Any safetensors file is accepted.\n"
-          "Prints each problem with the file, key and byte offset.\n\n"
+          "Prints each problem with the file, key and byte offset (control characters in\n"
+          "names escaped). FILE is read into memory, not mapped: a file truncated by\n"
+          "another process meanwhile is reported BAD, never a crash.\n\n"
           "exit status: 0 the file is good, 1 it is not, 2 bad command line\n");
 }
 

@@ -220,6 +220,17 @@ def fam3_cpu(R, corpus):
         R.run(f"3 bigint {nbytes} B x {refs} refs", ["convert", path, R.p("f3.keepsake")], 0, f"{refs} entries")
         if corpus and refs == 4096:
             corpus("bigint_512x4096", pkl)
+    # under 1 KB: a 560-byte integer reached through a DAG of lists (2^levels paths); was 9 s of CPU
+    for levels in (6, 10, 13):
+        pkl = PROTO + pint((1 << (8 * 560 - 2)) + 1) + put(0) + POP
+        for i in range(levels):
+            pkl += EMPTY_LIST + MARK + get(i) + get(i) + APPENDS + put(i + 1) + POP
+        pkl += get(levels) + STOP
+        path = archive(R.p(f"bigint_dag_{levels}.pt"), pkl)
+        R.run(f"3 bigint via a DAG of {levels} levels ({len(pkl)} B)", ["convert", path, R.p("f3.keepsake")], 0,
+              f"{1 << levels} entries")
+        if corpus and levels == 13:
+            corpus("bigint_dag_13", pkl)
     # the decimal text is right (checked on the smallest)
     path = archive(R.p("bigint_exact.pt"), PROTO + dict_of([("v", pint(-(10 ** 40) - 7))]) + STOP)
     R.run("3 bigint decimal text", ["convert", path, R.p("f3b.keepsake")], 0, "1 entries")
