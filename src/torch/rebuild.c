@@ -158,8 +158,9 @@ ks_status ks__pk_view(ks__pk_arena *ar, const ks__pk_limits *lim, ks_dtype dt, c
   }
   /* Written as a subtraction: buf_bytes + nbytes can wrap for a huge stride-0 view. */
   if (nbytes > lim->max_view_bytes || ar->buf_bytes > lim->max_view_bytes - nbytes)
-    return ks__err_at(err, KS_E_LIMIT, NULL, NULL, off, "pickle: materialised views exceed %llu bytes",
-                      (unsigned long long)lim->max_view_bytes);
+    return ks__err_at(err, KS_E_LIMIT, NULL, NULL, off,
+                      "pickle: materialised views exceed %llu bytes (a view of %zu bytes after %llu)",
+                      (unsigned long long)lim->max_view_bytes, nbytes, (unsigned long long)ar->buf_bytes);
   uint8_t *dst = ks__pk_buffer(ar, nbytes);
   if (!dst) return nomem(err);
   ks__pk_strided_copy(dst, src, esize, rank, shape, stride);

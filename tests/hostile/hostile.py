@@ -366,6 +366,21 @@ def fam10_terminal(R):
     R.run("10 verify cannot forge an OK line", ["verify", src], 1, "BAD", absent=raw_controls)
     R.run("10 inspect --json keeps names exact", ["inspect", "--json", R.p("evil2.keepsake")], 0,
           ("\\u001b[31mred\\u0007", "\\u001B[31mred\\u0007"))
+    # every control character a terminal acts on, in names, metadata keys and values
+    controls = [chr(c) for c in range(1, 32)] + ["\x7f"] + [chr(c) for c in range(0x80, 0xA0)] + \
+               [chr(c) for c in range(0x202A, 0x202F)] + [chr(c) for c in range(0x2066, 0x206A)]
+    tens = [(f"n{i:03d}{c}end", "U8", [1], b"\0") for i, c in enumerate(controls)]
+    meta = {f"m{i:03d}{c}": f"v{c}" for i, c in enumerate(controls)}
+    allc = safetensors(R.p("all-controls.safetensors"), tens, meta)
+
+    def any_control(out):
+        return any(c in out for c in controls if c != "\n") or any(
+            l.strip().startswith("end") for l in out.split("\n"))
+
+    R.run(f"10 inspect escapes all {len(controls)} control characters", ["inspect", allc], 0, "n008\\x09end",
+          absent=any_control)
+    R.run(f"10 diff escapes all {len(controls)} control characters", ["diff", allc, plain], 1, "n009\\x0Aend",
+          absent=any_control)
     st = safetensors(R.p("meta.safetensors"), [("t", "F32", [1], b"\0" * 4)], {"k\x1b]0;title\x07": "v\x1b[2J\r"})
     R.run("10 inspect escapes metadata", ["inspect", st], 0, "k\\x1B]0;title\\x07: v\\x1B[2J\\x0D", absent=raw_controls)
 
