@@ -13,7 +13,7 @@
 
 static void convert_usage(FILE *out) {
   fprintf(out,
-          "usage: keepsake convert IN OUT [--ignore GLOB]...\n\n"
+          "usage: keepsake convert IN OUT [--ignore GLOB]... [--salvage]\n\n"
           "Converts a checkpoint. The input type is detected from its bytes: a zip archive\n"
           "is a torch.save / Composer file (read without executing any pickled code),\n"
           "anything else a keepsake or safetensors file. The direction follows OUT's name:\n"
@@ -24,7 +24,7 @@ static void convert_usage(FILE *out) {
           "state/optimizers/AdamW/state/0/exp_avg. Composer metrics of both layouts\n"
           "(pickled torchmetrics objects, or {state_dict, _computed}) are written as\n"
           "<metric>/state_dict/<state> and <metric>/_computed, and described in the\n"
-          "metadata key " META_COMPOSER ". The metadata key " META_METRICS "\n"
+          "metadata key " KS_META_COMPOSER_METRICS ". The metadata key " KS_META_METRICS "\n"
           "gives each metric's catalogue class, its arguments when the checkpoint\n"
           "records them, its state schema version and update count, so that\n"
           "keepsake's state loader fills the program's metrics by name.\n\n"
