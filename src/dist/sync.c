@@ -190,7 +190,7 @@ static ks_status exchange(MPI_Comm comm, int size, const ks__wbuf *mine, const k
   if (st) return st;
   st = ks__mpi_check(MPI_Allgather(&len, 1, MPI_INT, g->counts, 1, MPI_INT, comm), "MPI_Allgather", err);
   size_t total = 0;
-  for (int q = size - 1; !st && q >= 0; q--) {
+  for (int q = 0; !st && q < size; q++) {
     if (total > (size_t)INT32_MAX - (size_t)g->counts[q]) {
       st = ks__err(err, KS_E_LIMIT, "gathered metric states exceed 2 GiB");
       break;
@@ -249,7 +249,7 @@ static ks_status reduce_all(const ks_metric_collection *c, const gathered *g, in
   rd *rds = ks__calloc(a, (size_t)size, sizeof *rds);
   if (!rds) return ks__err(err, KS_E_NOMEM, "out of memory reducing metric states");
   ks_status st = KS_OK;
-  for (int q = size - 1; !st && q >= 0; q--) {
+  for (int q = 0; !st && q < size; q++) {
     ks__cursor_init(&rds[q].c, g->buf + g->displs[q], (size_t)g->counts[q]);
     rds[q].rank = q;
     int64_t n;
