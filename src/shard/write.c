@@ -1,0 +1,129 @@
+/*
+ * One rank's file: its chunks of the sharded tensors, its per-rank entries and
+ * (rank 0 only) the replicated entries, with the chunk offsets in torch DCP's
+ * DCP_SHARDING_INFO and keepsake's own keepsake.shard record; then the hash of
+ * the whole file for the index.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "shard/shard_internal.h"
+
+/* Where an entry goes: 0 skipped (replicated, not rank 0), 1 written. */
+static int wanted(const ks_entry *e, int rank, const ks_shard_map *shards, const char *const *per_rank,
+                  size_t n_per_rank) {
+  ks_shard_chunk c;
+  if (e->kind == KS_VAL_TENSOR && ks_shard_map_get(shards, e->name, &c) == KS_OK) return 1;
+  if (ks__shard_matches(e->name, per_rank, n_per_rank)) return 1;
+  return rank == 0;
+}
+
+static ks_status check_chunk(const ks_statedict *sd, const ks_shard_chunk *c, ks_error *err) {
+  const ks_tensor *t = ks_statedict_tensor(sd, c->name);
+  if (!t) return ks__err_at(err, KS_E_INVALID, NULL, c->name, -1, "sharded tensor '%s' is not in the state", c->name);
+  int same = t->rank == c->rank;
+  for (int d = 0; same && d < c->rank; d++) same = t->shape[d] == c->shape[d];
+  if (!same) {
+    char a[128], b[128];
+    return ks__err_at(err, KS_E_INVALID, NULL, c->name, -1, "sharded tensor '%s' has shape %s but its chunk is %s",
+                      c->name, ks_shape_format(t->rank, t->shape, a, sizeof a),
+                      ks_shape_format(c->rank, c->shape, b, sizeof b));
+  }
+  return KS_OK;
+}
+
+static json_t *dcp_info(const ks_shard_map *shards) {
+  json_t *o = json_object();
+  for (size_t i = 0; o && i < ks_shard_map_count(shards); i++) {
+    ks_shard_chunk c;
+    ks_shard_map_at(shards, i, &c);
+    json_t *e = json_pack("{s:o, s:o}", "saved_offsets", ks__shard_dims_json(c.rank, c.offsets), "global_shape",
+                          ks__shard_dims_json(c.rank, c.global_shape));
+    if (!e || json_object_set_new(o, c.name, e)) {
+      json_decref(o);
+      return NULL;
+    }
+  }
+  return o;
+}
+
+static json_t *shard_record(int rank, int world_size, const ks_statedict *sd, const char *const *per_rank,
+                            size_t n_per_rank) {
+  ks__shard_ts ts;
+  ks__shard_ts_of(sd, &ts);
+  json_t *globs = json_array();
+  for (size_t i = 0; globs && i < n_per_rank; i++) json_array_append_new(globs, json_string(per_rank[i]));
+  return json_pack("{s:i, s:i, s:o, s:o}", "rank", rank, "world_size", world_size, "per_rank", globs, "timestamp",
+                   ks__shard_ts_json(&ts));
+}
+
+static ks_status set_json(ks_meta *m, const char *key, json_t *j, ks_error *err) {
+  char *s = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+  json_decref(j);
+  ks_status st = s ? ks_meta_set(m, key, s) : KS_E_NOMEM;
+  free(s);
+  return st ? ks__err(err, st, "cannot build the %s metadata", key) : KS_OK;
+}
+
+static ks_status build_meta(int rank, int world_size, const ks_statedict *sd, const ks_meta *meta,
+                            const ks_shard_map *shards, const char *const *per_rank, size_t n_per_rank,
+                            const ks_allocator *a, ks_meta **out, ks_error *err) {
+  ks_meta *m;
+  if (ks_meta_create(a, &m)) return ks__err(err, KS_E_NOMEM, "out of memory building metadata");
+  ks_status st = meta ? ks_meta_copy(m, meta) : KS_OK;
+  if (st) st = ks__err(err, st, "cannot copy the metadata");
+  if (!st) st = set_json(m, KS__SHARD_META, shard_record(rank, world_size, sd, per_rank, n_per_rank), err);
+  if (!st && ks_shard_map_count(shards)) {
+    st = set_json(m, KS__DCP_INFO, dcp_info(shards), err);
+    if (!st && (ks_meta_set(m, KS__DCP_VERSION, "1.0") || ks_meta_set(m, "format", "pt")))
+      st = ks__err(err, KS_E_NOMEM, "out of memory building metadata");
+  }
+  if (st) {
+    ks_meta_free(m);
+    return st;
+  }
+  *out = m;
+  return KS_OK;
+}
+
+static ks_status select_entries(const ks_statedict *sd, int rank, const ks_shard_map *shards,
+                                const char *const *per_rank, size_t n_per_rank, ks_statedict *out, ks_error *err) {
+  for (size_t i = 0; i < ks_shard_map_count(shards); i++) {
+    ks_shard_chunk c;
+    ks_shard_map_at(shards, i, &c);
+    ks_status st = check_chunk(sd, &c, err);
+    if (st) return st;
+  }
+  for (size_t i = 0; i < ks_statedict_count(sd); i++) {
+    ks_entry e;
+    ks_statedict_at(sd, i, &e);
+    if (!wanted(&e, rank, shards, per_rank, n_per_rank)) continue;
+    ks_status st = ks_statedict_set_entry(out, e.name, &e, KS_BORROW);
+    if (st) return ks__err_at(err, st, NULL, e.name, -1, "cannot select entry: %s", ks_strerror(st));
+  }
+  return KS_OK;
+}
+
+ks_status ks_shard_write_rank(const char *dir, int rank, int world_size, const ks_statedict *sd,
+                              const ks_meta *meta, const ks_shard_map *shards, const char *const *per_rank,
+                              size_t n_per_rank, const ks_save_opts *opts, ks_shard_file_info *info,
+                              ks_error *err) {
+  char name[64];
+  if (!dir || !sd || !info || ks_shard_file_name(rank, world_size, name, sizeof name))
+    return ks__err(err, KS_E_INVALID, "ks_shard_write_rank: bad argument (rank %d of %d)", rank, world_size);
+  if (!per_rank) per_rank = ks_shard_default_per_rank(&n_per_rank);
+  const ks_allocator *a = ks__alloc_or_default(opts ? opts->alloc : NULL);
+  char *path = ks__shard_join(a, dir, name);
+  ks_statedict *fsd = NULL;
+  ks_meta *m = NULL;
+  ks_status st = path && !ks_statedict_create(a, &fsd) ? KS_OK : ks__err(err, KS_E_NOMEM, "out of memory");
+  if (!st) st = select_entries(sd, rank, shards, per_rank, n_per_rank, fsd, err);
+  if (!st) st = build_meta(rank, world_size, sd, meta, shards, per_rank, n_per_rank, a, &m, err);
+  if (!st) st = ks_save(path, fsd, m, opts, err);
+  if (!st) st = ks__shard_hash_file(path, info, err);
+  if (st && err) ks__err_set_file(err, path);
+  ks_meta_free(m);
+  ks_statedict_free(fsd);
+  ks__free(a, path);
+  return st;
+}
