@@ -36,5 +36,16 @@ extern int mt_rank, mt_size;
 void mt_init(int *argc, char ***argv);
 /* Nonzero when every rank passes the same value. */
 int mt_same_on_all(uint64_t v);
+/* The same over any communicator. */
+int mt_same_on(MPI_Comm comm, uint64_t v);
+
+/* |a - b| within 1e-5 relative (or both NaN, or equal infinities). */
+int mt_close_enough(double a, double b);
+/* Same update count; integer and cat states byte for byte; float states within mt_close_enough. */
+void mt_expect_same_states(const char *name, const ks_metric *got, const ks_metric *want);
+/* compute() of both: same status, results within mt_close_enough. */
+void mt_expect_same_compute(const char *name, ks_metric *got, ks_metric *want);
+/* A hash of every state's bytes and shape and of the update counts of a collection. */
+uint64_t mt_states_hash(const ks_metric_collection *c);
 
 #endif

@@ -42,64 +42,6 @@ static void feed(ks_metric_collection *c, int only_rank) {
   }
 }
 
-static int close_enough(double a, double b) {
-  if (a == b || (isnan(a) && isnan(b))) return 1;
-  return fabs(a - b) <= 1e-5 * fmax(1.0, fmax(fabs(a), fabs(b)));
-}
-
-/* Integer and cat states exactly (cat rows in the same order); float sums up to association. */
-static void expect_same_states(const char *name, const ks_metric *got, const ks_metric *want) {
-  MT_CHECK(ks_metric_update_count(got) == ks_metric_update_count(want), "%s: update count %lld, want %lld", name,
-           (long long)ks_metric_update_count(got), (long long)ks_metric_update_count(want));
-  for (size_t i = 0; i < ks_metric_state_count(want); i++) {
-    const char *sname;
-    ks_reduce red;
-    ks_tensor a, b;
-    ks_metric_state_info(got, i, &sname, &red, &a);
-    ks_metric_state_info(want, i, NULL, NULL, &b);
-    MT_CHECK(a.dtype == b.dtype && a.rank == b.rank && a.nbytes == b.nbytes, "%s/%s: layout differs", name, sname);
-    for (int d = 0; d < a.rank; d++) MT_CHECK(a.shape[d] == b.shape[d], "%s/%s: shape differs", name, sname);
-    if (!ks_dtype_is_float(a.dtype) || red == KS_REDUCE_CAT) {
-      MT_CHECK(a.nbytes == 0 || memcmp(a.data, b.data, a.nbytes) == 0, "%s/%s: bytes differ", name, sname);
-      continue;
-    }
-    size_t n = a.nbytes / ks_dtype_size(a.dtype);
-    for (size_t k = 0; k < n; k++)
-      MT_CHECK(close_enough(ks_dtype_get_f64(a.dtype, a.data, k), ks_dtype_get_f64(b.dtype, b.data, k)),
-               "%s/%s[%zu]: %.9g, want %.9g", name, sname, k, ks_dtype_get_f64(a.dtype, a.data, k),
-               ks_dtype_get_f64(b.dtype, b.data, k));
-  }
-}
-
-static void expect_same_compute(const char *name, ks_metric *got, ks_metric *want) {
-  const ks_tensor *a, *b;
-  ks_error e1, e2;
-  ks_status s1 = ks_metric_compute(got, &a, &e1), s2 = ks_metric_compute(want, &b, &e2);
-  MT_CHECK(s1 == s2, "%s: compute status %d, want %d", name, s1, s2);
-  if (s1) return;
-  MT_CHECK(a->dtype == b->dtype && a->nbytes == b->nbytes, "%s: result layout differs", name);
-  size_t n = a->nbytes / ks_dtype_size(a->dtype);
-  for (size_t k = 0; k < n; k++)
-    MT_CHECK(close_enough(ks_dtype_get_f64(a->dtype, a->data, k), ks_dtype_get_f64(b->dtype, b->data, k)),
-             "%s: compute()[%zu] = %.9g, want %.9g", name, k, ks_dtype_get_f64(a->dtype, a->data, k),
-             ks_dtype_get_f64(b->dtype, b->data, k));
-}
-
-/* A hash of every state's bytes and the update counts. */
-static uint64_t states_hash(const ks_metric_collection *c) {
-  uint64_t h = 0;
-  for (size_t i = 0; i < ks_metric_collection_count(c); i++) {
-    const ks_metric *m = ks_metric_collection_at(c, i, NULL);
-    h = h * 1000003u + (uint64_t)ks_metric_update_count(m);
-    for (size_t s = 0; s < ks_metric_state_count(m); s++) {
-      ks_tensor t;
-      ks_metric_state_info(m, s, NULL, NULL, &t);
-      h = h * 1000003u + ks_checksum(t.data, t.nbytes) + (uint64_t)t.shape[0];
-    }
-  }
-  return h;
-}
-
 static void test_catalogue_sync(void) {
   ks_metric_collection *c = catalogue(), *ref = catalogue(), *local = catalogue();
   feed(c, mt_rank);
@@ -108,21 +50,21 @@ static void test_catalogue_sync(void) {
   ks_dist_cache *cache = NULL;
   ks_error err;
   MT_OK(ks_dist_sync(c, MPI_COMM_WORLD, NULL, &cache, &err), &err);
-  MT_CHECK(mt_same_on_all(states_hash(c)), "ranks hold different states after sync");
+  MT_CHECK(mt_same_on_all(mt_states_hash(c)), "ranks hold different states after sync");
   for (size_t i = 0; i < ks_metric_collection_count(c); i++) {
     const char *name;
     ks_metric *m = ks_metric_collection_at(c, i, &name);
     ks_metric *want = ks_metric_collection_at(ref, i, NULL);
-    expect_same_states(name, m, want);
-    expect_same_compute(name, m, want);
+    mt_expect_same_states(name, m, want);
+    mt_expect_same_compute(name, m, want);
   }
   MT_OK(ks_dist_unsync(c, cache, &err), &err);
-  MT_CHECK(states_hash(c) == states_hash(local), "unsync did not restore the local states");
+  MT_CHECK(mt_states_hash(c) == mt_states_hash(local), "unsync did not restore the local states");
   for (size_t i = 0; i < ks_metric_collection_count(c); i++) {
     const char *name;
     ks_metric *m = ks_metric_collection_at(c, i, &name);
     MT_CHECK(ks_metric_computed(m) == NULL, "%s: unsync kept a synced result", name);
-    expect_same_compute(name, m, ks_metric_collection_at(local, i, NULL));
+    mt_expect_same_compute(name, m, ks_metric_collection_at(local, i, NULL));
   }
   ks_dist_cache_free(cache);
   ks_metric_collection_free(c);
@@ -156,13 +98,13 @@ static void expect_agreed_failure(ks_status st, const ks_error *err, ks_status w
   MT_CHECK(mt_same_on_all((uint64_t)st), "ranks disagree on the status");
   MT_CHECK(mt_same_on_all(ks_checksum(err->message, strlen(err->message))), "ranks disagree on the message: %s",
            err->message);
-  MT_CHECK(states_hash(c) == before, "a failed sync changed the states");
+  MT_CHECK(mt_states_hash(c) == before, "a failed sync changed the states");
 }
 
 static void test_mismatch(void) {
   if (mt_size < 2) return;
   ks_metric_collection *c = small(mt_rank == 1 ? 2 : 1);
-  uint64_t before = states_hash(c);
+  uint64_t before = mt_states_hash(c);
   ks_error err;
   ks_dist_cache *cache = NULL;
   ks_status st = ks_dist_sync(c, MPI_COMM_WORLD, NULL, &cache, &err);
@@ -175,7 +117,7 @@ static void test_mismatch(void) {
 /* Fail the Nth allocation on the last rank for every N until the sync succeeds. */
 static void test_nomem_on_one_rank(void) {
   ks_metric_collection *c = small(1);
-  uint64_t before = states_hash(c);
+  uint64_t before = mt_states_hash(c);
   ks_status st = KS_E_NOMEM;
   long n;
   for (n = 1; st && n < 100000; n++) {
@@ -195,7 +137,7 @@ static void test_nomem_on_one_rank(void) {
     }
   }
   MT_CHECK(st == KS_OK, "sync never succeeded");
-  MT_CHECK(states_hash(c) == before, "sync + unsync changed the states");
+  MT_CHECK(mt_states_hash(c) == before, "sync + unsync changed the states");
   ks_metric_collection_free(c);
 }
 
