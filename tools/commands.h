@@ -11,5 +11,6 @@ int ks_cmd_verify(int argc, char **argv);
 int ks_cmd_diff(int argc, char **argv);
 int ks_cmd_eval_vectors(int argc, char **argv);
 int ks_cmd_convert(int argc, char **argv);
+int ks_cmd_reshard(int argc, char **argv);
 
 #endif

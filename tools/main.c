@@ -18,6 +18,7 @@ static const command table[] = {
     {"diff", ks_cmd_diff, "compare two files key by key"},
     {"convert", ks_cmd_convert, "convert between keepsake, torch.save and Composer files"},
     {"eval-vectors", ks_cmd_eval_vectors, "replay metric reference vectors"},
+    {"reshard", ks_cmd_reshard, "rewrite a sharded checkpoint directory for another world size"},
 };
 #define N_COMMANDS (sizeof table / sizeof table[0])
 

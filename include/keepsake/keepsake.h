@@ -14,6 +14,7 @@
 #include "keepsake/layout.h"
 #include "keepsake/manager.h"
 #include "keepsake/metric.h"
+#include "keepsake/shard.h"
 #include "keepsake/state.h"
 #include "keepsake/statedict.h"
 #include "keepsake/status.h"

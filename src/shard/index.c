@@ -68,12 +68,22 @@ static ks_status add_chunks(json_t *sharded, const file_head *h, int f, const ch
   return KS_OK;
 }
 
-static void add_whole(json_t *weight_map, const file_head *h, const char *fname, uint64_t *total) {
+/* Whole replicated tensors go in the weight_map; per-rank ones differ by rank and stay out of it. */
+static int is_per_rank(const json_t *per_rank, const char *name) {
+  for (size_t i = 0; i < json_array_size(per_rank); i++) {
+    const char *g = json_string_value(json_array_get(per_rank, i));
+    if (g && ks_path_match(g, name)) return 1;
+  }
+  return 0;
+}
+
+static void add_whole(json_t *weight_map, const file_head *h, const json_t *per_rank, const char *fname,
+                      uint64_t *total) {
   for (size_t i = 0; i < ks_reader_count(h->r); i++) {
     const char *name;
     ks_tensor t;
     ks_reader_tensor_at(h->r, i, &name, &t);
-    if ((h->dcp && json_object_get(h->dcp, name)) || json_object_get(weight_map, name)) continue;
+    if ((h->dcp && json_object_get(h->dcp, name)) || is_per_rank(per_rank, name)) continue;
     json_object_set_new(weight_map, name, json_string(fname));
     *total += t.nbytes;
   }
@@ -97,7 +107,7 @@ static json_t *build(int n, const ks_shard_file_info *infos, file_head *heads, j
                        f, a, b);
     }
     if (!*st && heads[f].dcp) *st = add_chunks(sharded, &heads[f], f, fname, err);
-    if (!*st && f == 0) add_whole(weight_map, &heads[f], fname, &total);
+    if (!*st && f == 0) add_whole(weight_map, &heads[f], per_rank, fname, &total);
   }
   const char *key;
   json_t *v;

@@ -313,7 +313,7 @@ static ks_status load_per_rank_merged(loader *L, json_t *defs) {
   return st;
 }
 
-/* The metadata to load with: rank 0's, without the shard records, with `metrics` as keepsake.metrics. */
+/* The metadata to load with: rank 0's caller metadata (no writer or shard records), with `metrics` as keepsake.metrics. */
 static ks_status out_meta(loader *L, const char *metrics, ks_meta **out) {
   ks_meta *m;
   if (ks_meta_create(L->a, &m)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
@@ -322,8 +322,11 @@ static ks_status out_meta(loader *L, const char *metrics, ks_meta **out) {
   for (size_t i = 0; !st && i < ks_meta_count(src); i++) {
     const char *k, *v;
     ks_meta_at(src, i, &k, &v);
-    if (!strcmp(k, KS__SHARD_META) || !strcmp(k, KS__DCP_INFO) || !strcmp(k, KS__DCP_VERSION) || !strcmp(k, "format"))
-      continue;
+    static const char *const drop[] = {KS__SHARD_META, KS__DCP_INFO, KS__DCP_VERSION, "format", KS_META_FORMAT,
+                                       KS_META_FORMAT_VERSION, KS_META_WRITER, KS_META_SCALARS, KS_META_CHECKSUMS};
+    int skip = 0;
+    for (size_t d = 0; d < sizeof drop / sizeof drop[0]; d++) skip |= !strcmp(k, drop[d]);
+    if (skip) continue;
     st = ks_meta_set(m, k, v);
   }
   if (!st && metrics) st = ks_meta_set(m, KS__METRICS_META, metrics);

@@ -208,19 +208,31 @@ static void test_every_world_size(const char *root) {
     }
     MPI_Barrier(MPI_COMM_WORLD);
     for (int m = 1; m <= mt_size; m++) {
+      /* Loaded directly at m ranks, and after `keepsake reshard --world-size m` (no MPI). */
+      char rname[64];
+      snprintf(rname, sizeof rname, "n%d-resharded-m%d", n, m);
+      char *resharded = dir_for(root, rname);
+      if (mt_rank == 0) {
+        char cmd[2048], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s reshard %s --world-size %d %s", KS_CLI_PATH, dir, m, resharded);
+        MT_CHECK(ks_test_run(cmd, &out) == 0, "%s: %s", cmd, out ? out : "");
+        free(out);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
       MPI_Comm cm = first_ranks(m);
-      if (cm != MPI_COMM_NULL) {
+      for (int pass = 0; cm != MPI_COMM_NULL && pass < 2; pass++) {
         prog p;
         ks_error err;
         prog_init(&p, mt_rank, m, 0, 0);
-        MT_OK(load(cm, &p, dir, &err), &err);
+        MT_OK(load(cm, &p, pass ? resharded : dir, &err), &err);
         check_tensors(&p);
         check_per_rank(&p, mt_rank, m, n);
         check_global_metrics(cm, &p, n);
         prog_free(&p);
-        MPI_Comm_free(&cm);
       }
+      if (cm != MPI_COMM_NULL) MPI_Comm_free(&cm);
       MPI_Barrier(MPI_COMM_WORLD);
+      free(resharded);
     }
     free(dir);
   }
@@ -313,6 +325,15 @@ static void test_faults(const char *root) {
 
 int main(int argc, char **argv) {
   mt_init(&argc, &argv);
+  if (argc == 2) { /* test_mpi_ckpt DIR: only write one checkpoint at this world size, for read_sharded.py */
+    prog p;
+    ks_error err;
+    prog_init(&p, mt_rank, mt_size, 1, 1);
+    MT_OK(save(MPI_COMM_WORLD, &p, argv[1], NULL, &err), &err);
+    prog_free(&p);
+    MPI_Finalize();
+    return 0;
+  }
   char root[512] = {0};
   if (mt_rank == 0) {
     char *t = ks_test_tmpdir("mpi_ckpt");
@@ -324,7 +345,7 @@ int main(int argc, char **argv) {
   test_faults(root);
   MPI_Barrier(MPI_COMM_WORLD);
   if (mt_rank == 0) {
-    ks_test_rmtree(root);
+    if (!getenv("KS_TEST_KEEP")) ks_test_rmtree(root); /* KS_TEST_KEEP=1 keeps the checkpoints to look at */
     printf("test_mpi_ckpt: %d ranks ok\n", mt_size);
   }
   MPI_Finalize();
