@@ -103,7 +103,7 @@ typedef struct ks_shard_file_info {
  * Writes rank `rank`'s file of a `world_size`-rank checkpoint into `dir`
  * (which must exist): the chunks named in `shards`, the per-rank entries (those
  * matching `per_rank`, NULL = the defaults) and, for rank 0 only, every other
- * (replicated) entry. Then hashes the whole file.
+ * (replicated) entry. The whole-file XXH3-64 is computed as the bytes are written.
  * @param meta optional caller metadata (e.g. keepsake.metrics) copied into the file.
  * @param info receives the file's size and checksum.
  * @return KS_OK, KS_E_INVALID (a chunk whose tensor is missing or has another shape), KS_E_NOMEM,

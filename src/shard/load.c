@@ -1,21 +1,27 @@
 /*
  * Loading one rank's part of a sharded checkpoint at any world size: the
  * replicated entries from rank 0's file, the wanted region of every sharded
- * tensor copied from the saved chunks that overlap it (files are mapped, so
- * only the pages of those bytes are read), and the per-rank entries: this
+ * tensor read by offset (pread) from the saved chunks that overlap it, only
+ * the bytes needed, and the per-rank entries: this
  * rank's own at the same world size, else the metrics of the saved ranks
  * assigned here merged with ks_metric_merge.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "keepsake/metric.h"
 #include "shard/shard_internal.h"
 
 typedef struct src_file {
-  ks_statedict *sd;
-  ks_meta *meta;
+  ks_reader *r;    /* mapped: only the pages of what is touched are read */
+  ks_statedict *sd; /* views into r, and r's scalars */
+  const ks_meta *meta;
   json_t *metrics; /* keepsake.metrics, an object (possibly empty) */
+  int fd;          /* for chunk reads by offset; -1 until needed */
+  char *path;
 } src_file;
 
 typedef struct loader {
@@ -47,20 +53,34 @@ static ks_status check_record(loader *L, int f, const char *path) {
   return KS_OK;
 }
 
+/* The file's entries as views (tensors) and values (scalars), without reading tensor data. */
+static ks_status views_of(loader *L, src_file *s) {
+  s->meta = ks_reader_meta(s->r);
+  if (ks_statedict_create(L->a, &s->sd)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < ks_reader_count(s->r); i++) {
+    const char *name;
+    ks_tensor v;
+    ks_reader_tensor_at(s->r, i, &name, &v);
+    if (ks_statedict_set_tensor(s->sd, name, &v, KS_BORROW)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
+  }
+  return ks_reader_scalars(s->r, s->sd, L->err);
+}
+
 static ks_status open_file(loader *L, int f, src_file **out) {
   src_file *s = &L->files[f];
   if (!s->sd) {
     char *path = ks__shard_join(L->a, L->dir, L->idx->files[f]);
     if (!path) return ks__err(L->err, KS_E_NOMEM, "out of memory");
     ks_read_opts ro = {L->a, KS_READ_MMAP, 0};
-    ks_status st = ks_load(path, &ro, &s->sd, &s->meta, L->err);
+    s->path = path;
+    ks_status st = ks_reader_open(path, &ro, &s->r, L->err);
+    if (!st) st = views_of(L, s);
     if (!st) st = check_record(L, f, path);
     const char *mj = st ? NULL : ks_meta_get(s->meta, KS__METRICS_META);
     if (!st) s->metrics = mj ? json_loads(mj, JSON_REJECT_DUPLICATES, NULL) : json_object();
     if (!st && !json_is_object(s->metrics))
       st = ks__err_at(L->err, KS_E_FORMAT, path, KS__METRICS_META, -1, "rank %d: malformed keepsake.metrics", f);
     if (st && L->err) ks__err_set_file(L->err, path);
-    ks__free(L->a, path);
     if (st) return st;
   }
   *out = s;
@@ -84,13 +104,45 @@ typedef struct box {
   int64_t off[KS_MAX_RANK], shape[KS_MAX_RANK];
 } box;
 
-/* Copies the elements of [lo, hi) from a chunk laid out as `src` into a region laid out as `dst`. */
-static void copy_box(uint8_t *dp, const box *dst, const uint8_t *sp, const box *src, const int64_t *lo,
-                     const int64_t *hi, size_t es) {
+/* Consecutive runs are merged into one read: a row-sharded region is a single pread. */
+typedef struct reads {
+  int fd;
+  uint64_t base; /* file offset of the chunk's first byte */
+  uint64_t src;  /* pending read: chunk byte offset, destination, length */
+  uint8_t *dst;
+  size_t len;
+  int failed;
+} reads;
+
+static void flush(reads *q) {
+  size_t done = 0;
+  while (!q->failed && done < q->len) {
+    ssize_t n = pread(q->fd, q->dst + done, q->len - done, (off_t)(q->base + q->src + done));
+    if (n <= 0) q->failed = n < 0 ? errno : EIO;
+    else done += (size_t)n;
+  }
+  q->len = 0;
+}
+
+static void want_run(reads *q, uint64_t src, uint8_t *dst, size_t len) {
+  if (q->len && q->src + q->len == src && q->dst + q->len == dst) {
+    q->len += len;
+    return;
+  }
+  if (q->len) flush(q);
+  q->src = src;
+  q->dst = dst;
+  q->len = len;
+}
+
+/* Reads the elements of [lo, hi) of a chunk laid out as `src` into a region laid out as `dst`. */
+static int copy_box(reads *q, uint8_t *dp, const box *dst, const box *src, const int64_t *lo, const int64_t *hi,
+                    size_t es) {
   int r = dst->rank;
   if (r == 0) {
-    memcpy(dp, sp, es);
-    return;
+    want_run(q, 0, dp, es);
+    flush(q);
+    return q->failed;
   }
   int64_t idx[KS_MAX_RANK];
   for (int d = 0; d < r; d++) idx[d] = lo[d];
@@ -101,15 +153,17 @@ static void copy_box(uint8_t *dp, const box *dst, const uint8_t *sp, const box *
       so = so * src->shape[d] + (idx[d] - src->off[d]);
       doff = doff * dst->shape[d] + (idx[d] - dst->off[d]);
     }
-    memcpy(dp + (size_t)doff * es, sp + (size_t)so * es, run);
+    want_run(q, (uint64_t)so * es, dp + (size_t)doff * es, run);
     int d = r - 2;
     while (d >= 0) {
       if (++idx[d] < hi[d]) break;
       idx[d] = lo[d];
       d--;
     }
-    if (d < 0) return;
+    if (d < 0) break;
   }
+  flush(q);
+  return q->failed;
 }
 
 static ks_status region_of(loader *L, const ks__sharded *s, const ks_shard_map *want, box *b) {
@@ -150,17 +204,25 @@ static ks_status fill_from_chunk(loader *L, const ks__sharded *s, const ks__save
   ks_status st = open_file(L, k->file, &f);
   if (st) return st;
   const ks_tensor *t = ks_statedict_tensor(f->sd, s->name);
-  int ok = t && t->dtype == s->dtype && t->rank == s->rank;
+  long at = ks_reader_find(f->r, s->name);
+  ks_tensor_info ti;
+  int ok = t && at >= 0 && !ks_reader_tensor_info(f->r, (size_t)at, &ti) && t->dtype == s->dtype && t->rank == s->rank;
   for (int d = 0; ok && d < s->rank; d++) ok = t->shape[d] == k->shape[d];
   if (!ok)
     return ks__err_at(L->err, KS_E_FORMAT, L->idx->files[k->file], s->name, -1,
                       "rank %d: the chunk of '%s' is not what the index records", k->file, s->name);
+  if (f->fd < 0 && (f->fd = open(f->path, O_RDONLY | O_CLOEXEC)) < 0)
+    return ks__err_at(L->err, KS_E_IO, f->path, NULL, -1, "rank %d: cannot open: %s", k->file, strerror(errno));
   box src = {s->rank, {0}, {0}};
   for (int d = 0; d < s->rank; d++) {
     src.off[d] = k->offsets[d];
     src.shape[d] = k->shape[d];
   }
-  copy_box(data, reg, t->data, &src, lo, hi, ks_dtype_size(s->dtype));
+  reads q = {f->fd, ti.begin, 0, NULL, 0, 0};
+  int e = copy_box(&q, data, reg, &src, lo, hi, ks_dtype_size(s->dtype));
+  if (e)
+    return ks__err_at(L->err, KS_E_IO, f->path, s->name, (int64_t)ti.begin, "rank %d: cannot read the chunk of '%s': %s",
+                      k->file, s->name, strerror(e));
   return KS_OK;
 }
 
@@ -370,13 +432,16 @@ ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int ran
   ks_status st = KS_OK;
   for (int f = 0; !st && !(opts && opts->no_verify) && f < idx->world_size; f++) st = ks_shard_verify_file(dir, idx, f, err);
   if (!st && !(L.files = ks__calloc(L.a, (size_t)L.n, sizeof *L.files))) st = ks__err(err, KS_E_NOMEM, "out of memory");
+  for (int f = 0; L.files && f < L.n; f++) L.files[f].fd = -1;
   if (!st && ks_statedict_create(L.a, &L.out)) st = ks__err(err, KS_E_NOMEM, "out of memory");
   ks_meta *m = NULL;
   if (!st) st = run(&L, want, &m);
   for (int f = 0; L.files && f < L.n; f++) {
     ks_statedict_free(L.files[f].sd);
-    ks_meta_free(L.files[f].meta);
+    ks_reader_free(L.files[f].r);
     json_decref(L.files[f].metrics);
+    if (L.files[f].fd >= 0) close(L.files[f].fd);
+    ks__free(L.a, L.files[f].path);
   }
   ks__free(L.a, L.files);
   if (st) {
