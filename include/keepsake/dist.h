@@ -136,6 +136,16 @@ ks_status ks_dist_save(MPI_Comm comm, const char *dir, const ks_statedict *sd, c
 ks_status ks_dist_load(MPI_Comm comm, const char *dir, const ks_shard_map *want, const ks_shard_load_opts *opts,
                        ks_statedict **sd, ks_meta **meta, ks_error *err);
 
+/**
+ * Collective: the newest complete checkpoint directory of `run_dir`, as
+ * ks_shard_latest finds it on rank 0 (directories without an index, such as a
+ * save that a dying rank interrupted, are ignored; ones that fail to verify are
+ * skipped), broadcast so every rank resumes from the same one.
+ * @param path receives a malloc'd path, or NULL when there is no checkpoint.
+ * @return KS_OK (also when there is none), KS_E_IO, KS_E_NOMEM; the same on every rank.
+ */
+ks_status ks_dist_latest(MPI_Comm comm, const char *run_dir, char **path, ks_error *err);
+
 #ifdef __cplusplus
 }
 #endif

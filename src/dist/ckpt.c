@@ -110,3 +110,24 @@ ks_status ks_dist_load(MPI_Comm comm, const char *dir, const ks_shard_map *want,
   *meta = m;
   return KS_OK;
 }
+
+ks_status ks_dist_latest(MPI_Comm comm, const char *run_dir, char **path, ks_error *err) {
+  int rank = 0;
+  ks_status st = run_dir && path ? KS_OK : ks__err(err, KS_E_INVALID, "ks_dist_latest: NULL argument");
+  if (!st) st = ks__mpi_check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", err);
+  char *found = NULL;
+  if (!st && rank == 0) st = ks_shard_latest(run_dir, NULL, &found, NULL, err);
+  int len = found ? (int)strlen(found) + 1 : 0;
+  st = ks_dist_agree(comm, st, err);
+  if (!st) st = ks__mpi_check(MPI_Bcast(&len, 1, MPI_INT, 0, comm), "MPI_Bcast", err);
+  if (!st && rank != 0 && len > 0 && !(found = ks__malloc(NULL, (size_t)len)))
+    st = ks__err(err, KS_E_NOMEM, "out of memory");
+  st = ks_dist_agree(comm, st, err);
+  if (!st && len > 0) st = ks__mpi_check(MPI_Bcast(found, len, MPI_CHAR, 0, comm), "MPI_Bcast", err);
+  if (st) {
+    ks__free(NULL, found);
+    return st;
+  }
+  *path = found;
+  return KS_OK;
+}
