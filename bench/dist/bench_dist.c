@@ -5,7 +5,8 @@
  * number of bytes with write()+fsync to its own file, all at once. Loading
  * compares ks_dist_load (with and without verifying the whole-file checksums)
  * to read() of each rank's file into fresh memory. Reads come from the page
- * cache (the files were just written). Best of 3; ratios are keepsake time over raw time.
+ * cache (the files were just written). Best of 3 (slowest rank of each); ratios
+ * are keepsake's throughput over the raw baseline's.
  *
  * Run without arguments it starts itself under mpirun for each world size.
  */
@@ -136,11 +137,11 @@ static int worker(void) {
   double raw_r = timed(raw_read_job, &j), ks_r = timed(ks_load_job, &j), ks_rn = timed(ks_load_noverify_job, &j);
   double total = (double)j.bytes * size;
   if (rank == 0) {
-    printf("  %d rank%s, %.0f MiB total: save %7.2f GiB/s vs raw write+fsync %7.2f GiB/s (ratio %.2f); "
-           "load %7.2f GiB/s (no verify %7.2f) vs raw read %7.2f GiB/s (ratios %.2f, %.2f)\n",
-           size, size == 1 ? " " : "s", total / (1 << 20), ks_bench_gibps(total, ks_w), ks_bench_gibps(total, raw_w),
-           ks_w / raw_w, ks_bench_gibps(total, ks_r), ks_bench_gibps(total, ks_rn), ks_bench_gibps(total, raw_r),
-           ks_r / raw_r, ks_rn / raw_r);
+    printf("  %d rank%s (%4.0f MiB)  save %5.2f GiB/s = %.2fx of raw write+fsync (%5.2f GiB/s)   "
+           "load %5.2f GiB/s = %.2fx of raw read (%5.2f GiB/s); without verifying %5.2f GiB/s = %.2fx\n",
+           size, size == 1 ? " " : "s", total / (1 << 20), ks_bench_gibps(total, ks_w), raw_w / ks_w,
+           ks_bench_gibps(total, raw_w), ks_bench_gibps(total, ks_r), raw_r / ks_r, ks_bench_gibps(total, raw_r),
+           ks_bench_gibps(total, ks_rn), raw_r / ks_rn);
     fflush(stdout);
   }
   unlink(j.raw);

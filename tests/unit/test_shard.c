@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "keepsake/keepsake.h"
 #include "testutil.h"
@@ -61,7 +62,7 @@ static void rank_state(int r, int64_t batch, ks_statedict **sd, ks_meta **meta, 
   ks_metric_free(m);
 }
 
-static char *write_ckpt(const char *root, const char *name, int bad_rank) {
+static char *write_ckpt_at(const char *root, const char *name, int bad_rank, int64_t batch) {
   char *dir = ks_test_path(root, name);
   assert_int_equal(mkdir(dir, 0777), 0);
   ks_shard_file_info infos[N];
@@ -70,7 +71,7 @@ static char *write_ckpt(const char *root, const char *name, int bad_rank) {
     ks_statedict *sd;
     ks_meta *meta;
     ks_shard_map *map;
-    rank_state(r, r == bad_rank ? 9 : 5, &sd, &meta, &map);
+    rank_state(r, r == bad_rank ? 9 : batch, &sd, &meta, &map);
     ks_error err;
     assert_int_equal(ks_shard_write_rank(dir, r, N, sd, meta, map, NULL, 0, &so, &infos[r], &err), KS_OK);
     ks_statedict_free(sd);
@@ -82,6 +83,10 @@ static char *write_ckpt(const char *root, const char *name, int bad_rank) {
   assert_int_equal(st, bad_rank >= 0 ? KS_E_MISMATCH : KS_OK);
   if (bad_rank >= 0) assert_non_null(strstr(err.message, "timestamps differ"));
   return dir;
+}
+
+static char *write_ckpt(const char *root, const char *name, int bad_rank) {
+  return write_ckpt_at(root, name, bad_rank, 5);
 }
 
 static float metric_sum(const ks_statedict *sd) {
@@ -196,6 +201,44 @@ static void bad_shards_are_named(void **s) {
   free(root);
 }
 
+/* A rank file swapped in from another checkpoint, with the index patched to match its bytes. */
+static void a_file_from_another_checkpoint_is_refused(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shard");
+  char *a = write_ckpt_at(root, "ep2-ba5", -1, 5), *b = write_ckpt_at(root, "ep2-ba6", -1, 6);
+  char *fa = ks_test_path(a, "rank-00001-of-00003.keepsake"), *fb = ks_test_path(b, "rank-00001-of-00003.keepsake");
+  size_t len;
+  uint8_t *bytes = ks_test_read_file(fb, &len);
+  assert_int_equal(ks_test_write_file(fa, bytes, len), 0);
+  char *ip = ks_test_path(a, KS_SHARD_INDEX_NAME), hex[17];
+  json_t *idx_json = json_load_file(ip, 0, NULL);
+  json_t *f1 = json_array_get(json_object_get(json_object_get(idx_json, "keepsake"), "files"), 1);
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)ks_checksum(bytes, len));
+  json_object_set_new(f1, "size", json_integer((json_int_t)len));
+  json_object_set_new(f1, "xxh3", json_string(hex));
+  assert_int_equal(json_dump_file(idx_json, ip, 0), 0);
+  json_decref(idx_json);
+  ks_shard_index *idx;
+  ks_error err;
+  assert_int_equal(ks_shard_index_read(a, NULL, &idx, &err), KS_OK);
+  assert_int_equal(ks_shard_verify_file(a, idx, 1, &err), KS_OK);
+  ks_statedict *sd = NULL;
+  ks_meta *meta = NULL;
+  assert_int_equal(ks_shard_load_rank(a, idx, 1, 3, NULL, NULL, &sd, &meta, &err), KS_E_MISMATCH);
+  assert_non_null(strstr(err.message, "timestamps disagree"));
+  assert_non_null(strstr(err.message, "batch 6"));
+  assert_non_null(strstr(err.file, "rank-00001-of-00003.keepsake"));
+  ks_shard_index_free(idx);
+  ks_test_rmtree(root);
+  free(ip);
+  free(bytes);
+  free(fa);
+  free(fb);
+  free(a);
+  free(b);
+  free(root);
+}
+
 static void write_index_text(const char *dir, const char *text) {
   char *p = ks_test_path(dir, KS_SHARD_INDEX_NAME);
   assert_int_equal(ks_test_write_file(p, text, strlen(text)), 0);
@@ -304,6 +347,7 @@ int main(void) {
       cmocka_unit_test(loads_at_fewer_equal_and_more_ranks),
       cmocka_unit_test(timestamps_that_disagree_leave_no_index),
       cmocka_unit_test(bad_shards_are_named),
+      cmocka_unit_test(a_file_from_another_checkpoint_is_refused),
       cmocka_unit_test(malformed_indexes_are_refused),
       cmocka_unit_test(allocation_failures_leak_nothing),
       cmocka_unit_test(chunk_maps_check_their_bounds),
