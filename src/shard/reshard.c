@@ -136,7 +136,7 @@ ks_status ks_shard_latest(const char *run_dir, const ks_allocator *alloc, char *
   cand *c = NULL;
   size_t n = 0;
   ks_status st = collect(run_dir, alloc, &c, &n, err);
-  if (!st) qsort(c, n, sizeof *c, newer_first);
+  if (!st && n) qsort(c, n, sizeof *c, newer_first);
   for (size_t i = 0; !st && i < n && !*path; i++) {
     if (verifies(c[i].path, alloc)) {
       *path = c[i].path;
