@@ -11,8 +11,9 @@
  * `keepsake` object: the world size, the timestamp, every file's size and
  * whole-file XXH3-64, the per-rank entry globs, and every sharded tensor's
  * dtype, global shape and chunks (rank, offsets, shape). Each rank file also
- * records its chunks' offsets in `__metadata__["DCP_SHARDING_INFO"]` with
- * torch DCP's schema (`{fqn: {"saved_offsets": [...]}}`, plus `global_shape`).
+ * records every tensor's offsets in `__metadata__["DCP_SHARDING_INFO"]` with
+ * torch DCP's schema (`{fqn: {"saved_offsets": [...]}}`, plus `global_shape` for
+ * chunks), so torch DCP's HuggingFaceStorageReader loads the model tensors.
  * docs/FORMAT.md section 9 is the specification.
  *
  * Entries fall in three classes: sharded tensors (each rank holds a chunk),

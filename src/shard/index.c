@@ -45,6 +45,7 @@ static ks_status add_chunks(json_t *sharded, const file_head *h, int f, const ch
   const char *key;
   json_t *v;
   json_object_foreach(h->dcp, key, v) {
+    if (!json_object_get(v, "global_shape")) continue; /* a whole tensor */
     ks_tensor t;
     int64_t off[KS_MAX_RANK], g[KS_MAX_RANK];
     if (ks_reader_tensor(h->r, key, &t, NULL) || ks__shard_dims(json_object_get(v, "saved_offsets"), off) != t.rank ||
@@ -83,7 +84,7 @@ static void add_whole(json_t *weight_map, const file_head *h, const json_t *per_
     const char *name;
     ks_tensor t;
     ks_reader_tensor_at(h->r, i, &name, &t);
-    if ((h->dcp && json_object_get(h->dcp, name)) || is_per_rank(per_rank, name)) continue;
+    if (json_object_get(json_object_get(h->dcp, name), "global_shape") || is_per_rank(per_rank, name)) continue;
     json_object_set_new(weight_map, name, json_string(fname));
     *total += t.nbytes;
   }

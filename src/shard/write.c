@@ -88,14 +88,20 @@ static ks_status check_chunk(const ks_statedict *sd, const ks_shard_chunk *c, ks
   return KS_OK;
 }
 
-static json_t *dcp_info(const ks_shard_map *shards) {
+/* torch DCP's record of every tensor of the file: chunks at their offsets, whole tensors at zero. */
+static json_t *dcp_info(const ks_statedict *fsd, const ks_shard_map *shards) {
   json_t *o = json_object();
-  for (size_t i = 0; o && i < ks_shard_map_count(shards); i++) {
+  static const int64_t zeros[KS_MAX_RANK] = {0};
+  for (size_t i = 0; o && i < ks_statedict_count(fsd); i++) {
+    ks_entry e;
+    ks_statedict_at(fsd, i, &e);
+    if (e.kind != KS_VAL_TENSOR) continue;
     ks_shard_chunk c;
-    ks_shard_map_at(shards, i, &c);
-    json_t *e = json_pack("{s:o, s:o}", "saved_offsets", ks__shard_dims_json(c.rank, c.offsets), "global_shape",
-                          ks__shard_dims_json(c.rank, c.global_shape));
-    if (!e || json_object_set_new(o, c.name, e)) {
+    json_t *x = ks_shard_map_get(shards, e.name, &c) == KS_OK
+                    ? json_pack("{s:o, s:o}", "saved_offsets", ks__shard_dims_json(c.rank, c.offsets), "global_shape",
+                                ks__shard_dims_json(c.rank, c.global_shape))
+                    : json_pack("{s:o}", "saved_offsets", ks__shard_dims_json(e.tensor.rank, zeros));
+    if (!x || json_object_set_new(o, e.name, x)) {
       json_decref(o);
       return NULL;
     }
@@ -121,7 +127,7 @@ static ks_status set_json(ks_meta *m, const char *key, json_t *j, ks_error *err)
   return st ? ks__err(err, st, "cannot build the %s metadata", key) : KS_OK;
 }
 
-static ks_status build_meta(int rank, int world_size, const ks_statedict *sd, const ks_meta *meta,
+static ks_status build_meta(int rank, int world_size, const ks_statedict *sd, const ks_statedict *fsd, const ks_meta *meta,
                             const ks_shard_map *shards, const char *const *per_rank, size_t n_per_rank,
                             const ks_allocator *a, ks_meta **out, ks_error *err) {
   ks_meta *m;
@@ -129,8 +135,8 @@ static ks_status build_meta(int rank, int world_size, const ks_statedict *sd, co
   ks_status st = meta ? ks_meta_copy(m, meta) : KS_OK;
   if (st) st = ks__err(err, st, "cannot copy the metadata");
   if (!st) st = set_json(m, KS__SHARD_META, shard_record(rank, world_size, sd, per_rank, n_per_rank), err);
-  if (!st && ks_shard_map_count(shards)) {
-    st = set_json(m, KS__DCP_INFO, dcp_info(shards), err);
+  if (!st) {
+    st = set_json(m, KS__DCP_INFO, dcp_info(fsd, shards), err);
     if (!st && (ks_meta_set(m, KS__DCP_VERSION, "1.0") || ks_meta_set(m, "format", "pt")))
       st = ks__err(err, KS_E_NOMEM, "out of memory building metadata");
   }
@@ -174,7 +180,7 @@ ks_status ks_shard_write_rank(const char *dir, int rank, int world_size, const k
   ks_meta *m = NULL;
   ks_status st = path && !ks_statedict_create(a, &fsd) ? KS_OK : ks__err(err, KS_E_NOMEM, "out of memory");
   if (!st) st = select_entries(sd, rank, shards, per_rank, n_per_rank, fsd, err);
-  if (!st) st = build_meta(rank, world_size, sd, meta, shards, per_rank, n_per_rank, a, &m, err);
+  if (!st) st = build_meta(rank, world_size, sd, fsd, meta, shards, per_rank, n_per_rank, a, &m, err);
   if (!st) st = save_hashed(path, fsd, m, opts, info, err);
   if (st && err) ks__err_set_file(err, path);
   ks_meta_free(m);

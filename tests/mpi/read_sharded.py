@@ -6,12 +6,16 @@ Checks what other tooling relies on: every rank file opens with safetensors, the
 index's weight_map names a file holding each whole tensor, and each sharded
 tensor reassembles from the chunks' DCP_SHARDING_INFO["saved_offsets"] (torch
 DCP's schema) into the global shape the index records, with the values the
-test program saved (w[i][j] = i*COLS + j + 0.5). Exits 77 when safetensors or
+test program saved (w[i][j] = i*COLS + j + 0.5). Then, when torch is there,
+torch DCP's own HuggingFaceStorageReader loads the model tensors from the same
+files (through `.safetensors` links, the only names it lists), with
+torch.distributed.checkpoint.load(no_dist=True). Exits 77 when safetensors or
 numpy is missing.
 """
 import json
 import os
 import sys
+import tempfile
 
 try:
     import numpy as np
@@ -51,6 +55,37 @@ def main():
             assert np.array_equal(whole, want), (whole, want)
     print(f"read_sharded: {len(idx['weight_map'])} whole tensors, {len(ks['sharded'])} sharded, "
           f"{ks['world_size']} files: ok")
+    torch_dcp(d, idx, rows, cols)
+
+
+def torch_dcp(d, idx, rows, cols):
+    try:
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import HuggingFaceStorageReader
+    except ImportError as e:
+        print(f"torch DCP reader not tried: {e}")
+        return
+    ks = idx["keepsake"]
+    with tempfile.TemporaryDirectory() as links:
+        for entry in ks["files"]:
+            stem = entry["file"].rsplit(".", 1)[0]
+            os.symlink(os.path.join(os.path.abspath(d), entry["file"]), os.path.join(links, stem + ".safetensors"))
+        want = {name: torch.zeros(info["global_shape"]) for name, info in ks["sharded"].items()}
+        for name in idx["weight_map"]:
+            if name.startswith("state/model/"):
+                with safe_open(os.path.join(d, idx["weight_map"][name]), framework="numpy") as f:
+                    want[name] = torch.from_numpy(f.get_tensor(name).copy())
+        got = {name: torch.full_like(t, float("nan")) for name, t in want.items()}
+        dcp.load(got, storage_reader=HuggingFaceStorageReader(path=links), no_dist=True)
+    expect_w = torch.arange(rows * cols, dtype=torch.float32).reshape(rows, cols) + 0.5
+    assert torch.equal(got["state/model/w"], expect_w), got["state/model/w"]
+    expect_v = torch.arange(24, dtype=torch.float32).reshape(4, 6)  # the column-sharded tensor
+    assert torch.equal(got["state/model/v"], expect_v), got["state/model/v"]
+    for name, t in want.items():
+        if name not in ks["sharded"]:
+            assert torch.equal(got[name], t), name
+    print(f"torch {torch.__version__} DCP HuggingFaceStorageReader: {len(got)} model tensors: ok")
 
 
 main()
