@@ -104,7 +104,8 @@ typedef struct ks_dist_save_opts {
 
 /**
  * Collective: writes one sharded checkpoint directory `dir` (created when
- * missing; its parent must exist). Each rank writes `rank-XXXXX-of-YYYYY.keepsake`
+ * missing; its parent must exist; an index and temporary files left there by an
+ * earlier save are removed first). Each rank writes `rank-XXXXX-of-YYYYY.keepsake`
  * holding its chunks of the sharded tensors (named in `shards`), its per-rank
  * entries and, on rank 0 only, the replicated entries (everything else: model
  * tensors not sharded, hyperparameters, timestamp). Then every rank hashes its

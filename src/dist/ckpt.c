@@ -4,6 +4,7 @@
  * writes the index last. Loading verifies the files in parallel (file f on
  * rank f mod M) and then builds each rank's part (src/shard, no MPI there).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,10 +13,28 @@
 
 #include "dist/dist_internal.h"
 
+/* Temporary files a save that died left behind (".<name>.tmp-XXXXXX"): nothing else writes them. */
+static void remove_leftovers(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (e->d_name[0] != '.' || !strstr(e->d_name, ".tmp-")) continue;
+    size_t n = strlen(dir) + strlen(e->d_name) + 2;
+    char *p = ks__malloc(NULL, n);
+    if (p) {
+      snprintf(p, n, "%s/%s", dir, e->d_name);
+      unlink(p);
+    }
+    ks__free(NULL, p);
+  }
+  if (d) closedir(d);
+}
+
 static ks_status prepare_dir(int rank, const char *dir, ks_error *err) {
   if (rank != 0) return KS_OK;
   if (mkdir(dir, 0777) && errno != EEXIST)
     return ks__err_at(err, KS_E_IO, dir, NULL, -1, "cannot create the checkpoint directory: %s", strerror(errno));
+  remove_leftovers(dir);
   /* Rewriting a checkpoint: drop its commit marker first, so a crash cannot leave an index naming new files. */
   size_t n = strlen(dir) + sizeof "/" KS_SHARD_INDEX_NAME;
   char *idx = ks__malloc(NULL, n);
