@@ -183,5 +183,6 @@ int ks_cmd_inspect(int argc, char **argv) {
     }
   }
   if (!path) return inspect_usage(stderr), KS_EXIT_USAGE;
+  if (ks_cli_is_dir(path) && !as_json) return ks_cli_inspect_dir(path);
   return inspect_file(path, as_json);
 }

@@ -54,5 +54,5 @@ int ks_cmd_verify(int argc, char **argv) {
     if (argc == 2) fprintf(stderr, "keepsake verify: unknown option '%s'\n", argv[1]);
     return verify_usage(stderr), KS_EXIT_USAGE;
   }
-  return verify_file(argv[1]);
+  return ks_cli_is_dir(argv[1]) ? ks_cli_verify_dir(argv[1]) : verify_file(argv[1]);
 }

@@ -145,6 +145,21 @@ int ks_shard_index_world_size(const ks_shard_index *idx);
 int64_t ks_shard_index_epoch(const ks_shard_index *idx);
 int64_t ks_shard_index_batch(const ks_shard_index *idx);
 
+/** The file of saved rank `rank` (NULL when out of range); *info (may be NULL) gets its recorded size and hash. */
+const char *ks_shard_index_file(const ks_shard_index *idx, int rank, ks_shard_file_info *info);
+/** Number of sharded tensors the index records. */
+size_t ks_shard_index_sharded_count(const ks_shard_index *idx);
+/**
+ * Sharded tensor i: name, dtype and global shape in *whole (offsets all zero), and its number
+ * of saved chunks. @return KS_OK or KS_E_NOTFOUND.
+ */
+ks_status ks_shard_index_sharded_at(const ks_shard_index *idx, size_t i, ks_shard_chunk *whole, ks_dtype *dtype,
+                                    size_t *n_chunks);
+/** Chunk j of sharded tensor i and the saved rank whose file holds it. @return KS_OK or KS_E_NOTFOUND. */
+ks_status ks_shard_index_chunk(const ks_shard_index *idx, size_t i, size_t j, ks_shard_chunk *chunk, int *file);
+/** The per-rank globs the checkpoint was saved with (n receives the count). Owned by the index. */
+const char *const *ks_shard_index_per_rank(const ks_shard_index *idx, size_t *n);
+
 /**
  * Checks rank `rank`'s file against the index: present, of the recorded size,
  * and with the recorded whole-file checksum (reads the whole file).

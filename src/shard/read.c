@@ -29,6 +29,51 @@ int ks_shard_index_world_size(const ks_shard_index *idx) { return idx ? idx->wor
 int64_t ks_shard_index_epoch(const ks_shard_index *idx) { return idx ? idx->ts.epoch : -1; }
 int64_t ks_shard_index_batch(const ks_shard_index *idx) { return idx ? idx->ts.batch : -1; }
 
+const char *ks_shard_index_file(const ks_shard_index *idx, int rank, ks_shard_file_info *info) {
+  if (!idx || rank < 0 || rank >= idx->world_size) return NULL;
+  if (info) *info = idx->infos[rank];
+  return idx->files[rank];
+}
+
+size_t ks_shard_index_sharded_count(const ks_shard_index *idx) { return idx ? idx->n_sharded : 0; }
+
+ks_status ks_shard_index_sharded_at(const ks_shard_index *idx, size_t i, ks_shard_chunk *whole, ks_dtype *dtype,
+                                    size_t *n_chunks) {
+  if (!idx || i >= idx->n_sharded) return KS_E_NOTFOUND;
+  const ks__sharded *s = &idx->sharded[i];
+  if (whole) {
+    memset(whole, 0, sizeof *whole);
+    whole->name = s->name;
+    whole->rank = s->rank;
+    memcpy(whole->global_shape, s->global_shape, sizeof whole->global_shape);
+    memcpy(whole->shape, s->global_shape, sizeof whole->shape);
+  }
+  if (dtype) *dtype = s->dtype;
+  if (n_chunks) *n_chunks = s->n_chunks;
+  return KS_OK;
+}
+
+ks_status ks_shard_index_chunk(const ks_shard_index *idx, size_t i, size_t j, ks_shard_chunk *chunk, int *file) {
+  if (!idx || i >= idx->n_sharded || j >= idx->sharded[i].n_chunks) return KS_E_NOTFOUND;
+  const ks__sharded *s = &idx->sharded[i];
+  const ks__saved_chunk *k = &s->chunks[j];
+  if (chunk) {
+    memset(chunk, 0, sizeof *chunk);
+    chunk->name = s->name;
+    chunk->rank = s->rank;
+    memcpy(chunk->global_shape, s->global_shape, sizeof chunk->global_shape);
+    memcpy(chunk->offsets, k->offsets, sizeof chunk->offsets);
+    memcpy(chunk->shape, k->shape, sizeof chunk->shape);
+  }
+  if (file) *file = k->file;
+  return KS_OK;
+}
+
+const char *const *ks_shard_index_per_rank(const ks_shard_index *idx, size_t *n) {
+  if (n) *n = idx ? idx->n_per_rank : 0;
+  return idx ? (const char *const *)idx->per_rank : NULL;
+}
+
 static ks_status bad(ks_error *err, const char *path, const char *key, const char *what) {
   return ks__err_at(err, KS_E_FORMAT, path, key, -1, "index: %s", what);
 }

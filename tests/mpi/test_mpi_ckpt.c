@@ -246,6 +246,16 @@ static void expect_agreed(ks_status st, ks_status want, const ks_error *err, con
   MT_CHECK(!needle || strstr(err->message, needle), "'%s' not in: %s", needle, err->message);
 }
 
+/* Runs `keepsake CMD DIR`: the exit status and a piece of its output. */
+static void expect_cli(const char *cmd, const char *dir, int status, const char *needle) {
+  char line[2048], *out = NULL;
+  snprintf(line, sizeof line, "%s %s %s", KS_CLI_PATH, cmd, dir);
+  int rc = ks_test_run(line, &out);
+  MT_CHECK(rc == status && out && strstr(out, needle), "%s: exit %d (want %d), '%s' not in: %s", line, rc, status, needle,
+           out ? out : "");
+  free(out);
+}
+
 static void test_faults(const char *root) {
   char *good = dir_for(root, "run/ep1-ba4"), *bad = dir_for(root, "run/ep1-ba5"), *run = dir_for(root, "run");
   if (mt_rank == 0) MT_CHECK(mkdir(run, 0777) == 0, "mkdir");
@@ -277,6 +287,10 @@ static void test_faults(const char *root) {
   }
   MT_OK(save(MPI_COMM_WORLD, &p, bad, NULL, &err), &err);
   MT_CHECK(ks_test_exists(idx), "no index after a good save");
+  if (mt_rank == 0) {
+    expect_cli("verify", bad, 0, "OK (sharded checkpoint");
+    expect_cli("inspect", bad, 0, "sharded tensors (2)");
+  }
   /* Corrupt, truncated and missing shards are refused, naming the rank and the file. */
   int victim = mt_size - 1;
   char fname[64], needle[32];
@@ -306,6 +320,7 @@ static void test_faults(const char *root) {
     MT_CHECK(strstr(err.message, what[kind]) && strstr(err.file, fname), "error does not name the file: %s %s", err.file,
              err.message);
     prog_free(&q);
+    if (mt_rank == 0) expect_cli("verify", bad, 1, needle);
     if (mt_rank == 0 && kind == 0) {
       size_t skipped = 0;
       MT_OK(ks_shard_latest(run, NULL, &latest, &skipped, &err), &err);
