@@ -18,7 +18,10 @@
  *     "update_count": the object's _update_count, else 1}}
  * (ks_metric_from_attributes and ks_metric_stored_schema_version give args and
  * schema version). ks_state_load then fills a program's metrics by name, and
- * migrates old states.
+ * migrates old states. The metadata also holds KS_TORCH_STRUCTURE_META (torch.h):
+ * the file's lists, tuples, typed keys and empty containers (without the metric
+ * subtrees the mapping rewrote), which a .pt export (ks_torch_save with
+ * opts.structure) rebuilds.
  */
 #ifndef KEEPSAKE_IMPORT_H
 #define KEEPSAKE_IMPORT_H
@@ -54,8 +57,9 @@ typedef struct ks_import_opts {
  * @param opts  NULL for defaults.
  * @param out   receives the dict (opts->read->alloc); tensors may be mapped views
  *              into the file, kept alive by the dict until ks_statedict_free.
- * @param meta  receives the metadata to save beside it (empty when the file has
- *              no Composer metrics); free with ks_meta_free. May be NULL.
+ * @param meta  receives the metadata to save beside it (the structure document,
+ *              and the metric keys when the file has Composer metrics); free with
+ *              ks_meta_free. May be NULL.
  * @param err   optional; names the file, key or byte offset that failed.
  * @return as ks_torch_load; and KS_E_SHAPE / KS_E_DTYPE (list state items that
  *         cannot be joined), KS_E_LIMIT (metric arguments asking for more state

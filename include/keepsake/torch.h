@@ -10,14 +10,31 @@
  * NEWOBJ or BUILD becomes an inert object.
  *
  * Key layout of a flattened file: the '/'-joined path of each leaf. Dict keys
- * as written (ints in decimal, True/False/None by name), list, tuple and set
- * items by index. Leaves: tensors and numpy arrays -> tensors (views are
- * materialised contiguously), bytes -> 1-d U8 tensors, int/float/bool/str/None
- * -> scalars (ints beyond 64 bits -> decimal strings). An inert object adds
- * `<path>/__class__` = "module.name" and flattens its BUILD state (attributes)
- * and any items appended to it under its own path. Empty containers, bare
- * global references and BUILD state of dicts (OrderedDict `_metadata`) add
- * nothing.
+ * as written (ints in decimal, True/False/None by name), with '/' and '%' inside
+ * a key escaped as "%2F" and "%25" (so {"a/b": 1, "a": {"b": 2}} gives the two
+ * names "a%2Fb" and "a/b"); list, tuple and set items by index. Leaves: tensors
+ * and numpy arrays -> tensors (views are materialised contiguously), bytes ->
+ * 1-d U8 tensors, int/float/bool/str/None -> scalars (ints beyond 64 bits ->
+ * decimal strings). An inert object adds `<path>/__class__` = "module.name"
+ * and flattens its BUILD state (attributes) and any items appended to it under
+ * its own path; an object with neither (datetime.timedelta, an enum member)
+ * flattens its constructor arguments as the tuple `<path>/__args__`. Empty
+ * containers, bare global references and BUILD state of dicts (OrderedDict
+ * `_metadata`) add no entries. Two values that would still get one name (an int
+ * key 1 beside a str key "1"), or a name that would be both a value and a
+ * folder, are refused with KS_E_EXISTS: nothing is dropped silently.
+ *
+ * Structure: what names cannot say (which folders are lists, tuples or sets,
+ * which dict keys are ints, bools, None or floats, which containers are empty)
+ * is returned by the *_with_structure readers as a JSON document, which
+ * `keepsake convert` keeps in the metadata key KS_TORCH_STRUCTURE_META and
+ * hands back to ks_torch_save (opts.structure), so that an exported .pt has
+ * the lists, tuples and int keys of the original:
+ *   {"version": 1, "containers": {"<escaped path>": {"kind": "list" | "tuple" | "set" | "dict",
+ *                                  "len": <items, for list/tuple/set>,
+ *                                  "keys": {"<name component>": <int|bool|null|float key>}}}}
+ * The root container's path is "". Only containers that are not non-empty
+ * str-keyed dicts are listed. See docs/FORMAT.md, "torch structure".
  */
 #ifndef KEEPSAKE_TORCH_H
 #define KEEPSAKE_TORCH_H
@@ -33,6 +50,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/** Metadata key under which `keepsake convert` keeps the structure document of a torch import. */
+#define KS_TORCH_STRUCTURE_META "keepsake.torch_structure"
 
 /**
  * Options for reading. Zero-initialise; zero limits mean the defaults below.
@@ -53,6 +73,8 @@ typedef struct ks_torch_read_opts {
   uint64_t max_view_bytes;   /**< bytes materialised for strided views; default 2*file+64 MiB */
   size_t max_depth;          /**< nesting depth of the flattened tree; default 64 */
   size_t max_entries;        /**< flattened entries, and separately containers visited while flattening (a pickle can share one container many times); default 8*pickle bytes + 4096 */
+  uint64_t max_output_bytes; /**< bytes of all flattened tensors, bytes and strings together, a value
+                                  shared by n paths counting n times; default 4*file+64 MiB */
 } ks_torch_read_opts;
 
 /**
@@ -75,11 +97,32 @@ ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_sta
                         ks_error *err);
 
 /**
+ * Same as ks_torch_load, and also describes the containers (see "Structure"
+ * above). *structure receives a NUL-terminated JSON document allocated with
+ * opts->alloc (free with ks_torch_free); untouched on failure. NULL structure
+ * = ks_torch_load.
+ */
+ks_status ks_torch_load_with_structure(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
+                                       char **structure, ks_error *err);
+
+/**
  * Same as ks_torch_load, from bytes in memory. Tensor data is copied into the
  * dict, so buf may be freed as soon as the call returns.
  */
 ks_status ks_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts,
                                ks_statedict **out, ks_error *err);
+
+/** ks_torch_load_buffer with a structure document, as ks_torch_load_with_structure. */
+ks_status ks_torch_load_buffer_with_structure(const void *buf, size_t len, const ks_torch_read_opts *opts,
+                                              ks_statedict **out, char **structure, ks_error *err);
+
+/**
+ * Nonzero when the bytes start like torch's legacy, pre-1.6 serialization
+ * (`_use_new_zipfile_serialization=False`): a pickled magic number, then more
+ * pickles and raw storages. Such files are refused by the readers with
+ * KS_E_UNSUPPORTED and a message naming the format; 14 bytes suffice.
+ */
+int ks_torch_is_legacy(const void *buf, size_t len);
 
 /** Nonzero when the bytes start like a zip archive ("PK\x03\x04" or an empty "PK\x05\x06"). */
 int ks_torch_is_zip(const void *buf, size_t len);
@@ -91,16 +134,31 @@ typedef struct ks_torch_write_opts {
   int force_zip64;           /**< write zip64 records even for small files (tests) */
   int no_fsync;              /**< skip fsync of the file and its directory */
   const ks_io *io;           /**< file operations of ks_torch_save; NULL = ks_io_posix() */
+  const char *structure;     /**< NULL, or a structure document (see above): folders become the
+                                  lists, tuples and typed-key dicts it names, empty containers it
+                                  names are written, and name components are unescaped */
+  int torch_compat;          /**< 0: torch >= 2.4 (native uint16/32/64 and float8 tensors, floats as
+                                  Python floats); KS_TORCH_COMPAT_1_13: what torch 1.13's
+                                  weights_only loader accepts (see ks_torch_save) */
 } ks_torch_write_opts;
+
+/** ks_torch_write_opts.torch_compat for files torch 1.13's torch.load(weights_only=True) reads. */
+#define KS_TORCH_COMPAT_1_13 113
 
 /**
  * Writes sd as a torch.save-compatible file: a stored zip with 64-byte aligned
- * storages and a pickle protocol 2 data.pkl that torch 1.13's
- * torch.load(weights_only=True) accepts. The '/'-joined names are rebuilt into
- * nested dicts with string keys. Tensors become _rebuild_tensor_v2 calls
- * (U16 and U32 are widened to I32 / I64; U64 must fit in I64; F8 dtypes are
- * refused); floats become 0-d float64 tensors (1.13's safe loader lacks
- * BINFLOAT); ints, bools, strings and null are plain pickle values.
+ * storages, the byteorder / .format_version / .storage_alignment records, and a
+ * pickle protocol 2 data.pkl that torch's default torch.load(weights_only=True)
+ * accepts. The '/'-joined names are rebuilt into nested dicts with string keys,
+ * or, with opts->structure, into the lists, tuples and typed keys it records.
+ * Tensors become _rebuild_tensor_v2 calls, or _rebuild_tensor_v3 over an
+ * UntypedStorage for U16/U32/U64/F8; floats, ints, bools, strings and null are
+ * plain pickle values. With KS_TORCH_COMPAT_1_13, U16 and U32 are widened to
+ * I32 / I64, U64 must fit in I64, F8 dtypes are refused and floats become 0-d
+ * float64 tensors (1.13's safe loader lacks BINFLOAT and the newer dtypes).
+ * A name nesting deeper than ks_torch_load's default depth (64), or longer than
+ * KS_MAX_NAME once re-read and escaped, is refused with KS_E_LIMIT: the writer
+ * never makes a file its own reader refuses.
  * The archive is streamed through opts->io to `<dir>/.<name>.tmp-<6 random
  * characters>`, which is fsynced, renamed over `path`, and the directory
  * fsynced (the same durable replace as ks_save). On any failure before the
@@ -110,7 +168,8 @@ typedef struct ks_torch_write_opts {
  *
  * @param path destination; its directory must exist.
  * @return KS_OK, KS_E_INVALID (a name is both a value and a folder, bad UTF-8,
- *         path names a directory), KS_E_DTYPE, KS_E_IO or KS_E_NOMEM; err names
+ *         path names a directory, a malformed structure document, list items that
+ *         are not 0..len-1), KS_E_LIMIT, KS_E_DTYPE, KS_E_IO or KS_E_NOMEM; err names
  *         `path` as the file.
  * Thread safety: sd is only read.
  */

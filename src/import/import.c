@@ -147,20 +147,46 @@ static ks_status import_metrics(ks_statedict *raw, uint64_t budget, ks_statedict
   return st;
 }
 
+/* KS_TORCH_STRUCTURE_META: the container kinds of the file, without the metric subtrees when
+   ks_composer_normalize rewrote them (their records would describe no entry). */
+static ks_status structure_meta(ks_meta *meta, const char *structure, int normalized, ks_error *err) {
+  if (!structure) return KS_OK;
+  if (!normalized) return set_meta(meta, KS_TORCH_STRUCTURE_META, structure, err);
+  json_t *doc = json_loads(structure, JSON_REJECT_DUPLICATES, NULL);
+  json_t *containers = json_object_get(doc, "containers"), *v, *tmp;
+  const char *path;
+  json_object_foreach_safe(containers, tmp, path, v) {
+    if (!strncmp(path, KS_KEY_TRAIN_METRICS, strlen(KS_KEY_TRAIN_METRICS)) ||
+        !strncmp(path, KS_KEY_EVAL_METRICS, strlen(KS_KEY_EVAL_METRICS)))
+      json_object_del(containers, path);
+  }
+  char *text = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(doc);
+  ks_status st = text ? set_meta(meta, KS_TORCH_STRUCTURE_META, text, err) : nomem(err);
+  free(text);
+  return st;
+}
+
 /* Takes raw (freed on failure). */
-static ks_status finish(ks_statedict *raw, uint64_t input_bytes, const ks_import_opts *opts, ks_statedict **out,
-                        ks_meta **meta, ks_error *err) {
+static ks_status finish(ks_statedict *raw, const char *structure, uint64_t input_bytes, const ks_import_opts *opts,
+                        ks_statedict **out, ks_meta **meta, ks_error *err) {
   ks_meta *m = NULL;
   if (ks_meta_create(ks_statedict_allocator(raw), &m)) {
     ks_statedict_free(raw);
     return nomem(err);
+  }
+  int normalized = has_metrics(raw);
+  if (structure_meta(m, structure, normalized, err)) {
+    ks_meta_free(m);
+    ks_statedict_free(raw);
+    return err ? err->code : KS_E_NOMEM;
   }
   uint64_t budget = opts && opts->max_metric_bytes ? opts->max_metric_bytes
                                                    : (input_bytes > (UINT64_MAX - DEFAULT_METRIC_SLACK) / 2
                                                           ? UINT64_MAX
                                                           : 2 * input_bytes + DEFAULT_METRIC_SLACK);
   ks_statedict *sd = raw;
-  ks_status st = has_metrics(raw) ? import_metrics(raw, budget, &sd, m, err) : KS_OK;
+  ks_status st = normalized ? import_metrics(raw, budget, &sd, m, err) : KS_OK;
   if (st || !meta) ks_meta_free(m);
   if (st) return st;
   *out = sd;
@@ -172,11 +198,14 @@ ks_status ks_torch_import(const char *path, const ks_import_opts *opts, ks_state
                           ks_error *err) {
   if (!path || !out) return ks__err(err, KS_E_INVALID, "ks_torch_import: NULL argument");
   ks_statedict *raw = NULL;
-  ks_status st = ks_torch_load(path, opts ? opts->read : NULL, &raw, err);
+  char *structure = NULL;
+  const ks_torch_read_opts *ro = opts ? opts->read : NULL;
+  ks_status st = ks_torch_load_with_structure(path, ro, &raw, &structure, err);
   if (st) return st;
   struct stat sb;
   uint64_t bytes = stat(path, &sb) == 0 && sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
-  st = finish(raw, bytes, opts, out, meta, err);
+  st = finish(raw, structure, bytes, opts, out, meta, err);
+  ks_torch_free(ro ? ro->alloc : NULL, structure);
   if (st) ks__err_set_file(err, path);
   return st;
 }
@@ -185,6 +214,10 @@ ks_status ks_torch_import_buffer(const void *buf, size_t len, const ks_import_op
                                  ks_meta **meta, ks_error *err) {
   if (!buf || !out) return ks__err(err, KS_E_INVALID, "ks_torch_import_buffer: NULL argument");
   ks_statedict *raw = NULL;
-  ks_status st = ks_torch_load_buffer(buf, len, opts ? opts->read : NULL, &raw, err);
-  return st ? st : finish(raw, len, opts, out, meta, err);
+  char *structure = NULL;
+  const ks_torch_read_opts *ro = opts ? opts->read : NULL;
+  ks_status st = ks_torch_load_buffer_with_structure(buf, len, ro, &raw, &structure, err);
+  if (!st) st = finish(raw, structure, len, opts, out, meta, err);
+  ks_torch_free(ro ? ro->alloc : NULL, structure);
+  return st;
 }

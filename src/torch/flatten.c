@@ -3,6 +3,12 @@
  * its '/'-joined path (dict keys as written, sequence items by index). Inert
  * objects contribute `__class__` plus their BUILD state and appended items, so a
  * pickled torchmetrics object's tensors appear under the object's own path.
+ *
+ * Names never collide silently: '/' and '%' inside a key are percent-escaped,
+ * and two values that still reach one name (an int key 1 beside a str key "1",
+ * a state attribute named like an object's own `__class__`) are refused, as is
+ * a name that is both a value and a folder. Shared references are copied once
+ * per path, against a budget of output bytes relative to the input's size.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -13,20 +19,25 @@ typedef struct flat {
   ks_statedict *sd;
   const ks__pk_limits *lim;
   ks_error *err;
+  ks__structure *shape; /* container kinds, or NULL when not asked for */
   size_t len, entries, containers;
+  uint64_t bytes;
   char path[KS_MAX_NAME + 2];
 } flat;
 
 static ks_status visit(flat *f, const ks__pk_node *n, size_t depth);
 
+static ks_status too_long(flat *f) {
+  return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: key longer than %d bytes", KS_MAX_NAME);
+}
+
+/* Appends one component, percent-escaping '/' and '%' so that a key's own slashes stay its own. */
 static ks_status push_comp(flat *f, const char *s, size_t n, size_t *saved) {
   *saved = f->len;
-  size_t need = f->len + (f->len ? 1 : 0) + n;
-  if (need > KS_MAX_NAME)
-    return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: key longer than %d bytes", KS_MAX_NAME);
+  size_t need = f->len + (f->len ? 1 : 0) + ks__torch_escaped_len(s, n);
+  if (need > KS_MAX_NAME) return too_long(f);
   if (f->len) f->path[f->len++] = '/';
-  memcpy(f->path + f->len, s, n);
-  f->len += n;
+  f->len += ks__torch_escape(s, n, f->path + f->len);
   f->path[f->len] = 0;
   return KS_OK;
 }
@@ -80,6 +91,7 @@ static ks_status visit_dict(flat *f, const ks__pk_seq *seq, size_t depth) {
     const char *s = NULL;
     size_t n = 0;
     ks_status st = key_text(f, seq->v[i], buf, sizeof buf, &s, &n);
+    if (!st && f->shape && seq->v[i]->kind != PK_STR) st = ks__structure_key(f->shape, f->path, seq->v[i], s, n, f->err);
     if (!st) st = visit_named(f, s, n, seq->v[i + 1], depth);
     if (st) return st;
   }
@@ -91,12 +103,21 @@ static ks_status check(flat *f, ks_status st) {
   return ks__err_at(f->err, st, NULL, f->path, -1, "torch: cannot add entry: %s", ks_strerror(st));
 }
 
+/* A second value at a name already taken would replace the first: refuse instead. */
+static ks_status claim(flat *f) {
+  ks_entry e;
+  if (ks_statedict_get(f->sd, f->path, &e) != KS_OK) return KS_OK;
+  return ks__err_at(f->err, KS_E_EXISTS, NULL, f->path, -1,
+                    "torch: two values flatten to the name '%s' (keys that print alike, e.g. 1 and '1')", f->path);
+}
+
 static ks_status add_class(flat *f, const ks__pk_node *cls) {
   char name[512];
   if (cls && cls->kind == PK_GLOBAL) snprintf(name, sizeof name, "%s.%s", cls->u.g.module, cls->u.g.name);
   else snprintf(name, sizeof name, "?");
   size_t saved;
   ks_status st = push_comp(f, "__class__", 9, &saved);
+  if (!st) st = claim(f);
   if (!st) st = check(f, ks_statedict_set_string(f->sd, f->path, name));
   pop_comp(f, saved);
   f->entries++;
@@ -104,7 +125,7 @@ static ks_status add_class(flat *f, const ks__pk_node *cls) {
 }
 
 static ks_status visit_object(flat *f, const ks__pk_node *o, size_t depth) {
-  const ks__pk_node *state = o->u.obj.state, *items = o->u.obj.items;
+  const ks__pk_node *state = o->u.obj.state, *items = o->u.obj.items, *args = o->u.obj.args;
   ks_status st = add_class(f, o->u.obj.cls);
   if (!st && state && state->kind == PK_DICT) st = visit_dict(f, &state->u.seq, depth);
   else if (!st && state && state->kind == PK_TUPLE) {
@@ -113,6 +134,10 @@ static ks_status visit_object(flat *f, const ks__pk_node *o, size_t depth) {
   } else if (!st && state)
     st = visit_named(f, "__state__", 9, state, depth);
   if (!st && items) st = items->kind == PK_DICT ? visit_dict(f, &items->u.seq, depth) : visit_seq(f, &items->u.seq, depth);
+  /* A value object rebuilt from its arguments alone (datetime.timedelta(days, seconds, us),
+     an enum member): the arguments are its value. */
+  if (!st && !state && !items && args && args->kind == PK_TUPLE && args->u.seq.n)
+    st = visit_named(f, "__args__", 8, args, depth);
   return st;
 }
 
@@ -124,15 +149,29 @@ static ks_status bigint_text(flat *f, const ks__pk_node *n) {
   return check(f, ks_statedict_set_string(f->sd, f->path, n->u.s.p));
 }
 
+/* Shared references are copied once per path: the total is bounded against the input's size. */
+static ks_status spend(flat *f, uint64_t n) {
+  if (n <= f->lim->max_output_bytes && f->bytes <= f->lim->max_output_bytes - n) {
+    f->bytes += n;
+    return KS_OK;
+  }
+  return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1,
+                    "torch: flattened values would exceed %" PRIu64 " bytes (the budget for this input: "
+                    "a value shared by many paths is copied once per path)", f->lim->max_output_bytes);
+}
+
 static ks_status add_tensor(flat *f, const ks_tensor *t) {
   ks_take take = t->ownership == KS_BORROWED ? KS_COPY : KS_MAPPED_VIEW;
-  return check(f, ks_statedict_set_tensor(f->sd, f->path, t, take));
+  ks_status st = spend(f, t->nbytes);
+  return st ? st : check(f, ks_statedict_set_tensor(f->sd, f->path, t, take));
 }
 
 static ks_status add_bytes(flat *f, const ks__pk_node *n) {
   ks_tensor t;
   int64_t len = (int64_t)n->u.s.n;
-  ks_status st = ks_tensor_init(&t, KS_U8, 1, &len, n->u.s.n ? n->u.s.p : NULL);
+  ks_status st = spend(f, n->u.s.n);
+  if (st) return st;
+  st = ks_tensor_init(&t, KS_U8, 1, &len, n->u.s.n ? n->u.s.p : NULL);
   if (!st) st = ks_statedict_set_tensor(f->sd, f->path, &t, KS_MAPPED_VIEW);
   return check(f, st);
 }
@@ -150,6 +189,11 @@ static ks_status leaf(flat *f, const ks__pk_node *n) {
   if (f->entries++ >= f->lim->max_entries)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: more than %zu entries", f->lim->max_entries);
   if (f->len == 0) push_comp(f, "value", 5, &(size_t){0}); /* a bare value at the root */
+  if (n->kind <= PK_BYTES || n->kind == PK_TENSOR || n->kind == PK_STORAGE) {
+    ks_status st = claim(f);
+    if (!st && n->kind == PK_STR) st = spend(f, n->u.s.n);
+    if (st) return st;
+  }
   switch (n->kind) {
     case PK_NONE: return check(f, ks_statedict_set_null(f->sd, f->path));
     case PK_BOOL: return check(f, ks_statedict_set_bool(f->sd, f->path, (int)n->u.i));
@@ -173,6 +217,10 @@ static ks_status visit(flat *f, const ks__pk_node *n, size_t depth) {
   if (container && f->containers++ >= f->lim->max_entries)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1,
                       "torch: more than %zu containers visited (shared references?)", f->lim->max_entries);
+  if (container && n->kind != PK_OBJECT && f->shape) {
+    ks_status st = ks__structure_container(f->shape, f->path, n, f->err);
+    if (st) return st;
+  }
   switch (n->kind) {
     case PK_DICT: return visit_dict(f, &n->u.seq, depth);
     case PK_TUPLE:
@@ -186,14 +234,22 @@ static ks_status visit(flat *f, const ks__pk_node *n, size_t depth) {
 ks_status ks__pk_flatten(const ks__pk_node *root, const ks__pk_arena *ar, const ks__pk_limits *lim,
                          ks_statedict *sd, ks_error *err) {
   (void)ar;
+  return ks__pk_flatten_structured(root, lim, sd, NULL, err);
+}
+
+ks_status ks__pk_flatten_structured(const ks__pk_node *root, const ks__pk_limits *lim, ks_statedict *sd,
+                                    ks__structure *shape, ks_error *err) {
   flat *f = ks__malloc(ks_statedict_allocator(sd), sizeof *f);
   if (!f) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
   f->sd = sd;
   f->lim = lim;
   f->err = err;
+  f->shape = shape;
   f->len = f->entries = f->containers = 0;
+  f->bytes = 0;
   f->path[0] = 0;
   ks_status st = visit(f, root, 0);
   ks__free(ks_statedict_allocator(sd), f);
+  if (!st) st = ks__torch_names_prefix_free(sd, err);
   return st;
 }

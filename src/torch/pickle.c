@@ -454,6 +454,8 @@ void ks__pk_limits_from_opts(const ks_torch_read_opts *o, size_t input_len, ks__
   out->max_view_bytes = o->max_view_bytes ? o->max_view_bytes : view;
   out->max_depth = o->max_depth ? o->max_depth : 64;
   out->max_entries = o->max_entries ? o->max_entries : 0; /* set per pickle by the caller */
+  uint64_t output = (uint64_t)input_len * 4 + ((uint64_t)64 << 20);
+  out->max_output_bytes = o->max_output_bytes ? o->max_output_bytes : output;
   out->max_work = UINT64_MAX; /* capped per pickle by ks__pk_run */
 }
 

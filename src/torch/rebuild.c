@@ -59,7 +59,13 @@ ks_status ks__pk_persid(ks__pk_arena *ar, ks__pk_node *pid, ks__pk_storage_fn st
   ks_dtype dt;
   if (!tag || strcmp(tag->u.s.p, "storage") || !cls || !key || !numel || numel->u.i < 0)
     return bad(err, off, "persistent id is not ('storage', class, key, location, numel)");
-  if (strcmp(cls->u.g.module, "torch") || !ks__pk_storage_dtype(cls->u.g.name, &dt))
+  const char *dtype_text = strcmp(cls->u.g.module, "torch") ? NULL : ks__pk_storage_dtype_text(cls->u.g.name);
+  if (dtype_text)
+    return ks__err_at(err, KS_E_DTYPE, NULL, key->u.s.p, off, "pickle: tensor of dtype torch.%s (torch.%s): keepsake has no such dtype",
+                      dtype_text, cls->u.g.name);
+  bool untyped = !strcmp(cls->u.g.module, "torch.storage") && !strcmp(cls->u.g.name, "UntypedStorage");
+  if (untyped) dt = KS_U8; /* torch >= 2.3, for the dtypes _rebuild_tensor_v3 names */
+  else if (strcmp(cls->u.g.module, "torch") || !ks__pk_storage_dtype(cls->u.g.name, &dt))
     return ks__err_at(err, KS_E_DTYPE, NULL, key->u.s.p, off, "pickle: unknown storage class %s.%s",
                       cls->u.g.module, cls->u.g.name);
   if (!storage) return bad(err, off, "storage reference outside a torch archive");
@@ -307,6 +313,7 @@ static const struct {
 } ctors[] = {
     {"torch._utils", "_rebuild_tensor_v2", ctor_tensor},
     {"torch._utils", "_rebuild_tensor", ctor_tensor},
+    {"torch._utils", "_rebuild_tensor_v3", ks__pk_ctor_tensor_v3},
     {"torch._utils", "_rebuild_parameter", ctor_parameter},
     {"torch._utils", "_rebuild_parameter_with_state", ctor_parameter},
     {"torch._tensor", "_rebuild_from_type_v2", ctor_from_type},

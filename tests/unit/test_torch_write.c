@@ -48,13 +48,13 @@ static void written_file_reads_back_with_every_value(void **s) {
   const ks_tensor *w = ks_statedict_tensor(back, "model/w"), *u = ks_statedict_tensor(back, "rng/numpy");
   assert_non_null(w);
   assert_memory_equal(w->data, ks_statedict_tensor(sd, "model/w")->data, 24);
-  assert_int_equal(u->dtype, KS_I64); /* torch has no uint32: widened */
-  assert_int_equal(((const int64_t *)u->data)[3], 0xFFFFFFFFLL);
+  assert_int_equal(u->dtype, KS_U32); /* torch >= 2.3 has uint32: _rebuild_tensor_v3 */
+  assert_int_equal(((const uint32_t *)u->data)[3], 0xFFFFFFFFu);
   assert_int_equal(ks_statedict_tensor(back, "empty")->shape[0], 0);
   assert_int_equal(ks_statedict_tensor(back, "flag")->rank, 0);
-  const ks_tensor *lr = ks_statedict_tensor(back, "opt/lr"); /* floats travel as 0-d F64 tensors */
-  assert_true(lr && lr->dtype == KS_F64 && lr->rank == 0 && *(const double *)lr->data == 0.001);
   ks_entry e;
+  assert_int_equal(ks_statedict_get(back, "opt/lr", &e), KS_OK); /* a Python float (BINFLOAT) */
+  assert_true(e.kind == KS_VAL_FLOAT && e.f == 0.001);
   assert_int_equal(ks_statedict_get(back, "step", &e), KS_OK);
   assert_int_equal(e.i, -5000000000LL);
   assert_int_equal(ks_statedict_get(back, "run_name", &e), KS_OK);
@@ -63,6 +63,26 @@ static void written_file_reads_back_with_every_value(void **s) {
   assert_int_equal(e.kind, KS_VAL_BOOL);
   assert_int_equal(ks_statedict_get(back, "opt/foreach", &e), KS_OK);
   assert_int_equal(e.kind, KS_VAL_NULL);
+  ks_statedict_free(back);
+  ks_torch_free(NULL, buf);
+  ks_statedict_free(sd);
+}
+
+static void torch_1_13_compat_widens_unsigned_and_writes_floats_as_tensors(void **s) {
+  (void)s;
+  ks_statedict *sd = sample(NULL), *back;
+  void *buf;
+  size_t len;
+  ks_error err;
+  ks_torch_write_opts wo = {0};
+  wo.torch_compat = KS_TORCH_COMPAT_1_13;
+  assert_int_equal(ks_torch_save_buffer(sd, &wo, &buf, &len, &err), KS_OK);
+  assert_int_equal(ks_torch_load_buffer(buf, len, NULL, &back, &err), KS_OK);
+  const ks_tensor *u = ks_statedict_tensor(back, "rng/numpy");
+  assert_int_equal(u->dtype, KS_I64); /* torch 1.13 has no uint32: widened */
+  assert_int_equal(((const int64_t *)u->data)[3], 0xFFFFFFFFLL);
+  const ks_tensor *lr = ks_statedict_tensor(back, "opt/lr"); /* 1.13's safe loader lacks BINFLOAT */
+  assert_true(lr && lr->dtype == KS_F64 && lr->rank == 0 && *(const double *)lr->data == 0.001);
   ks_statedict_free(back);
   ks_torch_free(NULL, buf);
   ks_statedict_free(sd);
@@ -139,15 +159,27 @@ static void a_name_that_is_both_value_and_folder_is_refused(void **s) {
   ks_statedict_free(sd);
 }
 
-static void fp8_tensors_are_refused(void **s) {
+static void fp8_tensors_round_trip_and_are_refused_for_torch_1_13(void **s) {
   (void)s;
-  ks_statedict *sd;
+  ks_statedict *sd, *back;
   ks_statedict_create(NULL, &sd);
   int64_t n = 2;
-  ks_statedict_new_tensor(sd, "q", KS_F8_E4M3, 1, &n, NULL);
+  uint8_t *q;
+  ks_statedict_new_tensor(sd, "q", KS_F8_E4M3, 1, &n, (void **)&q);
+  ks_statedict_new_tensor(sd, "r", KS_F8_E5M2, 1, &n, NULL);
+  q[0] = 0x38, q[1] = 0xC0;
   void *buf;
   size_t len;
-  assert_int_equal(ks_torch_save_buffer(sd, NULL, &buf, &len, NULL), KS_E_DTYPE);
+  ks_torch_write_opts wo = {0};
+  assert_int_equal(ks_torch_save_buffer(sd, &wo, &buf, &len, NULL), KS_OK);
+  assert_int_equal(ks_torch_load_buffer(buf, len, NULL, &back, NULL), KS_OK);
+  assert_int_equal(ks_statedict_tensor(back, "q")->dtype, KS_F8_E4M3);
+  assert_int_equal(ks_statedict_tensor(back, "r")->dtype, KS_F8_E5M2);
+  assert_memory_equal(ks_statedict_tensor(back, "q")->data, q, 2);
+  ks_statedict_free(back);
+  ks_torch_free(NULL, buf);
+  wo.torch_compat = KS_TORCH_COMPAT_1_13;
+  assert_int_equal(ks_torch_save_buffer(sd, &wo, &buf, &len, NULL), KS_E_DTYPE);
   ks_statedict_free(sd);
 }
 
@@ -249,7 +281,8 @@ int main(void) {
       cmocka_unit_test(zip64_records_are_written_and_read),
       cmocka_unit_test(compressed_entries_are_refused_clearly),
       cmocka_unit_test(a_name_that_is_both_value_and_folder_is_refused),
-      cmocka_unit_test(fp8_tensors_are_refused),
+      cmocka_unit_test(fp8_tensors_round_trip_and_are_refused_for_torch_1_13),
+      cmocka_unit_test(torch_1_13_compat_widens_unsigned_and_writes_floats_as_tensors),
       cmocka_unit_test(save_to_a_path_replaces_the_file),
       cmocka_unit_test(writer_allocation_failures_return_nomem_and_leak_nothing),
       cmocka_unit_test(composer_list_states_are_concatenated),
