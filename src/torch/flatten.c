@@ -12,6 +12,7 @@
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "torch/torch_internal.h"
 
@@ -85,8 +86,48 @@ static ks_status visit_seq(flat *f, const ks__pk_seq *seq, size_t depth) {
   return KS_OK;
 }
 
+typedef struct key_slot {
+  char buf[40];  /* the text of a non-str key */
+  const char *s; /* the text of a str key, or NULL for buf (structs move in qsort) */
+  size_t n;
+} key_slot;
+
+static const char *slot_text(const key_slot *k) { return k->s ? k->s : k->buf; }
+
+static int cmp_slot(const void *a, const void *b) {
+  const key_slot *x = a, *y = b;
+  size_t n = x->n < y->n ? x->n : y->n;
+  int c = memcmp(slot_text(x), slot_text(y), n);
+  return c ? c : (x->n > y->n) - (x->n < y->n);
+}
+
+/* Two keys of one dict that print alike (1 and "1", or a repeated key in a hostile pickle)
+   would merge two values or folders into one name: refused. */
+static ks_status distinct_keys(flat *f, const ks__pk_seq *seq) {
+  size_t n = seq->n / 2, bytes;
+  if (n < 2) return KS_OK;
+  const ks_allocator *a = ks_statedict_allocator(f->sd);
+  key_slot *k = ks__mul_size(n, sizeof *k, &bytes) ? ks__malloc(a, bytes) : NULL;
+  if (!k) return ks__err(f->err, KS_E_NOMEM, "torch: out of memory");
+  ks_status st = KS_OK;
+  for (size_t i = 0; i < n && !st; i++) {
+    st = key_text(f, seq->v[2 * i], k[i].buf, sizeof k[i].buf, &k[i].s, &k[i].n);
+    if (k[i].s == k[i].buf) k[i].s = NULL;
+  }
+  if (!st) qsort(k, n, sizeof *k, cmp_slot);
+  for (size_t i = 0; i + 1 < n && !st; i++)
+    if (!cmp_slot(&k[i], &k[i + 1]))
+      st = ks__err_at(f->err, KS_E_EXISTS, NULL, f->path, -1,
+                      "torch: two keys of '%s' flatten to the name '%.*s' (keys that print alike, e.g. 1 and '1')",
+                      f->path, (int)k[i].n, slot_text(&k[i]));
+  ks__free(a, k);
+  return st;
+}
+
 static ks_status visit_dict(flat *f, const ks__pk_seq *seq, size_t depth) {
   char buf[40];
+  ks_status dst = distinct_keys(f, seq);
+  if (dst) return dst;
   for (size_t i = 0; i + 1 < seq->n; i += 2) {
     const char *s = NULL;
     size_t n = 0;

@@ -84,6 +84,10 @@ static size_t reread_len(const writer *wr, const char *s, size_t n) {
 
 /* The file must never hold what ks_torch_load refuses by default. */
 static ks_status reader_limits(writer *wr, const char *name, size_t depth, size_t len) {
+  if (depth > KS__TORCH_MAX_DEPTH) {
+    depth = 1;
+    for (const char *c = name; *c; c++) depth += *c == '/';
+  }
   if (depth > KS__TORCH_MAX_DEPTH)
     return ks__err_at(wr->err, KS_E_LIMIT, NULL, name, -1,
                       "torch: '%.60s...' nests %zu levels; a torch file keepsake reads nests at most %d", name, depth,
