@@ -73,8 +73,8 @@ typedef struct ks_torch_read_opts {
   uint64_t max_view_bytes;   /**< bytes materialised for strided views; default 2*file+64 MiB */
   size_t max_depth;          /**< nesting depth of the flattened tree; default 64 */
   size_t max_entries;        /**< flattened entries, and separately containers visited while flattening (a pickle can share one container many times); default 8*pickle bytes + 4096 */
-  uint64_t max_output_bytes; /**< bytes of all flattened tensors, bytes and strings together, a value
-                                  shared by n paths counting n times; default 4*file+64 MiB */
+  uint64_t max_output_bytes; /**< bytes of all flattened names, tensors, bytes and strings together,
+                                  a value shared by n paths counting n times; default 4*file+64 MiB */
 } ks_torch_read_opts;
 
 /**

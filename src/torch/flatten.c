@@ -190,7 +190,8 @@ static ks_status bigint_text(flat *f, const ks__pk_node *n) {
   return check(f, ks_statedict_set_string(f->sd, f->path, n->u.s.p));
 }
 
-/* Shared references are copied once per path: the total is bounded against the input's size. */
+/* Shared references are copied once per path: the total of names, tensors, bytes and strings
+   is bounded against the input's size. */
 static ks_status spend(flat *f, uint64_t n) {
   if (n <= f->lim->max_output_bytes && f->bytes <= f->lim->max_output_bytes - n) {
     f->bytes += n;
@@ -232,7 +233,7 @@ static ks_status leaf(flat *f, const ks__pk_node *n) {
   if (f->len == 0) push_comp(f, "value", 5, &(size_t){0}); /* a bare value at the root */
   if (n->kind <= PK_BYTES || n->kind == PK_TENSOR || n->kind == PK_STORAGE) {
     ks_status st = claim(f);
-    if (!st && n->kind == PK_STR) st = spend(f, n->u.s.n);
+    if (!st) st = spend(f, f->len + (n->kind == PK_STR ? n->u.s.n : n->kind == PK_BIGINT ? 3 * n->u.s.n : 0));
     if (st) return st;
   }
   switch (n->kind) {

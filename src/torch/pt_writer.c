@@ -41,6 +41,8 @@ typedef struct writer {
   int oom;
   wstorage *st;
   size_t nst, capst;
+  wnode **slots;      /* open-addressing table of every node by (parent, component) */
+  size_t nslots, used;
 } writer;
 
 static ks_status nomem(writer *wr) { return ks__err(wr->err, KS_E_NOMEM, "torch: out of memory"); }
@@ -54,15 +56,57 @@ static void tree_free(const ks_allocator *a, wnode *w) {
   ks__free(a, w);
 }
 
+static uint64_t slot_hash(const wnode *parent, const char *name, size_t nlen) {
+  uint64_t h = 1469598103934665603ull ^ (uint64_t)(uintptr_t)parent;
+  for (size_t i = 0; i < nlen; i++) h = (h ^ (uint8_t)name[i]) * 1099511628211ull;
+  return h ^ (h >> 29);
+}
+
+typedef struct wslot_key {
+  const wnode *parent;
+  const char *name;
+  size_t nlen;
+} wslot_key;
+
+/* Nodes carry no parent pointer, so the table stores (parent, node) pairs side by side. */
+static size_t find_slot(const writer *wr, const wslot_key *k) {
+  size_t mask = wr->nslots - 1, i = (size_t)slot_hash(k->parent, k->name, k->nlen) & mask & ~(size_t)1;
+  for (;; i = (i + 2) & mask) {
+    const wnode *w = wr->slots[i + 1];
+    if (!w || (wr->slots[i] == k->parent && w->nlen == k->nlen && !memcmp(w->name, k->name, k->nlen))) return i;
+  }
+}
+
+static bool grow_slots(writer *wr) {
+  size_t n = wr->nslots ? wr->nslots * 2 : 256, bytes;
+  if (!ks__mul_size(n, sizeof(wnode *), &bytes)) return false;
+  wnode **old = wr->slots, **nw = ks__calloc(wr->a, n, sizeof(wnode *));
+  if (!nw) return false;
+  size_t oldn = wr->nslots;
+  wr->slots = nw;
+  wr->nslots = n;
+  for (size_t i = 0; i < oldn; i += 2)
+    if (old[i + 1]) {
+      wslot_key k = {old[i], old[i + 1]->name, old[i + 1]->nlen};
+      size_t j = find_slot(wr, &k);
+      wr->slots[j] = old[i], wr->slots[j + 1] = old[i + 1];
+    }
+  ks__free(wr->a, old);
+  return true;
+}
+
+/* The child of parent named name[0..nlen), created when asked; a hash lookup, so that a dict of
+   n entries costs O(n), not O(n^2). */
 static wnode *child(writer *wr, wnode *parent, const char *name, size_t nlen, int create) {
-  for (size_t i = parent->n; i-- > 0;) /* newest first: siblings usually arrive together */
-    if (parent->kids[i]->nlen == nlen && !memcmp(parent->kids[i]->name, name, nlen)) return parent->kids[i];
-  if (!create) return NULL;
+  if ((wr->used + 1) * 4 > wr->nslots && !grow_slots(wr)) return NULL; /* two slots per node, half full */
+  wslot_key k = {parent, name, nlen};
+  size_t at = find_slot(wr, &k);
+  if (wr->slots[at + 1] || !create) return wr->slots[at + 1];
   if (parent->n == parent->cap) {
     size_t ncap = parent->cap ? parent->cap * 2 : 4;
-    wnode **k = ks__realloc(wr->a, parent->kids, ncap * sizeof *k);
-    if (!k) return NULL;
-    parent->kids = k;
+    wnode **kids = ks__realloc(wr->a, parent->kids, ncap * sizeof *kids);
+    if (!kids) return NULL;
+    parent->kids = kids;
     parent->cap = ncap;
   }
   wnode *w = ks__calloc(wr->a, 1, sizeof *w);
@@ -71,6 +115,9 @@ static wnode *child(writer *wr, wnode *parent, const char *name, size_t nlen, in
   w->nlen = nlen;
   w->entry = -1;
   parent->kids[parent->n++] = w;
+  wr->slots[at] = parent;
+  wr->slots[at + 1] = w;
+  wr->used++;
   return w;
 }
 
@@ -108,8 +155,8 @@ static ks_status insert(writer *wr, wnode *root, const char *name, long idx, con
     len += (depth ? 1 : 0) + reread_len(wr, s, n);
     ks_status st = reader_limits(wr, name, ++depth, len);
     if (st) return st;
-    wnode *w = child(wr, cur, s, n, 0);
-    if (!w && !(w = child(wr, cur, s, n, 1))) return nomem(wr);
+    wnode *w = child(wr, cur, s, n, 1);
+    if (!w) return nomem(wr);
     if ((slash || idx < 0) && w->entry >= 0)
       return ks__err_at(wr->err, KS_E_INVALID, NULL, name, -1, "torch: '%.*s' is both a value and a folder",
                         (int)(s + n - name), name);
@@ -481,6 +528,7 @@ ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, 
   if (!st) st = write_archive(&wr, root, z);
   ks__zw_free(z);
   json_decref(wr.structure);
+  ks__free(wr.a, wr.slots);
   ks__free(wr.a, wr.p);
   ks__free(wr.a, wr.st);
   return st;
