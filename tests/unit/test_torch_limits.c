@@ -126,7 +126,7 @@ static void shared_references_succeed_exactly_within_the_output_budget(void **s)
     ks_status st = ks_torch_load_buffer(pt.p, pt.n, &o, &sd, &err);
     uint64_t need = (uint64_t)bytes * n; /* every copy, and every name ("0", "1", ...) */
     for (size_t i = 0; i < n; i++) need += i < 10 ? 1 : 2;
-    if (round % 3 == 0) o.max_output_bytes = budget = need - (round % 2); /* right at the edge */
+    if (round % 3 == 0) o.max_output_bytes = budget = need - (uint64_t)(round % 2); /* right at the edge */
     if (round % 3 == 0) {
       ks_statedict_free(sd);
       sd = NULL;
