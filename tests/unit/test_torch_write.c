@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "keepsake/keepsake.h"
 #include "keepsake/torch.h"
@@ -183,6 +184,79 @@ static void fp8_tensors_round_trip_and_are_refused_for_torch_1_13(void **s) {
   ks_statedict_free(sd);
 }
 
+static ks_status save_with(const ks_statedict *sd, const char *structure, void **buf, size_t *len, ks_error *err) {
+  ks_torch_write_opts wo = {0};
+  wo.structure = structure;
+  return ks_torch_save_buffer(sd, &wo, buf, len, err);
+}
+
+/* The structure document round-trips: what the export holds reads back as the same document. */
+static void structure_document_rebuilds_lists_tuples_typed_keys_and_empty_containers(void **s) {
+  (void)s;
+  static const char doc[] =
+      "{\"version\":1,\"containers\":{\"opt/state\":{\"kind\":\"dict\",\"keys\":{\"0\":0,\"True\":true,\"None\":null}},"
+      "\"opt/groups\":{\"kind\":\"list\",\"len\":3},\"opt/groups/0/betas\":{\"kind\":\"tuple\",\"len\":2},"
+      "\"opt/groups/2\":{\"kind\":\"dict\"},\"empty_list\":{\"kind\":\"list\",\"len\":0},"
+      "\"ids\":{\"kind\":\"set\",\"len\":2}}}";
+  ks_statedict *sd, *back;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "opt/state/0", 10), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "opt/state/True", 11), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "opt/state/None", 12), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "opt/groups/0/betas/0", 0.9), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "opt/groups/0/betas/1", 0.999), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "a%2Fb", "slash"), KS_OK); /* a key "a/b" */
+  assert_int_equal(ks_statedict_set_int(sd, "ids/0", 3), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "ids/1", 4), KS_OK);
+  void *buf;
+  size_t len;
+  ks_error err;
+  char *again = NULL;
+  assert_int_equal(save_with(sd, doc, &buf, &len, &err), KS_OK);
+  assert_int_equal(ks_torch_load_buffer_with_structure(buf, len, NULL, &back, &again, &err), KS_OK);
+  ks_entry e;
+  assert_int_equal(ks_statedict_get(back, "opt/groups/1", &e), KS_OK); /* item 1 had no entry: None */
+  assert_int_equal(e.kind, KS_VAL_NULL);
+  assert_int_equal(ks_statedict_get(back, "a%2Fb", &e), KS_OK);
+  assert_string_equal(e.s, "slash");
+  assert_int_equal(ks_statedict_count(back), ks_statedict_count(sd) + 1);
+  json_t *want = json_loads(doc, 0, NULL), *got = json_loads(again, 0, NULL);
+  assert_true(json_equal(want, got));
+  json_decref(want);
+  json_decref(got);
+  ks_torch_free(NULL, again);
+  ks_statedict_free(back);
+  ks_torch_free(NULL, buf);
+  ks_statedict_free(sd);
+}
+
+/* A document that contradicts the entries, or is not one, is refused with a clear message. */
+static void malformed_structure_documents_are_refused(void **s) {
+  (void)s;
+  static const struct {
+    const char *doc, *message;
+  } cases[] = {
+      {"not json", "structure document"},
+      {"{\"version\":2,\"containers\":{}}", "structure document"},
+      {"{\"version\":1,\"containers\":{\"a\":{\"kind\":\"list\",\"len\":1}}}", "not an index"},
+      {"{\"version\":1,\"containers\":{\"a\":{\"kind\":\"list\",\"len\":1000000000000}}}", "items"},
+      {"{\"version\":1,\"containers\":{\"a/x\":{\"kind\":\"dict\"}}}", "both a value and a folder"},
+      {"{\"version\":1,\"containers\":{\"b\":[]}}", "not an object"},
+  };
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "a/x", 1), KS_OK);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    void *buf = NULL;
+    size_t len;
+    ks_error err;
+    assert_int_equal(save_with(sd, cases[i].doc, &buf, &len, &err), KS_E_INVALID);
+    if (!strstr(err.message, cases[i].message)) fail_msg("case %zu: %s", i, err.message);
+    assert_null(buf);
+  }
+  ks_statedict_free(sd);
+}
+
 static void save_to_a_path_replaces_the_file(void **s) {
   (void)s;
   char *dir = ks_test_tmpdir("torchsave"), *path = ks_test_path(dir, "x.pt");
@@ -283,6 +357,8 @@ int main(void) {
       cmocka_unit_test(a_name_that_is_both_value_and_folder_is_refused),
       cmocka_unit_test(fp8_tensors_round_trip_and_are_refused_for_torch_1_13),
       cmocka_unit_test(torch_1_13_compat_widens_unsigned_and_writes_floats_as_tensors),
+      cmocka_unit_test(structure_document_rebuilds_lists_tuples_typed_keys_and_empty_containers),
+      cmocka_unit_test(malformed_structure_documents_are_refused),
       cmocka_unit_test(save_to_a_path_replaces_the_file),
       cmocka_unit_test(writer_allocation_failures_return_nomem_and_leak_nothing),
       cmocka_unit_test(composer_list_states_are_concatenated),
