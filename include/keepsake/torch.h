@@ -6,8 +6,9 @@
  *
  * Reading never imports or calls anything named by the pickle. Known
  * constructors (tensors, storages, OrderedDict, torch.device, numpy arrays of
- * RNG state, sets, _codecs.encode) are interpreted; every other GLOBAL, REDUCE,
- * NEWOBJ or BUILD becomes an inert object.
+ * RNG state, sets, _codecs.encode, torch >= 2.3's _rebuild_tensor_v3 over an
+ * UntypedStorage) are interpreted; every other GLOBAL, REDUCE, NEWOBJ or BUILD
+ * becomes an inert object.
  *
  * Key layout of a flattened file: the '/'-joined path of each leaf. Dict keys
  * as written (ints in decimal, True/False/None by name), with '/' and '%' inside
@@ -30,10 +31,11 @@
  * `keepsake convert` keeps in the metadata key KS_TORCH_STRUCTURE_META and
  * hands back to ks_torch_save (opts.structure), so that an exported .pt has
  * the lists, tuples and int keys of the original:
- *   {"version": 1, "containers": {"<escaped path>": {"kind": "list" | "tuple" | "set" | "dict",
+ *   {"version": 1, "containers": {"<escaped path>": {"kind": "list" | "tuple" | "set" | "dict" | "value",
  *                                  "len": <items, for list/tuple/set>,
  *                                  "keys": {"<name component>": <int|bool|null|float key>}}}}
- * The root container's path is "". Only containers that are not non-empty
+ * The root container's path is ""; kind "value" there means the file held one
+ * bare value (flattened as the entry "value"). Only containers that are not non-empty
  * str-keyed dicts are listed. See docs/FORMAT.md, "torch structure".
  */
 #ifndef KEEPSAKE_TORCH_H
@@ -90,7 +92,10 @@ typedef struct ks_torch_read_opts {
  *              keeps alive (ks_statedict_attach) until ks_statedict_free.
  * @param err   optional; says which entry, key or pickle byte offset failed.
  * @return KS_OK, KS_E_IO, KS_E_FORMAT (not a zip / bad pickle), KS_E_UNSUPPORTED
- *         (compressed entry, unknown opcode), KS_E_LIMIT, KS_E_DTYPE, KS_E_CHECKSUM or KS_E_NOMEM.
+ *         (compressed entry, unknown opcode, the legacy non-zip format), KS_E_LIMIT (a limit
+ *         of opts, e.g. max_output_bytes), KS_E_DTYPE (a dtype keepsake has no counterpart
+ *         for: the message names it), KS_E_EXISTS (two values would get one name),
+ *         KS_E_CHECKSUM or KS_E_NOMEM.
  * Thread safety: independent calls may run concurrently.
  */
 ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,

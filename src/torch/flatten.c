@@ -230,7 +230,11 @@ static ks_status add_storage(flat *f, const ks__pk_node *n) {
 static ks_status leaf(flat *f, const ks__pk_node *n) {
   if (f->entries++ >= f->lim->max_entries)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: more than %zu entries", f->lim->max_entries);
-  if (f->len == 0) push_comp(f, "value", 5, &(size_t){0}); /* a bare value at the root */
+  if (f->len == 0) { /* a bare value at the root (a tensor saved alone) */
+    push_comp(f, "value", 5, &(size_t){0});
+    ks_status st = f->shape ? ks__structure_bare_value(f->shape, f->err) : KS_OK;
+    if (st) return st;
+  }
   if (n->kind <= PK_BYTES || n->kind == PK_TENSOR || n->kind == PK_STORAGE) {
     ks_status st = claim(f);
     if (!st) st = spend(f, f->len + (n->kind == PK_STR ? n->u.s.n : n->kind == PK_BIGINT ? 3 * n->u.s.n : 0));

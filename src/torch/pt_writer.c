@@ -415,6 +415,9 @@ static ks_status put_seq(writer *wr, const wnode *w, const char *kind) {
 static ks_status put_node(writer *wr, const wnode *w) {
   if (w->entry >= 0) return put_leaf(wr, w->entry);
   const char *kind = w->spec ? json_string_value(json_object_get(w->spec, "kind")) : NULL;
+  if (kind && !strcmp(kind, "value") && w->n == 1 && w->kids[0]->entry >= 0 && w->kids[0]->nlen == 5 &&
+      !memcmp(w->kids[0]->name, "value", 5))
+    return put_leaf(wr, w->kids[0]->entry); /* torch.save(tensor): the file is the value itself */
   if (kind && (!strcmp(kind, "list") || !strcmp(kind, "tuple") || !strcmp(kind, "set"))) return put_seq(wr, w, kind);
   return put_dict(wr, w);
 }

@@ -149,6 +149,10 @@ ks_status ks__structure_key(ks__structure *s, const char *path, const ks__pk_nod
   return set_new(err, keys, comp, v);
 }
 
+ks_status ks__structure_bare_value(ks__structure *s, ks_error *err) {
+  return set_new(err, s->containers, "", json_pack("{s:s}", "kind", "value"));
+}
+
 ks_status ks__structure_dump(const ks__structure *s, const ks_allocator *a, char **out, ks_error *err) {
   char *txt = json_dumps(s->doc, JSON_COMPACT | JSON_PRESERVE_ORDER);
   if (!txt) return ks__err(err, KS_E_NOMEM, "torch: out of memory");

@@ -213,6 +213,8 @@ ks_status ks__structure_container(ks__structure *s, const char *path, const ks__
 /* Records that the dict at path has the non-str key `key`, printed as text[0..n). */
 ks_status ks__structure_key(ks__structure *s, const char *path, const ks__pk_node *key, const char *text, size_t n,
                             ks_error *err);
+/* Records that the file holds one bare value, flattened as the entry "value". */
+ks_status ks__structure_bare_value(ks__structure *s, ks_error *err);
 ks_status ks__structure_dump(const ks__structure *s, const ks_allocator *a, char **out, ks_error *err);
 /* Percent-escaping of '/' and '%' in one key ("a/b" -> "a%2Fb"); dst holds escaped_len bytes. */
 size_t ks__torch_escaped_len(const char *s, size_t n);

@@ -165,6 +165,14 @@ def main():
                     raise SystemExit("random tree %d: kinds or values differ:\n%r\n%r" % (i, tree, back))
             else:
                 check(expected, back, "random tree %d" % i)
+        if MODERN:  # a bare tensor, and containers of every kind at the root
+            for i, obj in enumerate([torch.arange(5, dtype=torch.int16), [torch.ones(2), (1, None), {}],
+                                     ({0: "a", -3: 2.5}, set(), [])]):
+                src = os.path.join(tmp, "bare%d.pt" % i)
+                torch.save(obj, src)
+                back = round_trip(cli, src, tmp, "bare%d" % i)
+                if not deep_same(obj, back):
+                    raise SystemExit("bare value %d differs:\n%r\n%r" % (i, obj, back))
         if len(sys.argv) > 2:
             fixtures = os.path.join(sys.argv[2], "torch")
             for name in ["tensors", "mlp_state_dict", "adamw_state_dict"]:
