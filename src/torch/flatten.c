@@ -118,8 +118,9 @@ static ks_status distinct_keys(flat *f, const ks__pk_seq *seq) {
   for (size_t i = 0; i + 1 < n && !st; i++)
     if (!cmp_slot(&k[i], &k[i + 1]))
       st = ks__err_at(f->err, KS_E_EXISTS, NULL, f->path, -1,
-                      "torch: two keys of '%s' flatten to the name '%.*s' (keys that print alike, e.g. 1 and '1')",
-                      f->path, (int)k[i].n, slot_text(&k[i]));
+                      "torch: two keys of %s%s%s flatten to the name '%.*s' (keys that print alike, e.g. 1 and '1')",
+                      *f->path ? "'" : "the top-level dict", f->path, *f->path ? "'" : "", (int)k[i].n,
+                      slot_text(&k[i]));
   ks__free(a, k);
   return st;
 }
