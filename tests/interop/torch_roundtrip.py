@@ -173,6 +173,12 @@ def main():
                 back = round_trip(cli, src, tmp, "bare%d" % i)
                 if not deep_same(obj, back):
                     raise SystemExit("bare value %d differs:\n%r\n%r" % (i, obj, back))
+        if len(sys.argv) > 2:  # the legacy non-zip format is refused by name, not misread
+            legacy = os.path.join(sys.argv[2], "torch213", "legacy.pt")
+            r = subprocess.run([cli, "convert", legacy, os.path.join(tmp, "legacy.keepsake")],
+                               capture_output=True, text=True)
+            if r.returncode != 1 or "legacy torch.save format (_use_new_zipfile_serialization=False)" not in r.stderr:
+                raise SystemExit("legacy.pt: expected a refusal naming the format, got %d: %s" % (r.returncode, r.stderr))
         if len(sys.argv) > 2:
             fixtures = os.path.join(sys.argv[2], "torch")
             for name in ["tensors", "mlp_state_dict", "adamw_state_dict"]:
@@ -182,7 +188,8 @@ def main():
                 check(flatten(original), back, name)
                 if MODERN and not deep_same(original, back):
                     raise SystemExit("%s: container kinds or key types differ" % name)
-    print("ok: 25 random trees and 3 fixtures round-trip through keepsake identically")
+    print("ok: 25 random trees, bare values and 3 fixtures round-trip through keepsake identically; "
+          "the legacy format is refused by name")
 
 
 if __name__ == "__main__":
