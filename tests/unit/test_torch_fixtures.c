@@ -145,7 +145,7 @@ static void reads_every_torch_2_13_fixture_exactly(void **s) {
     n++;
   }
   closedir(d);
-  assert_true(n >= 13); /* dtypes, training state, RNG, protocols 2-5, legacy, 5 refused dtypes */
+  assert_true(n >= 17); /* dtypes, training state, RNG, protocols 2-5, legacy, 9 refused dtypes */
 }
 
 static void reads_every_dtype_view_and_special_value(void **s) {
