@@ -295,6 +295,35 @@ static void allocation_failures_return_nomem_and_leak_nothing(void **s) {
   free(buf);
 }
 
+/* With a structure document asked for, every failed allocation is KS_E_NOMEM and nothing leaks. */
+static void structure_reads_survive_every_allocation_failure(void **s) {
+  (void)s;
+  size_t len;
+  uint8_t *buf = ks_test_read_file(FIX "torch213/training_state.pt", &len);
+  assert_non_null(buf);
+  for (long n = 1;; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_torch_read_opts o = {0};
+    o.alloc = &ta.a;
+    ks_statedict *sd = NULL;
+    char *structure = NULL;
+    ks_status st = ks_torch_load_buffer_with_structure(buf, len, &o, &sd, &structure, NULL);
+    if (st == KS_OK) {
+      assert_non_null(strstr(structure, "\"optimizer/param_groups\":{\"kind\":\"list\""));
+      ks_torch_free(&ta.a, structure);
+      ks_statedict_free(sd);
+      assert_int_equal(ta.live, 0);
+      break;
+    }
+    assert_int_equal(st, KS_E_NOMEM);
+    assert_null(sd);
+    assert_null(structure);
+    assert_int_equal(ta.live, 0);
+  }
+  free(buf);
+}
+
 /* A pickled metric's list state whose items disagree in rank: [1, 0] then [5] must not be
    concatenated into a [6, 0] tensor of no bytes while 20 bytes are copied into it. */
 static void composer_list_state_items_of_different_rank_are_refused(void **s) {
@@ -345,6 +374,7 @@ int main(void) {
       cmocka_unit_test(random_corruption_is_an_error_or_data_never_a_crash),
       cmocka_unit_test(crc_verification_catches_a_flipped_storage_byte),
       cmocka_unit_test(allocation_failures_return_nomem_and_leak_nothing),
+      cmocka_unit_test(structure_reads_survive_every_allocation_failure),
       cmocka_unit_test(composer_list_state_items_of_different_rank_are_refused),
       cmocka_unit_test(torch_load_refuses_a_fifo_without_waiting_for_a_writer),
   };
