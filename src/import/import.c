@@ -176,10 +176,11 @@ static ks_status finish(ks_statedict *raw, const char *structure, uint64_t input
     return nomem(err);
   }
   int normalized = has_metrics(raw);
-  if (structure_meta(m, structure, normalized, err)) {
+  ks_status sst = structure_meta(m, structure, normalized, err);
+  if (sst) {
     ks_meta_free(m);
     ks_statedict_free(raw);
-    return err ? err->code : KS_E_NOMEM;
+    return sst;
   }
   uint64_t budget = opts && opts->max_metric_bytes ? opts->max_metric_bytes
                                                    : (input_bytes > (UINT64_MAX - DEFAULT_METRIC_SLACK) / 2

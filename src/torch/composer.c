@@ -28,8 +28,10 @@
 #define NONE SIZE_MAX
 
 typedef struct metric {
-  char *root; /* "state/eval_metrics/val/holdout/acc/top1/" */
+  char *root; /* "state/eval_metrics/val%2Fholdout/acc%2Ftop1/": keys holding '/' are escaped (torch.h) */
   size_t len;
+  char *out;  /* the same root unescaped, as output names and the state loader spell it */
+  size_t out_len;
   int pickled, emitted;
   size_t first, last; /* this metric's entries, in order, chained through norm.next */
 } metric;
@@ -108,9 +110,12 @@ static ks_status add_metric(norm *nm, const char *root, int pickled, size_t *idx
     nm->cap = ncap;
   }
   metric *m = &nm->m[nm->n];
-  *m = (metric){ks__strdup(nm->a, root), strlen(root), pickled, 0, NONE, NONE};
-  if (!m->root || ks_statedict_set_int(nm->index, root, (int64_t)nm->n)) {
+  size_t len = strlen(root);
+  *m = (metric){ks__strdup(nm->a, root), len, ks__malloc(nm->a, len + 1), 0, pickled, 0, NONE, NONE};
+  if (m->out) m->out[m->out_len = ks__torch_unescape(root, len, m->out)] = 0;
+  if (!m->root || !m->out || ks_statedict_set_int(nm->index, root, (int64_t)nm->n)) {
     ks__free(nm->a, m->root);
+    ks__free(nm->a, m->out);
     return nomem(nm->err);
   }
   *idx = nm->n++;
@@ -147,6 +152,11 @@ static ks_entry at(const norm *nm, size_t i) {
   ks_entry e;
   ks_statedict_at(nm->flat, i, &e);
   return e;
+}
+
+/* The output name of src, an entry under m's root: the unescaped root, then the rest of src. */
+static int out_name(const metric *m, const char *src, char *buf, size_t cap) {
+  return join(buf, cap, m->out, m->out_len, src + m->len);
 }
 
 static ks_status put(norm *nm, const char *name, const ks_entry *e, ks_take take) {
@@ -241,7 +251,7 @@ static ks_status emit_state(norm *nm, const metric *m, const char *s) {
   char src[KS_MAX_NAME + 1], dst[KS_MAX_NAME + 1];
   ks_entry e;
   size_t count;
-  if (!join(src, sizeof src, m->root, m->len, s) || snprintf(dst, sizeof dst, "%s%s%s", m->root, STATES, s) > KS_MAX_NAME)
+  if (!join(src, sizeof src, m->root, m->len, s) || snprintf(dst, sizeof dst, "%s%s%s", m->out, STATES, s) > KS_MAX_NAME)
     return ks__err_at(nm->err, KS_E_LIMIT, NULL, m->root, -1, "composer: state name too long");
   if (ks_statedict_get(nm->flat, src, &e) == KS_OK) return put(nm, dst, &e, KS_COPY);
   return cat_state(nm, src, dst, &count);
@@ -255,13 +265,15 @@ static ks_status emit_computed(norm *nm, const metric *m) {
     ks_entry e = at(nm, i);
     const char *rel = e.name + m->len;
     if (strncmp(rel, COMPUTED, klen) || (rel[klen] && rel[klen] != '/')) continue;
-    ks_status st = put(nm, e.name, &e, KS_COPY);
+    char dst[KS_MAX_NAME + 1];
+    ks_status st = out_name(m, e.name, dst, sizeof dst) ? put(nm, dst, &e, KS_COPY)
+                                                       : ks__err_at(nm->err, KS_E_LIMIT, NULL, e.name, -1, "composer: name too long");
     if (st) return st;
     found = 1;
   }
   char key[KS_MAX_NAME + 1];
   if (found) return KS_OK;
-  if (!join(key, sizeof key, m->root, m->len, COMPUTED))
+  if (!join(key, sizeof key, m->out, m->out_len, COMPUTED))
     return ks__err_at(nm->err, KS_E_LIMIT, NULL, m->root, -1, "composer: metric name too long");
   return put(nm, key, &(ks_entry){.kind = KS_VAL_NULL}, KS_COPY);
 }
@@ -309,9 +321,11 @@ static void metric_names(const metric *m, int eval, char *label, char *name, siz
   if (eval) {
     for (const char *p = rest; p < end; p++)
       if (*p == '/') cut = p + 1;
-    snprintf(label, cap, "%.*s", (int)(cut - rest - 1), rest);
+    size_t n = (size_t)(cut - rest - 1);
+    label[ks__torch_unescape(rest, n < cap ? n : cap - 1, label)] = 0;
   }
-  snprintf(name, cap, "%.*s", (int)(end - cut), cut);
+  size_t n = (size_t)(end - cut);
+  name[ks__torch_unescape(cut, n < cap ? n : cap - 1, name)] = 0;
 }
 
 static json_t *metric_json(norm *nm, const metric *m, json_t *states) {
@@ -323,7 +337,7 @@ static json_t *metric_json(norm *nm, const metric *m, json_t *states) {
   json_t *cls = m->pickled && !ks_statedict_get(nm->flat, key, &e) ? json_string(e.s) : json_null();
   int has_count = m->pickled && join(key, sizeof key, m->root, m->len, "_update_count") &&
                   !ks_statedict_get(nm->flat, key, &e) && e.kind == KS_VAL_INT;
-  join(path, sizeof path, m->root, m->len - 1, "");
+  join(path, sizeof path, m->out, m->out_len - 1, "");
   return json_pack("{s:s, s:s, s:o, s:s, s:o, s:O, s:o, s:o}", "path", path, "group", eval ? "eval" : "train",
                    "label", eval ? json_string(label) : json_null(), "name", name, "class", cls, "states", states,
                    "update_count", has_count ? json_integer(e.i) : json_null(), "attrs", json_object());
@@ -373,14 +387,15 @@ static ks_status join_item(norm *nm, const metric *m, const ks_entry *e, int *do
   char base[KS_MAX_NAME + 1], first[KS_MAX_NAME + 8];
   ks_entry je;
   *done = 0;
-  if (item < 0 || !join(base, sizeof base, e->name, m->len + blen, "")) return KS_OK;
+  char out[KS_MAX_NAME + 1];
+  if (item < 0 || !join(base, sizeof base, e->name, m->len + blen, "") || !out_name(m, base, out, sizeof out)) return KS_OK;
   if (ks_statedict_get(nm->joined, base, &je) == KS_OK) return *done = item < je.i, KS_OK;
   /* Only a run from /0 is a list, and never over an entry of the same name. */
   if (!join(first, sizeof first, base, strlen(base), "/0") || !ks_statedict_tensor(nm->flat, first) ||
       ks_statedict_get(nm->flat, base, &je) == KS_OK)
     return KS_OK;
   size_t count;
-  ks_status st = cat_state(nm, base, base, &count);
+  ks_status st = cat_state(nm, base, out, &count);
   if (!st && ks_statedict_set_int(nm->joined, base, (int64_t)count)) st = nomem(nm->err);
   *done = !st && (uint64_t)item < count;
   return st;
@@ -394,8 +409,11 @@ static ks_status run(norm *nm) {
     if (m && !m->emitted) st = emit_metric(nm, m);
     if (st || (m && m->pickled)) continue;
     int done = 0;
+    char out[KS_MAX_NAME + 1];
     if (m) st = join_item(nm, m, &e, &done);
-    if (!st && !done) st = put(nm, e.name, &e, nm->take);
+    if (!st && !done && m && !out_name(m, e.name, out, sizeof out))
+      st = ks__err_at(nm->err, KS_E_LIMIT, NULL, e.name, -1, "composer: name too long");
+    if (!st && !done) st = put(nm, m ? out : e.name, &e, nm->take);
   }
   return st;
 }
@@ -418,7 +436,7 @@ static const char *layout_of(const norm *nm) {
 
 static void norm_free(norm *nm) {
   json_decref(nm->list);
-  for (size_t i = 0; i < nm->n; i++) ks__free(nm->a, nm->m[i].root);
+  for (size_t i = 0; i < nm->n; i++) ks__free(nm->a, nm->m[i].root), ks__free(nm->a, nm->m[i].out);
   ks__free(nm->a, nm->m);
   ks__free(nm->a, nm->owner);
   ks__free(nm->a, nm->next);

@@ -462,7 +462,9 @@ static void joined_list_states_are_bounded(void **s) {
   assert_int_equal(ks_torch_import(FIXTURES "hostile-shared-list-state.pt", NULL, &sd, &meta, &err), KS_E_LIMIT);
   assert_null(sd);
   assert_null(meta);
-  assert_string_equal(err.key, "state/train_metrics/CatMetric/state_dict/value");
+  /* Refused while flattening (the torch reader's output budget stops the 259th copy of the
+     shared storage) or, under a larger read budget, by the join: the key names the state. */
+  assert_true(!strncmp(err.key, "state/train_metrics/CatMetric/state_dict/value", 46));
   /* The same budget is an option: a real checkpoint's joins fit the default, not 64 bytes. */
   ks_import_opts o = {0};
   o.max_metric_bytes = 64;
