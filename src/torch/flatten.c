@@ -238,7 +238,7 @@ static ks_status leaf(flat *f, const ks__pk_node *n) {
   }
   if (n->kind <= PK_BYTES || n->kind == PK_TENSOR || n->kind == PK_STORAGE) {
     ks_status st = claim(f);
-    if (!st) st = spend(f, f->len + (n->kind == PK_STR ? n->u.s.n : n->kind == PK_BIGINT ? 3 * n->u.s.n : 0));
+    if (!st) st = spend(f, f->len + (n->kind == PK_STR || (n->kind == PK_BIGINT && n->u.s.p) ? n->u.s.n : 0));
     if (st) return st;
   }
   switch (n->kind) {
