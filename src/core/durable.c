@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "core/io_ops.h"
 
 #define MAX_WRITE ((size_t)1 << 30)
 #define TMP_ATTEMPTS 64
@@ -31,7 +32,9 @@ static ks_status io_fail(ks__durable *d, int rc, const char *what) {
 
 ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
                               ks_error *err) {
-  *d = (ks__durable){a, io ? io : ks_io_posix(), path, NULL, NULL, 0, -1, false, false, err};
+  *d = (ks__durable){a, ks__io_v1(io), path, NULL, NULL, 0, -1, false, false, err};
+  ks_status s = ks_io_check(io, err);
+  if (s) return s;
   const char *slash = strrchr(path, '/');
   const char *base = slash ? slash + 1 : path;
   if (!*base) return ks__err_at(err, KS_E_INVALID, path, NULL, -1, "path names a directory, not a file");

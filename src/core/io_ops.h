@@ -1,0 +1,33 @@
+/*
+ * What the library builds out of a ks_io table: the version rules (which table
+ * serves an operation), `mkdir -p` with durable entries, and the atomic update
+ * of a pointer (`latest`). Not installed.
+ */
+#ifndef KS_CORE_IO_OPS_H
+#define KS_CORE_IO_OPS_H
+
+#include "keepsake/io.h"
+#include "keepsake/status.h"
+
+/* io, or ks_io_posix() for NULL: the table of the version 1 (durable replace) operations. */
+const ks_io *ks__io_v1(const ks_io *io);
+/* The table of the version 2 operations: io when its version has them, else ks_io_posix(). */
+const ks_io *ks__io_v2(const ks_io *io);
+
+/*
+ * Creates dir and every missing parent; after each mkdir the parent directory is
+ * fsynced (unless no_fsync) so the new entry survives a crash. An existing
+ * directory is fine; an existing non-directory is KS_E_IO. KS_E_LIMIT when too long.
+ */
+ks_status ks__io_mkdir_p(const ks_io *io, const char *dir, int no_fsync, ks_error *err);
+
+/*
+ * Points dir/name at `target` atomically: a link dir/.name.tmp is created (after
+ * removing a stale one), renamed over dir/name, and dir is fsynced (unless
+ * no_fsync). On failure before the rename the temporary link is removed and
+ * dir/name is unchanged. KS_E_IO names the step and path; KS_E_LIMIT when too long.
+ */
+ks_status ks__io_pointer_set(const ks_io *io, const char *dir, const char *name, const char *target, int no_fsync,
+                             ks_error *err);
+
+#endif
