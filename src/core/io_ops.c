@@ -77,6 +77,14 @@ static ks_status mkdir_one(const ks_io *io, const char *buf, size_t len, int no_
             : KS_OK;
 }
 
+/* fsync of dir's parent: dir's own entry may date from a run that crashed before making it durable. */
+static ks_status sync_parent(const ks_io *io, const char *buf, size_t len, ks_error *err) {
+  char parent[PATH_CAP];
+  parent_of(buf, len, parent);
+  int rc = io->fsync_dir_fn(io->ctx, parent);
+  return rc ? ks__err_at(err, KS_E_IO, parent, NULL, -1, "fsync of the parent of '%s': %s", buf, strerror(rc)) : KS_OK;
+}
+
 ks_status ks__io_mkdir_p(const ks_io *io, const char *dir, int no_fsync, ks_error *err) {
   io = ks__io_v2(io);
   char buf[PATH_CAP];
@@ -92,7 +100,8 @@ ks_status ks__io_mkdir_p(const ks_io *io, const char *dir, int no_fsync, ks_erro
     buf[i] = '/';
     if (s) return s;
   }
-  return mkdir_one(io, buf, n, no_fsync, err);
+  ks_status s = mkdir_one(io, buf, n, 1, err);
+  return s || no_fsync ? s : sync_parent(io, buf, n, err);
 }
 
 ks_status ks__io_pointer_set(const ks_io *io, const char *dir, const char *name, const char *target, int no_fsync,

@@ -16,7 +16,8 @@ const ks_io *ks__io_v2(const ks_io *io);
 
 /*
  * Creates dir and every missing parent; after each mkdir the parent directory is
- * fsynced (unless no_fsync) so the new entry survives a crash. An existing
+ * fsynced (unless no_fsync) so the new entry survives a crash, and dir's parent
+ * is fsynced even when dir existed (a crashed run may have left it unsynced). An existing
  * directory is fine; an existing non-directory is KS_E_IO. KS_E_LIMIT when too long.
  */
 ks_status ks__io_mkdir_p(const ks_io *io, const char *dir, int no_fsync, ks_error *err);
