@@ -111,7 +111,7 @@ static double time_save(const char *path, const ks_statedict *sd, int sync) {
 }
 
 static double time_open(const char *path, ks_read_mode mode, int verify) {
-  ks_read_opts o = {NULL, mode, verify};
+  ks_read_opts o = {.alloc = NULL, .mode = mode, .verify_checksums = verify};
   ks_reader *r;
   ks_error err;
   double t0 = ks_bench_now();

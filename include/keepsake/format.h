@@ -157,6 +157,7 @@ typedef struct ks_read_opts {
   const ks_allocator *alloc; /**< NULL = malloc */
   ks_read_mode mode;
   int verify_checksums; /**< nonzero: run ks_reader_verify during open and fail on mismatch */
+  const ks_io *io;       /**< file operations of ks_reader_open (open, map or read, close); NULL = ks_io_posix() */
 } ks_read_opts;
 
 typedef struct ks_reader ks_reader;

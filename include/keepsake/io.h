@@ -1,8 +1,8 @@
 /**
  * @file io.h
  * The storage interface: every file system call of the writers (ks_save,
- * ks_torch_save) and of the checkpoint manager (ks_ckpt_manager_*) goes
- * through one ks_io table, in the spirit of SQLite's VFS. Tests (and programs
+ * ks_torch_save), of the keepsake/safetensors reader (ks_reader_open, ks_load)
+ * and of the checkpoint manager (ks_ckpt_manager_*) goes through one ks_io table, in the spirit of SQLite's VFS. Tests (and programs
  * that want to simulate a crash or a failing disk) replace each step and make
  * it fail, or record it and drop what was not made durable. NULL wherever a
  * ks_io pointer is accepted means ks_io_posix(), the local file system.
@@ -101,7 +101,7 @@ typedef struct ks_io {
   /** Makes the directory's entries durable (POSIX: open it, fsync, close). */
   int (*fsync_dir_fn)(void *ctx, const char *dir);
   /* --- version 2 --- */
-  /** Opens `path` for reading; *size receives its length in bytes. */
+  /** Opens the regular file `path` for reading; *size receives its length. EISDIR for a directory, ENODEV for another non-file. */
   int (*open_fn)(void *ctx, const char *path, int *fd, uint64_t *size);
   /** Reads up to n bytes at offset off; *got < n only at the end of the file. */
   int (*read_fn)(void *ctx, int fd, void *buf, size_t n, uint64_t off, size_t *got);

@@ -61,13 +61,14 @@ static int posix_fsync_dir(void *ctx, const char *dir) {
   return rc;
 }
 
+/* O_NONBLOCK: opening a FIFO must not wait for a writer before it is refused (ENODEV) as not a file. */
 static int posix_open(void *ctx, const char *path, int *fd, uint64_t *size) {
   (void)ctx;
-  int f = open(path, O_RDONLY | O_CLOEXEC);
+  int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (f < 0) return errno_or_io();
   struct stat sb;
-  if (fstat(f, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    int e = S_ISDIR(sb.st_mode) ? EISDIR : errno_or_io();
+  int e = fstat(f, &sb) != 0 ? errno_or_io() : S_ISDIR(sb.st_mode) ? EISDIR : !S_ISREG(sb.st_mode) ? ENODEV : 0;
+  if (e) {
     close(f);
     return e;
   }

@@ -83,7 +83,7 @@ static void probe(const ks_ckpt_manager *m, ckpt *c) {
   char path[4096];
   ks_reader *r = NULL;
   ks_statedict *sd = NULL;
-  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP};
+  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP, .io = m->io};
   ks_error e;
   ks_error_clear(&e);
   snprintf(c->why, sizeof c->why, "no training timestamp in it");
@@ -252,7 +252,7 @@ static ks_status try_one(ks_ckpt_manager *m, const ckpt *c, ks_state *st, const 
   ks_error_clear(&e);
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
-  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP, .verify_checksums = 1};
+  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP, .verify_checksums = 1, .io = m->io};
   if (ks__mgr_join(m, c->name, path, sizeof path)) return ks__err(err, KS_E_LIMIT, "path too long");
   ks_status s = ks_load(path, &ro, &sd, &meta, &e);
   if (s == KS_E_NOMEM) return ks__err(err, s, "out of memory loading %s", path);

@@ -32,7 +32,7 @@ static uint8_t walk(const ks_reader *r) {
 }
 
 static void exercise(const uint8_t *data, size_t size, ks_read_mode mode) {
-  ks_read_opts opts = {NULL, mode, 0};
+  ks_read_opts opts = {.alloc = NULL, .mode = mode, .verify_checksums = 0};
   ks_reader *r;
   ks_error err;
   if (ks_reader_open_buffer(data, size, &opts, &r, &err) != KS_OK) return;
@@ -51,7 +51,7 @@ static void exercise(const uint8_t *data, size_t size, ks_read_mode mode) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   exercise(data, size, KS_READ_MMAP);
   exercise(data, size, KS_READ_COPY);
-  ks_read_opts opts = {NULL, KS_READ_MMAP, 1};
+  ks_read_opts opts = {.alloc = NULL, .mode = KS_READ_MMAP, .verify_checksums = 1};
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
   if (ks_load_buffer(data, size, &opts, &sd, &meta, NULL) == KS_OK) {

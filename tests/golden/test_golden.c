@@ -201,7 +201,7 @@ static void a_newer_format_version_is_refused_by_name(void **s) {
 static void digits_demo_checkpoint_still_reads(void **s) {
   (void)s;
   char *p = v1_path("digits-demo.keepsake");
-  ks_read_opts o = {NULL, KS_READ_COPY, 1};
+  ks_read_opts o = {.alloc = NULL, .mode = KS_READ_COPY, .verify_checksums = 1};
   ks_statedict *sd;
   ks_meta *meta;
   ks_error err;

@@ -50,7 +50,7 @@ static void odd_names_roundtrip_and_verify(void **state) {
   float data[2 * N_ODD];
   ks_statedict *sd = odd_dict(data);
   char *dir, *path = save_to_tmp(sd, &dir);
-  ks_read_opts o = {NULL, KS_READ_COPY, 1};
+  ks_read_opts o = {.alloc = NULL, .mode = KS_READ_COPY, .verify_checksums = 1};
   ks_reader *r;
   ks_error err;
   assert_int_equal(ks_reader_open(path, &o, &r, &err), KS_OK);

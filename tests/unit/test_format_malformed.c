@@ -293,7 +293,7 @@ static void verify_catches_a_flipped_data_bit(void **state) {
   assert_int_equal(ks_reader_verify_tensor(r, 0, NULL), KS_OK);
   assert_int_equal(ks_reader_verify_tensor(r, 1, NULL), KS_E_CHECKSUM);
   ks_reader_free(r);
-  ks_read_opts o = {NULL, KS_READ_COPY, 1};
+  ks_read_opts o = {.alloc = NULL, .mode = KS_READ_COPY, .verify_checksums = 1};
   assert_int_equal(ks_reader_open_buffer(b, len, &o, &r, &err), KS_E_CHECKSUM);
   assert_string_equal(err.key, "step");
   free(b);
@@ -378,7 +378,7 @@ static void reader_open_survives_every_allocation_failure(void **state) {
     for (long n = 1;; n++) {
       ks_test_alloc ta;
       ks_test_alloc_init(&ta, n);
-      ks_read_opts o = {&ta.a, (ks_read_mode)mode, 1};
+      ks_read_opts o = {.alloc = &ta.a, .mode = (ks_read_mode)mode, .verify_checksums = 1};
       ks_statedict *sd = NULL;
       ks_meta *meta = NULL;
       ks_status st = ks_load(path, &o, &sd, &meta, NULL);

@@ -112,7 +112,7 @@ static void roundtrip_preserves_every_dtype_and_scalar_kind(void **state) {
   ks_error err;
   assert_int_equal(ks_save(path, sd, extra, NULL, &err), KS_OK);
   for (int mode = 0; mode < 2; mode++) {
-    ks_read_opts o = {NULL, (ks_read_mode)mode, 1};
+    ks_read_opts o = {.alloc = NULL, .mode = (ks_read_mode)mode, .verify_checksums = 1};
     ks_statedict *got;
     ks_meta *meta;
     assert_int_equal(ks_load(path, &o, &got, &meta, &err), KS_OK);
@@ -126,7 +126,7 @@ static void roundtrip_preserves_every_dtype_and_scalar_kind(void **state) {
   size_t len;
   uint8_t *bytes = ks_test_read_file(path, &len);
   for (int mode = 0; mode < 2; mode++) {
-    ks_read_opts o = {NULL, (ks_read_mode)mode, 1};
+    ks_read_opts o = {.alloc = NULL, .mode = (ks_read_mode)mode, .verify_checksums = 1};
     ks_statedict *got;
     assert_int_equal(ks_load_buffer(bytes, len, &o, &got, NULL, &err), KS_OK);
     assert_same_dict(sd, got);
@@ -143,7 +143,7 @@ static void copy_mode_outlives_the_file(void **state) {
   ks_statedict *sd = fmt_small_dict(3);
   char *path = ks_test_path(tmp_dir, "copy.ks");
   assert_int_equal(ks_save(path, sd, NULL, NULL, NULL), KS_OK);
-  ks_read_opts o = {NULL, KS_READ_COPY, 0};
+  ks_read_opts o = {.alloc = NULL, .mode = KS_READ_COPY, .verify_checksums = 0};
   ks_reader *r;
   assert_int_equal(ks_reader_open(path, &o, &r, NULL), KS_OK);
   ks_statedict *other = fmt_small_dict(9);

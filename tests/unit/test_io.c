@@ -1,8 +1,8 @@
 /*
  * The storage interface (keepsake/io.h): the version rules (a version 1 table,
  * allocated at exactly its own size, still drives the manager; the library
- * never reads past it), ks_io_check, file:// locations, and the POSIX
- * backend's reading, listing, stat and link operations.
+ * never reads past it), ks_io_check, file:// locations, the POSIX backend's
+ * reading, listing, stat and link operations, and the reader's use of them.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -269,12 +269,95 @@ static void posix_backend_reads_lists_and_links(void **state) {
   free(missing);
 }
 
+typedef struct read_count {
+  int opens, reads, maps, unmaps, closes;
+} read_count;
+static read_count g_rc;
+static int rc_open(void *c, const char *p, int *fd, uint64_t *size) {
+  (void)c;
+  g_rc.opens++;
+  return ks_io_posix()->open_fn(NULL, p, fd, size);
+}
+static int rc_read(void *c, int fd, void *b, size_t n, uint64_t off, size_t *got) {
+  (void)c;
+  g_rc.reads++;
+  if (n > 5) n = 5; /* the reader copes with small pieces */
+  return ks_io_posix()->read_fn(NULL, fd, b, n, off, got);
+}
+static int rc_map(void *c, int fd, uint64_t size, const void **addr) {
+  (void)c;
+  g_rc.maps++;
+  return ks_io_posix()->map_fn(NULL, fd, size, addr);
+}
+static int rc_unmap(void *c, const void *addr, uint64_t size) {
+  (void)c;
+  g_rc.unmaps++;
+  return ks_io_posix()->unmap_fn(NULL, addr, size);
+}
+static int rc_close(void *c, int fd) {
+  (void)c;
+  g_rc.closes++;
+  return ks_io_posix()->close_fn(NULL, fd);
+}
+
+/* ks_reader_open maps or reads through the table; without map_fn, a mapped open reads. */
+static void reader_goes_through_the_table(void **state) {
+  (void)state;
+  char *dir = ks_test_tmpdir("io-read"), *f = ks_test_path(dir, "s.keepsake");
+  float w[2] = {5, 6};
+  int64_t shape[1] = {2};
+  ks_timestamp ts;
+  ks_state *st = small_state(w, shape, &ts, 3);
+  assert_int_equal(ks_state_save(st, f, NULL, NULL), KS_OK);
+  ks_state_free(st);
+  ks_io io = *ks_io_posix();
+  io.open_fn = rc_open;
+  io.read_fn = rc_read;
+  io.map_fn = rc_map;
+  io.unmap_fn = rc_unmap;
+  io.close_fn = rc_close;
+  for (int variant = 0; variant < 3; variant++) {
+    memset(&g_rc, 0, sizeof g_rc);
+    if (variant == 2) io.map_fn = NULL, io.unmap_fn = NULL;
+    ks_read_opts ro = {.mode = variant == 1 ? KS_READ_COPY : KS_READ_MMAP, .verify_checksums = 1, .io = &io};
+    ks_reader *r = NULL;
+    assert_int_equal(ks_reader_open(f, &ro, &r, NULL), KS_OK);
+    ks_tensor t;
+    assert_int_equal(ks_reader_tensor(r, "state/model/w", &t, NULL), KS_OK);
+    assert_true(((const float *)t.data)[1] == 6.0f);
+    ks_reader_free(r);
+    assert_int_equal(g_rc.opens, 1);
+    assert_int_equal(g_rc.closes, 1);
+    assert_int_equal(g_rc.maps, variant == 0);
+    assert_int_equal(g_rc.unmaps, variant == 0);
+    if (variant) assert_true(g_rc.reads > 1); /* pieces of 5 bytes */
+    else assert_int_equal(g_rc.reads, 0);
+  }
+  /* errors of the table reach the caller with the path */
+  ks_error e;
+  char *missing = ks_test_path(dir, "missing.keepsake");
+  ks_read_opts ro = {.io = &io};
+  ks_reader *r = NULL;
+  assert_int_equal(ks_reader_open(missing, &ro, &r, &e), KS_E_IO);
+  assert_non_null(strstr(e.message, "cannot open file"));
+  assert_int_equal(ks_reader_open(dir, &ro, &r, &e), KS_E_IO);
+  assert_non_null(strstr(e.message, "not a regular file"));
+  io.version = 0;
+  assert_int_equal(ks_reader_open(f, &ro, &r, &e), KS_E_INVALID);
+  assert_null(r);
+  ks_test_rmtree(dir);
+  free(dir);
+  free(f);
+  free(missing);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(version_1_table_drives_the_manager),
     cmocka_unit_test(check_refuses_bad_tables),
     cmocka_unit_test(locations_file_urls_and_other_schemes),
     cmocka_unit_test(posix_backend_reads_lists_and_links),
+    cmocka_unit_test(reader_goes_through_the_table),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
