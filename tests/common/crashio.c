@@ -17,8 +17,17 @@ typedef struct ent {
 
 typedef enum { N_FILE, N_DIR, N_LINK } node_kind;
 
+/* A change to a directory's entries not yet made durable, in order. */
+typedef struct pending {
+  int drop; /* 1: remove name; 0: name -> node */
+  char name[128];
+  size_t node;
+} pending;
+
 struct ks_crash_node {
   node_kind kind;
+  pending *pend;      /* directory: changes since its last fsync */
+  size_t npend;
   uint8_t *vol, *dur; /* file data: what the process sees, what fsync made durable */
   size_t vol_len, dur_len;
   char target[256];   /* link content (written with the link's inode) */
@@ -91,8 +100,19 @@ static int node_of(ks_crash_io *c, const char *rel, size_t *node) {
   return e != NULL;
 }
 
+static void add_pending(ks_crash_io *c, ks_crash_node *d, int drop, const char *leaf, size_t node) {
+  pending *v = realloc(d->pend, (d->npend + 1) * sizeof *v);
+  if (!v) abort();
+  d->pend = v;
+  v[d->npend] = (pending){.drop = drop, .node = node};
+  snprintf(v[d->npend].name, sizeof v[0].name, "%s", leaf);
+  d->npend++;
+  (void)c;
+}
+
 static void set_entry(ks_crash_io *c, size_t dir, const char *leaf, size_t node) {
   ks_crash_node *d = &c->nodes[dir];
+  add_pending(c, d, 0, leaf, node);
   ent *e = find(d, leaf, strlen(leaf));
   if (!e) {
     if (d->nve == MAX_ENTRIES) {
@@ -105,7 +125,8 @@ static void set_entry(ks_crash_io *c, size_t dir, const char *leaf, size_t node)
   e->node = node;
 }
 
-static void drop_entry(ks_crash_node *d, const char *leaf) {
+static void drop_entry(ks_crash_io *c, ks_crash_node *d, const char *leaf) {
+  add_pending(c, d, 1, leaf, 0);
   ent *e = find(d, leaf, strlen(leaf));
   if (e) *e = d->ve[--d->nve];
 }
@@ -242,7 +263,7 @@ static int c_rename(void *ctx, const char *from, const char *to) {
     if (!parent_of(c, rf, &df, &lf) || !parent_of(c, rt, &dt, &lt) || !node_of(c, rf, &node)) c->model_error = 1;
     else {
       set_entry(c, dt, lt, node);
-      drop_entry(&c->nodes[df], lf);
+      drop_entry(c, &c->nodes[df], lf);
     }
   }
   pthread_mutex_unlock(&c->mu);
@@ -256,7 +277,7 @@ static int c_unlink(void *ctx, const char *path) {
   if (!e) e = BASE->unlink_fn(NULL, path);
   const char *r = rel_of(c, path), *leaf;
   size_t dir;
-  if (!e && r && parent_of(c, r, &dir, &leaf)) drop_entry(&c->nodes[dir], leaf);
+  if (!e && r && parent_of(c, r, &dir, &leaf)) drop_entry(c, &c->nodes[dir], leaf);
   pthread_mutex_unlock(&c->mu);
   return e;
 }
@@ -271,6 +292,7 @@ static int c_fsync_dir(void *ctx, const char *path) {
     ks_crash_node *d = &c->nodes[node];
     memcpy(d->de, d->ve, d->nve * sizeof(ent));
     d->nde = d->nve;
+    d->npend = 0;
   } else if (!e && r) c->model_error = 1;
   pthread_mutex_unlock(&c->mu);
   return e;
@@ -358,6 +380,7 @@ void ks_crash_io_free(ks_crash_io *c) {
     free(c->nodes[i].dur);
     free(c->nodes[i].ve);
     free(c->nodes[i].de);
+    free(c->nodes[i].pend);
   }
   free(c->nodes);
   free(c->log);
@@ -377,27 +400,69 @@ static int write_all(const char *path, const uint8_t *p, size_t n) {
   return close(fd) || n ? -1 : 0;
 }
 
-static int materialise_dir(ks_crash_io *c, size_t dir, ks_crash_image image, const char *out) {
+static uint64_t next_rand(uint64_t *x) {
+  *x ^= *x << 13;
+  *x ^= *x >> 7;
+  *x ^= *x << 17;
+  return *x;
+}
+
+/* PREFIX: the durable entries with the first j pending changes applied (an ordered metadata journal). */
+static size_t prefix_entries(ks_crash_node *d, ent *out, uint64_t *rng) {
+  size_t n = d->nde, j = d->npend ? (size_t)(next_rand(rng) % (d->npend + 1)) : 0;
+  memcpy(out, d->de, n * sizeof(ent));
+  for (size_t i = 0; i < j; i++) {
+    const pending *p = &d->pend[i];
+    size_t k = 0;
+    while (k < n && strcmp(out[k].name, p->name)) k++;
+    if (p->drop) {
+      if (k < n) out[k] = out[--n];
+    } else if (k < n) out[k].node = p->node;
+    else if (n < MAX_ENTRIES) {
+      snprintf(out[n].name, sizeof out[n].name, "%s", p->name);
+      out[n++].node = p->node;
+    }
+  }
+  return n;
+}
+
+/* PREFIX: the durable data and a random part of what was appended after it (a torn tail). */
+static int write_prefix_data(const char *path, const ks_crash_node *x, uint64_t *rng) {
+  int appended = x->vol_len > x->dur_len && (!x->dur_len || !memcmp(x->vol, x->dur, x->dur_len));
+  if (!appended) return write_all(path, x->dur, x->dur_len);
+  size_t extra = (size_t)(next_rand(rng) % (x->vol_len - x->dur_len + 1));
+  return write_all(path, x->vol, x->dur_len + extra);
+}
+
+static int materialise_dir(ks_crash_io *c, size_t dir, ks_crash_image image, const char *out, uint64_t *rng) {
   ks_crash_node *d = &c->nodes[dir];
-  ent *v = image == KS_CRASH_DURABLE ? d->de : d->ve;
+  ent *v = image == KS_CRASH_DURABLE ? d->de : d->ve, *tmp = NULL;
   size_t n = image == KS_CRASH_DURABLE ? d->nde : d->nve;
-  for (size_t i = 0; i < n; i++) {
+  if (image == KS_CRASH_PREFIX) {
+    tmp = calloc(MAX_ENTRIES, sizeof(ent));
+    if (!tmp) abort();
+    n = prefix_entries(d, tmp, rng);
+    v = tmp;
+  }
+  int rc = 0;
+  for (size_t i = 0; !rc && i < n; i++) {
     char path[1024];
     ks_crash_node *x = &c->nodes[v[i].node];
     snprintf(path, sizeof path, "%s/%s", out, v[i].name);
-    int rc = 0;
     if (x->kind == N_LINK) rc = symlink(x->target, path);
-    else if (x->kind == N_DIR) rc = mkdir(path, 0777) ? -1 : materialise_dir(c, v[i].node, image, path);
+    else if (x->kind == N_DIR) rc = mkdir(path, 0777) ? -1 : materialise_dir(c, v[i].node, image, path, rng);
     else if (image == KS_CRASH_VOLATILE) rc = write_all(path, x->vol, x->vol_len);
+    else if (image == KS_CRASH_PREFIX) rc = write_prefix_data(path, x, rng);
     else rc = write_all(path, x->dur, x->dur_len);
-    if (rc) return -1;
   }
-  return 0;
+  free(tmp);
+  return rc ? -1 : 0;
 }
 
 int ks_crash_io_materialise(ks_crash_io *c, ks_crash_image image, const char *out) {
   pthread_mutex_lock(&c->mu);
-  int rc = materialise_dir(c, 0, image, out);
+  uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + 1;
+  int rc = materialise_dir(c, 0, image, out, &rng);
   pthread_mutex_unlock(&c->mu);
   return rc;
 }

@@ -16,7 +16,11 @@
  *   - KS_CRASH_DURABLE: durable entries, durable data (what fsync promised);
  *   - KS_CRASH_NAMES: volatile entries, durable data (metadata journaled
  *     ahead of data, as ext4 data=writeback can leave it);
- *   - KS_CRASH_VOLATILE: everything that was done (a process kill).
+ *   - KS_CRASH_VOLATILE: everything that was done (a process kill);
+ *   - KS_CRASH_PREFIX: in between, drawn from `seed`: per directory, the
+ *     durable entries plus the first j of the changes made since its last
+ *     fsync (an ordered metadata journal), and per file, its durable data plus
+ *     a random part of what was appended after it (a torn tail).
  * A file whose data was never fsynced comes back empty in the first two.
  * Real fsyncs are skipped: the model is the disk.
  *
@@ -44,7 +48,7 @@ typedef enum ks_crash_op {
   KS_CRASH_OP_COUNT
 } ks_crash_op;
 
-typedef enum ks_crash_image { KS_CRASH_DURABLE, KS_CRASH_NAMES, KS_CRASH_VOLATILE } ks_crash_image;
+typedef enum ks_crash_image { KS_CRASH_DURABLE, KS_CRASH_NAMES, KS_CRASH_VOLATILE, KS_CRASH_PREFIX } ks_crash_image;
 
 /* One numbered step, as recorded. Paths are relative to root ("run/x"). */
 typedef struct ks_crash_step {
@@ -71,6 +75,7 @@ typedef struct ks_crash_io {
   ks_crash_step *log;  /* every step, when recording */
   size_t n_log, cap_log;
   int record;
+  uint64_t seed;       /* draws of KS_CRASH_PREFIX */
 } ks_crash_io;
 
 /* Models the existing, empty, durable directory `root`; crash_at/fail_at 0 = never. */

@@ -3,8 +3,10 @@
  * saves with keep-2 and keep-best-1 retention, synchronous and in the
  * background, crashed before every step of every save, of every `latest`
  * update and of every retention pass (and of creating the run directory).
- * After each crash three images are rebuilt: only what was made durable, the
- * names of the running process with only durable data, and everything. In
+ * After each crash six images are rebuilt: only what was made durable, the
+ * names of the running process with only durable data, everything, and three
+ * drawn in between (a prefix of each directory's unsynced changes, torn
+ * unsynced file tails). In
  * each: every checkpoint left verifies, every committed checkpoint that
  * retention had not started deleting is there, `latest` names a checkpoint
  * that is there, and autoresume skips nothing, removes every temporary file
@@ -249,16 +251,17 @@ static void check_image(const char *run, const oracle *o, long k, tally *t) {
   closedir(d);
 }
 
-static const char *image_name(ks_crash_image im) {
-  return im == KS_CRASH_DURABLE ? "durable" : im == KS_CRASH_NAMES ? "names" : "volatile";
-}
+#define PREFIX_DRAWS 3
 
-/* Rebuilds each image of c into root/<image> and checks it. */
-static void check_images(ks_crash_io *c, const char *root, const oracle *o, long k, tally *t) {
-  for (int im = KS_CRASH_DURABLE; im <= KS_CRASH_VOLATILE; im++) {
-    char *out = ks_test_path(root, image_name((ks_crash_image)im));
+/* Rebuilds each image of c into root/<image> (and PREFIX_DRAWS in-between images) and checks it. */
+static void check_images(ks_crash_io *c, const char *root, const oracle *o, long k, int n_images, tally *t) {
+  for (int im = 0; im < n_images; im++) {
+    char name[32];
+    snprintf(name, sizeof name, "image%d", im);
+    char *out = ks_test_path(root, name);
     assert_int_equal(mkdir(out, 0777), 0);
-    assert_int_equal(ks_crash_io_materialise(c, (ks_crash_image)im, out), 0);
+    c->seed = (uint64_t)(k * 16 + im);
+    assert_int_equal(ks_crash_io_materialise(c, im < 3 ? (ks_crash_image)im : KS_CRASH_PREFIX, out), 0);
     char *run = ks_test_path(out, "run");
     check_image(run, o, k, t);
     free(run);
@@ -313,7 +316,7 @@ static void crash_every_step(int async) {
     assert_true(c.crashed);
     assert_int_not_equal(r.first_error, KS_OK); /* the crash is seen by the caller */
     assert_int_equal(c.model_error, 0);
-    check_images(&c, root, &o, k, &t);
+    check_images(&c, root, &o, k, 3 + PREFIX_DRAWS, &t);
     crash_points++;
     ks_crash_io_free(&c);
     ks_test_rmtree(root);
@@ -361,7 +364,7 @@ static void fail_every_step(int async) {
     seen[c.failed_op]++;
     if (r.first_error == KS_OK) fail_msg("step %ld (op %d) failed with errno %d, but no call reported it", k, c.failed_op, c.fail_errno);
     assert_int_equal(c.model_error, 0);
-    check_images(&c, root, &o, k, &t); /* what a crash right after the failure would leave */
+    check_images(&c, root, &o, k, 1, &t); /* what a crash right after the failure would leave (durable image) */
     /* The process goes on: the live directory, then one more save, which must succeed. */
     check_image(run, &o, k, &t);
     prog p;
