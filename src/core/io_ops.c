@@ -60,8 +60,18 @@ static void parent_of(const char *buf, size_t len, char *out) {
   else snprintf(out, PATH_CAP, "%.*s", (int)i, buf);
 }
 
+/* fsync of the parent of buf[0..len), by the table's own fsync_dir_fn (a version 1 table has one). */
+static ks_status sync_parent(const ks_io *io, const char *buf, size_t len, ks_error *err) {
+  const ks_io *v1 = ks__io_v1(io);
+  char parent[PATH_CAP];
+  parent_of(buf, len, parent);
+  int rc = v1->fsync_dir_fn(v1->ctx, parent);
+  return rc ? ks__err_at(err, KS_E_IO, parent, NULL, -1, "fsync of the parent of '%s': %s", buf, strerror(rc)) : KS_OK;
+}
+
 /* Creates buf (one level) unless it is a directory already; fsyncs the parent after creating it. */
-static ks_status mkdir_one(const ks_io *io, const char *buf, size_t len, int no_fsync, ks_error *err) {
+static ks_status mkdir_one(const ks_io *orig, const char *buf, size_t len, int no_fsync, ks_error *err) {
+  const ks_io *io = ks__io_v2(orig);
   ks_io_stat st;
   int rc = io->stat_fn(io->ctx, buf, &st);
   if (rc == 0 && st.kind == KS_IO_DIR) return KS_OK;
@@ -69,24 +79,10 @@ static ks_status mkdir_one(const ks_io *io, const char *buf, size_t len, int no_
   if (rc == 0 || rc == ENOENT) rc = io->mkdir_fn(io->ctx, buf);
   if (rc == EEXIST) return KS_OK; /* created meanwhile, or a link to a directory */
   if (rc) return ks__err_at(err, KS_E_IO, buf, NULL, -1, "mkdir: %s", strerror(rc));
-  if (no_fsync) return KS_OK;
-  char parent[PATH_CAP];
-  parent_of(buf, len, parent);
-  rc = io->fsync_dir_fn(io->ctx, parent);
-  return rc ? ks__err_at(err, KS_E_IO, parent, NULL, -1, "fsync of directory after mkdir '%s': %s", buf, strerror(rc))
-            : KS_OK;
-}
-
-/* fsync of dir's parent: dir's own entry may date from a run that crashed before making it durable. */
-static ks_status sync_parent(const ks_io *io, const char *buf, size_t len, ks_error *err) {
-  char parent[PATH_CAP];
-  parent_of(buf, len, parent);
-  int rc = io->fsync_dir_fn(io->ctx, parent);
-  return rc ? ks__err_at(err, KS_E_IO, parent, NULL, -1, "fsync of the parent of '%s': %s", buf, strerror(rc)) : KS_OK;
+  return no_fsync ? KS_OK : sync_parent(orig, buf, len, err);
 }
 
 ks_status ks__io_mkdir_p(const ks_io *io, const char *dir, int no_fsync, ks_error *err) {
-  io = ks__io_v2(io);
   char buf[PATH_CAP];
   size_t n = strlen(dir);
   while (n > 1 && dir[n - 1] == '/') n--;
@@ -100,6 +96,7 @@ ks_status ks__io_mkdir_p(const ks_io *io, const char *dir, int no_fsync, ks_erro
     buf[i] = '/';
     if (s) return s;
   }
+  /* The last one's parent always: its entry may date from a run that crashed before making it durable. */
   ks_status s = mkdir_one(io, buf, n, 1, err);
   return s || no_fsync ? s : sync_parent(io, buf, n, err);
 }
