@@ -100,8 +100,19 @@ static void clean_stale(const ks__durable *d) {
   closedir(dir);
 }
 
+/* The same check asked of a custom table (version 2 has stat_fn; version 1 cannot be asked). */
+static ks_status check_destination_io(const ks__durable *d) {
+  ks_io_stat st;
+  if (d->io->version < 2 || d->io->stat_fn(d->io->ctx, d->path, &st) != 0 || st.kind == KS_IO_FILE ||
+      st.kind == KS_IO_LINK)
+    return KS_OK;
+  return ks__err_at(d->err, KS_E_INVALID, d->path, NULL, -1, "destination exists and is %s; refusing to replace it",
+                    st.kind == KS_IO_DIR ? "a directory" : "not a regular file");
+}
+
 /* A rename over a device, FIFO, socket or directory would replace it (as root, even /dev/null). */
 static ks_status check_destination(const ks__durable *d) {
+  if (d->io != ks_io_posix()) return check_destination_io(d);
   struct stat sb;
   if (lstat(d->path, &sb) != 0 || S_ISREG(sb.st_mode) || S_ISLNK(sb.st_mode)) return KS_OK;
   const char *what = S_ISDIR(sb.st_mode)   ? "a directory"
@@ -115,7 +126,7 @@ static ks_status check_destination(const ks__durable *d) {
 
 ks_status ks__durable_open(ks__durable *d) {
   bool posix = d->io == ks_io_posix(); /* a custom ks_io may not keep its files where we look */
-  ks_status st = posix ? check_destination(d) : KS_OK;
+  ks_status st = check_destination(d);
   if (st) return st;
   if (posix) clean_stale(d);
   for (unsigned attempt = 0; attempt < TMP_ATTEMPTS; attempt++) {

@@ -71,7 +71,7 @@ static ks_status open_file(loader *L, int f, src_file **out) {
   if (!s->sd) {
     char *path = ks__shard_join(L->a, L->dir, L->idx->files[f]);
     if (!path) return ks__err(L->err, KS_E_NOMEM, "out of memory");
-    ks_read_opts ro = {L->a, KS_READ_MMAP, 0};
+    ks_read_opts ro = {.alloc = L->a, .mode = KS_READ_MMAP};
     s->path = path;
     ks_status st = ks_reader_open(path, &ro, &s->r, L->err);
     if (!st) st = views_of(L, s);

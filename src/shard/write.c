@@ -51,7 +51,9 @@ static int h_fsync_dir(void *ctx, const char *dir) {
 /* ks_save through the hashing io; info gets the size and XXH3-64 of exactly the bytes written. */
 static ks_status save_hashed(const char *path, const ks_statedict *sd, const ks_meta *m, const ks_save_opts *opts,
                              ks_shard_file_info *info, ks_error *err) {
-  hashing_io h = {{NULL, h_create, h_write, h_fsync, h_close, h_rename, h_unlink, h_fsync_dir},
+  /* Version 1: it wraps only the durable replace, which is all ks_save asks of it. */
+  hashing_io h = {{.version = 1, .create_fn = h_create, .write_fn = h_write, .fsync_fn = h_fsync,
+                   .close_fn = h_close, .rename_fn = h_rename, .unlink_fn = h_unlink, .fsync_dir_fn = h_fsync_dir},
                   opts && opts->io ? opts->io : ks_io_posix(), XXH3_createState(), 0};
   if (!h.xx) return ks__err(err, KS_E_NOMEM, "out of memory for the file hash");
   h.io.ctx = &h;
