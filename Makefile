@@ -44,7 +44,7 @@ fuzz: deps
 	CC=clang cmake -S . -B $(FUZZ_BUILD) -DKS_WITH_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" $(CMAKE_FLAGS)
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZ_TARGETS)
-	@scripts/fuzz $(FUZZ_BUILD) $(FUZZ_SECONDS)
+	@scripts/fuzz $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_ONLY)
 
 install: build
 	cmake --install $(BUILD)

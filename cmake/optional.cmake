@@ -62,3 +62,13 @@ macro(ks_optional_module enabled dir lib def)
 endmacro()
 ks_optional_module(KS_CURL_ENABLED storage CURL::libcurl KS_HAVE_CURL=1)
 ks_optional_module(KS_MPI_ENABLED dist MPI::MPI_C KS_HAVE_MPI=1)
+
+# What the installed package must find again for the modules that were linked.
+set(KS_CONFIG_DEPS "")
+set(KS_PC_LIBS_PRIVATE "")
+if("KS_HAVE_MPI=1" IN_LIST KS_OPTIONAL_DEFS)
+  string(APPEND KS_CONFIG_DEPS "find_dependency(MPI COMPONENTS C)\n")
+  foreach(lib IN LISTS MPI_C_LIBRARIES)
+    string(APPEND KS_PC_LIBS_PRIVATE " ${lib}")
+  endforeach()
+endif()

@@ -1,15 +1,190 @@
 /* Helpers shared by the keepsake subcommands (see cli_common.h). */
 #include "cli_common.h"
+#include "keepsake/layout.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
+#include <sys/stat.h>
+#include <unistd.h>
 
 void ks_cli_print_error(FILE *out, const char *cmd, const ks_error *err) {
   char line[KS_ERROR_MSG_MAX + 3 * KS_ERROR_WHERE_MAX];
-  fprintf(out, "keepsake %s: %s\n", cmd, ks_error_format(err, line, sizeof line));
+  fprintf(out, "keepsake %s: %s\n", cmd, ks_cli_esc(ks_error_format(err, line, sizeof line)));
+}
+
+/* ---- escaping for the terminal ---- */
+
+/* Length of the UTF-8 sequence at s (1..4), 0 when it is not valid UTF-8; *cp gets the code point. */
+static size_t utf8_seq(const unsigned char *s, uint32_t *cp) {
+  size_t n = s[0] < 0x80 ? 1 : (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3 : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
+  if (!n) return 0;
+  uint32_t c = n == 1 ? s[0] : n == 2 ? s[0] & 0x1Fu : n == 3 ? s[0] & 0x0Fu : s[0] & 0x07u;
+  for (size_t i = 1; i < n; i++) {
+    if ((s[i] & 0xC0) != 0x80) return 0;
+    c = c << 6 | (s[i] & 0x3Fu);
+  }
+  static const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (c < min[n] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return 0;
+  *cp = c;
+  return n;
+}
+
+/* Code points a terminal acts on: C0, DEL, C1, and the bidirectional embeddings/overrides/isolates. */
+static int is_control(uint32_t c) {
+  return c < 0x20 || (c >= 0x7F && c <= 0x9F) || (c >= 0x202A && c <= 0x202E) || (c >= 0x2066 && c <= 0x2069);
+}
+
+int ks_cli_needs_esc(const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  while (*p) {
+    uint32_t c = 0;
+    size_t n = utf8_seq(p, &c);
+    if (!n || is_control(c)) return 1;
+    p += n;
+  }
+  return 0;
+}
+
+/* Writes the escaped form of s into out (at least 6 * strlen(s) + 1 bytes). */
+static void escape_into(const char *s, char *out) {
+  const unsigned char *p = (const unsigned char *)s;
+  while (*p) {
+    uint32_t c = 0;
+    size_t n = utf8_seq(p, &c);
+    if (!n) {
+      out += sprintf(out, "\\x%02X", *p++);
+    } else if (is_control(c)) {
+      out += c < 0x80 ? sprintf(out, "\\x%02X", (unsigned)c) : sprintf(out, "\\u%04X", (unsigned)c);
+      p += n;
+    } else {
+      memcpy(out, p, n);
+      out += n, p += n;
+    }
+  }
+  *out = 0;
+}
+
+const char *ks_cli_esc(const char *s) {
+  static char *ring[8];
+  static size_t caps[8];
+  static unsigned next;
+  if (!s) return "(null)";
+  if (!ks_cli_needs_esc(s)) return s;
+  unsigned i = next++ % 8;
+  size_t need = strlen(s) * 6 + 1;
+  if (caps[i] < need) {
+    char *b = realloc(ring[i], need);
+    if (!b) return "<unprintable: out of memory>";
+    ring[i] = b, caps[i] = need;
+  }
+  escape_into(s, ring[i]);
+  return ring[i];
+}
+
+/* ---- output, input and destination checks ---- */
+
+int ks_cli_finish_output(const char *cmd, int rc) {
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+  fprintf(stderr, "keepsake %s: cannot write output: %s\n", cmd, errno ? strerror(errno) : "write error");
+  return KS_EXIT_USAGE;
+}
+
+ks_read_opts ks_cli_read_opts(void) {
+  ks_read_opts o = {0};
+  o.mode = KS_READ_COPY;
+  return o;
+}
+
+static int io_error(ks_error *err, const char *path, const char *what, int e) {
+  ks_error_clear(err);
+  err->code = KS_E_IO;
+  snprintf(err->file, sizeof err->file, "%s", path);
+  err->offset = -1;
+  snprintf(err->message, sizeof err->message, "%s%s%s", what, e ? ": " : "", e ? strerror(e) : "");
+  return -1;
+}
+
+int ks_cli_read_file(const char *path, void **buf, size_t *len, ks_error *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO is refused below, not waited on */
+  if (fd < 0) return io_error(err, path, "cannot open", errno);
+  struct stat sb;
+  if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    return io_error(err, path, "not a regular file", 0);
+  }
+  size_t cap = (size_t)sb.st_size, n = 0;
+  uint8_t *p = malloc(cap ? cap : 1);
+  if (!p) {
+    close(fd);
+    return io_error(err, path, "out of memory", ENOMEM);
+  }
+  while (n < cap) {
+    ssize_t r = read(fd, p + n, cap - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      int e = r < 0 ? errno : 0;
+      free(p), close(fd);
+      return io_error(err, path, e ? "cannot read" : "file shrank while it was read", e);
+    }
+    n += (size_t)r;
+  }
+  close(fd);
+  *buf = p, *len = n;
+  return 0;
+}
+
+int ks_cli_check_output(const char *cmd, const char *out) {
+  struct stat sb;
+  if (lstat(out, &sb) != 0) {
+    if (errno == ENOENT) return 0;
+    fprintf(stderr, "keepsake %s: %s: cannot check output: %s\n", cmd, ks_cli_esc(out), strerror(errno));
+    return -1;
+  }
+  const char *what = S_ISLNK(sb.st_mode)   ? "a symbolic link (it is neither followed nor replaced)"
+                     : S_ISDIR(sb.st_mode) ? "a directory"
+                     : S_ISCHR(sb.st_mode) ? "a character device"
+                     : S_ISBLK(sb.st_mode) ? "a block device"
+                     : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                     : S_ISSOCK(sb.st_mode) ? "a socket"
+                     : !S_ISREG(sb.st_mode) ? "not a regular file"
+                     : !(sb.st_mode & 0222) ? "a read-only file (make it writable or remove it to replace it)"
+                                            : NULL;
+  if (!what) return 0;
+  fprintf(stderr, "keepsake %s: %s: output exists and is %s; refusing to replace it\n", cmd, ks_cli_esc(out), what);
+  return -1;
+}
+
+/* ---- string -> index map ---- */
+
+struct ks_cli_index {
+  ks_statedict *sd;
+};
+
+ks_cli_index *ks_cli_index_new(void) {
+  ks_cli_index *x = calloc(1, sizeof *x);
+  if (x && ks_statedict_create(NULL, &x->sd)) {
+    free(x);
+    return NULL;
+  }
+  return x;
+}
+
+size_t ks_cli_index_get_or_add(ks_cli_index *x, const char *key, size_t next) {
+  ks_entry e;
+  if (ks_statedict_get(x->sd, key, &e) == KS_OK && e.kind == KS_VAL_INT) return (size_t)e.i;
+  return ks_statedict_set_int(x->sd, key, (int64_t)next) == KS_OK ? next : SIZE_MAX;
+}
+
+void ks_cli_index_free(ks_cli_index *x) {
+  if (!x) return;
+  ks_statedict_free(x->sd);
+  free(x);
 }
 
 int ks_cli_wants_help(int argc, char **argv) {
@@ -80,7 +255,7 @@ static int add_line(ks_cli_table *t, const char *const *cells) {
   }
   char **line = t->cells + t->nlines * t->ncols;
   int ok = 1;
-  for (size_t j = 0; j < t->ncols; j++) ok &= (line[j] = strdup(cells[j] ? cells[j] : "")) != NULL;
+  for (size_t j = 0; j < t->ncols; j++) ok &= (line[j] = strdup(cells[j] ? ks_cli_esc(cells[j]) : "")) != NULL;
   if (!ok) {
     for (size_t j = 0; j < t->ncols; j++) free(line[j]);
     return -1;
@@ -139,9 +314,9 @@ void ks_cli_component_of(const char *key, char *out, size_t cap) {
   static const struct {
     const char *root;
     int segments;
-  } roots[] = {{"state/model/", 2},         {"state/optimizers/", 3},  {"state/schedulers/", 3},
-               {"state/callbacks/", 3},     {"state/dataset_state/", 3}, {"state/timestamp/", 3},
-               {"state/train_metrics/", 3}, {"state/eval_metrics/", 4}, {"rng/", 2}};
+  } roots[] = {{KS_KEY_MODEL, 2},         {KS_KEY_OPTIMIZERS, 3},  {KS_KEY_SCHEDULERS, 3},
+               {KS_KEY_CALLBACKS, 3},     {KS_KEY_DATASET_STATE, 3}, {"state/timestamp/", 3},
+               {KS_KEY_TRAIN_METRICS, 3}, {KS_KEY_EVAL_METRICS, 4}, {"rng/", 2}};
   int segs = 2;
   for (size_t i = 0; i < sizeof roots / sizeof roots[0]; i++)
     if (!strncmp(key, roots[i].root, strlen(roots[i].root))) segs = roots[i].segments;

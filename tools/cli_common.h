@@ -18,8 +18,49 @@
 #define KS_EXIT_BAD 1   /* verify: file is bad; diff: files differ */
 #define KS_EXIT_USAGE 2 /* bad command line, or a file that cannot be read (diff) */
 
-/* Prints "keepsake <cmd>: <file> [key 'k'] [at byte N]: message (KS_E_X)" to stderr. */
+/* Prints "keepsake <cmd>: <file> [key 'k'] [at byte N]: message (KS_E_X)" to out, escaped
+ * (ks_cli_esc): names and values in an error come from the file. */
 void ks_cli_print_error(FILE *out, const char *cmd, const ks_error *err);
+
+/*
+ * Text for a terminal: s itself when it holds nothing to escape, else a copy in
+ * which control characters (C0, DEL, C1), bidirectional overrides and bytes that
+ * are not UTF-8 are written \xHH or \uHHHH, so that a name read from a file can
+ * neither move the cursor, ring, recolour nor start a new line of output. JSON
+ * output is never escaped this way (JSON has its own exact escapes).
+ * The copy lives in one of 8 buffers reused in turn: valid until 8 more calls.
+ * Not thread-safe (the CLI is single-threaded). NULL gives "(null)".
+ */
+const char *ks_cli_esc(const char *s);
+/* Nonzero when s needs escaping (see ks_cli_esc). */
+int ks_cli_needs_esc(const char *s);
+
+/*
+ * Flushes stdout and reports a write error ("keepsake <cmd>: cannot write output: ...")
+ * on stderr: returns rc when all output was written, else KS_EXIT_USAGE (2).
+ */
+int ks_cli_finish_output(const char *cmd, int rc);
+
+/* Read options for files the CLI is given: KS_READ_COPY, so that a file truncated
+ * by another process while it is read gives an error, never SIGBUS (see format.h). */
+ks_read_opts ks_cli_read_opts(void);
+/* Reads a whole regular file into memory with read(2) (never mapped). FIFOs, devices
+ * and directories are refused at once. *buf is malloc'd. Returns 0, or -1 with err set. */
+int ks_cli_read_file(const char *path, void **buf, size_t *len, ks_error *err);
+
+/*
+ * Checks that OUT may be replaced: it does not exist, or it is a regular file
+ * (not a symlink, FIFO, device, socket or directory) that is writable by its
+ * mode bits. Prints "keepsake <cmd>: ..." and returns -1 otherwise; 0 when fine.
+ */
+int ks_cli_check_output(const char *cmd, const char *out);
+
+/* ---- a string -> index map (a ks_statedict of ints: the core's hash index) ---- */
+typedef struct ks_cli_index ks_cli_index;
+ks_cli_index *ks_cli_index_new(void);
+/* The index stored for key, or (when absent) stores `next` and returns it. SIZE_MAX on allocation failure. */
+size_t ks_cli_index_get_or_add(ks_cli_index *x, const char *key, size_t next);
+void ks_cli_index_free(ks_cli_index *x);
 /* Nonzero when argv holds --help or -h. */
 int ks_cli_wants_help(int argc, char **argv);
 /* Writes a shape as "[2, 3]" into buf. */

@@ -7,15 +7,15 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "convert_metrics.h"
-#include "keepsake/torch.h"
+#include "convert_input.h"
+#include "keepsake/import.h"
+#include "keepsake/layout.h"
 
-#define META_COMPOSER "keepsake.composer_metrics"
-#define META_METRICS "keepsake.metrics"
+#include <jansson.h>
 
 static void convert_usage(FILE *out) {
   fprintf(out,
-          "usage: keepsake convert IN OUT [--ignore GLOB]...\n\n"
+          "usage: keepsake convert IN OUT [--ignore GLOB]... [--salvage] [--torch-compat 1.13]\n\n"
           "Converts a checkpoint. The input type is detected from its bytes: a zip archive\n"
           "is a torch.save / Composer file (read without executing any pickled code),\n"
           "anything else a keepsake or safetensors file. The direction follows OUT's name:\n"
@@ -26,12 +26,26 @@ static void convert_usage(FILE *out) {
           "state/optimizers/AdamW/state/0/exp_avg. Composer metrics of both layouts\n"
           "(pickled torchmetrics objects, or {state_dict, _computed}) are written as\n"
           "<metric>/state_dict/<state> and <metric>/_computed, and described in the\n"
-          "metadata key " META_COMPOSER ". The metadata key " META_METRICS "\n"
+          "metadata key " KS_META_COMPOSER_METRICS ". The metadata key " KS_META_METRICS "\n"
           "gives each metric's catalogue class, its arguments when the checkpoint\n"
           "records them, its state schema version and update count, so that\n"
           "keepsake's state loader fills the program's metrics by name.\n\n"
+          "Lists, tuples, sets, int/bool/None/float dict keys and empty containers of a\n"
+          "torch file are recorded in the metadata key " KS_TORCH_STRUCTURE_META ", and a\n"
+          ".pt export rebuilds them, so it loads into AdamW, schedulers and RNG setters\n"
+          "as the original did ('/' and '%%' inside keys appear in names as %%2F, %%25).\n\n"
           "  --ignore GLOB  leave out entries matching GLOB ('*' any run, '?' one byte), or\n"
-          "                 whose '/'-prefix matches it ('rng' drops 'rng/0/...'); repeatable\n\n"
+          "                 whose '/'-prefix matches it ('rng' drops 'rng/0/...'); repeatable\n"
+          "  --salvage      convert even when the input fails its integrity checks, after\n"
+          "                 printing each problem ('salvaged despite: ...') to stderr\n"
+          "  --torch-compat 1.13  a .pt that torch 1.13's weights_only loader reads: floats\n"
+          "                 as 0-d float64 tensors, uint16/32/64 widened, float8 refused\n\n"
+          "The input's integrity is checked before anything is written: every keepsake\n"
+          "checksum, every zip entry's CRC32. A mismatch stops the conversion (exit 1)\n"
+          "unless --salvage is given. The input is read into memory, never mapped.\n"
+          "OUT is replaced atomically when it is absent or a writable regular file; an\n"
+          "OUT that is a symbolic link (not followed), directory, device, FIFO, socket\n"
+          "or read-only file is refused and left as it is.\n\n"
           "exit status: 0 converted, 1 the input could not be read or OUT not written,\n"
           "2 bad command line\n");
 }
@@ -50,30 +64,14 @@ static int is_zip_file(const char *path) {
   return n > 0 && ks_torch_is_zip(head, (size_t)n);
 }
 
-static int has_metrics(const ks_statedict *sd) {
-  ks_entry e;
-  for (size_t i = 0; ks_statedict_at(sd, i, &e) == KS_OK; i++)
-    if (!strncmp(e.name, "state/train_metrics/", 20) || !strncmp(e.name, "state/eval_metrics/", 19)) return 1;
-  return 0;
-}
-
-/* Reads a torch file; Composer metrics are mapped onto keepsake's layout. */
-static ks_status read_torch(const char *in, ks_statedict **raw, ks_statedict **sd, ks_meta *extra, ks_error *err) {
-  ks_status st = ks_torch_load(in, NULL, raw, err);
-  if (st) return st;
-  if (!has_metrics(*raw)) {
-    *sd = *raw;
-    *raw = NULL;
-    return KS_OK;
-  }
-  char *json = NULL, *metrics = NULL;
-  if ((st = ks_composer_normalize(*raw, KS_BORROW, sd, &json, err)) != KS_OK) return st;
-  st = ks_meta_set(extra, META_COMPOSER, json);
-  if (!st) st = ks_convert_metrics_meta(json, *sd, &metrics, err);
-  if (!st) st = ks_meta_set(extra, META_METRICS, metrics);
-  free(metrics);
-  ks_torch_free(NULL, json);
-  return st;
+/* torch's legacy format: read by the import only to be refused with a message that names it. */
+static int is_legacy_torch(const char *path) {
+  unsigned char head[14] = {0};
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, head, sizeof head);
+  close(fd);
+  return n > 0 && ks_torch_is_legacy(head, (size_t)n);
 }
 
 /* Keeps the caller's metadata pairs of a keepsake/safetensors input; the writer owns its own keys. */
@@ -107,34 +105,67 @@ static ks_status without_ignored(const ks_statedict *src, char **globs, int nglo
   return KS_OK;
 }
 
-static int convert(const char *in, const char *out, char **globs, int nglobs) {
+/* The structure document without the containers that --ignore drops, kept in extra and in *out
+   (malloc'd; NULL when there is none). */
+static ks_status structure_without_ignored(ks_meta *extra, char **globs, int nglobs, char **out) {
+  const char *text = ks_meta_get(extra, KS_TORCH_STRUCTURE_META);
+  *out = NULL;
+  if (!text) return KS_OK;
+  json_t *doc = json_loads(text, JSON_REJECT_DUPLICATES, NULL);
+  json_t *containers = json_object_get(doc, "containers");
+  const char *path;
+  json_t *v, *tmp;
+  json_object_foreach_safe(containers, tmp, path, v) {
+    int drop = 0;
+    for (int g = 0; g < nglobs && !drop; g++) drop = *path && ks_path_match(globs[g], path);
+    if (drop) json_object_del(containers, path);
+  }
+  *out = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup(text); /* a bad one: the writer says so */
+  json_decref(doc);
+  if (!*out) return KS_E_NOMEM;
+  return ks_meta_set(extra, KS_TORCH_STRUCTURE_META, *out); /* a keepsake output keeps the same view */
+}
+
+static int convert(const char *in, const char *out, char **globs, int nglobs, int salvage, int compat) {
   ks_error err;
-  ks_statedict *raw = NULL, *sd = NULL;
+  if (ks_cli_check_output("convert", out)) return KS_EXIT_BAD;
+  ks_statedict *sd = NULL;
   ks_error_clear(&err);
   ks_meta *meta = NULL, *extra = NULL;
-  ks_status st = ks_meta_create(NULL, &extra);
-  if (!st && is_zip_file(in)) st = read_torch(in, &raw, &sd, extra, &err);
-  else if (!st && (st = ks_load(in, NULL, &sd, &meta, &err)) == KS_OK) st = keep_meta(meta, extra);
+  ks_status st = KS_OK;
+  if (is_zip_file(in) || is_legacy_torch(in)) {
+    st = ks_convert_read_torch(in, salvage, &sd, &extra, &err); /* the library's import, nothing added */
+  } else if (!(st = ks_meta_create(NULL, &extra)) &&
+             (st = ks_convert_read_keepsake(in, salvage, &sd, &meta, &err)) == KS_OK) {
+    st = keep_meta(meta, extra);
+  }
   ks_statedict *kept = NULL;
+  char *structure = NULL;
   if (!st) st = without_ignored(sd, globs, nglobs, &kept);
+  if (!st) st = structure_without_ignored(extra, globs, nglobs, &structure);
   if (st && !err.code) {
     err.code = st;
     snprintf(err.message, sizeof err.message, "%s", ks_strerror(st));
   }
   if (st) {
     ks_cli_print_error(stderr, "convert", &err);
+    if (st == KS_E_CHECKSUM && !salvage)
+      fprintf(stderr, "keepsake convert: the input failed its integrity check; nothing was written "
+                      "(--salvage converts it anyway)\n");
   } else if (ends_with(out, ".pt") || ends_with(out, ".pth")) {
     ks_torch_write_opts wo = {0};
+    wo.torch_compat = compat;
+    wo.structure = structure;
     if ((st = ks_torch_save(out, kept, &wo, &err))) ks_cli_print_error(stderr, "convert", &err);
   } else if ((st = ks_save(out, kept, extra, NULL, &err))) {
     ks_cli_print_error(stderr, "convert", &err);
   }
   if (!st)
-    printf("%s -> %s: %zu entries (%zu ignored)\n", in, out, ks_statedict_count(kept),
+    printf("%s -> %s: %zu entries (%zu ignored)\n", ks_cli_esc(in), ks_cli_esc(out), ks_statedict_count(kept),
            ks_statedict_count(sd) - ks_statedict_count(kept));
+  free(structure);
   ks_statedict_free(kept);
   ks_statedict_free(sd);
-  ks_statedict_free(raw);
   ks_meta_free(meta);
   ks_meta_free(extra);
   return st ? KS_EXIT_BAD : KS_EXIT_OK;
@@ -147,12 +178,18 @@ int ks_cmd_convert(int argc, char **argv) {
   }
   char **globs = calloc((size_t)argc, sizeof *globs);
   const char *paths[2] = {NULL, NULL};
-  int nglobs = 0, npaths = 0, bad = !globs;
+  int nglobs = 0, npaths = 0, bad = !globs, salvage = 0, compat = 0;
   for (int i = 1; i < argc && !bad; i++) {
-    if (!strcmp(argv[i], "--ignore") && i + 1 < argc)
+    if (!strcmp(argv[i], "--torch-compat") && i + 1 < argc)
+      compat = !strcmp(argv[++i], "1.13") ? KS_TORCH_COMPAT_1_13 : (bad = 1, 0);
+    else if (!strcmp(argv[i], "--torch-compat=1.13"))
+      compat = KS_TORCH_COMPAT_1_13;
+    else if (!strcmp(argv[i], "--ignore") && i + 1 < argc)
       globs[nglobs++] = argv[++i];
     else if (!strncmp(argv[i], "--ignore=", 9))
       globs[nglobs++] = argv[i] + 9;
+    else if (!strcmp(argv[i], "--salvage"))
+      salvage = 1;
     else if ((argv[i][0] == '-' && argv[i][1]) || npaths == 2)
       bad = 1;
     else
@@ -162,7 +199,7 @@ int ks_cmd_convert(int argc, char **argv) {
   if (bad || npaths != 2)
     convert_usage(stderr);
   else
-    rc = convert(paths[0], paths[1], globs, nglobs);
+    rc = convert(paths[0], paths[1], globs, nglobs, salvage, compat);
   free(globs);
   return rc;
 }

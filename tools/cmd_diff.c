@@ -5,6 +5,7 @@
  */
 #include <inttypes.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,7 +22,8 @@ typedef struct diff_ctx {
   int nignore;
   size_t compared, differ, ignored;
   comp_tally *comps; /* per component, in order of first appearance */
-  size_t ncomps;
+  size_t ncomps, capcomps;
+  ks_cli_index *by_path; /* component path -> index in comps */
 } diff_ctx;
 
 static void diff_usage(FILE *out) {
@@ -58,7 +60,7 @@ static int diff_tensor_data(const char *name, const ks_tensor *a, const ks_tenso
     else if (d > max_abs) max_abs = d;
   }
   if (!differ) return 0;
-  printf("~ %s: %zu of %zu elements differ, max abs difference %.9g", name, differ, n, max_abs);
+  printf("~ %s: %zu of %zu elements differ, max abs difference %.9g", ks_cli_esc(name), differ, n, max_abs);
   if (nan_mismatch) printf(" (%zu where only one side is NaN)", nan_mismatch);
   printf("\n");
   return 1;
@@ -67,11 +69,11 @@ static int diff_tensor_data(const char *name, const ks_tensor *a, const ks_tenso
 static int diff_tensor(const char *name, const ks_tensor *a, const ks_tensor *b) {
   char sa[160], sb[160];
   if (a->dtype != b->dtype) {
-    printf("~ %s: dtype %s -> %s\n", name, ks_dtype_name(a->dtype), ks_dtype_name(b->dtype));
+    printf("~ %s: dtype %s -> %s\n", ks_cli_esc(name), ks_dtype_name(a->dtype), ks_dtype_name(b->dtype));
     return 1;
   }
   if (!ks_tensor_same_shape(a, b)) {
-    printf("~ %s: shape %s -> %s\n", name, ks_cli_shape(a, sa, sizeof sa), ks_cli_shape(b, sb, sizeof sb));
+    printf("~ %s: shape %s -> %s\n", ks_cli_esc(name), ks_cli_shape(a, sa, sizeof sa), ks_cli_shape(b, sb, sizeof sb));
     return 1;
   }
   return diff_tensor_data(name, a, b);
@@ -95,7 +97,7 @@ static int diff_entry(const ks_entry *a, const ks_entry *b) {
   else ks_cli_scalar_text(a, va, sizeof va);
   if (b->kind == KS_VAL_TENSOR) snprintf(vb, sizeof vb, "tensor %s", ks_cli_shape(&b->tensor, sh, sizeof sh));
   else ks_cli_scalar_text(b, vb, sizeof vb);
-  printf("~ %s: %s -> %s\n", a->name, va, vb);
+  printf("~ %s: %s -> %s\n", ks_cli_esc(a->name), ks_cli_esc(va), ks_cli_esc(vb));
   return 1;
 }
 
@@ -113,14 +115,17 @@ static void tally(diff_ctx *c, const char *key, int differed) {
   ks_cli_component_of(key, path, sizeof path);
   c->compared++;
   c->differ += (size_t)differed;
-  size_t i = 0;
-  while (i < c->ncomps && strcmp(c->comps[i].path, path) != 0) i++;
+  size_t i = c->by_path ? ks_cli_index_get_or_add(c->by_path, path, c->ncomps) : SIZE_MAX;
+  if (i == SIZE_MAX) return; /* the per-key lines and totals stay right; only the summary loses a row */
   if (i == c->ncomps) {
-    comp_tally *t = realloc(c->comps, (c->ncomps + 1) * sizeof *t);
-    if (!t) return; /* the per-key lines and totals stay right; only the summary loses a row */
-    c->comps = t;
-    snprintf(t[i].path, sizeof t[i].path, "%s", path);
-    t[i].keys = t[i].differ = 0;
+    if (c->ncomps == c->capcomps) {
+      size_t ncap = c->capcomps ? c->capcomps * 2 : 64;
+      comp_tally *t = realloc(c->comps, ncap * sizeof *t);
+      if (!t) return;
+      c->comps = t, c->capcomps = ncap;
+    }
+    snprintf(c->comps[i].path, sizeof c->comps[i].path, "%s", path);
+    c->comps[i].keys = c->comps[i].differ = 0;
     c->ncomps++;
   }
   c->comps[i].keys++;
@@ -152,7 +157,7 @@ static void diff_entries(diff_ctx *c, const ks_statedict *a, const ks_statedict 
       continue;
     }
     describe(&ea, desc, sizeof desc);
-    printf("- %s: only in A (%s)\n", ea.name, desc);
+    printf("- %s: only in A (%s)\n", ks_cli_esc(ea.name), ks_cli_esc(desc));
     tally(c, ea.name, 1);
   }
   for (size_t i = 0; i < ks_statedict_count(b); i++) {
@@ -161,7 +166,7 @@ static void diff_entries(diff_ctx *c, const ks_statedict *a, const ks_statedict 
     if (ks_statedict_get(a, eb.name, &ea) == KS_OK) continue;
     if (ignored(c, eb.name)) { c->ignored++; continue; }
     describe(&eb, desc, sizeof desc);
-    printf("+ %s: only in B (%s)\n", eb.name, desc);
+    printf("+ %s: only in B (%s)\n", ks_cli_esc(eb.name), ks_cli_esc(desc));
     tally(c, eb.name, 1);
   }
 }
@@ -179,10 +184,10 @@ static void diff_meta_side(diff_ctx *c, const ks_meta *x, const ks_meta *y, cons
     w = ks_meta_get(y, k);
     if (w && *sign == '+') continue; /* pairs on both sides are compared in the first pass */
     if (!w) {
-      printf("%s metadata '%s': only in %s\n", sign, k, side);
+      printf("%s metadata '%s': only in %s\n", sign, ks_cli_esc(k), side);
       c->differ++;
     } else if (strcmp(v, w) != 0) {
-      printf("~ metadata '%s': values differ (%zu bytes -> %zu bytes)\n", k, strlen(v), strlen(w));
+      printf("~ metadata '%s': values differ (%zu bytes -> %zu bytes)\n", ks_cli_esc(k), strlen(v), strlen(w));
       c->differ++;
     }
   }
@@ -193,7 +198,9 @@ static int diff_files(diff_ctx *c, const char *pa, const char *pb) {
   ks_meta *ma = NULL, *mb = NULL;
   ks_error err;
   int rc = KS_EXIT_USAGE;
-  if (ks_load(pa, NULL, &a, &ma, &err) || ks_load(pb, NULL, &b, &mb, &err)) {
+  ks_read_opts ro = ks_cli_read_opts(); /* copy mode: a file truncated meanwhile is an error, not SIGBUS */
+  c->by_path = ks_cli_index_new();
+  if (ks_load(pa, &ro, &a, &ma, &err) || ks_load(pb, &ro, &b, &mb, &err)) {
     ks_cli_print_error(stderr, "diff", &err);
   } else {
     diff_entries(c, a, b);
@@ -208,6 +215,7 @@ static int diff_files(diff_ctx *c, const char *pa, const char *pb) {
   ks_statedict_free(b);
   ks_meta_free(ma);
   ks_meta_free(mb);
+  ks_cli_index_free(c->by_path);
   return rc;
 }
 
@@ -224,7 +232,7 @@ int ks_cmd_diff(int argc, char **argv) {
     } else if (!strncmp(argv[i], "--ignore=", 9)) {
       c.ignore[c.nignore++] = argv[i] + 9;
     } else if ((argv[i][0] == '-' && argv[i][1]) || npaths == 2) {
-      fprintf(stderr, "keepsake diff: unexpected argument '%s'\n", argv[i]);
+      fprintf(stderr, "keepsake diff: unexpected argument '%s'\n", ks_cli_esc(argv[i]));
       free(c.ignore);
       return diff_usage(stderr), KS_EXIT_USAGE;
     } else {

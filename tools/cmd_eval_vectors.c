@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "keepsake/keepsake.h"
 #include "keepsake/metric.h"
@@ -406,7 +407,7 @@ static void file_version(json_t *root, ctx *c) {
 }
 
 static void print_notes(const char *name, unsigned notes) {
-  printf("ok   %s", name);
+  printf("ok   %s", ks_cli_esc(name));
   if (notes) {
     printf(" (documented:%s%s%s)", notes & NOTE_F64_AS_F32 ? " float64-kept-as-float32" : "",
            notes & NOTE_MIGRATED ? " state-migrated" : "", notes & NOTE_TOPK_RULE ? " older-topk-rule" : "");
@@ -424,10 +425,18 @@ int ks_cmd_eval_vectors(int argc, char **argv) {
   }
   if (!path) return usage(stderr);
   json_error_t je;
-  json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+  void *text = NULL;
+  size_t len = 0;
+  ks_error err;
+  if (ks_cli_read_file(path, &text, &len, &err)) { /* read(2) of a regular file: a FIFO would block forever */
+    ks_cli_print_error(stderr, "eval-vectors", &err);
+    return 1;
+  }
+  json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+  free(text);
   json_t *cases = root ? json_object_get(root, "cases") : NULL;
   if (!json_is_array(cases)) {
-    fprintf(stderr, "keepsake eval-vectors: %s: %s\n", path, root ? "no 'cases' array" : je.text);
+    fprintf(stderr, "keepsake eval-vectors: %s: %s\n", ks_cli_esc(path), ks_cli_esc(root ? "no 'cases' array" : je.text));
     json_decref(root);
     return 1;
   }
@@ -441,7 +450,7 @@ int ks_cmd_eval_vectors(int argc, char **argv) {
     memset(&c, 0, sizeof c);
     file_version(root, &c);
     if (run_case(&c, cs)) {
-      printf("FAIL %s: %s\n", name, c.why);
+      printf("FAIL %s: %s\n", ks_cli_esc(name), ks_cli_esc(c.why));
       failed++;
     } else {
       print_notes(name, c.notes);

@@ -35,9 +35,9 @@ int ks_inspect_summary(const ks_reader *r, FILE *out, json_t *json) {
     json_object_set_new(json, "header_bytes", json_integer((json_int_t)ks_reader_data_offset(r)));
     return 0;
   }
-  fprintf(out, "file:    %s\n", ks_reader_path(r));
+  fprintf(out, "file:    %s\n", ks_cli_esc(ks_reader_path(r)));
   if (v)
-    fprintf(out, "format:  keepsake version %d (written by %s)\n", v, writer ? writer : "unknown writer");
+    fprintf(out, "format:  keepsake version %d (written by %s)\n", v, writer ? ks_cli_esc(writer) : "unknown writer");
   else
     fprintf(out, "format:  safetensors (no keepsake metadata)\n");
   fprintf(out, "size:    %" PRIu64 " bytes (%" PRIu64 " header, %" PRIu64 " data in %zu tensors)\n\n",
@@ -134,7 +134,7 @@ int ks_inspect_metadata(const ks_reader *r, FILE *out, json_t *json) {
       json_object_set_new(obj, k, json_string(v));
       continue;
     }
-    fprintf(out, "%s  %s: %s\n", shown++ ? "" : "\nmetadata\n", k, v);
+    fprintf(out, "%s  %s: %s\n", shown++ ? "" : "\nmetadata\n", ks_cli_esc(k), ks_cli_esc(v));
   }
   if (obj) json_object_set_new(json, "metadata", obj);
   return 0;
@@ -143,7 +143,8 @@ int ks_inspect_metadata(const ks_reader *r, FILE *out, json_t *json) {
 static int inspect_file(const char *path, int as_json) {
   ks_reader *r;
   ks_error err;
-  if (ks_reader_open(path, NULL, &r, &err)) {
+  ks_read_opts ro = ks_cli_read_opts(); /* copy mode: a file truncated meanwhile is an error, not SIGBUS */
+  if (ks_reader_open(path, &ro, &r, &err)) {
     ks_cli_print_error(stderr, "inspect", &err);
     return KS_EXIT_BAD;
   }
@@ -182,5 +183,6 @@ int ks_cmd_inspect(int argc, char **argv) {
     }
   }
   if (!path) return inspect_usage(stderr), KS_EXIT_USAGE;
+  if (ks_cli_is_dir(path) && !as_json) return ks_cli_inspect_dir(path);
   return inspect_file(path, as_json);
 }

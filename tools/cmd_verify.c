@@ -11,7 +11,9 @@ static void verify_usage(FILE *out) {
           "Validates FILE completely: the safetensors structure (header, dtypes, shapes,\n"
           "offsets that tile the data exactly) and, for keepsake files, every tensor's\n"
           "XXH3-64 checksum and the scalar table. Any safetensors file is accepted.\n"
-          "Prints each problem with the file, key and byte offset.\n\n"
+          "Prints each problem with the file, key and byte offset (control characters in\n"
+          "names escaped). FILE is read into memory, not mapped: a file truncated by\n"
+          "another process meanwhile is reported BAD, never a crash.\n\n"
           "exit status: 0 the file is good, 1 it is not, 2 bad command line\n");
 }
 
@@ -21,10 +23,12 @@ static int print_problem(void *ctx, const ks_error *problem) {
   return 0; /* keep going: report every problem */
 }
 
-static int verify_file(const char *path) {
+static int verify_file(const char *file) {
   ks_reader *r;
   ks_error err;
-  if (ks_reader_open(path, NULL, &r, &err)) {
+  ks_read_opts ro = ks_cli_read_opts(); /* copy mode: a file truncated meanwhile is an error, not SIGBUS */
+  const char *path = ks_cli_esc(file); /* printed: names from the file cannot start a line */
+  if (ks_reader_open(file, &ro, &r, &err)) {
     ks_cli_print_error(stdout, "verify", &err);
     printf("%s: BAD\n", path);
     return KS_EXIT_BAD;
@@ -50,5 +54,5 @@ int ks_cmd_verify(int argc, char **argv) {
     if (argc == 2) fprintf(stderr, "keepsake verify: unknown option '%s'\n", argv[1]);
     return verify_usage(stderr), KS_EXIT_USAGE;
   }
-  return verify_file(argv[1]);
+  return ks_cli_is_dir(argv[1]) ? ks_cli_verify_dir(argv[1]) : verify_file(argv[1]);
 }

@@ -11,5 +11,11 @@ int ks_cmd_verify(int argc, char **argv);
 int ks_cmd_diff(int argc, char **argv);
 int ks_cmd_eval_vectors(int argc, char **argv);
 int ks_cmd_convert(int argc, char **argv);
+int ks_cmd_reshard(int argc, char **argv);
+
+/* Sharded checkpoint directories (shard_dir.c), for inspect and verify. */
+int ks_cli_is_dir(const char *path);
+int ks_cli_inspect_dir(const char *dir);
+int ks_cli_verify_dir(const char *dir);
 
 #endif

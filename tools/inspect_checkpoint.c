@@ -3,18 +3,18 @@
  * timestamp, its components, and its metrics with their computed values.
  * Hooks into cmd_inspect.c through ks_inspect_components (cli_common.h).
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli_common.h"
+#include "keepsake/layout.h"
 #include "keepsake/state.h"
 
-#define META_METRICS "keepsake.metrics"
-#define META_STATE "keepsake.state"
 
 int ks_inspect_component_owns_key(const char *key) {
-  return !strcmp(key, META_METRICS) || !strcmp(key, META_STATE);
+  return !strcmp(key, KS_META_METRICS) || !strcmp(key, KS_META_STATE);
 }
 
 typedef struct comp_row {
@@ -23,34 +23,41 @@ typedef struct comp_row {
   uint64_t bytes;
 } comp_row;
 
-static int add_entry(comp_row **rows, size_t *n, const char *key, uint64_t bytes) {
+/* Rows merge by component path through a hash index: a linear search per key made
+   inspect quadratic in the number of components. */
+static int add_entry(ks_cli_index *idx, comp_row **rows, size_t *n, size_t *cap, const char *key, uint64_t bytes) {
   char path[512];
   ks_cli_component_of(key, path, sizeof path);
-  for (size_t i = 0; i < *n; i++) /* tensors come before scalars in a file: merge by path */
-    if (!strcmp((*rows)[i].path, path)) {
-      (*rows)[i].entries++;
-      (*rows)[i].bytes += bytes;
-      return 0;
+  size_t i = ks_cli_index_get_or_add(idx, path, *n);
+  if (i == SIZE_MAX) return -1;
+  if (i == *n) {
+    if (*n == *cap) {
+      size_t ncap = *cap ? *cap * 2 : 64;
+      comp_row *r = realloc(*rows, ncap * sizeof **rows);
+      if (!r) return -1;
+      *rows = r, *cap = ncap;
     }
-  comp_row *r = realloc(*rows, (*n + 1) * sizeof **rows);
-  if (!r) return -1;
-  *rows = r;
-  snprintf(r[*n].path, sizeof r[*n].path, "%s", path);
-  r[*n].entries = 1;
-  r[*n].bytes = bytes;
-  (*n)++;
+    snprintf((*rows)[i].path, sizeof (*rows)[i].path, "%s", path);
+    (*rows)[i].entries = 0;
+    (*rows)[i].bytes = 0;
+    (*n)++;
+  }
+  (*rows)[i].entries++;
+  (*rows)[i].bytes += bytes;
   return 0;
 }
 
 static int components(const ks_statedict *sd, FILE *out, json_t *json) {
   comp_row *rows = NULL;
-  size_t n = 0;
-  int rc = 0;
+  size_t n = 0, cap = 0;
+  ks_cli_index *idx = ks_cli_index_new();
+  int rc = idx ? 0 : -1;
   for (size_t i = 0; i < ks_statedict_count(sd) && !rc; i++) {
     ks_entry e;
     ks_statedict_at(sd, i, &e);
-    rc = add_entry(&rows, &n, e.name, e.kind == KS_VAL_TENSOR ? e.tensor.nbytes : 0);
+    rc = add_entry(idx, &rows, &n, &cap, e.name, e.kind == KS_VAL_TENSOR ? e.tensor.nbytes : 0);
   }
+  ks_cli_index_free(idx);
   const char *hdr[] = {"COMPONENT", "ENTRIES", "BYTES"};
   ks_cli_table *t = json ? NULL : ks_cli_table_new(3, hdr);
   json_t *arr = json ? json_array() : NULL;
@@ -74,7 +81,7 @@ static int components(const ks_statedict *sd, FILE *out, json_t *json) {
 static void computed_text(const ks_statedict *sd, const char *path, char *buf, size_t cap) {
   char k[1100];
   ks_entry e;
-  snprintf(k, sizeof k, "%s/_computed", path);
+  snprintf(k, sizeof k, "%s/" KS_KEY_METRIC_COMPUTED, path);
   if (ks_statedict_get(sd, k, &e) != KS_OK) snprintf(buf, cap, "-");
   else if (e.kind != KS_VAL_TENSOR) snprintf(buf, cap, "None");
   else if (ks_tensor_numel(&e.tensor) == 1) snprintf(buf, cap, "%.6g", ks_dtype_get_f64(e.tensor.dtype, e.tensor.data, 0));
@@ -85,7 +92,7 @@ static void computed_text(const ks_statedict *sd, const char *path, char *buf, s
 }
 
 static int metrics(const ks_reader *r, const ks_statedict *sd, FILE *out, json_t *json) {
-  const char *txt = ks_meta_get(ks_reader_meta(r), META_METRICS);
+  const char *txt = ks_meta_get(ks_reader_meta(r), KS_META_METRICS);
   json_t *mj = txt ? json_loads(txt, JSON_REJECT_DUPLICATES, NULL) : NULL;
   if (!mj) return 0;
   const char *hdr[] = {"METRIC", "CLASS", "ARGS", "SCHEMA", "UPDATES", "COMPUTED"};
@@ -125,11 +132,11 @@ static void timestamp(const ks_statedict *sd, FILE *out, json_t *json) {
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
     char k[96], v[64];
     ks_entry e;
-    snprintf(k, sizeof k, "state/timestamp/Timestamp/%s", f[i]);
+    snprintf(k, sizeof k, KS_KEY_TIMESTAMP "%s", f[i]);
     if (ks_statedict_get(sd, k, &e) != KS_OK) continue;
     if (!any++ && out && !json) fprintf(out, "\ntimestamp\n");
     if (obj) json_object_set_new(obj, f[i], ks_cli_scalar_json(&e));
-    else fprintf(out, "  %-16s %s\n", f[i], ks_cli_scalar_text(&e, v, sizeof v));
+    else fprintf(out, "  %-16s %s\n", f[i], ks_cli_esc(ks_cli_scalar_text(&e, v, sizeof v)));
   }
   if (obj && any) json_object_set_new(json, "timestamp", obj);
   else json_decref(obj);
@@ -137,13 +144,13 @@ static void timestamp(const ks_statedict *sd, FILE *out, json_t *json) {
 
 static void identity(const ks_statedict *sd, FILE *out, json_t *json) {
   ks_entry name, seed;
-  int has_name = ks_statedict_get(sd, "state/run_name", &name) == KS_OK && name.kind == KS_VAL_STRING;
-  int has_seed = ks_statedict_get(sd, "state/rank_zero_seed", &seed) == KS_OK && seed.kind == KS_VAL_INT;
+  int has_name = ks_statedict_get(sd, KS_KEY_RUN_NAME, &name) == KS_OK && name.kind == KS_VAL_STRING;
+  int has_seed = ks_statedict_get(sd, KS_KEY_RANK_ZERO_SEED, &seed) == KS_OK && seed.kind == KS_VAL_INT;
   if (json) {
     if (has_name) json_object_set_new(json, "run_name", json_string(name.s));
     if (has_seed) json_object_set_new(json, "rank_zero_seed", json_integer(seed.i));
   } else if (has_name || has_seed) {
-    fprintf(out, "\ntraining checkpoint: run '%s', rank_zero_seed %lld\n", has_name ? name.s : "?",
+    fprintf(out, "\ntraining checkpoint: run '%s', rank_zero_seed %lld\n", has_name ? ks_cli_esc(name.s) : "?",
             has_seed ? (long long)seed.i : 0LL);
   }
 }
@@ -163,8 +170,8 @@ int ks_inspect_components(const ks_reader *r, FILE *out, json_t *json) {
     rc = -1;
   }
   ks_entry e;
-  int is_state = !rc && (ks_statedict_get(sd, "state/run_name", &e) == KS_OK ||
-                         ks_meta_get(ks_reader_meta(r), META_METRICS) != NULL);
+  int is_state = !rc && (ks_statedict_get(sd, KS_KEY_RUN_NAME, &e) == KS_OK ||
+                         ks_meta_get(ks_reader_meta(r), KS_META_METRICS) != NULL);
   if (is_state) {
     identity(sd, out, json);
     timestamp(sd, out, json);

@@ -110,7 +110,12 @@ typedef struct ks_save_opts {
  * tensors, then the header and the tensor bytes are written with large writes
  * to `<dir>/.<name>.tmp-<6 random characters>`, which is fsynced, renamed over `path`, and the
  * directory fsynced. On any failure before the rename the temp file is removed
- * and the previous file at `path` is untouched. If only the final directory
+ * and the previous file at `path` is untouched. With the default (POSIX) io the
+ * writer holds an flock on its temp file, and first removes temp files of this
+ * pattern in the directory that nobody holds and that are unmodified for 60 s
+ * (left by a killed writer). A `path` that exists and is a device, FIFO, socket
+ * or directory is refused (KS_E_INVALID); a symlink is replaced by the new file
+ * (its target is untouched) and so is a read-only file; the CLI refuses both. If only the final directory
  * fsync fails, `path` already holds the new file but its durability is unknown;
  * KS_E_NOT_DURABLE is returned (KS_E_IO always means `path` is unchanged).
  *
@@ -131,8 +136,20 @@ ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra
 /* ------------------------------------------------------------------------ */
 /* Reading. */
 
+/*
+ * What the mapped mode promises: the views show the file as it is on disk, page by
+ * page, for as long as the reader lives. It does not promise that the pages stay
+ * there: if another process truncates the file while it is mapped, touching a view
+ * (or verifying, which reads every byte) past the new end raises SIGBUS in the
+ * reading process, and bytes rewritten in place change under the views. Map only
+ * files that nobody else modifies while they are read (keepsake's own writers never
+ * modify a file in place: they write a new file and rename it over the old one, which
+ * leaves existing mappings intact). For files you do not control use KS_READ_COPY:
+ * a file that shrinks while it is read then gives KS_E_IO or KS_E_FORMAT, never a
+ * signal. The keepsake CLI reads every input in copy mode.
+ */
 typedef enum ks_read_mode {
-  KS_READ_MMAP = 0, /**< map the file; tensor views point into the mapping (open cost independent of data size) */
+  KS_READ_MMAP = 0, /**< map the file; tensor views point into the mapping (open cost independent of data size); see above */
   KS_READ_COPY = 1  /**< read everything into memory; the file may change or vanish afterwards */
 } ks_read_mode;
 
@@ -141,6 +158,7 @@ typedef struct ks_read_opts {
   const ks_allocator *alloc; /**< NULL = malloc */
   ks_read_mode mode;
   int verify_checksums; /**< nonzero: run ks_reader_verify during open and fail on mismatch */
+  const ks_io *io;       /**< file operations of ks_reader_open (open, map or read, close); NULL = ks_io_posix() */
 } ks_read_opts;
 
 typedef struct ks_reader ks_reader;

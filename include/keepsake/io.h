@@ -1,12 +1,42 @@
 /**
  * @file io.h
- * Injectable file I/O for the writers that replace a file atomically and
- * durably (ks_save, ks_torch_save).
+ * The storage interface: every file system call of the writers (ks_save,
+ * ks_torch_save), of the keepsake/safetensors reader (ks_reader_open, ks_load)
+ * and of the checkpoint manager (ks_ckpt_manager_*) goes through one ks_io table, in the spirit of SQLite's VFS. Tests (and programs
+ * that want to simulate a crash or a failing disk) replace each step and make
+ * it fail, or record it and drop what was not made durable. NULL wherever a
+ * ks_io pointer is accepted means ks_io_posix(), the local file system.
  *
- * Every writer does all its file system work through a ks_io table, so tests
- * (and programs that want to simulate a crash) can replace each step and make
- * it fail in turn. NULL wherever a ks_io pointer is accepted means
- * ks_io_posix().
+ * Versions. The first member, `version`, says which members the table has:
+ *   - 1: ctx and the durable replace (create_fn .. fsync_dir_fn);
+ *   - 2: also reading (open_fn, read_fn, map_fn, unmap_fn), stat_fn, list_fn,
+ *        mkdir_fn, symlink_fn and readlink_fn.
+ * Rules, so the struct can grow without breaking programs already built:
+ *   - members are only ever appended, each new group under a new version;
+ *   - the library reads only the members the table's version has; an operation
+ *     that a table's version lacks is done by ks_io_posix() (such a table was
+ *     written before the operation went through ks_io);
+ *   - a table of a version newer than the library's KS_IO_VERSION is used as
+ *     the newest version the library knows;
+ *   - version 0 or a NULL member the table's version has is refused with
+ *     KS_E_INVALID, except map_fn and unmap_fn, which may be NULL (the backend
+ *     cannot map: the library reads instead).
+ * Always set `.version = KS_IO_VERSION` (or copy *ks_io_posix() and replace
+ * some members) so a rebuilt program gets the current layout.
+ *
+ * Paths are the library's own strings ("run/ep1-ba10.keepsake"); a backend
+ * may map them anywhere. Handles (`fd`) are nonnegative ints the backend
+ * chooses; ks_io_posix() uses file descriptors. Every function returns 0 or
+ * an errno value (ENOENT, EEXIST, ENOSPC, ...), never -1.
+ *
+ * Remote stores (s3://, http(s)://) fit the same table as later versions:
+ * there the object write (create..rename) becomes one upload committed by
+ * rename_fn onto the final key, `latest` a small pointer object, and listing
+ * a prefix query; the manager and the writers need no change.
+ *
+ * Thread safety: a table may be shared by concurrent writers only when its
+ * functions (and ctx) are thread safe; ks_io_posix() is. A manager's async
+ * save calls its table from a background thread.
  */
 #ifndef KEEPSAKE_IO_H
 #define KEEPSAKE_IO_H
@@ -14,42 +44,105 @@
 #include "keepsake/export.h"
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "keepsake/status.h"
 
 KS_BEGIN_DECLS
 
+/** The version of ks_io this header describes. */
+#define KS_IO_VERSION 2u
+
+/** What a path names, as stat_fn and list_fn report it (a final symlink is not followed). */
+typedef enum ks_io_kind {
+  KS_IO_FILE = 1, /**< a regular file (an object) */
+  KS_IO_DIR = 2,  /**< a directory (a prefix) */
+  KS_IO_LINK = 3, /**< a symbolic link (a pointer) */
+  KS_IO_OTHER = 4 /**< anything else (device, socket, ...) */
+} ks_io_kind;
+
+/** What stat_fn reports. */
+typedef struct ks_io_stat {
+  ks_io_kind kind;
+  uint64_t size; /**< bytes of a file; of a link, the length of its target */
+} ks_io_stat;
+
 /**
- * The file operations a durable replace performs, in order: create_fn
+ * Called by list_fn once per entry. @return 0 to go on, or an errno value that
+ * stops the listing and becomes list_fn's result.
+ */
+typedef int (*ks_io_list_cb)(void *cb_ctx, const char *name, ks_io_kind kind);
+
+/**
+ * The storage operations. A durable replace performs, in order: create_fn
  * (exclusive create of the temp file), write_fn (repeatedly), fsync_fn,
  * close_fn, rename_fn, fsync_dir_fn; unlink_fn removes the temp file after a
- * failure. Every function returns 0 or an errno value. All members must be set.
- * Thread safety: a table may be shared by concurrent writers only when its
- * functions (and ctx) are thread safe; ks_io_posix() is.
+ * failure. The manager also creates its run directory (stat_fn, mkdir_fn,
+ * fsync_dir_fn of the parent), points `latest` at a checkpoint (unlink_fn,
+ * symlink_fn, rename_fn, fsync_dir_fn), lists the run directory (list_fn,
+ * stat_fn) and deletes checkpoints (unlink_fn).
  */
 typedef struct ks_io {
-  size_t size; /**< 0 or sizeof(ks_io): see "Growing structs" in export.h */
-  void *ctx; /**< passed unchanged as the first argument of every function */
+  unsigned version; /**< KS_IO_VERSION when written for this header; see the rules above */
+  void *ctx;        /**< passed unchanged as the first argument of every function */
+  /* --- version 1 --- */
   /** Creates `path` with O_CREAT|O_EXCL for writing (mode 0666 & ~umask); EEXIST when it exists. */
   int (*create_fn)(void *ctx, const char *path, int *fd);
-  /** Writes up to n bytes; *written receives the count (may be short). */
+  /** Writes up to n bytes at the end; *written receives the count (may be short). */
   int (*write_fn)(void *ctx, int fd, const void *buf, size_t n, size_t *written);
   /** Flushes the file's data and metadata to stable storage. */
   int (*fsync_fn)(void *ctx, int fd);
-  /** Closes the descriptor; it is released even when an error is returned. */
+  /** Closes a handle of create_fn or open_fn; it is released even when an error is returned. */
   int (*close_fn)(void *ctx, int fd);
-  /** Atomically replaces `to` with `from` (same directory). */
+  /** Atomically replaces `to` with `from` (same directory); durable after fsync_dir_fn. */
   int (*rename_fn)(void *ctx, const char *from, const char *to);
-  /** Removes `path`. */
+  /** Removes the file or link `path` (ENOENT when missing); durable after fsync_dir_fn. */
   int (*unlink_fn)(void *ctx, const char *path);
-  /** Opens the directory, fsyncs it and closes it. */
+  /** Makes the directory's entries durable (POSIX: open it, fsync, close). */
   int (*fsync_dir_fn)(void *ctx, const char *dir);
+  /* --- version 2 --- */
+  /** Opens the regular file `path` for reading; *size receives its length. EISDIR for a directory, ENODEV for another non-file. */
+  int (*open_fn)(void *ctx, const char *path, int *fd, uint64_t *size);
+  /** Reads up to n bytes at offset off; *got < n only at the end of the file. */
+  int (*read_fn)(void *ctx, int fd, void *buf, size_t n, uint64_t off, size_t *got);
+  /** Maps the first `size` bytes read-only into *addr; may be NULL, or return ENOTSUP (then the library reads). */
+  int (*map_fn)(void *ctx, int fd, uint64_t size, const void **addr);
+  /** Releases a mapping of map_fn (NULL exactly when map_fn is). */
+  int (*unmap_fn)(void *ctx, const void *addr, uint64_t size);
+  /** Describes `path` without following a final link (lstat); ENOENT when missing. */
+  int (*stat_fn)(void *ctx, const char *path, ks_io_stat *st);
+  /** Calls cb for each entry of directory `dir` whose name starts with `prefix` ("" = all), "." and ".." excepted. */
+  int (*list_fn)(void *ctx, const char *dir, const char *prefix, ks_io_list_cb cb, void *cb_ctx);
+  /** Creates one directory (mode 0777 & ~umask); EEXIST when `path` exists. Durable after fsync_dir_fn of its parent. */
+  int (*mkdir_fn)(void *ctx, const char *path);
+  /** Creates the link `path` whose content is `target`; EEXIST when `path` exists. */
+  int (*symlink_fn)(void *ctx, const char *target, const char *path);
+  /** Reads a link's content into buf (cap bytes, NUL-terminated); *len its length; ENAMETOOLONG when it does not fit. */
+  int (*readlink_fn)(void *ctx, const char *path, char *buf, size_t cap, size_t *len);
 } ks_io;
 
 /**
- * The POSIX implementation (what NULL means).
+ * The POSIX implementation (what NULL means), version KS_IO_VERSION.
  * @return a pointer to a static table, never NULL; ctx is NULL.
  * Thread safety: safe to use from any number of threads.
  */
 const ks_io *ks_io_posix(void);
+
+/**
+ * Checks a table against the rules above (NULL is ks_io_posix(), valid).
+ * @return KS_OK, or KS_E_INVALID (version 0, or a required member NULL) with a
+ * message naming the member.
+ */
+ks_status ks_io_check(const ks_io *io, ks_error *err);
+
+/**
+ * The local path a location names: `file:///abs/dir` and `file://rel` become
+ * the path after "file://"; a plain path is itself.
+ * @return KS_OK with *path pointing into `location` (no copy), KS_E_UNSUPPORTED
+ * for another scheme (s3://, http://, ...: not built in this version), or
+ * KS_E_INVALID for NULL or an empty path.
+ */
+ks_status ks_io_local_path(const char *location, const char **path, ks_error *err);
 
 KS_END_DECLS
 #endif

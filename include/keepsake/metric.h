@@ -239,6 +239,49 @@ ks_status ks_metric_load_state_dict(ks_metric *m, const ks_statedict *src, const
 ks_status ks_metric_restore_computed(ks_metric *m, const ks_tensor *computed, int64_t update_count,
                                      ks_error *err);
 
+/* ---- States and objects written by older torchmetrics releases ---- */
+
+/**
+ * Rebuilds a metric from the attributes of a pickled torchmetrics object (as
+ * Composer <= 0.13.5 saved them). The attributes that are catalogue
+ * constructor arguments (num_classes, average, top_k, threshold, thresholds,
+ * ...) are taken; the rest (F1's beta = 1, module flags) are ignored, since
+ * they do not change the states.
+ *
+ * @param class_name      catalogue class, e.g. "MulticlassAccuracy".
+ * @param attrs_json      a JSON object of the object's scalar attributes.
+ * @param alloc           NULL for malloc; the probes and *out use it.
+ * @param state_budget    NULL = no cap; else in: the bytes this call may allocate
+ *                        for the probes that check the attributes and for *out;
+ *                        out: decreased by what it allocated. One budget can so
+ *                        bound a whole import. The attributes are untrusted:
+ *                        num_classes = 12000 makes a confusion matrix of 1.1 GB.
+ * @param out             receives the metric (its ks_metric_args_json is the
+ *                        canonical argument set), or NULL when the arguments
+ *                        cannot be rebuilt reliably: unknown class, attributes that
+ *                        do not build it, or a binned curve metric, whose
+ *                        thresholds are a tensor and not an attribute.
+ * @return KS_OK (*out may be NULL), KS_E_LIMIT (the metric would need more than
+ *         the budget left; err names class and arguments), KS_E_INVALID
+ *         (attrs_json is not a JSON object), KS_E_NOMEM.
+ * Ownership: free *out with ks_metric_free. Thread safety: no shared state.
+ */
+ks_status ks_metric_from_attributes(const char *class_name, const char *attrs_json, const ks_allocator *alloc,
+                                    uint64_t *state_budget, ks_metric **out, ks_error *err);
+
+/**
+ * The state schema version of states stored without keepsake metadata, from
+ * their names and shapes: 1 when prefix+"value" is a tensor and the class is
+ * not CatMetric (torchmetrics < 1.1 named the aggregation states `value`), or
+ * prefix+"sum_squared_error" is 0-d and the class is MeanSquaredError or
+ * unknown (the old MSE sum shape); otherwise KS_METRIC_SCHEMA_VERSION.
+ *
+ * @param class_name catalogue class, or NULL when unknown.
+ * @param src        the stored states; NULL gives KS_METRIC_SCHEMA_VERSION.
+ * @param prefix     key prefix of the states, e.g. "state/train_metrics/M/state_dict/".
+ */
+int ks_metric_stored_schema_version(const char *class_name, const ks_statedict *src, const char *prefix);
+
 /** Number of classes in the catalogue. */
 size_t ks_metric_class_count(void);
 /** Name of catalogue class i, or NULL when i is out of range. */

@@ -6,18 +6,37 @@
  *
  * Reading never imports or calls anything named by the pickle. Known
  * constructors (tensors, storages, OrderedDict, torch.device, numpy arrays of
- * RNG state, sets, _codecs.encode) are interpreted; every other GLOBAL, REDUCE,
- * NEWOBJ or BUILD becomes an inert object.
+ * RNG state, sets, _codecs.encode, torch >= 2.3's _rebuild_tensor_v3 over an
+ * UntypedStorage) are interpreted; every other GLOBAL, REDUCE, NEWOBJ or BUILD
+ * becomes an inert object.
  *
  * Key layout of a flattened file: the '/'-joined path of each leaf. Dict keys
- * as written (ints in decimal, True/False/None by name), list, tuple and set
- * items by index. Leaves: tensors and numpy arrays -> tensors (views are
- * materialised contiguously), bytes -> 1-d U8 tensors, int/float/bool/str/None
- * -> scalars (ints beyond 64 bits -> decimal strings). An inert object adds
- * `<path>/__class__` = "module.name" and flattens its BUILD state (attributes)
- * and any items appended to it under its own path. Empty containers, bare
- * global references and BUILD state of dicts (OrderedDict `_metadata`) add
- * nothing.
+ * as written (ints in decimal, True/False/None by name), with '/' and '%' inside
+ * a key escaped as "%2F" and "%25" (so {"a/b": 1, "a": {"b": 2}} gives the two
+ * names "a%2Fb" and "a/b"); list, tuple and set items by index. Leaves: tensors
+ * and numpy arrays -> tensors (views are materialised contiguously), bytes ->
+ * 1-d U8 tensors, int/float/bool/str/None -> scalars (ints beyond 64 bits ->
+ * decimal strings). An inert object adds `<path>/__class__` = "module.name"
+ * and flattens its BUILD state (attributes) and any items appended to it under
+ * its own path; an object with neither (datetime.timedelta, an enum member)
+ * flattens its constructor arguments as the tuple `<path>/__args__`. Empty
+ * containers, bare global references and BUILD state of dicts (OrderedDict
+ * `_metadata`) add no entries. Two values that would still get one name (an int
+ * key 1 beside a str key "1"), or a name that would be both a value and a
+ * folder, are refused with KS_E_EXISTS: nothing is dropped silently.
+ *
+ * Structure: what names cannot say (which folders are lists, tuples or sets,
+ * which dict keys are ints, bools, None or floats, which containers are empty)
+ * is returned by the *_with_structure readers as a JSON document, which
+ * `keepsake convert` keeps in the metadata key KS_TORCH_STRUCTURE_META and
+ * hands back to ks_torch_save (opts.structure), so that an exported .pt has
+ * the lists, tuples and int keys of the original:
+ *   {"version": 1, "containers": {"<escaped path>": {"kind": "list" | "tuple" | "set" | "dict" | "value",
+ *                                  "len": <items, for list/tuple/set>,
+ *                                  "keys": {"<name component>": <int|bool|null|float key>}}}}
+ * The root container's path is ""; kind "value" there means the file held one
+ * bare value (flattened as the entry "value"). Only containers that are not non-empty
+ * str-keyed dicts are listed. See docs/FORMAT.md, "torch structure".
  */
 #ifndef KEEPSAKE_TORCH_H
 #define KEEPSAKE_TORCH_H
@@ -34,7 +53,19 @@
 
 KS_BEGIN_DECLS
 
-/** Options for reading. Zero-initialise; zero limits mean the defaults below. */
+/** Metadata key under which `keepsake convert` keeps the structure document of a torch import. */
+#define KS_TORCH_STRUCTURE_META "keepsake.torch_structure"
+
+/**
+ * Options for reading. Zero-initialise; zero limits mean the defaults below.
+ * Besides these, two fixed bounds keep a small hostile file cheap: the pickle
+ * program's work (opcodes run plus items copied by constructors such as set()
+ * or OrderedDict() of a memoised list) is capped at 32 per pickle byte + 2^20,
+ * and integers longer than 4096 bytes are refused (KS_E_LIMIT) when they would
+ * become an entry; shorter ones are converted to decimal once, however many
+ * times the pickle references them. Nesting of _rebuild_from_type_v2 is
+ * unwrapped iteratively, at any depth.
+ */
 typedef struct ks_torch_read_opts {
   size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const ks_allocator *alloc; /**< NULL = malloc; also the result dict's allocator */
@@ -45,23 +76,40 @@ typedef struct ks_torch_read_opts {
   uint64_t max_view_bytes;   /**< bytes materialised for strided views; default 2*file+64 MiB */
   size_t max_depth;          /**< nesting depth of the flattened tree; default 64 */
   size_t max_entries;        /**< flattened entries, and separately containers visited while flattening (a pickle can share one container many times); default 8*pickle bytes + 4096 */
+  uint64_t max_output_bytes; /**< bytes of all flattened names, tensors, bytes and strings together,
+                                  a value shared by n paths counting n times; default 4*file+64 MiB */
 } ks_torch_read_opts;
 
 /**
  * Reads a torch.save file into a flat state dict (see the key layout above).
  *
- * @param path  file to read; memory-mapped, never modified.
+ * @param path  file to read; memory-mapped, never modified. The mapping makes the
+ *              same promise as KS_READ_MMAP (format.h): a file truncated by another
+ *              process meanwhile raises SIGBUS. For files you do not control, read
+ *              the bytes yourself and use ks_torch_load_buffer.
  * @param opts  NULL for defaults.
  * @param out   receives a new dict on success; untouched on failure. Contiguous
  *              tensors are KS_MAPPED views into the file's mapping, which the dict
  *              keeps alive (ks_statedict_attach) until ks_statedict_free.
  * @param err   optional; says which entry, key or pickle byte offset failed.
  * @return KS_OK, KS_E_IO, KS_E_FORMAT (not a zip / bad pickle), KS_E_UNSUPPORTED
- *         (compressed entry, unknown opcode), KS_E_LIMIT, KS_E_DTYPE, KS_E_CHECKSUM or KS_E_NOMEM.
+ *         (compressed entry, unknown opcode, the legacy non-zip format), KS_E_LIMIT (a limit
+ *         of opts, e.g. max_output_bytes), KS_E_DTYPE (a dtype keepsake has no counterpart
+ *         for: the message names it), KS_E_EXISTS (two values would get one name),
+ *         KS_E_CHECKSUM or KS_E_NOMEM.
  * Thread safety: independent calls may run concurrently.
  */
 ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
                         ks_error *err);
+
+/**
+ * Same as ks_torch_load, and also describes the containers (see "Structure"
+ * above). *structure receives a NUL-terminated JSON document allocated with
+ * opts->alloc (free with ks_torch_free); untouched on failure. NULL structure
+ * = ks_torch_load.
+ */
+ks_status ks_torch_load_with_structure(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
+                                       char **structure, ks_error *err);
 
 /**
  * Same as ks_torch_load, from bytes in memory. Tensor data is copied into the
@@ -69,6 +117,18 @@ ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_sta
  */
 ks_status ks_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts,
                                ks_statedict **out, ks_error *err);
+
+/** ks_torch_load_buffer with a structure document, as ks_torch_load_with_structure. */
+ks_status ks_torch_load_buffer_with_structure(const void *buf, size_t len, const ks_torch_read_opts *opts,
+                                              ks_statedict **out, char **structure, ks_error *err);
+
+/**
+ * Nonzero when the bytes start like torch's legacy, pre-1.6 serialization
+ * (`_use_new_zipfile_serialization=False`): a pickled magic number, then more
+ * pickles and raw storages. Such files are refused by the readers with
+ * KS_E_UNSUPPORTED and a message naming the format; 14 bytes suffice.
+ */
+int ks_torch_is_legacy(const void *buf, size_t len);
 
 /** Nonzero when the bytes start like a zip archive ("PK\x03\x04" or an empty "PK\x05\x06"). */
 int ks_torch_is_zip(const void *buf, size_t len);
@@ -79,16 +139,31 @@ typedef struct ks_torch_write_opts {
   const ks_allocator *alloc; /**< NULL = malloc; used for temporary and output buffers */
   const char *root;          /**< archive folder name; NULL = "archive" */
   const ks_io *io;           /**< file operations of ks_torch_save; NULL = ks_io_posix() */
+  const char *structure;     /**< NULL, or a structure document (see above): folders become the
+                                  lists, tuples and typed-key dicts it names, empty containers it
+                                  names are written, and name components are unescaped */
+  int torch_compat;          /**< 0: torch >= 2.4 (native uint16/32/64 and float8 tensors, floats as
+                                  Python floats); KS_TORCH_COMPAT_1_13: what torch 1.13's
+                                  weights_only loader accepts (see ks_torch_save) */
 } ks_torch_write_opts;
+
+/** ks_torch_write_opts.torch_compat for files torch 1.13's torch.load(weights_only=True) reads. */
+#define KS_TORCH_COMPAT_1_13 113
 
 /**
  * Writes sd as a torch.save-compatible file: a stored zip with 64-byte aligned
- * storages and a pickle protocol 2 data.pkl that torch 1.13's
- * torch.load(weights_only=True) accepts. The '/'-joined names are rebuilt into
- * nested dicts with string keys. Tensors become _rebuild_tensor_v2 calls
- * (U16 and U32 are widened to I32 / I64; U64 must fit in I64; F8 dtypes are
- * refused); floats become 0-d float64 tensors (1.13's safe loader lacks
- * BINFLOAT); ints, bools, strings and null are plain pickle values.
+ * storages, the byteorder / .format_version / .storage_alignment records, and a
+ * pickle protocol 2 data.pkl that torch's default torch.load(weights_only=True)
+ * accepts. The '/'-joined names are rebuilt into nested dicts with string keys,
+ * or, with opts->structure, into the lists, tuples and typed keys it records.
+ * Tensors become _rebuild_tensor_v2 calls, or _rebuild_tensor_v3 over an
+ * UntypedStorage for U16/U32/U64/F8; floats, ints, bools, strings and null are
+ * plain pickle values. With KS_TORCH_COMPAT_1_13, U16 and U32 are widened to
+ * I32 / I64, U64 must fit in I64, F8 dtypes are refused and floats become 0-d
+ * float64 tensors (1.13's safe loader lacks BINFLOAT and the newer dtypes).
+ * A name nesting deeper than ks_torch_load's default depth (64), or longer than
+ * KS_MAX_NAME once re-read and escaped, is refused with KS_E_LIMIT: the writer
+ * never makes a file its own reader refuses.
  * The archive is streamed through opts->io to `<dir>/.<name>.tmp-<6 random
  * characters>`, which is fsynced, renamed over `path`, and the directory
  * fsynced (the same durable replace as ks_save). On any failure before the
@@ -99,7 +174,8 @@ typedef struct ks_torch_write_opts {
  *
  * @param path destination; its directory must exist.
  * @return KS_OK, KS_E_INVALID (a name is both a value and a folder, bad UTF-8,
- *         path names a directory), KS_E_DTYPE, KS_E_IO, KS_E_NOT_DURABLE or KS_E_NOMEM; err names
+ *         path names a directory, a malformed structure document, list items that
+ *         are not 0..len-1), KS_E_LIMIT, KS_E_DTYPE, KS_E_IO, KS_E_NOT_DURABLE or KS_E_NOMEM; err names
  *         `path` as the file.
  * Thread safety: sd is only read.
  */
@@ -123,10 +199,14 @@ void ks_torch_free(const ks_allocator *alloc, void *p);
  * `state/eval_metrics/<label>/<Name>/` becomes
  *   <prefix><Name>/state_dict/<state>   (tensors; list states concatenated along dim 0)
  *   <prefix><Name>/_computed            (tensor, or null; nested results keep their sub-keys)
- * whether the checkpoint holds `{state_dict, _computed}` (Composer >= 0.14) or
- * a whole pickled torchmetrics object (<= 0.13.5; states are the names in its
- * `_persistent` / `_defaults` attributes). Every other entry of `flat` is passed
- * through unchanged, in order.
+ * whether the checkpoint holds `{state_dict, _computed}` (Composer >= 0.14; a
+ * list state's items state_dict/<state>/0, /1, ... are joined) or a whole
+ * pickled torchmetrics object (<= 0.13.5; states are the names in its
+ * `_persistent` / `_defaults` attributes). Names and labels may contain '/': a
+ * metric's folder is the shortest one that holds `__class__`, `state_dict/` or
+ * `_computed`. In the description an eval metric's name is its last folder and
+ * its label the folders before it. Every other entry of `flat` is passed
+ * through unchanged, in order. Linear in the number of entries.
  *
  * @param flat   a dict produced by ks_torch_load (or any dict with that layout).
  * @param take   KS_COPY copies passed-through tensors; KS_BORROW keeps pointers
@@ -143,6 +223,19 @@ void ks_torch_free(const ks_allocator *alloc, void *p);
  */
 ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out,
                                 char **metrics_json, ks_error *err);
+
+/**
+ * ks_composer_normalize with the bytes that joining list states may copy
+ * bounded: list items can all view one shared storage, so a join can copy far
+ * more than the file holds (384 references to a 256 KiB storage join to 96 MiB).
+ *
+ * @param join_budget NULL = no cap; else in: the bytes joins may allocate, out:
+ *                    decreased by what they allocated.
+ * @return as ks_composer_normalize; KS_E_LIMIT when a join would pass the budget
+ *         (err names the state).
+ */
+ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, uint64_t *join_budget,
+                                        ks_statedict **out, char **metrics_json, ks_error *err);
 
 KS_END_DECLS
 #endif

@@ -5,16 +5,25 @@
  */
 #include "core/durable.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "core/io_ops.h"
 
 #define MAX_WRITE ((size_t)1 << 30)
 #define TMP_ATTEMPTS 64
+/* A temporary file nobody holds locked is stale once unmodified this long. The age
+ * protects writers that hold no lock (a custom ks_io) and the instant between a
+ * writer's close and its rename; a killed writer's lock is gone at once. */
+#define STALE_AGE_S 60
 
 static ks_status io_fail(ks__durable *d, int rc, const char *what) {
   return ks__err_at(d->err, KS_E_IO, d->path, NULL, -1, "%s '%s': %s", what, d->have_tmp ? d->tmp : d->path,
@@ -23,13 +32,9 @@ static ks_status io_fail(ks__durable *d, int rc, const char *what) {
 
 ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
                               ks_error *err) {
-  *d = (ks__durable){.alloc = a, .path = path, .fd = -1, .err = err};
-  d->io = &d->io_copy;
-  if (ks__struct_in(&d->io_copy, sizeof d->io_copy, io ? io : ks_io_posix(), KS__V1_SIZE(ks_io, fsync_dir_fn)))
-    return ks__err_at(err, KS_E_INVALID, path, NULL, -1, "ks_io: struct size is not one this library knows");
-  if (!d->io_copy.create_fn || !d->io_copy.write_fn || !d->io_copy.fsync_fn || !d->io_copy.close_fn ||
-      !d->io_copy.rename_fn || !d->io_copy.unlink_fn || !d->io_copy.fsync_dir_fn)
-    return ks__err_at(err, KS_E_INVALID, path, NULL, -1, "ks_io: every member must be set");
+  *d = (ks__durable){a, ks__io_v1(io), path, NULL, NULL, 0, -1, false, false, err};
+  ks_status s = ks_io_check(io, err);
+  if (s) return s;
   const char *slash = strrchr(path, '/');
   const char *base = slash ? slash + 1 : path;
   if (!*base) return ks__err_at(err, KS_E_INVALID, path, NULL, -1, "path names a directory, not a file");
@@ -61,13 +66,81 @@ static void random_suffix(ks__durable *d, unsigned attempt) {
   s[6] = '\0';
 }
 
+/* ".<name>.tmp-" followed by exactly 6 letters or digits: the names this file makes. */
+static bool is_our_tmp(const char *name) {
+  size_t n = strlen(name);
+  if (n < 13 || name[0] != '.' || memcmp(name + n - 11, ".tmp-", 5) != 0) return false;
+  for (size_t i = n - 6; i < n; i++) {
+    char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))) return false;
+  }
+  return true;
+}
+
+/* Removes one temporary file when provably abandoned: no writer holds its lock, and old. */
+static void remove_if_stale(int dfd, const char *name, time_t now) {
+  int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat sb, cur;
+  if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && now - sb.st_mtime >= STALE_AGE_S &&
+      flock(fd, LOCK_EX | LOCK_NB) == 0 && fstatat(dfd, name, &cur, AT_SYMLINK_NOFOLLOW) == 0 &&
+      cur.st_ino == sb.st_ino && cur.st_dev == sb.st_dev)
+    unlinkat(dfd, name, 0);
+  close(fd);
+}
+
+/* Best effort: temporary files of killed writers (ours, in this directory) would pile up. */
+static void clean_stale(const ks__durable *d) {
+  DIR *dir = opendir(d->dir);
+  if (!dir) return;
+  time_t now = time(NULL);
+  struct dirent *e;
+  while ((e = readdir(dir)) != NULL)
+    if (is_our_tmp(e->d_name)) remove_if_stale(dirfd(dir), e->d_name, now);
+  closedir(dir);
+}
+
+/* The same check asked of a custom table (version 2 has stat_fn; version 1 cannot be asked). */
+static ks_status check_destination_io(const ks__durable *d) {
+  ks_io_stat st;
+  if (d->io->version < 2 || d->io->stat_fn(d->io->ctx, d->path, &st) != 0 || st.kind == KS_IO_FILE ||
+      st.kind == KS_IO_LINK)
+    return KS_OK;
+  return ks__err_at(d->err, KS_E_INVALID, d->path, NULL, -1, "destination exists and is %s; refusing to replace it",
+                    st.kind == KS_IO_DIR ? "a directory" : "not a regular file");
+}
+
+/* A rename over a device, FIFO, socket or directory would replace it (as root, even /dev/null). */
+static ks_status check_destination(const ks__durable *d) {
+  if (d->io != ks_io_posix()) return check_destination_io(d);
+  struct stat sb;
+  if (lstat(d->path, &sb) != 0 || S_ISREG(sb.st_mode) || S_ISLNK(sb.st_mode)) return KS_OK;
+  const char *what = S_ISDIR(sb.st_mode)   ? "a directory"
+                     : S_ISCHR(sb.st_mode) ? "a character device"
+                     : S_ISBLK(sb.st_mode) ? "a block device"
+                     : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                                            : "not a regular file";
+  return ks__err_at(d->err, KS_E_INVALID, d->path, NULL, -1, "destination exists and is %s; refusing to replace it",
+                    what);
+}
+
 ks_status ks__durable_open(ks__durable *d) {
+  bool posix = d->io == ks_io_posix(); /* a custom ks_io may not keep its files where we look */
+  ks_status st = check_destination(d);
+  if (st) return st;
+  if (posix) clean_stale(d);
   for (unsigned attempt = 0; attempt < TMP_ATTEMPTS; attempt++) {
     random_suffix(d, attempt);
     int rc = d->io->create_fn(d->io->ctx, d->tmp, &d->fd);
     if (rc == EEXIST) continue;
-    if (rc) return io_fail(d, rc, "cannot create temporary file");
+    if (rc) { /* the message names the temporary file, not the destination */
+      d->have_tmp = true;
+      st = io_fail(d, rc, "cannot create temporary file");
+      d->have_tmp = false;
+      return st;
+    }
     d->have_fd = d->have_tmp = true;
+    if (posix) flock(d->fd, LOCK_EX | LOCK_NB); /* held until close: tells cleaners we are alive */
     return KS_OK;
   }
   return io_fail(d, EEXIST, "cannot find a free temporary name like");

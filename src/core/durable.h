@@ -19,8 +19,7 @@
 
 typedef struct ks__durable {
   const ks_allocator *alloc;
-  const ks_io *io;  /* &io_copy */
-  ks_io io_copy;    /* the caller's table in this library's layout */
+  const ks_io *io;
   const char *path; /* borrowed: must outlive the ks__durable */
   char *dir, *tmp;
   size_t tmp_suffix; /* where the random suffix of tmp starts */
@@ -30,11 +29,15 @@ typedef struct ks__durable {
 } ks__durable;
 
 /* Splits path into its directory and "<dir>/.<name>.tmp-<6 random characters>". io NULL = POSIX.
- * KS_E_INVALID when path names a directory or io has an unknown size, KS_E_NOMEM.
+ * KS_E_INVALID when path names a directory or io fails ks_io_check, KS_E_NOMEM.
  * Call abort even on failure. */
 ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
                               ks_error *err);
-/* Creates the temporary file exclusively under a fresh random name. */
+/* Creates the temporary file exclusively under a fresh random name. With the POSIX
+ * ks_io it first refuses (KS_E_INVALID) a destination that exists and is neither a
+ * regular file nor a symlink (a device, FIFO, socket or directory), then removes stale temporary files of this pattern in the directory
+ * (".*.tmp-XXXXXX" that no writer holds flock'd and unmodified for 60 s: left by a
+ * killed writer), and holds an flock on its own until close. */
 ks_status ks__durable_open(ks__durable *d);
 /* Writes all n bytes to the temporary file (retrying short writes). */
 ks_status ks__durable_write(ks__durable *d, const void *p, size_t n);

@@ -1,7 +1,11 @@
-/* The POSIX implementation of ks_io, the layer the durable writers do all their file I/O through. */
+/* The POSIX implementation of ks_io, the layer all file system work of the library goes through. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "keepsake/io.h"
@@ -57,8 +61,128 @@ static int posix_fsync_dir(void *ctx, const char *dir) {
   return rc;
 }
 
+/* O_NONBLOCK: opening a FIFO must not wait for a writer before it is refused (ENODEV) as not a file. */
+static int posix_open(void *ctx, const char *path, int *fd, uint64_t *size) {
+  (void)ctx;
+  int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (f < 0) return errno_or_io();
+  struct stat sb;
+  int e = fstat(f, &sb) != 0 ? errno_or_io() : S_ISDIR(sb.st_mode) ? EISDIR : !S_ISREG(sb.st_mode) ? ENODEV : 0;
+  if (e) {
+    close(f);
+    return e;
+  }
+  *fd = f;
+  *size = (uint64_t)sb.st_size;
+  return 0;
+}
+
+static int posix_read(void *ctx, int fd, void *buf, size_t n, uint64_t off, size_t *got) {
+  (void)ctx;
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = pread(fd, (char *)buf + done, n - done, (off_t)(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return errno_or_io();
+    if (r == 0) break; /* end of file */
+    done += (size_t)r;
+  }
+  *got = done;
+  return 0;
+}
+
+static int posix_map(void *ctx, int fd, uint64_t size, const void **addr) {
+  (void)ctx;
+  if (size == 0 || size > (uint64_t)SIZE_MAX) return ENOTSUP;
+  void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) return errno_or_io();
+  *addr = p;
+  return 0;
+}
+
+static int posix_unmap(void *ctx, const void *addr, uint64_t size) {
+  (void)ctx;
+  return munmap((void *)(uintptr_t)addr, (size_t)size) == 0 ? 0 : errno_or_io();
+}
+
+static ks_io_kind kind_of(mode_t m) {
+  if (S_ISREG(m)) return KS_IO_FILE;
+  if (S_ISDIR(m)) return KS_IO_DIR;
+  return S_ISLNK(m) ? KS_IO_LINK : KS_IO_OTHER;
+}
+
+static int posix_stat(void *ctx, const char *path, ks_io_stat *st) {
+  (void)ctx;
+  struct stat sb;
+  if (lstat(path, &sb) != 0) return errno_or_io();
+  st->kind = kind_of(sb.st_mode);
+  st->size = (uint64_t)sb.st_size;
+  return 0;
+}
+
+/* d_type when the file system gives it, else lstat (DT_UNKNOWN on some file systems). */
+static ks_io_kind entry_kind(const char *dir, const struct dirent *de) {
+  switch (de->d_type) {
+  case DT_REG: return KS_IO_FILE;
+  case DT_DIR: return KS_IO_DIR;
+  case DT_LNK: return KS_IO_LINK;
+  case DT_UNKNOWN: break;
+  default: return KS_IO_OTHER;
+  }
+  char path[4096];
+  ks_io_stat st;
+  if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path) return KS_IO_OTHER;
+  return posix_stat(NULL, path, &st) == 0 ? st.kind : KS_IO_OTHER;
+}
+
+static int posix_list(void *ctx, const char *dir, const char *prefix, ks_io_list_cb cb, void *cb_ctx) {
+  (void)ctx;
+  DIR *d = opendir(dir);
+  if (!d) return errno_or_io();
+  size_t plen = prefix ? strlen(prefix) : 0;
+  int rc = 0;
+  for (;;) {
+    errno = 0;
+    struct dirent *de = readdir(d);
+    if (!de) {
+      rc = errno; /* 0 at the end, else the read error */
+      break;
+    }
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") || strncmp(de->d_name, prefix ? prefix : "", plen))
+      continue;
+    if ((rc = cb(cb_ctx, de->d_name, entry_kind(dir, de))) != 0) break;
+  }
+  closedir(d);
+  return rc;
+}
+
+static int posix_mkdir(void *ctx, const char *path) {
+  (void)ctx;
+  return mkdir(path, 0777) == 0 ? 0 : errno_or_io();
+}
+
+static int posix_symlink(void *ctx, const char *target, const char *path) {
+  (void)ctx;
+  return symlink(target, path) == 0 ? 0 : errno_or_io();
+}
+
+static int posix_readlink(void *ctx, const char *path, char *buf, size_t cap, size_t *len) {
+  (void)ctx;
+  if (cap == 0) return ENAMETOOLONG;
+  ssize_t n = readlink(path, buf, cap);
+  if (n < 0) return errno_or_io();
+  if ((size_t)n >= cap) return ENAMETOOLONG;
+  buf[n] = '\0';
+  *len = (size_t)n;
+  return 0;
+}
+
 const ks_io *ks_io_posix(void) {
-  static const ks_io io = {sizeof(ks_io), NULL, posix_create, posix_write,    posix_fsync,
-                           posix_close,  posix_rename, posix_unlink,   posix_fsync_dir};
+  static const ks_io io = {.version = KS_IO_VERSION, .ctx = NULL, .create_fn = posix_create,
+                           .write_fn = posix_write, .fsync_fn = posix_fsync, .close_fn = posix_close,
+                           .rename_fn = posix_rename, .unlink_fn = posix_unlink, .fsync_dir_fn = posix_fsync_dir,
+                           .open_fn = posix_open, .read_fn = posix_read, .map_fn = posix_map,
+                           .unmap_fn = posix_unmap, .stat_fn = posix_stat, .list_fn = posix_list,
+                           .mkdir_fn = posix_mkdir, .symlink_fn = posix_symlink, .readlink_fn = posix_readlink};
   return &io;
 }

@@ -32,8 +32,9 @@ struct ks_reader {
   char *path;
   const uint8_t *bytes; /* whole file: the mapping, the copy or the caller's buffer */
   size_t size;
-  void *map; /* non-NULL when bytes is an mmap of map_len bytes */
+  const void *map; /* non-NULL when bytes is a mapping of map_len bytes by io */
   size_t map_len;
+  const ks_io *io; /* the table that opened the file (never NULL for a file) */
   uint8_t *copy; /* non-NULL when bytes is owned heap memory */
   uint64_t header_len;
   uint64_t data_off; /* 8 + header_len */

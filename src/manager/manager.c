@@ -3,15 +3,13 @@
  * autoresume. Ordering of checkpoints comes from the timestamp inside each file,
  * never from file times, so it is the same on every machine.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
+#include "core/io_ops.h"
 #include "manager/manager_internal.h"
 
 static ks_status parse_interval(const char *spec, int64_t *every, int *epochs) {
@@ -33,19 +31,6 @@ static int valid_template(const char *t) {
   for (const char *p = strchr(t, '{'); p; p = strchr(p + 1, '{'))
     if (strncmp(p, "{epoch}", 7) && strncmp(p, "{batch}", 7) && strncmp(p, "{sample}", 8)) return 0;
   return 1;
-}
-
-static ks_status mkdir_p(const char *dir, ks_error *err) {
-  char buf[4096];
-  if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf) return ks__err(err, KS_E_LIMIT, "run dir too long");
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    if (mkdir(buf, 0777) && errno != EEXIST) return ks__err_at(err, KS_E_IO, buf, NULL, -1, "mkdir: %s", strerror(errno));
-    *p = '/';
-  }
-  if (mkdir(buf, 0777) && errno != EEXIST) return ks__err_at(err, KS_E_IO, buf, NULL, -1, "mkdir: %s", strerror(errno));
-  return KS_OK;
 }
 
 static double mono_now(void) {
@@ -97,12 +82,15 @@ ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out
   if (parse_interval(opts->save_interval, &m.every, &m.by_epoch))
     return ks__err(err, KS_E_INVALID, "save interval '%s': expected e.g. 100ba or 1ep", opts->save_interval);
   if (!valid_template(tmpl)) return ks__err(err, KS_E_INVALID, "filename template '%s' is not valid", tmpl);
-  ks_status s = mkdir_p(opts->run_dir, err);
+  const char *run_dir = NULL;
+  ks_status s = ks_io_check(opts->io, err);
+  if (!s) s = ks_io_local_path(opts->run_dir, &run_dir, err);
+  if (!s) s = ks__io_mkdir_p(opts->io, run_dir, err);
   if (s) return s;
   ks_ckpt_manager *p = ks__calloc(&m.alloc, 1, sizeof *p);
   if (p) {
     *p = m;
-    p->run_dir = ks__strdup(&m.alloc, opts->run_dir);
+    p->run_dir = ks__strdup(&m.alloc, run_dir);
     p->tmpl = ks__strdup(&m.alloc, tmpl);
   }
   if (!p || !p->run_dir || !p->tmpl) {
@@ -159,23 +147,11 @@ ks_status ks__mgr_join(const ks_ckpt_manager *m, const char *name, char *out, si
 }
 
 /*
- * Points `latest` at `name` atomically: a symlink under a temporary name is
- * renamed over it, then the directory is fsynced so the switch is durable.
+ * Points `latest` at `name` atomically: a link under a temporary name is renamed
+ * over it, then the directory is fsynced so the switch is durable.
  */
 static ks_status update_latest(ks_ckpt_manager *m, const char *name, ks_error *err) {
-  char tmp[4096], dst[4096];
-  if (ks__mgr_join(m, ".latest.tmp", tmp, sizeof tmp) || ks__mgr_join(m, "latest", dst, sizeof dst))
-    return ks__err(err, KS_E_LIMIT, "run dir path too long");
-  const ks_io *io = m->io ? m->io : ks_io_posix();
-  unlink(tmp);
-  if (symlink(name, tmp)) return ks__err_at(err, KS_E_IO, tmp, NULL, -1, "symlink: %s", strerror(errno));
-  int e = io->rename_fn(io->ctx, tmp, dst);
-  if (e) {
-    unlink(tmp);
-    return ks__err_at(err, KS_E_IO, dst, NULL, -1, "rename: %s", strerror(e));
-  }
-  e = io->fsync_dir_fn(io->ctx, m->run_dir);
-  return e ? ks__err_at(err, KS_E_NOT_DURABLE, m->run_dir, NULL, -1, "fsync dir: %s", strerror(e)) : KS_OK;
+  return ks__io_pointer_set(m->io, m->run_dir, "latest", name, err);
 }
 
 /* What follows a durable checkpoint, in order: `latest`, then retention. Runs on the saver's

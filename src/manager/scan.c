@@ -2,14 +2,13 @@
  * Finding checkpoints in a run directory: listing, ordering by the timestamp
  * stored inside, retention, and autoresume from the newest one that verifies.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include "core/io_ops.h"
+#include "keepsake/layout.h"
 #include "manager/manager_internal.h"
 
 typedef struct ckpt {
@@ -61,12 +60,9 @@ static int matches_template(const char *t, const char *name) {
   return *name == '\0';
 }
 
-static int is_candidate(const ks_ckpt_manager *m, const char *dir_name, const char *name) {
-  if (name[0] == '.' || !matches_template(m->tmpl, name)) return 0;
-  char path[4096];
-  struct stat sb;
-  if (snprintf(path, sizeof path, "%s/%s", dir_name, name) >= (int)sizeof path) return 0;
-  return lstat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+/* A checkpoint of this run: a regular file (not a link, not a temp file) named by the template. */
+static int is_candidate(const ks_ckpt_manager *m, const char *name, ks_io_kind kind) {
+  return kind == KS_IO_FILE && name[0] != '.' && matches_template(m->tmpl, name);
 }
 
 /* The stored value of the best-N metric: a finite one-element `_computed` tensor, or none. */
@@ -80,14 +76,14 @@ static void probe_metric(const ks_ckpt_manager *m, const ks_reader *r, ckpt *c) 
   c->has_metric = 1;
 }
 
-#define TS_PREFIX "state/timestamp/Timestamp/"
+#define TS_PREFIX KS_KEY_TIMESTAMP
 
 /* Reads the timestamp out of a checkpoint without verifying its data. */
 static void probe(const ks_ckpt_manager *m, ckpt *c) {
   char path[4096];
   ks_reader *r = NULL;
   ks_statedict *sd = NULL;
-  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP};
+  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP, .io = m->io};
   ks_error e;
   ks_error_clear(&e);
   snprintf(c->why, sizeof c->why, "no training timestamp in it");
@@ -128,17 +124,27 @@ static int newest_first(const void *pa, const void *pb) {
   return strcmp(b->name, a->name);
 }
 
+typedef struct list_ctx {
+  const ks_ckpt_manager *m;
+  ckpt_list *l;
+  ks_status s;
+} list_ctx;
+
+static int on_entry(void *ctx, const char *name, ks_io_kind kind) {
+  list_ctx *c = ctx;
+  if (!is_candidate(c->m, name, kind)) return 0;
+  c->s = list_add(c->m, c->l, name);
+  return c->s ? ECANCELED : 0;
+}
+
 static ks_status list_checkpoints(const ks_ckpt_manager *m, ckpt_list *l, ks_error *err) {
-  DIR *d = opendir(m->run_dir);
-  if (!d) return ks__err_at(err, KS_E_IO, m->run_dir, NULL, -1, "opendir: %s", strerror(errno));
-  ks_status s = KS_OK;
-  struct dirent *de;
-  while (!s && (de = readdir(d)) != NULL)
-    if (is_candidate(m, m->run_dir, de->d_name)) s = list_add(m, l, de->d_name);
-  closedir(d);
-  if (s) {
+  const ks_io *io = ks__io_v2(m->io);
+  list_ctx c = {m, l, KS_OK};
+  int rc = io->list_fn(io->ctx, m->run_dir, "", on_entry, &c);
+  if (c.s || rc) {
     list_free(&m->alloc, l);
-    return ks__err(err, s, "listing checkpoints: %s", ks_strerror(s));
+    if (c.s) return ks__err(err, c.s, "listing checkpoints: %s", ks_strerror(c.s));
+    return ks__err_at(err, KS_E_IO, m->run_dir, NULL, -1, "listing checkpoints: %s", strerror(rc));
   }
   if (l->n) qsort(l->v, l->n, sizeof(ckpt), newest_first);
   return KS_OK;
@@ -162,6 +168,7 @@ static ks_status infos(const ks_ckpt_manager *m, const ckpt_list *l, ks__ckpt_in
 
 /* Deletes what no policy keeps; a failed unlink is reported, and the rest still run. */
 static ks_status apply(ks_ckpt_manager *m, const ks__ckpt_info *v, size_t n, const char *keep_name, ks_error *err) {
+  const ks_io *io = ks__io_v1(m->io);
   ks_status s = KS_OK;
   for (size_t i = 0; i < n; i++) {
     char path[4096];
@@ -171,8 +178,8 @@ static ks_status apply(ks_ckpt_manager *m, const ks__ckpt_info *v, size_t n, con
       else fprintf(m->retention_log, "keepsake: deleted %s: kept by no policy\n", v[i].name);
     }
     if (keep || ks__mgr_join(m, v[i].name, path, sizeof path)) continue;
-    if (unlink(path) && errno != ENOENT && !s)
-      s = ks__err_at(err, KS_E_IO, path, NULL, -1, "retention: unlink: %s", strerror(errno));
+    int rc = io->unlink_fn(io->ctx, path);
+    if (rc && rc != ENOENT && !s) s = ks__err_at(err, KS_E_IO, path, NULL, -1, "retention: unlink: %s", strerror(rc));
   }
   if (m->retention_log) fflush(m->retention_log);
   return s;
@@ -195,17 +202,25 @@ ks_status ks__mgr_prune(ks_ckpt_manager *m, const char *keep_name, ks_error *err
   return s;
 }
 
-/* Temp files of saves that were killed halfway: never valid, always safe to remove. */
-static void remove_leftovers(const ks_ckpt_manager *m) {
-  DIR *d = opendir(m->run_dir);
-  if (!d) return;
-  struct dirent *de;
-  while ((de = readdir(d)) != NULL) {
-    char path[4096];
-    if (de->d_name[0] != '.' || !strstr(de->d_name, ".tmp")) continue;
-    if (!ks__mgr_join(m, de->d_name, path, sizeof path)) unlink(path);
-  }
-  closedir(d);
+/* Temp files (".<name>.tmp-XXXXXX", ".latest.tmp") of saves that were killed halfway. */
+static int on_leftover(void *ctx, const char *name, ks_io_kind kind) {
+  ks_ckpt_manager *m = ctx;
+  char path[4096];
+  if (kind == KS_IO_DIR || !strstr(name, ".tmp") || ks__mgr_join(m, name, path, sizeof path)) return 0;
+  const ks_io *io = ks__io_v1(m->io);
+  int rc = io->unlink_fn(io->ctx, path);
+  if (rc && rc != ENOENT) fprintf(m->log, "keepsake: warning: cannot remove temporary file %s: %s\n", path, strerror(rc));
+  return 0;
+}
+
+/*
+ * Never valid, always safe to remove. A failure to list or remove is only a
+ * warning: a temp file never matches the template, so it cannot be resumed from.
+ */
+static void remove_leftovers(ks_ckpt_manager *m) {
+  const ks_io *io = ks__io_v2(m->io);
+  int rc = io->list_fn(io->ctx, m->run_dir, ".", on_leftover, m);
+  if (rc) fprintf(m->log, "keepsake: warning: cannot list %s for temporary files: %s\n", m->run_dir, strerror(rc));
 }
 
 /*
@@ -215,7 +230,7 @@ static void remove_leftovers(const ks_ckpt_manager *m) {
  */
 static void warn_skip(ks_ckpt_manager *m, const char *name, const char *why) {
   char from[4096], to[4096];
-  const ks_io *io = m->io ? m->io : ks_io_posix();
+  const ks_io *io = ks__io_v1(m->io);
   int moved = !ks__mgr_join(m, name, from, sizeof from) && snprintf(to, sizeof to, "%s.corrupt", from) < (int)sizeof to &&
               io->rename_fn(io->ctx, from, to) == 0;
   fprintf(m->log, "keepsake: warning: skipping checkpoint %s/%s: %s%s\n", m->run_dir, name, why,
@@ -231,7 +246,7 @@ static ks_status try_one(ks_ckpt_manager *m, const ckpt *c, ks_state *st, const 
   ks_error_clear(&e);
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
-  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP, .verify_checksums = 1};
+  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP, .verify_checksums = 1, .io = m->io};
   if (ks__mgr_join(m, c->name, path, sizeof path)) return ks__err(err, KS_E_LIMIT, "path too long");
   ks_status s = ks_load(path, &ro, &sd, &meta, &e);
   if (s == KS_E_NOMEM) return ks__err(err, s, "out of memory loading %s", path);

@@ -37,6 +37,8 @@ static unsigned arg_bit(const char *key) {
   return 0;
 }
 
+int ks__args_known(const char *key) { return arg_bit(key) != 0; }
+
 static int is_ignored(const char *key) {
   for (size_t i = 0; i < sizeof k_ignored / sizeof k_ignored[0]; i++)
     if (!strcmp(k_ignored[i], key)) return 1;

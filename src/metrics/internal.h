@@ -113,6 +113,8 @@ ks_status ks__args_parse(const ks__class *cls, const char *json, const ks_alloca
 ks_status ks__args_canonical(const ks__class *cls, const ks__margs *args, const ks_allocator *a,
                              char **out);
 void ks__args_free(const ks_allocator *a, ks__margs *args);
+/* Nonzero when `key` is a constructor argument some catalogue class takes (not the ignored ones). */
+int ks__args_known(const char *key);
 ks_status ks__args_copy(const ks_allocator *a, const ks__margs *src, ks__margs *dst);
 
 /* engine.c: declaring and growing states */

@@ -71,7 +71,7 @@ static ks_status check_model_strict(ks__load_ctx *c) {
   for (size_t i = 0; i < n; i++) {
     ks_entry e;
     ks_statedict_at(c->src, i, &e);
-    if (strncmp(e.name, "state/model/", 12) || program_has_tensor(c->st, e.name)) continue;
+    if (strncmp(e.name, KS_KEY_MODEL, strlen(KS_KEY_MODEL)) || program_has_tensor(c->st, e.name)) continue;
     return ks__err_at(c->err, KS_E_MISMATCH, NULL, e.name, -1,
                       "strict model load: '%s' is in the checkpoint but not in the program", e.name);
   }
@@ -96,7 +96,7 @@ static ks_status note_unexpected_model_keys(ks__load_ctx *c) {
   for (size_t i = 0; i < n; i++) {
     ks_entry e;
     ks_statedict_at(c->src, i, &e);
-    if (strncmp(e.name, "state/model/", 12) || program_has_tensor(c->st, e.name)) continue;
+    if (strncmp(e.name, KS_KEY_MODEL, strlen(KS_KEY_MODEL)) || program_has_tensor(c->st, e.name)) continue;
     ks_status s = ks__note(c, KS_LOAD_SKIPPED, e.name, "in the checkpoint, not in the program");
     if (s) return s;
   }
@@ -183,7 +183,7 @@ static ks_status load_components(ks__load_ctx *c) {
     if (s) return s;
   }
   ks_status s = KS_OK;
-  if (c->st->ts) s = load_generic(c, "state/timestamp/Timestamp/", NULL, ts_loader, c->st->ts);
+  if (c->st->ts) s = load_generic(c, KS_KEY_TIMESTAMP, NULL, ts_loader, c->st->ts);
   if (!s && c->st->rng) s = load_generic(c, "rng/0/", NULL, rng_loader, c->st->rng);
   return s;
 }
@@ -191,10 +191,10 @@ static ks_status load_components(ks__load_ctx *c) {
 /* The run's identity comes from the checkpoint, as Composer's autoresume does. */
 static ks_status load_identity(ks__load_ctx *c) {
   ks_entry e;
-  if (!ks__ignored(c, "state/rank_zero_seed") && ks_statedict_get(c->src, "state/rank_zero_seed", &e) == KS_OK &&
+  if (!ks__ignored(c, KS_KEY_RANK_ZERO_SEED) && ks_statedict_get(c->src, KS_KEY_RANK_ZERO_SEED, &e) == KS_OK &&
       e.kind == KS_VAL_INT)
     c->st->rank_zero_seed = e.i;
-  if (ks__ignored(c, "state/run_name") || ks_statedict_get(c->src, "state/run_name", &e) != KS_OK ||
+  if (ks__ignored(c, KS_KEY_RUN_NAME) || ks_statedict_get(c->src, KS_KEY_RUN_NAME, &e) != KS_OK ||
       e.kind != KS_VAL_STRING)
     return KS_OK;
   char *name = ks__strdup(&c->st->alloc, e.s);
@@ -225,8 +225,8 @@ static int first_segments(const char *name, int n, char *out) {
 }
 
 static ks_status note_extra_components(ks__load_ctx *c) {
-  static const char *const roots[] = {"state/optimizers/", "state/schedulers/", "state/callbacks/",
-                                      "state/dataset_state/"};
+  static const char *const roots[] = {KS_KEY_OPTIMIZERS, KS_KEY_SCHEDULERS, KS_KEY_CALLBACKS,
+                                      KS_KEY_DATASET_STATE};
   size_t n = ks_statedict_count(c->src);
   for (size_t i = 0; i < n && c->rep; i++) {
     ks_entry e;
@@ -254,7 +254,7 @@ static ks_status note_weights_only(ks__load_ctx *c) {
   if (!s && c->st->rng) s = ks__note(c, KS_LOAD_SKIPPED, "rng/0", "weights-only load; kept as is");
   if (!s && c->st->train) s = ks__note(c, KS_LOAD_SKIPPED, "state/train_metrics", "weights-only load; kept as is");
   for (size_t i = 0; i < c->st->n_evals && !s; i++) {
-    snprintf(p, sizeof p, "state/eval_metrics/%s", c->st->evals[i].label);
+    snprintf(p, sizeof p, KS_KEY_EVAL_METRICS "%s", c->st->evals[i].label);
     s = ks__note(c, KS_LOAD_SKIPPED, p, "weights-only load; kept as is");
   }
   return s;
@@ -282,17 +282,17 @@ static ks_status filter_ignored(ks__load_ctx *c, const ks_statedict *src, ks_sta
 }
 
 static ks_status parse_metrics_meta(ks__load_ctx *c, const ks_meta *meta) {
-  const char *txt = meta ? ks_meta_get(meta, KS__META_METRICS) : NULL;
+  const char *txt = meta ? ks_meta_get(meta, KS_META_METRICS) : NULL;
   if (!txt) return KS_OK;
   ks_error je;
   ks_error_clear(&je);
   ks__jv *j = NULL;
-  ks_status s = ks__jv_parse(&c->st->alloc, txt, strlen(txt), KS__META_METRICS, &j, &je);
-  if (s == KS_E_NOMEM) return ks__err(c->err, s, "out of memory parsing metadata '%s'", KS__META_METRICS);
+  ks_status s = ks__jv_parse(&c->st->alloc, txt, strlen(txt), KS_META_METRICS, &j, &je);
+  if (s == KS_E_NOMEM) return ks__err(c->err, s, "out of memory parsing metadata '%s'", KS_META_METRICS);
   if (s || !ks__jv_is(j, KS__JV_OBJECT)) {
     ks__jv_free(&c->st->alloc, j);
-    return ks__err_at(c->err, KS_E_FORMAT, NULL, KS__META_METRICS, s ? je.offset : -1,
-                      "metadata '%s' is not a JSON object: %s", KS__META_METRICS, s ? je.message : "another value");
+    return ks__err_at(c->err, KS_E_FORMAT, NULL, KS_META_METRICS, s ? je.offset : -1,
+                      "metadata '%s' is not a JSON object: %s", KS_META_METRICS, s ? je.message : "another value");
   }
   c->metrics_meta = j;
   return KS_OK;

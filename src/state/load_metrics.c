@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/json.h"
+#include "keepsake/layout.h"
 #include "state/state_internal.h"
 
 /*
@@ -61,7 +62,7 @@ static stored_info stored_of(const ks__jv *me) {
 
 static ks_status restore_computed(ks__load_ctx *c, ks_metric *m, const char *path, int64_t count) {
   char k[KS__KEY_MAX + 1];
-  ks__key(k, path, "/_computed");
+  ks__key(k, path, "/" KS_KEY_METRIC_COMPUTED);
   const ks_tensor *t = ks_statedict_tensor(c->src, k);
   ks_error e;
   ks_status s = ks_metric_restore_computed(m, t, count, &e);
@@ -71,7 +72,7 @@ static ks_status restore_computed(ks__load_ctx *c, ks_metric *m, const char *pat
 
 static ks_status fill(ks__load_ctx *c, ks_metric *m, const char *path, const ks__jv *me) {
   char prefix[KS__KEY_MAX + 1];
-  ks__key(prefix, path, "/state_dict/");
+  ks__key(prefix, path, "/" KS_KEY_METRIC_STATES);
   stored_info si = stored_of(me);
   int migrated = 0, converted = 0;
   ks_error e;
@@ -137,16 +138,41 @@ static ks_status load_collection(ks__load_ctx *c, ks_metric_collection *mc, cons
   return KS_OK;
 }
 
+/* Nonzero when a '/'-prefix of name is a reported metric path: a name or label holding '/'. */
+static int covered(const ks__load_ctx *c, const char *name) {
+  char path[KS__KEY_MAX + 1];
+  for (const char *p = strchr(name, '/'); p; p = strchr(p + 1, '/')) {
+    snprintf(path, sizeof path, "%.*s", (int)(p - name), name);
+    if (ks_load_report_find(c->rep, path)) return 1;
+  }
+  return 0;
+}
+
+/* Metrics that keepsake.metrics names (exact paths) and the program does not define. */
+static ks_status note_extra_named(ks__load_ctx *c) {
+  const ks__jv *meta = c->metrics_meta;
+  for (size_t i = 0; i < meta->len; i++) {
+    const char *path = meta->keys[i];
+    if (!c->rep || ks__ignored(c, path) || ks_load_report_find(c->rep, path)) continue;
+    ks_status s = ks__note(c, KS_LOAD_SKIPPED, path, "in the checkpoint, not in the program");
+    if (s) return s;
+  }
+  return KS_OK;
+}
+
 /* Checkpoint metrics the program does not define: skipped, as Composer does. */
 static ks_status note_extra(ks__load_ctx *c) {
   size_t n = ks_statedict_count(c->src);
+  ks_status s0 = c->metrics_meta ? note_extra_named(c) : KS_OK;
+  if (s0) return s0;
   for (size_t i = 0; i < n && c->rep; i++) {
     ks_entry e;
     ks_statedict_at(c->src, i, &e);
-    int train = !strncmp(e.name, "state/train_metrics/", 20);
-    if (!train && strncmp(e.name, "state/eval_metrics/", 19)) continue;
+    int train = !strncmp(e.name, KS_KEY_TRAIN_METRICS, strlen(KS_KEY_TRAIN_METRICS));
+    if (!train && strncmp(e.name, KS_KEY_EVAL_METRICS, strlen(KS_KEY_EVAL_METRICS))) continue;
+    if (covered(c, e.name)) continue;
     char path[KS__KEY_MAX + 1], label[KS__KEY_MAX + 1];
-    const char *rest = e.name + (train ? 20 : 19), *slash = strchr(rest, '/');
+    const char *rest = e.name + strlen(train ? KS_KEY_TRAIN_METRICS : KS_KEY_EVAL_METRICS), *slash = strchr(rest, '/');
     if (!slash) continue;
     const ks_metric_collection *mc = c->st->train;
     if (!train) {
@@ -167,10 +193,10 @@ static ks_status note_extra(ks__load_ctx *c) {
 }
 
 ks_status ks__load_metrics(ks__load_ctx *c) {
-  ks_status s = c->st->train ? load_collection(c, c->st->train, "state/train_metrics/") : KS_OK;
+  ks_status s = c->st->train ? load_collection(c, c->st->train, KS_KEY_TRAIN_METRICS) : KS_OK;
   for (size_t i = 0; i < c->st->n_evals && !s; i++) {
     char root[KS__KEY_MAX + 1];
-    if (ks__keyf(root, "state/eval_metrics/", "%s/", c->st->evals[i].label)) return KS_E_LIMIT;
+    if (ks__keyf(root, KS_KEY_EVAL_METRICS, "%s/", c->st->evals[i].label)) return KS_E_LIMIT;
     s = load_collection(c, c->st->evals[i].metrics, root);
   }
   return s ? s : note_extra(c);

@@ -67,10 +67,10 @@ static ks_status put_metric_json(const ks_allocator *a, const ks_metric *m, cons
 
 static ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *dst, ks__jv *mj, ks_error *err) {
   char k[KS__KEY_MAX + 1];
-  if (ks__key(k, path, "/state_dict/")) return ks__err(err, KS_E_LIMIT, "metric path too long");
+  if (ks__key(k, path, "/" KS_KEY_METRIC_STATES)) return ks__err(err, KS_E_LIMIT, "metric path too long");
   ks_status s = ks_metric_to_state_dict(m, dst, k, err);
   if (s) return s;
-  ks__key(k, path, "/_computed");
+  ks__key(k, path, "/" KS_KEY_METRIC_COMPUTED);
   const ks_tensor *c = ks_metric_computed(m);
   s = c ? ks_statedict_set_tensor(dst, k, c, KS_COPY) : ks_statedict_set_null(dst, k);
   if (s) return s;
@@ -92,18 +92,18 @@ static ks_status put_collection(const ks_metric_collection *c, const char *root,
 }
 
 static ks_status put_metrics(const ks_state *st, ks_statedict *dst, ks__jv *mj, ks_error *err) {
-  ks_status s = put_collection(st->train, "state/train_metrics/", dst, mj, err);
+  ks_status s = put_collection(st->train, KS_KEY_TRAIN_METRICS, dst, mj, err);
   for (size_t i = 0; i < st->n_evals && !s; i++) {
     char root[KS__KEY_MAX + 1];
-    if (ks__keyf(root, "state/eval_metrics/", "%s/", st->evals[i].label)) return KS_E_LIMIT;
+    if (ks__keyf(root, KS_KEY_EVAL_METRICS, "%s/", st->evals[i].label)) return KS_E_LIMIT;
     s = put_collection(st->evals[i].metrics, root, dst, mj, err);
   }
   return s;
 }
 
 static ks_status put_rest(const ks_state *st, ks_statedict *dst) {
-  ks_status s = ks_statedict_set_int(dst, "state/rank_zero_seed", st->rank_zero_seed);
-  if (!s) s = ks_statedict_set_string(dst, "state/run_name", st->run_name);
+  ks_status s = ks_statedict_set_int(dst, KS_KEY_RANK_ZERO_SEED, st->rank_zero_seed);
+  if (!s) s = ks_statedict_set_string(dst, KS_KEY_RUN_NAME, st->run_name);
   if (!s && st->rng) s = ks_rng_to_state_dict(st->rng, dst, "rng/0/");
   return s;
 }
@@ -111,9 +111,9 @@ static ks_status put_rest(const ks_state *st, ks_statedict *dst) {
 static ks_status put_meta(const ks_allocator *a, ks__jv *mj, ks_meta *meta, ks_error *err) {
   char *metrics = ks__jv_dump(a, mj, true);
   if (!metrics) return ks__err(err, KS_E_NOMEM, "out of memory");
-  ks_status s = ks_meta_set(meta, KS__META_METRICS, metrics);
+  ks_status s = ks_meta_set(meta, KS_META_METRICS, metrics);
   ks__free(a, metrics);
-  if (!s) s = ks_meta_set(meta, KS__META_STATE, "{\"layout_version\":1}");
+  if (!s) s = ks_meta_set(meta, KS_META_STATE, "{\"layout_version\":1}");
   return s ? ks__err(err, s, "cannot set state metadata") : KS_OK;
 }
 
@@ -123,7 +123,7 @@ ks_status ks_state_to_state_dict(const ks_state *st, ks_statedict *dst, ks_meta 
   static const st_kind order[] = {ST_TENSOR, ST_OPTIM, ST_SCHED};
   ks_status s = KS_OK;
   for (size_t i = 0; i < 3 && !s; i++) s = put_kind(st, order[i], dst, err);
-  if (!s && st->ts) s = ks_timestamp_to_state_dict(st->ts, dst, "state/timestamp/Timestamp/");
+  if (!s && st->ts) s = ks_timestamp_to_state_dict(st->ts, dst, KS_KEY_TIMESTAMP);
   if (!s) s = put_kind(st, ST_DATASET, dst, err);
   if (!s) s = put_kind(st, ST_CUSTOM, dst, err);
   const ks_allocator *a = ks_statedict_allocator(dst);

@@ -144,8 +144,8 @@ const ks_timestamp *ks_state_timestamp(const ks_state *st) {
 }
 
 ks_status ks__comp_prefix(const st_comp *c, char *buf) {
-  static const char *const roots[] = {"state/model/", "state/optimizers/", "state/schedulers/",
-                                      "state/callbacks/", "state/dataset_state/"};
+  static const char *const roots[] = {KS_KEY_MODEL, KS_KEY_OPTIMIZERS, KS_KEY_SCHEDULERS,
+                                      KS_KEY_CALLBACKS, KS_KEY_DATASET_STATE};
   return ks__keyf(buf, roots[c->kind], c->kind == ST_TENSOR ? "%s" : "%s/", c->name);
 }
 

@@ -10,6 +10,7 @@
 #include "core/hindex.h"
 #include "core/internal.h"
 #include "core/keys.h"
+#include "keepsake/layout.h"
 #include "keepsake/state.h"
 
 /* Glob over '/' paths that also matches any '/'-prefix of `path`. */
@@ -61,10 +62,6 @@ void ks__prefixes_free(ks__prefixes *p);
 /* *found = some key starts with `prefix` (which ends in '/'). @return KS_OK, KS_E_INVALID or KS_E_NOMEM. */
 ks_status ks__prefixes_has(ks__prefixes *p, const char *prefix, int *found);
 
-/* Metadata key listing every metric's class, args, schema version and update count. */
-#define KS__META_METRICS "keepsake.metrics"
-/* Metadata key describing the state layout. */
-#define KS__META_STATE "keepsake.state"
 #define KS__STATE_LAYOUT_VERSION 1
 
 /* ---- loading (load.c, load_metrics.c) ---- */

@@ -2,25 +2,39 @@
  * Composer checkpoints: maps both metric layouts onto
  *   <root>state_dict/<state>  and  <root>_computed
  * where <root> is state/train_metrics/<Name>/ or state/eval_metrics/<label>/<Name>/.
- * Composer >= 0.14 already writes that layout. Composer <= 0.13.5 pickled the
- * whole torchmetrics object; flattening leaves its attributes under <root>, and
- * its state names are the keys of its `_persistent` and `_defaults` attributes.
+ * Composer >= 0.14 already writes that layout, except that a list ("cat")
+ * state flattens to state_dict/<state>/0, /1, ...: those are joined. Composer
+ * <= 0.13.5 pickled the whole torchmetrics object; flattening leaves its
+ * attributes under <root>, and its state names are the keys of its
+ * `_persistent` and `_defaults` attributes.
+ *
+ * Names and labels may hold '/', so a metric's root is found from what lies
+ * under it: the shortest folder that is a pickled object (has `__class__`) or
+ * holds `state_dict/` or `_computed`. Every lookup is hashed and every metric
+ * keeps the chain of its own entries, so the work is linear in the entries.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "core/json.h"
+#include "keepsake/layout.h"
 #include "torch/torch_internal.h"
 
-#define TRAIN "state/train_metrics/"
-#define EVAL "state/eval_metrics/"
+#define TRAIN KS_KEY_TRAIN_METRICS
+#define EVAL KS_KEY_EVAL_METRICS
+#define STATES KS_KEY_METRIC_STATES
+#define COMPUTED KS_KEY_METRIC_COMPUTED
+#define CLASS "__class__"
+#define NONE SIZE_MAX
 
 typedef struct metric {
-  char root[KS_MAX_NAME + 1];
+  char *root; /* "state/eval_metrics/val%2Fholdout/acc%2Ftop1/": keys holding '/' are escaped (torch.h) */
   size_t len;
-  int pickled;
-  int emitted;
+  char *out;  /* the same root unescaped, as output names and the state loader spell it */
+  size_t out_len;
+  int pickled, emitted;
+  size_t first, last; /* this metric's entries, in order, chained through norm.next */
 } metric;
 
 typedef struct norm {
@@ -28,8 +42,15 @@ typedef struct norm {
   ks_statedict *out;
   ks_take take;
   ks_error *err;
+  const ks_allocator *a;
   metric *m;
   size_t n, cap;
+  size_t *owner;        /* per entry of flat: metric index + 1, or 0 */
+  size_t *next;         /* per entry: the next entry of the same metric, or NONE */
+  ks_statedict *index;  /* metric root -> its index in m */
+  ks_statedict *seen;   /* <root><state>: a state name already listed */
+  ks_statedict *joined; /* list state key -> number of items joined into it */
+  uint64_t *join_left;  /* bytes list states may still be joined into; NULL = no cap */
   ks__jv *list;
 } norm;
 
@@ -37,44 +58,106 @@ static ks_status nomem(ks_error *err) { return ks__err(err, KS_E_NOMEM, "compose
 
 static int starts(const char *s, const char *p) { return !strncmp(s, p, strlen(p)); }
 
-/* Length of the metric root of `name` ("state/train_metrics/Acc/"), or 0. */
-static size_t root_len(const char *name) {
+/* buf = the first n bytes of a, then b; 0 when it does not fit. */
+static int join(char *buf, size_t cap, const char *a, size_t n, const char *b) {
+  int w = snprintf(buf, cap, "%.*s%s", (int)n, a, b);
+  return w >= 0 && (size_t)w < cap;
+}
+
+static int is_object(const norm *nm, const char *name, size_t len) {
+  char key[KS_MAX_NAME + sizeof CLASS];
+  ks_entry e;
+  return join(key, sizeof key, name, len, CLASS) && ks_statedict_get(nm->flat, key, &e) == KS_OK &&
+         e.kind == KS_VAL_STRING;
+}
+
+/* Whether `rest`, what follows a folder, is the start of a {state_dict, _computed} metric. */
+static int dict_tail(const char *rest) {
+  size_t n = strlen(COMPUTED);
+  return starts(rest, STATES) || (!strncmp(rest, COMPUTED, n) && (rest[n] == 0 || rest[n] == '/'));
+}
+
+/*
+ * Length of the metric root of `name`, or 0 when name is not under a metric.
+ * Without a telling folder the root is the first one past the group (and label),
+ * as when names held no '/'.
+ */
+static size_t root_len(const norm *nm, const char *name, int *pickled) {
   const char *p;
   int parts;
+  *pickled = 0;
   if (starts(name, TRAIN)) p = name + strlen(TRAIN), parts = 1;
   else if (starts(name, EVAL)) p = name + strlen(EVAL), parts = 2;
   else return 0;
-  for (; parts > 0; parts--) {
+  size_t fallback = 0;
+  for (int k = 1;; k++) {
     const char *slash = strchr(p, '/');
-    if (!slash || slash == p) return 0;
+    if (!slash || slash == p) return fallback;
     p = slash + 1;
+    size_t len = (size_t)(p - name);
+    if (k < parts) continue;
+    if (k == parts) fallback = len;
+    if (is_object(nm, name, len)) return *pickled = 1, len;
+    if (dict_tail(p)) return len;
   }
-  return (size_t)(p - name);
 }
 
-static metric *find_metric(norm *nm, const char *name, size_t len) {
-  for (size_t i = nm->n; i-- > 0;)
-    if (nm->m[i].len == len && !strncmp(nm->m[i].root, name, len)) return &nm->m[i];
-  return NULL;
+static ks_status add_metric(norm *nm, const char *root, int pickled, size_t *idx) {
+  if (nm->n == nm->cap) {
+    size_t ncap = nm->cap ? nm->cap * 2 : 8;
+    metric *m = ks__realloc(nm->a, nm->m, ncap * sizeof *m);
+    if (!m) return nomem(nm->err);
+    nm->m = m;
+    nm->cap = ncap;
+  }
+  metric *m = &nm->m[nm->n];
+  size_t len = strlen(root);
+  *m = (metric){ks__strdup(nm->a, root), len, ks__malloc(nm->a, len + 1), 0, pickled, 0, NONE, NONE};
+  if (m->out) m->out[m->out_len = ks__torch_unescape(root, len, m->out)] = 0;
+  if (!m->root || !m->out || ks_statedict_set_int(nm->index, root, (int64_t)nm->n)) {
+    ks__free(nm->a, m->root);
+    ks__free(nm->a, m->out);
+    return nomem(nm->err);
+  }
+  *idx = nm->n++;
+  return KS_OK;
 }
 
+/* Finds every metric and chains each entry to the metric it belongs to. */
 static ks_status collect(norm *nm) {
-  const ks_allocator *a = ks_statedict_allocator(nm->flat);
+  size_t count = ks_statedict_count(nm->flat);
+  nm->owner = ks__calloc(nm->a, count + 1, sizeof *nm->owner);
+  nm->next = ks__calloc(nm->a, count + 1, sizeof *nm->next);
+  if (!nm->owner || !nm->next) return nomem(nm->err);
   ks_entry e;
-  for (size_t i = 0; ks_statedict_at(nm->flat, i, &e) == KS_OK; i++) {
-    size_t len = root_len(e.name);
-    if (!len || find_metric(nm, e.name, len)) continue;
-    if (ks__grow(a, &nm->m, &nm->cap, nm->n + 1, sizeof *nm->m)) return nomem(nm->err);
-    metric *m = &nm->m[nm->n++];
-    memcpy(m->root, e.name, len);
-    m->root[len] = 0;
-    m->len = len;
-    m->emitted = 0;
-    char cls[KS_MAX_NAME + 16];
-    snprintf(cls, sizeof cls, "%s__class__", m->root);
-    m->pickled = ks_statedict_get(nm->flat, cls, &e) == KS_OK && e.kind == KS_VAL_STRING;
+  char root[KS_MAX_NAME + 1];
+  for (size_t i = 0; i < count && ks_statedict_at(nm->flat, i, &e) == KS_OK; i++) {
+    int pickled;
+    size_t len = root_len(nm, e.name, &pickled), idx = 0;
+    nm->next[i] = NONE;
+    if (!len || !join(root, sizeof root, e.name, len, "")) continue;
+    ks_entry ie;
+    if (ks_statedict_get(nm->index, root, &ie) == KS_OK) idx = (size_t)ie.i;
+    else if (add_metric(nm, root, pickled, &idx)) return KS_E_NOMEM;
+    metric *m = &nm->m[idx];
+    if (m->last == NONE) m->first = i;
+    else nm->next[m->last] = i;
+    m->last = i;
+    nm->owner[i] = idx + 1;
   }
   return KS_OK;
+}
+
+/* The i-th entry of flat, which exists: i comes from a chain. */
+static ks_entry at(const norm *nm, size_t i) {
+  ks_entry e;
+  ks_statedict_at(nm->flat, i, &e);
+  return e;
+}
+
+/* The output name of src, an entry under m's root: the unescaped root, then the rest of src. */
+static int out_name(const metric *m, const char *src, char *buf, size_t cap) {
+  return join(buf, cap, m->out, m->out_len, src + m->len);
 }
 
 static ks_status put(norm *nm, const char *name, const ks_entry *e, ks_take take) {
@@ -82,10 +165,10 @@ static ks_status put(norm *nm, const char *name, const ks_entry *e, ks_take take
   return st ? ks__err_at(nm->err, st, NULL, name, -1, "composer: cannot add entry") : KS_OK;
 }
 
-/* Next path component after `prefix` in name, into buf; 0 when name is not under prefix. */
-static int component(const char *name, const char *prefix, char *buf, size_t cap) {
-  if (!starts(name, prefix)) return 0;
-  const char *s = name + strlen(prefix), *slash = strchr(s, '/');
+/* The state name `rel` holds after `prefix` ("tp" of "_defaults/tp"), into buf; 0 when none. */
+static int component(const char *rel, const char *prefix, char *buf, size_t cap) {
+  if (!starts(rel, prefix)) return 0;
+  const char *s = rel + strlen(prefix), *slash = strchr(s, '/');
   size_t n = slash ? (size_t)(slash - s) : strlen(s);
   if (n == 0 || n >= cap) return 0;
   memcpy(buf, s, n);
@@ -93,26 +176,25 @@ static int component(const char *name, const char *prefix, char *buf, size_t cap
   return 1;
 }
 
-static const ks_allocator *alloc_of(const norm *nm) { return ks_statedict_allocator(nm->flat); }
-
-static int json_has(const ks__jv *arr, const char *s) {
-  for (size_t i = 0; i < arr->len; i++)
-    if (!strcmp(ks__jv_string(arr->items[i]), s)) return 1;
-  return 0;
+/* Appends the state name s once. */
+static ks_status add_state(norm *nm, const metric *m, const char *s, ks__jv *names) {
+  char key[KS_MAX_NAME + 1];
+  ks_entry e;
+  if (!join(key, sizeof key, m->root, m->len, s) || ks_statedict_get(nm->seen, key, &e) == KS_OK) return KS_OK;
+  if (ks_statedict_set_null(nm->seen, key) || ks__jv_push(nm->a, names, ks__jv_str(nm->a, s))) return nomem(nm->err);
+  return KS_OK;
 }
 
 /* State names: keys under <root>_persistent/ and <root>_defaults/ (pickled) or <root>state_dict/. */
 static ks_status state_names(norm *nm, const metric *m, ks__jv *names) {
-  char p1[KS_MAX_NAME + 32], p2[KS_MAX_NAME + 32], buf[KS_MAX_NAME + 1];
-  snprintf(p1, sizeof p1, "%s%s", m->root, m->pickled ? "_persistent/" : "state_dict/");
-  snprintf(p2, sizeof p2, "%s%s", m->root, m->pickled ? "_defaults/" : "state_dict/");
-  ks_entry e;
-  for (size_t i = 0; ks_statedict_at(nm->flat, i, &e) == KS_OK; i++) {
-    if (!component(e.name, p1, buf, sizeof buf) && !component(e.name, p2, buf, sizeof buf)) continue;
-    if (json_has(names, buf)) continue;
-    if (ks__jv_push(alloc_of(nm), names, ks__jv_str(alloc_of(nm), buf))) return nomem(nm->err);
+  const char *p1 = m->pickled ? "_persistent/" : STATES, *p2 = m->pickled ? "_defaults/" : STATES;
+  char buf[KS_MAX_NAME + 1];
+  ks_status st = KS_OK;
+  for (size_t i = m->first; i != NONE && !st; i = nm->next[i]) {
+    const char *rel = at(nm, i).name + m->len;
+    if (component(rel, p1, buf, sizeof buf) || component(rel, p2, buf, sizeof buf)) st = add_state(nm, m, buf, names);
   }
-  return KS_OK;
+  return st;
 }
 
 static ks_status cat_shape(norm *nm, const char *base, ks_dtype *dt, int *rank, int64_t *shape, size_t *count) {
@@ -139,19 +221,25 @@ static ks_status cat_shape(norm *nm, const char *base, ks_dtype *dt, int *rank, 
   }
 }
 
-/* A list state (torchmetrics `cat` reduction): items <base>/0, /1... joined along dim 0. */
-static ks_status cat_state(norm *nm, const char *base, const char *dst) {
+/* A list state (torchmetrics `cat` reduction): items <base>/0, /1... joined along dim 0 into dst. */
+static ks_status cat_state(norm *nm, const char *base, const char *dst, size_t *count) {
   ks_dtype dt = KS_F32;
   int rank = 1;
   int64_t shape[KS_MAX_RANK] = {0};
-  size_t count;
-  ks_status st = cat_shape(nm, base, &dt, &rank, shape, &count);
+  ks_status st = cat_shape(nm, base, &dt, &rank, shape, count);
   if (st) return st;
+  size_t bytes;
+  if (ks_shape_size(dt, rank, shape, NULL, &bytes) != KS_OK || (nm->join_left && bytes > *nm->join_left))
+    return ks__err_at(nm->err, KS_E_LIMIT, NULL, dst, -1,
+                      "composer: list state joins %lld rows, more bytes than the %llu left for this input",
+                      (long long)shape[0], nm->join_left ? (unsigned long long)*nm->join_left : 0ull);
+  /* Items may all view one shared storage: joining copies, so the budget counts copies. */
+  if (nm->join_left) *nm->join_left -= bytes;
   uint8_t *data = NULL;
   if ((st = ks_statedict_new_tensor(nm->out, dst, dt, rank, shape, (void **)&data)) != KS_OK)
     return ks__err_at(nm->err, st, NULL, dst, -1, "composer: cannot add entry");
   char key[KS_MAX_NAME + 32];
-  for (size_t i = 0, off = 0; i < count; i++) {
+  for (size_t i = 0, off = 0; i < *count; i++) {
     const ks_tensor *t = NULL;
     if (snprintf(key, sizeof key, "%s/%zu", base, i) < (int)sizeof key) t = ks_statedict_tensor(nm->flat, key);
     if (t && t->nbytes) memcpy(data + off, t->data, t->nbytes);
@@ -161,28 +249,34 @@ static ks_status cat_state(norm *nm, const char *base, const char *dst) {
 }
 
 static ks_status emit_state(norm *nm, const metric *m, const char *s) {
-  char src[KS_MAX_NAME + 32], dst[KS_MAX_NAME + 48];
+  char src[KS_MAX_NAME + 1], dst[KS_MAX_NAME + 1];
   ks_entry e;
-  snprintf(src, sizeof src, "%s%s", m->root, s);
-  if (snprintf(dst, sizeof dst, "%sstate_dict/%s", m->root, s) > KS_MAX_NAME)
+  size_t count;
+  if (!join(src, sizeof src, m->root, m->len, s) || snprintf(dst, sizeof dst, "%s%s%s", m->out, STATES, s) > KS_MAX_NAME)
     return ks__err_at(nm->err, KS_E_LIMIT, NULL, m->root, -1, "composer: state name too long");
   if (ks_statedict_get(nm->flat, src, &e) == KS_OK) return put(nm, dst, &e, KS_COPY);
-  return cat_state(nm, src, dst);
+  return cat_state(nm, src, dst, &count);
 }
 
 /* `_computed`: the value itself, or the sub-keys of a structured result; None when absent. */
 static ks_status emit_computed(norm *nm, const metric *m) {
-  char key[KS_MAX_NAME + 32];
-  size_t klen = (size_t)snprintf(key, sizeof key, "%s_computed", m->root);
-  ks_entry e;
+  size_t klen = strlen(COMPUTED);
   int found = 0;
-  for (size_t i = 0; ks_statedict_at(nm->flat, i, &e) == KS_OK; i++) {
-    if (strncmp(e.name, key, klen) || (e.name[klen] && e.name[klen] != '/')) continue;
-    ks_status st = put(nm, e.name, &e, KS_COPY);
+  for (size_t i = m->first; i != NONE; i = nm->next[i]) {
+    ks_entry e = at(nm, i);
+    const char *rel = e.name + m->len;
+    if (strncmp(rel, COMPUTED, klen) || (rel[klen] && rel[klen] != '/')) continue;
+    char dst[KS_MAX_NAME + 1];
+    ks_status st = out_name(m, e.name, dst, sizeof dst) ? put(nm, dst, &e, KS_COPY)
+                                                       : ks__err_at(nm->err, KS_E_LIMIT, NULL, e.name, -1, "composer: name too long");
     if (st) return st;
     found = 1;
   }
-  return found ? KS_OK : put(nm, key, &(ks_entry){.kind = KS_VAL_NULL}, KS_COPY);
+  char key[KS_MAX_NAME + 1];
+  if (found) return KS_OK;
+  if (!join(key, sizeof key, m->out, m->out_len, COMPUTED))
+    return ks__err_at(nm->err, KS_E_LIMIT, NULL, m->root, -1, "composer: metric name too long");
+  return put(nm, key, &(ks_entry){.kind = KS_VAL_NULL}, KS_COPY);
 }
 
 static int module_attr(const char *s) {
@@ -212,26 +306,32 @@ static ks__jv *scalar_json(const ks_allocator *a, const ks_entry *e) {
 
 /* Public scalar attributes of a pickled metric: its constructor arguments in practice. */
 static ks_status attrs_json(norm *nm, const metric *m, ks__jv *attrs) {
-  ks_entry e;
-  for (size_t i = 0; ks_statedict_at(nm->flat, i, &e) == KS_OK; i++) {
-    if (strncmp(e.name, m->root, m->len) || strchr(e.name + m->len, '/')) continue;
+  for (size_t i = m->first; i != NONE; i = nm->next[i]) {
+    ks_entry e = at(nm, i);
     const char *attr = e.name + m->len;
-    if (module_attr(attr) || !has_json_form(&e)) continue;
-    if (ks__jv_set(alloc_of(nm), attrs, attr, scalar_json(alloc_of(nm), &e))) return nomem(nm->err);
+    if (strchr(attr, '/') || module_attr(attr) || !has_json_form(&e)) continue;
+    if (ks__jv_set(nm->a, attrs, attr, scalar_json(nm->a, &e))) return nomem(nm->err);
   }
   return KS_OK;
 }
 
+/*
+ * Train: name = all past the group. Eval: name = the last folder, label = the
+ * folders before it. A '/' in an eval label cannot be told from one in the
+ * name; the last folder is the name because Composer names metrics by class.
+ * The path, which the state loader goes by, is exact either way.
+ */
 static void metric_names(const metric *m, int eval, char *label, char *name, size_t cap) {
-  char prefix[KS_MAX_NAME + 32];
-  label[0] = name[0] = 0;
-  if (!eval) {
-    component(m->root, TRAIN, name, cap);
-    return;
+  const char *rest = m->root + strlen(eval ? EVAL : TRAIN), *end = m->root + m->len - 1, *cut = rest;
+  label[0] = 0;
+  if (eval) {
+    for (const char *p = rest; p < end; p++)
+      if (*p == '/') cut = p + 1;
+    size_t n = (size_t)(cut - rest - 1);
+    label[ks__torch_unescape(rest, n < cap ? n : cap - 1, label)] = 0;
   }
-  component(m->root, EVAL, label, cap);
-  snprintf(prefix, sizeof prefix, "%s%s/", EVAL, label);
-  component(m->root, prefix, name, cap);
+  size_t n = (size_t)(end - cut);
+  name[ks__torch_unescape(cut, n < cap ? n : cap - 1, name)] = 0;
 }
 
 /* {"path", "group", "label", "name", "class", "states", "update_count", "attrs"} in this order;
@@ -241,14 +341,14 @@ static ks__jv *metric_json(norm *nm, const metric *m, ks__jv *states) {
   int eval = starts(m->root, EVAL);
   ks_entry e;
   metric_names(m, eval, label, name, sizeof name);
-  snprintf(key, sizeof key, "%s__class__", m->root);
-  const ks_allocator *a = alloc_of(nm);
+  const ks_allocator *a = nm->a;
+  join(key, sizeof key, m->root, m->len, CLASS);
   int has_cls = m->pickled && !ks_statedict_get(nm->flat, key, &e) && e.kind == KS_VAL_STRING &&
                 ks__utf8_valid((const uint8_t *)e.s, strlen(e.s));
   ks__jv *cls = has_cls ? ks__jv_str(a, e.s) : ks__jv_null(a);
-  snprintf(key, sizeof key, "%s_update_count", m->root);
-  int has_count = m->pickled && !ks_statedict_get(nm->flat, key, &e) && e.kind == KS_VAL_INT;
-  snprintf(path, sizeof path, "%.*s", (int)m->len - 1, m->root);
+  int has_count = m->pickled && join(key, sizeof key, m->root, m->len, "_update_count") &&
+                  !ks_statedict_get(nm->flat, key, &e) && e.kind == KS_VAL_INT;
+  join(path, sizeof path, m->out, m->out_len - 1, "");
   ks__jv *o = ks__jv_object(a);
   ks_status s = o ? KS_OK : KS_E_NOMEM;
   if (!s) s = ks__jv_set(a, o, "path", ks__jv_str(a, path));
@@ -265,8 +365,9 @@ static ks__jv *metric_json(norm *nm, const metric *m, ks__jv *states) {
   return o;
 }
 
+/* Describes the metric; a pickled one also has its states and _computed written. */
 static ks_status emit_metric(norm *nm, metric *m) {
-  const ks_allocator *a = alloc_of(nm);
+  const ks_allocator *a = nm->a;
   ks__jv *states = ks__jv_array(a);
   if (!states) return nomem(nm->err);
   ks_status st = state_names(nm, m, states);
@@ -286,20 +387,64 @@ static ks_status emit_metric(norm *nm, metric *m) {
   return st;
 }
 
+/* Item number of a list state's entry ("12" of ".../state_dict/preds/12"); -1 when rel is not one. */
+static int64_t list_item(const char *rel, size_t *base_len) {
+  if (!starts(rel, STATES)) return -1;
+  const char *s = rel + strlen(STATES), *slash = strchr(s, '/');
+  if (!slash || slash == s || !slash[1] || strlen(slash + 1) > 18 || (slash[1] == '0' && slash[2])) return -1;
+  int64_t n = 0;
+  for (const char *d = slash + 1; *d; d++) {
+    if (*d < '0' || *d > '9') return -1;
+    n = n * 10 + (*d - '0');
+  }
+  *base_len = (size_t)(slash - rel);
+  return n;
+}
+
+/*
+ * A state_dict/<state>/<n> tensor of a {state_dict, _computed} metric: the items
+ * of a list state, joined into state_dict/<state> when the first is met.
+ * *done is set when e was one of the joined items.
+ */
+static ks_status join_item(norm *nm, const metric *m, const ks_entry *e, int *done) {
+  size_t blen;
+  int64_t item = e->kind == KS_VAL_TENSOR ? list_item(e->name + m->len, &blen) : -1;
+  char base[KS_MAX_NAME + 1], first[KS_MAX_NAME + 8];
+  ks_entry je;
+  *done = 0;
+  char out[KS_MAX_NAME + 1];
+  if (item < 0 || !join(base, sizeof base, e->name, m->len + blen, "") || !out_name(m, base, out, sizeof out)) return KS_OK;
+  if (ks_statedict_get(nm->joined, base, &je) == KS_OK) return *done = item < je.i, KS_OK;
+  /* Only a run from /0 is a list, and never over an entry of the same name. */
+  if (!join(first, sizeof first, base, strlen(base), "/0") || !ks_statedict_tensor(nm->flat, first) ||
+      ks_statedict_get(nm->flat, base, &je) == KS_OK)
+    return KS_OK;
+  size_t count;
+  ks_status st = cat_state(nm, base, out, &count);
+  if (!st && ks_statedict_set_int(nm->joined, base, (int64_t)count)) st = nomem(nm->err);
+  *done = !st && (uint64_t)item < count;
+  return st;
+}
+
 static ks_status run(norm *nm) {
   ks_status st = collect(nm);
   ks_entry e;
   for (size_t i = 0; !st && ks_statedict_at(nm->flat, i, &e) == KS_OK; i++) {
-    size_t len = root_len(e.name);
-    metric *m = len ? find_metric(nm, e.name, len) : NULL;
+    metric *m = nm->owner[i] ? &nm->m[nm->owner[i] - 1] : NULL;
     if (m && !m->emitted) st = emit_metric(nm, m);
-    if (!st && (!m || !m->pickled)) st = put(nm, e.name, &e, nm->take);
+    if (st || (m && m->pickled)) continue;
+    int done = 0;
+    char out[KS_MAX_NAME + 1];
+    if (m) st = join_item(nm, m, &e, &done);
+    if (!st && !done && m && !out_name(m, e.name, out, sizeof out))
+      st = ks__err_at(nm->err, KS_E_LIMIT, NULL, e.name, -1, "composer: name too long");
+    if (!st && !done) st = put(nm, m ? out : e.name, &e, nm->take);
   }
   return st;
 }
 
 static ks_status finish_json(norm *nm, const char *layout, char **out) {
-  const ks_allocator *a = alloc_of(nm);
+  const ks_allocator *a = nm->a;
   ks__jv *doc = ks__jv_object(a);
   ks_status s = doc ? KS_OK : KS_E_NOMEM;
   if (!s) s = ks__jv_set(a, doc, "layout", ks__jv_str(a, layout));
@@ -315,18 +460,30 @@ static const char *layout_of(const norm *nm) {
   return pickled && dict ? "mixed" : pickled ? "pickled-object" : dict ? "state-dict" : "none";
 }
 
-ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out, char **metrics_json,
-                                ks_error *err) {
+static void norm_free(norm *nm) {
+  ks__jv_free(nm->a, nm->list);
+  for (size_t i = 0; i < nm->n; i++) ks__free(nm->a, nm->m[i].root), ks__free(nm->a, nm->m[i].out);
+  ks__free(nm->a, nm->m);
+  ks__free(nm->a, nm->owner);
+  ks__free(nm->a, nm->next);
+  ks_statedict_free(nm->index);
+  ks_statedict_free(nm->seen);
+  ks_statedict_free(nm->joined);
+}
+
+ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, uint64_t *join_budget,
+                                        ks_statedict **out, char **metrics_json, ks_error *err) {
   if (!flat || !out || (take != KS_COPY && take != KS_BORROW)) return ks__err(err, KS_E_INVALID, "composer: bad argument");
-  const ks_allocator *a = ks_statedict_allocator(flat);
-  norm nm = {flat, NULL, take, err, NULL, 0, 0, ks__jv_array(a)};
-  ks_status st = nm.list ? ks_statedict_create(a, &nm.out) : KS_E_NOMEM;
-  if (st) st = nomem(err);
+  norm nm = {.flat = flat, .take = take, .err = err, .a = ks_statedict_allocator(flat), .join_left = join_budget};
+  nm.list = ks__jv_array(nm.a);
+  ks_status st = nm.list && !ks_statedict_create(nm.a, &nm.out) && !ks_statedict_create(nm.a, &nm.index) &&
+                         !ks_statedict_create(nm.a, &nm.seen) && !ks_statedict_create(nm.a, &nm.joined)
+                     ? KS_OK
+                     : nomem(err);
   if (!st) st = run(&nm);
   char *json = NULL;
   if (!st && metrics_json) st = finish_json(&nm, layout_of(&nm), &json);
-  ks__jv_free(a, nm.list);
-  ks__free(a, nm.m);
+  norm_free(&nm);
   if (st) {
     ks_statedict_free(nm.out);
     return st;
@@ -334,4 +491,9 @@ ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_state
   if (metrics_json) *metrics_json = json;
   *out = nm.out;
   return KS_OK;
+}
+
+ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out, char **metrics_json,
+                                ks_error *err) {
+  return ks_composer_normalize_bounded(flat, take, NULL, out, metrics_json, err);
 }

@@ -3,9 +3,16 @@
  * its '/'-joined path (dict keys as written, sequence items by index). Inert
  * objects contribute `__class__` plus their BUILD state and appended items, so a
  * pickled torchmetrics object's tensors appear under the object's own path.
+ *
+ * Names never collide silently: '/' and '%' inside a key are percent-escaped,
+ * and two values that still reach one name (an int key 1 beside a str key "1",
+ * a state attribute named like an object's own `__class__`) are refused, as is
+ * a name that is both a value and a folder. Shared references are copied once
+ * per path, against a budget of output bytes relative to the input's size.
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "torch/torch_internal.h"
 
@@ -13,20 +20,25 @@ typedef struct flat {
   ks_statedict *sd;
   const ks__pk_limits *lim;
   ks_error *err;
+  ks__structure *shape; /* container kinds, or NULL when not asked for */
   size_t len, entries, containers;
+  uint64_t bytes;
   char path[KS_MAX_NAME + 2];
 } flat;
 
 static ks_status visit(flat *f, const ks__pk_node *n, size_t depth);
 
+static ks_status too_long(flat *f) {
+  return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: key longer than %d bytes", KS_MAX_NAME);
+}
+
+/* Appends one component, percent-escaping '/' and '%' so that a key's own slashes stay its own. */
 static ks_status push_comp(flat *f, const char *s, size_t n, size_t *saved) {
   *saved = f->len;
-  size_t need = f->len + (f->len ? 1 : 0) + n;
-  if (need > KS_MAX_NAME)
-    return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: key longer than %d bytes", KS_MAX_NAME);
+  size_t need = f->len + (f->len ? 1 : 0) + ks__torch_escaped_len(s, n);
+  if (need > KS_MAX_NAME) return too_long(f);
   if (f->len) f->path[f->len++] = '/';
-  memcpy(f->path + f->len, s, n);
-  f->len += n;
+  f->len += ks__torch_escape(s, n, f->path + f->len);
   f->path[f->len] = 0;
   return KS_OK;
 }
@@ -74,12 +86,54 @@ static ks_status visit_seq(flat *f, const ks__pk_seq *seq, size_t depth) {
   return KS_OK;
 }
 
+typedef struct key_slot {
+  char buf[40];  /* the text of a non-str key */
+  const char *s; /* the text of a str key, or NULL for buf (structs move in qsort) */
+  size_t n;
+} key_slot;
+
+static const char *slot_text(const key_slot *k) { return k->s ? k->s : k->buf; }
+
+static int cmp_slot(const void *a, const void *b) {
+  const key_slot *x = a, *y = b;
+  size_t n = x->n < y->n ? x->n : y->n;
+  int c = memcmp(slot_text(x), slot_text(y), n);
+  return c ? c : (x->n > y->n) - (x->n < y->n);
+}
+
+/* Two keys of one dict that print alike (1 and "1", or a repeated key in a hostile pickle)
+   would merge two values or folders into one name: refused. */
+static ks_status distinct_keys(flat *f, const ks__pk_seq *seq) {
+  size_t n = seq->n / 2, bytes;
+  if (n < 2) return KS_OK;
+  const ks_allocator *a = ks_statedict_allocator(f->sd);
+  key_slot *k = ks__mul_size(n, sizeof *k, &bytes) ? ks__malloc(a, bytes) : NULL;
+  if (!k) return ks__err(f->err, KS_E_NOMEM, "torch: out of memory");
+  ks_status st = KS_OK;
+  for (size_t i = 0; i < n && !st; i++) {
+    st = key_text(f, seq->v[2 * i], k[i].buf, sizeof k[i].buf, &k[i].s, &k[i].n);
+    if (k[i].s == k[i].buf) k[i].s = NULL;
+  }
+  if (!st) qsort(k, n, sizeof *k, cmp_slot);
+  for (size_t i = 0; i + 1 < n && !st; i++)
+    if (!cmp_slot(&k[i], &k[i + 1]))
+      st = ks__err_at(f->err, KS_E_EXISTS, NULL, f->path, -1,
+                      "torch: two keys of %s%s%s flatten to the name '%.*s' (keys that print alike, e.g. 1 and '1')",
+                      *f->path ? "'" : "the top-level dict", f->path, *f->path ? "'" : "", (int)k[i].n,
+                      slot_text(&k[i]));
+  ks__free(a, k);
+  return st;
+}
+
 static ks_status visit_dict(flat *f, const ks__pk_seq *seq, size_t depth) {
   char buf[40];
+  ks_status dst = distinct_keys(f, seq);
+  if (dst) return dst;
   for (size_t i = 0; i + 1 < seq->n; i += 2) {
     const char *s = NULL;
     size_t n = 0;
     ks_status st = key_text(f, seq->v[i], buf, sizeof buf, &s, &n);
+    if (!st && f->shape && seq->v[i]->kind != PK_STR) st = ks__structure_key(f->shape, f->path, seq->v[i], s, n, f->err);
     if (!st) st = visit_named(f, s, n, seq->v[i + 1], depth);
     if (st) return st;
   }
@@ -91,12 +145,21 @@ static ks_status check(flat *f, ks_status st) {
   return ks__err_at(f->err, st, NULL, f->path, -1, "torch: cannot add entry: %s", ks_strerror(st));
 }
 
+/* A second value at a name already taken would replace the first: refuse instead. */
+static ks_status claim(flat *f) {
+  ks_entry e;
+  if (ks_statedict_get(f->sd, f->path, &e) != KS_OK) return KS_OK;
+  return ks__err_at(f->err, KS_E_EXISTS, NULL, f->path, -1,
+                    "torch: two values flatten to the name '%s' (keys that print alike, e.g. 1 and '1')", f->path);
+}
+
 static ks_status add_class(flat *f, const ks__pk_node *cls) {
   char name[512];
   if (cls && cls->kind == PK_GLOBAL) snprintf(name, sizeof name, "%s.%s", cls->u.g.module, cls->u.g.name);
   else snprintf(name, sizeof name, "?");
   size_t saved;
   ks_status st = push_comp(f, "__class__", 9, &saved);
+  if (!st) st = claim(f);
   if (!st) st = check(f, ks_statedict_set_string(f->sd, f->path, name));
   pop_comp(f, saved);
   f->entries++;
@@ -104,7 +167,7 @@ static ks_status add_class(flat *f, const ks__pk_node *cls) {
 }
 
 static ks_status visit_object(flat *f, const ks__pk_node *o, size_t depth) {
-  const ks__pk_node *state = o->u.obj.state, *items = o->u.obj.items;
+  const ks__pk_node *state = o->u.obj.state, *items = o->u.obj.items, *args = o->u.obj.args;
   ks_status st = add_class(f, o->u.obj.cls);
   if (!st && state && state->kind == PK_DICT) st = visit_dict(f, &state->u.seq, depth);
   else if (!st && state && state->kind == PK_TUPLE) {
@@ -113,52 +176,45 @@ static ks_status visit_object(flat *f, const ks__pk_node *o, size_t depth) {
   } else if (!st && state)
     st = visit_named(f, "__state__", 9, state, depth);
   if (!st && items) st = items->kind == PK_DICT ? visit_dict(f, &items->u.seq, depth) : visit_seq(f, &items->u.seq, depth);
+  /* A value object rebuilt from its arguments alone (datetime.timedelta(days, seconds, us),
+     an enum member): the arguments are its value. */
+  if (!st && !state && !items && args && args->kind == PK_TUPLE && args->u.seq.n)
+    st = visit_named(f, "__args__", 8, args, depth);
   return st;
 }
 
-/* Decimal text of a little-endian two's complement integer of any length. */
+/* The decimal text the pickle machine made once (every reference shares it). */
 static ks_status bigint_text(flat *f, const ks__pk_node *n) {
-  size_t len = n->u.s.n, nd = 0;
-  uint8_t mag[4096];
-  char digits[10000];
-  if (len > sizeof mag) return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: integer too large");
-  int neg = (((const uint8_t *)n->u.s.p)[len - 1] & 0x80) != 0;
-  unsigned carry = 1;
-  for (size_t i = 0; i < len; i++) { /* magnitude, big-endian */
-    unsigned b = ((const uint8_t *)n->u.s.p)[i];
-    if (neg) b = (~b & 0xFF) + carry, carry = b >> 8, b &= 0xFF;
-    mag[len - 1 - i] = (uint8_t)b;
+  if (!n->u.s.p)
+    return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: integer of %zu bytes is longer than %d",
+                      n->u.s.n, KS__PK_BIGINT_MAX);
+  return check(f, ks_statedict_set_string(f->sd, f->path, n->u.s.p));
+}
+
+/* Shared references are copied once per path: the total of names, tensors, bytes and strings
+   is bounded against the input's size. */
+static ks_status spend(flat *f, uint64_t n) {
+  if (n <= f->lim->max_output_bytes && f->bytes <= f->lim->max_output_bytes - n) {
+    f->bytes += n;
+    return KS_OK;
   }
-  for (size_t start = 0; start < len;) {
-    unsigned rem = 0;
-    for (size_t i = start; i < len; i++) {
-      unsigned cur = rem * 256 + mag[i];
-      mag[i] = (uint8_t)(cur / 10);
-      rem = cur % 10;
-    }
-    digits[nd++] = (char)('0' + rem);
-    while (start < len && mag[start] == 0) start++;
-  }
-  if (nd == 0) digits[nd++] = '0';
-  if (neg) digits[nd++] = '-';
-  for (size_t i = 0; i < nd / 2; i++) {
-    char t = digits[i];
-    digits[i] = digits[nd - 1 - i];
-    digits[nd - 1 - i] = t;
-  }
-  digits[nd] = 0;
-  return check(f, ks_statedict_set_string(f->sd, f->path, digits));
+  return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1,
+                    "torch: flattened values would exceed %" PRIu64 " bytes (the budget for this input: "
+                    "a value shared by many paths is copied once per path)", f->lim->max_output_bytes);
 }
 
 static ks_status add_tensor(flat *f, const ks_tensor *t) {
   ks_take take = t->ownership == KS_BORROWED ? KS_COPY : KS_MAPPED_VIEW;
-  return check(f, ks_statedict_set_tensor(f->sd, f->path, t, take));
+  ks_status st = spend(f, t->nbytes);
+  return st ? st : check(f, ks_statedict_set_tensor(f->sd, f->path, t, take));
 }
 
 static ks_status add_bytes(flat *f, const ks__pk_node *n) {
   ks_tensor t;
   int64_t len = (int64_t)n->u.s.n;
-  ks_status st = ks_tensor_init(&t, KS_U8, 1, &len, n->u.s.n ? n->u.s.p : NULL);
+  ks_status st = spend(f, n->u.s.n);
+  if (st) return st;
+  st = ks_tensor_init(&t, KS_U8, 1, &len, n->u.s.n ? n->u.s.p : NULL);
   if (!st) st = ks_statedict_set_tensor(f->sd, f->path, &t, KS_MAPPED_VIEW);
   return check(f, st);
 }
@@ -175,7 +231,16 @@ static ks_status add_storage(flat *f, const ks__pk_node *n) {
 static ks_status leaf(flat *f, const ks__pk_node *n) {
   if (f->entries++ >= f->lim->max_entries)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: more than %zu entries", f->lim->max_entries);
-  if (f->len == 0) push_comp(f, "value", 5, &(size_t){0}); /* a bare value at the root */
+  if (f->len == 0) { /* a bare value at the root (a tensor saved alone) */
+    push_comp(f, "value", 5, &(size_t){0});
+    ks_status st = f->shape ? ks__structure_bare_value(f->shape, f->err) : KS_OK;
+    if (st) return st;
+  }
+  if (n->kind <= PK_BYTES || n->kind == PK_TENSOR || n->kind == PK_STORAGE) {
+    ks_status st = claim(f);
+    if (!st) st = spend(f, f->len + (n->kind == PK_STR || (n->kind == PK_BIGINT && n->u.s.p) ? n->u.s.n : 0));
+    if (st) return st;
+  }
   switch (n->kind) {
     case PK_NONE: return check(f, ks_statedict_set_null(f->sd, f->path));
     case PK_BOOL: return check(f, ks_statedict_set_bool(f->sd, f->path, (int)n->u.i));
@@ -199,6 +264,10 @@ static ks_status visit(flat *f, const ks__pk_node *n, size_t depth) {
   if (container && f->containers++ >= f->lim->max_entries)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1,
                       "torch: more than %zu containers visited (shared references?)", f->lim->max_entries);
+  if (container && n->kind != PK_OBJECT && f->shape) {
+    ks_status st = ks__structure_container(f->shape, f->path, n, f->err);
+    if (st) return st;
+  }
   switch (n->kind) {
     case PK_DICT: return visit_dict(f, &n->u.seq, depth);
     case PK_TUPLE:
@@ -212,14 +281,22 @@ static ks_status visit(flat *f, const ks__pk_node *n, size_t depth) {
 ks_status ks__pk_flatten(const ks__pk_node *root, const ks__pk_arena *ar, const ks__pk_limits *lim,
                          ks_statedict *sd, ks_error *err) {
   (void)ar;
+  return ks__pk_flatten_structured(root, lim, sd, NULL, err);
+}
+
+ks_status ks__pk_flatten_structured(const ks__pk_node *root, const ks__pk_limits *lim, ks_statedict *sd,
+                                    ks__structure *shape, ks_error *err) {
   flat *f = ks__malloc(ks_statedict_allocator(sd), sizeof *f);
   if (!f) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
   f->sd = sd;
   f->lim = lim;
   f->err = err;
+  f->shape = shape;
   f->len = f->entries = f->containers = 0;
+  f->bytes = 0;
   f->path[0] = 0;
   ks_status st = visit(f, root, 0);
   ks__free(ks_statedict_allocator(sd), f);
+  if (!st) st = ks__torch_names_prefix_free(sd, err);
   return st;
 }

@@ -1,4 +1,7 @@
 /* ks_torch_load: zip -> data.pkl -> pickle tree -> flat state dict. */
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "torch/torch_internal.h"
 
 typedef struct storage_ctx {
@@ -29,7 +32,7 @@ static ks_status check_byteorder(const ks__zip *z, ks_error *err) {
 }
 
 static ks_status run(ks__pk_arena *ar, const ks_torch_read_opts *opts, size_t file_len, ks_statedict *sd,
-                     ks_error *err) {
+                     ks__structure *shape, ks_error *err) {
   const uint8_t *pkl;
   size_t n;
   ks_status st = check_byteorder(ar->zip, err);
@@ -44,15 +47,17 @@ static ks_status run(ks__pk_arena *ar, const ks_torch_read_opts *opts, size_t fi
     ks__err_set_key(err, "data.pkl");
     return st;
   }
-  return ks__pk_flatten(root, ar, &lim, sd, err);
+  return ks__pk_flatten_structured(root, &lim, sd, shape, err);
 }
 
 /* Takes ownership of z in every case. */
 static ks_status load_zip(ks__zip *z, size_t file_len, const ks_torch_read_opts *opts, ks_statedict **out,
-                          ks_error *err) {
+                          char **structure, ks_error *err) {
   const ks_allocator *a = opts ? opts->alloc : NULL;
   ks__pk_arena *ar = ks__malloc(a, sizeof *ar);
   ks_statedict *sd = NULL;
+  ks__structure *shape = NULL;
+  char *text = NULL;
   if (!ar) {
     ks__zip_free(z);
     return ks__err(err, KS_E_NOMEM, "torch: out of memory");
@@ -61,44 +66,90 @@ static ks_status load_zip(ks__zip *z, size_t file_len, const ks_torch_read_opts 
   ar->zip = z;
   ks_status st = ks_statedict_create(a, &sd);
   if (st) st = ks__err(err, st, "torch: out of memory");
-  if (!st) st = run(ar, opts, file_len, sd, err);
+  if (!st && structure) st = ks__structure_create(&shape, err);
+  if (!st) st = run(ar, opts, file_len, sd, shape, err);
+  if (!st && shape) st = ks__structure_dump(shape, ks__alloc_or_default(a), &text, err);
+  ks__structure_free(shape);
   if (!st && (st = ks_statedict_attach(sd, ar, release_arena)) != KS_OK) ks__err(err, st, "torch: out of memory");
   if (st) {
+    ks__free(a, text);
     ks_statedict_free(sd);
     release_arena(ar);
     return st;
   }
   *out = sd;
+  if (structure) *structure = text;
   return KS_OK;
 }
 
+/* torch.save(..., _use_new_zipfile_serialization=False): a pickled magic number (LONG1
+   0x1950a86a20f9469cfc6c) at offset 2 after the protocol opcode, followed by more pickles. */
+int ks_torch_is_legacy(const void *buf, size_t len) {
+  static const uint8_t magic[12] = {0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+  const uint8_t *p = buf;
+  return p && len >= 14 && p[0] == 0x80 && !memcmp(p + 2, magic, sizeof magic);
+}
+
+static ks_status legacy_refused(ks_error *err) {
+  return ks__err(err, KS_E_UNSUPPORTED,
+                 "torch: legacy torch.save format (_use_new_zipfile_serialization=False) is not read; "
+                 "load it in Python and torch.save it again with the default zip format");
+}
+
+static int path_is_legacy(const char *path) {
+  uint8_t head[14];
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* never wait on a FIFO */
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, head, sizeof head);
+  close(fd);
+  return n == (ssize_t)sizeof head && ks_torch_is_legacy(head, sizeof head);
+}
+
 ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out, ks_error *err) {
+  return ks_torch_load_with_structure(path, opts, out, NULL, err);
+}
+
+ks_status ks_torch_load_with_structure(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
+                                       char **structure, ks_error *err) {
   if (!path || !out) return ks__err(err, KS_E_INVALID, "torch: NULL argument");
   KS__TAKE_OPTS(ks_torch_read_opts, opts, KS__V1_SIZE(ks_torch_read_opts, max_entries), err);
   ks__zip *z;
   ks_error_clear(err);
   ks_status st = ks__zip_open_path(path, opts ? opts->alloc : NULL, &z, err);
-  if (st) return st;
+  if (st && st != KS_E_NOMEM && path_is_legacy(path)) {
+    ks_error_clear(err);
+    st = legacy_refused(err);
+  }
+  if (st) {
+    ks__err_set_file(err, path);
+    return st;
+  }
   const ks__zip_entry *e = ks__zip_at(z, 0);
   size_t len = e ? (size_t)e->data_off : 0; /* a lower bound is enough for the view limit */
   for (size_t i = 0; i < ks__zip_count(z); i++) {
     e = ks__zip_at(z, i);
     if (e->data_off + e->size > len) len = (size_t)(e->data_off + e->size);
   }
-  st = load_zip(z, len, opts, out, err);
+  st = load_zip(z, len, opts, out, structure, err);
   if (st) ks__err_set_file(err, path);
   return st;
 }
 
 ks_status ks_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts, ks_statedict **out,
                                ks_error *err) {
+  return ks_torch_load_buffer_with_structure(buf, len, opts, out, NULL, err);
+}
+
+ks_status ks_torch_load_buffer_with_structure(const void *buf, size_t len, const ks_torch_read_opts *opts,
+                                              ks_statedict **out, char **structure, ks_error *err) {
   if (!buf || !out) return ks__err(err, KS_E_INVALID, "torch: NULL argument");
   KS__TAKE_OPTS(ks_torch_read_opts, opts, KS__V1_SIZE(ks_torch_read_opts, max_entries), err);
   ks__zip *z;
   ks_error_clear(err);
+  if (ks_torch_is_legacy(buf, len)) return legacy_refused(err);
   ks_status st = ks__zip_open_buffer(buf, len, opts ? opts->alloc : NULL, &z, err);
   if (st) return st;
-  return load_zip(z, len, opts, out, err);
+  return load_zip(z, len, opts, out, structure, err);
 }
 
 int ks_torch_is_zip(const void *buf, size_t len) {

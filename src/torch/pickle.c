@@ -29,6 +29,7 @@ struct ks__pk_vm {
   ks__pk_storage_fn storage;
   void *sctx;
   ks__pk_node *result;
+  uint64_t max_work;
 };
 
 typedef ks__pk_vm vm_t;
@@ -143,7 +144,7 @@ static ks_status op_long(vm_t *vm, uint8_t op) {
   if (op == 0x8b && (int32_t)ks__le32(p) < 0) return fail(vm, KS_E_FORMAT, "negative LONG4 length");
   if (n > vm->lim->max_string) return fail(vm, KS_E_LIMIT, "integer of %zu bytes", n);
   if ((st = take(vm, n, &p)) != KS_OK) return st;
-  if (n > 8) return push(vm, ks__pk_new_str(vm->ar, PK_BIGINT, p, n));
+  if (n > 8) return push(vm, ks__pk_new_bigint(vm->ar, p, n));
   uint64_t u = 0;
   for (size_t i = 0; i < n; i++) u |= (uint64_t)p[i] << (8 * i);
   if (n && n < 8 && (p[n - 1] & 0x80)) u |= ~(uint64_t)0 << (8 * n);
@@ -430,6 +431,10 @@ static ks_status run_loop(vm_t *vm) {
     if (!fn) return fail(vm, KS_E_UNSUPPORTED, "opcode 0x%02x is not supported", op);
     ks_status st = op == 0x90 ? op_add(vm, 'e') : fn(vm, op);
     if (st) return st;
+    /* One opcode copies at most what earlier ones built, so checking after each bounds the total. */
+    if (++vm->ar->work > vm->max_work)
+      return fail(vm, KS_E_LIMIT, "program costs more than %llu steps (opcodes plus items copied)",
+                  (unsigned long long)vm->max_work);
   }
   return KS_OK;
 }
@@ -444,6 +449,15 @@ void ks__pk_limits_from_opts(const ks_torch_read_opts *o, size_t input_len, ks__
   out->max_view_bytes = o->max_view_bytes ? o->max_view_bytes : view;
   out->max_depth = o->max_depth ? o->max_depth : 64;
   out->max_entries = o->max_entries ? o->max_entries : 0; /* set per pickle by the caller */
+  uint64_t output = (uint64_t)input_len * 4 + ((uint64_t)64 << 20);
+  out->max_output_bytes = o->max_output_bytes ? o->max_output_bytes : output;
+  out->max_work = UINT64_MAX; /* capped per pickle by ks__pk_run */
+}
+
+/* Real pickles copy each item a few times at most; 32 per byte leaves a wide margin. */
+static uint64_t work_budget(const ks__pk_limits *lim, size_t n) {
+  uint64_t cap = (uint64_t)n * 32 + ((uint64_t)1 << 20);
+  return lim->max_work < cap ? lim->max_work : cap;
 }
 
 ks_status ks__pk_run(const uint8_t *p, size_t n, ks__pk_arena *ar, const ks__pk_limits *lim,
@@ -455,6 +469,7 @@ ks_status ks__pk_run(const uint8_t *p, size_t n, ks__pk_arena *ar, const ks__pk_
   vm.storage = storage;
   vm.sctx = storage_ctx;
   vm.memo_max = lim->max_memo < n + 1 ? lim->max_memo : n + 1;
+  vm.max_work = ar->work + work_budget(lim, n);
   ks__cursor_init(&vm.c, p, n);
   ks_status st = run_loop(&vm);
   ks__free(&ar->alloc, vm.stack);

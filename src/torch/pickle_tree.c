@@ -2,6 +2,8 @@
  * Nodes of a pickle's value tree. Every node and buffer is owned by one arena
  * and freed with it, so shared references (memo) and cycles need no counting.
  */
+#include <stdio.h>
+
 #include "torch/torch_internal.h"
 
 void ks__pk_arena_init(ks__pk_arena *ar, const ks_allocator *a) {
@@ -82,7 +84,60 @@ ks__pk_node *ks__pk_new_global(ks__pk_arena *ar, const char *module, size_t mlen
 bool ks__pk_push(ks__pk_arena *ar, ks__pk_seq *s, ks__pk_node *v) {
   if (ks__grow(&ar->alloc, &s->v, &s->cap, s->n + 1, sizeof *s->v)) return false;
   s->v[s->n++] = v;
+  ar->work++;
   return true;
+}
+
+/* Magnitude of a two's complement integer as base-1e9 digits (least significant first),
+ * by repeated division of 32-bit limbs: (n/4)^2/9 steps, about 10^5 for the largest. */
+static size_t to_base1e9(const uint8_t *le, size_t n, int *neg, uint32_t *limbs, uint32_t *out) {
+  size_t nl = (n + 3) / 4, nout = 0;
+  unsigned carry = 1;
+  *neg = (le[n - 1] & 0x80) != 0;
+  memset(limbs, 0, nl * sizeof *limbs);
+  for (size_t i = 0; i < n; i++) {
+    unsigned b = le[i];
+    if (*neg) b = (~b & 0xFFu) + carry, carry = b >> 8, b &= 0xFF;
+    limbs[i / 4] |= (uint32_t)b << (8 * (i % 4));
+  }
+  while (nl && !limbs[nl - 1]) nl--;
+  while (nl) {
+    uint64_t rem = 0;
+    for (size_t i = nl; i-- > 0;) {
+      uint64_t cur = rem << 32 | limbs[i];
+      limbs[i] = (uint32_t)(cur / 1000000000u);
+      rem = cur % 1000000000u;
+    }
+    out[nout++] = (uint32_t)rem;
+    while (nl && !limbs[nl - 1]) nl--;
+  }
+  return nout;
+}
+
+ks__pk_node *ks__pk_new_bigint(ks__pk_arena *ar, const uint8_t *le, size_t n) {
+  ks__pk_node *node = ks__pk_new(ar, PK_BIGINT);
+  if (!node || n == 0) return node;
+  node->u.s.n = n;
+  if (n > KS__PK_BIGINT_MAX) return node; /* no text: flattening refuses it, nothing else reads it */
+  size_t nl = (n + 3) / 4, cap = nl * 10 / 9 + 2;
+  uint32_t *limbs = ks__malloc(&ar->alloc, (nl + cap) * sizeof *limbs);
+  char *text = ks__malloc(&ar->alloc, cap * 9 + 12);
+  if (!limbs || !text) {
+    ks__free(&ar->alloc, limbs);
+    ks__free(&ar->alloc, text);
+    return NULL;
+  }
+  int neg;
+  uint32_t *digits = limbs + nl;
+  size_t nd = to_base1e9(le, n, &neg, limbs, digits), len = 0;
+  if (neg) text[len++] = '-';
+  if (nd == 0) text[len++] = '0';
+  for (size_t i = nd; i-- > 0;) len += (size_t)snprintf(text + len, 11, i + 1 == nd ? "%u" : "%09u", (unsigned)digits[i]);
+  text[len] = 0;
+  ks__free(&ar->alloc, limbs);
+  node->u.s.p = text;
+  node->u.s.n = len;
+  return node;
 }
 
 void *ks__pk_buffer(ks__pk_arena *ar, size_t n) {

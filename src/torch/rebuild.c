@@ -59,7 +59,13 @@ ks_status ks__pk_persid(ks__pk_arena *ar, ks__pk_node *pid, ks__pk_storage_fn st
   ks_dtype dt;
   if (!tag || strcmp(tag->u.s.p, "storage") || !cls || !key || !numel || numel->u.i < 0)
     return bad(err, off, "persistent id is not ('storage', class, key, location, numel)");
-  if (strcmp(cls->u.g.module, "torch") || !ks__pk_storage_dtype(cls->u.g.name, &dt))
+  const char *dtype_text = strcmp(cls->u.g.module, "torch") ? NULL : ks__pk_storage_dtype_text(cls->u.g.name);
+  if (dtype_text)
+    return ks__err_at(err, KS_E_DTYPE, NULL, key->u.s.p, off, "pickle: tensor of dtype torch.%s (torch.%s): keepsake has no such dtype",
+                      dtype_text, cls->u.g.name);
+  bool untyped = !strcmp(cls->u.g.module, "torch.storage") && !strcmp(cls->u.g.name, "UntypedStorage");
+  if (untyped) dt = KS_U8; /* torch >= 2.3, for the dtypes _rebuild_tensor_v3 names */
+  else if (strcmp(cls->u.g.module, "torch") || !ks__pk_storage_dtype(cls->u.g.name, &dt))
     return ks__err_at(err, KS_E_DTYPE, NULL, key->u.s.p, off, "pickle: unknown storage class %s.%s",
                       cls->u.g.module, cls->u.g.name);
   if (!storage) return bad(err, off, "storage reference outside a torch archive");
@@ -72,7 +78,10 @@ ks_status ks__pk_persid(ks__pk_arena *ar, ks__pk_node *pid, ks__pk_storage_fn st
   uint64_t need = 0;
   ks_status st = storage(ctx, rel, &data, &len, err);
   if (st) return st;
-  if (!ks__mul_u64((uint64_t)numel->u.i, ks_dtype_size(dt), &need) || need > len)
+  if (!ks__mul_u64((uint64_t)numel->u.i, ks_dtype_size(dt), &need))
+    return ks__err_at(err, KS_E_LIMIT, NULL, rel, off, "pickle: storage of %lld %s elements overflows 64-bit bytes",
+                      (long long)numel->u.i, ks_dtype_name(dt));
+  if (need > len)
     return ks__err_at(err, KS_E_FORMAT, NULL, rel, off, "pickle: storage of %lld elements needs %llu bytes, entry has %zu",
                       (long long)numel->u.i, (unsigned long long)need, len);
   ks__pk_node *n = ks__pk_new(ar, PK_STORAGE);
@@ -153,9 +162,11 @@ ks_status ks__pk_view(ks__pk_arena *ar, const ks__pk_limits *lim, ks_dtype dt, c
     t->ownership = ar->zip && ks__zip_owns_data(ar->zip) ? KS_MAPPED : KS_BORROWED;
     return KS_OK;
   }
-  if (ar->buf_bytes + nbytes > lim->max_view_bytes)
-    return ks__err_at(err, KS_E_LIMIT, NULL, NULL, off, "pickle: materialised views exceed %llu bytes",
-                      (unsigned long long)lim->max_view_bytes);
+  /* Written as a subtraction: buf_bytes + nbytes can wrap for a huge stride-0 view. */
+  if (nbytes > lim->max_view_bytes || ar->buf_bytes > lim->max_view_bytes - nbytes)
+    return ks__err_at(err, KS_E_LIMIT, NULL, NULL, off,
+                      "pickle: materialised views exceed %llu bytes (a view of %zu bytes after %llu)",
+                      (unsigned long long)lim->max_view_bytes, nbytes, (unsigned long long)ar->buf_bytes);
   uint8_t *dst = ks__pk_buffer(ar, nbytes);
   if (!dst) return nomem(err);
   ks__pk_strided_copy(dst, src, esize, rank, shape, stride);
@@ -188,10 +199,27 @@ static ks_status ctor_parameter(ks__pk_arena *ar, const ks__pk_limits *lim, ks__
   return KS_OK;
 }
 
+/* _rebuild_from_type_v2(func, type, args, state) = func(*args). Nested ones (func is
+ * _rebuild_from_type_v2 again) are unwrapped in a loop: a pickle can nest them
+ * arbitrarily deep, and recursing once per level would overflow the C stack. */
 static ks_status ctor_from_type(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args,
                                 int64_t off, ks__pk_node **out, ks_error *err) {
   ks__pk_node *fn = arg(args, 0, PK_GLOBAL), *inner = arg(args, 2, PK_TUPLE);
   if (!fn || !inner) return KS_OK; /* leave inert */
+  while (ks__pk_is_global(fn, "torch._tensor", "_rebuild_from_type_v2")) {
+    ks__pk_node *f2 = arg(inner, 0, PK_GLOBAL), *a2 = arg(inner, 2, PK_TUPLE);
+    ar->work++; /* each level was built by opcodes, so this is bounded by the program's size */
+    if (!f2 || !a2) break; /* the innermost one is inert: an object of fn(inner) */
+    fn = f2, inner = a2;
+  }
+  if (ks__pk_is_global(fn, "torch._tensor", "_rebuild_from_type_v2")) {
+    ks__pk_node *o = ks__pk_new(ar, PK_OBJECT);
+    if (!o) return nomem(err);
+    o->u.obj.cls = fn;
+    o->u.obj.args = inner;
+    *out = o;
+    return KS_OK;
+  }
   return ks__pk_reduce(ar, lim, fn, inner, off, out, err);
 }
 
@@ -285,6 +313,7 @@ static const struct {
 } ctors[] = {
     {"torch._utils", "_rebuild_tensor_v2", ctor_tensor},
     {"torch._utils", "_rebuild_tensor", ctor_tensor},
+    {"torch._utils", "_rebuild_tensor_v3", ks__pk_ctor_tensor_v3},
     {"torch._utils", "_rebuild_parameter", ctor_parameter},
     {"torch._utils", "_rebuild_parameter_with_state", ctor_parameter},
     {"torch._tensor", "_rebuild_from_type_v2", ctor_from_type},

@@ -67,7 +67,7 @@ typedef enum ks__pk_kind {
   PK_NONE,
   PK_BOOL,
   PK_INT,
-  PK_BIGINT,  /* bytes: little-endian two's complement, more than 8 bytes */
+  PK_BIGINT,  /* s: its decimal text, made once when read (NULL when longer than KS__PK_BIGINT_MAX bytes; n = byte length) */
   PK_FLOAT,
   PK_STR,     /* bytes: UTF-8, NUL-terminated */
   PK_BYTES,
@@ -126,6 +126,7 @@ typedef struct ks__pk_arena {
   void **bufs;
   size_t nbufs, capbufs;
   uint64_t buf_bytes;
+  uint64_t work; /* items copied into sequences: the cost the pickle's opcodes cause (see max_work) */
   ks__zip *zip; /* kept alive when tensors point into its mapping */
 } ks__pk_arena;
 
@@ -135,7 +136,13 @@ ks__pk_node *ks__pk_new(ks__pk_arena *ar, ks__pk_kind kind);
 ks__pk_node *ks__pk_new_str(ks__pk_arena *ar, ks__pk_kind kind, const void *p, size_t n);
 ks__pk_node *ks__pk_new_global(ks__pk_arena *ar, const char *module, size_t mlen, const char *name,
                                size_t nlen);
+/* Appends v (one unit of ar->work). */
 bool ks__pk_push(ks__pk_arena *ar, ks__pk_seq *s, ks__pk_node *v);
+/* Longest integer (in bytes) converted to decimal; longer ones are kept without text. */
+#define KS__PK_BIGINT_MAX 4096
+/* A PK_BIGINT from n little-endian two's complement bytes, converted to decimal here, once,
+ * however many times the pickle references it (the conversion is quadratic in n). */
+ks__pk_node *ks__pk_new_bigint(ks__pk_arena *ar, const uint8_t *le, size_t n);
 /* Allocates a buffer owned by the arena (freed with it). */
 void *ks__pk_buffer(ks__pk_arena *ar, size_t n);
 /* Nonzero when g is a PK_GLOBAL naming module.name. */
@@ -155,6 +162,8 @@ typedef struct ks__pk_limits {
   uint64_t max_view_bytes;
   size_t max_depth;
   size_t max_entries;
+  uint64_t max_work; /* opcodes run plus items copied by constructors; capped at 32 per pickle byte + 1M */
+  uint64_t max_output_bytes; /* bytes of flattened values (shared references count once per path) */
 } ks__pk_limits;
 
 void ks__pk_limits_from_opts(const ks_torch_read_opts *opts, size_t input_len, ks__pk_limits *out);
@@ -185,14 +194,45 @@ ks_status ks__pk_np_scalar(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_no
 ks_status ks__pk_np_dtype_build(ks__pk_node *dt, const ks__pk_node *state, int64_t off, ks_error *err);
 ks_status ks__pk_np_array_build(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *obj,
                                 const ks__pk_node *state, int64_t off, ks_error *err);
+/* torch dtypes (dtypes.c): `torch.<name>` globals, _rebuild_tensor_v3, and the dtype an
+ * unsupported typed storage holds ("complex64" for ComplexFloatStorage; NULL if none). */
+int ks__pk_torch_dtype(const char *name, ks_dtype *dt);
+const char *ks__pk_torch_dtype_name(ks_dtype dt);
+const char *ks__pk_storage_dtype_text(const char *storage_class);
+ks_status ks__pk_ctor_tensor_v3(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+                                ks__pk_node **out, ks_error *err);
 /* torch.<X>Storage class name -> dtype. */
 int ks__pk_storage_dtype(const char *name, ks_dtype *dt);
 const char *ks__pk_storage_name(ks_dtype dt);
 
+/* ---- structure of flattened values (structure.c) ---- */
+/* Nesting of the flattened tree that ks_torch_load accepts by default; the writer refuses deeper names. */
+#define KS__TORCH_MAX_DEPTH 64
+typedef struct ks__structure ks__structure;
+ks_status ks__structure_create(ks__structure **out, ks_error *err);
+void ks__structure_free(ks__structure *s);
+/* Records the container n found at path (lists, tuples, sets, empty dicts). */
+ks_status ks__structure_container(ks__structure *s, const char *path, const ks__pk_node *n, ks_error *err);
+/* Records that the dict at path has the non-str key `key`, printed as text[0..n). */
+ks_status ks__structure_key(ks__structure *s, const char *path, const ks__pk_node *key, const char *text, size_t n,
+                            ks_error *err);
+/* Records that the file holds one bare value, flattened as the entry "value". */
+ks_status ks__structure_bare_value(ks__structure *s, ks_error *err);
+ks_status ks__structure_dump(const ks__structure *s, const ks_allocator *a, char **out, ks_error *err);
+/* Percent-escaping of '/' and '%' in one key ("a/b" -> "a%2Fb"); dst holds escaped_len bytes. */
+size_t ks__torch_escaped_len(const char *s, size_t n);
+size_t ks__torch_escape(const char *s, size_t n, char *dst);
+size_t ks__torch_unescape(const char *s, size_t n, char *dst);
+/* KS_E_EXISTS when a name is both a value and the folder of another. */
+ks_status ks__torch_names_prefix_free(const ks_statedict *sd, ks_error *err);
+
 /* ---- flattening (flatten.c) ---- */
 /* Adds every leaf of root to sd under its '/'-joined path. Tensors whose data the
- * arena owns are added as KS_MAPPED_VIEW (the caller attaches the arena); others are copied. */
+ * arena owns are added as KS_MAPPED_VIEW (the caller attaches the arena); others are copied.
+ * shape, when not NULL, records container kinds. */
 ks_status ks__pk_flatten(const ks__pk_node *root, const ks__pk_arena *ar, const ks__pk_limits *lim,
                          ks_statedict *sd, ks_error *err);
+ks_status ks__pk_flatten_structured(const ks__pk_node *root, const ks__pk_limits *lim, ks_statedict *sd,
+                                    ks__structure *shape, ks_error *err);
 
 #endif

@@ -7,7 +7,7 @@
 set -eu
 src=$1/src
 fail=0
-core_pub="alloc dtype io statedict status tensor version"
+core_pub="alloc dtype io layout statedict status tensor version"
 allowed_pub() {
   case $1 in
     core) echo "$core_pub" ;;
@@ -17,6 +17,9 @@ allowed_pub() {
     state) echo "$core_pub state train metric format" ;;
     manager) echo "$core_pub manager state train format" ;;
     torch) echo "$core_pub torch" ;;
+    import) echo "$core_pub import torch metric format" ;;
+    shard) echo "$core_pub shard format metric" ;;
+    dist) echo "$core_pub dist shard format metric" ;;
     *) echo "" ;;
   esac
 }

@@ -49,7 +49,15 @@ static int f_fsync_dir(void *c, const char *d) {
 
 void ks_fault_io_init(ks_fault_io *f, long fail_at) {
   memset(f, 0, sizeof *f);
-  f->io = (ks_io){sizeof(ks_io), f, f_create, f_write, f_fsync, f_close, f_rename, f_unlink, f_fsync_dir};
+  f->io = *BASE; /* the version 2 operations (reading, listing, mkdir, links) pass through uncounted */
+  f->io.ctx = f;
+  f->io.create_fn = f_create;
+  f->io.write_fn = f_write;
+  f->io.fsync_fn = f_fsync;
+  f->io.close_fn = f_close;
+  f->io.rename_fn = f_rename;
+  f->io.unlink_fn = f_unlink;
+  f->io.fsync_dir_fn = f_fsync_dir;
   f->fail_at = fail_at;
   f->failed_op = -1;
 }

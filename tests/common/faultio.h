@@ -1,6 +1,8 @@
 /*
  * A ks_io that fails its Nth call (and counts every call), for the fault-injection
  * tests of the durable writers: each step of a save is made to fail in turn.
+ * Only the durable replace (the version 1 operations) is counted and failed;
+ * tests/crash/crashio.h injects faults into every operation.
  */
 #ifndef KS_TEST_FAULTIO_H
 #define KS_TEST_FAULTIO_H

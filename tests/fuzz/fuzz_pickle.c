@@ -1,8 +1,10 @@
-/* libFuzzer target: raw pickle programs through the safe pickle machine and flattening. */
+/* libFuzzer target: raw pickle programs (or templates, see expand.h) through the safe pickle
+ * machine and flattening. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "expand.h"
 #include "keepsake/keepsake.h"
 #include "torch/torch_internal.h"
 
@@ -16,7 +18,7 @@ static ks_status storage(void *ctx, const char *key, const uint8_t **out, size_t
   return KS_OK;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+static void run(const uint8_t *data, size_t size) {
   static const uint8_t zeros[4096];
   ks__pk_arena ar;
   ks__pk_limits lim;
@@ -35,5 +37,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
   }
   ks__pk_arena_release(&ar);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  const uint8_t *prog;
+  size_t len;
+  int owned;
+  if (ks_fuzz_expand(data, size, &prog, &len, &owned)) return 0;
+  run(prog, len);
+  if (owned) free((void *)(uintptr_t)prog);
   return 0;
 }

@@ -15,7 +15,10 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <dirent.h>
 
+#include "keepsake/import.h"
+#include "keepsake/layout.h"
 #include "keepsake/state.h"
 #include "testutil.h"
 
@@ -397,7 +400,7 @@ static json_t *converted_metrics_meta(const char *stem) {
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
   assert_int_equal(ks_load(path, NULL, &sd, &meta, NULL), KS_OK);
-  const char *txt = ks_meta_get(meta, "keepsake.metrics");
+  const char *txt = ks_meta_get(meta, KS_META_METRICS);
   assert_non_null(txt);
   json_t *j = json_loads(txt, JSON_REJECT_DUPLICATES, NULL);
   assert_non_null(j);
@@ -492,6 +495,112 @@ static void recorded_args_are_checked_and_missing_args_fall_back_to_shapes(void 
   assert_int_equal(load_kind(NEW, defs, N_METRICS, k_paths[3]), KS_LOAD_MISMATCHED);
 }
 
+/* ---- the library import writes what the CLI writes ---- */
+
+/* The report of loading `file` into stem's program (or into an empty state when stem is NULL), as text. */
+static char *report_text(const char *stem, const char *file) {
+  prog p;
+  ks_state *empty = NULL;
+  if (stem) prog_init(&p, stem, k_metrics, N_METRICS);
+  else assert_int_equal(ks_state_create("empty", 0, NULL, &empty), KS_OK);
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  ks_load_opts lo = {0};
+  lo.non_strict_model = 1;
+  ks_error err;
+  ks_status st = ks_state_load(stem ? p.st : empty, file, &lo, rep, &err);
+  if (st) fail_msg("load %s: %s", file, err.message);
+  char *txt = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&txt, &len);
+  assert_non_null(f);
+  ks_load_report_print(rep, f);
+  fclose(f);
+  ks_load_report_free(rep);
+  if (stem) prog_free(&p);
+  ks_state_free(empty);
+  return txt;
+}
+
+/* One input: `keepsake convert` and ks_torch_import + ks_save give the same bytes and the same load report. */
+static void same_as_cli(const char *dir, const char *in, const char *stem) {
+  char *a = ks_test_path(dir, "cli.keepsake"), *b = ks_test_path(dir, "lib.keepsake");
+  int rc = cli("convert", in, a);
+  ks_statedict *sd = NULL;
+  ks_meta *meta = NULL;
+  ks_error err;
+  ks_status st = ks_torch_import(in, NULL, &sd, &meta, &err);
+  if (!st) st = ks_save(b, sd, meta, NULL, &err);
+  if ((rc == 0) != (st == KS_OK)) fail_msg("%s: convert exit %d, library %s", in, rc, ks_strerror(st));
+  if (!st) {
+    size_t na, nb;
+    uint8_t *x = ks_test_read_file(a, &na), *y = ks_test_read_file(b, &nb);
+    assert_non_null(x);
+    assert_non_null(y);
+    if (na != nb || memcmp(x, y, na)) fail_msg("%s: convert and ks_torch_import + ks_save differ", in);
+    free(x), free(y);
+    char *ra = report_text(stem, a), *rb = report_text(stem, b);
+    assert_string_equal(ra, rb);
+    free(ra), free(rb);
+  }
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  remove(a), remove(b);
+  free(a), free(b);
+}
+
+static void library_import_writes_what_convert_writes(void **s) {
+  (void)s;
+  char *dir = ks_test_tmpdir("composer-same");
+  static const char *const folders[] = {KS_FIXTURES_DIR "/composer", KS_FIXTURES_DIR "/torch"};
+  int n = 0;
+  for (size_t f = 0; f < 2; f++) {
+    DIR *d = opendir(folders[f]);
+    assert_non_null(d);
+    for (struct dirent *de; (de = readdir(d));) {
+      size_t len = strlen(de->d_name);
+      if (len < 4 || strcmp(de->d_name + len - 3, ".pt")) continue;
+      char in[1024], stem[256];
+      snprintf(in, sizeof in, "%s/%s", folders[f], de->d_name);
+      snprintf(stem, sizeof stem, "%.*s", (int)(len - 3), de->d_name);
+      same_as_cli(dir, in, !strcmp(stem, OLD) || !strcmp(stem, NEW) ? stem : NULL);
+      n++;
+    }
+    closedir(d);
+  }
+  assert_true(n >= 7);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
+/* Through the library, the 0.13.5 file's old-schema MeanMetric is migrated, as through the CLI. */
+static void library_path_migrates_old_schema_states(void **s) {
+  (void)s;
+  char *dir = ks_test_tmpdir("composer-lib");
+  char in[1024], *out = ks_test_path(dir, "lib.keepsake");
+  snprintf(in, sizeof in, "%s%s.pt", FIXTURES, OLD);
+  ks_statedict *sd;
+  ks_meta *meta;
+  ks_error err;
+  if (ks_torch_import(in, NULL, &sd, &meta, &err) || ks_save(out, sd, meta, NULL, &err)) fail_msg("%s", err.message);
+  prog p;
+  prog_init(&p, OLD, k_metrics, N_METRICS);
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  load(&p, out, rep);
+  assert_int_equal(kind_of(rep, "state/eval_metrics/eval/MeanMetric"), KS_LOAD_MIGRATED);
+  assert_int_equal(kind_of(rep, "state/eval_metrics/holdout/MeanSquaredError"), KS_LOAD_MIGRATED);
+  assert_int_equal(ks_load_report_count_kind(rep, KS_LOAD_MISMATCHED), 0);
+  check_metrics(&p);
+  ks_load_report_free(rep);
+  prog_free(&p);
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  free(out);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(pickled_metrics_checkpoint_converts_and_loads),
@@ -500,6 +609,8 @@ int main(void) {
       cmocka_unit_test(state_dict_layout_gives_class_by_name_and_no_args),
       cmocka_unit_test(other_class_under_the_same_name_is_not_filled),
       cmocka_unit_test(recorded_args_are_checked_and_missing_args_fall_back_to_shapes),
+      cmocka_unit_test(library_import_writes_what_convert_writes),
+      cmocka_unit_test(library_path_migrates_old_schema_states),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,7 +23,7 @@ static inline uint8_t *fmt_build(const char *header, const void *data, size_t dl
 
 /* Opens bytes with a buffer reader in `mode`; returns the status and fills err. */
 static inline ks_status fmt_open_status(const uint8_t *b, size_t len, ks_read_mode mode, ks_error *err) {
-  ks_read_opts o = {.alloc = NULL, .mode = mode, .verify_checksums = 0};
+  ks_read_opts o = {.mode = mode};
   ks_reader *r = NULL;
   ks_status st = ks_reader_open_buffer(b, len, &o, &r, err);
   ks_reader_free(r);

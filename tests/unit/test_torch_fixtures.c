@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -96,6 +97,55 @@ static void check_fixture(const char *name, int composer) {
   assert_true(expect_entries(norm ? norm : sd, js) > 0);
   ks_statedict_free(norm);
   ks_statedict_free(sd);
+}
+
+/* A torch 2.13 fixture: exactly the expected entries and structure document, or the expected refusal. */
+static void check_torch213_fixture(const char *dir, const char *name) {
+  char pt[768], js[768];
+  snprintf(pt, sizeof pt, "%s/%s.pt", dir, name);
+  snprintf(js, sizeof js, "%s/%s.expected.json", dir, name);
+  json_error_t jerr;
+  json_t *want = json_load_file(js, JSON_REJECT_DUPLICATES, &jerr);
+  assert_non_null(want);
+  ks_statedict *sd = NULL;
+  char *structure = NULL;
+  ks_error err;
+  ks_status st = ks_torch_load_with_structure(pt, NULL, &sd, &structure, &err);
+  const char *error = json_string_value(json_object_get(want, "error"));
+  if (error) {
+    if (st == KS_OK || strcmp(ks_status_name(st), error) || !strstr(err.message, json_string_value(json_object_get(want, "message"))))
+      fail_msg("%s: expected %s, got %s: %s", name, error, ks_status_name(st), err.message);
+    assert_null(sd);
+  } else {
+    if (st != KS_OK) fail_msg("%s: %s", name, err.message);
+    assert_int_equal(expect_entries(sd, js), ks_statedict_count(sd)); /* nothing more, nothing less */
+    json_t *got = json_loads(structure, 0, &jerr);
+    if (!json_equal(got, json_object_get(want, "structure"))) {
+      char *w = json_dumps(json_object_get(want, "structure"), JSON_SORT_KEYS);
+      fail_msg("%s: structure differs:\n got  %s\n want %s", name, structure, w);
+    }
+    json_decref(got);
+  }
+  ks_torch_free(NULL, structure);
+  ks_statedict_free(sd);
+  json_decref(want);
+}
+
+static void reads_every_torch_2_13_fixture_exactly(void **s) {
+  (void)s;
+  DIR *d = opendir(FIX "torch213");
+  assert_non_null(d);
+  size_t n = 0;
+  for (struct dirent *de; (de = readdir(d)) != NULL;) {
+    size_t len = strlen(de->d_name);
+    if (len <= 14 || strcmp(de->d_name + len - 14, ".expected.json")) continue;
+    char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)(len - 14), de->d_name);
+    check_torch213_fixture(FIX "torch213", name);
+    n++;
+  }
+  closedir(d);
+  assert_true(n >= 17); /* dtypes, training state, RNG, protocols 2-5, legacy, 9 refused dtypes */
 }
 
 static void reads_every_dtype_view_and_special_value(void **s) {
@@ -245,6 +295,35 @@ static void allocation_failures_return_nomem_and_leak_nothing(void **s) {
   free(buf);
 }
 
+/* With a structure document asked for, every failed allocation is KS_E_NOMEM and nothing leaks. */
+static void structure_reads_survive_every_allocation_failure(void **s) {
+  (void)s;
+  size_t len;
+  uint8_t *buf = ks_test_read_file(FIX "torch213/protocol2.pt", &len);
+  assert_non_null(buf);
+  for (long n = 1;; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_torch_read_opts o = {0};
+    o.alloc = &ta.a;
+    ks_statedict *sd = NULL;
+    char *structure = NULL;
+    ks_status st = ks_torch_load_buffer_with_structure(buf, len, &o, &sd, &structure, NULL);
+    if (st == KS_OK) {
+      assert_non_null(strstr(structure, "\"names\":{\"kind\":\"list\""));
+      ks_torch_free(&ta.a, structure);
+      ks_statedict_free(sd);
+      assert_int_equal(ta.live, 0);
+      break;
+    }
+    assert_int_equal(st, KS_E_NOMEM);
+    assert_null(sd);
+    assert_null(structure);
+    assert_int_equal(ta.live, 0);
+  }
+  free(buf);
+}
+
 /* A pickled metric's list state whose items disagree in rank: [1, 0] then [5] must not be
    concatenated into a [6, 0] tensor of no bytes while 20 bytes are copied into it. */
 static void composer_list_state_items_of_different_rank_are_refused(void **s) {
@@ -285,6 +364,7 @@ static void torch_load_refuses_a_fifo_without_waiting_for_a_writer(void **s) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(reads_every_dtype_view_and_special_value),
+      cmocka_unit_test(reads_every_torch_2_13_fixture_exactly),
       cmocka_unit_test(reads_module_and_optimizer_state_dicts),
       cmocka_unit_test(reads_composer_checkpoints_of_both_metric_layouts),
       cmocka_unit_test(malicious_payload_is_kept_inert_and_never_runs),
@@ -294,6 +374,7 @@ int main(void) {
       cmocka_unit_test(random_corruption_is_an_error_or_data_never_a_crash),
       cmocka_unit_test(crc_verification_catches_a_flipped_storage_byte),
       cmocka_unit_test(allocation_failures_return_nomem_and_leak_nothing),
+      cmocka_unit_test(structure_reads_survive_every_allocation_failure),
       cmocka_unit_test(composer_list_state_items_of_different_rank_are_refused),
       cmocka_unit_test(torch_load_refuses_a_fifo_without_waiting_for_a_writer),
   };

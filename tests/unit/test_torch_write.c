@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "keepsake/keepsake.h"
 #include "keepsake/torch.h"
@@ -48,13 +49,13 @@ static void written_file_reads_back_with_every_value(void **s) {
   const ks_tensor *w = ks_statedict_tensor(back, "model/w"), *u = ks_statedict_tensor(back, "rng/numpy");
   assert_non_null(w);
   assert_memory_equal(w->data, ks_statedict_tensor(sd, "model/w")->data, 24);
-  assert_int_equal(u->dtype, KS_I64); /* torch has no uint32: widened */
-  assert_int_equal(((const int64_t *)u->data)[3], 0xFFFFFFFFLL);
+  assert_int_equal(u->dtype, KS_U32); /* torch >= 2.3 has uint32: _rebuild_tensor_v3 */
+  assert_int_equal(((const uint32_t *)u->data)[3], 0xFFFFFFFFu);
   assert_int_equal(ks_statedict_tensor(back, "empty")->shape[0], 0);
   assert_int_equal(ks_statedict_tensor(back, "flag")->rank, 0);
-  const ks_tensor *lr = ks_statedict_tensor(back, "opt/lr"); /* floats travel as 0-d F64 tensors */
-  assert_true(lr && lr->dtype == KS_F64 && lr->rank == 0 && *(const double *)lr->data == 0.001);
   ks_entry e;
+  assert_int_equal(ks_statedict_get(back, "opt/lr", &e), KS_OK); /* a Python float (BINFLOAT) */
+  assert_true(e.kind == KS_VAL_FLOAT && e.f == 0.001);
   assert_int_equal(ks_statedict_get(back, "step", &e), KS_OK);
   assert_int_equal(e.i, -5000000000LL);
   assert_int_equal(ks_statedict_get(back, "run_name", &e), KS_OK);
@@ -63,6 +64,26 @@ static void written_file_reads_back_with_every_value(void **s) {
   assert_int_equal(e.kind, KS_VAL_BOOL);
   assert_int_equal(ks_statedict_get(back, "opt/foreach", &e), KS_OK);
   assert_int_equal(e.kind, KS_VAL_NULL);
+  ks_statedict_free(back);
+  ks_torch_free(NULL, buf);
+  ks_statedict_free(sd);
+}
+
+static void torch_1_13_compat_widens_unsigned_and_writes_floats_as_tensors(void **s) {
+  (void)s;
+  ks_statedict *sd = sample(NULL), *back;
+  void *buf;
+  size_t len;
+  ks_error err;
+  ks_torch_write_opts wo = {0};
+  wo.torch_compat = KS_TORCH_COMPAT_1_13;
+  assert_int_equal(ks_torch_save_buffer(sd, &wo, &buf, &len, &err), KS_OK);
+  assert_int_equal(ks_torch_load_buffer(buf, len, NULL, &back, &err), KS_OK);
+  const ks_tensor *u = ks_statedict_tensor(back, "rng/numpy");
+  assert_int_equal(u->dtype, KS_I64); /* torch 1.13 has no uint32: widened */
+  assert_int_equal(((const int64_t *)u->data)[3], 0xFFFFFFFFLL);
+  const ks_tensor *lr = ks_statedict_tensor(back, "opt/lr"); /* 1.13's safe loader lacks BINFLOAT */
+  assert_true(lr && lr->dtype == KS_F64 && lr->rank == 0 && *(const double *)lr->data == 0.001);
   ks_statedict_free(back);
   ks_torch_free(NULL, buf);
   ks_statedict_free(sd);
@@ -137,15 +158,100 @@ static void a_name_that_is_both_value_and_folder_is_refused(void **s) {
   ks_statedict_free(sd);
 }
 
-static void fp8_tensors_are_refused(void **s) {
+static void fp8_tensors_round_trip_and_are_refused_for_torch_1_13(void **s) {
   (void)s;
-  ks_statedict *sd;
+  ks_statedict *sd, *back;
   ks_statedict_create(NULL, &sd);
   int64_t n = 2;
-  ks_statedict_new_tensor(sd, "q", KS_F8_E4M3, 1, &n, NULL);
+  uint8_t *q;
+  ks_statedict_new_tensor(sd, "q", KS_F8_E4M3, 1, &n, (void **)&q);
+  ks_statedict_new_tensor(sd, "r", KS_F8_E5M2, 1, &n, NULL);
+  q[0] = 0x38, q[1] = 0xC0;
   void *buf;
   size_t len;
-  assert_int_equal(ks_torch_save_buffer(sd, NULL, &buf, &len, NULL), KS_E_DTYPE);
+  ks_torch_write_opts wo = {0};
+  assert_int_equal(ks_torch_save_buffer(sd, &wo, &buf, &len, NULL), KS_OK);
+  assert_int_equal(ks_torch_load_buffer(buf, len, NULL, &back, NULL), KS_OK);
+  assert_int_equal(ks_statedict_tensor(back, "q")->dtype, KS_F8_E4M3);
+  assert_int_equal(ks_statedict_tensor(back, "r")->dtype, KS_F8_E5M2);
+  assert_memory_equal(ks_statedict_tensor(back, "q")->data, q, 2);
+  ks_statedict_free(back);
+  ks_torch_free(NULL, buf);
+  wo.torch_compat = KS_TORCH_COMPAT_1_13;
+  assert_int_equal(ks_torch_save_buffer(sd, &wo, &buf, &len, NULL), KS_E_DTYPE);
+  ks_statedict_free(sd);
+}
+
+static ks_status save_with(const ks_statedict *sd, const char *structure, void **buf, size_t *len, ks_error *err) {
+  ks_torch_write_opts wo = {0};
+  wo.structure = structure;
+  return ks_torch_save_buffer(sd, &wo, buf, len, err);
+}
+
+/* The structure document round-trips: what the export holds reads back as the same document. */
+static void structure_document_rebuilds_lists_tuples_typed_keys_and_empty_containers(void **s) {
+  (void)s;
+  static const char doc[] =
+      "{\"version\":1,\"containers\":{\"opt/state\":{\"kind\":\"dict\",\"keys\":{\"0\":0,\"True\":true,\"None\":null}},"
+      "\"opt/groups\":{\"kind\":\"list\",\"len\":3},\"opt/groups/0/betas\":{\"kind\":\"tuple\",\"len\":2},"
+      "\"opt/groups/2\":{\"kind\":\"dict\"},\"empty_list\":{\"kind\":\"list\",\"len\":0},"
+      "\"ids\":{\"kind\":\"set\",\"len\":2}}}";
+  ks_statedict *sd, *back;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "opt/state/0", 10), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "opt/state/True", 11), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "opt/state/None", 12), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "opt/groups/0/betas/0", 0.9), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "opt/groups/0/betas/1", 0.999), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "a%2Fb", "slash"), KS_OK); /* a key "a/b" */
+  assert_int_equal(ks_statedict_set_int(sd, "ids/0", 3), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "ids/1", 4), KS_OK);
+  void *buf;
+  size_t len;
+  ks_error err;
+  char *again = NULL;
+  assert_int_equal(save_with(sd, doc, &buf, &len, &err), KS_OK);
+  assert_int_equal(ks_torch_load_buffer_with_structure(buf, len, NULL, &back, &again, &err), KS_OK);
+  ks_entry e;
+  assert_int_equal(ks_statedict_get(back, "opt/groups/1", &e), KS_OK); /* item 1 had no entry: None */
+  assert_int_equal(e.kind, KS_VAL_NULL);
+  assert_int_equal(ks_statedict_get(back, "a%2Fb", &e), KS_OK);
+  assert_string_equal(e.s, "slash");
+  assert_int_equal(ks_statedict_count(back), ks_statedict_count(sd) + 1);
+  json_t *want = json_loads(doc, 0, NULL), *got = json_loads(again, 0, NULL);
+  assert_true(json_equal(want, got));
+  json_decref(want);
+  json_decref(got);
+  ks_torch_free(NULL, again);
+  ks_statedict_free(back);
+  ks_torch_free(NULL, buf);
+  ks_statedict_free(sd);
+}
+
+/* A document that contradicts the entries, or is not one, is refused with a clear message. */
+static void malformed_structure_documents_are_refused(void **s) {
+  (void)s;
+  static const struct {
+    const char *doc, *message;
+  } cases[] = {
+      {"not json", "structure document"},
+      {"{\"version\":2,\"containers\":{}}", "structure document"},
+      {"{\"version\":1,\"containers\":{\"a\":{\"kind\":\"list\",\"len\":1}}}", "not an index"},
+      {"{\"version\":1,\"containers\":{\"a\":{\"kind\":\"list\",\"len\":1000000000000}}}", "items"},
+      {"{\"version\":1,\"containers\":{\"a/x\":{\"kind\":\"dict\"}}}", "both a value and a folder"},
+      {"{\"version\":1,\"containers\":{\"b\":[]}}", "not an object"},
+  };
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "a/x", 1), KS_OK);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    void *buf = NULL;
+    size_t len;
+    ks_error err;
+    assert_int_equal(save_with(sd, cases[i].doc, &buf, &len, &err), KS_E_INVALID);
+    if (!strstr(err.message, cases[i].message)) fail_msg("case %zu: %s", i, err.message);
+    assert_null(buf);
+  }
   ks_statedict_free(sd);
 }
 
@@ -173,9 +279,19 @@ static void writer_allocation_failures_return_nomem_and_leak_nothing(void **s) {
     ks_test_alloc_init(&ta, n);
     ks_torch_write_opts wo = {0};
     wo.alloc = &ta.a;
+    /* a list, a tuple and an empty dict, so the structure paths fail in turn too */
+    wo.structure = "{\"version\":1,\"containers\":{\"model\":{\"kind\":\"dict\",\"keys\":{}},"
+                   "\"opt/none\":{\"kind\":\"dict\"},\"seq\":{\"kind\":\"tuple\",\"len\":2},"
+                   "\"\":{\"kind\":\"dict\"}}}";
+    if (n % 2) wo.structure = NULL;
     void *buf = NULL;
     size_t len;
     ks_status st = ks_torch_save_buffer(sd, &wo, &buf, &len, NULL);
+    if (st == KS_OK && !wo.structure) { /* the structured run decides when to stop */
+      ks_torch_free(&ta.a, buf);
+      assert_int_equal(ta.live, 0);
+      continue;
+    }
     if (st == KS_OK) {
       ks_torch_free(&ta.a, buf);
       assert_int_equal(ta.live, 0);
@@ -246,7 +362,10 @@ int main(void) {
       cmocka_unit_test(zip64_records_are_written_and_read),
       cmocka_unit_test(compressed_entries_are_refused_clearly),
       cmocka_unit_test(a_name_that_is_both_value_and_folder_is_refused),
-      cmocka_unit_test(fp8_tensors_are_refused),
+      cmocka_unit_test(fp8_tensors_round_trip_and_are_refused_for_torch_1_13),
+      cmocka_unit_test(torch_1_13_compat_widens_unsigned_and_writes_floats_as_tensors),
+      cmocka_unit_test(structure_document_rebuilds_lists_tuples_typed_keys_and_empty_containers),
+      cmocka_unit_test(malformed_structure_documents_are_refused),
       cmocka_unit_test(save_to_a_path_replaces_the_file),
       cmocka_unit_test(writer_allocation_failures_return_nomem_and_leak_nothing),
       cmocka_unit_test(composer_list_states_are_concatenated),

@@ -1,0 +1,78 @@
+/**
+ * @file import.h
+ * Imports a torch.save or Composer checkpoint as a keepsake state dict plus
+ * the metadata the state loader needs, in one call:
+ *
+ *   ks_statedict *sd; ks_meta *meta;
+ *   ks_torch_import("ep1-ba40-rank0.pt", NULL, &sd, &meta, &err);
+ *   ks_save("run.keepsake", sd, meta, NULL, &err);   // what `keepsake convert` writes
+ *
+ * The file is read with ks_torch_load (nothing pickled is ever executed).
+ * When it holds Composer metrics (state/train_metrics/, state/eval_metrics/),
+ * they are mapped by ks_composer_normalize and described in two metadata keys
+ * (layout.h): KS_META_COMPOSER_METRICS (what the file held) and
+ * KS_META_METRICS, the layout ks_state_save writes:
+ *   {"<metric path>": {"class": catalogue class (when known), "args": constructor
+ *     arguments (only when rebuilt from a pickled object's attributes),
+ *     "schema_version": 1 for pre-torchmetrics-1.1 names and shapes, else 2,
+ *     "update_count": the object's _update_count, else 1}}
+ * (ks_metric_from_attributes and ks_metric_stored_schema_version give args and
+ * schema version). ks_state_load then fills a program's metrics by name, and
+ * migrates old states. The metadata also holds KS_TORCH_STRUCTURE_META (torch.h):
+ * the file's lists, tuples, typed keys and empty containers (without the metric
+ * subtrees the mapping rewrote), which a .pt export (ks_torch_save with
+ * opts.structure) rebuilds.
+ */
+#ifndef KEEPSAKE_IMPORT_H
+#define KEEPSAKE_IMPORT_H
+
+#include "keepsake/export.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "keepsake/format.h"
+#include "keepsake/statedict.h"
+#include "keepsake/status.h"
+#include "keepsake/torch.h"
+
+KS_BEGIN_DECLS
+
+/** Options of ks_torch_import. Zero-initialise; new fields are added at the end, zero meaning the default. */
+typedef struct ks_import_opts {
+  const ks_torch_read_opts *read; /**< how the file is read (allocator, CRC checks, limits); NULL = defaults */
+  /**
+   * Bytes that rebuilding metrics from pickled attributes may allocate, all
+   * metrics together. The attributes are untrusted (num_classes drives a
+   * confusion matrix's size). 0 = 2 * input bytes + 64 MiB: a metric whose state
+   * is really that large also stores it in the file.
+   */
+  uint64_t max_metric_bytes;
+} ks_import_opts;
+
+/**
+ * Reads a torch.save / Composer file into a state dict and its metadata.
+ *
+ * @param path  file to read; memory-mapped, never modified.
+ * @param opts  NULL for defaults.
+ * @param out   receives the dict (opts->read->alloc); tensors may be mapped views
+ *              into the file, kept alive by the dict until ks_statedict_free.
+ * @param meta  receives the metadata to save beside it (the structure document,
+ *              and the metric keys when the file has Composer metrics); free with
+ *              ks_meta_free. May be NULL.
+ * @param err   optional; names the file, key or byte offset that failed.
+ * @return as ks_torch_load; and KS_E_SHAPE / KS_E_DTYPE (list state items that
+ *         cannot be joined), KS_E_LIMIT (metric arguments asking for more state
+ *         than max_metric_bytes allows; err names the metric and its arguments).
+ *         On failure *out and *meta are untouched.
+ * Thread safety: independent calls may run concurrently.
+ */
+ks_status ks_torch_import(const char *path, const ks_import_opts *opts, ks_statedict **out, ks_meta **meta,
+                          ks_error *err);
+
+/** Same as ks_torch_import, from bytes in memory (copied; buf may be freed after the call). */
+ks_status ks_torch_import_buffer(const void *buf, size_t len, const ks_import_opts *opts, ks_statedict **out,
+                                 ks_meta **meta, ks_error *err);
+
+KS_END_DECLS
+#endif

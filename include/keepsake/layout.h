@@ -1,0 +1,55 @@
+/**
+ * @file layout.h
+ * The names keepsake gives things inside a training-state checkpoint: the
+ * metadata keys it writes beside the tensors, and the key prefixes of each part
+ * of the state. The layout is Composer's state dict flattened with '/', so a
+ * Composer checkpoint and a keepsake state file name the same thing alike.
+ *
+ *   state/model/<param>                                   model tensors
+ *   state/optimizers/<Name>/...                           optimizer state dicts
+ *   state/schedulers/<Name>/...                           LR scheduler state dicts
+ *   state/callbacks/<Name>/...   state/dataset_state/...  other components
+ *   state/timestamp/Timestamp/<field>                     training progress
+ *   state/rank_zero_seed   state/run_name                 run identity
+ *   state/train_metrics/<Name>/state_dict/<state>         train metric states
+ *   state/train_metrics/<Name>/_computed                  its cached result (or null)
+ *   state/eval_metrics/<label>/<Name>/state_dict/<state>  eval metric states (and _computed)
+ *
+ * Metric and label names may themselves contain '/': a metric is named by its
+ * whole path, e.g. "state/eval_metrics/val/holdout/acc/top1".
+ *
+ * Header-only constants; nothing to link. The format's own keys
+ * (keepsake.format, keepsake.checksums, ...) are in format.h.
+ */
+#ifndef KEEPSAKE_LAYOUT_H
+#define KEEPSAKE_LAYOUT_H
+
+/* ---- metadata keys ---- */
+
+/** JSON object: metric path -> {class, args, schema_version, update_count}. */
+#define KS_META_METRICS "keepsake.metrics"
+/** JSON object describing the state layout: {"layout_version": 1}. */
+#define KS_META_STATE "keepsake.state"
+/** JSON description of the metrics found in an imported Composer checkpoint (see ks_composer_normalize). */
+#define KS_META_COMPOSER_METRICS "keepsake.composer_metrics"
+
+/* ---- key prefixes (each ends in '/') and fixed keys ---- */
+
+#define KS_KEY_STATE "state/"                          /**< root of the training state */
+#define KS_KEY_MODEL "state/model/"                    /**< model tensors */
+#define KS_KEY_OPTIMIZERS "state/optimizers/"          /**< one folder per optimizer */
+#define KS_KEY_SCHEDULERS "state/schedulers/"          /**< one folder per scheduler */
+#define KS_KEY_CALLBACKS "state/callbacks/"            /**< one folder per callback */
+#define KS_KEY_DATASET_STATE "state/dataset_state/"    /**< data loader position */
+#define KS_KEY_TIMESTAMP "state/timestamp/Timestamp/"  /**< training progress fields */
+#define KS_KEY_TRAIN_METRICS "state/train_metrics/"    /**< then <Name>/ */
+#define KS_KEY_EVAL_METRICS "state/eval_metrics/"      /**< then <label>/<Name>/ */
+#define KS_KEY_RANK_ZERO_SEED "state/rank_zero_seed"   /**< int */
+#define KS_KEY_RUN_NAME "state/run_name"               /**< string */
+
+/** Inside a metric's folder: its states, as `state_dict/<state>`. */
+#define KS_KEY_METRIC_STATES "state_dict/"
+/** Inside a metric's folder: its cached compute() result, a tensor or null. */
+#define KS_KEY_METRIC_COMPUTED "_computed"
+
+#endif

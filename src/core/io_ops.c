@@ -1,0 +1,123 @@
+/* The version rules of ks_io and the compound operations built on its primitives. */
+#include "core/io_ops.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/internal.h"
+
+#define PATH_CAP 4096
+
+const ks_io *ks__io_v1(const ks_io *io) { return io ? io : ks_io_posix(); }
+
+const ks_io *ks__io_v2(const ks_io *io) { return io && io->version >= 2 ? io : ks_io_posix(); }
+
+ks_status ks_io_check(const ks_io *io, ks_error *err) {
+  if (!io) return KS_OK;
+  if (io->version == 0) return ks__err(err, KS_E_INVALID, "ks_io: version is 0 (set .version = KS_IO_VERSION)");
+  struct {
+    int set;
+    const char *name;
+  } v1[] = {{io->create_fn != NULL, "create_fn"}, {io->write_fn != NULL, "write_fn"},
+            {io->fsync_fn != NULL, "fsync_fn"},   {io->close_fn != NULL, "close_fn"},
+            {io->rename_fn != NULL, "rename_fn"}, {io->unlink_fn != NULL, "unlink_fn"},
+            {io->fsync_dir_fn != NULL, "fsync_dir_fn"}};
+  for (size_t i = 0; i < sizeof v1 / sizeof v1[0]; i++)
+    if (!v1[i].set) return ks__err(err, KS_E_INVALID, "ks_io: %s is NULL", v1[i].name);
+  if (io->version < 2) return KS_OK; /* the version 2 members are not even read */
+  struct {
+    int set;
+    const char *name;
+  } v2[] = {{io->open_fn != NULL, "open_fn"},   {io->read_fn != NULL, "read_fn"},
+            {io->stat_fn != NULL, "stat_fn"},   {io->list_fn != NULL, "list_fn"},
+            {io->mkdir_fn != NULL, "mkdir_fn"}, {io->symlink_fn != NULL, "symlink_fn"},
+            {io->readlink_fn != NULL, "readlink_fn"}};
+  for (size_t i = 0; i < sizeof v2 / sizeof v2[0]; i++)
+    if (!v2[i].set) return ks__err(err, KS_E_INVALID, "ks_io: %s is NULL in a version %u table", v2[i].name, io->version);
+  if (!io->map_fn != !io->unmap_fn) return ks__err(err, KS_E_INVALID, "ks_io: map_fn and unmap_fn must be set together");
+  return KS_OK;
+}
+
+ks_status ks_io_local_path(const char *location, const char **path, ks_error *err) {
+  if (!location || !path || !*location) return ks__err(err, KS_E_INVALID, "storage location: empty");
+  const char *p = location;
+  if (!strncmp(location, "file://", 7)) p = location + 7;
+  else if (strstr(location, "://"))
+    return ks__err_at(err, KS_E_UNSUPPORTED, location, NULL, -1,
+                      "storage location: only local paths and file:// are supported by this build");
+  if (!*p) return ks__err(err, KS_E_INVALID, "storage location '%s': no path", location);
+  *path = p;
+  return KS_OK;
+}
+
+/* The parent directory of buf[0..len) (which has no trailing '/'), into out. */
+static void parent_of(const char *buf, size_t len, char *out) {
+  size_t i = len;
+  while (i > 0 && buf[i - 1] != '/') i--;
+  while (i > 1 && buf[i - 1] == '/') i--; /* "a//b" */
+  if (i == 0) snprintf(out, PATH_CAP, ".");
+  else snprintf(out, PATH_CAP, "%.*s", (int)i, buf);
+}
+
+/* fsync of the parent of buf[0..len), by the table's own fsync_dir_fn (a version 1 table has one). */
+static ks_status sync_parent(const ks_io *io, const char *buf, size_t len, ks_error *err) {
+  const ks_io *v1 = ks__io_v1(io);
+  char parent[PATH_CAP];
+  parent_of(buf, len, parent);
+  int rc = v1->fsync_dir_fn(v1->ctx, parent);
+  return rc ? ks__err_at(err, KS_E_IO, parent, NULL, -1, "fsync of the parent of '%s': %s", buf, strerror(rc)) : KS_OK;
+}
+
+/* Creates buf (one level) unless it is a directory already; fsyncs the parent after creating it. */
+static ks_status mkdir_one(const ks_io *orig, const char *buf, size_t len, int sync, ks_error *err) {
+  const ks_io *io = ks__io_v2(orig);
+  ks_io_stat st;
+  int rc = io->stat_fn(io->ctx, buf, &st);
+  if (rc == 0 && st.kind == KS_IO_DIR) return KS_OK;
+  if (rc == 0 && st.kind != KS_IO_LINK) return ks__err_at(err, KS_E_IO, buf, NULL, -1, "mkdir: exists and is not a directory");
+  if (rc == 0 || rc == ENOENT) rc = io->mkdir_fn(io->ctx, buf);
+  if (rc == EEXIST) return KS_OK; /* created meanwhile, or a link to a directory */
+  if (rc) return ks__err_at(err, KS_E_IO, buf, NULL, -1, "mkdir: %s", strerror(rc));
+  return sync ? sync_parent(orig, buf, len, err) : KS_OK;
+}
+
+ks_status ks__io_mkdir_p(const ks_io *io, const char *dir, ks_error *err) {
+  char buf[PATH_CAP];
+  size_t n = strlen(dir);
+  while (n > 1 && dir[n - 1] == '/') n--;
+  if (n >= sizeof buf) return ks__err(err, KS_E_LIMIT, "directory path too long");
+  memcpy(buf, dir, n);
+  buf[n] = '\0';
+  for (size_t i = 1; i < n; i++) {
+    if (buf[i] != '/' || buf[i - 1] == '/') continue;
+    buf[i] = '\0';
+    ks_status s = mkdir_one(io, buf, i, 1, err);
+    buf[i] = '/';
+    if (s) return s;
+  }
+  /* The last one's parent always: its entry may date from a run that crashed before making it durable. */
+  ks_status s = mkdir_one(io, buf, n, 0, err);
+  return s ? s : sync_parent(io, buf, n, err);
+}
+
+ks_status ks__io_pointer_set(const ks_io *io, const char *dir, const char *name, const char *target,
+                             ks_error *err) {
+  const ks_io *v1 = ks__io_v1(io), *v2 = ks__io_v2(io);
+  char tmp[PATH_CAP], dst[PATH_CAP];
+  int a = snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name), b = snprintf(dst, sizeof dst, "%s/%s", dir, name);
+  if (a < 0 || b < 0 || (size_t)a >= sizeof tmp || (size_t)b >= sizeof dst)
+    return ks__err(err, KS_E_LIMIT, "pointer path too long");
+  int rc = v1->unlink_fn(v1->ctx, tmp); /* a stale link of a save that was killed */
+  if (rc && rc != ENOENT) return ks__err_at(err, KS_E_IO, tmp, NULL, -1, "cannot remove stale link: %s", strerror(rc));
+  if ((rc = v2->symlink_fn(v2->ctx, target, tmp)) != 0)
+    return ks__err_at(err, KS_E_IO, tmp, NULL, -1, "symlink: %s", strerror(rc));
+  if ((rc = v1->rename_fn(v1->ctx, tmp, dst)) != 0) {
+    v1->unlink_fn(v1->ctx, tmp); /* best effort: autoresume removes it too; the rename error is what matters */
+    return ks__err_at(err, KS_E_IO, dst, NULL, -1, "rename: %s", strerror(rc));
+  }
+  rc = v1->fsync_dir_fn(v1->ctx, dir);
+  return rc ? ks__err_at(err, KS_E_NOT_DURABLE, dir, NULL, -1, "'%s' updated, but fsync of the directory failed (%s): "
+                         "durability unknown", name, strerror(rc))
+            : KS_OK;
+}

@@ -1,0 +1,35 @@
+/*
+ * What the library builds out of a ks_io table: the version rules (which table
+ * serves an operation), `mkdir -p` with durable entries, and the atomic update
+ * of a pointer (`latest`). Not installed.
+ */
+#ifndef KS_CORE_IO_OPS_H
+#define KS_CORE_IO_OPS_H
+
+#include "keepsake/io.h"
+#include "keepsake/status.h"
+
+/* io, or ks_io_posix() for NULL: the table of the version 1 (durable replace) operations. */
+const ks_io *ks__io_v1(const ks_io *io);
+/* The table of the version 2 operations: io when its version has them, else ks_io_posix(). */
+const ks_io *ks__io_v2(const ks_io *io);
+
+/*
+ * Creates dir and every missing parent; after each mkdir the parent directory is
+ * fsynced so the new entry survives a crash, and dir's parent
+ * is fsynced even when dir existed (a crashed run may have left it unsynced). An existing
+ * directory is fine; an existing non-directory is KS_E_IO. KS_E_LIMIT when too long.
+ */
+ks_status ks__io_mkdir_p(const ks_io *io, const char *dir, ks_error *err);
+
+/*
+ * Points dir/name at `target` atomically: a link dir/.name.tmp is created (after
+ * removing a stale one), renamed over dir/name, and dir is fsynced. On failure
+ * before the rename the temporary link is removed and dir/name is unchanged. KS_E_IO
+ * names the step and path; KS_E_NOT_DURABLE: dir/name was replaced but the directory
+ * fsync failed; KS_E_LIMIT when too long.
+ */
+ks_status ks__io_pointer_set(const ks_io *io, const char *dir, const char *name, const char *target,
+                             ks_error *err);
+
+#endif

@@ -1,0 +1,454 @@
+/*
+ * Loading one rank's part of a sharded checkpoint at any world size: the
+ * replicated entries from rank 0's file, the wanted region of every sharded
+ * tensor read by offset (pread) from the saved chunks that overlap it, only
+ * the bytes needed, and the per-rank entries: this
+ * rank's own at the same world size, else the metrics of the saved ranks
+ * assigned here merged with ks_metric_merge.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "keepsake/metric.h"
+#include "shard/shard_internal.h"
+
+typedef struct src_file {
+  ks_reader *r;    /* mapped: only the pages of what is touched are read */
+  ks_statedict *sd; /* views into r, and r's scalars */
+  const ks_meta *meta;
+  json_t *metrics; /* keepsake.metrics, an object (possibly empty) */
+  int fd;          /* for chunk reads by offset; -1 until needed */
+  char *path;
+} src_file;
+
+typedef struct loader {
+  const char *dir;
+  const ks_shard_index *idx;
+  int rank, m, n;
+  const ks_allocator *a;
+  src_file *files;
+  ks_statedict *out;
+  ks_error *err;
+} loader;
+
+static ks_status check_record(loader *L, int f, const char *path) {
+  const char *rec = ks_meta_get(L->files[f].meta, KS__SHARD_META);
+  json_t *j = rec ? json_loads(rec, JSON_REJECT_DUPLICATES, NULL) : NULL;
+  ks__shard_ts ts;
+  int ok = j && json_integer_value(json_object_get(j, "rank")) == f &&
+           json_integer_value(json_object_get(j, "world_size")) == L->n &&
+           ks__shard_ts_parse(json_object_get(j, "timestamp"), &ts);
+  json_decref(j);
+  if (!ok) return ks__err_at(L->err, KS_E_FORMAT, path, KS__SHARD_META, -1, "rank %d: missing or wrong keepsake.shard record", f);
+  if (!ks__shard_ts_equal(&ts, &L->idx->ts)) {
+    char a[160], b[160];
+    ks__shard_ts_format(&ts, a, sizeof a);
+    ks__shard_ts_format(&L->idx->ts, b, sizeof b);
+    return ks__err_at(L->err, KS_E_MISMATCH, path, NULL, -1,
+                      "rank %d: timestamps disagree: the file has %s, the index %s", f, a, b);
+  }
+  return KS_OK;
+}
+
+/* The file's entries as views (tensors) and values (scalars), without reading tensor data. */
+static ks_status views_of(loader *L, src_file *s) {
+  s->meta = ks_reader_meta(s->r);
+  if (ks_statedict_create(L->a, &s->sd)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < ks_reader_count(s->r); i++) {
+    const char *name;
+    ks_tensor v;
+    ks_reader_tensor_at(s->r, i, &name, &v);
+    if (ks_statedict_set_tensor(s->sd, name, &v, KS_BORROW)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
+  }
+  return ks_reader_scalars(s->r, s->sd, L->err);
+}
+
+static ks_status open_file(loader *L, int f, src_file **out) {
+  src_file *s = &L->files[f];
+  if (!s->sd) {
+    char *path = ks__shard_join(L->a, L->dir, L->idx->files[f]);
+    if (!path) return ks__err(L->err, KS_E_NOMEM, "out of memory");
+    ks_read_opts ro = {.alloc = L->a, .mode = KS_READ_MMAP};
+    s->path = path;
+    ks_status st = ks_reader_open(path, &ro, &s->r, L->err);
+    if (!st) st = views_of(L, s);
+    if (!st) st = check_record(L, f, path);
+    const char *mj = st ? NULL : ks_meta_get(s->meta, KS__METRICS_META);
+    if (!st) s->metrics = mj ? json_loads(mj, JSON_REJECT_DUPLICATES, NULL) : json_object();
+    if (!st && !json_is_object(s->metrics))
+      st = ks__err_at(L->err, KS_E_FORMAT, path, KS__METRICS_META, -1, "rank %d: malformed keepsake.metrics", f);
+    if (st && L->err) ks__err_set_file(L->err, path);
+    if (st) return st;
+  }
+  *out = s;
+  return KS_OK;
+}
+
+static const ks__sharded *sharded_of(const ks_shard_index *idx, const char *name) {
+  for (size_t i = 0; i < idx->n_sharded; i++)
+    if (!strcmp(idx->sharded[i].name, name)) return &idx->sharded[i];
+  return NULL;
+}
+
+static int per_rank(const loader *L, const char *name) {
+  return ks__shard_matches(name, (const char *const *)L->idx->per_rank, L->idx->n_per_rank);
+}
+
+/* ---- sharded tensors ---- */
+
+typedef struct box {
+  int rank;
+  int64_t off[KS_MAX_RANK], shape[KS_MAX_RANK];
+} box;
+
+/* Consecutive runs are merged into one read: a row-sharded region is a single pread. */
+typedef struct reads {
+  int fd;
+  uint64_t base; /* file offset of the chunk's first byte */
+  uint64_t src;  /* pending read: chunk byte offset, destination, length */
+  uint8_t *dst;
+  size_t len;
+  int failed;
+} reads;
+
+static void flush(reads *q) {
+  size_t done = 0;
+  while (!q->failed && done < q->len) {
+    ssize_t n = pread(q->fd, q->dst + done, q->len - done, (off_t)(q->base + q->src + done));
+    if (n <= 0) q->failed = n < 0 ? errno : EIO;
+    else done += (size_t)n;
+  }
+  q->len = 0;
+}
+
+static void want_run(reads *q, uint64_t src, uint8_t *dst, size_t len) {
+  if (q->len && q->src + q->len == src && q->dst + q->len == dst) {
+    q->len += len;
+    return;
+  }
+  if (q->len) flush(q);
+  q->src = src;
+  q->dst = dst;
+  q->len = len;
+}
+
+/* Reads the elements of [lo, hi) of a chunk laid out as `src` into a region laid out as `dst`. */
+static int copy_box(reads *q, uint8_t *dp, const box *dst, const box *src, const int64_t *lo, const int64_t *hi,
+                    size_t es) {
+  int r = dst->rank;
+  if (r == 0) {
+    want_run(q, 0, dp, es);
+    flush(q);
+    return q->failed;
+  }
+  int64_t idx[KS_MAX_RANK];
+  for (int d = 0; d < r; d++) idx[d] = lo[d];
+  size_t run = (size_t)(hi[r - 1] - lo[r - 1]) * es;
+  for (;;) {
+    int64_t so = 0, doff = 0;
+    for (int d = 0; d < r; d++) {
+      so = so * src->shape[d] + (idx[d] - src->off[d]);
+      doff = doff * dst->shape[d] + (idx[d] - dst->off[d]);
+    }
+    want_run(q, (uint64_t)so * es, dp + (size_t)doff * es, run);
+    int d = r - 2;
+    while (d >= 0) {
+      if (++idx[d] < hi[d]) break;
+      idx[d] = lo[d];
+      d--;
+    }
+    if (d < 0) break;
+  }
+  flush(q);
+  return q->failed;
+}
+
+static ks_status region_of(loader *L, const ks__sharded *s, const ks_shard_map *want, box *b) {
+  ks_shard_chunk c;
+  b->rank = s->rank;
+  if (ks_shard_map_get(want, s->name, &c) != KS_OK) {
+    for (int d = 0; d < s->rank; d++) {
+      b->off[d] = 0;
+      b->shape[d] = s->global_shape[d];
+    }
+    return KS_OK;
+  }
+  int same = c.rank == s->rank;
+  for (int d = 0; same && d < s->rank; d++) same = c.global_shape[d] == s->global_shape[d];
+  if (!same) {
+    char x[128], y[128];
+    return ks__err_at(L->err, KS_E_SHAPE, NULL, s->name, -1, "'%s': the program's global shape is %s, the checkpoint's %s",
+                      s->name, ks_shape_format(c.rank, c.global_shape, x, sizeof x),
+                      ks_shape_format(s->rank, s->global_shape, y, sizeof y));
+  }
+  for (int d = 0; d < s->rank; d++) {
+    b->off[d] = c.offsets[d];
+    b->shape[d] = c.shape[d];
+  }
+  return KS_OK;
+}
+
+static ks_status fill_from_chunk(loader *L, const ks__sharded *s, const ks__saved_chunk *k, const box *reg,
+                                 uint8_t *data) {
+  int64_t lo[KS_MAX_RANK], hi[KS_MAX_RANK];
+  for (int d = 0; d < s->rank; d++) {
+    lo[d] = reg->off[d] > k->offsets[d] ? reg->off[d] : k->offsets[d];
+    int64_t a = reg->off[d] + reg->shape[d], b = k->offsets[d] + k->shape[d];
+    hi[d] = a < b ? a : b;
+    if (lo[d] >= hi[d]) return KS_OK; /* no overlap */
+  }
+  src_file *f;
+  ks_status st = open_file(L, k->file, &f);
+  if (st) return st;
+  const ks_tensor *t = ks_statedict_tensor(f->sd, s->name);
+  long at = ks_reader_find(f->r, s->name);
+  ks_tensor_info ti;
+  int ok = t && at >= 0 && !ks_reader_tensor_info(f->r, (size_t)at, &ti) && t->dtype == s->dtype && t->rank == s->rank;
+  for (int d = 0; ok && d < s->rank; d++) ok = t->shape[d] == k->shape[d];
+  if (!ok)
+    return ks__err_at(L->err, KS_E_FORMAT, L->idx->files[k->file], s->name, -1,
+                      "rank %d: the chunk of '%s' is not what the index records", k->file, s->name);
+  if (f->fd < 0 && (f->fd = open(f->path, O_RDONLY | O_CLOEXEC)) < 0)
+    return ks__err_at(L->err, KS_E_IO, f->path, NULL, -1, "rank %d: cannot open: %s", k->file, strerror(errno));
+  box src = {s->rank, {0}, {0}};
+  for (int d = 0; d < s->rank; d++) {
+    src.off[d] = k->offsets[d];
+    src.shape[d] = k->shape[d];
+  }
+  reads q = {f->fd, ti.begin, 0, NULL, 0, 0};
+  int e = copy_box(&q, data, reg, &src, lo, hi, ks_dtype_size(s->dtype));
+  if (e)
+    return ks__err_at(L->err, KS_E_IO, f->path, s->name, (int64_t)ti.begin, "rank %d: cannot read the chunk of '%s': %s",
+                      k->file, s->name, strerror(e));
+  return KS_OK;
+}
+
+static ks_status load_sharded(loader *L, const ks_shard_map *want) {
+  for (size_t i = 0; i < L->idx->n_sharded; i++) {
+    const ks__sharded *s = &L->idx->sharded[i];
+    box reg;
+    ks_status st = region_of(L, s, want, &reg);
+    void *data = NULL;
+    if (!st && ks_statedict_new_tensor(L->out, s->name, s->dtype, s->rank, reg.shape, &data))
+      st = ks__err_at(L->err, KS_E_NOMEM, NULL, s->name, -1, "out of memory for '%s'", s->name);
+    for (size_t k = 0; !st && k < s->n_chunks; k++) st = fill_from_chunk(L, s, &s->chunks[k], &reg, data);
+    if (st) return st;
+  }
+  return KS_OK;
+}
+
+/* ---- replicated and per-rank entries ---- */
+
+/* Copies the entries of file f that `pick` selects. */
+static ks_status copy_entries(loader *L, int f, int (*pick)(const loader *, const src_file *, const char *)) {
+  src_file *s;
+  ks_status st = open_file(L, f, &s);
+  for (size_t i = 0; !st && i < ks_statedict_count(s->sd); i++) {
+    ks_entry e;
+    ks_statedict_at(s->sd, i, &e);
+    if (!pick(L, s, e.name)) continue;
+    if ((st = ks_statedict_set_entry(L->out, e.name, &e, KS_COPY)))
+      st = ks__err_at(L->err, st, NULL, e.name, -1, "cannot copy entry: %s", ks_strerror(st));
+  }
+  return st;
+}
+
+static int pick_replicated(const loader *L, const src_file *s, const char *name) {
+  (void)s;
+  return !sharded_of(L->idx, name) && !per_rank(L, name);
+}
+
+static int pick_per_rank(const loader *L, const src_file *s, const char *name) {
+  (void)s;
+  return !sharded_of(L->idx, name) && per_rank(L, name);
+}
+
+/* Per-rank entries that belong to no metric (RNG, data positions). */
+static int pick_per_rank_plain(const loader *L, const src_file *s, const char *name) {
+  if (!pick_per_rank(L, s, name)) return 0;
+  const char *path;
+  json_t *v;
+  json_object_foreach(s->metrics, path, v) {
+    size_t n = strlen(path);
+    if (!strncmp(name, path, n) && name[n] == '/') return 0;
+  }
+  return 1;
+}
+
+/* ---- metrics at another world size ---- */
+
+static ks_status metric_of(loader *L, const char *path, const json_t *def, ks_metric **out) {
+  const char *cls = json_string_value(json_object_get(def, "class"));
+  char *args = json_dumps(json_object_get(def, "args"), JSON_COMPACT | JSON_SORT_KEYS);
+  ks_status st = cls ? ks_metric_create(cls, args, L->a, out, L->err)
+                     : ks__err_at(L->err, KS_E_FORMAT, NULL, path, -1, "keepsake.metrics entry '%s' has no class", path);
+  free(args);
+  if (st && L->err) ks__err_set_key(L->err, path);
+  return st;
+}
+
+/* Saved rank f's value of metric `path`, or NULL in *out when that file does not hold it. */
+static ks_status saved_metric(loader *L, int f, const char *path, ks_metric **out) {
+  src_file *s;
+  ks_status st = open_file(L, f, &s);
+  if (st) return st;
+  const json_t *def = json_object_get(s->metrics, path);
+  if (!def) return ks__err_at(L->err, KS_E_MISMATCH, L->idx->files[f], path, -1, "rank %d lacks metric '%s'", f, path);
+  if ((st = metric_of(L, path, def, out))) return st;
+  char prefix[KS_MAX_NAME + 16];
+  snprintf(prefix, sizeof prefix, "%s/state_dict/", path);
+  const json_t *sv = json_object_get(def, "schema_version"), *uc = json_object_get(def, "update_count");
+  st = ks_metric_load_state_dict(*out, s->sd, prefix, json_is_integer(sv) ? (int)json_integer_value(sv) : 1, 0, NULL,
+                                 NULL, L->err);
+  if (!st) st = ks_metric_restore_computed(*out, NULL, json_is_integer(uc) ? json_integer_value(uc) : 1, L->err);
+  if (st) {
+    ks__err_set_file(L->err, L->idx->files[f]);
+    ks_metric_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+/* Merges the saved ranks [lo, hi) of one metric, last first, so cat rows stay in rank order. */
+static ks_status merged_metric(loader *L, const char *path, const json_t *def, int lo, int hi, ks_metric **out) {
+  ks_metric *acc = NULL;
+  ks_status st = KS_OK;
+  if (lo == hi) return metric_of(L, path, def, out);
+  for (int f = hi - 1; !st && f >= lo; f--) {
+    ks_metric *x = NULL;
+    st = saved_metric(L, f, path, &x);
+    if (!st && acc) {
+      st = ks_metric_merge(acc, x, L->err);
+      ks_metric_free(x);
+    } else if (!st)
+      acc = x;
+  }
+  if (st) ks_metric_free(acc);
+  else *out = acc;
+  return st;
+}
+
+static ks_status put_metric(loader *L, const char *path, const ks_metric *m, json_t *defs) {
+  char prefix[KS_MAX_NAME + 16];
+  snprintf(prefix, sizeof prefix, "%s/state_dict/", path);
+  ks_status st = ks_metric_to_state_dict(m, L->out, prefix, L->err);
+  snprintf(prefix, sizeof prefix, "%s/_computed", path);
+  if (!st && ks_statedict_set_null(L->out, prefix)) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
+  json_t *args = json_loads(ks_metric_args_json(m), 0, NULL);
+  json_t *def = json_pack("{s:s, s:o, s:i, s:I}", "class", ks_metric_class(m), "args", args ? args : json_object(),
+                          "schema_version", ks_metric_schema_version(m), "update_count",
+                          (json_int_t)ks_metric_update_count(m));
+  if (!st && (!def || json_object_set_new(defs, path, def))) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
+  else if (st) json_decref(def);
+  return st;
+}
+
+/* The saved ranks assigned to this rank: [lo, hi) with floor(s*M/N) == rank. */
+static void assigned(const loader *L, int *lo, int *hi) {
+  int a = 0;
+  while (a < L->n && (int64_t)a * L->m / L->n < L->rank) a++;
+  int b = a;
+  while (b < L->n && (int64_t)b * L->m / L->n == L->rank) b++;
+  *lo = a;
+  *hi = b;
+}
+
+static ks_status load_per_rank_merged(loader *L, json_t *defs) {
+  int lo, hi;
+  assigned(L, &lo, &hi);
+  int first = lo < hi ? lo : L->rank % L->n;
+  src_file *s;
+  ks_status st = copy_entries(L, first, pick_per_rank_plain);
+  if (!st) st = open_file(L, first, &s);
+  const char *path;
+  json_t *def;
+  if (!st) json_object_foreach(s->metrics, path, def) {
+      ks_metric *m = NULL;
+      st = merged_metric(L, path, def, lo, hi, &m);
+      if (!st) st = put_metric(L, path, m, defs);
+      ks_metric_free(m);
+      if (st) break;
+    }
+  return st;
+}
+
+/* The metadata to load with: rank 0's caller metadata (no writer or shard records), with `metrics` as keepsake.metrics. */
+static ks_status out_meta(loader *L, const char *metrics, ks_meta **out) {
+  ks_meta *m;
+  if (ks_meta_create(L->a, &m)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
+  const ks_meta *src = L->files[0].meta;
+  ks_status st = KS_OK;
+  for (size_t i = 0; !st && i < ks_meta_count(src); i++) {
+    const char *k, *v;
+    ks_meta_at(src, i, &k, &v);
+    static const char *const drop[] = {KS__SHARD_META, KS__DCP_INFO, KS__DCP_VERSION, "format", KS_META_FORMAT,
+                                       KS_META_FORMAT_VERSION, KS_META_WRITER, KS_META_SCALARS, KS_META_CHECKSUMS};
+    int skip = 0;
+    for (size_t d = 0; d < sizeof drop / sizeof drop[0]; d++) skip |= !strcmp(k, drop[d]);
+    if (skip) continue;
+    st = ks_meta_set(m, k, v);
+  }
+  if (!st && metrics) st = ks_meta_set(m, KS__METRICS_META, metrics);
+  if (st) {
+    ks_meta_free(m);
+    return ks__err(L->err, KS_E_NOMEM, "out of memory");
+  }
+  *out = m;
+  return KS_OK;
+}
+
+static ks_status run(loader *L, const ks_shard_map *want, ks_meta **meta) {
+  ks_status st = copy_entries(L, 0, pick_replicated);
+  if (!st) st = load_sharded(L, want);
+  char *metrics = NULL;
+  if (!st && L->m == L->n) {
+    st = copy_entries(L, L->rank, pick_per_rank);
+    const char *mj = st ? NULL : ks_meta_get(L->files[L->rank].meta, KS__METRICS_META);
+    if (mj && !(metrics = ks__strdup(NULL, mj))) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
+  } else if (!st) {
+    json_t *defs = json_object();
+    st = defs ? load_per_rank_merged(L, defs) : ks__err(L->err, KS_E_NOMEM, "out of memory");
+    char *text = st ? NULL : json_dumps(defs, JSON_COMPACT | JSON_SORT_KEYS);
+    if (!st && !text) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
+    if (text) metrics = ks__strdup(NULL, text);
+    if (text && !metrics) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
+    free(text);
+    json_decref(defs);
+  }
+  if (!st) st = out_meta(L, metrics, meta);
+  ks__free(NULL, metrics);
+  return st;
+}
+
+ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int rank, int world_size,
+                             const ks_shard_map *want, const ks_shard_load_opts *opts, ks_statedict **sd,
+                             ks_meta **meta, ks_error *err) {
+  if (!dir || !idx || !sd || !meta || world_size < 1 || rank < 0 || rank >= world_size)
+    return ks__err(err, KS_E_INVALID, "ks_shard_load_rank: bad argument (rank %d of %d)", rank, world_size);
+  loader L = {dir, idx, rank, world_size, idx->world_size, ks__alloc_or_default(opts ? opts->alloc : NULL), NULL, NULL, err};
+  ks_status st = KS_OK;
+  for (int f = 0; !st && !(opts && opts->no_verify) && f < idx->world_size; f++) st = ks_shard_verify_file(dir, idx, f, err);
+  if (!st && !(L.files = ks__calloc(L.a, (size_t)L.n, sizeof *L.files))) st = ks__err(err, KS_E_NOMEM, "out of memory");
+  for (int f = 0; L.files && f < L.n; f++) L.files[f].fd = -1;
+  if (!st && ks_statedict_create(L.a, &L.out)) st = ks__err(err, KS_E_NOMEM, "out of memory");
+  ks_meta *m = NULL;
+  if (!st) st = run(&L, want, &m);
+  for (int f = 0; L.files && f < L.n; f++) {
+    ks_statedict_free(L.files[f].sd);
+    ks_reader_free(L.files[f].r);
+    json_decref(L.files[f].metrics);
+    if (L.files[f].fd >= 0) close(L.files[f].fd);
+    ks__free(L.a, L.files[f].path);
+  }
+  ks__free(L.a, L.files);
+  if (st) {
+    ks_statedict_free(L.out);
+    return st;
+  }
+  *sd = L.out;
+  *meta = m;
+  return KS_OK;
+}

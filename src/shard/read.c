@@ -1,0 +1,249 @@
+/* Reading and validating the index, and checking a rank file against it. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "shard/shard_internal.h"
+
+#define KS__MAX_INDEX (256u << 20) /* bytes of index JSON accepted */
+
+void ks_shard_index_free(ks_shard_index *idx) {
+  if (!idx) return;
+  const ks_allocator *a = &idx->alloc;
+  for (size_t i = 0; idx->per_rank && i < idx->n_per_rank; i++) ks__free(a, idx->per_rank[i]);
+  for (int i = 0; idx->files && i < idx->world_size; i++) ks__free(a, idx->files[i]);
+  for (size_t i = 0; idx->sharded && i < idx->n_sharded; i++) {
+    ks__free(a, idx->sharded[i].name);
+    ks__free(a, idx->sharded[i].chunks);
+  }
+  ks__free(a, idx->per_rank);
+  ks__free(a, idx->files);
+  ks__free(a, idx->infos);
+  ks__free(a, idx->sharded);
+  ks_allocator copy = idx->alloc;
+  ks__free(&copy, idx);
+}
+
+int ks_shard_index_world_size(const ks_shard_index *idx) { return idx ? idx->world_size : 0; }
+int64_t ks_shard_index_epoch(const ks_shard_index *idx) { return idx ? idx->ts.epoch : -1; }
+int64_t ks_shard_index_batch(const ks_shard_index *idx) { return idx ? idx->ts.batch : -1; }
+
+const char *ks_shard_index_file(const ks_shard_index *idx, int rank, ks_shard_file_info *info) {
+  if (!idx || rank < 0 || rank >= idx->world_size) return NULL;
+  if (info) *info = idx->infos[rank];
+  return idx->files[rank];
+}
+
+size_t ks_shard_index_sharded_count(const ks_shard_index *idx) { return idx ? idx->n_sharded : 0; }
+
+ks_status ks_shard_index_sharded_at(const ks_shard_index *idx, size_t i, ks_shard_chunk *whole, ks_dtype *dtype,
+                                    size_t *n_chunks) {
+  if (!idx || i >= idx->n_sharded) return KS_E_NOTFOUND;
+  const ks__sharded *s = &idx->sharded[i];
+  if (whole) {
+    memset(whole, 0, sizeof *whole);
+    whole->name = s->name;
+    whole->rank = s->rank;
+    memcpy(whole->global_shape, s->global_shape, sizeof whole->global_shape);
+    memcpy(whole->shape, s->global_shape, sizeof whole->shape);
+  }
+  if (dtype) *dtype = s->dtype;
+  if (n_chunks) *n_chunks = s->n_chunks;
+  return KS_OK;
+}
+
+ks_status ks_shard_index_chunk(const ks_shard_index *idx, size_t i, size_t j, ks_shard_chunk *chunk, int *file) {
+  if (!idx || i >= idx->n_sharded || j >= idx->sharded[i].n_chunks) return KS_E_NOTFOUND;
+  const ks__sharded *s = &idx->sharded[i];
+  const ks__saved_chunk *k = &s->chunks[j];
+  if (chunk) {
+    memset(chunk, 0, sizeof *chunk);
+    chunk->name = s->name;
+    chunk->rank = s->rank;
+    memcpy(chunk->global_shape, s->global_shape, sizeof chunk->global_shape);
+    memcpy(chunk->offsets, k->offsets, sizeof chunk->offsets);
+    memcpy(chunk->shape, k->shape, sizeof chunk->shape);
+  }
+  if (file) *file = k->file;
+  return KS_OK;
+}
+
+const char *const *ks_shard_index_per_rank(const ks_shard_index *idx, size_t *n) {
+  if (n) *n = idx ? idx->n_per_rank : 0;
+  return idx ? (const char *const *)idx->per_rank : NULL;
+}
+
+static ks_status bad(ks_error *err, const char *path, const char *key, const char *what) {
+  return ks__err_at(err, KS_E_FORMAT, path, key, -1, "index: %s", what);
+}
+
+static ks_status parse_files(ks_shard_index *idx, const json_t *files, const char *path, ks_error *err) {
+  if (!json_is_array(files) || json_array_size(files) != (size_t)idx->world_size)
+    return bad(err, path, "keepsake.files", "'files' must list one file per rank");
+  idx->files = ks__calloc(&idx->alloc, (size_t)idx->world_size, sizeof *idx->files);
+  idx->infos = ks__calloc(&idx->alloc, (size_t)idx->world_size, sizeof *idx->infos);
+  if (!idx->files || !idx->infos) return ks__err(err, KS_E_NOMEM, "out of memory reading the index");
+  for (int r = 0; r < idx->world_size; r++) {
+    const json_t *f = json_array_get(files, (size_t)r);
+    const char *name = json_string_value(json_object_get(f, "file"));
+    const char *hex = json_string_value(json_object_get(f, "xxh3"));
+    const json_t *size = json_object_get(f, "size");
+    char want[64];
+    ks_shard_file_name(r, idx->world_size, want, sizeof want);
+    unsigned long long h;
+    char tail;
+    if (json_integer_value(json_object_get(f, "rank")) != r || !name || strcmp(name, want) || !json_is_integer(size) ||
+        json_integer_value(size) < 0 || !hex || strlen(hex) != 16 || sscanf(hex, "%16llx%c", &h, &tail) != 1)
+      return bad(err, path, want, "a file entry is malformed (rank, file, size, xxh3)");
+    idx->infos[r].size = (uint64_t)json_integer_value(size);
+    idx->infos[r].checksum = h;
+    if (!(idx->files[r] = ks__strdup(&idx->alloc, name))) return ks__err(err, KS_E_NOMEM, "out of memory");
+  }
+  return KS_OK;
+}
+
+static ks_status parse_chunks(ks_shard_index *idx, ks__sharded *s, const json_t *chunks, const char *path,
+                              ks_error *err) {
+  if (!json_is_array(chunks) || json_array_size(chunks) > (size_t)idx->world_size * 64u)
+    return bad(err, path, s->name, "'chunks' must be an array");
+  s->n_chunks = json_array_size(chunks);
+  s->chunks = ks__calloc(&idx->alloc, s->n_chunks ? s->n_chunks : 1, sizeof *s->chunks);
+  if (!s->chunks) return ks__err(err, KS_E_NOMEM, "out of memory");
+  uint64_t covered = 0, whole = 1;
+  for (int d = 0; d < s->rank; d++) whole *= (uint64_t)s->global_shape[d];
+  for (size_t i = 0; i < s->n_chunks; i++) {
+    const json_t *c = json_array_get(chunks, i);
+    ks__saved_chunk *k = &s->chunks[i];
+    const json_t *fr = json_object_get(c, "rank");
+    k->file = json_is_integer(fr) ? (int)json_integer_value(fr) : -1;
+    if (k->file < 0 || k->file >= idx->world_size || ks__shard_dims(json_object_get(c, "offsets"), k->offsets) != s->rank ||
+        ks__shard_dims(json_object_get(c, "shape"), k->shape) != s->rank)
+      return bad(err, path, s->name, "a chunk is malformed (rank, offsets, shape)");
+    uint64_t n = 1;
+    for (int d = 0; d < s->rank; d++) {
+      if (k->offsets[d] > s->global_shape[d] || k->shape[d] > s->global_shape[d] - k->offsets[d])
+        return bad(err, path, s->name, "a chunk lies outside the global shape");
+      n *= (uint64_t)k->shape[d];
+    }
+    covered += n;
+  }
+  if (covered != whole) return bad(err, path, s->name, "the chunks do not cover the tensor exactly");
+  return KS_OK;
+}
+
+static ks_status parse_sharded(ks_shard_index *idx, const json_t *sharded, const char *path, ks_error *err) {
+  if (!json_is_object(sharded)) return bad(err, path, "keepsake.sharded", "'sharded' must be an object");
+  idx->n_sharded = json_object_size(sharded);
+  idx->sharded = ks__calloc(&idx->alloc, idx->n_sharded ? idx->n_sharded : 1, sizeof *idx->sharded);
+  if (!idx->sharded) return ks__err(err, KS_E_NOMEM, "out of memory");
+  const char *key;
+  json_t *v;
+  size_t i = 0;
+  json_object_foreach((json_t *)sharded, key, v) {
+    ks__sharded *s = &idx->sharded[i++];
+    if (!(s->name = ks__strdup(&idx->alloc, key))) return ks__err(err, KS_E_NOMEM, "out of memory");
+    const char *dn = json_string_value(json_object_get(v, "dtype"));
+    if (!dn || ks_dtype_parse(dn, strlen(dn), &s->dtype) ||
+        (s->rank = ks__shard_dims(json_object_get(v, "global_shape"), s->global_shape)) < 0)
+      return bad(err, path, key, "a sharded tensor needs a dtype and a global shape");
+    ks_status st = parse_chunks(idx, s, json_object_get(v, "chunks"), path, err);
+    if (st) return st;
+  }
+  return KS_OK;
+}
+
+static ks_status parse_per_rank(ks_shard_index *idx, const json_t *pr, const char *path, ks_error *err) {
+  if (!json_is_array(pr) || json_array_size(pr) > 4096) return bad(err, path, "keepsake.per_rank", "'per_rank' must be an array");
+  idx->n_per_rank = json_array_size(pr);
+  idx->per_rank = ks__calloc(&idx->alloc, idx->n_per_rank ? idx->n_per_rank : 1, sizeof(char *));
+  if (!idx->per_rank) return ks__err(err, KS_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < idx->n_per_rank; i++) {
+    const char *g = json_string_value(json_array_get(pr, i));
+    if (!g) return bad(err, path, "keepsake.per_rank", "'per_rank' must hold strings");
+    if (!(idx->per_rank[i] = ks__strdup(&idx->alloc, g))) return ks__err(err, KS_E_NOMEM, "out of memory");
+  }
+  return KS_OK;
+}
+
+static ks_status parse(ks_shard_index *idx, const json_t *root, const char *path, ks_error *err) {
+  const json_t *ks = json_object_get(root, "keepsake");
+  if (!json_is_object(json_object_get(root, "weight_map")) || !json_is_object(ks))
+    return bad(err, path, NULL, "not a keepsake sharded index (no weight_map / keepsake object)");
+  if (strcmp(json_string_value(json_object_get(ks, "format")) ? json_string_value(json_object_get(ks, "format")) : "",
+             "keepsake-sharded"))
+    return bad(err, path, "keepsake.format", "format is not 'keepsake-sharded'");
+  const json_t *v = json_object_get(ks, "version");
+  if (!json_is_integer(v)) return bad(err, path, "keepsake.version", "no version");
+  if (json_integer_value(v) > KS_SHARD_INDEX_VERSION || json_integer_value(v) < 1)
+    return ks__err_at(err, KS_E_VERSION, path, "keepsake.version", -1,
+                      "index version %lld; this library reads versions 1 to %d: upgrade keepsake",
+                      (long long)json_integer_value(v), KS_SHARD_INDEX_VERSION);
+  const json_t *ws = json_object_get(ks, "world_size");
+  if (!json_is_integer(ws) || json_integer_value(ws) < 1 || json_integer_value(ws) > KS_SHARD_MAX_WORLD)
+    return bad(err, path, "keepsake.world_size", "world_size must be 1 to 99999");
+  idx->world_size = (int)json_integer_value(ws);
+  if (!ks__shard_ts_parse(json_object_get(ks, "timestamp"), &idx->ts))
+    return bad(err, path, "keepsake.timestamp", "malformed timestamp");
+  ks_status st = parse_files(idx, json_object_get(ks, "files"), path, err);
+  if (!st) st = parse_per_rank(idx, json_object_get(ks, "per_rank"), path, err);
+  if (!st) st = parse_sharded(idx, json_object_get(ks, "sharded"), path, err);
+  return st;
+}
+
+ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_shard_index **out, ks_error *err) {
+  if (!dir || !out) return ks__err(err, KS_E_INVALID, "ks_shard_index_read: NULL argument");
+  char *path = ks__shard_join(alloc, dir, KS_SHARD_INDEX_NAME);
+  if (!path) return ks__err(err, KS_E_NOMEM, "out of memory");
+  struct stat sb;
+  ks_status st = KS_OK;
+  if (stat(path, &sb))
+    st = errno == ENOENT ? ks__err_at(err, KS_E_NOTFOUND, path, NULL, -1, "no index: not a complete sharded checkpoint")
+                         : ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot stat the index: %s", strerror(errno));
+  else if ((uint64_t)sb.st_size > KS__MAX_INDEX)
+    st = ks__err_at(err, KS_E_LIMIT, path, NULL, -1, "index is larger than %u bytes", KS__MAX_INDEX);
+  json_error_t je;
+  json_t *root = st ? NULL : json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+  if (!st && !root)
+    st = ks__err_at(err, KS_E_FORMAT, path, NULL, (int64_t)je.position, "index is not JSON: %s", je.text);
+  ks_shard_index *idx = st ? NULL : ks__calloc(alloc, 1, sizeof *idx);
+  if (!st && !idx) st = ks__err(err, KS_E_NOMEM, "out of memory");
+  if (!st) {
+    idx->alloc = *ks__alloc_or_default(alloc);
+    st = parse(idx, root, path, err);
+  }
+  json_decref(root);
+  ks__free(alloc, path);
+  if (st) {
+    ks_shard_index_free(idx);
+    return st;
+  }
+  *out = idx;
+  return KS_OK;
+}
+
+ks_status ks_shard_verify_file(const char *dir, const ks_shard_index *idx, int rank, ks_error *err) {
+  if (!dir || !idx || rank < 0 || rank >= idx->world_size) return ks__err(err, KS_E_INVALID, "ks_shard_verify_file: bad argument");
+  char *path = ks__shard_join(&idx->alloc, dir, idx->files[rank]);
+  if (!path) return ks__err(err, KS_E_NOMEM, "out of memory");
+  const ks_shard_file_info *want = &idx->infos[rank];
+  struct stat sb;
+  ks_shard_file_info got;
+  ks_status st = KS_OK;
+  if (stat(path, &sb))
+    st = errno == ENOENT ? ks__err_at(err, KS_E_NOTFOUND, path, NULL, -1, "rank %d: shard file %s is missing", rank,
+                                      idx->files[rank])
+                         : ks__err_at(err, KS_E_IO, path, NULL, -1, "rank %d: cannot stat %s: %s", rank, idx->files[rank],
+                                      strerror(errno));
+  else if ((uint64_t)sb.st_size != want->size)
+    st = ks__err_at(err, KS_E_FORMAT, path, NULL, (int64_t)sb.st_size,
+                    "rank %d: shard file %s is %s: %llu bytes, the index says %llu", rank, idx->files[rank],
+                    (uint64_t)sb.st_size < want->size ? "truncated" : "longer than recorded",
+                    (unsigned long long)sb.st_size, (unsigned long long)want->size);
+  else if (!(st = ks__shard_hash_file(path, &got, err)) && got.checksum != want->checksum)
+    st = ks__err_at(err, KS_E_CHECKSUM, path, NULL, -1,
+                    "rank %d: shard file %s is corrupt: XXH3 %016llx, the index says %016llx", rank, idx->files[rank],
+                    (unsigned long long)got.checksum, (unsigned long long)want->checksum);
+  ks__free(&idx->alloc, path);
+  return st;
+}

@@ -1,0 +1,192 @@
+/*
+ * One rank's file: its chunks of the sharded tensors, its per-rank entries and
+ * (rank 0 only) the replicated entries, with the chunk offsets in torch DCP's
+ * DCP_SHARDING_INFO and keepsake's own keepsake.shard record; then the hash of
+ * the whole file for the index, computed while it is written.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "shard/shard_internal.h"
+
+/*
+ * A ks_io that hashes every byte as it is written: the file's whole-file
+ * checksum comes for free, without reading the file back.
+ */
+typedef struct hashing_io {
+  ks_io io;
+  const ks_io *inner;
+  XXH3_state_t *xx;
+  uint64_t size;
+} hashing_io;
+
+static int h_create(void *ctx, const char *path, int *fd) {
+  hashing_io *h = ctx;
+  XXH3_64bits_reset(h->xx);
+  h->size = 0;
+  return h->inner->create_fn(h->inner->ctx, path, fd);
+}
+static int h_write(void *ctx, int fd, const void *buf, size_t n, size_t *written) {
+  hashing_io *h = ctx;
+  int rc = h->inner->write_fn(h->inner->ctx, fd, buf, n, written);
+  if (*written) {
+    XXH3_64bits_update(h->xx, buf, *written);
+    h->size += *written;
+  }
+  return rc;
+}
+static int h_fsync(void *ctx, int fd) { return ((hashing_io *)ctx)->inner->fsync_fn(((hashing_io *)ctx)->inner->ctx, fd); }
+static int h_close(void *ctx, int fd) { return ((hashing_io *)ctx)->inner->close_fn(((hashing_io *)ctx)->inner->ctx, fd); }
+static int h_rename(void *ctx, const char *from, const char *to) {
+  return ((hashing_io *)ctx)->inner->rename_fn(((hashing_io *)ctx)->inner->ctx, from, to);
+}
+static int h_unlink(void *ctx, const char *path) {
+  return ((hashing_io *)ctx)->inner->unlink_fn(((hashing_io *)ctx)->inner->ctx, path);
+}
+static int h_fsync_dir(void *ctx, const char *dir) {
+  return ((hashing_io *)ctx)->inner->fsync_dir_fn(((hashing_io *)ctx)->inner->ctx, dir);
+}
+
+/* ks_save through the hashing io; info gets the size and XXH3-64 of exactly the bytes written. */
+static ks_status save_hashed(const char *path, const ks_statedict *sd, const ks_meta *m, const ks_save_opts *opts,
+                             ks_shard_file_info *info, ks_error *err) {
+  /* Version 1: it wraps only the durable replace, which is all ks_save asks of it. */
+  hashing_io h = {{.version = 1, .create_fn = h_create, .write_fn = h_write, .fsync_fn = h_fsync,
+                   .close_fn = h_close, .rename_fn = h_rename, .unlink_fn = h_unlink, .fsync_dir_fn = h_fsync_dir},
+                  opts && opts->io ? opts->io : ks_io_posix(), XXH3_createState(), 0};
+  if (!h.xx) return ks__err(err, KS_E_NOMEM, "out of memory for the file hash");
+  h.io.ctx = &h;
+  ks_save_opts o = {.alloc = opts ? opts->alloc : NULL, .io = &h.io};
+  ks_status st = ks_save(path, sd, m, &o, err);
+  if (!st) {
+    info->size = h.size;
+    info->checksum = XXH3_64bits_digest(h.xx);
+  }
+  XXH3_freeState(h.xx);
+  return st;
+}
+
+/* Where an entry goes: 0 skipped (replicated, not rank 0), 1 written. */
+static int wanted(const ks_entry *e, int rank, const ks_shard_map *shards, const char *const *per_rank,
+                  size_t n_per_rank) {
+  ks_shard_chunk c;
+  if (e->kind == KS_VAL_TENSOR && ks_shard_map_get(shards, e->name, &c) == KS_OK) return 1;
+  if (ks__shard_matches(e->name, per_rank, n_per_rank)) return 1;
+  return rank == 0;
+}
+
+static ks_status check_chunk(const ks_statedict *sd, const ks_shard_chunk *c, ks_error *err) {
+  const ks_tensor *t = ks_statedict_tensor(sd, c->name);
+  if (!t) return ks__err_at(err, KS_E_INVALID, NULL, c->name, -1, "sharded tensor '%s' is not in the state", c->name);
+  int same = t->rank == c->rank;
+  for (int d = 0; same && d < c->rank; d++) same = t->shape[d] == c->shape[d];
+  if (!same) {
+    char a[128], b[128];
+    return ks__err_at(err, KS_E_INVALID, NULL, c->name, -1, "sharded tensor '%s' has shape %s but its chunk is %s",
+                      c->name, ks_shape_format(t->rank, t->shape, a, sizeof a),
+                      ks_shape_format(c->rank, c->shape, b, sizeof b));
+  }
+  return KS_OK;
+}
+
+/* torch DCP's record of every tensor of the file: chunks at their offsets, whole tensors at zero. */
+static json_t *dcp_info(const ks_statedict *fsd, const ks_shard_map *shards) {
+  json_t *o = json_object();
+  static const int64_t zeros[KS_MAX_RANK] = {0};
+  for (size_t i = 0; o && i < ks_statedict_count(fsd); i++) {
+    ks_entry e;
+    ks_statedict_at(fsd, i, &e);
+    if (e.kind != KS_VAL_TENSOR) continue;
+    ks_shard_chunk c;
+    json_t *x = ks_shard_map_get(shards, e.name, &c) == KS_OK
+                    ? json_pack("{s:o, s:o}", "saved_offsets", ks__shard_dims_json(c.rank, c.offsets), "global_shape",
+                                ks__shard_dims_json(c.rank, c.global_shape))
+                    : json_pack("{s:o}", "saved_offsets", ks__shard_dims_json(e.tensor.rank, zeros));
+    if (!x || json_object_set_new(o, e.name, x)) {
+      json_decref(o);
+      return NULL;
+    }
+  }
+  return o;
+}
+
+static json_t *shard_record(int rank, int world_size, const ks_statedict *sd, const char *const *per_rank,
+                            size_t n_per_rank) {
+  ks__shard_ts ts;
+  ks__shard_ts_of(sd, &ts);
+  json_t *globs = json_array();
+  for (size_t i = 0; globs && i < n_per_rank; i++) json_array_append_new(globs, json_string(per_rank[i]));
+  return json_pack("{s:i, s:i, s:o, s:o}", "rank", rank, "world_size", world_size, "per_rank", globs, "timestamp",
+                   ks__shard_ts_json(&ts));
+}
+
+static ks_status set_json(ks_meta *m, const char *key, json_t *j, ks_error *err) {
+  char *s = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+  json_decref(j);
+  ks_status st = s ? ks_meta_set(m, key, s) : KS_E_NOMEM;
+  free(s);
+  return st ? ks__err(err, st, "cannot build the %s metadata", key) : KS_OK;
+}
+
+static ks_status build_meta(int rank, int world_size, const ks_statedict *sd, const ks_statedict *fsd, const ks_meta *meta,
+                            const ks_shard_map *shards, const char *const *per_rank, size_t n_per_rank,
+                            const ks_allocator *a, ks_meta **out, ks_error *err) {
+  ks_meta *m;
+  if (ks_meta_create(a, &m)) return ks__err(err, KS_E_NOMEM, "out of memory building metadata");
+  ks_status st = meta ? ks_meta_copy(m, meta) : KS_OK;
+  if (st) st = ks__err(err, st, "cannot copy the metadata");
+  if (!st) st = set_json(m, KS__SHARD_META, shard_record(rank, world_size, sd, per_rank, n_per_rank), err);
+  if (!st) {
+    st = set_json(m, KS__DCP_INFO, dcp_info(fsd, shards), err);
+    if (!st && (ks_meta_set(m, KS__DCP_VERSION, "1.0") || ks_meta_set(m, "format", "pt")))
+      st = ks__err(err, KS_E_NOMEM, "out of memory building metadata");
+  }
+  if (st) {
+    ks_meta_free(m);
+    return st;
+  }
+  *out = m;
+  return KS_OK;
+}
+
+static ks_status select_entries(const ks_statedict *sd, int rank, const ks_shard_map *shards,
+                                const char *const *per_rank, size_t n_per_rank, ks_statedict *out, ks_error *err) {
+  for (size_t i = 0; i < ks_shard_map_count(shards); i++) {
+    ks_shard_chunk c;
+    ks_shard_map_at(shards, i, &c);
+    ks_status st = check_chunk(sd, &c, err);
+    if (st) return st;
+  }
+  for (size_t i = 0; i < ks_statedict_count(sd); i++) {
+    ks_entry e;
+    ks_statedict_at(sd, i, &e);
+    if (!wanted(&e, rank, shards, per_rank, n_per_rank)) continue;
+    ks_status st = ks_statedict_set_entry(out, e.name, &e, KS_BORROW);
+    if (st) return ks__err_at(err, st, NULL, e.name, -1, "cannot select entry: %s", ks_strerror(st));
+  }
+  return KS_OK;
+}
+
+ks_status ks_shard_write_rank(const char *dir, int rank, int world_size, const ks_statedict *sd,
+                              const ks_meta *meta, const ks_shard_map *shards, const char *const *per_rank,
+                              size_t n_per_rank, const ks_save_opts *opts, ks_shard_file_info *info,
+                              ks_error *err) {
+  char name[64];
+  if (!dir || !sd || !info || ks_shard_file_name(rank, world_size, name, sizeof name))
+    return ks__err(err, KS_E_INVALID, "ks_shard_write_rank: bad argument (rank %d of %d)", rank, world_size);
+  if (!per_rank) per_rank = ks_shard_default_per_rank(&n_per_rank);
+  const ks_allocator *a = ks__alloc_or_default(opts ? opts->alloc : NULL);
+  char *path = ks__shard_join(a, dir, name);
+  ks_statedict *fsd = NULL;
+  ks_meta *m = NULL;
+  ks_status st = path && !ks_statedict_create(a, &fsd) ? KS_OK : ks__err(err, KS_E_NOMEM, "out of memory");
+  if (!st) st = select_entries(sd, rank, shards, per_rank, n_per_rank, fsd, err);
+  if (!st) st = build_meta(rank, world_size, sd, fsd, meta, shards, per_rank, n_per_rank, a, &m, err);
+  if (!st) st = save_hashed(path, fsd, m, opts, info, err);
+  if (st && err) ks__err_set_file(err, path);
+  ks_meta_free(m);
+  ks_statedict_free(fsd);
+  ks__free(a, path);
+  return st;
+}

@@ -1,0 +1,162 @@
+/*
+ * What a flat name cannot say about the pickled value: which folders were
+ * lists, tuples or sets, which dict keys were ints, bools, None or floats, and
+ * which containers were empty. Recorded while flattening as the JSON document
+ * of keepsake.torch_structure (docs/FORMAT.md), read back by the .pt writer.
+ * Also the percent-escaping of key text and the check that flat names form a
+ * tree (no name is both a value and a folder).
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "torch/torch_internal.h"
+
+struct ks__structure {
+  json_t *doc;        /* {"version": 1, "containers": {...}} */
+  json_t *containers; /* borrowed from doc */
+};
+
+/* ---- escaping ---- */
+
+size_t ks__torch_escaped_len(const char *s, size_t n) {
+  size_t out = n;
+  for (size_t i = 0; i < n; i++) out += (s[i] == '/' || s[i] == '%') ? 2 : 0;
+  return out;
+}
+
+size_t ks__torch_escape(const char *s, size_t n, char *dst) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] == '/' || s[i] == '%') {
+      dst[k++] = '%';
+      dst[k++] = '2';
+      dst[k++] = s[i] == '/' ? 'F' : '5';
+    } else {
+      dst[k++] = s[i];
+    }
+  }
+  return k;
+}
+
+size_t ks__torch_unescape(const char *s, size_t n, char *dst) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] == '%' && i + 2 < n && s[i + 1] == '2' && (s[i + 2] == 'F' || s[i + 2] == '5')) {
+      dst[k++] = s[i + 2] == 'F' ? '/' : '%';
+      i += 2;
+    } else {
+      dst[k++] = s[i];
+    }
+  }
+  return k;
+}
+
+/* ---- names form a tree ---- */
+
+/* Orders names so that every name under "a/" directly follows "a": '/' sorts first. */
+static int cmp_names(const void *pa, const void *pb) {
+  const unsigned char *a = *(const unsigned char *const *)pa, *b = *(const unsigned char *const *)pb;
+  for (;; a++, b++) {
+    if (*a != *b) {
+      if (!*a || !*b) return *a ? 1 : -1;
+      if (*a == '/' || *b == '/') return *a == '/' ? -1 : 1;
+      return *a < *b ? -1 : 1;
+    }
+    if (!*a) return 0;
+  }
+}
+
+ks_status ks__torch_names_prefix_free(const ks_statedict *sd, ks_error *err) {
+  size_t n = ks_statedict_count(sd), bytes;
+  if (n < 2) return KS_OK;
+  if (!ks__mul_size(n, sizeof(const char *), &bytes)) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
+  const char **names = ks__malloc(ks_statedict_allocator(sd), bytes);
+  if (!names) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
+  ks_entry e;
+  for (size_t i = 0; i < n && ks_statedict_at(sd, i, &e) == KS_OK; i++) names[i] = e.name;
+  qsort(names, n, sizeof *names, cmp_names);
+  ks_status st = KS_OK;
+  for (size_t i = 0; i + 1 < n && !st; i++) {
+    size_t len = strlen(names[i]);
+    if (!strncmp(names[i], names[i + 1], len) && names[i + 1][len] == '/')
+      st = ks__err_at(err, KS_E_EXISTS, NULL, names[i], -1, "torch: '%s' is both a value and a folder (of '%s')",
+                      names[i], names[i + 1]);
+  }
+  ks__free(ks_statedict_allocator(sd), names);
+  return st;
+}
+
+/* ---- recording ---- */
+
+ks_status ks__structure_create(ks__structure **out, ks_error *err) {
+  ks__structure *s = calloc(1, sizeof *s);
+  if (s) s->doc = json_pack("{s:i, s:{}}", "version", 1, "containers");
+  if (!s || !s->doc) {
+    free(s);
+    return ks__err(err, KS_E_NOMEM, "torch: out of memory");
+  }
+  s->containers = json_object_get(s->doc, "containers");
+  *out = s;
+  return KS_OK;
+}
+
+void ks__structure_free(ks__structure *s) {
+  if (!s) return;
+  json_decref(s->doc);
+  free(s);
+}
+
+static ks_status set_new(ks_error *err, json_t *obj, const char *key, json_t *v) {
+  if (!v) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
+  if (!json_object_set_new(obj, key, v)) return KS_OK;
+  return ks__err_at(err, KS_E_VALUE, NULL, key, -1, "torch: a key on this path is not valid UTF-8");
+}
+
+ks_status ks__structure_container(ks__structure *s, const char *path, const ks__pk_node *n, ks_error *err) {
+  const char *kind = n->kind == PK_LIST ? "list" : n->kind == PK_TUPLE ? "tuple" : n->kind == PK_SET ? "set" : "dict";
+  if (n->kind == PK_DICT) {
+    if (n->u.seq.n >= 2) return KS_OK; /* plain str-keyed dicts need no record; other keys add one */
+    return set_new(err, s->containers, path, json_pack("{s:s}", "kind", kind));
+  }
+  return set_new(err, s->containers, path,
+                 json_pack("{s:s, s:I}", "kind", kind, "len", (json_int_t)n->u.seq.n));
+}
+
+ks_status ks__structure_key(ks__structure *s, const char *path, const ks__pk_node *key, const char *text, size_t n,
+                            ks_error *err) {
+  json_t *c = json_object_get(s->containers, path), *v;
+  if (!c) {
+    ks_status st = set_new(err, s->containers, path, json_pack("{s:s}", "kind", "dict"));
+    if (st) return st;
+    c = json_object_get(s->containers, path);
+  }
+  json_t *keys = json_object_get(c, "keys");
+  if (!keys) {
+    ks_status st = set_new(err, c, "keys", json_object());
+    if (st) return st;
+    keys = json_object_get(c, "keys");
+  }
+  switch (key->kind) {
+    case PK_INT: v = json_integer((json_int_t)key->u.i); break;
+    case PK_BOOL: v = json_boolean(key->u.i); break;
+    case PK_NONE: v = json_null(); break;
+    case PK_FLOAT: v = json_real(key->u.f); break;
+    default: return KS_OK; /* bytes keys: exported as str */
+  }
+  char comp[64];
+  snprintf(comp, sizeof comp, "%.*s", (int)(n < 63 ? n : 63), text);
+  return set_new(err, keys, comp, v);
+}
+
+ks_status ks__structure_bare_value(ks__structure *s, ks_error *err) {
+  return set_new(err, s->containers, "", json_pack("{s:s}", "kind", "value"));
+}
+
+ks_status ks__structure_dump(const ks__structure *s, const ks_allocator *a, char **out, ks_error *err) {
+  char *txt = json_dumps(s->doc, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  if (!txt) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
+  *out = ks__strdup(a, txt);
+  free(txt);
+  return *out ? KS_OK : ks__err(err, KS_E_NOMEM, "torch: out of memory");
+}

@@ -1,0 +1,356 @@
+/*
+ * Sharded checkpoints without MPI (src/shard): rank files and the index, loads
+ * at fewer, equal and more ranks, reshard, the index's validation, shard file
+ * verification, timestamps that disagree, and allocation failures.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "keepsake/keepsake.h"
+#include "testutil.h"
+
+#define N 3
+#define ROWS 7
+#define COLS 2
+
+/* Rank r of N: its row chunk of w, a replicated b, its own counter metric and rng. */
+static void rank_state(int r, int64_t batch, ks_statedict **sd, ks_meta **meta, ks_shard_map **map) {
+  int64_t g[2] = {ROWS, COLS}, off[2], shape[2];
+  ks_shard_split_dim0(2, g, r, N, off, shape);
+  assert_int_equal(ks_statedict_create(NULL, sd), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, meta), KS_OK);
+  assert_int_equal(ks_shard_map_create(NULL, map), KS_OK);
+  float *w;
+  assert_int_equal(ks_statedict_new_tensor(*sd, "state/model/w", KS_F32, 2, shape, (void **)&w), KS_OK);
+  for (int64_t i = 0; i < shape[0] * COLS; i++) w[i] = (float)(off[0] * COLS + i);
+  float *b;
+  int64_t bs[1] = {4};
+  assert_int_equal(ks_statedict_new_tensor(*sd, "state/model/b", KS_F32, 1, bs, (void **)&b), KS_OK);
+  for (int i = 0; i < 4; i++) b[i] = (float)i * 0.25f;
+  assert_int_equal(ks_shard_map_add(*map, "state/model/w", 2, g, off, shape), KS_OK);
+  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/epoch", 2), KS_OK);
+  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/batch", batch), KS_OK);
+  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/sample", 10 * batch), KS_OK);
+  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/token", 0), KS_OK);
+  assert_int_equal(ks_statedict_set_string(*sd, "state/run_name", "shard"), KS_OK);
+  ks_rng rng;
+  ks_rng_seed(&rng, (uint64_t)r + 1);
+  assert_int_equal(ks_rng_to_state_dict(&rng, *sd, "rng/0/"), KS_OK);
+  /* A SumMetric holding r+1 after r+1 updates. */
+  ks_metric *m;
+  assert_int_equal(ks_metric_create("SumMetric", NULL, NULL, &m, NULL), KS_OK);
+  float one = 1.0f;
+  ks_tensor t;
+  ks_tensor_init(&t, KS_F32, 0, NULL, &one);
+  for (int i = 0; i <= r; i++) assert_int_equal(ks_metric_update(m, &t, 1, NULL), KS_OK);
+  assert_int_equal(ks_metric_to_state_dict(m, *sd, "state/train_metrics/S/state_dict/", NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_null(*sd, "state/train_metrics/S/_computed"), KS_OK);
+  char json[256];
+  snprintf(json, sizeof json,
+           "{\"state/train_metrics/S\":{\"class\":\"SumMetric\",\"args\":%s,\"schema_version\":2,\"update_count\":%d}}",
+           ks_metric_args_json(m), r + 1);
+  assert_int_equal(ks_meta_set(*meta, "keepsake.metrics", json), KS_OK);
+  ks_metric_free(m);
+}
+
+static char *write_ckpt_at(const char *root, const char *name, int bad_rank, int64_t batch) {
+  char *dir = ks_test_path(root, name);
+  assert_int_equal(mkdir(dir, 0777), 0);
+  ks_shard_file_info infos[N];
+  ks_save_opts so = {.io = ks_test_io_nosync()};
+  for (int r = 0; r < N; r++) {
+    ks_statedict *sd;
+    ks_meta *meta;
+    ks_shard_map *map;
+    rank_state(r, r == bad_rank ? 9 : batch, &sd, &meta, &map);
+    ks_error err;
+    assert_int_equal(ks_shard_write_rank(dir, r, N, sd, meta, map, NULL, 0, &so, &infos[r], &err), KS_OK);
+    ks_statedict_free(sd);
+    ks_meta_free(meta);
+    ks_shard_map_free(map);
+  }
+  ks_error err;
+  ks_status st = ks_shard_write_index(dir, N, infos, &so, &err);
+  assert_int_equal(st, bad_rank >= 0 ? KS_E_MISMATCH : KS_OK);
+  if (bad_rank >= 0) assert_non_null(strstr(err.message, "timestamps differ"));
+  return dir;
+}
+
+static char *write_ckpt(const char *root, const char *name, int bad_rank) {
+  return write_ckpt_at(root, name, bad_rank, 5);
+}
+
+static float metric_sum(const ks_statedict *sd) {
+  const ks_tensor *t = ks_statedict_tensor(sd, "state/train_metrics/S/state_dict/sum_value");
+  assert_non_null(t);
+  return *(const float *)t->data;
+}
+
+/* Loads every rank at m and checks w, b and that the metric sums add up to 1+2+3. */
+static void check_load_at(const char *dir, int saved, int m, ks_test_alloc *ta) {
+  ks_shard_index *idx;
+  ks_error err;
+  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, &err), KS_OK);
+  assert_int_equal(ks_shard_index_world_size(idx), saved);
+  float total = 0;
+  for (int r = 0; r < m; r++) {
+    int64_t g[2] = {ROWS, COLS}, off[2], shape[2];
+    ks_shard_split_dim0(2, g, r, m, off, shape);
+    ks_shard_map *want;
+    assert_int_equal(ks_shard_map_create(NULL, &want), KS_OK);
+    assert_int_equal(ks_shard_map_add(want, "state/model/w", 2, g, off, shape), KS_OK);
+    ks_statedict *sd;
+    ks_meta *meta;
+    ks_shard_load_opts lo = {ta ? &ta->a : NULL, 0};
+    assert_int_equal(ks_shard_load_rank(dir, idx, r, m, want, &lo, &sd, &meta, &err), KS_OK);
+    const ks_tensor *w = ks_statedict_tensor(sd, "state/model/w");
+    assert_non_null(w);
+    assert_int_equal(w->shape[0], shape[0]);
+    for (int64_t i = 0; i < shape[0] * COLS; i++) assert_true(((float *)w->data)[i] == (float)(off[0] * COLS + i));
+    assert_true(((const float *)ks_statedict_tensor(sd, "state/model/b")->data)[3] == 0.75f);
+    total += metric_sum(sd);
+    if (m == N && saved == N) assert_true(metric_sum(sd) == (float)(r + 1)); /* own state back */
+    assert_non_null(strstr(ks_meta_get(meta, "keepsake.metrics"), "update_count"));
+    ks_statedict_free(sd);
+    ks_meta_free(meta);
+    ks_shard_map_free(want);
+  }
+  assert_true(total == 6.0f);
+  ks_shard_index_free(idx);
+}
+
+static void loads_at_fewer_equal_and_more_ranks(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shard");
+  char *dir = write_ckpt(root, "ep2-ba5", -1);
+  for (int m = 1; m <= 5; m++) check_load_at(dir, N, m, NULL);
+  /* Resharded to 2 then loaded at 2: the same as loading the original at 2. */
+  char *out = ks_test_path(root, "two");
+  ks_error err;
+  assert_int_equal(ks_shard_reshard(dir, 2, out, NULL, &err), KS_OK);
+  check_load_at(out, 2, 2, NULL);
+  check_load_at(out, 2, 3, NULL);
+  assert_int_equal(ks_shard_reshard(dir, 2, out, NULL, &err), KS_E_EXISTS);
+  char *latest = NULL;
+  assert_int_equal(ks_shard_latest(root, NULL, &latest, NULL, &err), KS_OK);
+  assert_non_null(latest); /* both have the same timestamp: either is newest */
+  free(latest);
+  ks_test_rmtree(root);
+  free(out);
+  free(dir);
+  free(root);
+}
+
+static void timestamps_that_disagree_leave_no_index(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shard");
+  char *dir = write_ckpt(root, "ep2-ba5", 2);
+  ks_shard_index *idx = NULL;
+  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, NULL), KS_E_NOTFOUND);
+  char *latest = (char *)1;
+  assert_int_equal(ks_shard_latest(root, NULL, &latest, NULL, NULL), KS_OK);
+  assert_null(latest);
+  ks_test_rmtree(root);
+  free(dir);
+  free(root);
+}
+
+static void bad_shards_are_named(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shard");
+  char *dir = write_ckpt(root, "ep2-ba5", -1);
+  char *f1 = ks_test_path(dir, "rank-00001-of-00003.keepsake");
+  size_t len;
+  uint8_t *bytes = ks_test_read_file(f1, &len);
+  ks_shard_index *idx;
+  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, NULL), KS_OK);
+  ks_error err;
+  bytes[len / 2] ^= 1;
+  assert_int_equal(ks_test_write_file(f1, bytes, len), 0);
+  assert_int_equal(ks_shard_verify_file(dir, idx, 1, &err), KS_E_CHECKSUM);
+  assert_non_null(strstr(err.message, "rank 1"));
+  assert_non_null(strstr(err.file, "rank-00001-of-00003.keepsake"));
+  bytes[len / 2] ^= 1;
+  assert_int_equal(ks_test_write_file(f1, bytes, len - 1), 0);
+  assert_int_equal(ks_shard_verify_file(dir, idx, 1, &err), KS_E_FORMAT);
+  assert_non_null(strstr(err.message, "truncated"));
+  remove(f1);
+  assert_int_equal(ks_shard_verify_file(dir, idx, 1, &err), KS_E_NOTFOUND);
+  assert_non_null(strstr(err.message, "missing"));
+  ks_statedict *sd;
+  ks_meta *meta;
+  assert_int_equal(ks_shard_load_rank(dir, idx, 0, 1, NULL, NULL, &sd, &meta, &err), KS_E_NOTFOUND);
+  assert_int_equal(ks_test_write_file(f1, bytes, len), 0);
+  assert_int_equal(ks_shard_load_rank(dir, idx, 0, 1, NULL, NULL, &sd, &meta, &err), KS_OK);
+  ks_statedict_free(sd);
+  ks_meta_free(meta);
+  ks_shard_index_free(idx);
+  ks_test_rmtree(root);
+  free(bytes);
+  free(f1);
+  free(dir);
+  free(root);
+}
+
+/* A rank file swapped in from another checkpoint, with the index patched to match its bytes. */
+static void a_file_from_another_checkpoint_is_refused(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shard");
+  char *a = write_ckpt_at(root, "ep2-ba5", -1, 5), *b = write_ckpt_at(root, "ep2-ba6", -1, 6);
+  char *fa = ks_test_path(a, "rank-00001-of-00003.keepsake"), *fb = ks_test_path(b, "rank-00001-of-00003.keepsake");
+  size_t len;
+  uint8_t *bytes = ks_test_read_file(fb, &len);
+  assert_int_equal(ks_test_write_file(fa, bytes, len), 0);
+  char *ip = ks_test_path(a, KS_SHARD_INDEX_NAME), hex[17];
+  json_t *idx_json = json_load_file(ip, 0, NULL);
+  json_t *f1 = json_array_get(json_object_get(json_object_get(idx_json, "keepsake"), "files"), 1);
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)ks_checksum(bytes, len));
+  json_object_set_new(f1, "size", json_integer((json_int_t)len));
+  json_object_set_new(f1, "xxh3", json_string(hex));
+  assert_int_equal(json_dump_file(idx_json, ip, 0), 0);
+  json_decref(idx_json);
+  ks_shard_index *idx;
+  ks_error err;
+  assert_int_equal(ks_shard_index_read(a, NULL, &idx, &err), KS_OK);
+  assert_int_equal(ks_shard_verify_file(a, idx, 1, &err), KS_OK);
+  ks_statedict *sd = NULL;
+  ks_meta *meta = NULL;
+  assert_int_equal(ks_shard_load_rank(a, idx, 1, 3, NULL, NULL, &sd, &meta, &err), KS_E_MISMATCH);
+  assert_non_null(strstr(err.message, "timestamps disagree"));
+  assert_non_null(strstr(err.message, "batch 6"));
+  assert_non_null(strstr(err.file, "rank-00001-of-00003.keepsake"));
+  ks_shard_index_free(idx);
+  ks_test_rmtree(root);
+  free(ip);
+  free(bytes);
+  free(fa);
+  free(fb);
+  free(a);
+  free(b);
+  free(root);
+}
+
+static void write_index_text(const char *dir, const char *text) {
+  char *p = ks_test_path(dir, KS_SHARD_INDEX_NAME);
+  assert_int_equal(ks_test_write_file(p, text, strlen(text)), 0);
+  free(p);
+}
+
+static void malformed_indexes_are_refused(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shard");
+  static const struct {
+    const char *text;
+    ks_status want;
+  } cases[] = {
+      {"not json", KS_E_FORMAT},
+      {"{}", KS_E_FORMAT},
+      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"other\",\"version\":1}}", KS_E_FORMAT},
+      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":2,\"world_size\":1}}", KS_E_VERSION},
+      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":1,\"world_size\":0}}", KS_E_FORMAT},
+      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":1,\"world_size\":1,"
+       "\"timestamp\":null,\"files\":[{\"rank\":0,\"file\":\"../x\",\"size\":1,\"xxh3\":\"0000000000000000\"}]}}",
+       KS_E_FORMAT},
+      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":1,\"world_size\":1,"
+       "\"timestamp\":null,\"per_rank\":[],\"files\":[{\"rank\":0,\"file\":\"rank-00000-of-00001.keepsake\","
+       "\"size\":1,\"xxh3\":\"0000000000000000\"}],\"sharded\":{\"w\":{\"dtype\":\"F32\",\"global_shape\":[4],"
+       "\"chunks\":[{\"rank\":0,\"offsets\":[0],\"shape\":[3]}]}}}}",
+       KS_E_FORMAT},
+      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":1,\"world_size\":1,"
+       "\"timestamp\":null,\"per_rank\":[],\"files\":[{\"rank\":0,\"file\":\"rank-00000-of-00001.keepsake\","
+       "\"size\":1,\"xxh3\":\"0000000000000000\"}],\"sharded\":{\"w\":{\"dtype\":\"F32\",\"global_shape\":[4],"
+       "\"chunks\":[{\"rank\":0,\"offsets\":[2],\"shape\":[4]}]}}}}",
+       KS_E_FORMAT},
+      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":1,\"world_size\":1,"
+       "\"timestamp\":null,\"per_rank\":[],\"files\":[{\"rank\":0,\"file\":\"rank-00000-of-00001.keepsake\","
+       "\"size\":1,\"xxh3\":\"0000000000000000\"}],\"sharded\":{}}}",
+       KS_OK},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    write_index_text(root, cases[i].text);
+    ks_shard_index *idx = NULL;
+    ks_error err;
+    ks_status st = ks_shard_index_read(root, NULL, &idx, &err);
+    if (st != cases[i].want) fail_msg("case %zu: %s, want %s (%s)", i, ks_status_name(st), ks_status_name(cases[i].want), err.message);
+    ks_shard_index_free(idx);
+  }
+  ks_test_rmtree(root);
+  free(root);
+}
+
+static void allocation_failures_leak_nothing(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shard");
+  char *dir = write_ckpt(root, "ep2-ba5", -1);
+  ks_shard_index *idx;
+  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, NULL), KS_OK);
+  ks_status st = KS_E_NOMEM;
+  for (long n = 1; st == KS_E_NOMEM && n < 10000; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_shard_load_opts lo = {&ta.a, 0};
+    ks_statedict *sd = NULL;
+    ks_meta *meta = NULL;
+    st = ks_shard_load_rank(dir, idx, 0, 2, NULL, &lo, &sd, &meta, NULL);
+    if (!st) {
+      assert_true(metric_sum(sd) == 3.0f); /* saved ranks 0 and 1 merged: 1 + 2 */
+      ks_statedict_free(sd);
+      ks_meta_free(meta);
+    }
+    assert_int_equal(ta.live, 0);
+  }
+  assert_int_equal(st, KS_OK);
+  ks_shard_index_free(idx);
+  ks_test_rmtree(root);
+  free(dir);
+  free(root);
+}
+
+static void chunk_maps_check_their_bounds(void **s) {
+  (void)s;
+  ks_shard_map *m;
+  assert_int_equal(ks_shard_map_create(NULL, &m), KS_OK);
+  int64_t g[1] = {4}, o[1] = {3}, sh[1] = {2};
+  assert_int_equal(ks_shard_map_add(m, "w", 1, g, o, sh), KS_E_INVALID);
+  sh[0] = 1;
+  assert_int_equal(ks_shard_map_add(m, "w", 1, g, o, sh), KS_OK);
+  ks_shard_chunk c;
+  assert_int_equal(ks_shard_map_get(m, "w", &c), KS_OK);
+  assert_int_equal(c.offsets[0], 3);
+  assert_int_equal(ks_shard_map_count(m), 1);
+  ks_shard_map_free(m);
+  int64_t off[1], shape[1], g10[1] = {10};
+  int64_t total = 0;
+  for (int r = 0; r < 4; r++) {
+    ks_shard_split_dim0(1, g10, r, 4, off, shape);
+    assert_int_equal(off[0], total);
+    total += shape[0];
+  }
+  assert_int_equal(total, 10);
+  char name[64];
+  assert_int_equal(ks_shard_file_name(3, 4, name, sizeof name), KS_OK);
+  assert_string_equal(name, "rank-00003-of-00004.keepsake");
+  assert_int_equal(ks_shard_file_name(4, 4, name, sizeof name), KS_E_INVALID);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(loads_at_fewer_equal_and_more_ranks),
+      cmocka_unit_test(timestamps_that_disagree_leave_no_index),
+      cmocka_unit_test(bad_shards_are_named),
+      cmocka_unit_test(a_file_from_another_checkpoint_is_refused),
+      cmocka_unit_test(malformed_indexes_are_refused),
+      cmocka_unit_test(allocation_failures_leak_nothing),
+      cmocka_unit_test(chunk_maps_check_their_bounds),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
