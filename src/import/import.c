@@ -8,13 +8,13 @@
  * (their items may all view one shared storage) and metrics rebuilt from
  * pickled attributes (num_classes sizes a confusion matrix).
  */
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "core/internal.h"
+#include "core/json.h"
 #include "keepsake/import.h"
 #include "keepsake/layout.h"
 #include "keepsake/metric.h"
@@ -43,13 +43,13 @@ static int in_catalogue(const char *name) {
  * ("torchmetrics.classification.accuracy.MulticlassAccuracy"), or the metric's
  * name when that is a catalogue class (Composer names metrics by class).
  */
-static const char *class_of(const json_t *m) {
-  const char *global = json_string_value(json_object_get(m, "class"));
+static const char *class_of(const ks__jv *m) {
+  const char *global = ks__jv_string(ks__jv_get(m, "class"));
   if (global) {
     const char *dot = strrchr(global, '.');
     return dot ? dot + 1 : global;
   }
-  const char *name = json_string_value(json_object_get(m, "name"));
+  const char *name = ks__jv_string(ks__jv_get(m, "name"));
   return name && in_catalogue(name) ? name : NULL;
 }
 
@@ -61,57 +61,67 @@ typedef struct describe_ctx {
 } describe_ctx;
 
 /* The canonical arguments rebuilt from a pickled object's attributes; *args NULL when they cannot be. */
-static ks_status rebuilt_args(describe_ctx *c, const char *cls, const json_t *m, const char *path, json_t **args) {
-  char *attrs = json_dumps(json_object_get(m, "attrs"), JSON_COMPACT | JSON_SORT_KEYS);
+static ks_status rebuilt_args(describe_ctx *c, const char *cls, const ks__jv *m, const char *path, ks__jv **args) {
+  const ks__jv *a = ks__jv_get(m, "attrs");
+  *args = NULL;
+  if (!a) return KS_OK; /* nothing to rebuild from: the arguments are left out */
+  char *attrs = ks__jv_dump(c->alloc, a, true);
   if (!attrs) return nomem(c->err);
   ks_metric *metric = NULL;
   ks_status st = ks_metric_from_attributes(cls, attrs, c->alloc, &c->budget, &metric, c->err);
-  free(attrs);
+  ks__free(c->alloc, attrs);
   if (st) {
     ks__err_set_key(c->err, path);
     return st;
   }
-  *args = metric ? json_loads(ks_metric_args_json(metric), JSON_REJECT_DUPLICATES, NULL) : NULL;
+  if (metric) {
+    const char *txt = ks_metric_args_json(metric);
+    st = ks__jv_parse(c->alloc, txt, strlen(txt), "metric arguments", args, c->err);
+  }
   ks_metric_free(metric);
-  return metric && !*args ? nomem(c->err) : KS_OK;
+  return st;
 }
 
-static ks_status metric_entry(describe_ctx *c, const json_t *m, const char *path, json_t **out) {
+static ks_status metric_entry(describe_ctx *c, const ks__jv *m, const char *path, ks__jv **out) {
   const char *cls = class_of(m);
-  const json_t *count = json_object_get(m, "update_count");
-  json_int_t updates = json_is_integer(count) && json_integer_value(count) >= 0 ? json_integer_value(count) : 1;
+  int64_t updates = 1;
+  if (!ks__jv_is_int(ks__jv_get(m, "update_count"), &updates) || updates < 0) updates = 1;
   char prefix[KS_MAX_NAME + 1];
   int n = snprintf(prefix, sizeof prefix, "%s/%s", path, KS_KEY_METRIC_STATES);
   if (n < 0 || (size_t)n >= sizeof prefix) return ks__err_at(c->err, KS_E_LIMIT, NULL, path, -1, "metric name too long");
   int version = ks_metric_stored_schema_version(cls, c->sd, prefix);
-  json_t *args = NULL;
-  ks_status st = cls && json_is_string(json_object_get(m, "class")) ? rebuilt_args(c, cls, m, path, &args) : KS_OK;
+  ks__jv *args = NULL;
+  const ks_allocator *a = c->alloc;
+  ks_status st = cls && ks__jv_is(ks__jv_get(m, "class"), KS__JV_STRING) ? rebuilt_args(c, cls, m, path, &args) : KS_OK;
   if (st) return st;
-  json_t *e = json_pack("{s:i, s:I}", "schema_version", version, "update_count", updates);
-  if (!e || (cls && json_object_set_new(e, "class", json_string(cls))) || (args && json_object_set(e, "args", args))) {
-    json_decref(e);
-    e = NULL;
-  }
-  json_decref(args);
+  ks__jv *e = ks__jv_object(a);
+  st = e ? KS_OK : KS_E_NOMEM;
+  if (!st) st = ks__jv_set(a, e, "schema_version", ks__jv_int(a, version));
+  if (!st) st = ks__jv_set(a, e, "update_count", ks__jv_int(a, updates));
+  if (!st && cls) st = ks__jv_set(a, e, "class", ks__jv_str(a, cls));
+  if (!st && args) st = ks__jv_set(a, e, "args", args), args = NULL;
+  ks__jv_free(a, args);
+  if (st) ks__jv_free(a, e), e = NULL;
   *out = e;
   return e ? KS_OK : nomem(c->err);
 }
 
 /* KS_META_METRICS ({path: {class, args, schema_version, update_count}}) from normalize's description. */
 static ks_status metrics_meta(describe_ctx *c, const char *composer_json, char **out) {
-  json_t *doc = json_loads(composer_json, JSON_REJECT_DUPLICATES, NULL);
-  json_t *list = json_object_get(doc, "metrics"), *meta = json_object();
-  size_t i;
-  json_t *m;
-  ks_status st = !doc || !meta ? nomem(c->err) : KS_OK;
-  json_array_foreach(list, i, m) {
-    const char *path = json_string_value(json_object_get(m, "path"));
-    json_t *e = NULL;
-    if (!st && path && !(st = metric_entry(c, m, path, &e)) && json_object_set_new(meta, path, e)) st = nomem(c->err);
+  const ks_allocator *a = c->alloc;
+  ks__jv *doc = NULL, *meta = ks__jv_object(a);
+  ks_status st = ks__jv_parse(a, composer_json, strlen(composer_json), KS_META_COMPOSER_METRICS, &doc, c->err);
+  if (!st && !meta) st = nomem(c->err);
+  const ks__jv *list = ks__jv_get(doc, "metrics");
+  for (size_t i = 0; !st && ks__jv_is(list, KS__JV_ARRAY) && i < list->len; i++) {
+    const ks__jv *m = list->items[i];
+    const char *path = ks__jv_string(ks__jv_get(m, "path"));
+    ks__jv *e = NULL;
+    if (path && !(st = metric_entry(c, m, path, &e)) && ks__jv_set(a, meta, path, e)) st = nomem(c->err);
   }
-  *out = st ? NULL : json_dumps(meta, JSON_COMPACT | JSON_SORT_KEYS);
-  json_decref(meta);
-  json_decref(doc);
+  *out = st ? NULL : ks__jv_dump(a, meta, true);
+  ks__jv_free(a, meta);
+  ks__jv_free(a, doc);
   return !st && !*out ? nomem(c->err) : st;
 }
 
@@ -138,7 +148,7 @@ static ks_status import_metrics(ks_statedict *raw, uint64_t budget, ks_statedict
   if (!st) st = set_meta(meta, KS_META_COMPOSER_METRICS, json, err);
   if (!st) st = metrics_meta(&c, json, &metrics);
   if (!st) st = set_meta(meta, KS_META_METRICS, metrics, err);
-  free(metrics);
+  ks__free(c.alloc, metrics);
   ks_torch_free(ks_statedict_allocator(*sd), json);
   if (st) {
     ks_statedict_free(*sd);
@@ -149,21 +159,40 @@ static ks_status import_metrics(ks_statedict *raw, uint64_t budget, ks_statedict
 
 /* KS_TORCH_STRUCTURE_META: the container kinds of the file, without the metric subtrees when
    ks_composer_normalize rewrote them (their records would describe no entry). */
-static ks_status structure_meta(ks_meta *meta, const char *structure, int normalized, ks_error *err) {
+static int metric_path(const char *path) {
+  return !strncmp(path, KS_KEY_TRAIN_METRICS, strlen(KS_KEY_TRAIN_METRICS)) ||
+         !strncmp(path, KS_KEY_EVAL_METRICS, strlen(KS_KEY_EVAL_METRICS));
+}
+
+/* A copy of the structure document in its order, "containers" without the metric paths. */
+static ks__jv *without_metrics(const ks_allocator *a, const ks__jv *doc) {
+  ks__jv *out = ks__jv_object(a);
+  for (size_t i = 0; out && i < doc->len; i++) {
+    const ks__jv *v = doc->items[i];
+    ks__jv *copy = NULL;
+    if (strcmp(doc->keys[i], "containers") || !ks__jv_is(v, KS__JV_OBJECT)) copy = ks__jv_copy(a, v);
+    else if ((copy = ks__jv_object(a)) != NULL)
+      for (size_t k = 0; copy && k < v->len; k++)
+        if (!metric_path(v->keys[k]) && ks__jv_set(a, copy, v->keys[k], ks__jv_copy(a, v->items[k])))
+          ks__jv_free(a, copy), copy = NULL;
+    if (ks__jv_set(a, out, doc->keys[i], copy)) ks__jv_free(a, out), out = NULL;
+  }
+  return out;
+}
+
+static ks_status structure_meta(ks_meta *meta, const ks_allocator *a, const char *structure, int normalized,
+                                ks_error *err) {
   if (!structure) return KS_OK;
   if (!normalized) return set_meta(meta, KS_TORCH_STRUCTURE_META, structure, err);
-  json_t *doc = json_loads(structure, JSON_REJECT_DUPLICATES, NULL);
-  json_t *containers = json_object_get(doc, "containers"), *v, *tmp;
-  const char *path;
-  json_object_foreach_safe(containers, tmp, path, v) {
-    if (!strncmp(path, KS_KEY_TRAIN_METRICS, strlen(KS_KEY_TRAIN_METRICS)) ||
-        !strncmp(path, KS_KEY_EVAL_METRICS, strlen(KS_KEY_EVAL_METRICS)))
-      json_object_del(containers, path);
-  }
-  char *text = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-  json_decref(doc);
-  ks_status st = text ? set_meta(meta, KS_TORCH_STRUCTURE_META, text, err) : nomem(err);
-  free(text);
+  ks__jv *doc = NULL;
+  ks_status st = ks__jv_parse(a, structure, strlen(structure), KS_TORCH_STRUCTURE_META, &doc, err);
+  if (st) return st;
+  ks__jv *trimmed = ks__jv_is(doc, KS__JV_OBJECT) ? without_metrics(a, doc) : ks__jv_copy(a, doc);
+  char *text = trimmed ? ks__jv_dump(a, trimmed, false) : NULL;
+  ks__jv_free(a, trimmed);
+  ks__jv_free(a, doc);
+  st = text ? set_meta(meta, KS_TORCH_STRUCTURE_META, text, err) : nomem(err);
+  ks__free(a, text);
   return st;
 }
 
@@ -176,7 +205,7 @@ static ks_status finish(ks_statedict *raw, const char *structure, uint64_t input
     return nomem(err);
   }
   int normalized = has_metrics(raw);
-  ks_status sst = structure_meta(m, structure, normalized, err);
+  ks_status sst = structure_meta(m, ks_statedict_allocator(raw), structure, normalized, err);
   if (sst) {
     ks_meta_free(m);
     ks_statedict_free(raw);

@@ -5,11 +5,11 @@
  * not certain is left out: a wrong class or argument would make the state
  * loader refuse a metric it could fill.
  */
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json.h"
 #include "metrics/internal.h"
 
 /*
@@ -63,39 +63,38 @@ static ks_status probe(const char *cls, const char *args, budget *b, ks_metric *
  * its thresholds as a tensor buffer, not as a plain attribute, so its arguments
  * cannot be read back from the attributes.
  */
-static ks_status takes_thresholds(const char *cls, json_t *args, budget *b, int *takes, ks_error *err) {
-  json_t *probe_args = json_deep_copy(args);
-  char *s = probe_args && !json_object_set_new(probe_args, "thresholds", json_null())
-                ? json_dumps(probe_args, JSON_COMPACT | JSON_SORT_KEYS)
+static ks_status takes_thresholds(const char *cls, const ks__jv *args, budget *b, int *takes, ks_error *err) {
+  ks__jv *probe_args = ks__jv_copy(b->a, args);
+  char *s = probe_args && !ks__jv_set(b->a, probe_args, "thresholds", ks__jv_null(b->a))
+                ? ks__jv_dump(b->a, probe_args, true)
                 : NULL;
-  json_decref(probe_args);
+  ks__jv_free(b->a, probe_args);
   if (!s) return ks__err(err, KS_E_NOMEM, "out of memory rebuilding %s", cls);
   ks_metric *m = NULL;
   ks_status st = probe(cls, s, b, &m, err);
   *takes = m != NULL;
   ks_metric_free(m);
-  free(s);
+  ks__free(b->a, s);
   return st;
 }
 
-/* The attributes that are constructor arguments, as compact JSON (free()); NULL when out of memory. */
-static json_t *arg_attrs(const json_t *attrs) {
-  json_t *args = json_object();
-  const char *key;
-  json_t *v;
-  json_object_foreach((json_t *)attrs, key, v) if (args && ks__args_known(key) && json_object_set(args, key, v)) {
-    json_decref(args);
-    return NULL;
-  }
+/* The attributes that are constructor arguments (free with ks__jv_free); NULL when out of memory. */
+static ks__jv *arg_attrs(const ks_allocator *a, const ks__jv *attrs) {
+  ks__jv *args = ks__jv_object(a);
+  for (size_t i = 0; args && i < attrs->len; i++)
+    if (ks__args_known(attrs->keys[i]) && ks__jv_set(a, args, attrs->keys[i], ks__jv_copy(a, attrs->items[i]))) {
+      ks__jv_free(a, args);
+      return NULL;
+    }
   return args;
 }
 
-static ks_status from_attrs(const char *cls, json_t *attrs, budget *b, char **canonical, uint64_t *cost,
+static ks_status from_attrs(const char *cls, const ks__jv *attrs, budget *b, char **canonical, uint64_t *cost,
                             ks_error *err) {
-  json_t *args = arg_attrs(attrs);
-  char *s = args ? json_dumps(args, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+  ks__jv *args = arg_attrs(b->a, attrs);
+  char *s = args ? ks__jv_dump(b->a, args, true) : NULL;
   if (!s) {
-    json_decref(args);
+    ks__jv_free(b->a, args);
     return ks__err(err, KS_E_NOMEM, "out of memory rebuilding %s", cls);
   }
   ks_metric *m = NULL;
@@ -103,14 +102,14 @@ static ks_status from_attrs(const char *cls, json_t *attrs, budget *b, char **ca
   ks_status st = probe(cls, s, b, &m, err);
   *cost = before - b->left;
   int takes = 0;
-  if (!st && m && !json_object_get(args, "thresholds")) st = takes_thresholds(cls, args, b, &takes, err);
+  if (!st && m && !ks__jv_get(args, "thresholds")) st = takes_thresholds(cls, args, b, &takes, err);
   if (!st && m && !takes) {
     *canonical = ks__strdup(b->a, ks_metric_args_json(m));
     if (!*canonical) st = ks__err(err, KS_E_NOMEM, "out of memory rebuilding %s", cls);
   }
   ks_metric_free(m);
-  json_decref(args);
-  free(s);
+  ks__jv_free(b->a, args);
+  ks__free(b->a, s);
   return st;
 }
 
@@ -118,9 +117,13 @@ ks_status ks_metric_from_attributes(const char *class_name, const char *attrs_js
                                     uint64_t *state_budget, ks_metric **out, ks_error *err) {
   if (!class_name || !attrs_json || !out) return ks__err(err, KS_E_INVALID, "ks_metric_from_attributes: NULL argument");
   *out = NULL;
-  json_t *attrs = json_loads(attrs_json, JSON_REJECT_DUPLICATES, NULL);
-  if (!json_is_object(attrs)) {
-    json_decref(attrs);
+  const ks_allocator *a = ks__alloc_or_default(alloc);
+  ks__jv *attrs = NULL;
+  ks_error je;
+  ks_status ps = ks__jv_parse(a, attrs_json, strlen(attrs_json), "attributes", &attrs, &je);
+  if (ps == KS_E_NOMEM) return ks__err(err, ps, "%s: out of memory reading the attributes", class_name);
+  if (ps || !ks__jv_is(attrs, KS__JV_OBJECT)) {
+    ks__jv_free(a, attrs);
     return ks__err(err, KS_E_INVALID, "%s: attributes are not a JSON object", class_name);
   }
   budget b = {ks__alloc_or_default(alloc), state_budget != NULL, 0, state_budget ? *state_budget : 0, 0};
@@ -128,7 +131,7 @@ ks_status ks_metric_from_attributes(const char *class_name, const char *attrs_js
   char *canonical = NULL;
   uint64_t cost = 0;
   ks_status st = ks__class_find(class_name) ? from_attrs(class_name, attrs, &b, &canonical, &cost, err) : KS_OK;
-  json_decref(attrs);
+  ks__jv_free(a, attrs);
   /* The metric handed back costs what its probe cost; it is charged too. */
   if (!st && canonical && !charge(&b, (size_t)cost)) st = over(err, class_name, canonical, b.cap);
   if (!st && canonical) st = ks_metric_create(class_name, canonical, alloc, out, err);

@@ -5,10 +5,10 @@
  * pickled (protocol 2) with only the opcodes and globals torch's weights_only
  * loader accepts; tensors reference storages stored as zip entries data/<n>.
  */
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/json.h"
 #include "torch/torch_internal.h"
 
 /* Items per MARK, as pickle itself batches: the reader's stack stays shallow. */
@@ -18,7 +18,7 @@ typedef struct wnode {
   const char *name; /* escaped component; points into an entry name or the structure */
   size_t nlen;
   long entry;         /* index in the dict, or -1 for a folder */
-  const json_t *spec; /* the structure's record of this folder, or NULL */
+  const ks__jv *spec; /* the structure's record of this folder, or NULL */
   struct wnode **kids;
   size_t n, cap;
 } wnode;
@@ -34,8 +34,8 @@ typedef struct writer {
   const ks_statedict *sd;
   ks_error *err;
   int compat;         /* KS_TORCH_COMPAT_1_13 or 0 */
-  json_t *structure;  /* parsed opts->structure, or NULL */
-  const json_t *containers;
+  ks__jv *structure;  /* parsed opts->structure, or NULL */
+  const ks__jv *containers;
   uint8_t *p;         /* the pickle */
   size_t n, cap;
   int oom;
@@ -146,7 +146,7 @@ static ks_status reader_limits(writer *wr, const char *name, size_t depth, size_
 }
 
 /* Inserts a value (idx >= 0) or a folder (idx < 0) at name; "" is the root folder. */
-static ks_status insert(writer *wr, wnode *root, const char *name, long idx, const json_t *spec) {
+static ks_status insert(writer *wr, wnode *root, const char *name, long idx, const ks__jv *spec) {
   wnode *cur = root;
   size_t depth = 0, len = 0;
   for (const char *s = name; *name;) {
@@ -317,16 +317,16 @@ static ks_status put_leaf(writer *wr, long idx) {
 static ks_status put_node(writer *wr, const wnode *w);
 
 /* A str key: the component itself, unescaped when the names come from a torch import. */
-static void put_key(writer *wr, const wnode *w, const json_t *keys) {
+static void put_key(writer *wr, const wnode *w, const ks__jv *keys) {
   char comp[KS_MAX_NAME + 1];
   size_t n = w->nlen < KS_MAX_NAME ? w->nlen : KS_MAX_NAME;
   memcpy(comp, w->name, n);
   comp[n] = 0;
-  const json_t *k = keys ? json_object_get(keys, comp) : NULL;
-  if (json_is_integer(k)) put_int(wr, (int64_t)json_integer_value(k));
-  else if (json_is_boolean(k)) op(wr, json_is_true(k) ? 0x88 : 0x89);
-  else if (json_is_null(k)) op(wr, 'N');
-  else if (json_is_real(k) && wr->compat != KS_TORCH_COMPAT_1_13) put_binfloat(wr, json_real_value(k));
+  const ks__jv *k = keys ? ks__jv_get(keys, comp) : NULL;
+  if (ks__jv_is(k, KS__JV_INT)) put_int(wr, k->i);
+  else if (ks__jv_is(k, KS__JV_BOOL)) op(wr, k->b ? 0x88 : 0x89);
+  else if (ks__jv_is(k, KS__JV_NULL)) op(wr, 'N');
+  else if (ks__jv_is(k, KS__JV_REAL) && wr->compat != KS_TORCH_COMPAT_1_13) put_binfloat(wr, k->d);
   else if (wr->structure) {
     char raw[KS_MAX_NAME + 1];
     put_str(wr, raw, ks__torch_unescape(comp, n, raw));
@@ -336,7 +336,7 @@ static void put_key(writer *wr, const wnode *w, const json_t *keys) {
 }
 
 static ks_status put_dict(writer *wr, const wnode *w) {
-  const json_t *keys = w->spec ? json_object_get(w->spec, "keys") : NULL;
+  const ks__jv *keys = w->spec ? ks__jv_get(w->spec, "keys") : NULL;
   op(wr, '}');
   for (size_t i = 0; i < w->n; i++) {
     if (i % BATCH == 0) op(wr, '(');
@@ -350,10 +350,10 @@ static ks_status put_dict(writer *wr, const wnode *w) {
 
 /* Items of a list, tuple or set folder by index; indices it lacks (ignored entries) are None. */
 static ks_status seq_items(writer *wr, const wnode *w, const char *kind, wnode ***out, size_t *len) {
-  const json_t *jl = json_object_get(w->spec, "len");
-  size_t n = json_is_integer(jl) && json_integer_value(jl) >= 0 ? (size_t)json_integer_value(jl) : 0;
+  int64_t rec_len = 0;
+  size_t n = ks__jv_is_int(ks__jv_get(w->spec, "len"), &rec_len) && rec_len >= 0 ? (size_t)rec_len : 0;
   /* Every item is an entry, a recorded container, or a value that flattened to nothing. */
-  if (n > ks_statedict_count(wr->sd) + json_object_size(wr->containers) + ((size_t)1 << 16))
+  if (n > ks_statedict_count(wr->sd) + (wr->containers ? wr->containers->len : 0) + ((size_t)1 << 16))
     return ks__err_at(wr->err, KS_E_INVALID, NULL, w->name, -1, "torch: structure gives a %s of %zu items", kind, n);
   for (size_t i = 0; i < w->n; i++) { /* items must be named 0..len-1 */
     char *end;
@@ -398,7 +398,7 @@ static ks_status put_seq(writer *wr, const wnode *w, const char *kind) {
 
 static ks_status put_node(writer *wr, const wnode *w) {
   if (w->entry >= 0) return put_leaf(wr, w->entry);
-  const char *kind = w->spec ? json_string_value(json_object_get(w->spec, "kind")) : NULL;
+  const char *kind = w->spec ? ks__jv_string(ks__jv_get(w->spec, "kind")) : NULL;
   if (kind && !strcmp(kind, "value") && w->n == 1 && w->kids[0]->entry >= 0 && w->kids[0]->nlen == 5 &&
       !memcmp(w->kids[0]->name, "value", 5))
     return put_leaf(wr, w->kids[0]->entry); /* torch.save(tensor): the file is the value itself */
@@ -408,10 +408,10 @@ static ks_status put_node(writer *wr, const wnode *w) {
 
 /* Folders the structure document records; those without entries (empty containers) are created. */
 static ks_status insert_structure(writer *wr, wnode *root) {
-  const char *path;
-  const json_t *spec;
-  json_object_foreach((json_t *)wr->containers, path, spec) {
-    if (!json_is_object(spec)) return ks__err_at(wr->err, KS_E_INVALID, NULL, path, -1, "torch: structure record is not an object");
+  for (size_t i = 0; wr->containers && i < wr->containers->len; i++) {
+    const char *path = wr->containers->keys[i];
+    const ks__jv *spec = wr->containers->items[i];
+    if (!ks__jv_is(spec, KS__JV_OBJECT)) return ks__err_at(wr->err, KS_E_INVALID, NULL, path, -1, "torch: structure record is not an object");
     ks_status st = insert(wr, root, path, -1, spec);
     if (st) return st;
   }
@@ -419,12 +419,14 @@ static ks_status insert_structure(writer *wr, wnode *root) {
 }
 
 static ks_status parse_structure(writer *wr, const char *text) {
-  json_error_t jerr;
   if (!text) return KS_OK;
-  wr->structure = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
-  const json_t *v = json_object_get(wr->structure, "version");
-  wr->containers = json_object_get(wr->structure, "containers");
-  if (!wr->structure || !json_is_integer(v) || json_integer_value(v) != 1 || !json_is_object(wr->containers))
+  ks_error jerr;
+  ks_status s = ks__jv_parse(wr->a, text, strlen(text), "structure", &wr->structure, &jerr);
+  if (s == KS_E_NOMEM) return nomem(wr);
+  int64_t v = 0;
+  wr->containers = ks__jv_get(wr->structure, "containers");
+  if (s || !ks__jv_is_int(ks__jv_get(wr->structure, "version"), &v) || v != 1 ||
+      !ks__jv_is(wr->containers, KS__JV_OBJECT))
     return ks__err(wr->err, KS_E_INVALID, "torch: structure document is not {\"version\": 1, \"containers\": {...}}");
   return KS_OK;
 }
@@ -514,7 +516,7 @@ ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, 
   if (!st && ks__zw_create(wr.a, fn, ctx, force_zip64, &z)) st = nomem(&wr);
   if (!st) st = write_archive(&wr, root, z);
   ks__zw_free(z);
-  json_decref(wr.structure);
+  ks__jv_free(wr.a, wr.structure);
   ks__free(wr.a, wr.slots);
   ks__free(wr.a, wr.p);
   ks__free(wr.a, wr.st);

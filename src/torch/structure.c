@@ -6,15 +6,17 @@
  * Also the percent-escaping of key text and the check that flat names form a
  * tree (no name is both a value and a folder).
  */
-#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/json.h"
 #include "torch/torch_internal.h"
 
 struct ks__structure {
-  json_t *doc;        /* {"version": 1, "containers": {...}} */
-  json_t *containers; /* borrowed from doc */
+  const ks_allocator *a;
+  ks__jv *doc;        /* {"version": 1, "containers": {...}} */
+  ks__jv *containers; /* borrowed from doc */
 };
 
 /* ---- escaping ---- */
@@ -90,73 +92,92 @@ ks_status ks__torch_names_prefix_free(const ks_statedict *sd, ks_error *err) {
 /* ---- recording ---- */
 
 ks_status ks__structure_create(ks__structure **out, ks_error *err) {
-  ks__structure *s = calloc(1, sizeof *s);
-  if (s) s->doc = json_pack("{s:i, s:{}}", "version", 1, "containers");
-  if (!s || !s->doc) {
-    free(s);
+  const ks_allocator *a = ks__alloc_or_default(NULL);
+  ks__structure *s = ks__calloc(a, 1, sizeof *s);
+  ks__jv *doc = s ? ks__jv_object(a) : NULL;
+  ks_status st = doc ? KS_OK : KS_E_NOMEM;
+  if (!st) st = ks__jv_set(a, doc, "version", ks__jv_int(a, 1));
+  if (!st) st = ks__jv_set(a, doc, "containers", ks__jv_object(a));
+  if (st) {
+    ks__jv_free(a, doc);
+    ks__free(a, s);
     return ks__err(err, KS_E_NOMEM, "torch: out of memory");
   }
-  s->containers = json_object_get(s->doc, "containers");
+  s->a = a;
+  s->doc = doc;
+  s->containers = (ks__jv *)ks__jv_get(doc, "containers");
   *out = s;
   return KS_OK;
 }
 
 void ks__structure_free(ks__structure *s) {
   if (!s) return;
-  json_decref(s->doc);
-  free(s);
+  ks__jv_free(s->a, s->doc);
+  ks__free(s->a, s);
 }
 
-static ks_status set_new(ks_error *err, json_t *obj, const char *key, json_t *v) {
-  if (!v) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
-  if (!json_object_set_new(obj, key, v)) return KS_OK;
-  return ks__err_at(err, KS_E_VALUE, NULL, key, -1, "torch: a key on this path is not valid UTF-8");
+/* obj[key] = v (taken in every case). */
+static ks_status set_new(const ks__structure *s, ks_error *err, ks__jv *obj, const char *key, ks__jv *v) {
+  if (!ks__utf8_valid((const uint8_t *)key, strlen(key))) {
+    ks__jv_free(s->a, v);
+    return ks__err_at(err, KS_E_VALUE, NULL, key, -1, "torch: a key on this path is not valid UTF-8");
+  }
+  return v && !ks__jv_set(s->a, obj, key, v) ? KS_OK : ks__err(err, KS_E_NOMEM, "torch: out of memory");
+}
+
+/* {"kind": kind} and, for a sequence (len >= 0), "len". NULL when out of memory. */
+static ks__jv *record(const ks__structure *s, const char *kind, int64_t len) {
+  ks__jv *r = ks__jv_object(s->a);
+  ks_status st = r ? ks__jv_set(s->a, r, "kind", ks__jv_str(s->a, kind)) : KS_E_NOMEM;
+  if (!st && len >= 0) st = ks__jv_set(s->a, r, "len", ks__jv_int(s->a, len));
+  if (st) ks__jv_free(s->a, r), r = NULL;
+  return r;
 }
 
 ks_status ks__structure_container(ks__structure *s, const char *path, const ks__pk_node *n, ks_error *err) {
   const char *kind = n->kind == PK_LIST ? "list" : n->kind == PK_TUPLE ? "tuple" : n->kind == PK_SET ? "set" : "dict";
   if (n->kind == PK_DICT) {
     if (n->u.seq.n >= 2) return KS_OK; /* plain str-keyed dicts need no record; other keys add one */
-    return set_new(err, s->containers, path, json_pack("{s:s}", "kind", kind));
+    return set_new(s, err, s->containers, path, record(s, kind, -1));
   }
-  return set_new(err, s->containers, path,
-                 json_pack("{s:s, s:I}", "kind", kind, "len", (json_int_t)n->u.seq.n));
+  return set_new(s, err, s->containers, path, record(s, kind, (int64_t)n->u.seq.n));
 }
 
 ks_status ks__structure_key(ks__structure *s, const char *path, const ks__pk_node *key, const char *text, size_t n,
                             ks_error *err) {
-  json_t *c = json_object_get(s->containers, path), *v;
+  ks__jv *c = (ks__jv *)ks__jv_get(s->containers, path), *v;
   if (!c) {
-    ks_status st = set_new(err, s->containers, path, json_pack("{s:s}", "kind", "dict"));
+    ks_status st = set_new(s, err, s->containers, path, record(s, "dict", -1));
     if (st) return st;
-    c = json_object_get(s->containers, path);
+    c = (ks__jv *)ks__jv_get(s->containers, path);
   }
-  json_t *keys = json_object_get(c, "keys");
+  ks__jv *keys = (ks__jv *)ks__jv_get(c, "keys");
   if (!keys) {
-    ks_status st = set_new(err, c, "keys", json_object());
+    ks_status st = set_new(s, err, c, "keys", ks__jv_object(s->a));
     if (st) return st;
-    keys = json_object_get(c, "keys");
+    keys = (ks__jv *)ks__jv_get(c, "keys");
   }
   switch (key->kind) {
-    case PK_INT: v = json_integer((json_int_t)key->u.i); break;
-    case PK_BOOL: v = json_boolean(key->u.i); break;
-    case PK_NONE: v = json_null(); break;
-    case PK_FLOAT: v = json_real(key->u.f); break;
+    case PK_INT: v = ks__jv_int(s->a, (int64_t)key->u.i); break;
+    case PK_BOOL: v = ks__jv_bool(s->a, key->u.i != 0); break;
+    case PK_NONE: v = ks__jv_null(s->a); break;
+    case PK_FLOAT:
+      if (!isfinite(key->u.f)) /* JSON has no inf/nan: such a key could not be told from None */
+        return ks__err_at(err, KS_E_VALUE, NULL, path, -1, "torch: a float key on this path is not finite");
+      v = ks__jv_real(s->a, key->u.f);
+      break;
     default: return KS_OK; /* bytes keys: exported as str */
   }
   char comp[64];
   snprintf(comp, sizeof comp, "%.*s", (int)(n < 63 ? n : 63), text);
-  return set_new(err, keys, comp, v);
+  return set_new(s, err, keys, comp, v);
 }
 
 ks_status ks__structure_bare_value(ks__structure *s, ks_error *err) {
-  return set_new(err, s->containers, "", json_pack("{s:s}", "kind", "value"));
+  return set_new(s, err, s->containers, "", record(s, "value", -1));
 }
 
 ks_status ks__structure_dump(const ks__structure *s, const ks_allocator *a, char **out, ks_error *err) {
-  char *txt = json_dumps(s->doc, JSON_COMPACT | JSON_PRESERVE_ORDER);
-  if (!txt) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
-  *out = ks__strdup(a, txt);
-  free(txt);
+  *out = ks__jv_dump(a, s->doc, false);
   return *out ? KS_OK : ks__err(err, KS_E_NOMEM, "torch: out of memory");
 }
