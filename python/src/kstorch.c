@@ -1,0 +1,200 @@
+/* torch.save files through the non-executing reader, the .pt writer, and `keepsake convert`. */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "convert_metrics.h"
+#include "ksext.h"
+
+PyObject *ksp_torch_load(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"source", "verify_crc", NULL};
+  PyObject *src;
+  int crc = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", names, &src, &crc)) return NULL;
+  ks_torch_read_opts o = {.verify_crc = crc};
+  ks_statedict *sd = NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  if (PyObject_CheckBuffer(src)) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(src, &v, PyBUF_SIMPLE) < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS st = ks_torch_load_buffer(v.buf, (size_t)v.len, &o, &sd, &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+  } else {
+    PyObject *fs;
+    if (!PyUnicode_FSConverter(src, &fs)) return NULL;
+    const char *p = PyBytes_AS_STRING(fs);
+    Py_BEGIN_ALLOW_THREADS st = ks_torch_load(p, &o, &sd, &err);
+    Py_END_ALLOW_THREADS
+    ksp_error_path(&err, p);
+    Py_DECREF(fs);
+  }
+  if (st) return ksp_raise(st, &err);
+  PyObject *out = ksp_statedict_items(sd);
+  ks_statedict_free(sd);
+  return out;
+}
+
+PyObject *ksp_torch_save(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"path", "entries", "fsync", NULL};
+  PyObject *path, *entries;
+  int fsync = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|p", names, PyUnicode_FSConverter, &path, &entries, &fsync))
+    return NULL;
+  ks_statedict *sd = ksp_statedict_from(entries);
+  if (!sd) {
+    Py_DECREF(path);
+    return NULL;
+  }
+  ks_torch_write_opts o = {.no_fsync = !fsync};
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *p = PyBytes_AS_STRING(path);
+  Py_BEGIN_ALLOW_THREADS st = ks_torch_save(p, sd, &o, &err);
+  Py_END_ALLOW_THREADS
+  ks_statedict_free(sd);
+  Py_DECREF(path);
+  if (st) return ksp_raise(st, &err);
+  Py_RETURN_NONE;
+}
+
+/* ---- convert: the same steps as tools/cmd_convert.c ---- */
+
+static int is_zip_file(const char *path) {
+  unsigned char head[4] = {0};
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, head, sizeof head);
+  close(fd);
+  return n > 0 && ks_torch_is_zip(head, (size_t)n);
+}
+
+static int has_metrics(const ks_statedict *sd) {
+  ks_entry e;
+  for (size_t i = 0; ks_statedict_at(sd, i, &e) == KS_OK; i++)
+    if (!strncmp(e.name, "state/train_metrics/", 20) || !strncmp(e.name, "state/eval_metrics/", 19)) return 1;
+  return 0;
+}
+
+static ks_status read_torch(const char *in, ks_statedict **raw, ks_statedict **sd, ks_meta *extra, ks_error *err) {
+  ks_status st = ks_torch_load(in, NULL, raw, err);
+  if (st) return st;
+  if (!has_metrics(*raw)) {
+    *sd = *raw;
+    *raw = NULL;
+    return KS_OK;
+  }
+  char *json = NULL, *metrics = NULL;
+  if ((st = ks_composer_normalize(*raw, KS_BORROW, sd, &json, err)) != KS_OK) return st;
+  st = ks_meta_set(extra, "keepsake.composer_metrics", json);
+  if (!st) st = ks_convert_metrics_meta(json, *sd, &metrics, err);
+  if (!st) st = ks_meta_set(extra, "keepsake.metrics", metrics);
+  free(metrics);
+  ks_torch_free(NULL, json);
+  return st;
+}
+
+static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
+  const char *k, *v;
+  for (size_t i = 0; meta && ks_meta_at(meta, i, &k, &v) == KS_OK; i++) {
+    if (!strcmp(k, KS_META_FORMAT) || !strcmp(k, KS_META_FORMAT_VERSION) || !strcmp(k, KS_META_WRITER) ||
+        !strcmp(k, KS_META_SCALARS) || !strcmp(k, KS_META_CHECKSUMS))
+      continue;
+    ks_status st = ks_meta_set(extra, k, v);
+    if (st) return st;
+  }
+  return KS_OK;
+}
+
+static ks_status without_ignored(const ks_statedict *src, char **globs, size_t n, ks_statedict **out) {
+  ks_statedict *dst;
+  ks_status st = ks_statedict_create(NULL, &dst);
+  ks_entry e;
+  for (size_t i = 0; !st && ks_statedict_at(src, i, &e) == KS_OK; i++) {
+    int drop = 0;
+    for (size_t g = 0; g < n && !drop; g++) drop = ks_path_match(globs[g], e.name);
+    if (!drop) st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW);
+  }
+  if (st) ks_statedict_free(dst);
+  else *out = dst;
+  return st;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && !strcmp(s + n - m, suffix);
+}
+
+typedef struct conv {
+  const char *in, *out;
+  char **globs;
+  size_t n_globs;
+  size_t kept, total;
+} conv;
+
+static ks_status run_convert(conv *c, ks_error *err) {
+  ks_statedict *raw = NULL, *sd = NULL, *kept = NULL;
+  ks_meta *meta = NULL, *extra = NULL;
+  ks_status st = ks_meta_create(NULL, &extra);
+  if (!st && is_zip_file(c->in)) st = read_torch(c->in, &raw, &sd, extra, err);
+  else if (!st && (st = ks_load(c->in, NULL, &sd, &meta, err)) == KS_OK) st = keep_meta(meta, extra);
+  if (!st) st = without_ignored(sd, c->globs, c->n_globs, &kept);
+  if (!st && (ends_with(c->out, ".pt") || ends_with(c->out, ".pth"))) {
+    ks_torch_write_opts wo = {0};
+    st = ks_torch_save(c->out, kept, &wo, err);
+  } else if (!st) {
+    st = ks_save(c->out, kept, extra, NULL, err);
+  }
+  if (!st) {
+    c->kept = ks_statedict_count(kept);
+    c->total = ks_statedict_count(sd);
+  }
+  ks_statedict_free(kept);
+  ks_statedict_free(sd);
+  ks_statedict_free(raw);
+  ks_meta_free(meta);
+  ks_meta_free(extra);
+  return st;
+}
+
+PyObject *ksp_convert(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"src", "dst", "ignore", NULL};
+  PyObject *in, *out, *ignore = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&|O", names, PyUnicode_FSConverter, &in, PyUnicode_FSConverter,
+                                   &out, &ignore))
+    return NULL;
+  PyObject *globs = !ignore || ignore == Py_None ? PyTuple_New(0) : (Py_INCREF(ignore), ignore);
+  PyObject *seq = globs ? PySequence_Fast(globs, "ignore must be a sequence of str") : NULL;
+  Py_XDECREF(globs);
+  conv c = {PyBytes_AS_STRING(in), PyBytes_AS_STRING(out), NULL, 0, 0, 0};
+  PyObject *result = NULL;
+  if (seq) {
+    c.n_globs = (size_t)PySequence_Fast_GET_SIZE(seq);
+    c.globs = PyMem_Calloc(c.n_globs + 1, sizeof *c.globs);
+  }
+  for (size_t i = 0; c.globs && i < c.n_globs; i++)
+    if (!(c.globs[i] = (char *)PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i)))) break;
+  if (c.globs && !PyErr_Occurred()) {
+    ks_error err;
+    ks_error_clear(&err);
+    ks_status st;
+    Py_BEGIN_ALLOW_THREADS st = run_convert(&c, &err);
+    Py_END_ALLOW_THREADS
+    if (st && !err.file[0]) snprintf(err.file, sizeof err.file, "%s", c.in);
+    result = st ? ksp_raise(st, &err) : Py_BuildValue("(nn)", (Py_ssize_t)c.kept, (Py_ssize_t)(c.total - c.kept));
+  } else if (!PyErr_Occurred()) {
+    PyErr_NoMemory();
+  }
+  PyMem_Free(c.globs);
+  Py_XDECREF(seq);
+  Py_DECREF(in);
+  Py_DECREF(out);
+  return result;
+}
