@@ -224,6 +224,12 @@ def unflatten(items: Dict[str, Any], kinds: Optional[Dict[str, Any]] = None, pre
               template: Any = None, leaf: Optional[Callable[[str, Any, Optional[str]], Any]] = None) -> Any:
     """The object saved under `prefix` (which ends with '/' or is empty)."""
     node = trie(items, prefix)
+    sub = sub_kinds(kinds or {}, prefix) if prefix else (kinds or {})
+    for path, kind in sub.items():  # empty containers have no entries: only the table knows them
+        if path and (kind in ("dict", "list", "tuple", "set", "intdict") or isinstance(kind, dict)):
+            n = node
+            for seg in path.split("/"):
+                n = n.setdefault(seg, _Node())
     return Rebuilder(sub_kinds(kinds or {}, prefix) if prefix else kinds, leaf).build(node, "", template)
 
 
