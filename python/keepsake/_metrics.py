@@ -72,8 +72,29 @@ def describe(path: str, name: str, m: Any) -> Dict[str, Any]:
             except (ValueError, TypeError):
                 pass
     cls = type(m)
-    return {"path": path, "name": name, "class": f"{cls.__module__}.{cls.__name__}",
+    desc = {"path": path, "name": name, "class": f"{cls.__module__}.{cls.__name__}",
             "update_count": int(m._update_count), "attrs": attrs}
+    if cls.__name__ in catalogue() and "args" not in _info(desc):
+        # torchmetrics keeps some attributes the catalogue class does not take (JaccardIndex's
+        # normalize=None, inherited from ConfusionMatrix): try again without the unset ones.
+        trimmed = {k: v for k, v in attrs.items() if v is not None or k == "ignore_index"}
+        if "args" in _info(dict(desc, attrs=trimmed)):
+            desc["attrs"] = trimmed
+    return desc
+
+
+_catalogue: Optional[frozenset] = None
+
+
+def catalogue() -> frozenset:
+    global _catalogue
+    if _catalogue is None:
+        _catalogue = frozenset(_n.catalogue())
+    return _catalogue
+
+
+def _info(desc: Dict[str, Any]) -> Dict[str, Any]:
+    return json.loads(_n.metric_info(json.dumps({"metrics": [desc]}))).get(desc["path"], {})
 
 
 def _cat(v: list):
@@ -99,8 +120,7 @@ def metrics_meta(descs: List[Dict[str, Any]]) -> Optional[str]:
 
 def program_args(path: str, name: str, m: Any) -> Dict[str, Any]:
     """What the C library records for the program's metric: class, and args for catalogue metrics."""
-    info = json.loads(_n.metric_info(json.dumps({"metrics": [describe(path, name, m)]})))
-    return info.get(path, {})
+    return _info(describe(path, name, m))
 
 
 # ---- loading ----
