@@ -204,8 +204,8 @@ def _load_component(obj: Any, prefix: str, items: Dict[str, Any], kinds: Dict[st
         report.add("missing", root, "not in the checkpoint: kept as is")
         return
     template = obj.state_dict() if hasattr(obj, "state_dict") else None
-    value = _tree.unflatten(items, kinds, prefix, template, _clone_leaf)
     try:
+        value = _tree.unflatten(items, kinds, prefix, template, _clone_leaf)
         if hasattr(obj, "load_state_dict"):
             obj.load_state_dict(value)
         elif isinstance(obj, dict):
@@ -291,9 +291,12 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
     _load_timestamp(items, timestamp, report)
     _load_metrics(items, meta, kinds, train_metrics, eval_metrics, report, allow_narrowing)
     if rng:
-        _rng.load(items, report)
+        try:
+            _rng.load(items, report)
+        except (TypeError, ValueError, RuntimeError, AttributeError, KeyError, OverflowError) as e:
+            report.add("mismatched", _rng.PREFIX.rstrip("/"), f"the random states do not fit: {e}")
     if _tree.entries_under(items, "state/extra/"):
-        report.extra = _tree.unflatten(items, kinds, "state/extra/", leaf=_clone_leaf)
+        report.extra = _tree.rebuild_or_raise(items, kinds, "state/extra/", _clone_leaf, spath)
     if isinstance(items.get("state/run_name"), str):
         report.run_name = items["state/run_name"]
     if isinstance(items.get("state/rank_zero_seed"), int):
@@ -308,7 +311,11 @@ def _load_timestamp(items: Dict[str, Any], timestamp: Any, report: LoadReport) -
             report.add("missing", TIMESTAMP.rstrip("/"), "not in the checkpoint: kept as is")
         return
     ts = Timestamp()
-    ts.load_state_dict(fields)
+    try:
+        ts.load_state_dict(fields)
+    except (TypeError, ValueError, RuntimeError) as e:
+        report.add("mismatched", TIMESTAMP.rstrip("/"), f"not a timestamp: {e}")
+        return
     report.timestamp = ts
     if timestamp is None:
         return

@@ -241,3 +241,12 @@ def entries_under(items: Dict[str, Any], prefix: str) -> bool:
 
 def join(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p)
+
+
+def rebuild_or_raise(items: Dict[str, Any], kinds: Dict[str, Any], prefix: str, leaf: Any, path: str) -> Any:
+    """unflatten, with a malformed container table reported as a FormatError."""
+    try:
+        return unflatten(items, kinds, prefix, leaf=leaf)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        raise _errors.error(_errors.FormatError, f"metadata '{PYTREE_KEY}' does not describe the entries under "
+                            f"'{prefix}': {type(e).__name__}: {e}", file=path, key=PYTREE_KEY) from e

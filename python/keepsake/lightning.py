@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any, Dict, Optional
 
-from . import _metrics, _tensors, _tree
+from . import _errors, _metrics, _tensors, _tree
 from . import _native_api as _n
 from ._report import LoadReport
 
@@ -101,11 +101,19 @@ class KeepsakeCheckpointIO(CheckpointIO):
             v = _clone_leaf(p, v, kind)
             return v.to(move) if move is not None and hasattr(v, "to") else v
 
-        out: Dict[str, Any] = _tree.unflatten(items, kinds, REST, leaf=leaf) if _tree.entries_under(items, REST) else {}
+        out: Dict[str, Any] = (_tree.rebuild_or_raise(items, kinds, REST, leaf, os.fspath(path))
+                               if _tree.entries_under(items, REST) else {})
+        if not isinstance(out, dict):
+            raise _errors.error(_errors.FormatError, "not a Lightning checkpoint", file=os.fspath(path))
         out["state_dict"] = {k[len(MODEL):]: leaf(k, v, None) for k, v in items.items() if k.startswith(MODEL)}
         metric_items = {k: v for k, v in items.items() if k.startswith(METRICS)}
         if metric_items:
-            out[METRICS_KEY] = _MetricStates(metric_items, json.loads(meta.get("keepsake.metrics", "{}")), kinds)
+            try:
+                mj = json.loads(meta.get("keepsake.metrics", "{}"))
+            except ValueError as e:
+                raise _errors.error(_errors.FormatError, f"metadata 'keepsake.metrics' is not JSON: {e}",
+                                    file=os.fspath(path), key="keepsake.metrics") from e
+            out[METRICS_KEY] = _MetricStates(metric_items, mj if isinstance(mj, dict) else {}, kinds)
         return out
 
     def remove_checkpoint(self, path: Any) -> None:
