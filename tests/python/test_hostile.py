@@ -20,7 +20,7 @@ import keepsake.torch as kt
 SRC = os.environ.get("KS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 CORPUS = os.path.join(SRC, "tests", "fuzz", "corpus")
 FIXTURES = os.path.join(SRC, "tests", "fixtures")
-MUTANTS = 150  # per seed file and per kind of mutation
+MUTANTS = 100  # per seed file and per kind of mutation
 
 
 def files(folder):
