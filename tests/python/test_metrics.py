@@ -211,3 +211,34 @@ def test_metric_collection(tmp_path):
     r = kt.load_checkpoint(p, train_metrics=b, rng=False)
     assert len(r.loaded) == 3, str(r)
     assert close(b.compute(), a.compute())
+
+
+def test_old_torchmetrics_schema_is_migrated(tmp_path):
+    """A checkpoint saved under torchmetrics 0.11 (aggregation state `value`, 0-d MSE sum) loads
+    into the current torchmetrics: states renamed/reshaped and reported migrated."""
+    import os
+    import subprocess
+    import sys
+    old = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "extra", "torchmetrics-0.11.4")
+    if not os.path.isdir(old):
+        pytest.skip("no torchmetrics 0.11.4 in the test venv")
+    path = tmp_path / "old.keepsake"
+    code = ("import torch, torchmetrics as tm, keepsake.torch as kt\n"
+            "assert tm.__version__ == '0.11.4'\n"
+            "m = tm.MeanMetric(); m.update(torch.tensor([1.0, 2.0, 4.0]))\n"
+            "s = tm.MeanSquaredError(); s.update(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0]))\n"
+            f"kt.save_checkpoint({str(path)!r}, train_metrics={{'MeanMetric': m, 'MeanSquaredError': s}}, rng=False)\n")
+    env = dict(os.environ, PYTHONPATH=old + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    with keepsake.safe_open(path) as f:
+        meta = json.loads(f.raw_metadata()["keepsake.metrics"])
+    assert meta["state/train_metrics/MeanMetric"]["schema_version"] == 1
+    m, s = tm.MeanMetric(), tm.MeanSquaredError()
+    r = kt.load_checkpoint(path, train_metrics={"MeanMetric": m, "MeanSquaredError": s}, rng=False)
+    assert [i.kind for i in r] == ["migrated", "migrated"], str(r)
+    assert float(m.compute()) == pytest.approx(7 / 3) and float(s.compute()) == 2.5
+    m.update(torch.tensor([0.0]))
+    assert float(m.compute()) == pytest.approx(7 / 4)
+    c = keepsake.compute_metrics(path)  # and the C library migrates them the same way
+    assert float(c["state/train_metrics/MeanMetric"]["value"]) == pytest.approx(7 / 3)
+    assert float(c["state/train_metrics/MeanSquaredError"]["value"]) == pytest.approx(2.5)
