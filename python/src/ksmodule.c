@@ -24,9 +24,17 @@ static PyObject *error_class(ks_status st) {
 PyObject *ksp_raise(ks_status st, const ks_error *err) {
   const char *msg = err && err->message[0] ? err->message : ks_strerror(st);
   PyObject *cls = error_class(st);
-  if (cls == PyExc_RuntimeError) return PyErr_Format(cls, "%s (%s)", msg, ks_status_name(st));
-  PyObject *exc = PyObject_CallFunction(cls, "isssL", st, msg, err ? err->file : "", err ? err->key : "",
-                                        (long long)(err ? err->offset : -1));
+  if (cls == PyExc_RuntimeError) return PyErr_Format(cls, "%s (%s)", ks_strerror(st), ks_status_name(st));
+  /* Messages and keys quote input bytes, which need not be UTF-8: decode leniently. */
+  PyObject *m = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "backslashreplace");
+  PyObject *f = err ? PyUnicode_DecodeFSDefault(err->file) : PyUnicode_FromString("");
+  PyObject *k = err ? PyUnicode_DecodeUTF8(err->key, (Py_ssize_t)strlen(err->key), "surrogateescape")
+                    : PyUnicode_FromString("");
+  PyObject *exc = m && f && k ? PyObject_CallFunction(cls, "iOOOL", st, m, f, k, (long long)(err ? err->offset : -1))
+                              : NULL;
+  Py_XDECREF(m);
+  Py_XDECREF(f);
+  Py_XDECREF(k);
   if (exc) {
     PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
     Py_DECREF(exc);
@@ -111,8 +119,11 @@ PyObject *ksp_statedict_items(const ks_statedict *sd) {
   PyObject *list = PyList_New((Py_ssize_t)n);
   ks_entry e;
   for (size_t i = 0; list && i < n && ks_statedict_at(sd, i, &e) == KS_OK; i++) {
+    /* torch files may name entries with any bytes: keep them, as os.fsdecode does */
     PyObject *v = ksp_scalar_value(&e);
-    PyObject *item = v ? Py_BuildValue("(sN)", e.name, v) : NULL;
+    PyObject *k = v ? PyUnicode_DecodeUTF8(e.name, (Py_ssize_t)strlen(e.name), "surrogateescape") : NULL;
+    PyObject *item = k ? Py_BuildValue("(NN)", k, v) : NULL;
+    if (!k) Py_XDECREF(v);
     if (!item) Py_CLEAR(list);
     else PyList_SET_ITEM(list, (Py_ssize_t)i, item);
   }

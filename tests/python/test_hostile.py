@@ -9,6 +9,7 @@ import io
 import os
 import random
 import zipfile
+import zlib
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ SRC = os.environ.get("KS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".
 CORPUS = os.path.join(SRC, "tests", "fuzz", "corpus")
 FIXTURES = os.path.join(SRC, "tests", "fixtures")
 MUTANTS = 100  # per seed file and per kind of mutation
+SEED = int(os.environ.get("KS_HOSTILE_SEED", "0"))  # other values explore other mutants
 
 
 def files(folder):
@@ -123,7 +125,7 @@ def keepsake_seed(tmp):
 
 
 def test_mutated_keepsake_files(tmp_path):
-    rng = random.Random(11)
+    rng = random.Random(11 ^ SEED)
     seed = keepsake_seed(str(tmp_path))
     with open(seed, "rb") as f:
         data = f.read()
@@ -139,7 +141,7 @@ def test_mutated_keepsake_files(tmp_path):
 @pytest.mark.parametrize("fixture", ["torch/tensors.pt", "torch/adamw_state_dict.pt",
                                      "composer/composer-0.14-dict-metrics.pt"])
 def test_mutated_pt_files(tmp_path, fixture):
-    rng = random.Random(hash(fixture) & 0xFFFF)
+    rng = random.Random(zlib.crc32(fixture.encode()) ^ SEED)
     with open(os.path.join(FIXTURES, fixture), "rb") as f:
         data = f.read()
     p = str(tmp_path / "mutant.pt")
