@@ -7,7 +7,7 @@ Layout (rank 0; a C program's xoshiro256** state lives beside them as ``rng/0/xo
 ``rng/0/python/state``                I64 [625], the Mersenne Twister words and position
 ``rng/0/python/gauss_next``           float or None
 ``rng/0/numpy/kind``                  ``"MT19937"`` (numpy's legacy global generator)
-``rng/0/numpy/keys``                  U32 [624]
+``rng/0/numpy/keys``                  I64 [624] (the uint32 words; every torch reads I64)
 ``rng/0/numpy/pos``, ``has_gauss``    ints
 ``rng/0/numpy/cached_gaussian``       float
 ``rng/0/torch``                       U8, ``torch.get_rng_state()``
@@ -36,7 +36,7 @@ def state_entries() -> Dict[str, Any]:
         import numpy as np
         kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
         out[PREFIX + "numpy/kind"] = str(kind)
-        out[PREFIX + "numpy/keys"] = np.ascontiguousarray(keys, dtype="<u4")
+        out[PREFIX + "numpy/keys"] = np.ascontiguousarray(keys, dtype="<i8")
         out[PREFIX + "numpy/pos"] = int(pos)
         out[PREFIX + "numpy/has_gauss"] = int(has_gauss)
         out[PREFIX + "numpy/cached_gaussian"] = float(cached)

@@ -102,7 +102,7 @@ def torch_from(reader: Any, code: int, shape: Tuple[int, ...], begin: int, end: 
     torch = _torch()
     dt = torch_maps()[1][code]
     if dt is None:
-        raise _errors.error(_errors.DTypeError, f"this torch has no {DTYPE_NAMES[code]} dtype")
+        return _torch_widened(reader, code, shape, begin, end)
     if end == begin:
         return torch.empty(shape, dtype=dt)
     try:
@@ -110,6 +110,20 @@ def torch_from(reader: Any, code: int, shape: Tuple[int, ...], begin: int, end: 
     except (TypeError, ValueError, RuntimeError):  # dtypes frombuffer does not take: view the bytes
         flat = torch.frombuffer(reader, dtype=torch.uint8, count=end - begin, offset=begin).view(dt)
     return flat.view(shape)
+
+
+def _torch_widened(reader: Any, code: int, shape: Tuple[int, ...], begin: int, end: int) -> Any:
+    """U16/U32/U64 for a torch without unsigned dtypes (1.13): widened copies, as ks_torch_save does."""
+    import numpy as np
+    torch = _torch()
+    name = DTYPE_NAMES[code]
+    wide = {"U16": np.int32, "U32": np.int64, "U64": np.int64}.get(name)
+    if wide is None:
+        raise _errors.error(_errors.DTypeError, f"this torch has no {name} dtype")
+    a = np.frombuffer(reader, dtype=numpy_maps()[1][code], count=(end - begin) // DTYPE_SIZES[code], offset=begin)
+    if name == "U64" and a.size and int(a.max()) >= 1 << 63:
+        raise _errors.error(_errors.DTypeError, "U64 values beyond int64: this torch has no uint64")
+    return torch.from_numpy(a.astype(wide)).reshape(shape)
 
 
 def numpy_from(reader: Any, code: int, shape: Tuple[int, ...], begin: int, end: int, name: str = "") -> Any:
