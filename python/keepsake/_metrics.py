@@ -5,7 +5,8 @@ Layout (the C library's): ``<path>/state_dict/<state>`` for every state in the m
 lists), and ``<path>/_computed`` (a tensor, nested entries for tuple/dict results, or null). The
 update count goes into the ``keepsake.metrics`` metadata with the class; metrics the C catalogue
 implements also get their canonical args and schema version there, derived by the C library
-itself (the same code ``keepsake convert`` uses), so a C program can rebuild and compute them.
+itself (ks_metric_from_attributes, as ``keepsake convert`` does for pickled metrics), so a C
+program can rebuild and compute them.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def _json_attr(v: Any) -> Any:
 
 
 def describe(path: str, name: str, m: Any) -> Dict[str, Any]:
-    """The description ks_convert_metrics_meta takes for one metric."""
+    """The description the extension turns into keepsake.metrics for one metric."""
     attrs = {}
     for a in ARG_ATTRS:
         if hasattr(m, a):

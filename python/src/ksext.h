@@ -40,6 +40,10 @@ PyObject *ksp_meta_dict(const ks_meta *m, int skip_writer);
 /* Every entry of a state dict as a list of (name, value) with tensors copied. */
 PyObject *ksp_statedict_items(const ks_statedict *sd);
 
+/* keepsake.metrics (JSON, malloc'd) for a description of metrics ({"metrics": [{path, class,
+ * update_count, attrs}]}) and the states in sd, through the public metric API. */
+ks_status ksp_metrics_meta(const char *desc, const ks_statedict *sd, char **out, ks_error *err);
+
 /* Module functions, by file. */
 extern PyTypeObject ksp_ReaderType;
 PyObject *ksp_save_file(PyObject *self, PyObject *args, PyObject *kw);

@@ -8,8 +8,62 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "convert_metrics.h"
 #include "ksext.h"
+
+static int in_catalogue(const char *name) {
+  for (size_t i = 0; i < ks_metric_class_count(); i++)
+    if (!strcmp(ks_metric_class_name(i), name)) return 1;
+  return 0;
+}
+
+/* One metric's keepsake.metrics entry: class, update count, schema version; args for catalogue metrics. */
+static json_t *metric_entry(const json_t *d, const char *path, const ks_statedict *sd, ks_error *err) {
+  const char *global = json_string_value(json_object_get(d, "class"));
+  const char *dot = global ? strrchr(global, '.') : NULL;
+  const char *cls = dot ? dot + 1 : global;
+  int known = cls && in_catalogue(cls);
+  const json_t *count = json_object_get(d, "update_count");
+  json_int_t n = json_is_integer(count) && json_integer_value(count) >= 0 ? json_integer_value(count) : 1;
+  char prefix[KS_MAX_NAME + 32];
+  snprintf(prefix, sizeof prefix, "%s/" KS_KEY_METRIC_STATES, path);
+  int schema = ks_metric_stored_schema_version(known ? cls : NULL, sd, prefix);
+  json_t *e = json_pack("{s:i, s:I}", "schema_version", schema, "update_count", n);
+  if (e && cls && json_object_set_new(e, "class", json_string(cls))) e = (json_decref(e), NULL);
+  json_t *attrs = json_object_get(d, "attrs");
+  if (!e || !known || !json_is_object(attrs)) return e;
+  char *a = json_dumps(attrs, JSON_COMPACT);
+  ks_metric *m = NULL;
+  ks_status st = a ? ks_metric_from_attributes(cls, a, NULL, NULL, &m, err) : KS_E_NOMEM;
+  free(a);
+  json_t *args = m ? json_loads(ks_metric_args_json(m), JSON_REJECT_DUPLICATES, NULL) : NULL;
+  ks_metric_free(m);
+  if (st == KS_E_NOMEM || (args && json_object_set_new(e, "args", args))) e = (json_decref(e), NULL);
+  return e;
+}
+
+ks_status ksp_metrics_meta(const char *desc, const ks_statedict *sd, char **out, ks_error *err) {
+  json_t *doc = json_loads(desc, JSON_REJECT_DUPLICATES, NULL);
+  json_t *list = json_object_get(doc, "metrics");
+  json_t *meta = json_object();
+  ks_status st = !json_is_array(list) ? KS_E_INVALID : meta ? KS_OK : KS_E_NOMEM;
+  size_t i;
+  json_t *d;
+  json_array_foreach(list, i, d) {
+    const char *path = json_string_value(json_object_get(d, "path"));
+    json_t *e = st || !path ? NULL : metric_entry(d, path, sd, err);
+    if (!st && path && (!e || json_object_set_new(meta, path, e))) st = KS_E_NOMEM;
+  }
+  *out = st ? NULL : json_dumps(meta, JSON_COMPACT | JSON_SORT_KEYS);
+  if (!st && !*out) st = KS_E_NOMEM;
+  json_decref(meta);
+  json_decref(doc);
+  if (st && err && !err->code) {
+    err->code = st;
+    snprintf(err->message, sizeof err->message, "%s", st == KS_E_INVALID ? "metric description is not "
+             "{\"metrics\": [...]}" : "out of memory describing the metrics");
+  }
+  return st;
+}
 
 PyObject *ksp_metric_info(PyObject *self, PyObject *args) {
   (void)self;
@@ -20,7 +74,7 @@ PyObject *ksp_metric_info(PyObject *self, PyObject *args) {
   ks_error err;
   ks_error_clear(&err);
   ks_status st = ks_statedict_create(NULL, &sd);
-  if (!st) st = ks_convert_metrics_meta(desc, sd, &json, &err);
+  if (!st) st = ksp_metrics_meta(desc, sd, &json, &err);
   ks_statedict_free(sd);
   PyObject *out = st ? ksp_raise(st, &err) : PyUnicode_FromString(json);
   free(json);

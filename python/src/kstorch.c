@@ -4,7 +4,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "convert_metrics.h"
 #include "ksext.h"
 
 PyObject *ksp_torch_load(PyObject *self, PyObject *args, PyObject *kw) {
@@ -64,7 +63,7 @@ PyObject *ksp_torch_save(PyObject *self, PyObject *args, PyObject *kw) {
   Py_RETURN_NONE;
 }
 
-/* ---- convert: the same steps as tools/cmd_convert.c ---- */
+/* ---- convert: the same steps as tools/cmd_convert.c (ks_torch_import, ks_load, ks_save / ks_torch_save) ---- */
 
 static int is_zip_file(const char *path) {
   unsigned char head[4] = {0};
@@ -73,31 +72,6 @@ static int is_zip_file(const char *path) {
   ssize_t n = read(fd, head, sizeof head);
   close(fd);
   return n > 0 && ks_torch_is_zip(head, (size_t)n);
-}
-
-static int has_metrics(const ks_statedict *sd) {
-  ks_entry e;
-  for (size_t i = 0; ks_statedict_at(sd, i, &e) == KS_OK; i++)
-    if (!strncmp(e.name, "state/train_metrics/", 20) || !strncmp(e.name, "state/eval_metrics/", 19)) return 1;
-  return 0;
-}
-
-static ks_status read_torch(const char *in, ks_statedict **raw, ks_statedict **sd, ks_meta *extra, ks_error *err) {
-  ks_status st = ks_torch_load(in, NULL, raw, err);
-  if (st) return st;
-  if (!has_metrics(*raw)) {
-    *sd = *raw;
-    *raw = NULL;
-    return KS_OK;
-  }
-  char *json = NULL, *metrics = NULL;
-  if ((st = ks_composer_normalize(*raw, KS_BORROW, sd, &json, err)) != KS_OK) return st;
-  st = ks_meta_set(extra, "keepsake.composer_metrics", json);
-  if (!st) st = ks_convert_metrics_meta(json, *sd, &metrics, err);
-  if (!st) st = ks_meta_set(extra, "keepsake.metrics", metrics);
-  free(metrics);
-  ks_torch_free(NULL, json);
-  return st;
 }
 
 static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
@@ -139,11 +113,15 @@ typedef struct conv {
 } conv;
 
 static ks_status run_convert(conv *c, ks_error *err) {
-  ks_statedict *raw = NULL, *sd = NULL, *kept = NULL;
+  ks_statedict *sd = NULL, *kept = NULL;
   ks_meta *meta = NULL, *extra = NULL;
-  ks_status st = ks_meta_create(NULL, &extra);
-  if (!st && is_zip_file(c->in)) st = read_torch(c->in, &raw, &sd, extra, err);
-  else if (!st && (st = ks_load(c->in, NULL, &sd, &meta, err)) == KS_OK) st = keep_meta(meta, extra);
+  ks_status st;
+  if (is_zip_file(c->in)) {
+    st = ks_torch_import(c->in, NULL, &sd, &extra, err);
+  } else {
+    st = ks_meta_create(NULL, &extra);
+    if (!st && (st = ks_load(c->in, NULL, &sd, &meta, err)) == KS_OK) st = keep_meta(meta, extra);
+  }
   if (!st) st = without_ignored(sd, c->globs, c->n_globs, &kept);
   if (!st && (ends_with(c->out, ".pt") || ends_with(c->out, ".pth"))) {
     ks_torch_write_opts wo = {0};
@@ -157,7 +135,6 @@ static ks_status run_convert(conv *c, ks_error *err) {
   }
   ks_statedict_free(kept);
   ks_statedict_free(sd);
-  ks_statedict_free(raw);
   ks_meta_free(meta);
   ks_meta_free(extra);
   return st;

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "convert_metrics.h"
 #include "ksext.h"
 
 static int add_tensor(ks_statedict *sd, const char *name, PyObject *item) {
@@ -106,9 +105,9 @@ static int add_metrics_meta(ks_meta *meta, const char *desc, const ks_statedict 
   char *json = NULL;
   ks_error err;
   ks_error_clear(&err);
-  ks_status st = ks_convert_metrics_meta(desc, sd, &json, &err);
-  if (!st) st = ks_meta_set(meta, "keepsake.metrics", json);
-  if (!st) st = ks_meta_set(meta, "keepsake.state", "{\"layout_version\":1}");
+  ks_status st = ksp_metrics_meta(desc, sd, &json, &err);
+  if (!st) st = ks_meta_set(meta, KS_META_METRICS, json);
+  if (!st) st = ks_meta_set(meta, KS_META_STATE, "{\"layout_version\":1}");
   free(json);
   if (st) ksp_raise(st, &err);
   return st ? -1 : 0;
