@@ -40,21 +40,23 @@ __all__ = [
 
 
 def convert(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[str]"],
-            ignore: Iterable[str] = ()) -> Tuple[int, int]:
+            ignore: Iterable[str] = (), salvage: bool = False) -> Tuple[int, int]:
     """Converts a checkpoint, exactly as ``keepsake convert SRC DST [--ignore GLOB]...`` does.
 
     A zip input is a torch.save / Composer file, read without executing anything; anything else is
     a keepsake or safetensors file. ``dst`` ending in ``.pt``/``.pth`` gets a torch.save-compatible
     file that ``torch.load(dst, weights_only=True)`` accepts; any other name a keepsake file, with
     Composer metrics mapped onto keepsake's layout. Globs (``*``, ``?``, '/'-prefix aware) leave
-    entries out.
+    entries out. The input's integrity is checked first (zip CRC32s, keepsake checksums): a
+    corrupt input raises ChecksumError and nothing is written, unless ``salvage=True``. ``dst`` is
+    replaced only when it is absent or a writable regular file.
 
     Returns:
         (entries written, entries ignored).
     Raises:
         KeepsakeError: the input could not be read or ``dst`` not written (``dst`` is then unchanged).
     """
-    return _native.convert(os.fspath(src), os.fspath(dst), list(ignore))
+    return _native.convert(os.fspath(src), os.fspath(dst), list(ignore), salvage)
 
 
 def verify(path: Union[str, "os.PathLike[str]"]) -> None:

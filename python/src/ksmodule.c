@@ -191,7 +191,7 @@ static PyMethodDef methods[] = {
     {"torch_save", (PyCFunction)(void (*)(void))ksp_torch_save, METH_VARARGS | METH_KEYWORDS,
      "torch_save(path, entries)\n--\n\nWrites entries as a torch.save-compatible file."},
     {"convert", (PyCFunction)(void (*)(void))ksp_convert, METH_VARARGS | METH_KEYWORDS,
-     "convert(src, dst, ignore=())\n--\n\nAs `keepsake convert SRC DST`: returns (kept, ignored)."},
+     "convert(src, dst, ignore=(), salvage=False)\n--\n\nAs `keepsake convert SRC DST`: returns (kept, ignored)."},
     {"metric_info", ksp_metric_info, METH_VARARGS,
      "metric_info(description_json)\n--\n\nThe keepsake.metrics JSON the C library derives from a description."},
     {"compute_metrics", (PyCFunction)(void (*)(void))ksp_compute_metrics, METH_VARARGS | METH_KEYWORDS,

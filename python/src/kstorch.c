@@ -1,5 +1,7 @@
 /* torch.save files through the non-executing reader, the .pt writer, and `keepsake convert`. */
+#include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -109,18 +111,37 @@ typedef struct conv {
   const char *in, *out;
   char **globs;
   size_t n_globs;
+  int salvage;
   size_t kept, total;
 } conv;
+
+/* As the CLI: OUT is replaced only when absent or a writable regular file (a symlink is not followed). */
+static ks_status check_output(const char *out, ks_error *err) {
+  struct stat sb;
+  if (lstat(out, &sb) != 0) return errno == ENOENT ? KS_OK : KS_E_IO;
+  if (S_ISREG(sb.st_mode) && access(out, W_OK) == 0) return KS_OK;
+  ks_error_clear(err);
+  err->code = KS_E_INVALID;
+  snprintf(err->file, sizeof err->file, "%s", out);
+  snprintf(err->message, sizeof err->message, "%s", S_ISREG(sb.st_mode) ? "output file is not writable: left alone"
+           : "output is not a regular file (symlink, directory, device or FIFO): left alone");
+  return KS_E_INVALID;
+}
 
 static ks_status run_convert(conv *c, ks_error *err) {
   ks_statedict *sd = NULL, *kept = NULL;
   ks_meta *meta = NULL, *extra = NULL;
-  ks_status st;
-  if (is_zip_file(c->in)) {
-    st = ks_torch_import(c->in, NULL, &sd, &extra, err);
+  ks_status st = check_output(c->out, err);
+  /* The input's integrity is checked first (zip CRC32s, keepsake checksums) unless salvaging. */
+  ks_torch_read_opts tro = {.verify_crc = !c->salvage};
+  ks_import_opts io = {.read = &tro};
+  ks_read_opts ro = {.mode = KS_READ_COPY, .verify_checksums = !c->salvage};
+  if (st) {
+  } else if (is_zip_file(c->in)) {
+    st = ks_torch_import(c->in, &io, &sd, &extra, err);
   } else {
     st = ks_meta_create(NULL, &extra);
-    if (!st && (st = ks_load(c->in, NULL, &sd, &meta, err)) == KS_OK) st = keep_meta(meta, extra);
+    if (!st && (st = ks_load(c->in, &ro, &sd, &meta, err)) == KS_OK) st = keep_meta(meta, extra);
   }
   if (!st) st = without_ignored(sd, c->globs, c->n_globs, &kept);
   if (!st && (ends_with(c->out, ".pt") || ends_with(c->out, ".pth"))) {
@@ -142,15 +163,16 @@ static ks_status run_convert(conv *c, ks_error *err) {
 
 PyObject *ksp_convert(PyObject *self, PyObject *args, PyObject *kw) {
   (void)self;
-  static char *names[] = {"src", "dst", "ignore", NULL};
+  static char *names[] = {"src", "dst", "ignore", "salvage", NULL};
   PyObject *in, *out, *ignore = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&|O", names, PyUnicode_FSConverter, &in, PyUnicode_FSConverter,
-                                   &out, &ignore))
+  int salvage = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&|Op", names, PyUnicode_FSConverter, &in, PyUnicode_FSConverter,
+                                   &out, &ignore, &salvage))
     return NULL;
   PyObject *globs = !ignore || ignore == Py_None ? PyTuple_New(0) : (Py_INCREF(ignore), ignore);
   PyObject *seq = globs ? PySequence_Fast(globs, "ignore must be a sequence of str") : NULL;
   Py_XDECREF(globs);
-  conv c = {PyBytes_AS_STRING(in), PyBytes_AS_STRING(out), NULL, 0, 0, 0};
+  conv c = {PyBytes_AS_STRING(in), PyBytes_AS_STRING(out), NULL, 0, salvage, 0, 0};
   PyObject *result = NULL;
   if (seq) {
     c.n_globs = (size_t)PySequence_Fast_GET_SIZE(seq);

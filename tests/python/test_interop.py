@@ -191,3 +191,23 @@ def test_load_pt_is_a_safe_drop_in(tmp_path):
     kt.save_pt({"a": {"b": torch.arange(3)}, "n": 3, "s": "x"}, tmp_path / "w.pt")
     w = torch.load(tmp_path / "w.pt", weights_only=True)
     assert torch.equal(w["a"]["b"], torch.arange(3)) and w["n"] == 3 and w["s"] == "x"
+
+
+def test_convert_checks_input_integrity_and_output(tmp_path):
+    src = tmp_path / "in.keepsake"
+    kt.save_file({"a": torch.ones(4), "b": torch.zeros(4)}, src)
+    raw = bytearray(src.read_bytes())
+    raw[-1] ^= 0x01
+    src.write_bytes(bytes(raw))
+    out = tmp_path / "out.keepsake"
+    with pytest.raises(keepsake.ChecksumError):
+        keepsake.convert(src, out)
+    assert not out.exists()  # nothing laundered into a valid file
+    assert keepsake.convert(src, out, salvage=True) == (2, 0)
+    cli("convert", str(src), str(tmp_path / "cli.keepsake"), ok=(1,))
+    (tmp_path / "dir.keepsake").mkdir()
+    os.symlink(out, tmp_path / "link.keepsake")
+    for bad in ("dir.keepsake", "link.keepsake"):
+        with pytest.raises(keepsake.InvalidError):
+            keepsake.convert(out, tmp_path / bad)
+    assert os.path.islink(tmp_path / "link.keepsake") and (tmp_path / "dir.keepsake").is_dir()
