@@ -40,7 +40,7 @@ __all__ = [
 
 
 def convert(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[str]"],
-            ignore: Iterable[str] = (), salvage: bool = False) -> Tuple[int, int]:
+            ignore: Iterable[str] = (), salvage: bool = False, torch_compat: bool = False) -> Tuple[int, int]:
     """Converts a checkpoint, exactly as ``keepsake convert SRC DST [--ignore GLOB]...`` does.
 
     A zip input is a torch.save / Composer file, read without executing anything; anything else is
@@ -49,14 +49,16 @@ def convert(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[st
     Composer metrics mapped onto keepsake's layout. Globs (``*``, ``?``, '/'-prefix aware) leave
     entries out. The input's integrity is checked first (zip CRC32s, keepsake checksums): a
     corrupt input raises ChecksumError and nothing is written, unless ``salvage=True``. ``dst`` is
-    replaced only when it is absent or a writable regular file.
+    replaced only when it is absent or a writable regular file. A ``.pt`` output gets the lists,
+    tuples and typed keys the torch input recorded (``keepsake.torch_structure``);
+    ``torch_compat=True`` writes what torch 1.13's ``torch.load(weights_only=True)`` reads.
 
     Returns:
         (entries written, entries ignored).
     Raises:
         KeepsakeError: the input could not be read or ``dst`` not written (``dst`` is then unchanged).
     """
-    return _native.convert(os.fspath(src), os.fspath(dst), list(ignore), salvage)
+    return _native.convert(os.fspath(src), os.fspath(dst), list(ignore), salvage, torch_compat)
 
 
 def verify(path: Union[str, "os.PathLike[str]"]) -> None:

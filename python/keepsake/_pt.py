@@ -24,20 +24,43 @@ def load_pt(source: Union[PathLike, bytes], *, verify_crc: bool = False, flat: b
         verify_crc: check the CRC32 of every zip entry read.
         flat: return the flat ``{'/'-joined path: value}`` dict instead of nested containers.
     Returns:
-        Nested dicts (keys that were ints come back as ints), numbers, strings, None and CPU
-        torch tensors. Lists and tuples come back as dicts keyed 0..n-1.
+        The saved value rebuilt from the reader's structure document: dicts (with their int,
+        bool, None and float keys), lists, tuples, sets, numbers, strings, None and CPU torch
+        tensors.
     Raises:
         KeepsakeError: FormatError (not a zip / bad pickle), UnsupportedError, LimitError, ...
     """
     src = source if isinstance(source, (bytes, bytearray, memoryview)) else os.fspath(source)
     items: Dict[str, Any] = {}
-    for name, value in _n.torch_load(src, verify_crc):
+    entries, structure = _n.torch_load(src, verify_crc)
+    for name, value in entries:
         items[name] = _tensors.torch_from_copy(value) if isinstance(value, tuple) else value
     if flat:
         return items
-    if "" in items:  # a bare tensor or value at the root
-        return items[""]
-    return _tree.unflatten(items)
+    kinds = _structure_kinds(structure)
+    if kinds.get("") == "value" or "" in items:  # torch.save(tensor): one bare value
+        return items.get("value", items.get(""))
+    return _tree.unflatten(items, kinds)
+
+
+def _structure_kinds(structure: Any) -> Dict[str, Any]:
+    """The reader's structure document (docs/FORMAT.md, "torch structure") as a container table."""
+    import json
+    try:
+        doc = json.loads(structure) if structure else {}
+        containers = doc.get("containers", {}) if isinstance(doc, dict) else {}
+    except ValueError:
+        return {}
+    kinds: Dict[str, Any] = {}
+    for path, c in containers.items() if isinstance(containers, dict) else ():
+        kind = c.get("kind") if isinstance(c, dict) else None
+        if kind in ("list", "tuple", "set", "value"):
+            kinds[path] = kind
+        elif kind == "dict":
+            keys = c.get("keys")
+            kinds[path] = {"keymap": keys} if isinstance(keys, dict) and keys else "dict"
+    kinds["__unescape__"] = True
+    return kinds
 
 
 def save_pt(obj: Dict[str, Any], path: PathLike, *, fsync: bool = True) -> None:

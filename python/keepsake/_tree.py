@@ -149,12 +149,17 @@ class Rebuilder:
     def __init__(self, kinds: Optional[Dict[str, Any]] = None,
                  leaf: Optional[Callable[[str, Any, Optional[str]], Any]] = None) -> None:
         self.kinds = kinds or {}
+        self.unescape = bool(self.kinds.get("__unescape__"))
         self._leaf = leaf or (lambda path, v, kind: v)
 
     def build(self, node: _Node, path: str = "", template: Any = None) -> Any:
         kind = self.kinds.get(path)
         if node.has_leaf and not node:
             return self._leaf(path, node.leaf, kind if isinstance(kind, str) else None)
+        if isinstance(kind, dict) and "keymap" in kind:  # the torch reader's typed keys, by name component
+            keymap = kind["keymap"]
+            return {keymap[seg] if seg in keymap else self._seg_key(seg): self.build(child, self._child(path, seg))
+                    for seg, child in node.items()}
         if isinstance(kind, dict):
             keys = kind.get("keys", [])
             return {self._key(c, k): self.build(node[str(i)], self._child(path, str(i)))
@@ -172,10 +177,14 @@ class Rebuilder:
                                          and (template is None or _has_int_keys(template)))
         out: Dict[Any, Any] = {} if not isinstance(template, collections.OrderedDict) else collections.OrderedDict()
         for seg, child in node.items():
-            key: Any = int(seg) if int_keys else seg
+            key: Any = int(seg) if int_keys else self._seg_key(seg)
             sub = template.get(key) if isinstance(template, dict) else None
             out[key] = self.build(child, self._child(path, seg), sub)
         return out
+
+    def _seg_key(self, seg: str) -> str:
+        """A str key from its name component ('%2F' and '%25' unescaped in torch reader names)."""
+        return seg.replace("%2F", "/").replace("%25", "%") if self.unescape else seg
 
     @staticmethod
     def _child(path: str, seg: str) -> str:
@@ -225,7 +234,8 @@ def unflatten(items: Dict[str, Any], kinds: Optional[Dict[str, Any]] = None, pre
     node = trie(items, prefix)
     sub = sub_kinds(kinds or {}, prefix) if prefix else (kinds or {})
     for path, kind in sub.items():  # empty containers have no entries: only the table knows them
-        if path and (kind in ("dict", "list", "tuple", "set", "intdict") or isinstance(kind, dict)):
+        if path and path != "__unescape__" and (kind in ("dict", "list", "tuple", "set", "intdict")
+                                                or isinstance(kind, dict)):
             n = node
             for seg in path.split("/"):
                 n = n.setdefault(seg, _Node())

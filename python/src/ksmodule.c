@@ -187,11 +187,11 @@ static PyMethodDef methods[] = {
      "save_bytes(entries, metadata=None, metrics=None)\n--\n\nThe bytes of the keepsake file save_file would write."},
     {"torch_load", (PyCFunction)(void (*)(void))ksp_torch_load, METH_VARARGS | METH_KEYWORDS,
      "torch_load(source, verify_crc=False)\n--\n\n"
-     "Reads a torch.save file (path or bytes) without executing it: a list of (name, value)."},
+     "Reads a torch.save file (path or bytes) without executing it: ([(name, value)], structure JSON)."},
     {"torch_save", (PyCFunction)(void (*)(void))ksp_torch_save, METH_VARARGS | METH_KEYWORDS,
      "torch_save(path, entries)\n--\n\nWrites entries as a torch.save-compatible file."},
     {"convert", (PyCFunction)(void (*)(void))ksp_convert, METH_VARARGS | METH_KEYWORDS,
-     "convert(src, dst, ignore=(), salvage=False)\n--\n\nAs `keepsake convert SRC DST`: returns (kept, ignored)."},
+     "convert(src, dst, ignore=(), salvage=False, torch_compat=False)\n--\n\nAs `keepsake convert SRC DST`: returns (kept, ignored)."},
     {"metric_info", ksp_metric_info, METH_VARARGS,
      "metric_info(description_json)\n--\n\nThe keepsake.metrics JSON the C library derives from a description."},
     {"compute_metrics", (PyCFunction)(void (*)(void))ksp_compute_metrics, METH_VARARGS | METH_KEYWORDS,

@@ -1,6 +1,7 @@
 /* torch.save files through the non-executing reader, the .pt writer, and `keepsake convert`. */
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,26 +17,32 @@ PyObject *ksp_torch_load(PyObject *self, PyObject *args, PyObject *kw) {
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", names, &src, &crc)) return NULL;
   ks_torch_read_opts o = {.verify_crc = crc};
   ks_statedict *sd = NULL;
+  char *structure = NULL;
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
   if (PyObject_CheckBuffer(src)) {
     Py_buffer v;
     if (PyObject_GetBuffer(src, &v, PyBUF_SIMPLE) < 0) return NULL;
-    Py_BEGIN_ALLOW_THREADS st = ks_torch_load_buffer(v.buf, (size_t)v.len, &o, &sd, &err);
+    Py_BEGIN_ALLOW_THREADS st = ks_torch_load_buffer_with_structure(v.buf, (size_t)v.len, &o, &sd, &structure, &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&v);
   } else {
     PyObject *fs;
     if (!PyUnicode_FSConverter(src, &fs)) return NULL;
     const char *p = PyBytes_AS_STRING(fs);
-    Py_BEGIN_ALLOW_THREADS st = ks_torch_load(p, &o, &sd, &err);
+    Py_BEGIN_ALLOW_THREADS st = ks_torch_load_with_structure(p, &o, &sd, &structure, &err);
     Py_END_ALLOW_THREADS
     ksp_error_path(&err, p);
     Py_DECREF(fs);
   }
   if (st) return ksp_raise(st, &err);
-  PyObject *out = ksp_statedict_items(sd);
+  PyObject *items = ksp_statedict_items(sd);
+  PyObject *doc = items && structure ? PyUnicode_FromString(structure) : NULL;
+  PyObject *out = items && (doc || !structure) ? Py_BuildValue("(OO)", items, doc ? doc : Py_None) : NULL;
+  Py_XDECREF(items);
+  Py_XDECREF(doc);
+  ks_torch_free(NULL, structure);
   ks_statedict_free(sd);
   return out;
 }
@@ -76,6 +83,15 @@ static int is_zip_file(const char *path) {
   return n > 0 && ks_torch_is_zip(head, (size_t)n);
 }
 
+static int is_legacy_torch(const char *path) {
+  unsigned char head[14] = {0};
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, head, sizeof head);
+  close(fd);
+  return n > 0 && ks_torch_is_legacy(head, (size_t)n);
+}
+
 static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
   const char *k, *v;
   for (size_t i = 0; meta && ks_meta_at(meta, i, &k, &v) == KS_OK; i++) {
@@ -102,6 +118,27 @@ static ks_status without_ignored(const ks_statedict *src, char **globs, size_t n
   return st;
 }
 
+/* As the CLI: the structure document without the containers the globs drop, kept in extra and in
+   *out (malloc'd; NULL when there is none). */
+static ks_status structure_without_ignored(ks_meta *extra, char **globs, size_t n, char **out) {
+  const char *text = ks_meta_get(extra, KS_TORCH_STRUCTURE_META);
+  *out = NULL;
+  if (!text) return KS_OK;
+  json_t *doc = json_loads(text, JSON_REJECT_DUPLICATES, NULL);
+  json_t *containers = json_object_get(doc, "containers");
+  const char *path;
+  json_t *v, *tmp;
+  json_object_foreach_safe(containers, tmp, path, v) {
+    int drop = 0;
+    for (size_t g = 0; g < n && !drop; g++) drop = *path && ks_path_match(globs[g], path);
+    if (drop) json_object_del(containers, path);
+  }
+  *out = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup(text);
+  json_decref(doc);
+  if (!*out) return KS_E_NOMEM;
+  return ks_meta_set(extra, KS_TORCH_STRUCTURE_META, *out);
+}
+
 static int ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
   return n >= m && !strcmp(s + n - m, suffix);
@@ -111,7 +148,7 @@ typedef struct conv {
   const char *in, *out;
   char **globs;
   size_t n_globs;
-  int salvage;
+  int salvage, torch_compat;
   size_t kept, total;
 } conv;
 
@@ -137,15 +174,19 @@ static ks_status run_convert(conv *c, ks_error *err) {
   ks_import_opts io = {.read = &tro};
   ks_read_opts ro = {.mode = KS_READ_COPY, .verify_checksums = !c->salvage};
   if (st) {
-  } else if (is_zip_file(c->in)) {
+  } else if (is_zip_file(c->in) || is_legacy_torch(c->in)) {
     st = ks_torch_import(c->in, &io, &sd, &extra, err);
   } else {
     st = ks_meta_create(NULL, &extra);
     if (!st && (st = ks_load(c->in, &ro, &sd, &meta, err)) == KS_OK) st = keep_meta(meta, extra);
   }
+  char *structure = NULL;
   if (!st) st = without_ignored(sd, c->globs, c->n_globs, &kept);
+  if (!st) st = structure_without_ignored(extra, c->globs, c->n_globs, &structure);
   if (!st && (ends_with(c->out, ".pt") || ends_with(c->out, ".pth"))) {
     ks_torch_write_opts wo = {0};
+    wo.torch_compat = c->torch_compat;
+    wo.structure = structure;
     st = ks_torch_save(c->out, kept, &wo, err);
   } else if (!st) {
     st = ks_save(c->out, kept, extra, NULL, err);
@@ -154,6 +195,7 @@ static ks_status run_convert(conv *c, ks_error *err) {
     c->kept = ks_statedict_count(kept);
     c->total = ks_statedict_count(sd);
   }
+  free(structure);
   ks_statedict_free(kept);
   ks_statedict_free(sd);
   ks_meta_free(meta);
@@ -163,16 +205,16 @@ static ks_status run_convert(conv *c, ks_error *err) {
 
 PyObject *ksp_convert(PyObject *self, PyObject *args, PyObject *kw) {
   (void)self;
-  static char *names[] = {"src", "dst", "ignore", "salvage", NULL};
+  static char *names[] = {"src", "dst", "ignore", "salvage", "torch_compat", NULL};
   PyObject *in, *out, *ignore = NULL;
-  int salvage = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&|Op", names, PyUnicode_FSConverter, &in, PyUnicode_FSConverter,
-                                   &out, &ignore, &salvage))
+  int salvage = 0, compat = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&|Opp", names, PyUnicode_FSConverter, &in, PyUnicode_FSConverter,
+                                   &out, &ignore, &salvage, &compat))
     return NULL;
   PyObject *globs = !ignore || ignore == Py_None ? PyTuple_New(0) : (Py_INCREF(ignore), ignore);
   PyObject *seq = globs ? PySequence_Fast(globs, "ignore must be a sequence of str") : NULL;
   Py_XDECREF(globs);
-  conv c = {PyBytes_AS_STRING(in), PyBytes_AS_STRING(out), NULL, 0, salvage, 0, 0};
+  conv c = {PyBytes_AS_STRING(in), PyBytes_AS_STRING(out), NULL, 0, salvage, compat, 0, 0};
   PyObject *result = NULL;
   if (seq) {
     c.n_globs = (size_t)PySequence_Fast_GET_SIZE(seq);

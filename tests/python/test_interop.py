@@ -185,6 +185,15 @@ def test_load_pt_is_a_safe_drop_in(tmp_path):
     ref = torch.load(adamw, weights_only=True)
     got = kt.load_pt(adamw)
     assert list(got["state"]) == list(ref["state"])  # int keys stay ints
+    assert got["param_groups"] == ref["param_groups"]  # a list of dicts, betas a tuple, params a list
+    assert isinstance(got["param_groups"][0]["betas"], tuple)
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(s.shape)) for s in
+                             (ref["state"][i]["exp_avg"] for i in sorted(ref["state"]))])
+    opt.load_state_dict(got)  # what torch.load gave, torch takes from load_pt too
+    torch.save({"a/b": 1, "t": (1, [2, 3]), "e": {}, "l": [], 5: "x", None: 2.5}, tmp_path / "s.pt")
+    assert kt.load_pt(tmp_path / "s.pt") == {"a/b": 1, "t": (1, [2, 3]), "e": {}, "l": [], 5: "x", None: 2.5}
+    torch.save(torch.arange(3), tmp_path / "v.pt")
+    assert torch.equal(kt.load_pt(tmp_path / "v.pt"), torch.arange(3))
     assert torch.equal(got["state"][0]["exp_avg"], ref["state"][0]["exp_avg"])
     with open(mlp, "rb") as fh:
         assert kt.load_pt(fh.read()).keys() == torch.load(mlp, weights_only=True).keys()  # from bytes too
