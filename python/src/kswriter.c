@@ -210,7 +210,10 @@ PyObject *ksp_save_bytes(PyObject *self, PyObject *args, PyObject *kw) {
   ks_meta *meta;
   if (prepare(entries, metadata, metrics, &sd, &meta)) return NULL;
   membuf mb = {0};
-  ks_io io = {&mb, mem_create, mem_write, mem_noop_fd, mem_noop_fd, mem_rename, mem_noop_path, mem_noop_path};
+  /* A version 1 table: the writer's steps only (io.h); nothing touches the file system. */
+  ks_io io = {.version = 1, .ctx = &mb, .create_fn = mem_create, .write_fn = mem_write, .fsync_fn = mem_noop_fd,
+              .close_fn = mem_noop_fd, .rename_fn = mem_rename, .unlink_fn = mem_noop_path,
+              .fsync_dir_fn = mem_noop_path};
   ks_save_opts o = {.io = &io, .no_fsync = 1};
   ks_error err;
   ks_error_clear(&err);
