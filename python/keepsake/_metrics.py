@@ -1,0 +1,246 @@
+"""Any torchmetrics Metric or MetricCollection, saved and filled by state name.
+
+Layout (the C library's): ``<path>/state_dict/<state>`` for every state in the metric's
+``_defaults``, list states concatenated along dim 0 (stored as cat states, restored as one-item
+lists), and ``<path>/_computed`` (a tensor, nested entries for tuple/dict results, or null). The
+update count goes into the ``keepsake.metrics`` metadata with the class; metrics the C catalogue
+implements also get their canonical args and schema version there, derived by the C library
+itself (ks_metric_from_attributes, as ``keepsake convert`` does for pickled metrics), so a C
+program can rebuild and compute them.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _native_api as _n
+from . import _tree
+from ._report import LoadReport
+
+# Constructor arguments the C catalogue takes that torchmetrics keeps as attributes.
+ARG_ATTRS = ("average", "ignore_index", "multidim_average", "nan_strategy", "normalize", "num_classes",
+             "num_labels", "num_outputs", "squared", "threshold", "thresholds", "top_k")
+_AGG_V1 = ("mean_value", "sum_value", "max_value", "min_value")
+
+
+def is_metric(obj: Any) -> bool:
+    return hasattr(obj, "_defaults") and hasattr(obj, "_update_count") and hasattr(obj, "_reductions")
+
+
+def is_collection(obj: Any) -> bool:
+    return type(obj).__name__ == "MetricCollection" or (hasattr(obj, "items") and hasattr(obj, "_modules")
+                                                        and not is_metric(obj))
+
+
+def named_metrics(obj: Any) -> List[Tuple[str, Any]]:
+    """(name, metric) pairs of a Metric, a MetricCollection or a dict of them."""
+    if obj is None:
+        return []
+    if is_metric(obj):
+        return [(type(obj).__name__, obj)]
+    if type(obj).__name__ == "MetricCollection":
+        try:
+            return list(obj.items(keep_base=True, copy_state=False))
+        except TypeError:  # older torchmetrics
+            return list(obj.items(keep_base=True))
+    if isinstance(obj, dict):
+        out = []
+        for k, v in obj.items():
+            if not is_metric(v):
+                raise TypeError(f"metric {k!r} is a {type(v).__name__}, not a torchmetrics Metric")
+            out.append((str(k), v))
+        return out
+    raise TypeError(f"expected a torchmetrics Metric, MetricCollection or dict of metrics, not {type(obj).__name__}")
+
+
+def _json_attr(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) for x in v):
+        return [float(x) for x in v]
+    raise ValueError
+
+
+def describe(path: str, name: str, m: Any) -> Dict[str, Any]:
+    """The description the extension turns into keepsake.metrics for one metric."""
+    attrs = {}
+    for a in ARG_ATTRS:
+        if hasattr(m, a):
+            try:
+                attrs[a] = _json_attr(getattr(m, a))
+            except (ValueError, TypeError):
+                pass
+    cls = type(m)
+    desc = {"path": path, "name": name, "class": f"{cls.__module__}.{cls.__name__}",
+            "update_count": int(m._update_count), "attrs": attrs}
+    if cls.__name__ in catalogue() and "args" not in _info(desc):
+        # torchmetrics keeps some attributes the catalogue class does not take (JaccardIndex's
+        # normalize=None, inherited from ConfusionMatrix): try again without the unset ones.
+        trimmed = {k: v for k, v in attrs.items() if v is not None or k == "ignore_index"}
+        if "args" in _info(dict(desc, attrs=trimmed)):
+            desc["attrs"] = trimmed
+    return desc
+
+
+_catalogue: Optional[frozenset] = None
+
+
+def catalogue() -> frozenset:
+    global _catalogue
+    if _catalogue is None:
+        _catalogue = frozenset(_n.catalogue())
+    return _catalogue
+
+
+def _info(desc: Dict[str, Any]) -> Dict[str, Any]:
+    return json.loads(_n.metric_info(json.dumps({"metrics": [desc]}))).get(desc["path"], {})
+
+
+def _cat(v: list):
+    import torch
+    items = [x.reshape(1) if x.ndim == 0 else x for x in v]
+    if not items:
+        return torch.zeros(0, dtype=torch.float32)
+    return torch.cat([x.detach() for x in items], dim=0)
+
+
+def add_metric(fl: _tree.Flattener, path: str, m: Any) -> None:
+    """Adds every state of `m` and its ``_computed`` under `path`."""
+    for state in m._defaults:
+        v = getattr(m, state)
+        fl.add(f"{path}/state_dict/{state}", _cat(v) if isinstance(v, list) else v)
+    computed = getattr(m, "_computed", None)
+    fl.add(f"{path}/_computed", computed)
+
+
+def metrics_meta(descs: List[Dict[str, Any]]) -> Optional[str]:
+    return json.dumps({"layout": "state-dict", "metrics": descs}) if descs else None
+
+
+def program_args(path: str, name: str, m: Any) -> Dict[str, Any]:
+    """What the C library records for the program's metric: class, and args for catalogue metrics."""
+    return _info(describe(path, name, m))
+
+
+# ---- loading ----
+
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_WIDEN = {
+    "bool": {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"},
+    "uint8": {"int16", "int32", "int64", "uint16", "uint32", "uint64", "float16", "bfloat16", "float32", "float64"},
+    "int8": {"int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"},
+    "int16": {"int32", "int64", "float32", "float64"},
+    "uint16": {"int32", "int64", "uint32", "uint64", "float32", "float64"},
+    "int32": {"int64", "float64"},
+    "uint32": {"int64", "uint64", "float64"},
+    "float16": {"float32", "float64"},
+    "bfloat16": {"float32", "float64"},
+    "float32": {"float64"},
+}
+
+
+def widens(src: Any, dst: Any) -> bool:
+    """Whether every value of dtype `src` is exactly representable in `dst`."""
+    s, d = str(src).replace("torch.", ""), str(dst).replace("torch.", "")
+    return s == d or d in _WIDEN.get(s, set())
+
+
+class _Refused(Exception):
+    pass
+
+
+def _state_value(m: Any, state: str, stored: Any, allow_narrowing: bool, flags: Dict[str, bool]) -> Any:
+    import torch
+    default = m._defaults[state]
+    if isinstance(default, list):
+        if not isinstance(stored, torch.Tensor):
+            raise _Refused(f"state '{state}' is not a tensor")
+        return [stored.clone()] if stored.ndim and stored.shape[0] > 0 else []
+    if not isinstance(stored, torch.Tensor):
+        raise _Refused(f"state '{state}' is not a tensor")
+    t = stored
+    if tuple(t.shape) != tuple(default.shape):
+        if t.numel() == default.numel():  # MSE/MAE sums between () and (num_outputs,)
+            t = t.reshape(default.shape)
+            flags["migrated"] = True
+        else:
+            raise _Refused(f"state '{state}' has shape {list(t.shape)}, the program's {list(default.shape)}")
+    if t.dtype != default.dtype:
+        if not widens(t.dtype, default.dtype) and not allow_narrowing:
+            raise _Refused(f"state '{state}' is {t.dtype}, the program's {default.dtype} would narrow it")
+        t = t.to(default.dtype)
+        flags["converted"] = True
+    device = default.device if hasattr(default, "device") else "cpu"
+    return t.to(device).clone()
+
+
+def _computed(items: Dict[str, Any], kinds: Dict[str, Any], path: str) -> Any:
+    key = f"{path}/_computed"
+    if key in items:
+        v = items[key]
+        return v.clone() if hasattr(v, "clone") else v
+    if _tree.entries_under(items, key + "/"):
+        return _tree.unflatten(items, kinds, key + "/", leaf=lambda p, v, k: v.clone() if hasattr(v, "clone") else v)
+    return None
+
+
+def load_metric(m: Any, name: str, path: str, items: Dict[str, Any], meta: Dict[str, Any], kinds: Dict[str, Any],
+                report: LoadReport, allow_narrowing: bool) -> None:
+    """Fills one program metric from the file by state name (see docs/DESIGN.md "Load semantics")."""
+    prefix = path + "/"
+    if not _tree.entries_under(items, prefix):
+        m.reset()
+        report.add("missing", path, "not in the checkpoint: kept at defaults")
+        return
+    info = meta.get(path, {}) if isinstance(meta.get(path), dict) else {}
+    cls = info.get("class")
+    if cls and cls != type(m).__name__:
+        m.reset()
+        report.add("mismatched", path, f"the checkpoint holds a {cls}, the program a {type(m).__name__}: reset")
+        return
+    if "args" in info:
+        mine = program_args(path, name, m).get("args")
+        if mine is not None and mine != info["args"]:
+            m.reset()
+            report.add("mismatched", path, f"arguments differ: checkpoint {json.dumps(info['args'], sort_keys=True)}, "
+                                           f"program {json.dumps(mine, sort_keys=True)}: reset")
+            return
+    schema = info.get("schema_version", 2)
+    flags = {"migrated": False, "converted": False}
+    values = {}
+    try:
+        for state in m._defaults:
+            key = f"{prefix}state_dict/{state}"
+            if key not in items and schema == 1 and state in _AGG_V1 and f"{prefix}state_dict/value" in items:
+                key = f"{prefix}state_dict/value"
+                flags["migrated"] = True
+            if key not in items:
+                raise _Refused(f"state '{state}' is not in the checkpoint")
+            values[state] = _state_value(m, state, items[key], allow_narrowing, flags)
+    except _Refused as e:
+        m.reset()
+        report.add("mismatched", path, f"{e}: reset")
+        return
+    for state, v in values.items():
+        setattr(m, state, v)
+    m._computed = _computed(items, kinds, path)
+    count = info.get("update_count")
+    m._update_count = int(count) if isinstance(count, int) and count >= 0 else 1
+    kind = "migrated" if flags["migrated"] else "converted" if flags["converted"] else "loaded"
+    report.add(kind, path, "" if kind == "loaded" else ("old state names or shapes" if kind == "migrated"
+                                                        else "dtype converted"))
+
+
+def file_metric_paths(items: Dict[str, Any], meta: Dict[str, Any]) -> List[str]:
+    """Every metric path the file holds (from its entries and from keepsake.metrics)."""
+    paths = set(p for p in meta if isinstance(p, str))
+    for k in items:
+        for root in ("state/train_metrics/", "state/eval_metrics/"):
+            if k.startswith(root):
+                parts = k[len(root):].split("/")
+                n = 1 if root.startswith("state/train") else 2
+                if len(parts) > n:
+                    paths.add(root + "/".join(parts[:n]))
+    return sorted(paths)

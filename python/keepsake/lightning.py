@@ -1,0 +1,159 @@
+"""Lightning integration: keepsake files as Lightning checkpoints.
+
+::
+
+    from keepsake.lightning import KeepsakeCheckpointIO, KeepsakeMetrics
+    trainer = Trainer(plugins=[KeepsakeCheckpointIO()], callbacks=[KeepsakeMetrics()])
+    trainer.fit(model, ckpt_path="last.ckpt")      # resume, mid-epoch included
+
+:class:`KeepsakeCheckpointIO` implements Lightning's ``CheckpointIO``: the checkpoint dict is
+written with the C library's atomic, durable save - the model's ``state_dict`` under
+``state/model/`` (so ``keepsake inspect`` / ``diff`` read it like any keepsake checkpoint), the
+rest of Lightning's dict under ``lightning/`` - and comes back exactly (dicts, lists, tuples, int
+keys, empty containers). No pickle is written or read.
+
+torchmetrics states are not in a LightningModule's ``state_dict`` (they are not persistent), so a
+resumed run would start its metrics from zero. :class:`KeepsakeMetrics` adds every torchmetrics
+``Metric`` of the module to the checkpoint (``state/train_metrics/<module path>``, with
+``_computed`` and the update count) and fills them back by name on resume.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Optional
+
+from . import _errors, _metrics, _tensors, _tree
+from . import _native_api as _n
+from ._report import LoadReport
+
+try:
+    from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # pragma: no cover - pytorch_lightning only
+    from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO  # type: ignore
+    from pytorch_lightning.callbacks import Callback  # type: ignore
+
+METRICS_KEY = "keepsake_metrics"
+MODEL = "state/model/"
+REST = "lightning/"
+METRICS = "state/train_metrics/"
+
+__all__ = ["KeepsakeCheckpointIO", "KeepsakeMetrics", "METRICS_KEY"]
+
+
+class _MetricStates:
+    """The metric entries of a loaded checkpoint, handed to KeepsakeMetrics.on_load_checkpoint."""
+
+    def __init__(self, items: Dict[str, Any], meta: Dict[str, Any], kinds: Dict[str, Any]) -> None:
+        self.items, self.meta, self.kinds = items, meta, kinds
+
+    def load_into(self, metrics: Dict[str, Any], allow_narrowing: bool = False) -> LoadReport:
+        report = LoadReport()
+        for name, m in metrics.items():
+            _metrics.load_metric(m, name, METRICS + name, self.items, self.meta, self.kinds, report, allow_narrowing)
+        return report
+
+
+class KeepsakeCheckpointIO(CheckpointIO):
+    """Lightning ``CheckpointIO`` plugin that saves and loads keepsake files.
+
+    Args:
+        fsync: False skips the fsyncs of each save (faster, not durable).
+        verify: check every tensor's checksum when loading.
+    """
+
+    def __init__(self, fsync: bool = True, verify: bool = False) -> None:
+        super().__init__()
+        self.fsync, self.verify = fsync, verify
+
+    def save_checkpoint(self, checkpoint: Dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+        """Writes Lightning's checkpoint dict to `path`, atomically and durably."""
+        if storage_options is not None:
+            raise TypeError("KeepsakeCheckpointIO takes no storage_options")
+        path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fl = _tree.Flattener(_tensors.torch_entry)
+        descs = []
+        for k, v in (checkpoint.get("state_dict") or {}).items():
+            fl.add(MODEL + k, v)
+        for name, m in (checkpoint.get(METRICS_KEY) or {}).items():
+            _metrics.add_metric(fl, METRICS + name, m)
+            descs.append(_metrics.describe(METRICS + name, name, m))
+        rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", METRICS_KEY)}
+        fl.add(REST.rstrip("/"), rest)
+        meta = {_tree.PYTREE_KEY: fl.kinds_json(), "keepsake.lightning": json.dumps({"layout_version": 1})}
+        _n.save_file(path, fl.entries, meta, _metrics.metrics_meta(descs), self.fsync)
+
+    def load_checkpoint(self, path: Any, map_location: Optional[Any] = None,
+                        weights_only: Optional[bool] = None) -> Dict[str, Any]:
+        """Reads a checkpoint written by :meth:`save_checkpoint` (nothing is unpickled, whatever
+        `weights_only` says). `map_location` may be a device or a device string."""
+        reader = _n.Reader(os.fspath(path), verify=self.verify)
+        items: Dict[str, Any] = {e[0]: _tensors.torch_from(reader, *e[1:]) for e in reader.entries()}
+        items.update(reader.scalars())
+        meta = reader.metadata(True)
+        kinds = _tree.load_kinds(meta)
+        move = map_location if isinstance(map_location, str) or type(map_location).__name__ == "device" else None
+
+        def leaf(p: str, v: Any, kind: Optional[str]) -> Any:
+            from ._state import _clone_leaf
+            v = _clone_leaf(p, v, kind)
+            return v.to(move) if move is not None and hasattr(v, "to") else v
+
+        out: Dict[str, Any] = (_tree.rebuild_or_raise(items, kinds, REST, leaf, os.fspath(path))
+                               if _tree.entries_under(items, REST) else {})
+        if not isinstance(out, dict):
+            raise _errors.error(_errors.FormatError, "not a Lightning checkpoint", file=os.fspath(path))
+        out["state_dict"] = {k[len(MODEL):]: leaf(k, v, None) for k, v in items.items() if k.startswith(MODEL)}
+        metric_items = {k: v for k, v in items.items() if k.startswith(METRICS)}
+        if metric_items:
+            try:
+                mj = json.loads(meta.get("keepsake.metrics", "{}"))
+            except ValueError as e:
+                raise _errors.error(_errors.FormatError, f"metadata 'keepsake.metrics' is not JSON: {e}",
+                                    file=os.fspath(path), key="keepsake.metrics") from e
+            out[METRICS_KEY] = _MetricStates(metric_items, mj if isinstance(mj, dict) else {}, kinds)
+        return out
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Removes a checkpoint file (no error when it is already gone)."""
+        try:
+            os.remove(os.fspath(path))
+        except FileNotFoundError:
+            pass
+
+
+def module_metrics(pl_module: Any) -> Dict[str, Any]:
+    """Every torchmetrics Metric of a module, by module path (``train_acc``, ``metrics.MulticlassAccuracy``)."""
+    return {name: m for name, m in pl_module.named_modules() if name and _metrics.is_metric(m)}
+
+
+class KeepsakeMetrics(Callback):
+    """Saves every torchmetrics ``Metric`` of the LightningModule in the checkpoint and restores it.
+
+    States, ``_computed`` and the update count come back, so a run resumed mid-epoch computes the
+    same epoch value as an uninterrupted one. Works with :class:`KeepsakeCheckpointIO` (which
+    stores them in keepsake's metric layout); with another CheckpointIO the metric objects are
+    saved as that plugin saves objects.
+    """
+
+    def __init__(self, allow_narrowing: bool = False) -> None:
+        self.allow_narrowing = allow_narrowing
+        self.last_report: Optional[LoadReport] = None
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
+        checkpoint[METRICS_KEY] = module_metrics(pl_module)
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
+        saved = checkpoint.get(METRICS_KEY)
+        mine = module_metrics(pl_module)
+        if isinstance(saved, _MetricStates):
+            self.last_report = saved.load_into(mine, self.allow_narrowing)
+        elif isinstance(saved, dict):  # metric objects, as another CheckpointIO returns them
+            for name, m in mine.items():
+                if name in saved:
+                    src = saved[name]
+                    for s in m._defaults:
+                        setattr(m, s, getattr(src, s))
+                    m._computed, m._update_count = src._computed, src._update_count

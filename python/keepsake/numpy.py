@@ -1,0 +1,67 @@
+"""Tensor files from numpy, with safetensors.numpy's API.
+
+>>> import numpy as np, keepsake.numpy
+>>> keepsake.numpy.save_file({"w": np.ones((2, 2), np.float32)}, "w.keepsake")
+>>> keepsake.numpy.load_file("w.keepsake")["w"].shape
+(2, 2)
+
+numpy has no bfloat16 or float8 dtypes: such tensors raise DTypeError here (load them with
+``keepsake.torch``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional, Union
+
+from . import _tensors
+from ._keepsake import Reader, save_bytes, save_file as _save_file
+
+PathLike = Union[str, "os.PathLike[str]"]
+__all__ = ["save_file", "load_file", "save", "load"]
+
+
+def _entries(tensors: Dict[str, Any]) -> tuple:
+    keep: list = []
+    entries = [_tensors.numpy_entry(k, v, keep) for k, v in tensors.items()]
+    return entries, keep
+
+
+def save_file(tensor_dict: Dict[str, Any], filename: PathLike, metadata: Optional[Dict[str, str]] = None,
+              *, fsync: bool = True) -> None:
+    """Writes arrays to a keepsake file (a safetensors file with checksums), atomically and durably.
+
+    Args:
+        tensor_dict: name -> array; names are kept as given, in order.
+        filename: destination; its directory must exist. Replaced only once the new file is complete.
+        metadata: extra ``__metadata__`` str -> str pairs.
+        fsync: False skips the two fsyncs (faster, not durable).
+    Raises:
+        KeepsakeError: InvalidError (bad name or metadata), DTypeError, IOError (the old file is then intact).
+    """
+    entries, keep = _entries(tensor_dict)
+    _save_file(os.fspath(filename), entries, metadata, None, fsync)
+    del keep
+
+
+def load_file(filename: PathLike, *, verify: bool = False) -> Dict[str, Any]:
+    """Reads every tensor of a keepsake or safetensors file as zero-copy arrays over the mapped file.
+
+    The arrays are writable; writes go to private copies of the pages, never to the file.
+    ``verify=True`` checks every checksum first.
+    """
+    reader = Reader(os.fspath(filename), verify=verify)
+    return {e[0]: _tensors.numpy_from(reader, *e[1:], e[0]) for e in reader.entries()}
+
+
+def save(tensor_dict: Dict[str, Any], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of the file :func:`save_file` would write."""
+    entries, keep = _entries(tensor_dict)
+    data = save_bytes(entries, metadata)
+    del keep
+    return data
+
+
+def load(data: bytes) -> Dict[str, Any]:
+    """Reads arrays from the bytes of a keepsake or safetensors file (one copy of the bytes is made)."""
+    reader = Reader(data)
+    return {e[0]: _tensors.numpy_from(reader, *e[1:], e[0]) for e in reader.entries()}

@@ -1,0 +1,85 @@
+"""PyTorch: tensor files with safetensors.torch's API, whole training checkpoints, torch.save files.
+
+Tensor files (switch from safetensors by changing the import)::
+
+    from keepsake.torch import save_file, load_file
+    save_file({"w": torch.ones(2, 2)}, "w.keepsake")
+    tensors = load_file("w.keepsake")          # zero-copy views of the mapped file
+
+Training state::
+
+    keepsake.torch.save_checkpoint("ck.keepsake", model=model, optimizers=opt, schedulers=sched,
+                                   train_metrics=metrics, timestamp=ts)
+    report = keepsake.torch.load_checkpoint("ck.keepsake", model=model, optimizers=opt, ...)
+
+torch.save / Composer files, without executing their pickles::
+
+    state = keepsake.torch.load_pt("composer.pt")
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional, Union
+
+from . import _tensors
+from ._keepsake import Reader, save_bytes, save_file as _save_file
+from ._pt import load_pt, save_pt
+from ._state import load_checkpoint, save_checkpoint
+
+PathLike = Union[str, "os.PathLike[str]"]
+__all__ = ["save_file", "load_file", "save", "load", "save_checkpoint", "load_checkpoint", "load_pt", "save_pt"]
+
+
+def _entries(tensors: Dict[str, Any]) -> tuple:
+    keep: list = []
+    entries = [_tensors.torch_entry(k, v, keep) for k, v in tensors.items()]
+    return entries, keep
+
+
+def save_file(tensors: Dict[str, Any], filename: PathLike, metadata: Optional[Dict[str, str]] = None,
+              *, fsync: bool = True) -> None:
+    """Writes tensors to a keepsake file (a safetensors file with checksums), atomically and durably.
+
+    Args:
+        tensors: name -> tensor (any device; non-contiguous tensors are made contiguous).
+        filename: destination; its directory must exist. The previous file is replaced only once
+            the new one is complete and synced (temp file, fsync, rename, fsync of the directory).
+        metadata: extra ``__metadata__`` str -> str pairs.
+        fsync: False skips the two fsyncs (faster, not durable).
+    Raises:
+        KeepsakeError: InvalidError (bad name or metadata), DTypeError (complex, FNUZ float8...),
+        IOError (the old file is then intact).
+    """
+    entries, keep = _entries(tensors)
+    _save_file(os.fspath(filename), entries, metadata, None, fsync)
+    del keep
+
+
+def load_file(filename: PathLike, device: Union[str, int] = "cpu", *, verify: bool = False) -> Dict[str, Any]:
+    """Reads every tensor of a keepsake or safetensors file.
+
+    On the CPU the tensors are zero-copy views of the file, mapped copy-on-write: writing to them
+    never changes the file, and each tensor keeps the mapping alive. ``verify=True`` checks every
+    checksum first (ChecksumError on a mismatch).
+    """
+    reader = Reader(os.fspath(filename), verify=verify)
+    view = _tensors.torch_from
+    out = {e[0]: view(reader, e[1], e[2], e[3], e[4]) for e in reader.entries()}
+    if device not in ("cpu", None):
+        dev = f"cuda:{device}" if isinstance(device, int) else device
+        out = {k: v.to(dev) for k, v in out.items()}
+    return out
+
+
+def save(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of the file :func:`save_file` would write (the same writer, into memory)."""
+    entries, keep = _entries(tensors)
+    data = save_bytes(entries, metadata)
+    del keep
+    return data
+
+
+def load(data: bytes) -> Dict[str, Any]:
+    """Reads tensors from the bytes of a keepsake or safetensors file (the bytes are copied once)."""
+    reader = Reader(data)
+    return {e[0]: _tensors.torch_from(reader, e[1], e[2], e[3], e[4]) for e in reader.entries()}

@@ -1,0 +1,58 @@
+/*
+ * The keepsake CPython extension (keepsake._keepsake): a thin layer over the
+ * public C API. It knows nothing of torch or numpy: tensors cross the boundary
+ * as (dtype code, shape, address, byte count) going out and as buffer-protocol
+ * objects coming back, which the pure-Python modules wrap with
+ * torch.frombuffer / numpy.frombuffer.
+ */
+#ifndef KS_PYEXT_H
+#define KS_PYEXT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "keepsake/keepsake.h"
+
+/* Sets the Python exception for a failed call: keepsake.KeepsakeError's subclass for `st`. */
+PyObject *ksp_raise(ks_status st, const ks_error *err);
+/* As ksp_raise with a formatted message and no location. */
+PyObject *ksp_raisef(ks_status st, const char *fmt, ...);
+/* Replaces "<buffer>" in err->file with `path` (readers opened over a mapping we made). */
+void ksp_error_path(ks_error *err, const char *path);
+
+/* One entry of a state dict as a Python value: a scalar, or (dtype, shape, bytes) for a tensor. */
+PyObject *ksp_scalar_value(const ks_entry *e);
+/* A shape as a tuple of ints. */
+PyObject *ksp_shape_tuple(int rank, const int64_t *shape);
+/* A tensor copied into (dtype code, shape, bytearray). */
+PyObject *ksp_tensor_copy(const ks_tensor *t);
+
+/*
+ * Builds a state dict from a sequence of entries: (name, dtype, shape, address, nbytes)
+ * for tensors (borrowed: the caller keeps the memory alive) and (name, value) for
+ * scalars (bool, int, float, str or None). Returns NULL with an exception set.
+ */
+ks_statedict *ksp_statedict_from(PyObject *entries);
+/* Builds metadata from a dict of str -> str (None gives an empty map). */
+ks_meta *ksp_meta_from(PyObject *dict);
+/* Metadata pairs as a dict; `skip_writer` leaves out the five keys the writer owns. */
+PyObject *ksp_meta_dict(const ks_meta *m, int skip_writer);
+/* Every entry of a state dict as a list of (name, value) with tensors copied. */
+PyObject *ksp_statedict_items(const ks_statedict *sd);
+
+/* keepsake.metrics (JSON, malloc'd) for a description of metrics ({"metrics": [{path, class,
+ * update_count, attrs}]}) and the states in sd, through the public metric API. */
+ks_status ksp_metrics_meta(const char *desc, const ks_statedict *sd, char **out, ks_error *err);
+
+/* Module functions, by file. */
+extern PyTypeObject ksp_ReaderType;
+PyObject *ksp_save_file(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *ksp_save_bytes(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *ksp_torch_load(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *ksp_torch_save(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *ksp_convert(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *ksp_metric_info(PyObject *self, PyObject *args);
+PyObject *ksp_compute_metrics(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *ksp_catalogue(PyObject *self, PyObject *unused);
+
+#endif

@@ -1,0 +1,218 @@
+/* Module definition, errors and value conversions shared by the extension's files. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ksext.h"
+
+PyMODINIT_FUNC PyInit__keepsake(void);
+
+/* status code -> exception class, filled by keepsake/_errors.py through _register_errors. */
+static PyObject *error_classes;
+
+static PyObject *error_class(ks_status st) {
+  PyObject *cls = NULL;
+  if (error_classes) {
+    PyObject *k = PyLong_FromLong(st);
+    if (k) cls = PyDict_GetItemWithError(error_classes, k);
+    Py_XDECREF(k);
+    if (!cls && !PyErr_Occurred()) cls = PyDict_GetItemString(error_classes, "default");
+  }
+  return cls ? cls : PyExc_RuntimeError;
+}
+
+PyObject *ksp_raise(ks_status st, const ks_error *err) {
+  const char *msg = err && err->message[0] ? err->message : ks_strerror(st);
+  PyObject *cls = error_class(st);
+  if (cls == PyExc_RuntimeError) return PyErr_Format(cls, "%s (%s)", ks_strerror(st), ks_status_name(st));
+  /* Messages and keys quote input bytes, which need not be UTF-8: decode leniently. */
+  PyObject *m = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "backslashreplace");
+  PyObject *f = err ? PyUnicode_DecodeFSDefault(err->file) : PyUnicode_FromString("");
+  PyObject *k = err ? PyUnicode_DecodeUTF8(err->key, (Py_ssize_t)strlen(err->key), "surrogateescape")
+                    : PyUnicode_FromString("");
+  PyObject *exc = m && f && k ? PyObject_CallFunction(cls, "iOOOL", st, m, f, k, (long long)(err ? err->offset : -1))
+                              : NULL;
+  Py_XDECREF(m);
+  Py_XDECREF(f);
+  Py_XDECREF(k);
+  if (exc) {
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+  }
+  return NULL;
+}
+
+PyObject *ksp_raisef(ks_status st, const char *fmt, ...) {
+  ks_error e;
+  ks_error_clear(&e);
+  e.code = st;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e.message, sizeof e.message, fmt, ap);
+  va_end(ap);
+  return ksp_raise(st, &e);
+}
+
+void ksp_error_path(ks_error *err, const char *path) {
+  if (err && (!err->file[0] || !strcmp(err->file, "<buffer>"))) snprintf(err->file, sizeof err->file, "%s", path);
+}
+
+static PyObject *register_errors(PyObject *self, PyObject *dict) {
+  (void)self;
+  if (!PyDict_Check(dict)) return PyErr_Format(PyExc_TypeError, "expected a dict");
+  Py_INCREF(dict);
+  Py_XSETREF(error_classes, dict);
+  Py_RETURN_NONE;
+}
+
+static PyObject *status_names(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  PyObject *d = PyDict_New();
+  for (int c = 0; d && c < KS__STATUS_END; c++) {
+    PyObject *v = Py_BuildValue("(ss)", ks_status_name(c), ks_strerror(c));
+    PyObject *k = PyLong_FromLong(c);
+    if (!v || !k || PyDict_SetItem(d, k, v)) Py_CLEAR(d);
+    Py_XDECREF(v);
+    Py_XDECREF(k);
+  }
+  return d;
+}
+
+PyObject *ksp_shape_tuple(int rank, const int64_t *shape) {
+  PyObject *t = PyTuple_New(rank);
+  for (int i = 0; t && i < rank; i++) {
+    PyObject *d = PyLong_FromLongLong((long long)shape[i]);
+    if (!d) Py_CLEAR(t);
+    else PyTuple_SET_ITEM(t, i, d);
+  }
+  return t;
+}
+
+PyObject *ksp_tensor_copy(const ks_tensor *t) {
+  PyObject *shape = ksp_shape_tuple(t->rank, t->shape);
+  PyObject *data = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)t->nbytes);
+  PyObject *out = NULL;
+  if (shape && data) {
+    if (t->nbytes) memcpy(PyByteArray_AS_STRING(data), t->data, t->nbytes);
+    out = Py_BuildValue("(iOO)", (int)t->dtype, shape, data);
+  }
+  Py_XDECREF(shape);
+  Py_XDECREF(data);
+  return out;
+}
+
+PyObject *ksp_scalar_value(const ks_entry *e) {
+  switch (e->kind) {
+  case KS_VAL_TENSOR: return ksp_tensor_copy(&e->tensor);
+  case KS_VAL_INT: return PyLong_FromLongLong((long long)e->i);
+  case KS_VAL_FLOAT: return PyFloat_FromDouble(e->f);
+  case KS_VAL_BOOL: return PyBool_FromLong(e->i != 0);
+  case KS_VAL_STRING: return PyUnicode_DecodeUTF8(e->s, (Py_ssize_t)strlen(e->s), "surrogateescape");
+  case KS_VAL_NULL: Py_RETURN_NONE;
+  }
+  return ksp_raisef(KS_E_INVALID, "entry '%s' has an unknown kind", e->name);
+}
+
+PyObject *ksp_statedict_items(const ks_statedict *sd) {
+  size_t n = ks_statedict_count(sd);
+  PyObject *list = PyList_New((Py_ssize_t)n);
+  ks_entry e;
+  for (size_t i = 0; list && i < n && ks_statedict_at(sd, i, &e) == KS_OK; i++) {
+    /* torch files may name entries with any bytes: keep them, as os.fsdecode does */
+    PyObject *v = ksp_scalar_value(&e);
+    PyObject *k = v ? PyUnicode_DecodeUTF8(e.name, (Py_ssize_t)strlen(e.name), "surrogateescape") : NULL;
+    PyObject *item = k ? Py_BuildValue("(NN)", k, v) : NULL;
+    if (!k) Py_XDECREF(v);
+    if (!item) Py_CLEAR(list);
+    else PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+  }
+  return list;
+}
+
+static int is_writer_key(const char *k) {
+  static const char *const keys[] = {KS_META_FORMAT, KS_META_FORMAT_VERSION, KS_META_WRITER, KS_META_SCALARS,
+                                     KS_META_CHECKSUMS};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (!strcmp(k, keys[i])) return 1;
+  return 0;
+}
+
+PyObject *ksp_meta_dict(const ks_meta *m, int skip_writer) {
+  PyObject *d = PyDict_New();
+  const char *k, *v;
+  for (size_t i = 0; d && m && ks_meta_at(m, i, &k, &v) == KS_OK; i++) {
+    if (skip_writer && is_writer_key(k)) continue;
+    PyObject *pv = PyUnicode_FromString(v);
+    if (!pv || PyDict_SetItemString(d, k, pv)) Py_CLEAR(d);
+    Py_XDECREF(pv);
+  }
+  return d;
+}
+
+ks_meta *ksp_meta_from(PyObject *dict) {
+  ks_meta *m = NULL;
+  ks_status st = ks_meta_create(NULL, &m);
+  if (st) return (ks_meta *)ksp_raise(st, NULL);
+  if (!dict || dict == Py_None) return m;
+  if (!PyDict_Check(dict)) {
+    ks_meta_free(m);
+    return (ks_meta *)PyErr_Format(PyExc_TypeError, "metadata must be a dict of str to str");
+  }
+  PyObject *k, *v;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(dict, &pos, &k, &v)) {
+    const char *ks = PyUnicode_Check(k) ? PyUnicode_AsUTF8(k) : NULL;
+    const char *vs = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+    if (!ks || !vs) {
+      ks_meta_free(m);
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "metadata must be a dict of str to str");
+      return NULL;
+    }
+    if ((st = ks_meta_set(m, ks, vs)) != KS_OK) {
+      ks_meta_free(m);
+      return (ks_meta *)ksp_raisef(st, "cannot set metadata key '%s'", ks);
+    }
+  }
+  return m;
+}
+
+static PyMethodDef methods[] = {
+    {"_register_errors", register_errors, METH_O, "Registers the exception class of every status code."},
+    {"status_names", status_names, METH_NOARGS, "{code: (name, description)} for every status code."},
+    {"save_file", (PyCFunction)(void (*)(void))ksp_save_file, METH_VARARGS | METH_KEYWORDS,
+     "save_file(path, entries, metadata=None, metrics=None, fsync=True)\n--\n\n"
+     "Writes entries to a keepsake file with the library's atomic, durable save."},
+    {"save_bytes", (PyCFunction)(void (*)(void))ksp_save_bytes, METH_VARARGS | METH_KEYWORDS,
+     "save_bytes(entries, metadata=None, metrics=None)\n--\n\nThe bytes of the keepsake file save_file would write."},
+    {"torch_load", (PyCFunction)(void (*)(void))ksp_torch_load, METH_VARARGS | METH_KEYWORDS,
+     "torch_load(source, verify_crc=False)\n--\n\n"
+     "Reads a torch.save file (path or bytes) without executing it: ([(name, value)], structure JSON)."},
+    {"torch_save", (PyCFunction)(void (*)(void))ksp_torch_save, METH_VARARGS | METH_KEYWORDS,
+     "torch_save(path, entries)\n--\n\nWrites entries as a torch.save-compatible file."},
+    {"convert", (PyCFunction)(void (*)(void))ksp_convert, METH_VARARGS | METH_KEYWORDS,
+     "convert(src, dst, ignore=(), salvage=False, torch_compat=False)\n--\n\nAs `keepsake convert SRC DST`: returns (kept, ignored)."},
+    {"metric_info", ksp_metric_info, METH_VARARGS,
+     "metric_info(description_json)\n--\n\nThe keepsake.metrics JSON the C library derives from a description."},
+    {"compute_metrics", (PyCFunction)(void (*)(void))ksp_compute_metrics, METH_VARARGS | METH_KEYWORDS,
+     "compute_metrics(path)\n--\n\nLoads the catalogue metrics of a checkpoint with the C library and computes them."},
+    {"catalogue", ksp_catalogue, METH_NOARGS, "catalogue()\n--\n\nThe metric classes the C library implements."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_keepsake",
+                                    "The C core of keepsake (use the keepsake package, not this module).", -1,
+                                    methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__keepsake(void) {
+  if (PyType_Ready(&ksp_ReaderType) < 0) return NULL;
+  PyObject *m = PyModule_Create(&module);
+  if (!m) return NULL;
+  Py_INCREF(&ksp_ReaderType);
+  if (PyModule_AddObject(m, "Reader", (PyObject *)&ksp_ReaderType) < 0 ||
+      PyModule_AddStringConstant(m, "version", KS_VERSION_STRING) < 0 ||
+      PyModule_AddIntConstant(m, "format_version", KS_FORMAT_VERSION) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}

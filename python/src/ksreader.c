@@ -1,0 +1,307 @@
+/*
+ * keepsake._keepsake.Reader: an open keepsake or safetensors file.
+ *
+ * A file is mapped privately and writable (copy on write): tensors built over
+ * the mapping with torch.frombuffer / numpy.frombuffer are zero-copy, may be
+ * written to, and never change the file. The reader validates the mapping with
+ * ks_reader_open_buffer, so every structural rule of the format is checked
+ * before any tensor is handed out. The Reader exports the whole file through
+ * the buffer protocol; every consumer holds a reference, so the mapping lives
+ * as long as the last tensor over it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ksext.h"
+
+typedef struct {
+  PyObject_HEAD
+  ks_reader *r;
+  void *map;     /* our mapping of the file, or NULL */
+  size_t map_len;
+  char *heap;    /* a copy of bytes given in memory, or NULL */
+  uint8_t *base; /* start of the file's bytes */
+  size_t len;
+  PyObject *path;
+} ksp_Reader;
+
+static int fail_io(ks_error *err, const char *path, const char *what) {
+  ks_error_clear(err);
+  err->code = KS_E_IO;
+  snprintf(err->file, sizeof err->file, "%s", path);
+  snprintf(err->message, sizeof err->message, "%s: %s", what, strerror(errno));
+  return KS_E_IO;
+}
+
+/* Maps `path` copy-on-write. Refuses anything but a regular file (a FIFO would block). */
+static ks_status map_file(ksp_Reader *self, const char *path, ks_error *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return fail_io(err, path, "cannot open file");
+  struct stat sb;
+  ks_status st = KS_OK;
+  if (fstat(fd, &sb) != 0) st = fail_io(err, path, "cannot stat file");
+  else if (!S_ISREG(sb.st_mode)) {
+    errno = EINVAL;
+    st = fail_io(err, path, "not a regular file");
+  } else if (sb.st_size == 0) {
+    self->heap = PyMem_Malloc(1); /* an empty file: the reader reports it as truncated */
+    self->base = (uint8_t *)self->heap;
+    if (!self->heap) st = KS_E_NOMEM;
+  } else {
+    void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) st = fail_io(err, path, "cannot map file");
+    else {
+      self->map = p;
+      self->map_len = (size_t)sb.st_size;
+      self->base = p;
+      self->len = (size_t)sb.st_size;
+    }
+  }
+  close(fd);
+  return st;
+}
+
+static ks_status copy_bytes(ksp_Reader *self, PyObject *src) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(src, &view, PyBUF_SIMPLE) < 0) return KS_E_INVALID;
+  self->heap = PyMem_Malloc(view.len ? (size_t)view.len : 1);
+  if (self->heap) memcpy(self->heap, view.buf, (size_t)view.len);
+  self->base = (uint8_t *)self->heap;
+  self->len = (size_t)view.len;
+  PyBuffer_Release(&view);
+  return self->heap ? KS_OK : KS_E_NOMEM;
+}
+
+static int reader_init(ksp_Reader *self, PyObject *args, PyObject *kw) {
+  static char *names[] = {"source", "verify", NULL};
+  PyObject *src;
+  int verify = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", names, &src, &verify)) return -1;
+  if (self->r || self->base) {
+    PyErr_SetString(PyExc_RuntimeError, "Reader is already open");
+    return -1;
+  }
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *where = "<buffer>";
+  PyObject *fs = NULL;
+  if (PyObject_CheckBuffer(src)) {
+    st = copy_bytes(self, src);
+    if (st == KS_E_INVALID) return -1;
+  } else {
+    if (!PyUnicode_FSConverter(src, &fs)) return -1;
+    where = PyBytes_AS_STRING(fs);
+    Py_BEGIN_ALLOW_THREADS st = map_file(self, where, &err);
+    Py_END_ALLOW_THREADS
+  }
+  if (!st) {
+    ks_read_opts o = {.mode = KS_READ_MMAP, .verify_checksums = verify};
+    Py_BEGIN_ALLOW_THREADS st = ks_reader_open_buffer(self->base, self->len, &o, &self->r, &err);
+    Py_END_ALLOW_THREADS
+  }
+  if (st) {
+    ksp_error_path(&err, where);
+    Py_XDECREF(fs);
+    ksp_raise(st, &err);
+    return -1;
+  }
+  self->path = fs ? PyUnicode_DecodeFSDefault(where) : PyUnicode_FromString(where);
+  Py_XDECREF(fs);
+  return self->path ? 0 : -1;
+}
+
+static void reader_dealloc(ksp_Reader *self) {
+  ks_reader_free(self->r);
+  if (self->map) munmap(self->map, self->map_len);
+  PyMem_Free(self->heap);
+  Py_XDECREF(self->path);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int reader_getbuffer(ksp_Reader *self, Py_buffer *view, int flags) {
+  if (!self->r) {
+    PyErr_SetString(PyExc_ValueError, "Reader is not open");
+    return -1;
+  }
+  return PyBuffer_FillInfo(view, (PyObject *)self, self->base, (Py_ssize_t)self->len, 0, flags);
+}
+
+static PyBufferProcs reader_buffer = {(getbufferproc)reader_getbuffer, NULL};
+
+static int check_open(const ksp_Reader *self) {
+  if (self->r) return 0;
+  PyErr_SetString(PyExc_ValueError, "Reader is not open");
+  return -1;
+}
+
+/* (name, dtype, shape, begin, end) of tensor i: absolute byte offsets into the exported buffer. */
+static PyObject *entry_tuple(const ksp_Reader *self, size_t i) {
+  const char *name;
+  ks_tensor v;
+  ks_tensor_info info;
+  if (ks_reader_tensor_at(self->r, i, &name, &v) || ks_reader_tensor_info(self->r, i, &info))
+    return ksp_raisef(KS_E_NOTFOUND, "no tensor %zu", i);
+  PyObject *shape = ksp_shape_tuple(v.rank, v.shape);
+  if (!shape) return NULL;
+  return Py_BuildValue("(siNKK)", name, (int)v.dtype, shape, (unsigned long long)info.begin,
+                       (unsigned long long)info.end);
+}
+
+static PyObject *reader_entries(ksp_Reader *self, PyObject *unused) {
+  (void)unused;
+  if (check_open(self)) return NULL;
+  size_t n = ks_reader_count(self->r);
+  PyObject *list = PyList_New((Py_ssize_t)n);
+  for (size_t i = 0; list && i < n; i++) {
+    PyObject *t = entry_tuple(self, i);
+    if (!t) Py_CLEAR(list);
+    else PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+  }
+  return list;
+}
+
+static PyObject *reader_keys(ksp_Reader *self, PyObject *unused) {
+  (void)unused;
+  if (check_open(self)) return NULL;
+  size_t n = ks_reader_count(self->r);
+  PyObject *list = PyList_New((Py_ssize_t)n);
+  for (size_t i = 0; list && i < n; i++) {
+    const char *name;
+    PyObject *s = ks_reader_tensor_at(self->r, i, &name, NULL) ? NULL : PyUnicode_FromString(name);
+    if (!s) Py_CLEAR(list);
+    else PyList_SET_ITEM(list, (Py_ssize_t)i, s);
+  }
+  return list;
+}
+
+static PyObject *reader_entry(ksp_Reader *self, PyObject *name) {
+  if (check_open(self)) return NULL;
+  const char *s = PyUnicode_AsUTF8(name);
+  if (!s) return NULL;
+  long i = ks_reader_find(self->r, s);
+  if (i < 0) {
+    ks_error err;
+    ks_error_clear(&err);
+    snprintf(err.file, sizeof err.file, "%s", ks_reader_path(self->r));
+    snprintf(err.key, sizeof err.key, "%s", s);
+    snprintf(err.message, sizeof err.message, "no tensor named '%s'", s);
+    ksp_error_path(&err, PyUnicode_AsUTF8(self->path));
+    return ksp_raise(KS_E_NOTFOUND, &err);
+  }
+  return entry_tuple(self, (size_t)i);
+}
+
+static PyObject *reader_metadata(ksp_Reader *self, PyObject *args) {
+  int all = 0;
+  if (!PyArg_ParseTuple(args, "|p", &all) || check_open(self)) return NULL;
+  return ksp_meta_dict(ks_reader_meta(self->r), !all);
+}
+
+static PyObject *reader_scalars(ksp_Reader *self, PyObject *unused) {
+  (void)unused;
+  if (check_open(self)) return NULL;
+  ks_statedict *sd = NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st = ks_statedict_create(NULL, &sd);
+  if (!st) st = ks_reader_scalars(self->r, sd, &err);
+  PyObject *out = NULL;
+  if (st) {
+    ksp_error_path(&err, PyUnicode_AsUTF8(self->path));
+    ksp_raise(st, &err);
+  } else {
+    out = ksp_statedict_items(sd);
+  }
+  ks_statedict_free(sd);
+  return out;
+}
+
+static PyObject *reader_verify(ksp_Reader *self, PyObject *unused) {
+  (void)unused;
+  if (check_open(self)) return NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  Py_BEGIN_ALLOW_THREADS st = ks_reader_verify(self->r, &err);
+  Py_END_ALLOW_THREADS
+  if (st) {
+    ksp_error_path(&err, PyUnicode_AsUTF8(self->path));
+    return ksp_raise(st, &err);
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *reader_len_obj(ksp_Reader *self, void *c) {
+  (void)c;
+  if (check_open(self)) return NULL;
+  return PyLong_FromSize_t(ks_reader_count(self->r));
+}
+static PyObject *reader_is_keepsake(ksp_Reader *self, void *c) {
+  (void)c;
+  if (check_open(self)) return NULL;
+  return PyBool_FromLong(ks_reader_is_keepsake(self->r));
+}
+static PyObject *reader_format_version(ksp_Reader *self, void *c) {
+  (void)c;
+  if (check_open(self)) return NULL;
+  return PyLong_FromLong(ks_reader_format_version(self->r));
+}
+static PyObject *reader_path(ksp_Reader *self, void *c) {
+  (void)c;
+  if (check_open(self)) return NULL;
+  Py_INCREF(self->path);
+  return self->path;
+}
+static PyObject *reader_data_offset(ksp_Reader *self, void *c) {
+  (void)c;
+  if (check_open(self)) return NULL;
+  return PyLong_FromUnsignedLongLong((unsigned long long)ks_reader_data_offset(self->r));
+}
+
+static Py_ssize_t reader_length(ksp_Reader *self) {
+  return self->r ? (Py_ssize_t)ks_reader_count(self->r) : 0;
+}
+
+static PyMethodDef reader_methods[] = {
+    {"entries", (PyCFunction)reader_entries, METH_NOARGS,
+     "entries()\n--\n\n[(name, dtype code, shape, begin, end)] of every tensor, in file order; begin/end are "
+     "byte offsets into the buffer the reader exports."},
+    {"keys", (PyCFunction)reader_keys, METH_NOARGS, "keys()\n--\n\nTensor names in file order."},
+    {"entry", (PyCFunction)reader_entry, METH_O, "entry(name)\n--\n\n(name, dtype code, shape, begin, end) of one tensor."},
+    {"metadata", (PyCFunction)reader_metadata, METH_VARARGS,
+     "metadata(all=False)\n--\n\nThe __metadata__ pairs; without `all`, the five keys keepsake's writer owns are left out."},
+    {"scalars", (PyCFunction)reader_scalars, METH_NOARGS, "scalars()\n--\n\n[(name, value)] of keepsake's scalars."},
+    {"verify", (PyCFunction)reader_verify, METH_NOARGS,
+     "verify()\n--\n\nChecks every checksum; raises ChecksumError or FormatError."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef reader_getset[] = {
+    {"count", (getter)reader_len_obj, NULL, "number of tensors", NULL},
+    {"is_keepsake", (getter)reader_is_keepsake, NULL, "the file carries keepsake's metadata", NULL},
+    {"format_version", (getter)reader_format_version, NULL, "keepsake format version (0: plain safetensors)", NULL},
+    {"path", (getter)reader_path, NULL, "the path opened (\"<buffer>\" for bytes)", NULL},
+    {"data_offset", (getter)reader_data_offset, NULL, "byte offset of the data section", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PySequenceMethods reader_seq = {.sq_length = (lenfunc)reader_length};
+
+PyTypeObject ksp_ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "keepsake._keepsake.Reader",
+    .tp_basicsize = sizeof(ksp_Reader),
+    .tp_dealloc = (destructor)reader_dealloc,
+    .tp_as_sequence = &reader_seq,
+    .tp_as_buffer = &reader_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Reader(source, verify=False)\n--\n\n"
+              "An open keepsake or safetensors file (a path) or bytes, validated on open.",
+    .tp_methods = reader_methods,
+    .tp_getset = reader_getset,
+    .tp_init = (initproc)reader_init,
+    .tp_new = PyType_GenericNew,
+};

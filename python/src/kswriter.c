@@ -1,0 +1,228 @@
+/*
+ * Writing: Python entries -> a ks_statedict that borrows the tensors' memory ->
+ * ks_save (atomic, durable). save_bytes runs the same writer through a ks_io
+ * that collects the bytes in memory, so both produce identical files.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ksext.h"
+
+static int add_tensor(ks_statedict *sd, const char *name, PyObject *item) {
+  int dtype;
+  PyObject *shape;
+  unsigned long long addr, nbytes;
+  if (!PyArg_ParseTuple(item, "siOKK", &name, &dtype, &shape, &addr, &nbytes)) return -1;
+  PyObject *seq = PySequence_Fast(shape, "shape must be a sequence of ints");
+  if (!seq) return -1;
+  Py_ssize_t rank = PySequence_Fast_GET_SIZE(seq);
+  int64_t dims[KS_MAX_RANK] = {0};
+  ks_status st = rank > KS_MAX_RANK ? KS_E_LIMIT : KS_OK;
+  for (Py_ssize_t i = 0; !st && i < rank; i++) {
+    dims[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (dims[i] == -1 && PyErr_Occurred()) st = KS_E_INVALID;
+  }
+  Py_DECREF(seq);
+  if (PyErr_Occurred()) return -1;
+  ks_tensor t;
+  if (dtype < 0 || dtype >= KS_DTYPE_COUNT) st = KS_E_DTYPE;
+  if (!st) st = ks_tensor_init(&t, (ks_dtype)dtype, (int)rank, dims, (void *)(uintptr_t)addr);
+  if (!st && t.nbytes != nbytes) st = KS_E_SHAPE;
+  if (!st) st = ks_statedict_set_tensor(sd, name, &t, KS_BORROW);
+  if (st) {
+    ks_error e;
+    ks_error_clear(&e);
+    e.code = st;
+    snprintf(e.key, sizeof e.key, "%s", name);
+    snprintf(e.message, sizeof e.message, "cannot add tensor '%s' (dtype %d, rank %zd, %llu bytes): %s", name,
+             dtype, rank, nbytes, ks_strerror(st));
+    ksp_raise(st, &e);
+    return -1;
+  }
+  return 0;
+}
+
+static ks_status add_scalar(ks_statedict *sd, const char *name, PyObject *v) {
+  if (v == Py_None) return ks_statedict_set_null(sd, name);
+  if (PyBool_Check(v)) return ks_statedict_set_bool(sd, name, v == Py_True);
+  if (PyLong_Check(v)) {
+    int overflow = 0;
+    long long i = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) return KS_E_LIMIT;
+    return ks_statedict_set_int(sd, name, (int64_t)i);
+  }
+  if (PyFloat_Check(v)) return ks_statedict_set_float(sd, name, PyFloat_AS_DOUBLE(v));
+  if (PyUnicode_Check(v)) {
+    const char *s = PyUnicode_AsUTF8(v);
+    return s ? ks_statedict_set_string(sd, name, s) : KS_E_VALUE;
+  }
+  return KS_E_UNSUPPORTED;
+}
+
+static int add_item(ks_statedict *sd, PyObject *item) {
+  if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 2) {
+    PyErr_SetString(PyExc_TypeError, "entries are (name, value) or (name, dtype, shape, address, nbytes)");
+    return -1;
+  }
+  const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(item, 0));
+  if (!name) return -1;
+  if (PyTuple_GET_SIZE(item) == 5) return add_tensor(sd, name, item);
+  ks_status st = add_scalar(sd, name, PyTuple_GET_ITEM(item, 1));
+  if (PyErr_Occurred()) return -1;
+  if (st) {
+    ks_error e;
+    ks_error_clear(&e);
+    e.code = st;
+    snprintf(e.key, sizeof e.key, "%s", name);
+    snprintf(e.message, sizeof e.message, "cannot store '%s' (a %s): %s", name,
+             Py_TYPE(PyTuple_GET_ITEM(item, 1))->tp_name,
+             st == KS_E_LIMIT ? "integer beyond 64 bits" : ks_strerror(st));
+    ksp_raise(st, &e);
+    return -1;
+  }
+  return 0;
+}
+
+ks_statedict *ksp_statedict_from(PyObject *entries) {
+  PyObject *seq = PySequence_Fast(entries, "entries must be a sequence");
+  if (!seq) return NULL;
+  ks_statedict *sd = NULL;
+  ks_status st = ks_statedict_create(NULL, &sd);
+  if (st) ksp_raise(st, NULL);
+  for (Py_ssize_t i = 0; sd && i < PySequence_Fast_GET_SIZE(seq); i++) {
+    if (add_item(sd, PySequence_Fast_GET_ITEM(seq, i)) < 0) {
+      ks_statedict_free(sd);
+      sd = NULL;
+    }
+  }
+  Py_DECREF(seq);
+  return sd;
+}
+
+/* keepsake.metrics from a description of the metrics (see keepsake/_metrics.py), as `keepsake convert` does. */
+static int add_metrics_meta(ks_meta *meta, const char *desc, const ks_statedict *sd) {
+  if (!desc) return 0;
+  char *json = NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st = ksp_metrics_meta(desc, sd, &json, &err);
+  if (!st) st = ks_meta_set(meta, KS_META_METRICS, json);
+  if (!st) st = ks_meta_set(meta, KS_META_STATE, "{\"layout_version\":1}");
+  free(json);
+  if (st) ksp_raise(st, &err);
+  return st ? -1 : 0;
+}
+
+/* The pieces every save needs; NULL members on failure with an exception set. */
+static int prepare(PyObject *entries, PyObject *metadata, const char *metrics, ks_statedict **sd, ks_meta **meta) {
+  *sd = ksp_statedict_from(entries);
+  *meta = *sd ? ksp_meta_from(metadata) : NULL;
+  if (*meta && add_metrics_meta(*meta, metrics, *sd) == 0) return 0;
+  ks_meta_free(*meta);
+  ks_statedict_free(*sd);
+  return -1;
+}
+
+PyObject *ksp_save_file(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"path", "entries", "metadata", "metrics", "fsync", NULL};
+  PyObject *path, *entries, *metadata = Py_None;
+  const char *metrics = NULL;
+  int fsync = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|Ozp", names, PyUnicode_FSConverter, &path, &entries, &metadata,
+                                   &metrics, &fsync))
+    return NULL;
+  ks_statedict *sd;
+  ks_meta *meta;
+  if (prepare(entries, metadata, metrics, &sd, &meta)) {
+    Py_DECREF(path);
+    return NULL;
+  }
+  ks_save_opts o = {.no_fsync = !fsync};
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *p = PyBytes_AS_STRING(path);
+  Py_BEGIN_ALLOW_THREADS st = ks_save(p, sd, meta, &o, &err);
+  Py_END_ALLOW_THREADS
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  Py_DECREF(path);
+  if (st) return ksp_raise(st, &err);
+  Py_RETURN_NONE;
+}
+
+/* A ks_io that collects what the writer writes. */
+typedef struct membuf {
+  char *p;
+  size_t len, cap;
+} membuf;
+
+static int mem_create(void *ctx, const char *path, int *fd) {
+  (void)path;
+  ((membuf *)ctx)->len = 0;
+  *fd = 0;
+  return 0;
+}
+static int mem_write(void *ctx, int fd, const void *buf, size_t n, size_t *written) {
+  (void)fd;
+  membuf *m = ctx;
+  if (n > m->cap - m->len) {
+    size_t cap = m->cap ? m->cap : 4096;
+    while (cap - m->len < n) {
+      if (cap > SIZE_MAX / 2) return 12; /* ENOMEM */
+      cap *= 2;
+    }
+    char *p = realloc(m->p, cap);
+    if (!p) return 12;
+    m->p = p;
+    m->cap = cap;
+  }
+  memcpy(m->p + m->len, buf, n);
+  m->len += n;
+  *written = n;
+  return 0;
+}
+static int mem_noop_fd(void *ctx, int fd) {
+  (void)ctx;
+  (void)fd;
+  return 0;
+}
+static int mem_noop_path(void *ctx, const char *path) {
+  (void)ctx;
+  (void)path;
+  return 0;
+}
+static int mem_rename(void *ctx, const char *from, const char *to) {
+  (void)ctx;
+  (void)from;
+  (void)to;
+  return 0;
+}
+
+PyObject *ksp_save_bytes(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"entries", "metadata", "metrics", NULL};
+  PyObject *entries, *metadata = Py_None;
+  const char *metrics = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Oz", names, &entries, &metadata, &metrics)) return NULL;
+  ks_statedict *sd;
+  ks_meta *meta;
+  if (prepare(entries, metadata, metrics, &sd, &meta)) return NULL;
+  membuf mb = {0};
+  /* A version 1 table: the writer's steps only (io.h); nothing touches the file system. */
+  ks_io io = {.version = 1, .ctx = &mb, .create_fn = mem_create, .write_fn = mem_write, .fsync_fn = mem_noop_fd,
+              .close_fn = mem_noop_fd, .rename_fn = mem_rename, .unlink_fn = mem_noop_path,
+              .fsync_dir_fn = mem_noop_path};
+  ks_save_opts o = {.io = &io, .no_fsync = 1};
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  Py_BEGIN_ALLOW_THREADS st = ks_save("<bytes>", sd, meta, &o, &err);
+  Py_END_ALLOW_THREADS
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  PyObject *out = st ? ksp_raise(st, &err) : PyBytes_FromStringAndSize(mb.p ? mb.p : "", (Py_ssize_t)mb.len);
+  free(mb.p);
+  return out;
+}

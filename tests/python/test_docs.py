@@ -1,0 +1,16 @@
+"""The worked example of docs/PYTHON.md runs as written."""
+import os
+import re
+
+SRC = os.environ.get("KS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def test_worked_example_runs(tmp_path, monkeypatch, capsys):
+    text = open(os.path.join(SRC, "docs", "PYTHON.md"), encoding="utf-8").read()
+    section = text.split("## A worked example", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/PYTHON.md", "exec"), {"__name__": "example"})
+    assert (tmp_path / "run.keepsake").exists()
+    out = capsys.readouterr().out
+    assert "load report:" in out and "0 mismatched" in out

@@ -1,0 +1,222 @@
+"""Files move between Python and C: C-written checkpoints load in Python, Python-written ones in
+C (ks_state_load through keepsake.compute_metrics, and the CLI), torch.save files through the
+non-executing reader, and keepsake.convert mirrors `keepsake convert`."""
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+tm = pytest.importorskip("torchmetrics")
+import torchmetrics.classification as tc  # noqa: E402
+
+import keepsake  # noqa: E402
+import keepsake.torch as kt  # noqa: E402
+
+SRC = os.environ.get("KS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+CLI = os.environ.get("KS_CLI", "")
+GOLDEN = os.path.join(SRC, "tests", "golden", "v1")
+FIXTURES = os.path.join(SRC, "tests", "fixtures")
+
+
+class Digits(torch.nn.Module):
+    """The model of examples/digits (C): the same parameter names and shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(64, 128)
+        self.fc2 = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def digits_metrics():
+    train = {"MulticlassAccuracy": tc.MulticlassAccuracy(num_classes=10, average="micro")}
+    evals = {"eval": {"MulticlassAccuracy": tc.MulticlassAccuracy(num_classes=10, average="micro"),
+                      "MulticlassF1Score": tc.MulticlassF1Score(num_classes=10),
+                      "MulticlassConfusionMatrix": tc.MulticlassConfusionMatrix(num_classes=10)}}
+    return train, evals
+
+
+def cli(*args, ok=(0,)):
+    if not CLI:
+        pytest.skip("KS_CLI not set (run through ctest)")
+    p = subprocess.run([CLI, *args], capture_output=True, text=True)
+    assert p.returncode in ok, (args, p.returncode, p.stdout, p.stderr)
+    return p.stdout
+
+
+def test_c_checkpoint_loads_in_python():
+    path = os.path.join(GOLDEN, "digits-demo.keepsake")
+    model = Digits()
+    opt = torch.optim.AdamW(model.parameters(), lr=1.0)
+    train, evals = digits_metrics()
+    report = kt.load_checkpoint(path, model=model, optimizers=opt, train_metrics=train, eval_metrics=evals)
+    f = kt.load_file(path)
+    assert torch.equal(model.fc1.weight, f["state/model/fc1.weight"])
+    assert report.find("state/model").kind == "loaded"
+    assert report.find("state/optimizers/AdamW").kind == "loaded"
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.0002) and opt.param_groups[0]["betas"] == (0.9, 0.999)
+    assert torch.equal(opt.state[model.fc2.weight]["exp_avg"], f["state/optimizers/AdamW/state/2/exp_avg"])
+    assert report.find("state/train_metrics/LanguageCrossEntropy").kind == "skipped"  # a Composer metric
+    assert report.find("state/schedulers/CosineAnnealingWithWarmupScheduler").kind == "skipped"
+    assert report.find("rng/0/xoshiro256starstar").kind == "skipped"
+    assert report.find("rng/0/torch").kind == "missing"
+    assert report.run_name and report.timestamp is not None and report.timestamp.epoch > 0
+    m = train["MulticlassAccuracy"]
+    assert report.find("state/train_metrics/MulticlassAccuracy").kind == "loaded"
+    assert torch.equal(m.compute(), f["state/train_metrics/MulticlassAccuracy/_computed"])
+    for name, metric in evals["eval"].items():
+        assert report.find(f"state/eval_metrics/eval/{name}").kind == "loaded"
+        want = f[f"state/eval_metrics/eval/{name}/_computed"]
+        assert torch.equal(metric.compute().to(want.dtype), want), name
+        metric.reset()  # states too: recomputing from them gives the C library's value
+        kt.load_checkpoint(path, eval_metrics={"eval": {name: metric}}, rng=False)
+        metric._computed = None
+        assert torch.allclose(metric.compute().double(), want.double(), atol=1e-6), name
+    # training goes on from the loaded optimizer state
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    assert float(opt.state[model.fc1.weight]["step"]) == float(f["state/optimizers/AdamW/state/0/step"]) + 1
+
+
+def python_checkpoint(path):
+    torch.manual_seed(1)
+    model = Digits()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    train, evals = digits_metrics()
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        x, y = torch.randn(16, 64, generator=g), torch.randint(0, 10, (16,), generator=g)
+        out = model(x)
+        torch.nn.functional.cross_entropy(out, y).backward()
+        opt.step()
+        opt.zero_grad()
+        train["MulticlassAccuracy"].update(out, y)
+        for mm in evals["eval"].values():
+            mm.update(out, y)
+    kt.save_checkpoint(path, model=model, optimizers=opt, train_metrics=train, eval_metrics=evals,
+                       timestamp=keepsake.Timestamp(epoch=1, batch=3, sample=48), run_name="py-run",
+                       rank_zero_seed=5)
+    return model, opt, train, evals
+
+
+def test_python_checkpoint_loads_in_c(tmp_path):
+    path = tmp_path / "py.keepsake"
+    model, opt, train, evals = python_checkpoint(path)
+    c = keepsake.compute_metrics(path)
+    report = {p: k for k, p, _ in c["__report__"]}
+    groups = [("state/train_metrics/", train)] + [("state/eval_metrics/eval/", evals["eval"])]
+    for root, ms in groups:
+        for name, m in ms.items():
+            p = root + name
+            assert report[p] == "loaded", (p, c["__report__"])
+            want = m.compute()
+            got = c[p]["value"]
+            assert got is not None and c[p]["update_count"] == 3
+            assert torch.allclose(got.double().reshape(want.shape), want.double(), atol=1e-6), (p, got, want)
+    keepsake.verify(path)
+    out = cli("verify", str(path))
+    assert "ok" in out.lower() or out == "" or "verified" in out.lower()
+    info = json.loads(cli("inspect", "--json", str(path)))
+    assert info["run_name"] == "py-run" and info["rank_zero_seed"] == 5
+    assert info["timestamp"]["epoch"] == 1 and info["timestamp"]["sample"] == 48
+    assert info["metrics"]["state/train_metrics/MulticlassAccuracy"]["class"] == "MulticlassAccuracy"
+    # diff against the C-written checkpoint of the same layout: both files are read
+    diff = cli("diff", str(path), os.path.join(GOLDEN, "digits-demo.keepsake"), ok=(0, 1))
+    assert "state/model/fc1.weight" in diff or "state/model" in diff
+
+
+def test_python_checkpoint_exports_to_pt_and_back(tmp_path):
+    path = tmp_path / "py.keepsake"
+    model, *_ = python_checkpoint(path)
+    kept, ignored = keepsake.convert(path, tmp_path / "py.pt", ignore=["rng"])
+    assert ignored > 0 and kept > 0
+    sd = torch.load(tmp_path / "py.pt", weights_only=True)
+    assert torch.equal(sd["state"]["model"]["fc1.weight"], model.fc1.weight.detach())
+    assert "rng" not in sd
+    back = kt.load_pt(tmp_path / "py.pt")
+    assert torch.equal(back["state"]["model"]["fc2.bias"], model.fc2.bias.detach())
+    assert back["state"]["optimizers"]["AdamW"]["param_groups"][0]["lr"] == 0.01
+
+
+def test_convert_mirrors_the_cli(tmp_path):
+    src = os.path.join(FIXTURES, "composer", "composer-0.13.5-pickled-metrics.pt")
+    a, b = tmp_path / "py.keepsake", tmp_path / "cli.keepsake"
+    kept, ignored = keepsake.convert(src, a, ignore=["state/optimizers/*"])
+    out = cli("convert", src, str(b), "--ignore", "state/optimizers/*")
+    assert f"{kept} entries ({ignored} ignored)" in out
+    fa, fb = kt.load_file(a), kt.load_file(b)
+    assert fa.keys() == fb.keys() and all(torch.equal(fa[k], fb[k]) for k in fa)
+    with keepsake.safe_open(a) as x, keepsake.safe_open(b) as y:
+        assert x.raw_metadata() == y.raw_metadata() and x.scalars() == y.scalars()
+    # the converted Composer metrics load into torchmetrics by name
+    acc = tc.MulticlassAccuracy(num_classes=10, average="micro")
+    r = kt.load_checkpoint(a, train_metrics={"MulticlassAccuracy": acc}, rng=False)
+    assert r.find("state/train_metrics/MulticlassAccuracy").kind == "loaded"
+    assert acc._update_count == 4 and float(acc.compute()) == pytest.approx(0.0625)
+    with pytest.raises(keepsake.KeepsakeError) as e:
+        keepsake.convert(os.path.join(FIXTURES, "torch", "nope.pt"), tmp_path / "x.keepsake")
+    assert "nope.pt" in e.value.file
+    assert not (tmp_path / "x.keepsake").exists()
+
+
+def test_load_pt_is_a_safe_drop_in(tmp_path):
+    pwned = "/tmp/keepsake-pwned"
+    if os.path.exists(pwned):
+        os.remove(pwned)
+    flat = kt.load_pt(os.path.join(FIXTURES, "torch", "malicious.pt"), flat=True)
+    assert not os.path.exists(pwned)
+    assert flat["payload/__class__"] == "posix.system" and torch.equal(flat["model/w"], torch.ones(2))
+    composer = os.path.join(FIXTURES, "composer", "composer-0.13.5-pickled-metrics.pt")
+    with pytest.raises(Exception):
+        torch.load(composer, weights_only=True)  # pickled torchmetrics objects: refused
+    ck = kt.load_pt(composer)
+    acc = ck["state"]["train_metrics"]["MulticlassAccuracy"]
+    assert acc["__class__"].endswith("MulticlassAccuracy") and acc["_update_count"] == 4
+    assert torch.equal(acc["tp"], torch.tensor([8]))
+    mlp = os.path.join(FIXTURES, "torch", "mlp_state_dict.pt")
+    ref = torch.load(mlp, weights_only=True)
+    got = kt.load_pt(mlp)
+    assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)
+    adamw = os.path.join(FIXTURES, "torch", "adamw_state_dict.pt")
+    ref = torch.load(adamw, weights_only=True)
+    got = kt.load_pt(adamw)
+    assert list(got["state"]) == list(ref["state"])  # int keys stay ints
+    assert got["param_groups"] == ref["param_groups"]  # a list of dicts, betas a tuple, params a list
+    assert isinstance(got["param_groups"][0]["betas"], tuple)
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(s.shape)) for s in
+                             (ref["state"][i]["exp_avg"] for i in sorted(ref["state"]))])
+    opt.load_state_dict(got)  # what torch.load gave, torch takes from load_pt too
+    torch.save({"a/b": 1, "t": (1, [2, 3]), "e": {}, "l": [], 5: "x", None: 2.5}, tmp_path / "s.pt")
+    assert kt.load_pt(tmp_path / "s.pt") == {"a/b": 1, "t": (1, [2, 3]), "e": {}, "l": [], 5: "x", None: 2.5}
+    torch.save(torch.arange(3), tmp_path / "v.pt")
+    assert torch.equal(kt.load_pt(tmp_path / "v.pt"), torch.arange(3))
+    assert torch.equal(got["state"][0]["exp_avg"], ref["state"][0]["exp_avg"])
+    with open(mlp, "rb") as fh:
+        assert kt.load_pt(fh.read()).keys() == torch.load(mlp, weights_only=True).keys()  # from bytes too
+    kt.save_pt({"a": {"b": torch.arange(3)}, "n": 3, "s": "x"}, tmp_path / "w.pt")
+    w = torch.load(tmp_path / "w.pt", weights_only=True)
+    assert torch.equal(w["a"]["b"], torch.arange(3)) and w["n"] == 3 and w["s"] == "x"
+
+
+def test_convert_checks_input_integrity_and_output(tmp_path):
+    src = tmp_path / "in.keepsake"
+    kt.save_file({"a": torch.ones(4), "b": torch.zeros(4)}, src)
+    raw = bytearray(src.read_bytes())
+    raw[-1] ^= 0x01
+    src.write_bytes(bytes(raw))
+    out = tmp_path / "out.keepsake"
+    with pytest.raises(keepsake.ChecksumError):
+        keepsake.convert(src, out)
+    assert not out.exists()  # nothing laundered into a valid file
+    assert keepsake.convert(src, out, salvage=True) == (2, 0)
+    cli("convert", str(src), str(tmp_path / "cli.keepsake"), ok=(1,))
+    (tmp_path / "dir.keepsake").mkdir()
+    os.symlink(out, tmp_path / "link.keepsake")
+    for bad in ("dir.keepsake", "link.keepsake"):
+        with pytest.raises(keepsake.InvalidError):
+            keepsake.convert(out, tmp_path / bad)
+    assert os.path.islink(tmp_path / "link.keepsake") and (tmp_path / "dir.keepsake").is_dir()

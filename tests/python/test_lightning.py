@@ -1,0 +1,169 @@
+"""Lightning resume: stop mid-epoch, resume with ckpt_path=, end equal to an uninterrupted run."""
+import os
+import warnings
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+torchmetrics = pytest.importorskip("torchmetrics")
+
+import keepsake  # noqa: E402
+from keepsake.lightning import KeepsakeCheckpointIO, KeepsakeMetrics  # noqa: E402
+
+N, BATCH, EPOCHS, STOP_AT = 96, 8, 3, 17  # 12 batches an epoch; stop in the middle of the 2nd epoch
+
+
+class Batches:
+    """A deterministic, stateful loader: Lightning saves its position and restores it on resume."""
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(3)
+        self.x = torch.randn(N, 5, generator=g)
+        self.y = (self.x[:, 0] + 0.5 * self.x[:, 1] > 0).long() + (self.x[:, 2] > 1).long()
+        self.pos = 0
+
+    def __len__(self):
+        return N // BATCH
+
+    def __iter__(self):
+        start = self.pos if self.pos < len(self) else 0  # Lightning stops at len() without exhausting us
+        for i in range(start, len(self)):
+            self.pos = i + 1
+            yield self.x[i * BATCH:(i + 1) * BATCH], self.y[i * BATCH:(i + 1) * BATCH]
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.pos = sd["pos"]
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        self.acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3)
+        self.loss_mean = torchmetrics.MeanMetric()   # never reset: accumulates over the whole run
+        self.losses = torchmetrics.CatMetric()       # a list state
+        self.epoch_acc = []
+
+    def training_step(self, batch, i):
+        x, y = batch
+        out = self.net(x)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        self.acc.update(out, y)
+        self.log("train_acc", self.acc, on_step=False, on_epoch=True)
+        self.loss_mean.update(loss.detach())
+        self.losses.update(loss.detach())
+        return loss
+
+    def on_train_epoch_end(self):
+        self.epoch_acc.append(float(self.acc.compute()))
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=0.05)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.7)}
+
+    def train_dataloader(self):
+        return self.loader
+
+    def setup(self, stage):
+        self.loader = Batches()
+
+
+class StopAt(pl.Callback):
+    def __init__(self, path):
+        self.path = path
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, i):
+        if trainer.global_step == STOP_AT:
+            trainer.save_checkpoint(self.path)
+            trainer.should_stop = True  # the run ends here; only the checkpoint above carries on
+
+
+def trainer(tmp_path, callbacks=()):
+    return pl.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      plugins=[KeepsakeCheckpointIO(fsync=False)], callbacks=[KeepsakeMetrics(), *callbacks],
+                      default_root_dir=str(tmp_path))
+
+
+def metric_states(m):
+    out = {}
+    for name, metric in m.named_modules():
+        if isinstance(metric, torchmetrics.Metric):
+            for s in metric._defaults:
+                v = getattr(metric, s)
+                out[f"{name}.{s}"] = torch.cat([t.reshape(-1) for t in v]) if isinstance(v, list) else v
+            out[f"{name}._update_count"] = metric._update_count
+    return out
+
+
+def test_resume_mid_epoch_equals_uninterrupted(tmp_path):
+    ref = Tiny()
+    trainer(tmp_path / "ref").fit(ref)
+
+    ckpt = str(tmp_path / "mid.keepsake")
+    first = Tiny()
+    t1 = trainer(tmp_path / "a", [StopAt(ckpt)])
+    t1.fit(first)
+    assert t1.global_step == STOP_AT
+    assert os.path.exists(ckpt)
+    # the file is an ordinary keepsake checkpoint
+    with keepsake.safe_open(ckpt, framework="pt") as f:
+        assert "state/model/net.0.weight" in f.keys()
+        assert "state/train_metrics/losses/state_dict/value" in f.keys()
+    keepsake.verify(ckpt)
+
+    resumed = Tiny()
+    t2 = trainer(tmp_path / "b")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*compute.*before.*update.*")
+        t2.fit(resumed, ckpt_path=ckpt)
+
+    assert t2.global_step == EPOCHS * (N // BATCH)
+    for (k, a), (k2, b) in zip(ref.state_dict().items(), resumed.state_dict().items()):
+        assert k == k2 and torch.equal(a, b), k
+    o_ref, o_res = t_opt(ref), t_opt(resumed)
+    assert o_ref["param_groups"] == o_res["param_groups"]
+    for i, st in o_ref["state"].items():
+        for name, v in st.items():
+            assert torch.equal(v, o_res["state"][i][name]), (i, name)
+    sr, ss = metric_states(ref), metric_states(resumed)
+    assert sr.keys() == ss.keys()
+    for k in sr:
+        assert (torch.equal(sr[k], ss[k]) if isinstance(sr[k], torch.Tensor) else sr[k] == ss[k]), k
+    assert ss["losses._update_count"] == EPOCHS * (N // BATCH)
+    # the epoch interrupted in the middle computed the same accuracy as the uninterrupted one
+    assert resumed.epoch_acc == ref.epoch_acc[1:]
+    assert t2.lr_scheduler_configs[0].scheduler.state_dict() == ref.trainer.lr_scheduler_configs[0].scheduler.state_dict()
+
+
+def t_opt(m):
+    return m.trainer.optimizers[0].state_dict()
+
+
+def test_checkpoint_dict_round_trip(tmp_path):
+    io = KeepsakeCheckpointIO(fsync=False)
+    ck = {"epoch": 3, "global_step": 7, "pytorch-lightning_version": "2.6.6",
+          "state_dict": {"w": torch.arange(4.0), "b": torch.zeros(2, dtype=torch.int64)},
+          "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": {"total": {"ready": 1}}}},
+          "optimizer_states": [{"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [
+              {"lr": 0.1, "betas": (0.9, 0.999), "params": [0]}]}],
+          "callbacks": {"Cb{'a/b': 1}": {"seen": [1, 2.5, None, True, "x"]}},
+          "hparams": {1: "int key", "1": "str key", None: 0, "big": 1 << 70, "raw": b"\x00\x01"}}
+    p = tmp_path / "d.keepsake"
+    io.save_checkpoint(ck, p)
+    back = io.load_checkpoint(p)
+    assert back.keys() == ck.keys()
+    assert torch.equal(back["state_dict"]["w"], ck["state_dict"]["w"])
+    assert back["loops"] == ck["loops"]
+    g = back["optimizer_states"][0]["param_groups"][0]
+    assert g == ck["optimizer_states"][0]["param_groups"][0] and isinstance(g["betas"], tuple)
+    assert list(back["optimizer_states"][0]["state"]) == [0]
+    assert back["callbacks"] == ck["callbacks"]
+    assert back["hparams"] == ck["hparams"]
+    io.remove_checkpoint(p)
+    assert not p.exists()
