@@ -59,7 +59,8 @@ PyObject *ksp_torch_save(PyObject *self, PyObject *args, PyObject *kw) {
     Py_DECREF(path);
     return NULL;
   }
-  ks_torch_write_opts o = {.no_fsync = !fsync};
+  ks_io io;
+  ks_torch_write_opts o = {.io = ksp_io_posix(fsync, &io)};
   ks_error err;
   ks_error_clear(&err);
   ks_status st;

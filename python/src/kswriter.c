@@ -138,7 +138,8 @@ PyObject *ksp_save_file(PyObject *self, PyObject *args, PyObject *kw) {
     Py_DECREF(path);
     return NULL;
   }
-  ks_save_opts o = {.no_fsync = !fsync};
+  ks_io io;
+  ks_save_opts o = {.io = ksp_io_posix(fsync, &io)};
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
@@ -200,6 +201,26 @@ static int mem_rename(void *ctx, const char *from, const char *to) {
   return 0;
 }
 
+static int skip_fsync(void *ctx, int fd) {
+  (void)ctx;
+  (void)fd;
+  return 0;
+}
+static int skip_fsync_dir(void *ctx, const char *dir) {
+  (void)ctx;
+  (void)dir;
+  return 0;
+}
+
+const ks_io *ksp_io_posix(int fsync, ks_io *io) {
+  *io = *ks_io_posix();
+  if (!fsync) {
+    io->fsync_fn = skip_fsync;
+    io->fsync_dir_fn = skip_fsync_dir;
+  }
+  return io;
+}
+
 PyObject *ksp_save_bytes(PyObject *self, PyObject *args, PyObject *kw) {
   (void)self;
   static char *names[] = {"entries", "metadata", "metrics", NULL};
@@ -214,7 +235,7 @@ PyObject *ksp_save_bytes(PyObject *self, PyObject *args, PyObject *kw) {
   ks_io io = {.version = 1, .ctx = &mb, .create_fn = mem_create, .write_fn = mem_write, .fsync_fn = mem_noop_fd,
               .close_fn = mem_noop_fd, .rename_fn = mem_rename, .unlink_fn = mem_noop_path,
               .fsync_dir_fn = mem_noop_path};
-  ks_save_opts o = {.io = &io, .no_fsync = 1};
+  ks_save_opts o = {.io = &io};
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
