@@ -173,7 +173,13 @@ ks_status ks__jv_parse(const ks_allocator *a, const char *text, size_t n, const 
                        ks_error *err);
 /* Appends v as compact JSON (no spaces); sort_keys orders object members by key bytes. */
 void ks__jv_write(ks__sbuf *b, const ks__jv *v, bool sort_keys);
+/* Appends v with each member and item on its own line, `indent` spaces per level, ": "
+   after keys and empty containers as {} and []: the layout of jansson's JSON_INDENT(n),
+   so files written before keep their bytes (indent <= 0 is compact). */
+void ks__jv_write_indented(ks__sbuf *b, const ks__jv *v, bool sort_keys, int indent);
 /* Compact JSON as a NUL-terminated string owned by the caller (free with ks__free); NULL when out of memory. */
 char *ks__jv_dump(const ks_allocator *a, const ks__jv *v, bool sort_keys);
+/* ks__jv_write_indented as a NUL-terminated string, like ks__jv_dump. */
+char *ks__jv_dump_indented(const ks_allocator *a, const ks__jv *v, bool sort_keys, int indent);
 
 #endif

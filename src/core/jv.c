@@ -366,7 +366,16 @@ static int key_order(const void *pa, const void *pb) {
   return strcmp(**(const char *const *const *)pa, **(const char *const *const *)pb);
 }
 
-static void write_object(ks__sbuf *b, const ks__jv *v, bool sort) {
+/* Newline and `depth` levels of `indent` spaces; nothing in compact output. */
+static void newline(ks__sbuf *b, int indent, int depth) {
+  if (indent <= 0) return;
+  ks__sbuf_putc(b, '\n');
+  for (long i = 0; i < (long)indent * depth; i++) ks__sbuf_putc(b, ' ');
+}
+
+static void write_value(ks__sbuf *b, const ks__jv *v, bool sort, int indent, int depth);
+
+static void write_object(ks__sbuf *b, const ks__jv *v, bool sort, int indent, int depth) {
   const char **order = NULL;
   if (sort && v->len > 1) {
     order = ks__malloc(b->alloc, v->len * sizeof *order); /* len is bounded by an existing array */
@@ -381,15 +390,28 @@ static void write_object(ks__sbuf *b, const ks__jv *v, bool sort) {
   for (size_t n = 0; n < v->len; n++) {
     size_t i = order ? (size_t)((char *const *)(const void *)order[n] - v->keys) : n;
     if (n) ks__sbuf_putc(b, ',');
+    newline(b, indent, depth + 1);
     ks__sbuf_put_json_str(b, v->keys[i], strlen(v->keys[i]));
-    ks__sbuf_putc(b, ':');
-    ks__jv_write(b, v->items[i], sort);
+    ks__sbuf_puts(b, indent > 0 ? ": " : ":");
+    write_value(b, v->items[i], sort, indent, depth + 1);
   }
+  if (v->len) newline(b, indent, depth);
   ks__sbuf_putc(b, '}');
   ks__free(b->alloc, order);
 }
 
-void ks__jv_write(ks__sbuf *b, const ks__jv *v, bool sort_keys) {
+static void write_array(ks__sbuf *b, const ks__jv *v, bool sort, int indent, int depth) {
+  ks__sbuf_putc(b, '[');
+  for (size_t i = 0; i < v->len; i++) {
+    if (i) ks__sbuf_putc(b, ',');
+    newline(b, indent, depth + 1);
+    write_value(b, v->items[i], sort, indent, depth + 1);
+  }
+  if (v->len) newline(b, indent, depth);
+  ks__sbuf_putc(b, ']');
+}
+
+static void write_value(ks__sbuf *b, const ks__jv *v, bool sort, int indent, int depth) {
   switch (v->type) {
   case KS__JV_NULL: ks__sbuf_puts(b, "null"); break;
   case KS__JV_BOOL: ks__sbuf_puts(b, v->b ? "true" : "false"); break;
@@ -399,22 +421,23 @@ void ks__jv_write(ks__sbuf *b, const ks__jv *v, bool sort_keys) {
     else ks__sbuf_puts(b, "null");
     break;
   case KS__JV_STRING: ks__sbuf_put_json_str(b, v->s, v->len); break;
-  case KS__JV_ARRAY:
-    ks__sbuf_putc(b, '[');
-    for (size_t i = 0; i < v->len; i++) {
-      if (i) ks__sbuf_putc(b, ',');
-      ks__jv_write(b, v->items[i], sort_keys);
-    }
-    ks__sbuf_putc(b, ']');
-    break;
-  case KS__JV_OBJECT: write_object(b, v, sort_keys); break;
+  case KS__JV_ARRAY: write_array(b, v, sort, indent, depth); break;
+  case KS__JV_OBJECT: write_object(b, v, sort, indent, depth); break;
   }
 }
 
-char *ks__jv_dump(const ks_allocator *a, const ks__jv *v, bool sort_keys) {
+void ks__jv_write(ks__sbuf *b, const ks__jv *v, bool sort_keys) { write_value(b, v, sort_keys, 0, 0); }
+
+void ks__jv_write_indented(ks__sbuf *b, const ks__jv *v, bool sort_keys, int indent) {
+  write_value(b, v, sort_keys, indent, 0);
+}
+
+char *ks__jv_dump(const ks_allocator *a, const ks__jv *v, bool sort_keys) { return ks__jv_dump_indented(a, v, sort_keys, 0); }
+
+char *ks__jv_dump_indented(const ks_allocator *a, const ks__jv *v, bool sort_keys, int indent) {
   ks__sbuf b;
   ks__sbuf_init(&b, a);
-  ks__jv_write(&b, v, sort_keys);
+  write_value(&b, v, sort_keys, indent, 0);
   ks__sbuf_putc(&b, '\0');
   if (b.failed) {
     ks__sbuf_free(&b);

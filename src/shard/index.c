@@ -17,117 +17,189 @@
 typedef struct file_head {
   ks_reader *r;
   ks__shard_ts ts;
-  json_t *dcp; /* DCP_SHARDING_INFO or NULL */
+  ks__jv *record; /* keepsake.shard */
+  ks__jv *dcp;    /* DCP_SHARDING_INFO or NULL */
 } file_head;
 
-static ks_status open_head(const char *dir, int rank, int n, file_head *h, ks_error *err) {
+static ks_status open_head(const char *dir, int rank, int n, const ks_allocator *a, file_head *h, ks_error *err) {
   char name[64];
-  ks_shard_file_name(rank, n, name, sizeof name);
-  char *path = ks__shard_join(NULL, dir, name);
-  if (!path) return ks__err(err, KS_E_NOMEM, "out of memory");
-  ks_status st = ks_reader_open(path, NULL, &h->r, err);
-  const char *rec = st ? NULL : ks_meta_get(ks_reader_meta(h->r), KS__SHARD_META);
-  json_t *j = rec ? json_loads(rec, JSON_REJECT_DUPLICATES, NULL) : NULL;
-  json_t *jr = json_object_get(j, "rank"), *jw = json_object_get(j, "world_size");
-  if (!st && (!j || json_integer_value(jr) != rank || json_integer_value(jw) != n ||
-              !ks__shard_ts_parse(json_object_get(j, "timestamp"), &h->ts)))
+  ks_status st = ks_shard_file_name(rank, n, name, sizeof name);
+  char *path = st ? NULL : ks__shard_join(a, dir, name);
+  if (!path) return ks__err(err, st ? st : KS_E_NOMEM, "out of memory");
+  ks_read_opts ro = {.alloc = a};
+  st = ks_reader_open(path, &ro, &h->r, err);
+  if (!st) st = ks__shard_parse_meta(a, ks_meta_get(ks_reader_meta(h->r), KS__SHARD_META), KS__SHARD_META, &h->record, err);
+  int64_t jr = -1, jw = -1;
+  if (!st && (!ks__jv_is_int(ks__jv_get(h->record, "rank"), &jr) || jr != rank ||
+              !ks__jv_is_int(ks__jv_get(h->record, "world_size"), &jw) || jw != n ||
+              !ks__shard_ts_parse(ks__jv_get(h->record, "timestamp"), &h->ts)))
     st = ks__err_at(err, KS_E_FORMAT, path, KS__SHARD_META, -1, "rank %d: missing or wrong keepsake.shard record", rank);
-  json_decref(j);
-  const char *dcp = st ? NULL : ks_meta_get(ks_reader_meta(h->r), KS__DCP_INFO);
-  if (dcp && !(h->dcp = json_loads(dcp, JSON_REJECT_DUPLICATES, NULL)))
+  if (!st) st = ks__shard_parse_meta(a, ks_meta_get(ks_reader_meta(h->r), KS__DCP_INFO), KS__DCP_INFO, &h->dcp, err);
+  if (!st && h->dcp && !ks__jv_is(h->dcp, KS__JV_OBJECT))
     st = ks__err_at(err, KS_E_FORMAT, path, KS__DCP_INFO, -1, "rank %d: malformed DCP_SHARDING_INFO", rank);
-  ks__free(NULL, path);
+  if (st && err) ks__err_set_file(err, path);
+  ks__free(a, path);
   return st;
 }
 
+/* A new "sharded" entry: its dtype, global shape and an empty chunk list. */
+static ks__jv *sharded_entry(const ks_allocator *a, ks_dtype dt, int rank, const int64_t *g) {
+  ks__jv *e = ks__jv_object(a);
+  ks_status st = KS_OK;
+  ks__shard_put(a, e, "dtype", ks__jv_str(a, ks_dtype_name(dt)), &st);
+  ks__shard_put(a, e, "global_shape", ks__shard_dims_json(a, rank, g), &st);
+  ks__shard_put(a, e, "chunks", ks__jv_array(a), &st);
+  if (st) {
+    ks__jv_free(a, e);
+    return NULL;
+  }
+  return e;
+}
+
+static ks__jv *chunk_entry(const ks_allocator *a, int f, int rank, const int64_t *off, const int64_t *shape) {
+  ks__jv *c = ks__jv_object(a);
+  ks_status st = KS_OK;
+  ks__shard_put(a, c, "rank", ks__jv_int(a, f), &st);
+  ks__shard_put(a, c, "offsets", ks__shard_dims_json(a, rank, off), &st);
+  ks__shard_put(a, c, "shape", ks__shard_dims_json(a, rank, shape), &st);
+  if (st) {
+    ks__jv_free(a, c);
+    return NULL;
+  }
+  return c;
+}
+
 /* Adds file f's chunks to the "sharded" object, checking dtype and global shape agree. */
-static ks_status add_chunks(json_t *sharded, const file_head *h, int f, const char *fname, ks_error *err) {
-  const char *key;
-  json_t *v;
-  json_object_foreach(h->dcp, key, v) {
-    if (!json_object_get(v, "global_shape")) continue; /* a whole tensor */
+static ks_status add_chunks(const ks_allocator *a, ks__jv *sharded, const file_head *h, int f, const char *fname,
+                            ks_error *err) {
+  for (size_t i = 0; i < h->dcp->len; i++) {
+    const char *key = h->dcp->keys[i];
+    const ks__jv *v = h->dcp->items[i];
+    if (!ks__jv_get(v, "global_shape")) continue; /* a whole tensor */
     ks_tensor t;
     int64_t off[KS_MAX_RANK], g[KS_MAX_RANK];
-    if (ks_reader_tensor(h->r, key, &t, NULL) || ks__shard_dims(json_object_get(v, "saved_offsets"), off) != t.rank ||
-        ks__shard_dims(json_object_get(v, "global_shape"), g) != t.rank)
+    if (ks_reader_tensor(h->r, key, &t, NULL) || ks__shard_dims(ks__jv_get(v, "saved_offsets"), off) != t.rank ||
+        ks__shard_dims(ks__jv_get(v, "global_shape"), g) != t.rank)
       return ks__err_at(err, KS_E_FORMAT, fname, key, -1, "rank %d: chunk of '%s' is malformed", f, key);
-    json_t *e = json_object_get(sharded, key);
+    ks__jv *e = (ks__jv *)ks__jv_get(sharded, key);
+    ks_status st = KS_OK;
     if (!e) {
-      e = json_pack("{s:s, s:o, s:[]}", "dtype", ks_dtype_name(t.dtype), "global_shape", ks__shard_dims_json(t.rank, g),
-                    "chunks");
-      if (!e || json_object_set_new(sharded, key, e)) return ks__err(err, KS_E_NOMEM, "out of memory");
+      e = sharded_entry(a, t.dtype, t.rank, g);
+      ks__shard_put(a, sharded, key, e, &st);
+      if (st) return ks__err(err, KS_E_NOMEM, "out of memory");
     } else {
       int64_t g0[KS_MAX_RANK];
-      if (strcmp(json_string_value(json_object_get(e, "dtype")), ks_dtype_name(t.dtype)) ||
-          ks__shard_dims(json_object_get(e, "global_shape"), g0) != t.rank || memcmp(g0, g, sizeof(int64_t) * (size_t)t.rank))
+      const char *dn = ks__jv_string(ks__jv_get(e, "dtype"));
+      if (!dn || strcmp(dn, ks_dtype_name(t.dtype)) || ks__shard_dims(ks__jv_get(e, "global_shape"), g0) != t.rank ||
+          memcmp(g0, g, sizeof(int64_t) * (size_t)t.rank))
         return ks__err_at(err, KS_E_MISMATCH, fname, key, -1, "rank %d: '%s' has another dtype or global shape", f, key);
     }
-    json_t *c = json_pack("{s:i, s:o, s:o}", "rank", f, "offsets", ks__shard_dims_json(t.rank, off), "shape",
-                          ks__shard_dims_json(t.rank, t.shape));
-    if (!c || json_array_append_new(json_object_get(e, "chunks"), c)) return ks__err(err, KS_E_NOMEM, "out of memory");
+    ks__shard_push(a, (ks__jv *)ks__jv_get(e, "chunks"), chunk_entry(a, f, t.rank, off, t.shape), &st);
+    if (st) return ks__err(err, KS_E_NOMEM, "out of memory");
   }
   return KS_OK;
 }
 
 /* Whole replicated tensors go in the weight_map; per-rank ones differ by rank and stay out of it. */
-static int is_per_rank(const json_t *per_rank, const char *name) {
-  for (size_t i = 0; i < json_array_size(per_rank); i++) {
-    const char *g = json_string_value(json_array_get(per_rank, i));
+static int is_per_rank(const ks__jv *per_rank, const char *name) {
+  for (size_t i = 0; ks__jv_is(per_rank, KS__JV_ARRAY) && i < per_rank->len; i++) {
+    const char *g = ks__jv_string(per_rank->items[i]);
     if (g && ks_path_match(g, name)) return 1;
   }
   return 0;
 }
 
-static void add_whole(json_t *weight_map, const file_head *h, const json_t *per_rank, const char *fname,
-                      uint64_t *total) {
-  for (size_t i = 0; i < ks_reader_count(h->r); i++) {
+static ks_status add_whole(const ks_allocator *a, ks__jv *weight_map, const file_head *h, const ks__jv *per_rank,
+                           const char *fname, uint64_t *total) {
+  ks_status st = KS_OK;
+  for (size_t i = 0; !st && i < ks_reader_count(h->r); i++) {
     const char *name;
     ks_tensor t;
     ks_reader_tensor_at(h->r, i, &name, &t);
-    if (json_object_get(json_object_get(h->dcp, name), "global_shape") || is_per_rank(per_rank, name)) continue;
-    json_object_set_new(weight_map, name, json_string(fname));
+    if (ks__jv_get(ks__jv_get(h->dcp, name), "global_shape") || is_per_rank(per_rank, name)) continue;
+    ks__shard_put(a, weight_map, name, ks__jv_str(a, fname), &st);
     *total += t.nbytes;
   }
+  return st;
 }
 
-static json_t *build(int n, const ks_shard_file_info *infos, file_head *heads, json_t *per_rank, ks_error *err,
-                     ks_status *st) {
-  json_t *files = json_array(), *sharded = json_object(), *weight_map = json_object();
-  uint64_t total = 0;
-  for (int f = 0; !*st && f < n; f++) {
-    char fname[64], hex[17];
-    ks_shard_file_name(f, n, fname, sizeof fname);
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)infos[f].checksum);
-    json_array_append_new(files, json_pack("{s:i, s:s, s:I, s:s}", "rank", f, "file", fname, "size",
-                                           (json_int_t)infos[f].size, "xxh3", hex));
-    if (!ks__shard_ts_equal(&heads[f].ts, &heads[0].ts)) {
-      char a[160], b[160];
-      ks__shard_ts_format(&heads[f].ts, a, sizeof a);
-      ks__shard_ts_format(&heads[0].ts, b, sizeof b);
-      *st = ks__err_at(err, KS_E_MISMATCH, fname, NULL, -1, "timestamps differ across ranks: rank %d has %s, rank 0 %s",
-                       f, a, b);
-    }
-    if (!*st && heads[f].dcp) *st = add_chunks(sharded, &heads[f], f, fname, err);
-    if (!*st && f == 0) add_whole(weight_map, &heads[f], per_rank, fname, &total);
+static ks__jv *file_entry(const ks_allocator *a, int f, const char *fname, const ks_shard_file_info *info) {
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)info->checksum);
+  ks__jv *o = ks__jv_object(a);
+  ks_status st = KS_OK;
+  ks__shard_put(a, o, "rank", ks__jv_int(a, f), &st);
+  ks__shard_put(a, o, "file", ks__jv_str(a, fname), &st);
+  ks__shard_put(a, o, "size", ks__jv_int(a, (int64_t)info->size), &st);
+  ks__shard_put(a, o, "xxh3", ks__jv_str(a, hex), &st);
+  if (st) {
+    ks__jv_free(a, o);
+    return NULL;
   }
-  const char *key;
-  json_t *v;
-  json_object_foreach(sharded, key, v) {
+  return o;
+}
+
+/* Bytes of the sharded tensors at their global shapes. */
+static uint64_t sharded_bytes(const ks__jv *sharded) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < sharded->len; i++) {
+    const ks__jv *v = sharded->items[i];
     int64_t g[KS_MAX_RANK];
-    int r = ks__shard_dims(json_object_get(v, "global_shape"), g);
+    int r = ks__shard_dims(ks__jv_get(v, "global_shape"), g);
     uint64_t n_el = 1;
     for (int d = 0; d < r; d++) n_el *= (uint64_t)g[d];
-    const char *dn = json_string_value(json_object_get(v, "dtype"));
+    const char *dn = ks__jv_string(ks__jv_get(v, "dtype"));
     ks_dtype dt = KS_U8;
-    if (dn) ks_dtype_parse(dn, strlen(dn), &dt);
+    if (dn && ks_dtype_parse(dn, strlen(dn), &dt)) dt = KS_U8; /* written above from a valid dtype */
     total += n_el * ks_dtype_size(dt);
   }
-  json_t *ts = ks__shard_ts_json(&heads[0].ts);
-  json_t *ks = json_pack("{s:s, s:i, s:i, s:o, s:O, s:o, s:o}", "format", "keepsake-sharded", "version",
-                         KS_SHARD_INDEX_VERSION, "world_size", n, "timestamp", ts, "per_rank", per_rank, "files",
-                         files, "sharded", sharded);
-  return json_pack("{s:{s:I}, s:o, s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", weight_map,
-                   "keepsake", ks);
+  return total;
+}
+
+static ks_status check_timestamps(const file_head *heads, int f, const char *fname, ks_error *err) {
+  if (ks__shard_ts_equal(&heads[f].ts, &heads[0].ts)) return KS_OK;
+  char x[160], y[160];
+  ks__shard_ts_format(&heads[f].ts, x, sizeof x);
+  ks__shard_ts_format(&heads[0].ts, y, sizeof y);
+  return ks__err_at(err, KS_E_MISMATCH, fname, NULL, -1, "timestamps differ across ranks: rank %d has %s, rank 0 %s", f,
+                    x, y);
+}
+
+/* The whole index document; per_rank is copied. NULL with *st set on failure. */
+static ks__jv *build(const ks_allocator *a, int n, const ks_shard_file_info *infos, file_head *heads,
+                     const ks__jv *per_rank, ks_error *err, ks_status *st) {
+  ks__jv *files = ks__jv_array(a), *sharded = ks__jv_object(a), *weight_map = ks__jv_object(a);
+  ks__jv *ks = ks__jv_object(a), *root = ks__jv_object(a), *md = ks__jv_object(a);
+  uint64_t total = 0;
+  ks_status s = files && sharded && weight_map ? KS_OK : KS_E_NOMEM;
+  for (int f = 0; !s && f < n; f++) {
+    char fname[64];
+    s = ks_shard_file_name(f, n, fname, sizeof fname);
+    ks__shard_push(a, files, file_entry(a, f, fname, &infos[f]), &s);
+    if (!s && (s = check_timestamps(heads, f, fname, err))) break;
+    if (!s && heads[f].dcp && (s = add_chunks(a, sharded, &heads[f], f, fname, err))) break;
+    if (!s && f == 0) s = add_whole(a, weight_map, &heads[f], per_rank, fname, &total);
+  }
+  if (!s) total += sharded_bytes(sharded);
+  if (s == KS_E_NOMEM) s = ks__err(err, KS_E_NOMEM, "out of memory building the index");
+  ks_status b = s;
+  ks__shard_put(a, ks, "format", ks__jv_str(a, "keepsake-sharded"), &b);
+  ks__shard_put(a, ks, "version", ks__jv_int(a, KS_SHARD_INDEX_VERSION), &b);
+  ks__shard_put(a, ks, "world_size", ks__jv_int(a, n), &b);
+  ks__shard_put(a, ks, "timestamp", ks__shard_ts_json(a, &heads[0].ts), &b);
+  ks__shard_put(a, ks, "per_rank", per_rank ? ks__jv_copy(a, per_rank) : ks__jv_null(a), &b);
+  ks__shard_put(a, ks, "files", files, &b);
+  ks__shard_put(a, ks, "sharded", sharded, &b);
+  ks__shard_put(a, md, "total_size", ks__jv_int(a, (int64_t)total), &b);
+  ks__shard_put(a, root, "metadata", md, &b);
+  ks__shard_put(a, root, "weight_map", weight_map, &b);
+  ks__shard_put(a, root, "keepsake", ks, &b);
+  if (b) {
+    ks__jv_free(a, root);
+    *st = s ? s : ks__err(err, KS_E_NOMEM, "out of memory building the index");
+    return NULL;
+  }
+  return root;
 }
 
 static ks_status write_durable(const char *path, const char *text, const ks_save_opts *opts, ks_error *err) {
@@ -144,31 +216,26 @@ ks_status ks_shard_write_index(const char *dir, int world_size, const ks_shard_f
                                const ks_save_opts *opts, ks_error *err) {
   if (!dir || !infos || world_size < 1 || world_size > KS_SHARD_MAX_WORLD)
     return ks__err(err, KS_E_INVALID, "ks_shard_write_index: bad argument");
-  file_head *heads = ks__calloc(NULL, (size_t)world_size, sizeof *heads);
+  const ks_allocator *a = ks__alloc_or_default(opts ? opts->alloc : NULL);
+  file_head *heads = ks__calloc(a, (size_t)world_size, sizeof *heads);
   if (!heads) return ks__err(err, KS_E_NOMEM, "out of memory");
   ks_status st = KS_OK;
-  for (int f = 0; !st && f < world_size; f++) st = open_head(dir, f, world_size, &heads[f], err);
-  json_t *per_rank = NULL;
-  if (!st) {
-    const char *rec = ks_meta_get(ks_reader_meta(heads[0].r), KS__SHARD_META);
-    json_t *j = json_loads(rec, 0, NULL);
-    per_rank = json_incref(json_object_get(j, "per_rank"));
-    json_decref(j);
-  }
-  json_t *idx = st ? NULL : build(world_size, infos, heads, per_rank, err, &st);
-  json_decref(per_rank);
-  char *text = idx && !st ? json_dumps(idx, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
+  for (int f = 0; !st && f < world_size; f++) st = open_head(dir, f, world_size, a, &heads[f], err);
+  ks__jv *idx = st ? NULL : build(a, world_size, infos, heads, ks__jv_get(heads[0].record, "per_rank"), err, &st);
+  /* One space per level and sorted keys: the layout indexes have always had (jansson's JSON_INDENT(1)). */
+  char *text = idx && !st ? ks__jv_dump_indented(a, idx, true, 1) : NULL;
   if (!st && !text) st = ks__err(err, KS_E_NOMEM, "out of memory building the index");
-  char *path = st ? NULL : ks__shard_join(NULL, dir, KS_SHARD_INDEX_NAME);
+  char *path = st ? NULL : ks__shard_join(a, dir, KS_SHARD_INDEX_NAME);
   if (!st && !path) st = ks__err(err, KS_E_NOMEM, "out of memory");
   if (!st) st = write_durable(path, text, opts, err);
-  free(text);
-  json_decref(idx);
-  ks__free(NULL, path);
+  ks__free(a, text);
+  ks__jv_free(a, idx);
+  ks__free(a, path);
   for (int f = 0; f < world_size; f++) {
     ks_reader_free(heads[f].r);
-    json_decref(heads[f].dcp);
+    ks__jv_free(a, heads[f].record);
+    ks__jv_free(a, heads[f].dcp);
   }
-  ks__free(NULL, heads);
+  ks__free(a, heads);
   return st;
 }

@@ -19,7 +19,7 @@ typedef struct src_file {
   ks_reader *r;    /* mapped: only the pages of what is touched are read */
   ks_statedict *sd; /* views into r, and r's scalars */
   const ks_meta *meta;
-  json_t *metrics; /* keepsake.metrics, an object (possibly empty) */
+  ks__jv *metrics; /* keepsake.metrics, an object (possibly empty) */
   int fd;          /* for chunk reads by offset; -1 until needed */
   char *path;
 } src_file;
@@ -35,13 +35,14 @@ typedef struct loader {
 } loader;
 
 static ks_status check_record(loader *L, int f, const char *path) {
-  const char *rec = ks_meta_get(L->files[f].meta, KS__SHARD_META);
-  json_t *j = rec ? json_loads(rec, JSON_REJECT_DUPLICATES, NULL) : NULL;
+  ks__jv *j = NULL;
+  ks_status st = ks__shard_parse_meta(L->a, ks_meta_get(L->files[f].meta, KS__SHARD_META), KS__SHARD_META, &j, L->err);
+  if (st) return st;
   ks__shard_ts ts;
-  int ok = j && json_integer_value(json_object_get(j, "rank")) == f &&
-           json_integer_value(json_object_get(j, "world_size")) == L->n &&
-           ks__shard_ts_parse(json_object_get(j, "timestamp"), &ts);
-  json_decref(j);
+  int64_t jr = -1, jw = -1;
+  int ok = ks__jv_is_int(ks__jv_get(j, "rank"), &jr) && jr == f && ks__jv_is_int(ks__jv_get(j, "world_size"), &jw) &&
+           jw == L->n && ks__shard_ts_parse(ks__jv_get(j, "timestamp"), &ts);
+  ks__jv_free(L->a, j);
   if (!ok) return ks__err_at(L->err, KS_E_FORMAT, path, KS__SHARD_META, -1, "rank %d: missing or wrong keepsake.shard record", f);
   if (!ks__shard_ts_equal(&ts, &L->idx->ts)) {
     char a[160], b[160];
@@ -77,8 +78,9 @@ static ks_status open_file(loader *L, int f, src_file **out) {
     if (!st) st = views_of(L, s);
     if (!st) st = check_record(L, f, path);
     const char *mj = st ? NULL : ks_meta_get(s->meta, KS__METRICS_META);
-    if (!st) s->metrics = mj ? json_loads(mj, JSON_REJECT_DUPLICATES, NULL) : json_object();
-    if (!st && !json_is_object(s->metrics))
+    if (!st && mj) st = ks__shard_parse_meta(L->a, mj, KS__METRICS_META, &s->metrics, L->err);
+    else if (!st && !(s->metrics = ks__jv_object(L->a))) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
+    if (!st && !ks__jv_is(s->metrics, KS__JV_OBJECT))
       st = ks__err_at(L->err, KS_E_FORMAT, path, KS__METRICS_META, -1, "rank %d: malformed keepsake.metrics", f);
     if (st && L->err) ks__err_set_file(L->err, path);
     if (st) return st;
@@ -269,9 +271,8 @@ static int pick_per_rank(const loader *L, const src_file *s, const char *name) {
 /* Per-rank entries that belong to no metric (RNG, data positions). */
 static int pick_per_rank_plain(const loader *L, const src_file *s, const char *name) {
   if (!pick_per_rank(L, s, name)) return 0;
-  const char *path;
-  json_t *v;
-  json_object_foreach(s->metrics, path, v) {
+  for (size_t i = 0; i < s->metrics->len; i++) {
+    const char *path = s->metrics->keys[i];
     size_t n = strlen(path);
     if (!strncmp(name, path, n) && name[n] == '/') return 0;
   }
@@ -280,12 +281,14 @@ static int pick_per_rank_plain(const loader *L, const src_file *s, const char *n
 
 /* ---- metrics at another world size ---- */
 
-static ks_status metric_of(loader *L, const char *path, const json_t *def, ks_metric **out) {
-  const char *cls = json_string_value(json_object_get(def, "class"));
-  char *args = json_dumps(json_object_get(def, "args"), JSON_COMPACT | JSON_SORT_KEYS);
-  ks_status st = cls ? ks_metric_create(cls, args, L->a, out, L->err)
-                     : ks__err_at(L->err, KS_E_FORMAT, NULL, path, -1, "keepsake.metrics entry '%s' has no class", path);
-  free(args);
+static ks_status metric_of(loader *L, const char *path, const ks__jv *def, ks_metric **out) {
+  const char *cls = ks__jv_string(ks__jv_get(def, "class"));
+  const ks__jv *jargs = ks__jv_get(def, "args");
+  char *args = jargs ? ks__jv_dump(L->a, jargs, true) : NULL;
+  ks_status st = !cls    ? ks__err_at(L->err, KS_E_FORMAT, NULL, path, -1, "keepsake.metrics entry '%s' has no class", path)
+                 : jargs && !args ? ks__err(L->err, KS_E_NOMEM, "out of memory")
+                                  : ks_metric_create(cls, args, L->a, out, L->err);
+  ks__free(L->a, args);
   if (st && L->err) ks__err_set_key(L->err, path);
   return st;
 }
@@ -295,15 +298,16 @@ static ks_status saved_metric(loader *L, int f, const char *path, ks_metric **ou
   src_file *s;
   ks_status st = open_file(L, f, &s);
   if (st) return st;
-  const json_t *def = json_object_get(s->metrics, path);
+  const ks__jv *def = ks__jv_get(s->metrics, path);
   if (!def) return ks__err_at(L->err, KS_E_MISMATCH, L->idx->files[f], path, -1, "rank %d lacks metric '%s'", f, path);
   if ((st = metric_of(L, path, def, out))) return st;
   char prefix[KS_MAX_NAME + 16];
   snprintf(prefix, sizeof prefix, "%s/state_dict/", path);
-  const json_t *sv = json_object_get(def, "schema_version"), *uc = json_object_get(def, "update_count");
-  st = ks_metric_load_state_dict(*out, s->sd, prefix, json_is_integer(sv) ? (int)json_integer_value(sv) : 1, 0, NULL,
-                                 NULL, L->err);
-  if (!st) st = ks_metric_restore_computed(*out, NULL, json_is_integer(uc) ? json_integer_value(uc) : 1, L->err);
+  int64_t sv = 1, uc = 1;
+  if (!ks__jv_is_int(ks__jv_get(def, "schema_version"), &sv) || sv < 0 || sv > INT32_MAX) sv = 1;
+  if (!ks__jv_is_int(ks__jv_get(def, "update_count"), &uc)) uc = 1;
+  st = ks_metric_load_state_dict(*out, s->sd, prefix, (int)sv, 0, NULL, NULL, L->err);
+  if (!st) st = ks_metric_restore_computed(*out, NULL, uc, L->err);
   if (st) {
     ks__err_set_file(L->err, L->idx->files[f]);
     ks_metric_free(*out);
@@ -313,7 +317,7 @@ static ks_status saved_metric(loader *L, int f, const char *path, ks_metric **ou
 }
 
 /* Merges the saved ranks [lo, hi) of one metric, last first, so cat rows stay in rank order. */
-static ks_status merged_metric(loader *L, const char *path, const json_t *def, int lo, int hi, ks_metric **out) {
+static ks_status merged_metric(loader *L, const char *path, const ks__jv *def, int lo, int hi, ks_metric **out) {
   ks_metric *acc = NULL;
   ks_status st = KS_OK;
   if (lo == hi) return metric_of(L, path, def, out);
@@ -331,19 +335,32 @@ static ks_status merged_metric(loader *L, const char *path, const json_t *def, i
   return st;
 }
 
-static ks_status put_metric(loader *L, const char *path, const ks_metric *m, json_t *defs) {
+/* The keepsake.metrics entry of m: class, args, schema version and update count. */
+static ks__jv *metric_def(const ks_allocator *a, const ks_metric *m) {
+  ks__jv *args = NULL, *def = ks__jv_object(a);
+  const char *aj = ks_metric_args_json(m);
+  if (!aj || ks__jv_parse(a, aj, strlen(aj), NULL, &args, NULL)) args = ks__jv_object(a);
+  ks_status st = KS_OK;
+  ks__shard_put(a, def, "class", ks__jv_str(a, ks_metric_class(m)), &st);
+  ks__shard_put(a, def, "args", args, &st);
+  ks__shard_put(a, def, "schema_version", ks__jv_int(a, ks_metric_schema_version(m)), &st);
+  ks__shard_put(a, def, "update_count", ks__jv_int(a, ks_metric_update_count(m)), &st);
+  if (st) {
+    ks__jv_free(a, def);
+    return NULL;
+  }
+  return def;
+}
+
+static ks_status put_metric(loader *L, const char *path, const ks_metric *m, ks__jv *defs) {
   char prefix[KS_MAX_NAME + 16];
   snprintf(prefix, sizeof prefix, "%s/state_dict/", path);
   ks_status st = ks_metric_to_state_dict(m, L->out, prefix, L->err);
   snprintf(prefix, sizeof prefix, "%s/_computed", path);
   if (!st && ks_statedict_set_null(L->out, prefix)) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
-  json_t *args = json_loads(ks_metric_args_json(m), 0, NULL);
-  json_t *def = json_pack("{s:s, s:o, s:i, s:I}", "class", ks_metric_class(m), "args", args ? args : json_object(),
-                          "schema_version", ks_metric_schema_version(m), "update_count",
-                          (json_int_t)ks_metric_update_count(m));
-  if (!st && (!def || json_object_set_new(defs, path, def))) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
-  else if (st) json_decref(def);
-  return st;
+  if (st) return st;
+  ks__shard_put(L->a, defs, path, metric_def(L->a, m), &st);
+  return st ? ks__err(L->err, KS_E_NOMEM, "out of memory") : KS_OK;
 }
 
 /* The saved ranks assigned to this rank: [lo, hi) with floor(s*M/N) == rank. */
@@ -356,21 +373,20 @@ static void assigned(const loader *L, int *lo, int *hi) {
   *hi = b;
 }
 
-static ks_status load_per_rank_merged(loader *L, json_t *defs) {
+static ks_status load_per_rank_merged(loader *L, ks__jv *defs) {
   int lo, hi;
   assigned(L, &lo, &hi);
   int first = lo < hi ? lo : L->rank % L->n;
   src_file *s;
   ks_status st = copy_entries(L, first, pick_per_rank_plain);
   if (!st) st = open_file(L, first, &s);
-  const char *path;
-  json_t *def;
-  if (!st) json_object_foreach(s->metrics, path, def) {
+  for (size_t i = 0; !st && i < s->metrics->len; i++) {
+      const char *path = s->metrics->keys[i];
+      const ks__jv *def = s->metrics->items[i];
       ks_metric *m = NULL;
       st = merged_metric(L, path, def, lo, hi, &m);
       if (!st) st = put_metric(L, path, m, defs);
       ks_metric_free(m);
-      if (st) break;
     }
   return st;
 }
@@ -407,19 +423,15 @@ static ks_status run(loader *L, const ks_shard_map *want, ks_meta **meta) {
   if (!st && L->m == L->n) {
     st = copy_entries(L, L->rank, pick_per_rank);
     const char *mj = st ? NULL : ks_meta_get(L->files[L->rank].meta, KS__METRICS_META);
-    if (mj && !(metrics = ks__strdup(NULL, mj))) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
+    if (mj && !(metrics = ks__strdup(L->a, mj))) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
   } else if (!st) {
-    json_t *defs = json_object();
+    ks__jv *defs = ks__jv_object(L->a);
     st = defs ? load_per_rank_merged(L, defs) : ks__err(L->err, KS_E_NOMEM, "out of memory");
-    char *text = st ? NULL : json_dumps(defs, JSON_COMPACT | JSON_SORT_KEYS);
-    if (!st && !text) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
-    if (text) metrics = ks__strdup(NULL, text);
-    if (text && !metrics) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
-    free(text);
-    json_decref(defs);
+    if (!st && !(metrics = ks__jv_dump(L->a, defs, true))) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
+    ks__jv_free(L->a, defs);
   }
   if (!st) st = out_meta(L, metrics, meta);
-  ks__free(NULL, metrics);
+  ks__free(L->a, metrics);
   return st;
 }
 
@@ -439,7 +451,7 @@ ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int ran
   for (int f = 0; L.files && f < L.n; f++) {
     ks_statedict_free(L.files[f].sd);
     ks_reader_free(L.files[f].r);
-    json_decref(L.files[f].metrics);
+    ks__jv_free(L.a, L.files[f].metrics);
     if (L.files[f].fd >= 0) close(L.files[f].fd);
     ks__free(L.a, L.files[f].path);
   }

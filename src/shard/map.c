@@ -167,24 +167,28 @@ void ks__shard_ts_of(const ks_statedict *sd, ks__shard_ts *ts) {
   if (!ok) ts->epoch = ts->batch = ts->sample = ts->token = -1;
 }
 
-json_t *ks__shard_ts_json(const ks__shard_ts *ts) {
-  if (!ts->has) return json_null();
-  return json_pack("{s:I, s:I, s:I, s:I}", "epoch", (json_int_t)ts->epoch, "batch", (json_int_t)ts->batch,
-                   "sample", (json_int_t)ts->sample, "token", (json_int_t)ts->token);
+ks__jv *ks__shard_ts_json(const ks_allocator *a, const ks__shard_ts *ts) {
+  if (!ts->has) return ks__jv_null(a);
+  ks__jv *o = ks__jv_object(a);
+  ks_status st = KS_OK;
+  ks__shard_put(a, o, "epoch", ks__jv_int(a, ts->epoch), &st);
+  ks__shard_put(a, o, "batch", ks__jv_int(a, ts->batch), &st);
+  ks__shard_put(a, o, "sample", ks__jv_int(a, ts->sample), &st);
+  ks__shard_put(a, o, "token", ks__jv_int(a, ts->token), &st);
+  if (st) {
+    ks__jv_free(a, o);
+    return NULL;
+  }
+  return o;
 }
 
-static int get_int(const json_t *o, const char *k, int64_t *v) {
-  const json_t *x = json_object_get(o, k);
-  if (!json_is_integer(x)) return 0;
-  *v = json_integer_value(x);
-  return 1;
-}
+static int get_int(const ks__jv *o, const char *k, int64_t *v) { return ks__jv_is_int(ks__jv_get(o, k), v); }
 
-int ks__shard_ts_parse(const json_t *j, ks__shard_ts *ts) {
+int ks__shard_ts_parse(const ks__jv *j, ks__shard_ts *ts) {
   memset(ts, 0, sizeof *ts);
   ts->epoch = ts->batch = ts->sample = ts->token = -1;
-  if (json_is_null(j)) return 1;
-  if (!json_is_object(j)) return 0;
+  if (ks__jv_is(j, KS__JV_NULL)) return 1;
+  if (!ks__jv_is(j, KS__JV_OBJECT)) return 0;
   ts->has = 1;
   return get_int(j, "epoch", &ts->epoch) && get_int(j, "batch", &ts->batch) && get_int(j, "sample", &ts->sample) &&
          get_int(j, "token", &ts->token);
@@ -208,18 +212,44 @@ int ks__shard_matches(const char *name, const char *const *globs, size_t n) {
   return 0;
 }
 
-int ks__shard_dims(const json_t *j, int64_t *out) {
-  if (!json_is_array(j) || json_array_size(j) > KS_MAX_RANK) return -1;
-  for (size_t i = 0; i < json_array_size(j); i++) {
-    const json_t *x = json_array_get(j, i);
-    if (!json_is_integer(x) || json_integer_value(x) < 0) return -1;
-    out[i] = json_integer_value(x);
-  }
-  return (int)json_array_size(j);
+int ks__shard_dims(const ks__jv *j, int64_t *out) {
+  if (!ks__jv_is(j, KS__JV_ARRAY) || j->len > KS_MAX_RANK) return -1;
+  for (size_t i = 0; i < j->len; i++)
+    if (!ks__jv_is_int(j->items[i], &out[i]) || out[i] < 0) return -1;
+  return (int)j->len;
 }
 
-json_t *ks__shard_dims_json(int rank, const int64_t *v) {
-  json_t *a = json_array();
-  for (int d = 0; a && d < rank; d++) json_array_append_new(a, json_integer((json_int_t)v[d]));
-  return a;
+ks__jv *ks__shard_dims_json(const ks_allocator *a, int rank, const int64_t *v) {
+  ks__jv *arr = ks__jv_array(a);
+  ks_status st = KS_OK;
+  for (int d = 0; d < rank; d++) ks__shard_push(a, arr, ks__jv_int(a, v[d]), &st);
+  if (st) {
+    ks__jv_free(a, arr);
+    return NULL;
+  }
+  return arr;
+}
+
+void ks__shard_put(const ks_allocator *a, ks__jv *obj, const char *key, ks__jv *val, ks_status *st) {
+  if (*st || !obj || !val) {
+    ks__jv_free(a, val);
+    if (!*st) *st = KS_E_NOMEM;
+    return;
+  }
+  *st = ks__jv_set(a, obj, key, val);
+}
+
+void ks__shard_push(const ks_allocator *a, ks__jv *arr, ks__jv *val, ks_status *st) {
+  if (*st || !arr || !val) {
+    ks__jv_free(a, val);
+    if (!*st) *st = KS_E_NOMEM;
+    return;
+  }
+  *st = ks__jv_push(a, arr, val);
+}
+
+ks_status ks__shard_parse_meta(const ks_allocator *a, const char *text, const char *key, ks__jv **out,
+                               ks_error *err) {
+  *out = NULL;
+  return text ? ks__jv_parse(a, text, strlen(text), key, out, err) : KS_OK;
 }

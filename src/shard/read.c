@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/fmap.h"
 #include "shard/shard_internal.h"
 
 #define KS__MAX_INDEX (256u << 20) /* bytes of index JSON accepted */
@@ -78,47 +79,46 @@ static ks_status bad(ks_error *err, const char *path, const char *key, const cha
   return ks__err_at(err, KS_E_FORMAT, path, key, -1, "index: %s", what);
 }
 
-static ks_status parse_files(ks_shard_index *idx, const json_t *files, const char *path, ks_error *err) {
-  if (!json_is_array(files) || json_array_size(files) != (size_t)idx->world_size)
+static ks_status parse_files(ks_shard_index *idx, const ks__jv *files, const char *path, ks_error *err) {
+  if (!ks__jv_is(files, KS__JV_ARRAY) || files->len != (size_t)idx->world_size)
     return bad(err, path, "keepsake.files", "'files' must list one file per rank");
   idx->files = ks__calloc(&idx->alloc, (size_t)idx->world_size, sizeof *idx->files);
   idx->infos = ks__calloc(&idx->alloc, (size_t)idx->world_size, sizeof *idx->infos);
   if (!idx->files || !idx->infos) return ks__err(err, KS_E_NOMEM, "out of memory reading the index");
   for (int r = 0; r < idx->world_size; r++) {
-    const json_t *f = json_array_get(files, (size_t)r);
-    const char *name = json_string_value(json_object_get(f, "file"));
-    const char *hex = json_string_value(json_object_get(f, "xxh3"));
-    const json_t *size = json_object_get(f, "size");
+    const ks__jv *f = files->items[r];
+    const char *name = ks__jv_string(ks__jv_get(f, "file"));
+    const char *hex = ks__jv_string(ks__jv_get(f, "xxh3"));
+    int64_t fr = -1, size = -1;
     char want[64];
     ks_shard_file_name(r, idx->world_size, want, sizeof want);
-    unsigned long long h;
-    char tail;
-    if (json_integer_value(json_object_get(f, "rank")) != r || !name || strcmp(name, want) || !json_is_integer(size) ||
-        json_integer_value(size) < 0 || !hex || strlen(hex) != 16 || sscanf(hex, "%16llx%c", &h, &tail) != 1)
+    uint64_t h;
+    if (!ks__jv_is_int(ks__jv_get(f, "rank"), &fr) || fr != r || !name || strcmp(name, want) ||
+        !ks__jv_is_int(ks__jv_get(f, "size"), &size) || size < 0 || !hex || !ks__parse_hex64(hex, strlen(hex), &h))
       return bad(err, path, want, "a file entry is malformed (rank, file, size, xxh3)");
-    idx->infos[r].size = (uint64_t)json_integer_value(size);
+    idx->infos[r].size = (uint64_t)size;
     idx->infos[r].checksum = h;
     if (!(idx->files[r] = ks__strdup(&idx->alloc, name))) return ks__err(err, KS_E_NOMEM, "out of memory");
   }
   return KS_OK;
 }
 
-static ks_status parse_chunks(ks_shard_index *idx, ks__sharded *s, const json_t *chunks, const char *path,
+static ks_status parse_chunks(ks_shard_index *idx, ks__sharded *s, const ks__jv *chunks, const char *path,
                               ks_error *err) {
-  if (!json_is_array(chunks) || json_array_size(chunks) > (size_t)idx->world_size * 64u)
+  if (!ks__jv_is(chunks, KS__JV_ARRAY) || chunks->len > (size_t)idx->world_size * 64u)
     return bad(err, path, s->name, "'chunks' must be an array");
-  s->n_chunks = json_array_size(chunks);
+  s->n_chunks = chunks->len;
   s->chunks = ks__calloc(&idx->alloc, s->n_chunks ? s->n_chunks : 1, sizeof *s->chunks);
   if (!s->chunks) return ks__err(err, KS_E_NOMEM, "out of memory");
   uint64_t covered = 0, whole = 1;
   for (int d = 0; d < s->rank; d++) whole *= (uint64_t)s->global_shape[d];
   for (size_t i = 0; i < s->n_chunks; i++) {
-    const json_t *c = json_array_get(chunks, i);
+    const ks__jv *c = chunks->items[i];
     ks__saved_chunk *k = &s->chunks[i];
-    const json_t *fr = json_object_get(c, "rank");
-    k->file = json_is_integer(fr) ? (int)json_integer_value(fr) : -1;
-    if (k->file < 0 || k->file >= idx->world_size || ks__shard_dims(json_object_get(c, "offsets"), k->offsets) != s->rank ||
-        ks__shard_dims(json_object_get(c, "shape"), k->shape) != s->rank)
+    int64_t fr = -1;
+    k->file = ks__jv_is_int(ks__jv_get(c, "rank"), &fr) && fr >= 0 && fr < idx->world_size ? (int)fr : -1;
+    if (k->file < 0 || ks__shard_dims(ks__jv_get(c, "offsets"), k->offsets) != s->rank ||
+        ks__shard_dims(ks__jv_get(c, "shape"), k->shape) != s->rank)
       return bad(err, path, s->name, "a chunk is malformed (rank, offsets, shape)");
     uint64_t n = 1;
     for (int d = 0; d < s->rank; d++) {
@@ -132,62 +132,84 @@ static ks_status parse_chunks(ks_shard_index *idx, ks__sharded *s, const json_t 
   return KS_OK;
 }
 
-static ks_status parse_sharded(ks_shard_index *idx, const json_t *sharded, const char *path, ks_error *err) {
-  if (!json_is_object(sharded)) return bad(err, path, "keepsake.sharded", "'sharded' must be an object");
-  idx->n_sharded = json_object_size(sharded);
+static ks_status parse_sharded(ks_shard_index *idx, const ks__jv *sharded, const char *path, ks_error *err) {
+  if (!ks__jv_is(sharded, KS__JV_OBJECT)) return bad(err, path, "keepsake.sharded", "'sharded' must be an object");
+  idx->n_sharded = sharded->len;
   idx->sharded = ks__calloc(&idx->alloc, idx->n_sharded ? idx->n_sharded : 1, sizeof *idx->sharded);
   if (!idx->sharded) return ks__err(err, KS_E_NOMEM, "out of memory");
-  const char *key;
-  json_t *v;
-  size_t i = 0;
-  json_object_foreach((json_t *)sharded, key, v) {
-    ks__sharded *s = &idx->sharded[i++];
+  for (size_t i = 0; i < sharded->len; i++) {
+    const char *key = sharded->keys[i];
+    const ks__jv *v = sharded->items[i];
+    ks__sharded *s = &idx->sharded[i];
     if (!(s->name = ks__strdup(&idx->alloc, key))) return ks__err(err, KS_E_NOMEM, "out of memory");
-    const char *dn = json_string_value(json_object_get(v, "dtype"));
+    const char *dn = ks__jv_string(ks__jv_get(v, "dtype"));
     if (!dn || ks_dtype_parse(dn, strlen(dn), &s->dtype) ||
-        (s->rank = ks__shard_dims(json_object_get(v, "global_shape"), s->global_shape)) < 0)
+        (s->rank = ks__shard_dims(ks__jv_get(v, "global_shape"), s->global_shape)) < 0)
       return bad(err, path, key, "a sharded tensor needs a dtype and a global shape");
-    ks_status st = parse_chunks(idx, s, json_object_get(v, "chunks"), path, err);
+    ks_status st = parse_chunks(idx, s, ks__jv_get(v, "chunks"), path, err);
     if (st) return st;
   }
   return KS_OK;
 }
 
-static ks_status parse_per_rank(ks_shard_index *idx, const json_t *pr, const char *path, ks_error *err) {
-  if (!json_is_array(pr) || json_array_size(pr) > 4096) return bad(err, path, "keepsake.per_rank", "'per_rank' must be an array");
-  idx->n_per_rank = json_array_size(pr);
+static ks_status parse_per_rank(ks_shard_index *idx, const ks__jv *pr, const char *path, ks_error *err) {
+  if (!ks__jv_is(pr, KS__JV_ARRAY) || pr->len > 4096) return bad(err, path, "keepsake.per_rank", "'per_rank' must be an array");
+  idx->n_per_rank = pr->len;
   idx->per_rank = ks__calloc(&idx->alloc, idx->n_per_rank ? idx->n_per_rank : 1, sizeof(char *));
   if (!idx->per_rank) return ks__err(err, KS_E_NOMEM, "out of memory");
   for (size_t i = 0; i < idx->n_per_rank; i++) {
-    const char *g = json_string_value(json_array_get(pr, i));
+    const char *g = ks__jv_string(pr->items[i]);
     if (!g) return bad(err, path, "keepsake.per_rank", "'per_rank' must hold strings");
     if (!(idx->per_rank[i] = ks__strdup(&idx->alloc, g))) return ks__err(err, KS_E_NOMEM, "out of memory");
   }
   return KS_OK;
 }
 
-static ks_status parse(ks_shard_index *idx, const json_t *root, const char *path, ks_error *err) {
-  const json_t *ks = json_object_get(root, "keepsake");
-  if (!json_is_object(json_object_get(root, "weight_map")) || !json_is_object(ks))
+static ks_status parse(ks_shard_index *idx, const ks__jv *root, const char *path, ks_error *err) {
+  const ks__jv *ks = ks__jv_get(root, "keepsake");
+  if (!ks__jv_is(ks__jv_get(root, "weight_map"), KS__JV_OBJECT) || !ks__jv_is(ks, KS__JV_OBJECT))
     return bad(err, path, NULL, "not a keepsake sharded index (no weight_map / keepsake object)");
-  if (strcmp(json_string_value(json_object_get(ks, "format")) ? json_string_value(json_object_get(ks, "format")) : "",
-             "keepsake-sharded"))
-    return bad(err, path, "keepsake.format", "format is not 'keepsake-sharded'");
-  const json_t *v = json_object_get(ks, "version");
-  if (!json_is_integer(v)) return bad(err, path, "keepsake.version", "no version");
-  if (json_integer_value(v) > KS_SHARD_INDEX_VERSION || json_integer_value(v) < 1)
+  const char *format = ks__jv_string(ks__jv_get(ks, "format"));
+  if (!format || strcmp(format, "keepsake-sharded")) return bad(err, path, "keepsake.format", "format is not 'keepsake-sharded'");
+  int64_t version, ws;
+  if (!ks__jv_is_int(ks__jv_get(ks, "version"), &version)) return bad(err, path, "keepsake.version", "no version");
+  if (version > KS_SHARD_INDEX_VERSION || version < 1)
     return ks__err_at(err, KS_E_VERSION, path, "keepsake.version", -1,
-                      "index version %lld; this library reads versions 1 to %d: upgrade keepsake",
-                      (long long)json_integer_value(v), KS_SHARD_INDEX_VERSION);
-  const json_t *ws = json_object_get(ks, "world_size");
-  if (!json_is_integer(ws) || json_integer_value(ws) < 1 || json_integer_value(ws) > KS_SHARD_MAX_WORLD)
+                      "index version %lld; this library reads versions 1 to %d: upgrade keepsake", (long long)version,
+                      KS_SHARD_INDEX_VERSION);
+  if (!ks__jv_is_int(ks__jv_get(ks, "world_size"), &ws) || ws < 1 || ws > KS_SHARD_MAX_WORLD)
     return bad(err, path, "keepsake.world_size", "world_size must be 1 to 99999");
-  idx->world_size = (int)json_integer_value(ws);
-  if (!ks__shard_ts_parse(json_object_get(ks, "timestamp"), &idx->ts))
+  idx->world_size = (int)ws;
+  if (!ks__shard_ts_parse(ks__jv_get(ks, "timestamp"), &idx->ts))
     return bad(err, path, "keepsake.timestamp", "malformed timestamp");
-  ks_status st = parse_files(idx, json_object_get(ks, "files"), path, err);
-  if (!st) st = parse_per_rank(idx, json_object_get(ks, "per_rank"), path, err);
-  if (!st) st = parse_sharded(idx, json_object_get(ks, "sharded"), path, err);
+  ks_status st = parse_files(idx, ks__jv_get(ks, "files"), path, err);
+  if (!st) st = parse_per_rank(idx, ks__jv_get(ks, "per_rank"), path, err);
+  if (!st) st = parse_sharded(idx, ks__jv_get(ks, "sharded"), path, err);
+  return st;
+}
+
+/* The index file parsed as JSON, within KS__MAX_INDEX bytes. */
+static ks_status load_json(const char *path, const ks_allocator *alloc, ks__jv **root, ks_error *err) {
+  struct stat sb;
+  if (stat(path, &sb))
+    return errno == ENOENT ? ks__err_at(err, KS_E_NOTFOUND, path, NULL, -1, "no index: not a complete sharded checkpoint")
+                           : ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot stat the index: %s", strerror(errno));
+  if ((uint64_t)sb.st_size > KS__MAX_INDEX)
+    return ks__err_at(err, KS_E_LIMIT, path, NULL, -1, "index is larger than %u bytes", KS__MAX_INDEX);
+  ks__fmap m;
+  ks_status st = ks__fmap_open(&m, path, true, 0, alloc, err);
+  if (st) return st;
+  if (m.size > KS__MAX_INDEX) /* grew since the stat */
+    st = ks__err_at(err, KS_E_LIMIT, path, NULL, -1, "index is larger than %u bytes", KS__MAX_INDEX);
+  if (!st && (st = ks__jv_parse(alloc, (const char *)m.bytes, m.size, NULL, root, err)) && err) {
+    ks__err_set_file(err, path);
+    if (st == KS_E_FORMAT) {
+      char why[sizeof err->message];
+      snprintf(why, sizeof why, "%s", err->message);
+      ks__err_at(err, st, path, NULL, err->offset, "index is not JSON: %s", why);
+    }
+  }
+  ks__fmap_close(&m, alloc);
   return st;
 }
 
@@ -195,24 +217,15 @@ ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_sha
   if (!dir || !out) return ks__err(err, KS_E_INVALID, "ks_shard_index_read: NULL argument");
   char *path = ks__shard_join(alloc, dir, KS_SHARD_INDEX_NAME);
   if (!path) return ks__err(err, KS_E_NOMEM, "out of memory");
-  struct stat sb;
-  ks_status st = KS_OK;
-  if (stat(path, &sb))
-    st = errno == ENOENT ? ks__err_at(err, KS_E_NOTFOUND, path, NULL, -1, "no index: not a complete sharded checkpoint")
-                         : ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot stat the index: %s", strerror(errno));
-  else if ((uint64_t)sb.st_size > KS__MAX_INDEX)
-    st = ks__err_at(err, KS_E_LIMIT, path, NULL, -1, "index is larger than %u bytes", KS__MAX_INDEX);
-  json_error_t je;
-  json_t *root = st ? NULL : json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-  if (!st && !root)
-    st = ks__err_at(err, KS_E_FORMAT, path, NULL, (int64_t)je.position, "index is not JSON: %s", je.text);
+  ks__jv *root = NULL;
+  ks_status st = load_json(path, alloc, &root, err);
   ks_shard_index *idx = st ? NULL : ks__calloc(alloc, 1, sizeof *idx);
   if (!st && !idx) st = ks__err(err, KS_E_NOMEM, "out of memory");
   if (!st) {
     idx->alloc = *ks__alloc_or_default(alloc);
     st = parse(idx, root, path, err);
   }
-  json_decref(root);
+  ks__jv_free(alloc, root);
   ks__free(alloc, path);
   if (st) {
     ks_shard_index_free(idx);

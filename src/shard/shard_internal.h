@@ -2,11 +2,11 @@
 #ifndef KS_SHARD_INTERNAL_H
 #define KS_SHARD_INTERNAL_H
 
-#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "core/internal.h"
+#include "core/json.h"
 #include "keepsake/shard.h"
 
 /* Metadata keys of a rank file. */
@@ -54,15 +54,25 @@ char *ks__shard_join(const ks_allocator *a, const char *dir, const char *name);
 ks_status ks__shard_hash_file(const char *path, ks_shard_file_info *info, ks_error *err);
 /* The timestamp counters of a state dict (has = 0 when there is none). */
 void ks__shard_ts_of(const ks_statedict *sd, ks__shard_ts *ts);
-json_t *ks__shard_ts_json(const ks__shard_ts *ts);
-/* Parses what ks__shard_ts_json wrote; 0 on a malformed value. */
-int ks__shard_ts_parse(const json_t *j, ks__shard_ts *ts);
+/* The timestamp as JSON (null when there is none); NULL when out of memory. */
+ks__jv *ks__shard_ts_json(const ks_allocator *a, const ks__shard_ts *ts);
+/* Parses what ks__shard_ts_json wrote; 0 on a malformed or missing value. */
+int ks__shard_ts_parse(const ks__jv *j, ks__shard_ts *ts);
 int ks__shard_ts_equal(const ks__shard_ts *a, const ks__shard_ts *b);
 void ks__shard_ts_format(const ks__shard_ts *ts, char *buf, size_t cap);
 /* Nonzero when name matches one of the globs. */
 int ks__shard_matches(const char *name, const char *const *globs, size_t n);
 /* Parses a JSON array of at most KS_MAX_RANK non-negative integers; returns its length or -1. */
-int ks__shard_dims(const json_t *j, int64_t *out);
-json_t *ks__shard_dims_json(int rank, const int64_t *v);
+int ks__shard_dims(const ks__jv *j, int64_t *out);
+/* A JSON array of v[0..rank); NULL when out of memory. */
+ks__jv *ks__shard_dims_json(const ks_allocator *a, int rank, const int64_t *v);
+/* obj[key] = val with a latched status: after the first failure (or a NULL obj or val:
+   out of memory) nothing more is set and val is freed. Builds an object in straight lines. */
+void ks__shard_put(const ks_allocator *a, ks__jv *obj, const char *key, ks__jv *val, ks_status *st);
+/* The same for appending to an array. */
+void ks__shard_push(const ks_allocator *a, ks__jv *arr, ks__jv *val, ks_status *st);
+/* Parses one metadata JSON value of a rank file; NULL text gives NULL with KS_OK. */
+ks_status ks__shard_parse_meta(const ks_allocator *a, const char *text, const char *key, ks__jv **out,
+                               ks_error *err);
 
 #endif

@@ -91,41 +91,55 @@ static ks_status check_chunk(const ks_statedict *sd, const ks_shard_chunk *c, ks
 }
 
 /* torch DCP's record of every tensor of the file: chunks at their offsets, whole tensors at zero. */
-static json_t *dcp_info(const ks_statedict *fsd, const ks_shard_map *shards) {
-  json_t *o = json_object();
+static ks__jv *dcp_info(const ks_allocator *a, const ks_statedict *fsd, const ks_shard_map *shards) {
+  ks__jv *o = ks__jv_object(a);
   static const int64_t zeros[KS_MAX_RANK] = {0};
-  for (size_t i = 0; o && i < ks_statedict_count(fsd); i++) {
+  ks_status st = KS_OK;
+  for (size_t i = 0; !st && i < ks_statedict_count(fsd); i++) {
     ks_entry e;
     ks_statedict_at(fsd, i, &e);
     if (e.kind != KS_VAL_TENSOR) continue;
     ks_shard_chunk c;
-    json_t *x = ks_shard_map_get(shards, e.name, &c) == KS_OK
-                    ? json_pack("{s:o, s:o}", "saved_offsets", ks__shard_dims_json(c.rank, c.offsets), "global_shape",
-                                ks__shard_dims_json(c.rank, c.global_shape))
-                    : json_pack("{s:o}", "saved_offsets", ks__shard_dims_json(e.tensor.rank, zeros));
-    if (!x || json_object_set_new(o, e.name, x)) {
-      json_decref(o);
-      return NULL;
+    ks__jv *x = ks__jv_object(a);
+    if (ks_shard_map_get(shards, e.name, &c) == KS_OK) {
+      ks__shard_put(a, x, "saved_offsets", ks__shard_dims_json(a, c.rank, c.offsets), &st);
+      ks__shard_put(a, x, "global_shape", ks__shard_dims_json(a, c.rank, c.global_shape), &st);
+    } else {
+      ks__shard_put(a, x, "saved_offsets", ks__shard_dims_json(a, e.tensor.rank, zeros), &st);
     }
+    ks__shard_put(a, o, e.name, x, &st);
+  }
+  if (st) {
+    ks__jv_free(a, o);
+    return NULL;
   }
   return o;
 }
 
-static json_t *shard_record(int rank, int world_size, const ks_statedict *sd, const char *const *per_rank,
-                            size_t n_per_rank) {
+static ks__jv *shard_record(const ks_allocator *a, int rank, int world_size, const ks_statedict *sd,
+                            const char *const *per_rank, size_t n_per_rank) {
   ks__shard_ts ts;
   ks__shard_ts_of(sd, &ts);
-  json_t *globs = json_array();
-  for (size_t i = 0; globs && i < n_per_rank; i++) json_array_append_new(globs, json_string(per_rank[i]));
-  return json_pack("{s:i, s:i, s:o, s:o}", "rank", rank, "world_size", world_size, "per_rank", globs, "timestamp",
-                   ks__shard_ts_json(&ts));
+  ks_status st = KS_OK;
+  ks__jv *globs = ks__jv_array(a), *o = ks__jv_object(a);
+  for (size_t i = 0; i < n_per_rank; i++) ks__shard_push(a, globs, ks__jv_str(a, per_rank[i]), &st);
+  ks__shard_put(a, o, "rank", ks__jv_int(a, rank), &st);
+  ks__shard_put(a, o, "world_size", ks__jv_int(a, world_size), &st);
+  ks__shard_put(a, o, "per_rank", globs, &st);
+  ks__shard_put(a, o, "timestamp", ks__shard_ts_json(a, &ts), &st);
+  if (st) {
+    ks__jv_free(a, o);
+    return NULL;
+  }
+  return o;
 }
 
-static ks_status set_json(ks_meta *m, const char *key, json_t *j, ks_error *err) {
-  char *s = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-  json_decref(j);
+/* Sets m[key] to j as compact JSON with sorted keys; takes j. */
+static ks_status set_json(const ks_allocator *a, ks_meta *m, const char *key, ks__jv *j, ks_error *err) {
+  char *s = j ? ks__jv_dump(a, j, true) : NULL;
+  ks__jv_free(a, j);
   ks_status st = s ? ks_meta_set(m, key, s) : KS_E_NOMEM;
-  free(s);
+  ks__free(a, s);
   return st ? ks__err(err, st, "cannot build the %s metadata", key) : KS_OK;
 }
 
@@ -136,9 +150,9 @@ static ks_status build_meta(int rank, int world_size, const ks_statedict *sd, co
   if (ks_meta_create(a, &m)) return ks__err(err, KS_E_NOMEM, "out of memory building metadata");
   ks_status st = meta ? ks_meta_copy(m, meta) : KS_OK;
   if (st) st = ks__err(err, st, "cannot copy the metadata");
-  if (!st) st = set_json(m, KS__SHARD_META, shard_record(rank, world_size, sd, per_rank, n_per_rank), err);
+  if (!st) st = set_json(a, m, KS__SHARD_META, shard_record(a, rank, world_size, sd, per_rank, n_per_rank), err);
   if (!st) {
-    st = set_json(m, KS__DCP_INFO, dcp_info(fsd, shards), err);
+    st = set_json(a, m, KS__DCP_INFO, dcp_info(a, fsd, shards), err);
     if (!st && (ks_meta_set(m, KS__DCP_VERSION, "1.0") || ks_meta_set(m, "format", "pt")))
       st = ks__err(err, KS_E_NOMEM, "out of memory building metadata");
   }
