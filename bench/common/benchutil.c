@@ -1,5 +1,7 @@
 #include "benchutil.h"
 
+#include "io_nosync.h" /* internal: resolved in keepsake_static, see src/core/nosync/ */
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,27 +9,7 @@
 
 static volatile double sink;
 
-static int nosync_fsync(void *ctx, int fd) {
-  (void)ctx;
-  (void)fd;
-  return 0;
-}
-
-static int nosync_fsync_dir(void *ctx, const char *dir) {
-  (void)ctx;
-  (void)dir;
-  return 0;
-}
-
-const ks_io *ks_bench_io_nosync(void) {
-  static ks_io io;
-  if (!io.create_fn) {
-    io = *ks_io_posix();
-    io.fsync_fn = nosync_fsync;
-    io.fsync_dir_fn = nosync_fsync_dir;
-  }
-  return &io;
-}
+const ks_io *ks_bench_io_nosync(void) { return ks__io_posix_nosync(); }
 
 void ks_bench_sink(double v) { sink += v; }
 

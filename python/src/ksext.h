@@ -46,7 +46,7 @@ ks_status ksp_metrics_meta(const char *desc, const ks_statedict *sd, char **out,
 
 /* Module functions, by file. */
 extern PyTypeObject ksp_ReaderType;
-/* Fills *io with the POSIX table; without fsync, its two fsyncs do nothing (fast, not durable). */
+/* Fills *io with the POSIX table, or without fsync ks__io_posix_nosync() (fast, not durable). */
 const ks_io *ksp_io_posix(int fsync, ks_io *io);
 PyObject *ksp_save_file(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ksp_save_bytes(PyObject *self, PyObject *args, PyObject *kw);

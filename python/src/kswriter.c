@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ksext.h"
+#include "io_nosync.h" /* internal: resolved in keepsake_static, see src/core/nosync/ */
 
 static int add_tensor(ks_statedict *sd, const char *name, PyObject *item) {
   int dtype;
@@ -201,23 +202,8 @@ static int mem_rename(void *ctx, const char *from, const char *to) {
   return 0;
 }
 
-static int skip_fsync(void *ctx, int fd) {
-  (void)ctx;
-  (void)fd;
-  return 0;
-}
-static int skip_fsync_dir(void *ctx, const char *dir) {
-  (void)ctx;
-  (void)dir;
-  return 0;
-}
-
 const ks_io *ksp_io_posix(int fsync, ks_io *io) {
-  *io = *ks_io_posix();
-  if (!fsync) {
-    io->fsync_fn = skip_fsync;
-    io->fsync_dir_fn = skip_fsync_dir;
-  }
+  *io = fsync ? *ks_io_posix() : *ks__io_posix_nosync();
   return io;
 }
 

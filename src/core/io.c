@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/nosync/io_nosync.h"
 #include "keepsake/io.h"
 
 static int errno_or_io(void) { return errno ? errno : EIO; }
@@ -181,6 +182,29 @@ const ks_io *ks_io_posix(void) {
   static const ks_io io = {.version = KS_IO_VERSION, .ctx = NULL, .create_fn = posix_create,
                            .write_fn = posix_write, .fsync_fn = posix_fsync, .close_fn = posix_close,
                            .rename_fn = posix_rename, .unlink_fn = posix_unlink, .fsync_dir_fn = posix_fsync_dir,
+                           .open_fn = posix_open, .read_fn = posix_read, .map_fn = posix_map,
+                           .unmap_fn = posix_unmap, .stat_fn = posix_stat, .list_fn = posix_list,
+                           .mkdir_fn = posix_mkdir, .symlink_fn = posix_symlink, .readlink_fn = posix_readlink};
+  return &io;
+}
+
+static int nosync_fsync(void *ctx, int fd) {
+  (void)ctx;
+  (void)fd;
+  return 0;
+}
+
+static int nosync_fsync_dir(void *ctx, const char *dir) {
+  (void)ctx;
+  (void)dir;
+  return 0;
+}
+
+/* A constant table, so it needs no initialisation and is safe from any thread. */
+const ks_io *ks__io_posix_nosync(void) {
+  static const ks_io io = {.version = KS_IO_VERSION, .ctx = NULL, .create_fn = posix_create,
+                           .write_fn = posix_write, .fsync_fn = nosync_fsync, .close_fn = posix_close,
+                           .rename_fn = posix_rename, .unlink_fn = posix_unlink, .fsync_dir_fn = nosync_fsync_dir,
                            .open_fn = posix_open, .read_fn = posix_read, .map_fn = posix_map,
                            .unmap_fn = posix_unmap, .stat_fn = posix_stat, .list_fn = posix_list,
                            .mkdir_fn = posix_mkdir, .symlink_fn = posix_symlink, .readlink_fn = posix_readlink};

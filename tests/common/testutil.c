@@ -1,5 +1,7 @@
 #include "testutil.h"
 
+#include "core/nosync/io_nosync.h"
+
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,24 +157,4 @@ int ks_test_dir_entries(const char *dir) {
   return n;
 }
 
-static int nosync_fsync(void *ctx, int fd) {
-  (void)ctx;
-  (void)fd;
-  return 0;
-}
-
-static int nosync_fsync_dir(void *ctx, const char *dir) {
-  (void)ctx;
-  (void)dir;
-  return 0;
-}
-
-const ks_io *ks_test_io_nosync(void) {
-  static ks_io io;
-  if (!io.create_fn) {
-    io = *ks_io_posix();
-    io.fsync_fn = nosync_fsync;
-    io.fsync_dir_fn = nosync_fsync_dir;
-  }
-  return &io;
-}
+const ks_io *ks_test_io_nosync(void) { return ks__io_posix_nosync(); }

@@ -1,0 +1,19 @@
+/*
+ * The POSIX I/O table whose fsyncs do nothing (src/core/io.c): what the tests,
+ * the benchmarks and the Python extension's fsync=False use to save quickly
+ * where durability does not matter. It is internal: the shared library does not
+ * export it (hidden visibility, ks__ name); those three link keepsake_static,
+ * where it resolves. This folder holds only this header, so the bench and the
+ * Python extension can put it on their include path without seeing the rest of
+ * src/. Not installed.
+ */
+#ifndef KS_CORE_IO_NOSYNC_H
+#define KS_CORE_IO_NOSYNC_H
+
+#include "keepsake/io.h"
+
+/* Every operation of ks_io_posix(), except fsync_fn and fsync_dir_fn, which return 0
+   without syncing. A constant table: safe to use from any thread. */
+const ks_io *ks__io_posix_nosync(void);
+
+#endif
