@@ -39,7 +39,7 @@ typedef struct model {
 
 static int model_init(model *m) {
   m->shape[0] = TENSOR_FLOATS;
-  if (ks_state_create("bench", 1, NULL, &m->st)) return -1;
+  if (ks_state_create("bench", 1, NULL, &m->st, NULL)) return -1;
   for (int i = 0; i < N_TENSORS; i++) {
     m->w[i] = malloc(sizeof(float) * TENSOR_FLOATS);
     if (!m->w[i]) return -1;
@@ -47,7 +47,7 @@ static int model_init(model *m) {
     char name[32];
     snprintf(name, sizeof name, "layer%03d.weight", i);
     ks_tensor t;
-    if (ks_tensor_init(&t, KS_F32, 1, m->shape, m->w[i]) || ks_state_add_tensor(m->st, name, &t)) return -1;
+    if (ks_tensor_init(&t, KS_F32, 1, m->shape, m->w[i]) || ks_state_add_tensor(m->st, name, &t, NULL)) return -1;
   }
   return 0;
 }

@@ -46,14 +46,14 @@ static float *make_payload(size_t n) {
 
 static ks_statedict *make_dict(const bench_case *c, float *payload) {
   ks_statedict *sd;
-  if (ks_statedict_create(NULL, &sd)) return NULL;
+  if (ks_statedict_create(NULL, &sd, NULL)) return NULL;
   char name[64];
   int64_t shape[1] = {(int64_t)c->elems};
   for (size_t i = 0; i < c->count; i++) {
     ks_tensor t;
     snprintf(name, sizeof name, "t/%zu", i);
     ks_tensor_init(&t, KS_F32, 1, shape, payload + i * c->elems);
-    if (ks_statedict_set_tensor(sd, name, &t, KS_BORROW)) {
+    if (ks_statedict_set_tensor(sd, name, &t, KS_BORROW, NULL)) {
       ks_statedict_free(sd);
       return NULL;
     }

@@ -45,7 +45,7 @@ static void model_build(model *m, size_t n) {
   if (!m->params || !m->grads) die("calloc", NULL);
   for (size_t i = 0; i < n * ELEMS; i++) m->params[i] = (float)i * 1e-6f, m->grads[i] = 1e-3f;
   ks_adamw_opts ao = {1e-3, 0.9, 0.999, 1e-8, 1e-2};
-  if (ks_optimizer_create_adamw(&ao, NULL, &m->opt) || ks_state_create("bench", 17, NULL, &m->st))
+  if (ks_optimizer_create_adamw(&ao, NULL, &m->opt, NULL) || ks_state_create("bench", 17, NULL, &m->st, NULL))
     die("create", NULL);
   int64_t shape[1] = {ELEMS};
   char name[64];
@@ -53,14 +53,14 @@ static void model_build(model *m, size_t n) {
     float *p = m->params + i * ELEMS;
     snprintf(name, sizeof name, "layers.%zu.block.%zu.weight", i / 100, i % 100);
     ks_tensor t;
-    if (ks_tensor_init(&t, KS_F32, 1, shape, p) || ks_state_add_tensor(m->st, name, &t) ||
-        ks_optimizer_add_param(m->opt, p, m->grads + i * ELEMS, 1, shape))
+    if (ks_tensor_init(&t, KS_F32, 1, shape, p) || ks_state_add_tensor(m->st, name, &t, NULL) ||
+        ks_optimizer_add_param(m->opt, p, m->grads + i * ELEMS, 1, shape, NULL))
       die("register", NULL);
   }
   ks_optimizer_step(m->opt); /* so the AdamW state exists, as in torch */
   ks_timestamp_init(&m->ts);
   ks_rng_seed(&m->rng, 5);
-  if (ks_state_add_optimizer(m->st, "AdamW", m->opt)) die("add optimizer", NULL);
+  if (ks_state_add_optimizer(m->st, "AdamW", m->opt, NULL)) die("add optimizer", NULL);
   ks_state_set_timestamp(m->st, &m->ts);
   ks_state_set_rng(m->st, &m->rng);
 }
@@ -90,7 +90,7 @@ static double time_save(const model *m, const char *path, const ks_save_opts *so
   ks_statedict *sd;
   ks_meta *meta;
   ks_error e;
-  if (ks_statedict_create(NULL, &sd) || ks_meta_create(NULL, &meta)) die("create", NULL);
+  if (ks_statedict_create(NULL, &sd, NULL) || ks_meta_create(NULL, &meta, NULL)) die("create", NULL);
   if (ks_state_to_state_dict(m->st, sd, meta, &e)) die("ks_state_to_state_dict", &e);
   *entries = ks_statedict_count(sd);
   double t0 = now();
@@ -117,7 +117,7 @@ static double time_load(const char *path) {
 static double time_state_load(model *m, const char *path) {
   ks_load_report *rep;
   ks_error e;
-  if (ks_load_report_create(NULL, &rep)) die("report", NULL);
+  if (ks_load_report_create(NULL, &rep, NULL)) die("report", NULL);
   double t0 = now();
   if (ks_state_load(m->st, path, NULL, rep, &e)) die("ks_state_load", &e);
   double t = now() - t0;

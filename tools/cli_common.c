@@ -168,7 +168,7 @@ struct ks_cli_index {
 
 ks_cli_index *ks_cli_index_new(void) {
   ks_cli_index *x = calloc(1, sizeof *x);
-  if (x && ks_statedict_create(NULL, &x->sd)) {
+  if (x && ks_statedict_create(NULL, &x->sd, NULL)) {
     free(x);
     return NULL;
   }
@@ -178,7 +178,7 @@ ks_cli_index *ks_cli_index_new(void) {
 size_t ks_cli_index_get_or_add(ks_cli_index *x, const char *key, size_t next) {
   ks_entry e;
   if (ks_statedict_get(x->sd, key, &e) == KS_OK && e.kind == KS_VAL_INT) return (size_t)e.i;
-  return ks_statedict_set_int(x->sd, key, (int64_t)next) == KS_OK ? next : SIZE_MAX;
+  return ks_statedict_set_int(x->sd, key, (int64_t)next, NULL) == KS_OK ? next : SIZE_MAX;
 }
 
 void ks_cli_index_free(ks_cli_index *x) {

@@ -81,7 +81,7 @@ static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
     if (!strcmp(k, KS_META_FORMAT) || !strcmp(k, KS_META_FORMAT_VERSION) || !strcmp(k, KS_META_WRITER) ||
         !strcmp(k, KS_META_SCALARS) || !strcmp(k, KS_META_CHECKSUMS))
       continue;
-    ks_status st = ks_meta_set(extra, k, v);
+    ks_status st = ks_meta_set(extra, k, v, NULL);
     if (st) return st;
   }
   return KS_OK;
@@ -90,12 +90,12 @@ static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
 /* The entries of src that no glob ignores, borrowing src's tensor data (src must outlive *out). */
 static ks_status without_ignored(const ks_statedict *src, char **globs, int nglobs, ks_statedict **out) {
   ks_statedict *dst;
-  ks_status st = ks_statedict_create(NULL, &dst);
+  ks_status st = ks_statedict_create(NULL, &dst, NULL);
   ks_entry e;
   for (size_t i = 0; !st && ks_statedict_at(src, i, &e) == KS_OK; i++) {
     int drop = 0;
     for (int g = 0; g < nglobs && !drop; g++) drop = ks_path_match(globs[g], e.name);
-    if (!drop) st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW);
+    if (!drop) st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW, NULL);
   }
   if (st) {
     ks_statedict_free(dst);
@@ -123,7 +123,7 @@ static ks_status structure_without_ignored(ks_meta *extra, char **globs, int ngl
   *out = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup(text); /* a bad one: the writer says so */
   json_decref(doc);
   if (!*out) return KS_E_NOMEM;
-  return ks_meta_set(extra, KS_TORCH_STRUCTURE_META, *out); /* a keepsake output keeps the same view */
+  return ks_meta_set(extra, KS_TORCH_STRUCTURE_META, *out, NULL); /* a keepsake output keeps the same view */
 }
 
 static int convert(const char *in, const char *out, char **globs, int nglobs, int salvage, int compat) {
@@ -135,7 +135,7 @@ static int convert(const char *in, const char *out, char **globs, int nglobs, in
   ks_status st = KS_OK;
   if (is_zip_file(in) || is_legacy_torch(in)) {
     st = ks_convert_read_torch(in, salvage, &sd, &extra, &err); /* the library's import, nothing added */
-  } else if (!(st = ks_meta_create(NULL, &extra)) &&
+  } else if (!(st = ks_meta_create(NULL, &extra, NULL)) &&
              (st = ks_convert_read_keepsake(in, salvage, &sd, &meta, &err)) == KS_OK) {
     st = keep_meta(meta, extra);
   }

@@ -216,14 +216,14 @@ static int make(ctx *c, json_t *cs, ks_metric **m);
 /* The file's states as a state dict (list states joined), loaded into a fresh metric. */
 static int load_expected(ctx *c, json_t *cs, json_t *want, ks_metric **fresh, int *migrated) {
   ks_statedict *sd = NULL;
-  int rc = ks_statedict_create(NULL, &sd) ? fail(c, "out of memory") : make(c, cs, fresh);
+  int rc = ks_statedict_create(NULL, &sd, NULL) ? fail(c, "out of memory") : make(c, cs, fresh);
   const char *key;
   json_t *v;
   json_object_foreach(want, key, v) {
     if (rc) break;
     ks_tensor t;
     rc = json_is_array(v) ? json_cat(c, v, &t) : json_tensor(c, v, &t);
-    if (!rc && ks_statedict_set_tensor(sd, key, &t, KS_COPY)) rc = fail(c, "out of memory");
+    if (!rc && ks_statedict_set_tensor(sd, key, &t, KS_COPY, NULL)) rc = fail(c, "out of memory");
     free(t.data);
   }
   ks_error e;
@@ -242,7 +242,7 @@ static int compare_states(ctx *c, json_t *cs, const ks_metric *m, json_t *want, 
   ks_statedict *sd = NULL, *mig_sd = NULL;
   ks_metric *fresh = NULL;
   ks_error e;
-  if (ks_statedict_create(NULL, &sd) || ks_statedict_create(NULL, &mig_sd)) {
+  if (ks_statedict_create(NULL, &sd, NULL) || ks_statedict_create(NULL, &mig_sd, NULL)) {
     ks_statedict_free(sd);
     return fail(c, "out of memory");
   }
@@ -331,7 +331,7 @@ static int check_round_trip(ctx *c, json_t *cs, const ks_metric *full, json_t *l
   ks_statedict *sd = NULL;
   ks_error e;
   int rc = make(c, cs, &m);
-  if (!rc && ks_statedict_create(NULL, &sd)) rc = fail(c, "out of memory");
+  if (!rc && ks_statedict_create(NULL, &sd, NULL)) rc = fail(c, "out of memory");
   if (!rc && ks_metric_to_state_dict(full, sd, "metric/", &e)) rc = fail(c, "to_state_dict: %s", e.message);
   if (!rc && ks_metric_load_state_dict(m, sd, "metric/", KS_METRIC_SCHEMA_VERSION, 0, NULL, NULL, &e))
     rc = fail(c, "load_state_dict: %s", e.message);

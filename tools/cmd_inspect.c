@@ -87,7 +87,7 @@ static const char *kind_name(ks_value_kind k) {
 int ks_inspect_scalars(const ks_reader *r, FILE *out, json_t *json) {
   ks_statedict *sd;
   ks_error err;
-  if (ks_statedict_create(NULL, &sd)) return fprintf(stderr, "keepsake inspect: out of memory\n"), -1;
+  if (ks_statedict_create(NULL, &sd, NULL)) return fprintf(stderr, "keepsake inspect: out of memory\n"), -1;
   int rc = 0;
   if (ks_reader_scalars(r, sd, &err)) {
     ks_cli_print_error(stderr, "inspect", &err);

@@ -158,11 +158,11 @@ static void identity(const ks_statedict *sd, FILE *out, json_t *json) {
 int ks_inspect_components(const ks_reader *r, FILE *out, json_t *json) {
   ks_statedict *sd;
   ks_error err;
-  if (ks_statedict_create(NULL, &sd)) return fprintf(stderr, "keepsake inspect: out of memory\n"), -1;
+  if (ks_statedict_create(NULL, &sd, NULL)) return fprintf(stderr, "keepsake inspect: out of memory\n"), -1;
   for (size_t i = 0; i < ks_reader_count(r); i++) {
     const char *name;
     ks_tensor v;
-    if (!ks_reader_tensor_at(r, i, &name, &v) && ks_statedict_set_tensor(sd, name, &v, KS_BORROW)) break;
+    if (!ks_reader_tensor_at(r, i, &name, &v) && ks_statedict_set_tensor(sd, name, &v, KS_BORROW, NULL)) break;
   }
   int rc = 0;
   if (ks_reader_scalars(r, sd, &err)) {

@@ -109,11 +109,11 @@ static ks_status get_metrics(void *ctx, const char *label, const ks_allocator *a
                                         {"MulticlassConfusionMatrix", "{\"num_classes\":10}"}};
   const char *const(*defs)[2] = label ? eval : train;
   size_t n = label ? 3 : 2;
-  ks_status s = ks_metric_collection_create(alloc, out);
+  ks_status s = ks_metric_collection_create(alloc, out, NULL);
   for (size_t i = 0; i < n && !s; i++) {
     ks_metric *m = NULL;
     s = ks_metric_create(defs[i][0], defs[i][1], alloc, &m, err);
-    if (!s) s = ks_metric_collection_add(*out, defs[i][0], m);
+    if (!s) s = ks_metric_collection_add(*out, defs[i][0], m, NULL);
     if (s) ks_metric_free(m);
   }
   if (s) ks_metric_collection_free(*out);
@@ -156,7 +156,7 @@ static int build(run *r) {
     return fail("allocating the model", KS_E_NOMEM, NULL);
   mlp_init(&r->model, &init);
   ks_adamw_opts ao = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-4};
-  ks_status s = ks_optimizer_create_adamw(&ao, NULL, &r->opt);
+  ks_status s = ks_optimizer_create_adamw(&ao, NULL, &r->opt, NULL);
   if (s) return fail("optimizer", s, NULL);
   ks_scheduler_init(&r->sched, r->opt, ao.lr, per_epoch, per_epoch * r->a.epochs, 0.02);
   ks_timestamp_init(&r->ts);
@@ -164,16 +164,16 @@ static int build(run *r) {
   char name[64];
   snprintf(name, sizeof name, "digits-seed%lld", r->a.seed);
   static const char *const labels[] = {"eval"};
-  s = ks_state_create(name, r->a.seed, NULL, &r->st);
+  s = ks_state_create(name, r->a.seed, NULL, &r->st, NULL);
   if (!s) s = mlp_register(&r->model, r->st, r->opt);
-  if (!s) s = ks_state_add_optimizer(r->st, ks_optimizer_name(r->opt), r->opt);
-  if (!s) s = ks_state_add_scheduler(r->st, "CosineAnnealingWithWarmupScheduler", &r->sched);
-  if (!s) s = ks_state_add_dataset(r->st, "train", &r->ds);
+  if (!s) s = ks_state_add_optimizer(r->st, ks_optimizer_name(r->opt), r->opt, NULL);
+  if (!s) s = ks_state_add_scheduler(r->st, "CosineAnnealingWithWarmupScheduler", &r->sched, NULL);
+  if (!s) s = ks_state_add_dataset(r->st, "train", &r->ds, NULL);
   if (!s) s = ks_state_build_metrics(r->st, get_metrics, NULL, labels, 1, &e);
   if (!s && r->a.early_metric[0]) {
     s = ks_early_stop_init(&r->early, r->a.early_metric, r->a.early_mode, r->a.early_patience, 0.0, &e);
     ks_stateful es = ks_early_stop_stateful(&r->early);
-    if (!s) s = ks_state_add_stateful(r->st, "EarlyStopping", &es);
+    if (!s) s = ks_state_add_stateful(r->st, "EarlyStopping", &es, NULL);
   }
   if (s) return fail("building the training state", s, &e);
   ks_state_set_timestamp(r->st, &r->ts);
@@ -197,7 +197,7 @@ static int resume(run *r) {
   ks_load_report *rep = NULL;
   int resumed = 0;
   const char *path = NULL;
-  ks_status s = ks_load_report_create(NULL, &rep);
+  ks_status s = ks_load_report_create(NULL, &rep, NULL);
   if (!s) s = ks_ckpt_manager_autoresume(r->mgr, r->st, NULL, rep, &resumed, &path, &e);
   if (!s && resumed) {
     printf("resumed from %s at epoch %lld, batch %lld\n", path, (long long)r->ts.epoch, (long long)r->ts.batch);

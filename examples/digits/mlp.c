@@ -119,8 +119,8 @@ ks_status mlp_register(mlp *m, ks_state *st, ks_optimizer *opt) {
   for (size_t i = 0; i < 4; i++) {
     ks_tensor t;
     ks_status s = ks_tensor_init(&t, KS_F32, ps[i].rank, ps[i].shape, ps[i].p);
-    if (!s) s = ks_state_add_tensor(st, ps[i].name, &t);
-    if (!s) s = ks_optimizer_add_param(opt, ps[i].p, ps[i].g, ps[i].rank, ps[i].shape);
+    if (!s) s = ks_state_add_tensor(st, ps[i].name, &t, NULL);
+    if (!s) s = ks_optimizer_add_param(opt, ps[i].p, ps[i].g, ps[i].rank, ps[i].shape, NULL);
     if (s) return s;
   }
   return KS_OK;

@@ -60,7 +60,7 @@ typedef struct ks_meta ks_meta;
  * @return KS_OK, KS_E_INVALID (out NULL) or KS_E_NOMEM. Free with ks_meta_free.
  * Thread safety: concurrent reads are safe; mutation needs exclusive access.
  */
-ks_status ks_meta_create(const ks_allocator *a, ks_meta **out);
+ks_status ks_meta_create(const ks_allocator *a, ks_meta **out, ks_error *err);
 
 /** Frees a map and its strings. Accepts NULL. */
 void ks_meta_free(ks_meta *m);
@@ -72,7 +72,7 @@ void ks_meta_free(ks_meta *m);
  * @return KS_OK, KS_E_INVALID (NULL argument or invalid UTF-8) or KS_E_NOMEM;
  *         on failure the map is unchanged.
  */
-ks_status ks_meta_set(ks_meta *m, const char *key, const char *value);
+ks_status ks_meta_set(ks_meta *m, const char *key, const char *value, ks_error *err);
 
 /** The value of `key`, or NULL when absent. Valid until the key is replaced or the map freed. */
 const char *ks_meta_get(const ks_meta *m, const char *key);
@@ -91,7 +91,7 @@ ks_status ks_meta_at(const ks_meta *m, size_t i, const char **key, const char **
  * Copies every pair of src into dst (insert or replace).
  * @return KS_OK, KS_E_INVALID or KS_E_NOMEM (dst may then hold some of the pairs).
  */
-ks_status ks_meta_copy(ks_meta *dst, const ks_meta *src);
+ks_status ks_meta_copy(ks_meta *dst, const ks_meta *src, ks_error *err);
 
 /* ------------------------------------------------------------------------ */
 /* Writing. */

@@ -292,7 +292,7 @@ const char *ks_metric_class_name(size_t i);
 typedef struct ks_metric_collection ks_metric_collection;
 
 /** Creates an empty collection. @return KS_OK or KS_E_NOMEM. Free with ks_metric_collection_free. */
-ks_status ks_metric_collection_create(const ks_allocator *a, ks_metric_collection **out);
+ks_status ks_metric_collection_create(const ks_allocator *a, ks_metric_collection **out, ks_error *err);
 
 /** Frees the collection and the metrics it holds. Accepts NULL. */
 void ks_metric_collection_free(ks_metric_collection *c);
@@ -302,7 +302,7 @@ void ks_metric_collection_free(ks_metric_collection *c);
  * Takes ownership of m on success only.
  * @return KS_OK, KS_E_EXISTS (name taken), KS_E_INVALID, KS_E_NOMEM.
  */
-ks_status ks_metric_collection_add(ks_metric_collection *c, const char *name, ks_metric *m);
+ks_status ks_metric_collection_add(ks_metric_collection *c, const char *name, ks_metric *m, ks_error *err);
 
 /** The metric named `name`, or NULL. Still owned by the collection. */
 ks_metric *ks_metric_collection_get(const ks_metric_collection *c, const char *name);

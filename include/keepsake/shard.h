@@ -59,7 +59,7 @@ typedef struct ks_shard_chunk {
 typedef struct ks_shard_map ks_shard_map;
 
 /** Creates an empty map. @return KS_OK or KS_E_NOMEM. Free with ks_shard_map_free. */
-ks_status ks_shard_map_create(const ks_allocator *alloc, ks_shard_map **out);
+ks_status ks_shard_map_create(const ks_allocator *alloc, ks_shard_map **out, ks_error *err);
 /** Frees a map. Accepts NULL. */
 void ks_shard_map_free(ks_shard_map *m);
 /**
@@ -68,7 +68,7 @@ void ks_shard_map_free(ks_shard_map *m);
  *         global shape, bad name), KS_E_NOMEM. The map is unchanged on error.
  */
 ks_status ks_shard_map_add(ks_shard_map *m, const char *name, int rank, const int64_t *global_shape,
-                           const int64_t *offsets, const int64_t *shape);
+                           const int64_t *offsets, const int64_t *shape, ks_error *err);
 /** Number of chunks. */
 size_t ks_shard_map_count(const ks_shard_map *m);
 /** Chunk i (borrowed; valid until the map changes). @return KS_OK or KS_E_NOTFOUND. */

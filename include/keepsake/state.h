@@ -57,10 +57,10 @@ typedef struct ks_load_item {
 } ks_load_item;
 
 /** Creates an empty report. @return KS_OK or KS_E_NOMEM. Free with ks_load_report_free. */
-ks_status ks_load_report_create(const ks_allocator *alloc, ks_load_report **out);
+ks_status ks_load_report_create(const ks_allocator *alloc, ks_load_report **out, ks_error *err);
 void ks_load_report_free(ks_load_report *r);
 /** Appends an item (the strings are copied). @return KS_OK or KS_E_NOMEM (report unchanged). */
-ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason);
+ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason, ks_error *err);
 /** Empties the report. */
 void ks_load_report_clear(ks_load_report *r);
 size_t ks_load_report_count(const ks_load_report *r);
@@ -111,7 +111,7 @@ typedef ks_status (*ks_metrics_factory)(void *ctx, const char *label, const ks_a
  * @return KS_OK or KS_E_NOMEM. Free with ks_state_free.
  */
 ks_status ks_state_create(const char *run_name, int64_t rank_zero_seed, const ks_allocator *alloc,
-                          ks_state **out);
+                          ks_state **out, ks_error *err);
 /** Frees the state and the metric collections it built; registered components are borrowed. */
 void ks_state_free(ks_state *st);
 
@@ -120,15 +120,15 @@ void ks_state_free(ks_state *st);
  * The descriptor is copied; its data is borrowed and overwritten in place on load.
  * @return KS_OK, KS_E_EXISTS, KS_E_INVALID or KS_E_NOMEM.
  */
-ks_status ks_state_add_tensor(ks_state *st, const char *name, const ks_tensor *t);
+ks_status ks_state_add_tensor(ks_state *st, const char *name, const ks_tensor *t, ks_error *err);
 /** Registers an optimizer saved as state/optimizers/<name>/ (borrowed). */
-ks_status ks_state_add_optimizer(ks_state *st, const char *name, ks_optimizer *opt);
+ks_status ks_state_add_optimizer(ks_state *st, const char *name, ks_optimizer *opt, ks_error *err);
 /** Registers a scheduler saved as state/schedulers/<name>/ (borrowed). */
-ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks_scheduler *sched);
+ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks_scheduler *sched, ks_error *err);
 /** Registers a custom component saved as state/callbacks/<name>/ (the struct is copied). */
-ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb);
+ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb, ks_error *err);
 /** Registers a dataset position saved as state/dataset_state/<name>/ (borrowed). */
-ks_status ks_state_add_dataset(ks_state *st, const char *name, ks_dataset_state *ds);
+ks_status ks_state_add_dataset(ks_state *st, const char *name, ks_dataset_state *ds, ks_error *err);
 /** The timestamp, saved as state/timestamp/Timestamp/ (borrowed; NULL unregisters). */
 void ks_state_set_timestamp(ks_state *st, ks_timestamp *ts);
 /** The registered timestamp (borrowed), or NULL when none is (or st is NULL). */

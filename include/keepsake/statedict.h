@@ -24,10 +24,23 @@
 
 KS_BEGIN_DECLS
 
-/** Longest name accepted, in bytes (excluding the terminator). */
+/**
+ * Longest name accepted, in bytes (excluding the terminator): the one limit of
+ * every name the library stores or builds (tensor and entry keys, metric names,
+ * the keys built from a prefix and a name). Checked by
+ * ks_name_check wherever a name enters, and every key built from parts is
+ * checked against it (KS_E_LIMIT naming the key), never truncated.
+ */
 #define KS_MAX_NAME 1024
 
 typedef struct ks_statedict ks_statedict;
+
+/**
+ * Checks a name against the library's one name rule: non-NULL, 1..KS_MAX_NAME bytes.
+ * @param err optional (NULL allowed): the key and the length found vs allowed.
+ * @return KS_OK, KS_E_INVALID (NULL or empty) or KS_E_LIMIT (too long). Thread safe.
+ */
+ks_status ks_name_check(const char *name, ks_error *err);
 
 typedef enum ks_value_kind {
   KS_VAL_TENSOR = 0,
@@ -61,7 +74,7 @@ typedef enum ks_take {
  * @param out   receives the dict; untouched on failure.
  * @return KS_OK or KS_E_NOMEM. Free with ks_statedict_free.
  */
-ks_status ks_statedict_create(const ks_allocator *alloc, ks_statedict **out);
+ks_status ks_statedict_create(const ks_allocator *alloc, ks_statedict **out, ks_error *err);
 
 /** Frees the dict, its owned data and its attached owners. Accepts NULL. */
 void ks_statedict_free(ks_statedict *sd);
@@ -76,21 +89,21 @@ const ks_allocator *ks_statedict_allocator(const ks_statedict *sd);
  * @return KS_OK, KS_E_NOMEM, KS_E_INVALID (bad name) or KS_E_LIMIT. On failure the
  *         dict is unchanged.
  */
-ks_status ks_statedict_set_tensor(ks_statedict *sd, const char *name, const ks_tensor *t, ks_take take);
+ks_status ks_statedict_set_tensor(ks_statedict *sd, const char *name, const ks_tensor *t, ks_take take, ks_error *err);
 
 /**
  * Inserts or replaces a tensor entry with fresh zeroed owned data.
  * @param out_data optional; receives the data pointer for filling.
  */
 ks_status ks_statedict_new_tensor(ks_statedict *sd, const char *name, ks_dtype dtype, int rank,
-                                  const int64_t *shape, void **out_data);
+                                  const int64_t *shape, void **out_data, ks_error *err);
 
 /** Scalar setters: insert or replace. Same errors as ks_statedict_set_tensor. */
-ks_status ks_statedict_set_int(ks_statedict *sd, const char *name, int64_t v);
-ks_status ks_statedict_set_float(ks_statedict *sd, const char *name, double v);
-ks_status ks_statedict_set_bool(ks_statedict *sd, const char *name, int v);
-ks_status ks_statedict_set_string(ks_statedict *sd, const char *name, const char *v);
-ks_status ks_statedict_set_null(ks_statedict *sd, const char *name);
+ks_status ks_statedict_set_int(ks_statedict *sd, const char *name, int64_t v, ks_error *err);
+ks_status ks_statedict_set_float(ks_statedict *sd, const char *name, double v, ks_error *err);
+ks_status ks_statedict_set_bool(ks_statedict *sd, const char *name, int v, ks_error *err);
+ks_status ks_statedict_set_string(ks_statedict *sd, const char *name, const char *v, ks_error *err);
+ks_status ks_statedict_set_null(ks_statedict *sd, const char *name, ks_error *err);
 
 /**
  * Inserts or replaces an entry of any kind, copied from a view such as one
@@ -98,7 +111,7 @@ ks_status ks_statedict_set_null(ks_statedict *sd, const char *name);
  * @param take for tensors, as in ks_statedict_set_tensor; ignored for scalars (always copied).
  * @return as ks_statedict_set_tensor; KS_E_INVALID for an unknown kind.
  */
-ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take);
+ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take, ks_error *err);
 
 /**
  * Matches a '/'-joined path against a glob ('*' any run of bytes, '/' included;
@@ -135,7 +148,7 @@ ks_status ks_statedict_remove(ks_statedict *sd, const char *name);
  * KS_MAPPED_VIEW tensors point into.
  * @return KS_OK or KS_E_NOMEM (then `release` is NOT called).
  */
-ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(void *owner));
+ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(void *owner), ks_error *err);
 
 /**
  * Copies every entry of src whose name starts with `prefix` into dst, with the
@@ -143,7 +156,7 @@ ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(voi
  * @return KS_OK, KS_E_NOMEM or KS_E_INVALID; on failure dst may hold some entries.
  */
 ks_status ks_statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, const char *prefix,
-                                   const char *new_prefix);
+                                   const char *new_prefix, ks_error *err);
 
 KS_END_DECLS
 #endif

@@ -6,6 +6,15 @@
  * a positive code otherwise. Codes are append-only: a code's number and meaning
  * never change once released, so they can be stored, logged and compared across
  * versions.
+ *
+ * Every public function that can fail for a reason the caller must see takes a
+ * trailing `ks_error *err`: optional (NULL allowed), filled on failure with the
+ * same code, the file, the key (entry, metric or component name), the byte
+ * offset and what was expected vs found, where known; untouched on success.
+ * The few that take none (look-ups by index or name, pure conversions) fail
+ * only in ways their status says in full; tests/arch/error_params.py lists them
+ * with the reason. Every function returning ks_status is marked KS_NODISCARD:
+ * a dropped result is a compiler warning.
  */
 #ifndef KEEPSAKE_STATUS_H
 #define KEEPSAKE_STATUS_H

@@ -152,7 +152,7 @@ PyObject *ksp_meta_dict(const ks_meta *m, int skip_writer) {
 
 ks_meta *ksp_meta_from(PyObject *dict) {
   ks_meta *m = NULL;
-  ks_status st = ks_meta_create(NULL, &m);
+  ks_status st = ks_meta_create(NULL, &m, NULL);
   if (st) return (ks_meta *)ksp_raise(st, NULL);
   if (!dict || dict == Py_None) return m;
   if (!PyDict_Check(dict)) {
@@ -169,7 +169,7 @@ ks_meta *ksp_meta_from(PyObject *dict) {
       if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "metadata must be a dict of str to str");
       return NULL;
     }
-    if ((st = ks_meta_set(m, ks, vs)) != KS_OK) {
+    if ((st = ks_meta_set(m, ks, vs, NULL)) != KS_OK) {
       ks_meta_free(m);
       return (ks_meta *)ksp_raisef(st, "cannot set metadata key '%s'", ks);
     }

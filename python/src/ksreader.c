@@ -209,7 +209,7 @@ static PyObject *reader_scalars(ksp_Reader *self, PyObject *unused) {
   ks_statedict *sd = NULL;
   ks_error err;
   ks_error_clear(&err);
-  ks_status st = ks_statedict_create(NULL, &sd);
+  ks_status st = ks_statedict_create(NULL, &sd, NULL);
   if (!st) st = ks_reader_scalars(self->r, sd, &err);
   PyObject *out = NULL;
   if (st) {

@@ -73,7 +73,7 @@ PyObject *ksp_metric_info(PyObject *self, PyObject *args) {
   char *json = NULL;
   ks_error err;
   ks_error_clear(&err);
-  ks_status st = ks_statedict_create(NULL, &sd);
+  ks_status st = ks_statedict_create(NULL, &sd, NULL);
   if (!st) st = ksp_metrics_meta(desc, sd, &json, &err);
   ks_statedict_free(sd);
   PyObject *out = st ? ksp_raise(st, &err) : PyUnicode_FromString(json);
@@ -119,7 +119,7 @@ static const char *split_path(const char *path, char *label, size_t cap) {
 static ks_status build_collection(void *ctx, const char *label, const ks_allocator *alloc,
                                   ks_metric_collection **out, ks_error *err) {
   factory_ctx *f = ctx;
-  ks_status st = ks_metric_collection_create(alloc, out);
+  ks_status st = ks_metric_collection_create(alloc, out, NULL);
   const char *path;
   json_t *m;
   json_object_foreach(f->metrics, path, m) {
@@ -132,7 +132,7 @@ static ks_status build_collection(void *ctx, const char *label, const ks_allocat
     ks_metric *metric = NULL;
     st = a ? ks_metric_create(cls, a, alloc, &metric, err) : KS_E_NOMEM;
     free(a);
-    if (!st) st = ks_metric_collection_add(*out, name, metric);
+    if (!st) st = ks_metric_collection_add(*out, name, metric, NULL);
     if (st) ks_metric_free(metric);
   }
   if (st) ks_metric_collection_free(*out);
@@ -214,8 +214,8 @@ static ks_status run_job(job *j, ks_error *err) {
   json_t *v;
   size_t k = 0;
   if (!s) json_object_foreach(j->labels, lab, v) j->label_list[k++] = lab;
-  if (!s) s = ks_state_create("", 0, NULL, &j->st);
-  if (!s) s = ks_load_report_create(NULL, &j->rep);
+  if (!s) s = ks_state_create("", 0, NULL, &j->st, NULL);
+  if (!s) s = ks_load_report_create(NULL, &j->rep, NULL);
   factory_ctx f = {j->metrics};
   if (!s) s = ks_state_build_metrics(j->st, build_collection, &f, j->label_list, j->n_labels, err);
   ks_load_opts o = {.non_strict_model = 1};

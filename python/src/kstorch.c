@@ -99,7 +99,7 @@ static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
     if (!strcmp(k, KS_META_FORMAT) || !strcmp(k, KS_META_FORMAT_VERSION) || !strcmp(k, KS_META_WRITER) ||
         !strcmp(k, KS_META_SCALARS) || !strcmp(k, KS_META_CHECKSUMS))
       continue;
-    ks_status st = ks_meta_set(extra, k, v);
+    ks_status st = ks_meta_set(extra, k, v, NULL);
     if (st) return st;
   }
   return KS_OK;
@@ -107,12 +107,12 @@ static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
 
 static ks_status without_ignored(const ks_statedict *src, char **globs, size_t n, ks_statedict **out) {
   ks_statedict *dst;
-  ks_status st = ks_statedict_create(NULL, &dst);
+  ks_status st = ks_statedict_create(NULL, &dst, NULL);
   ks_entry e;
   for (size_t i = 0; !st && ks_statedict_at(src, i, &e) == KS_OK; i++) {
     int drop = 0;
     for (size_t g = 0; g < n && !drop; g++) drop = ks_path_match(globs[g], e.name);
-    if (!drop) st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW);
+    if (!drop) st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW, NULL);
   }
   if (st) ks_statedict_free(dst);
   else *out = dst;
@@ -137,7 +137,7 @@ static ks_status structure_without_ignored(ks_meta *extra, char **globs, size_t 
   *out = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup(text);
   json_decref(doc);
   if (!*out) return KS_E_NOMEM;
-  return ks_meta_set(extra, KS_TORCH_STRUCTURE_META, *out);
+  return ks_meta_set(extra, KS_TORCH_STRUCTURE_META, *out, NULL);
 }
 
 static int ends_with(const char *s, const char *suffix) {
@@ -178,7 +178,7 @@ static ks_status run_convert(conv *c, ks_error *err) {
   } else if (is_zip_file(c->in) || is_legacy_torch(c->in)) {
     st = ks_torch_import(c->in, &io, &sd, &extra, err);
   } else {
-    st = ks_meta_create(NULL, &extra);
+    st = ks_meta_create(NULL, &extra, NULL);
     if (!st && (st = ks_load(c->in, &ro, &sd, &meta, err)) == KS_OK) st = keep_meta(meta, extra);
   }
   char *structure = NULL;

@@ -29,7 +29,7 @@ static int add_tensor(ks_statedict *sd, const char *name, PyObject *item) {
   if (dtype < 0 || dtype >= KS_DTYPE_COUNT) st = KS_E_DTYPE;
   if (!st) st = ks_tensor_init(&t, (ks_dtype)dtype, (int)rank, dims, (void *)(uintptr_t)addr);
   if (!st && t.nbytes != nbytes) st = KS_E_SHAPE;
-  if (!st) st = ks_statedict_set_tensor(sd, name, &t, KS_BORROW);
+  if (!st) st = ks_statedict_set_tensor(sd, name, &t, KS_BORROW, NULL);
   if (st) {
     ks_error e;
     ks_error_clear(&e);
@@ -44,18 +44,18 @@ static int add_tensor(ks_statedict *sd, const char *name, PyObject *item) {
 }
 
 static ks_status add_scalar(ks_statedict *sd, const char *name, PyObject *v) {
-  if (v == Py_None) return ks_statedict_set_null(sd, name);
-  if (PyBool_Check(v)) return ks_statedict_set_bool(sd, name, v == Py_True);
+  if (v == Py_None) return ks_statedict_set_null(sd, name, NULL);
+  if (PyBool_Check(v)) return ks_statedict_set_bool(sd, name, v == Py_True, NULL);
   if (PyLong_Check(v)) {
     int overflow = 0;
     long long i = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (overflow) return KS_E_LIMIT;
-    return ks_statedict_set_int(sd, name, (int64_t)i);
+    return ks_statedict_set_int(sd, name, (int64_t)i, NULL);
   }
-  if (PyFloat_Check(v)) return ks_statedict_set_float(sd, name, PyFloat_AS_DOUBLE(v));
+  if (PyFloat_Check(v)) return ks_statedict_set_float(sd, name, PyFloat_AS_DOUBLE(v), NULL);
   if (PyUnicode_Check(v)) {
     const char *s = PyUnicode_AsUTF8(v);
-    return s ? ks_statedict_set_string(sd, name, s) : KS_E_VALUE;
+    return s ? ks_statedict_set_string(sd, name, s, NULL) : KS_E_VALUE;
   }
   return KS_E_UNSUPPORTED;
 }
@@ -88,7 +88,7 @@ ks_statedict *ksp_statedict_from(PyObject *entries) {
   PyObject *seq = PySequence_Fast(entries, "entries must be a sequence");
   if (!seq) return NULL;
   ks_statedict *sd = NULL;
-  ks_status st = ks_statedict_create(NULL, &sd);
+  ks_status st = ks_statedict_create(NULL, &sd, NULL);
   if (st) ksp_raise(st, NULL);
   for (Py_ssize_t i = 0; sd && i < PySequence_Fast_GET_SIZE(seq); i++) {
     if (add_item(sd, PySequence_Fast_GET_ITEM(seq, i)) < 0) {
@@ -107,8 +107,8 @@ static int add_metrics_meta(ks_meta *meta, const char *desc, const ks_statedict 
   ks_error err;
   ks_error_clear(&err);
   ks_status st = ksp_metrics_meta(desc, sd, &json, &err);
-  if (!st) st = ks_meta_set(meta, KS_META_METRICS, json);
-  if (!st) st = ks_meta_set(meta, KS_META_STATE, "{\"layout_version\":1}");
+  if (!st) st = ks_meta_set(meta, KS_META_METRICS, json, NULL);
+  if (!st) st = ks_meta_set(meta, KS_META_STATE, "{\"layout_version\":1}", NULL);
   free(json);
   if (st) ksp_raise(st, &err);
   return st ? -1 : 0;

@@ -20,21 +20,31 @@ ks_status ks__keyf(char *buf, const char *prefix, const char *fmt, ...) {
   return KS_OK;
 }
 
-ks_status ks__put_int(ks_statedict *dst, const char *prefix, const char *name, int64_t v) {
-  char k[KS__KEY_MAX + 1];
-  ks_status s = ks__key(k, prefix, name);
-  return s ? s : ks_statedict_set_int(dst, k, v);
+ks_status ks__key_limit(ks_error *err, const char *prefix, const char *name) {
+  size_t n = strlen(prefix) + strlen(name);
+  return ks__err_at(err, KS_E_LIMIT, NULL, prefix, -1, "key '%.200s...%.100s' would be %zu bytes or more; at most %d (KS_MAX_NAME)",
+                    prefix, name, n, KS_MAX_NAME);
 }
 
-ks_status ks__put_float(ks_statedict *dst, const char *prefix, const char *name, double v) {
+ks_status ks__key_err(char *buf, const char *prefix, const char *name, ks_error *err) {
+  return ks__key(buf, prefix, name) ? ks__key_limit(err, prefix, name) : KS_OK;
+}
+
+ks_status ks__put_int(ks_statedict *dst, const char *prefix, const char *name, int64_t v, ks_error *err) {
   char k[KS__KEY_MAX + 1];
-  ks_status s = ks__key(k, prefix, name);
-  return s ? s : ks_statedict_set_float(dst, k, v);
+  ks_status s = ks__key_err(k, prefix, name, err);
+  return s ? s : ks_statedict_set_int(dst, k, v, err);
+}
+
+ks_status ks__put_float(ks_statedict *dst, const char *prefix, const char *name, double v, ks_error *err) {
+  char k[KS__KEY_MAX + 1];
+  ks_status s = ks__key_err(k, prefix, name, err);
+  return s ? s : ks_statedict_set_float(dst, k, v, err);
 }
 
 static ks_status lookup(const ks_statedict *src, const char *prefix, const char *name, ks_entry *e,
                         char *k, ks_error *err) {
-  if (ks__key(k, prefix, name)) return ks__err(err, KS_E_LIMIT, "key too long: %s%s", prefix, name);
+  if (ks__key(k, prefix, name)) return ks__key_limit(err, prefix, name);
   if (ks_statedict_get(src, k, e) != KS_OK)
     return ks__err_at(err, KS_E_NOTFOUND, NULL, k, -1, "missing entry '%s'", k);
   return KS_OK;

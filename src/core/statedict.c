@@ -46,9 +46,10 @@ static const char *item_key(const void *ctx, size_t i, size_t *len) {
 
 static const ks__hindex_ops sd_ops = {item_hash, item_key};
 
-ks_status ks_statedict_create(const ks_allocator *alloc, ks_statedict **out) {
+ks_status ks_statedict_create(const ks_allocator *alloc, ks_statedict **out, ks_error *err) {
+  if (!out) return ks__err(err, KS_E_INVALID, "ks_statedict_create: NULL out");
   ks_statedict *sd = ks__calloc(alloc, 1, sizeof *sd);
-  if (!sd) return KS_E_NOMEM;
+  if (!sd) return ks__err(err, KS_E_NOMEM, "out of memory for a state dict");
   sd->alloc = *ks__alloc_or_default(alloc);
   *out = sd;
   return KS_OK;
@@ -90,17 +91,27 @@ static ks_status reserve_one(ks_statedict *sd) {
   return ks__hindex_reserve(&sd->index, &sd->alloc, sd->count + 1, sd->count, &sd_ops, sd);
 }
 
-static ks_status check_name(const char *name) {
-  if (!name) return KS_E_INVALID;
+ks_status ks_name_check(const char *name, ks_error *err) {
+  if (!name) return ks__err(err, KS_E_INVALID, "a name is NULL");
   size_t n = strlen(name);
-  if (n == 0) return KS_E_INVALID;
-  if (n > KS_MAX_NAME) return KS_E_LIMIT;
+  if (n == 0) return ks__err(err, KS_E_INVALID, "a name is empty");
+  if (n > KS_MAX_NAME) {
+    /* The key field holds only the start of so long a name. */
+    ks_status st = ks__err_at(err, KS_E_LIMIT, NULL, name, -1, "name of %zu bytes; at most %d (KS_MAX_NAME) are allowed",
+                              n, KS_MAX_NAME);
+    return st;
+  }
   return KS_OK;
 }
 
+/* The error of a failed set: code, with the entry's name as the key. */
+static ks_status set_failed(ks_error *err, ks_status code, const char *name, const char *what) {
+  return ks__err_at(err, code, NULL, name, -1, "cannot set '%.200s': %s", name ? name : "", what);
+}
+
 /* Installs a fully built value under name, replacing any entry of that name. */
-static ks_status put(ks_statedict *sd, const char *name, sd_item *val) {
-  ks_status st = check_name(name);
+static ks_status put(ks_statedict *sd, const char *name, sd_item *val, ks_error *err) {
+  ks_status st = ks_name_check(name, err);
   if (st) return st;
   long idx = find_index(sd, name);
   if (idx >= 0) {
@@ -113,10 +124,10 @@ static ks_status put(ks_statedict *sd, const char *name, sd_item *val) {
     return KS_OK;
   }
   char *copy = ks__strdup(&sd->alloc, name);
-  if (!copy) return KS_E_NOMEM;
+  if (!copy) return set_failed(err, KS_E_NOMEM, name, "out of memory");
   if ((st = reserve_one(sd)) != KS_OK) {
     ks__free(&sd->alloc, copy);
-    return st;
+    return set_failed(err, st, name, st == KS_E_LIMIT ? "too many entries" : "out of memory");
   }
   val->name = copy;
   val->name_len = strlen(copy);
@@ -128,77 +139,81 @@ static ks_status put(ks_statedict *sd, const char *name, sd_item *val) {
 }
 
 /* Frees the parts of an item that `put` failed to take. */
-static ks_status put_or_release(ks_statedict *sd, const char *name, sd_item *val) {
-  ks_status st = put(sd, name, val);
+static ks_status put_or_release(ks_statedict *sd, const char *name, sd_item *val, ks_error *err) {
+  ks_status st = put(sd, name, val, err);
   if (st) item_clear(sd, val);
   return st;
 }
 
-ks_status ks_statedict_set_tensor(ks_statedict *sd, const char *name, const ks_tensor *t, ks_take take) {
-  if (!sd || !t) return KS_E_INVALID;
+ks_status ks_statedict_set_tensor(ks_statedict *sd, const char *name, const ks_tensor *t, ks_take take, ks_error *err) {
+  if (!sd || !t) return set_failed(err, KS_E_INVALID, name, "NULL state dict or tensor");
   size_t nbytes;
   ks_status st = ks_shape_size(t->dtype, t->rank, t->shape, NULL, &nbytes);
-  if (st) return st;
-  if (nbytes != t->nbytes || (nbytes && !t->data)) return KS_E_INVALID;
+  if (st) return set_failed(err, st, name, "bad dtype or shape");
+  if (nbytes != t->nbytes || (nbytes && !t->data))
+    return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "'%.200s': the tensor says %zu bytes, its shape %zu%s",
+                      name ? name : "", t->nbytes, nbytes, nbytes && !t->data ? ", and it has no data" : "");
   sd_item val = {0};
   val.kind = KS_VAL_TENSOR;
   val.tensor = *t;
   if (take == KS_COPY) {
     val.tensor.data = ks__malloc(&sd->alloc, nbytes);
-    if (!val.tensor.data) return KS_E_NOMEM;
+    if (!val.tensor.data) return set_failed(err, KS_E_NOMEM, name, "out of memory for the data");
     if (nbytes) memcpy(val.tensor.data, t->data, nbytes);
     val.tensor.ownership = KS_OWNED;
   } else {
     val.tensor.ownership = take == KS_MAPPED_VIEW ? KS_MAPPED : KS_BORROWED;
   }
-  return put_or_release(sd, name, &val);
+  return put_or_release(sd, name, &val, err);
 }
 
 ks_status ks_statedict_new_tensor(ks_statedict *sd, const char *name, ks_dtype dtype, int rank,
-                                  const int64_t *shape, void **out_data) {
-  if (!sd) return KS_E_INVALID;
+                                  const int64_t *shape, void **out_data, ks_error *err) {
+  if (!sd) return set_failed(err, KS_E_INVALID, name, "NULL state dict");
+  ks_status st = ks_name_check(name, err); /* before allocating the data */
+  if (st) return st;
   sd_item val = {0};
   val.kind = KS_VAL_TENSOR;
-  ks_status st = ks_tensor_init(&val.tensor, dtype, rank, shape, NULL);
-  if (st) return st;
+  if ((st = ks_tensor_init(&val.tensor, dtype, rank, shape, NULL))) return set_failed(err, st, name, "bad dtype or shape");
   val.tensor.data = ks__calloc(&sd->alloc, 1, val.tensor.nbytes);
-  if (!val.tensor.data) return KS_E_NOMEM;
+  if (!val.tensor.data) return set_failed(err, KS_E_NOMEM, name, "out of memory for the data");
   val.tensor.ownership = KS_OWNED;
   void *data = val.tensor.data;
-  if ((st = put_or_release(sd, name, &val)) != KS_OK) return st;
+  if ((st = put_or_release(sd, name, &val, err)) != KS_OK) return st;
   if (out_data) *out_data = data;
   return KS_OK;
 }
 
-static ks_status set_scalar(ks_statedict *sd, const char *name, ks_value_kind kind, int64_t i, double f) {
-  if (!sd) return KS_E_INVALID;
+static ks_status set_scalar(ks_statedict *sd, const char *name, ks_value_kind kind, int64_t i, double f,
+                            ks_error *err) {
+  if (!sd) return set_failed(err, KS_E_INVALID, name, "NULL state dict");
   sd_item val = {0};
   val.kind = kind;
   val.i = i;
   val.f = f;
-  return put(sd, name, &val);
+  return put(sd, name, &val, err);
 }
 
-ks_status ks_statedict_set_int(ks_statedict *sd, const char *name, int64_t v) {
-  return set_scalar(sd, name, KS_VAL_INT, v, 0);
+ks_status ks_statedict_set_int(ks_statedict *sd, const char *name, int64_t v, ks_error *err) {
+  return set_scalar(sd, name, KS_VAL_INT, v, 0, err);
 }
-ks_status ks_statedict_set_float(ks_statedict *sd, const char *name, double v) {
-  return set_scalar(sd, name, KS_VAL_FLOAT, 0, v);
+ks_status ks_statedict_set_float(ks_statedict *sd, const char *name, double v, ks_error *err) {
+  return set_scalar(sd, name, KS_VAL_FLOAT, 0, v, err);
 }
-ks_status ks_statedict_set_bool(ks_statedict *sd, const char *name, int v) {
-  return set_scalar(sd, name, KS_VAL_BOOL, v != 0, 0);
+ks_status ks_statedict_set_bool(ks_statedict *sd, const char *name, int v, ks_error *err) {
+  return set_scalar(sd, name, KS_VAL_BOOL, v != 0, 0, err);
 }
-ks_status ks_statedict_set_null(ks_statedict *sd, const char *name) {
-  return set_scalar(sd, name, KS_VAL_NULL, 0, 0);
+ks_status ks_statedict_set_null(ks_statedict *sd, const char *name, ks_error *err) {
+  return set_scalar(sd, name, KS_VAL_NULL, 0, 0, err);
 }
 
-ks_status ks_statedict_set_string(ks_statedict *sd, const char *name, const char *v) {
-  if (!sd || !v) return KS_E_INVALID;
+ks_status ks_statedict_set_string(ks_statedict *sd, const char *name, const char *v, ks_error *err) {
+  if (!sd || !v) return set_failed(err, KS_E_INVALID, name, "NULL state dict or string");
   sd_item val = {0};
   val.kind = KS_VAL_STRING;
   val.s = ks__strdup(&sd->alloc, v);
-  if (!val.s) return KS_E_NOMEM;
-  return put_or_release(sd, name, &val);
+  if (!val.s) return set_failed(err, KS_E_NOMEM, name, "out of memory for the string");
+  return put_or_release(sd, name, &val, err);
 }
 
 size_t ks_statedict_count(const ks_statedict *sd) { return sd ? sd->count : 0; }
@@ -245,12 +260,12 @@ ks_status ks_statedict_remove(ks_statedict *sd, const char *name) {
   return KS_OK;
 }
 
-ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(void *owner)) {
-  if (!sd || !release) return KS_E_INVALID;
+ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(void *owner), ks_error *err) {
+  if (!sd || !release) return ks__err(err, KS_E_INVALID, "ks_statedict_attach: NULL state dict or release");
   size_t bytes;
-  if (!ks__mul_size(sd->nowners + 1, sizeof(sd_owner), &bytes)) return KS_E_LIMIT;
+  if (!ks__mul_size(sd->nowners + 1, sizeof(sd_owner), &bytes)) return ks__err(err, KS_E_LIMIT, "too many owners");
   sd_owner *o = ks__realloc(&sd->alloc, sd->owners, bytes);
-  if (!o) return KS_E_NOMEM;
+  if (!o) return ks__err(err, KS_E_NOMEM, "out of memory attaching an owner");
   sd->owners = o;
   sd->owners[sd->nowners].owner = owner;
   sd->owners[sd->nowners].release = release;
@@ -258,34 +273,36 @@ ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(voi
   return KS_OK;
 }
 
-ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take) {
-  if (!e) return KS_E_INVALID;
+ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take, ks_error *err) {
+  if (!e) return set_failed(err, KS_E_INVALID, name, "NULL entry");
   switch (e->kind) {
-    case KS_VAL_TENSOR: return ks_statedict_set_tensor(sd, name, &e->tensor, take);
-    case KS_VAL_INT: return ks_statedict_set_int(sd, name, e->i);
-    case KS_VAL_FLOAT: return ks_statedict_set_float(sd, name, e->f);
-    case KS_VAL_BOOL: return ks_statedict_set_bool(sd, name, (int)e->i);
-    case KS_VAL_STRING: return ks_statedict_set_string(sd, name, e->s);
-    case KS_VAL_NULL: return ks_statedict_set_null(sd, name);
-    default: return KS_E_INVALID;
+    case KS_VAL_TENSOR: return ks_statedict_set_tensor(sd, name, &e->tensor, take, err);
+    case KS_VAL_INT: return ks_statedict_set_int(sd, name, e->i, err);
+    case KS_VAL_FLOAT: return ks_statedict_set_float(sd, name, e->f, err);
+    case KS_VAL_BOOL: return ks_statedict_set_bool(sd, name, (int)e->i, err);
+    case KS_VAL_STRING: return ks_statedict_set_string(sd, name, e->s, err);
+    case KS_VAL_NULL: return ks_statedict_set_null(sd, name, err);
+    default: return set_failed(err, KS_E_INVALID, name, "unknown entry kind");
   }
 }
 
 ks_status ks_statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, const char *prefix,
-                                   const char *new_prefix) {
-  if (!dst || !src || !prefix || !new_prefix) return KS_E_INVALID;
+                                   const char *new_prefix, ks_error *err) {
+  if (!dst || !src || !prefix || !new_prefix) return ks__err(err, KS_E_INVALID, "ks_statedict_copy_prefix: NULL argument");
   size_t plen = strlen(prefix), nlen = strlen(new_prefix);
   char name[KS_MAX_NAME + 1];
   for (size_t k = 0; k < src->count; k++) {
     const sd_item *it = &src->items[k];
     if (strncmp(it->name, prefix, plen) != 0) continue;
     size_t rest = strlen(it->name) - plen;
-    if (nlen + rest > KS_MAX_NAME) return KS_E_LIMIT;
+    if (nlen + rest > KS_MAX_NAME)
+      return ks__err_at(err, KS_E_LIMIT, NULL, it->name, -1, "'%.200s' renamed under '%.200s' is %zu bytes; at most %d",
+                        it->name, new_prefix, nlen + rest, KS_MAX_NAME);
     memcpy(name, new_prefix, nlen);
     memcpy(name + nlen, it->name + plen, rest + 1);
     ks_entry e;
     fill_entry(it, &e);
-    ks_status st = ks_statedict_set_entry(dst, name, &e, KS_COPY);
+    ks_status st = ks_statedict_set_entry(dst, name, &e, KS_COPY, err);
     if (st) return st;
   }
   return KS_OK;

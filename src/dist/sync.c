@@ -112,7 +112,7 @@ static ks_status decode_metric(rd *r, const char *name, const ks_metric *like, c
   if (!get_i64(r, &count) || !get_i64(r, &n) || count < 0 || n != (int64_t)ks_metric_state_count(like))
     return ks__err_at(err, KS_E_FORMAT, NULL, name, -1, "metric '%s' from rank %d is malformed", name, r->rank);
   ks_statedict *sd;
-  if (ks_statedict_create(a, &sd)) return ks__err(err, KS_E_NOMEM, "out of memory decoding metric states");
+  if (ks_statedict_create(a, &sd, err)) return ks__err(err, KS_E_NOMEM, "out of memory decoding metric states");
   for (int64_t i = 0; !st && i < n; i++) {
     int64_t dtype, rank, nbytes;
     ks_tensor t;
@@ -133,7 +133,7 @@ static ks_status decode_metric(rd *r, const char *name, const ks_metric *like, c
     t.data = (void *)p;
     t.nbytes = (size_t)nbytes;
     t.ownership = KS_BORROWED;
-    st = ks_statedict_set_tensor(sd, sname, &t, KS_BORROW);
+    st = ks_statedict_set_tensor(sd, sname, &t, KS_BORROW, err);
     if (st) st = ks__err(err, st, "cannot stage state '%s' of metric '%s'", sname, name);
   }
   ks_metric *m = NULL;
@@ -153,13 +153,13 @@ static ks_status decode_metric(rd *r, const char *name, const ks_metric *like, c
 /* Copies src's states and update count into dst (same class and args); dst's cache is dropped. */
 static ks_status assign(ks_metric *dst, const ks_metric *src, const ks_allocator *a, ks_error *err) {
   ks_statedict *sd;
-  if (ks_statedict_create(a, &sd)) return ks__err(err, KS_E_NOMEM, "out of memory copying metric states");
+  if (ks_statedict_create(a, &sd, err)) return ks__err(err, KS_E_NOMEM, "out of memory copying metric states");
   ks_status st = KS_OK;
   for (size_t i = 0; !st && i < ks_metric_state_count(src); i++) {
     const char *name;
     ks_tensor t;
     ks_metric_state_info(src, i, &name, NULL, &t);
-    st = ks_statedict_set_tensor(sd, name, &t, KS_BORROW);
+    st = ks_statedict_set_tensor(sd, name, &t, KS_BORROW, err);
   }
   if (st) st = ks__err(err, st, "out of memory copying metric states");
   if (!st) st = ks_metric_load_state_dict(dst, sd, "", KS_METRIC_SCHEMA_VERSION, 0, NULL, NULL, err);

@@ -8,7 +8,7 @@ static ks_status fill_dict(ks_reader *r, ks_statedict *sd, ks_error *err) {
     const char *name;
     ks_tensor view;
     ks_reader_tensor_at(r, i, &name, &view);
-    ks_status st = ks_statedict_set_tensor(sd, name, &view, KS_MAPPED_VIEW);
+    ks_status st = ks_statedict_set_tensor(sd, name, &view, KS_MAPPED_VIEW, err);
     if (st)
       return ks__err_at(err, st, r->path, name, (int64_t)(r->data_off + r->entries[i].begin),
                         "cannot add tensor to the state dict: %s", ks_strerror(st));
@@ -19,10 +19,10 @@ static ks_status fill_dict(ks_reader *r, ks_statedict *sd, ks_error *err) {
 static ks_status load_reader(ks_reader *r, ks_statedict **out, ks_meta **meta, ks_error *err) {
   ks_statedict *sd = NULL;
   ks_meta *m = NULL;
-  ks_status st = ks_statedict_create(&r->alloc, &sd);
+  ks_status st = ks_statedict_create(&r->alloc, &sd, err);
   if (!st) st = fill_dict(r, sd, err);
-  if (!st && meta && !(st = ks_meta_create(&r->alloc, &m))) st = ks_meta_copy(m, r->meta);
-  if (!st) st = ks_statedict_attach(sd, r, release_reader);
+  if (!st && meta && !(st = ks_meta_create(&r->alloc, &m, err))) st = ks_meta_copy(m, r->meta, err);
+  if (!st) st = ks_statedict_attach(sd, r, release_reader, err);
   if (st) {
     if (st == KS_E_NOMEM) ks__err_at(err, st, r->path, NULL, -1, "out of memory loading the file");
     ks_statedict_free(sd);

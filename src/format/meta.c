@@ -32,10 +32,10 @@ static const char *pair_key(const void *ctx, size_t i, size_t *len) {
 
 static const ks__hindex_ops meta_ops = {pair_hash, pair_key};
 
-ks_status ks_meta_create(const ks_allocator *a, ks_meta **out) {
-  if (!out) return KS_E_INVALID;
+ks_status ks_meta_create(const ks_allocator *a, ks_meta **out, ks_error *err) {
+  if (!out) return ks__err(err, KS_E_INVALID, "ks_meta_create: NULL out");
   ks_meta *m = ks__calloc(a, 1, sizeof *m);
-  if (!m) return KS_E_NOMEM;
+  if (!m) return ks__err(err, KS_E_NOMEM, "out of memory for metadata");
   m->alloc = *ks__alloc_or_default(a);
   *out = m;
   return KS_OK;
@@ -88,15 +88,21 @@ ks_status ks__meta_append(ks_meta *m, const char *key, size_t klen, const char *
 
 bool ks__meta_has(const ks_meta *m, const char *key, size_t klen) { return find_n(m, key, klen) >= 0; }
 
-ks_status ks_meta_set(ks_meta *m, const char *key, const char *value) {
-  if (!m || !key || !value) return KS_E_INVALID;
+ks_status ks_meta_set(ks_meta *m, const char *key, const char *value, ks_error *err) {
+  if (!m || !key || !value) return ks__err(err, KS_E_INVALID, "ks_meta_set: NULL argument");
   size_t klen = strlen(key), vlen = strlen(value);
   if (!ks__utf8_valid((const uint8_t *)key, klen) || !ks__utf8_valid((const uint8_t *)value, vlen))
-    return KS_E_INVALID;
+    return ks__err_at(err, KS_E_INVALID, NULL, key, -1, "metadata %s of '%.200s' is not valid UTF-8",
+                      ks__utf8_valid((const uint8_t *)key, klen) ? "value" : "key", key);
   long idx = find_index(m, key);
-  if (idx < 0) return ks__meta_append(m, key, klen, value, vlen);
+  ks_status st = KS_OK;
+  if (idx < 0) {
+    if ((st = ks__meta_append(m, key, klen, value, vlen)))
+      return ks__err_at(err, st, NULL, key, -1, "cannot set metadata '%.200s': %s", key, ks_strerror(st));
+    return KS_OK;
+  }
   char *v = ks__strndup(&m->alloc, value, vlen);
-  if (!v) return KS_E_NOMEM;
+  if (!v) return ks__err_at(err, KS_E_NOMEM, NULL, key, -1, "out of memory setting metadata '%.200s'", key);
   ks__free(&m->alloc, m->pairs[idx].value);
   m->pairs[idx].value = v;
   return KS_OK;
@@ -117,10 +123,10 @@ ks_status ks_meta_at(const ks_meta *m, size_t i, const char **key, const char **
   return KS_OK;
 }
 
-ks_status ks_meta_copy(ks_meta *dst, const ks_meta *src) {
-  if (!dst || !src) return KS_E_INVALID;
+ks_status ks_meta_copy(ks_meta *dst, const ks_meta *src, ks_error *err) {
+  if (!dst || !src) return ks__err(err, KS_E_INVALID, "ks_meta_copy: NULL argument");
   for (size_t i = 0; i < src->count; i++) {
-    ks_status st = ks_meta_set(dst, src->pairs[i].key, src->pairs[i].value);
+    ks_status st = ks_meta_set(dst, src->pairs[i].key, src->pairs[i].value, err);
     if (st) return st;
   }
   return KS_OK;

@@ -15,7 +15,7 @@ static ks_status reader_new(const ks_allocator *a, const char *path, ks_reader *
   if (!r) return ks__err_at(err, KS_E_NOMEM, path, NULL, -1, "out of memory");
   r->alloc = *ks__alloc_or_default(a);
   r->path = ks__strdup(&r->alloc, path);
-  if (!r->path || ks_meta_create(&r->alloc, &r->meta)) {
+  if (!r->path || ks_meta_create(&r->alloc, &r->meta, err)) {
     ks_reader_free(r);
     return ks__err_at(err, KS_E_NOMEM, path, NULL, -1, "out of memory");
   }

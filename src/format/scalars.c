@@ -80,16 +80,16 @@ static bool decode_nonfinite(const ks__jv *v, double *out) {
 static ks_status put_scalar(ks_statedict *dst, const char *name, const ks__jv *v) {
   double f;
   switch (v->type) {
-    case KS__JV_INT: return ks_statedict_set_int(dst, name, v->i);
-    case KS__JV_REAL: return ks_statedict_set_float(dst, name, v->d);
-    case KS__JV_BOOL: return ks_statedict_set_bool(dst, name, v->b);
-    case KS__JV_NULL: return ks_statedict_set_null(dst, name);
+    case KS__JV_INT: return ks_statedict_set_int(dst, name, v->i, NULL);
+    case KS__JV_REAL: return ks_statedict_set_float(dst, name, v->d, NULL);
+    case KS__JV_BOOL: return ks_statedict_set_bool(dst, name, v->b, NULL);
+    case KS__JV_NULL: return ks_statedict_set_null(dst, name, NULL);
     case KS__JV_STRING:
       if (memchr(v->s, '\0', v->len)) return KS_E_FORMAT; /* the state dict holds C strings */
-      return ks_statedict_set_string(dst, name, v->s);
+      return ks_statedict_set_string(dst, name, v->s, NULL);
     case KS__JV_OBJECT:
       if (!decode_nonfinite(v, &f)) return KS_E_FORMAT;
-      return ks_statedict_set_float(dst, name, f);
+      return ks_statedict_set_float(dst, name, f, NULL);
     case KS__JV_ARRAY: break;
   }
   return KS_E_FORMAT;

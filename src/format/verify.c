@@ -114,7 +114,7 @@ static void check_sums(vstate *v, size_t from, size_t to) {
 static void check_scalars(vstate *v) {
   ks_statedict *sd;
   ks_error e;
-  if (ks_statedict_create(&v->r->alloc, &sd)) {
+  if (ks_statedict_create(&v->r->alloc, &sd, NULL)) {
     ks__err(&e, KS_E_NOMEM, "out of memory");
     report(v, &e);
     return;

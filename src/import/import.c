@@ -126,7 +126,7 @@ static ks_status metrics_meta(describe_ctx *c, const char *composer_json, char *
 }
 
 static ks_status set_meta(ks_meta *meta, const char *key, const char *value, ks_error *err) {
-  ks_status st = ks_meta_set(meta, key, value);
+  ks_status st = ks_meta_set(meta, key, value, err);
   return st ? ks__err_at(err, st, NULL, key, -1, "import: cannot set metadata") : KS_OK;
 }
 
@@ -140,7 +140,7 @@ static ks_status import_metrics(ks_statedict *raw, uint64_t budget, ks_statedict
     ks_statedict_free(raw);
     return st;
   }
-  if (ks_statedict_attach(*sd, raw, release_dict)) {
+  if (ks_statedict_attach(*sd, raw, release_dict, err)) {
     ks_statedict_free(raw);
     st = nomem(err);
   }
@@ -200,7 +200,7 @@ static ks_status structure_meta(ks_meta *meta, const ks_allocator *a, const char
 static ks_status finish(ks_statedict *raw, const char *structure, uint64_t input_bytes, const ks_import_opts *opts,
                         ks_statedict **out, ks_meta **meta, ks_error *err) {
   ks_meta *m = NULL;
-  if (ks_meta_create(ks_statedict_allocator(raw), &m)) {
+  if (ks_meta_create(ks_statedict_allocator(raw), &m, err)) {
     ks_statedict_free(raw);
     return nomem(err);
   }

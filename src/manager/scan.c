@@ -92,7 +92,7 @@ static void probe(const ks_ckpt_manager *m, ckpt *c) {
     snprintf(c->why, sizeof c->why, "%s (%s)", e.message, ks_status_name(e.code));
     return;
   }
-  if (!ks_statedict_create(&m->alloc, &sd) && !ks_reader_scalars(r, sd, NULL) &&
+  if (!ks_statedict_create(&m->alloc, &sd, NULL) && !ks_reader_scalars(r, sd, NULL) &&
       !ks__get_int(sd, TS_PREFIX, "batch", &c->batch, NULL) && !ks__get_int(sd, TS_PREFIX, "epoch", &c->epoch, NULL) &&
       !ks__get_int(sd, TS_PREFIX, "sample", &c->sample, NULL)) {
     c->readable = 1;

@@ -14,10 +14,10 @@ struct ks_metric_collection {
   size_t count, cap;
 };
 
-ks_status ks_metric_collection_create(const ks_allocator *a, ks_metric_collection **out) {
-  if (!out) return KS_E_INVALID;
+ks_status ks_metric_collection_create(const ks_allocator *a, ks_metric_collection **out, ks_error *err) {
+  if (!out) return ks__err(err, KS_E_INVALID, "ks_metric_collection_create: NULL out");
   ks_metric_collection *c = ks__calloc(a, 1, sizeof *c);
-  if (!c) return KS_E_NOMEM;
+  if (!c) return ks__err(err, KS_E_NOMEM, "out of memory for a metric collection");
   c->alloc = *ks__alloc_or_default(a);
   *out = c;
   return KS_OK;
@@ -41,15 +41,16 @@ ks_metric *ks_metric_collection_get(const ks_metric_collection *c, const char *n
   return NULL;
 }
 
-ks_status ks_metric_collection_add(ks_metric_collection *c, const char *name, ks_metric *m) {
-  if (!c || !name || !m) return KS_E_INVALID;
-  size_t len = strlen(name);
-  if (len == 0 || len > KS_MAX_NAME) return KS_E_INVALID;
-  if (ks_metric_collection_get(c, name)) return KS_E_EXISTS;
-  ks_status s = ks__grow(&c->alloc, &c->items, &c->cap, c->count + 1, sizeof *c->items);
+ks_status ks_metric_collection_add(ks_metric_collection *c, const char *name, ks_metric *m, ks_error *err) {
+  if (!c || !m) return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "ks_metric_collection_add: NULL collection or metric");
+  ks_status s = ks_name_check(name, err);
   if (s) return s;
+  if (ks_metric_collection_get(c, name))
+    return ks__err_at(err, KS_E_EXISTS, NULL, name, -1, "the collection already has a metric '%.200s'", name);
+  if ((s = ks__grow(&c->alloc, &c->items, &c->cap, c->count + 1, sizeof *c->items)))
+    return ks__err_at(err, s, NULL, name, -1, "cannot add metric '%.200s': %s", name, ks_strerror(s));
   char *copy = ks__strdup(&c->alloc, name);
-  if (!copy) return KS_E_NOMEM;
+  if (!copy) return ks__err_at(err, KS_E_NOMEM, NULL, name, -1, "out of memory adding metric '%.200s'", name);
   c->items[c->count].name = copy;
   c->items[c->count].m = m;
   c->count++;

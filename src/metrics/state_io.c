@@ -27,7 +27,7 @@ ks_status ks_metric_to_state_dict(const ks_metric *m, ks_statedict *dst, const c
     if (st) return st;
     ks_tensor t;
     ks_tensor_init(&t, s->dtype, s->rank, s->shape, s->data);
-    st = ks_statedict_set_tensor(dst, name, &t, KS_COPY);
+    st = ks_statedict_set_tensor(dst, name, &t, KS_COPY, err);
     if (st) return ks__err_at(err, st, NULL, name, -1, "cannot store state: %s", ks_strerror(st));
   }
   return KS_OK;

@@ -57,12 +57,12 @@ static ks_status check_record(loader *L, int f, const char *path) {
 /* The file's entries as views (tensors) and values (scalars), without reading tensor data. */
 static ks_status views_of(loader *L, src_file *s) {
   s->meta = ks_reader_meta(s->r);
-  if (ks_statedict_create(L->a, &s->sd)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
+  if (ks_statedict_create(L->a, &s->sd, NULL)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
   for (size_t i = 0; i < ks_reader_count(s->r); i++) {
     const char *name;
     ks_tensor v;
     ks_reader_tensor_at(s->r, i, &name, &v);
-    if (ks_statedict_set_tensor(s->sd, name, &v, KS_BORROW)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
+    if (ks_statedict_set_tensor(s->sd, name, &v, KS_BORROW, NULL)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
   }
   return ks_reader_scalars(s->r, s->sd, L->err);
 }
@@ -234,7 +234,7 @@ static ks_status load_sharded(loader *L, const ks_shard_map *want) {
     box reg;
     ks_status st = region_of(L, s, want, &reg);
     void *data = NULL;
-    if (!st && ks_statedict_new_tensor(L->out, s->name, s->dtype, s->rank, reg.shape, &data))
+    if (!st && ks_statedict_new_tensor(L->out, s->name, s->dtype, s->rank, reg.shape, &data, NULL))
       st = ks__err_at(L->err, KS_E_NOMEM, NULL, s->name, -1, "out of memory for '%s'", s->name);
     for (size_t k = 0; !st && k < s->n_chunks; k++) st = fill_from_chunk(L, s, &s->chunks[k], &reg, data);
     if (st) return st;
@@ -252,7 +252,7 @@ static ks_status copy_entries(loader *L, int f, int (*pick)(const loader *, cons
     ks_entry e;
     ks_statedict_at(s->sd, i, &e);
     if (!pick(L, s, e.name)) continue;
-    if ((st = ks_statedict_set_entry(L->out, e.name, &e, KS_COPY)))
+    if ((st = ks_statedict_set_entry(L->out, e.name, &e, KS_COPY, NULL)))
       st = ks__err_at(L->err, st, NULL, e.name, -1, "cannot copy entry: %s", ks_strerror(st));
   }
   return st;
@@ -357,7 +357,7 @@ static ks_status put_metric(loader *L, const char *path, const ks_metric *m, ks_
   snprintf(prefix, sizeof prefix, "%s/state_dict/", path);
   ks_status st = ks_metric_to_state_dict(m, L->out, prefix, L->err);
   snprintf(prefix, sizeof prefix, "%s/_computed", path);
-  if (!st && ks_statedict_set_null(L->out, prefix)) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
+  if (!st && ks_statedict_set_null(L->out, prefix, NULL)) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
   if (st) return st;
   ks__shard_put(L->a, defs, path, metric_def(L->a, m), &st);
   return st ? ks__err(L->err, KS_E_NOMEM, "out of memory") : KS_OK;
@@ -394,7 +394,7 @@ static ks_status load_per_rank_merged(loader *L, ks__jv *defs) {
 /* The metadata to load with: rank 0's caller metadata (no writer or shard records), with `metrics` as keepsake.metrics. */
 static ks_status out_meta(loader *L, const char *metrics, ks_meta **out) {
   ks_meta *m;
-  if (ks_meta_create(L->a, &m)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
+  if (ks_meta_create(L->a, &m, NULL)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
   const ks_meta *src = L->files[0].meta;
   ks_status st = KS_OK;
   for (size_t i = 0; !st && i < ks_meta_count(src); i++) {
@@ -405,9 +405,9 @@ static ks_status out_meta(loader *L, const char *metrics, ks_meta **out) {
     int skip = 0;
     for (size_t d = 0; d < sizeof drop / sizeof drop[0]; d++) skip |= !strcmp(k, drop[d]);
     if (skip) continue;
-    st = ks_meta_set(m, k, v);
+    st = ks_meta_set(m, k, v, NULL);
   }
-  if (!st && metrics) st = ks_meta_set(m, KS__METRICS_META, metrics);
+  if (!st && metrics) st = ks_meta_set(m, KS__METRICS_META, metrics, NULL);
   if (st) {
     ks_meta_free(m);
     return ks__err(L->err, KS_E_NOMEM, "out of memory");
@@ -445,7 +445,7 @@ ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int ran
   for (int f = 0; !st && !(opts && opts->no_verify) && f < idx->world_size; f++) st = ks_shard_verify_file(dir, idx, f, err);
   if (!st && !(L.files = ks__calloc(L.a, (size_t)L.n, sizeof *L.files))) st = ks__err(err, KS_E_NOMEM, "out of memory");
   for (int f = 0; L.files && f < L.n; f++) L.files[f].fd = -1;
-  if (!st && ks_statedict_create(L.a, &L.out)) st = ks__err(err, KS_E_NOMEM, "out of memory");
+  if (!st && ks_statedict_create(L.a, &L.out, err)) st = ks__err(err, KS_E_NOMEM, "out of memory");
   ks_meta *m = NULL;
   if (!st) st = run(&L, want, &m);
   for (int f = 0; L.files && f < L.n; f++) {

@@ -20,10 +20,10 @@ struct ks_shard_map {
   size_t count, cap;
 };
 
-ks_status ks_shard_map_create(const ks_allocator *alloc, ks_shard_map **out) {
-  if (!out) return KS_E_INVALID;
+ks_status ks_shard_map_create(const ks_allocator *alloc, ks_shard_map **out, ks_error *err) {
+  if (!out) return ks__err(err, KS_E_INVALID, "ks_shard_map_create: NULL out");
   ks_shard_map *m = ks__calloc(alloc, 1, sizeof *m);
-  if (!m) return KS_E_NOMEM;
+  if (!m) return ks__err(err, KS_E_NOMEM, "out of memory for a shard map");
   m->alloc = *ks__alloc_or_default(alloc);
   *out = m;
   return KS_OK;
@@ -51,21 +51,25 @@ static int chunk_ok(int rank, const int64_t *g, const int64_t *o, const int64_t 
 }
 
 ks_status ks_shard_map_add(ks_shard_map *m, const char *name, int rank, const int64_t *global_shape,
-                           const int64_t *offsets, const int64_t *shape) {
-  if (!m || !name || !*name || strlen(name) > KS_MAX_NAME || (rank > 0 && (!global_shape || !offsets || !shape)))
-    return KS_E_INVALID;
-  if (!chunk_ok(rank, global_shape, offsets, shape)) return KS_E_INVALID;
+                           const int64_t *offsets, const int64_t *shape, ks_error *err) {
+  ks_status st = ks_name_check(name, err);
+  if (st) return st;
+  if (!m || (rank > 0 && (!global_shape || !offsets || !shape)))
+    return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "ks_shard_map_add: NULL map or shape");
+  if (!chunk_ok(rank, global_shape, offsets, shape))
+    return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "chunk of '%.200s' (rank %d) lies outside its global shape",
+                      name, rank);
   long at = find(m, name);
   if (at < 0) {
     if (m->count == m->cap) {
       size_t cap = m->cap ? m->cap * 2 : 8;
       map_item *p = ks__realloc(&m->alloc, m->items, cap * sizeof *p);
-      if (!p) return KS_E_NOMEM;
+      if (!p) return ks__err_at(err, KS_E_NOMEM, NULL, name, -1, "out of memory adding '%.200s'", name);
       m->items = p;
       m->cap = cap;
     }
     char *copy = ks__strdup(&m->alloc, name);
-    if (!copy) return KS_E_NOMEM;
+    if (!copy) return ks__err_at(err, KS_E_NOMEM, NULL, name, -1, "out of memory adding '%.200s'", name);
     at = (long)m->count++;
     m->items[at].name = copy;
   }

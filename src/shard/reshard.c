@@ -16,12 +16,12 @@
 static ks_status split_map(const ks_shard_index *idx, int r, int m, const ks_allocator *a, ks_shard_map **out,
                            ks_error *err) {
   ks_shard_map *map;
-  if (ks_shard_map_create(a, &map)) return ks__err(err, KS_E_NOMEM, "out of memory");
+  if (ks_shard_map_create(a, &map, err)) return ks__err(err, KS_E_NOMEM, "out of memory");
   for (size_t i = 0; i < idx->n_sharded; i++) {
     const ks__sharded *s = &idx->sharded[i];
     int64_t off[KS_MAX_RANK], shape[KS_MAX_RANK];
     ks_shard_split_dim0(s->rank, s->global_shape, r, m, off, shape);
-    if (ks_shard_map_add(map, s->name, s->rank, s->global_shape, off, shape)) {
+    if (ks_shard_map_add(map, s->name, s->rank, s->global_shape, off, shape, err)) {
       ks_shard_map_free(map);
       return ks__err(err, KS_E_NOMEM, "out of memory");
     }

@@ -138,7 +138,7 @@ static ks__jv *shard_record(const ks_allocator *a, int rank, int world_size, con
 static ks_status set_json(const ks_allocator *a, ks_meta *m, const char *key, ks__jv *j, ks_error *err) {
   char *s = j ? ks__jv_dump(a, j, true) : NULL;
   ks__jv_free(a, j);
-  ks_status st = s ? ks_meta_set(m, key, s) : KS_E_NOMEM;
+  ks_status st = s ? ks_meta_set(m, key, s, err) : KS_E_NOMEM;
   ks__free(a, s);
   return st ? ks__err(err, st, "cannot build the %s metadata", key) : KS_OK;
 }
@@ -147,13 +147,13 @@ static ks_status build_meta(int rank, int world_size, const ks_statedict *sd, co
                             const ks_shard_map *shards, const char *const *per_rank, size_t n_per_rank,
                             const ks_allocator *a, ks_meta **out, ks_error *err) {
   ks_meta *m;
-  if (ks_meta_create(a, &m)) return ks__err(err, KS_E_NOMEM, "out of memory building metadata");
-  ks_status st = meta ? ks_meta_copy(m, meta) : KS_OK;
+  if (ks_meta_create(a, &m, err)) return ks__err(err, KS_E_NOMEM, "out of memory building metadata");
+  ks_status st = meta ? ks_meta_copy(m, meta, err) : KS_OK;
   if (st) st = ks__err(err, st, "cannot copy the metadata");
   if (!st) st = set_json(a, m, KS__SHARD_META, shard_record(a, rank, world_size, sd, per_rank, n_per_rank), err);
   if (!st) {
     st = set_json(a, m, KS__DCP_INFO, dcp_info(a, fsd, shards), err);
-    if (!st && (ks_meta_set(m, KS__DCP_VERSION, "1.0") || ks_meta_set(m, "format", "pt")))
+    if (!st && (ks_meta_set(m, KS__DCP_VERSION, "1.0", err) || ks_meta_set(m, "format", "pt", err)))
       st = ks__err(err, KS_E_NOMEM, "out of memory building metadata");
   }
   if (st) {
@@ -176,7 +176,7 @@ static ks_status select_entries(const ks_statedict *sd, int rank, const ks_shard
     ks_entry e;
     ks_statedict_at(sd, i, &e);
     if (!wanted(&e, rank, shards, per_rank, n_per_rank)) continue;
-    ks_status st = ks_statedict_set_entry(out, e.name, &e, KS_BORROW);
+    ks_status st = ks_statedict_set_entry(out, e.name, &e, KS_BORROW, err);
     if (st) return ks__err_at(err, st, NULL, e.name, -1, "cannot select entry: %s", ks_strerror(st));
   }
   return KS_OK;
@@ -194,7 +194,7 @@ ks_status ks_shard_write_rank(const char *dir, int rank, int world_size, const k
   char *path = ks__shard_join(a, dir, name);
   ks_statedict *fsd = NULL;
   ks_meta *m = NULL;
-  ks_status st = path && !ks_statedict_create(a, &fsd) ? KS_OK : ks__err(err, KS_E_NOMEM, "out of memory");
+  ks_status st = path && !ks_statedict_create(a, &fsd, err) ? KS_OK : ks__err(err, KS_E_NOMEM, "out of memory");
   if (!st) st = select_entries(sd, rank, shards, per_rank, n_per_rank, fsd, err);
   if (!st) st = build_meta(rank, world_size, sd, fsd, meta, shards, per_rank, n_per_rank, a, &m, err);
   if (!st) st = save_hashed(path, fsd, m, opts, info, err);

@@ -137,7 +137,7 @@ static ks_status copy_entries(const ks_statedict *src, ks_statedict *dst, unsign
       e.tensor.data = area + off;
       off = align_up(off + e.tensor.nbytes);
     }
-    if (!s) s = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW);
+    if (!s) s = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW, NULL);
     if (s) return s;
   }
   return KS_OK;
@@ -147,9 +147,9 @@ static ks_status copy_entries(const ks_statedict *src, ks_statedict *dst, unsign
 static ks_status snapshot(ks_async_saver *sv, const ks_state *st, ks_error *err) {
   ks_statedict *flat = NULL;
   size_t need = 0;
-  ks_status s = ks_statedict_create(&sv->alloc, &flat);
-  if (!s) s = ks_statedict_create(&sv->alloc, &sv->sd);
-  if (!s) s = ks_meta_create(&sv->alloc, &sv->meta);
+  ks_status s = ks_statedict_create(&sv->alloc, &flat, err);
+  if (!s) s = ks_statedict_create(&sv->alloc, &sv->sd, err);
+  if (!s) s = ks_meta_create(&sv->alloc, &sv->meta, err);
   if (s) s = ks__err(err, s, "out of memory");
   if (!s) s = ks_state_to_state_dict(st, flat, sv->meta, err);
   if (!s && staging_need(flat, &need)) s = ks__err(err, KS_E_LIMIT, "state too large to stage");

@@ -15,15 +15,15 @@ static ks_status es_save(void *ctx, ks_statedict *dst, const char *prefix, ks_er
   const ks_early_stop *es = ctx;
   char k[KS__KEY_MAX + 1];
   ks_status s = ks__key(k, prefix, "monitor");
-  if (!s) s = ks_statedict_set_string(dst, k, es->monitor);
+  if (!s) s = ks_statedict_set_string(dst, k, es->monitor, err);
   if (!s) s = ks__key(k, prefix, "mode");
-  if (!s) s = ks_statedict_set_string(dst, k, mode_name(es->mode));
-  if (!s) s = ks__put_int(dst, prefix, "patience", es->patience);
-  if (!s) s = ks__put_float(dst, prefix, "min_delta", es->min_delta);
+  if (!s) s = ks_statedict_set_string(dst, k, mode_name(es->mode), err);
+  if (!s) s = ks__put_int(dst, prefix, "patience", es->patience, err);
+  if (!s) s = ks__put_float(dst, prefix, "min_delta", es->min_delta, err);
   if (!s) s = ks__key(k, prefix, "best_score");
-  if (!s) s = es->has_best ? ks_statedict_set_float(dst, k, es->best_score) : ks_statedict_set_null(dst, k);
-  if (!s) s = ks__put_int(dst, prefix, "wait_count", es->wait_count);
-  if (!s) s = ks__put_int(dst, prefix, "stopped_epoch", es->stopped_epoch);
+  if (!s) s = es->has_best ? ks_statedict_set_float(dst, k, es->best_score, err) : ks_statedict_set_null(dst, k, err);
+  if (!s) s = ks__put_int(dst, prefix, "wait_count", es->wait_count, err);
+  if (!s) s = ks__put_int(dst, prefix, "stopped_epoch", es->stopped_epoch, err);
   return s ? ks__err(err, s, "early stopping: cannot save under %s", prefix) : KS_OK;
 }
 

@@ -18,7 +18,7 @@ ks_status ks__note(ks__load_ctx *c, ks_load_kind kind, const char *path, const c
   va_start(ap, fmt);
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
-  ks_status s = ks_load_report_add(c->rep, kind, path, why);
+  ks_status s = ks_load_report_add(c->rep, kind, path, why, NULL);
   return s ? ks__err(c->err, s, "load report: out of memory") : KS_OK;
 }
 
@@ -265,13 +265,13 @@ static ks_status note_weights_only(ks__load_ctx *c) {
 /* The checkpoint without the entries an ignore glob matches (tensor data borrowed). */
 static ks_status filter_ignored(ks__load_ctx *c, const ks_statedict *src, ks_statedict **out) {
   ks_statedict *view;
-  ks_status s = ks_statedict_create(&c->st->alloc, &view);
+  ks_status s = ks_statedict_create(&c->st->alloc, &view, NULL);
   size_t n = ks_statedict_count(src);
   for (size_t i = 0; i < n && !s; i++) {
     ks_entry e;
     ks_statedict_at(src, i, &e);
     if (ks__ignored(c, e.name)) continue;
-    s = ks_statedict_set_entry(view, e.name, &e, KS_BORROW);
+    s = ks_statedict_set_entry(view, e.name, &e, KS_BORROW, NULL);
   }
   if (s) {
     ks_statedict_free(view);

@@ -26,10 +26,10 @@ static const char *item_key(const void *ctx, size_t i, size_t *len) {
 
 static const ks__hindex_ops report_ops = {item_hash, item_key};
 
-ks_status ks_load_report_create(const ks_allocator *alloc, ks_load_report **out) {
-  if (!out) return KS_E_INVALID;
+ks_status ks_load_report_create(const ks_allocator *alloc, ks_load_report **out, ks_error *err) {
+  if (!out) return ks__err(err, KS_E_INVALID, "ks_load_report_create: NULL out");
   ks_load_report *r = ks__calloc(alloc, 1, sizeof *r);
-  if (!r) return KS_E_NOMEM;
+  if (!r) return ks__err(err, KS_E_NOMEM, "out of memory for a load report");
   r->alloc = *ks__alloc_or_default(alloc);
   *out = r;
   return KS_OK;
@@ -65,16 +65,16 @@ static long find_path(const ks_load_report *r, const char *path, size_t len, uin
   return ks__hindex_find(&r->index, path, len, h, &report_ops, r);
 }
 
-ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason) {
+ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason, ks_error *err) {
   if (!r) return KS_OK; /* a NULL report means the caller does not want one */
-  if (!path || !reason) return KS_E_INVALID;
+  if (!path || !reason) return ks__err_at(err, KS_E_INVALID, NULL, path, -1, "ks_load_report_add: NULL path or reason");
   ks_status s = grow(r);
-  if (s) return s;
+  if (s) return ks__err_at(err, s, NULL, path, -1, "cannot report on '%.200s': %s", path, ks_strerror(s));
   char *p = ks__strdup(&r->alloc, path), *why = ks__strdup(&r->alloc, reason);
   if (!p || !why) {
     ks__free(&r->alloc, p);
     ks__free(&r->alloc, why);
-    return KS_E_NOMEM;
+    return ks__err_at(err, KS_E_NOMEM, NULL, path, -1, "out of memory reporting on '%.200s'", path);
   }
   size_t len = strlen(p);
   uint64_t h = ks__hash(p, len);

@@ -17,15 +17,15 @@ static ks_status put_component(const st_comp *c, ks_statedict *dst, ks_error *er
   char p[KS__KEY_MAX + 1];
   if (ks__comp_prefix(c, p)) return ks__err(err, KS_E_LIMIT, "component name too long: %s", c->name);
   switch (c->kind) {
-  case ST_TENSOR: return ks_statedict_set_tensor(dst, p, &c->t, KS_BORROW);
-  case ST_OPTIM: return ks_optimizer_to_state_dict(c->obj, dst, p);
-  case ST_SCHED: return ks_scheduler_to_state_dict(c->obj, dst, p);
+  case ST_TENSOR: return ks_statedict_set_tensor(dst, p, &c->t, KS_BORROW, err);
+  case ST_OPTIM: return ks_optimizer_to_state_dict(c->obj, dst, p, err);
+  case ST_SCHED: return ks_scheduler_to_state_dict(c->obj, dst, p, err);
   case ST_CUSTOM: return c->cb.to_state_dict(c->cb.ctx, dst, p, err);
   case ST_DATASET: {
     const ks_dataset_state *ds = c->obj;
-    ks_status s = ks__put_int(dst, p, "epoch", ds->epoch);
-    if (!s) s = ks__put_int(dst, p, "sample_in_epoch", ds->sample_in_epoch);
-    if (!s) s = ks__put_int(dst, p, "shuffle_seed", ds->shuffle_seed);
+    ks_status s = ks__put_int(dst, p, "epoch", ds->epoch, err);
+    if (!s) s = ks__put_int(dst, p, "sample_in_epoch", ds->sample_in_epoch, err);
+    if (!s) s = ks__put_int(dst, p, "shuffle_seed", ds->shuffle_seed, err);
     return s;
   }
   }
@@ -72,7 +72,7 @@ static ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *
   if (s) return s;
   ks__key(k, path, "/" KS_KEY_METRIC_COMPUTED);
   const ks_tensor *c = ks_metric_computed(m);
-  s = c ? ks_statedict_set_tensor(dst, k, c, KS_COPY) : ks_statedict_set_null(dst, k);
+  s = c ? ks_statedict_set_tensor(dst, k, c, KS_COPY, err) : ks_statedict_set_null(dst, k, err);
   if (s) return s;
   s = put_metric_json(ks_statedict_allocator(dst), m, path, mj);
   return s ? ks__err(err, s, "out of memory") : KS_OK;
@@ -102,18 +102,18 @@ static ks_status put_metrics(const ks_state *st, ks_statedict *dst, ks__jv *mj, 
 }
 
 static ks_status put_rest(const ks_state *st, ks_statedict *dst) {
-  ks_status s = ks_statedict_set_int(dst, KS_KEY_RANK_ZERO_SEED, st->rank_zero_seed);
-  if (!s) s = ks_statedict_set_string(dst, KS_KEY_RUN_NAME, st->run_name);
-  if (!s && st->rng) s = ks_rng_to_state_dict(st->rng, dst, "rng/0/");
+  ks_status s = ks_statedict_set_int(dst, KS_KEY_RANK_ZERO_SEED, st->rank_zero_seed, NULL);
+  if (!s) s = ks_statedict_set_string(dst, KS_KEY_RUN_NAME, st->run_name, NULL);
+  if (!s && st->rng) s = ks_rng_to_state_dict(st->rng, dst, "rng/0/", NULL);
   return s;
 }
 
 static ks_status put_meta(const ks_allocator *a, ks__jv *mj, ks_meta *meta, ks_error *err) {
   char *metrics = ks__jv_dump(a, mj, true);
   if (!metrics) return ks__err(err, KS_E_NOMEM, "out of memory");
-  ks_status s = ks_meta_set(meta, KS_META_METRICS, metrics);
+  ks_status s = ks_meta_set(meta, KS_META_METRICS, metrics, err);
   ks__free(a, metrics);
-  if (!s) s = ks_meta_set(meta, KS_META_STATE, "{\"layout_version\":1}");
+  if (!s) s = ks_meta_set(meta, KS_META_STATE, "{\"layout_version\":1}", err);
   return s ? ks__err(err, s, "cannot set state metadata") : KS_OK;
 }
 
@@ -123,7 +123,7 @@ ks_status ks_state_to_state_dict(const ks_state *st, ks_statedict *dst, ks_meta 
   static const st_kind order[] = {ST_TENSOR, ST_OPTIM, ST_SCHED};
   ks_status s = KS_OK;
   for (size_t i = 0; i < 3 && !s; i++) s = put_kind(st, order[i], dst, err);
-  if (!s && st->ts) s = ks_timestamp_to_state_dict(st->ts, dst, KS_KEY_TIMESTAMP);
+  if (!s && st->ts) s = ks_timestamp_to_state_dict(st->ts, dst, KS_KEY_TIMESTAMP, err);
   if (!s) s = put_kind(st, ST_DATASET, dst, err);
   if (!s) s = put_kind(st, ST_CUSTOM, dst, err);
   const ks_allocator *a = ks_statedict_allocator(dst);
@@ -142,8 +142,8 @@ ks_status ks_state_save(const ks_state *st, const char *path, const ks_save_opts
   KS__TAKE_OPTS(ks_save_opts, opts, KS__V1_SIZE(ks_save_opts, io), err);
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
-  ks_status s = ks_statedict_create(&st->alloc, &sd);
-  if (!s) s = ks_meta_create(&st->alloc, &meta);
+  ks_status s = ks_statedict_create(&st->alloc, &sd, err);
+  if (!s) s = ks_meta_create(&st->alloc, &meta, err);
   if (s) s = ks__err(err, s, "out of memory");
   if (!s) s = ks_state_to_state_dict(st, sd, meta, err);
   if (!s) s = ks_save(path, sd, meta, opts, err);

@@ -8,15 +8,15 @@
 #include "state/state_internal.h"
 
 ks_status ks_state_create(const char *run_name, int64_t rank_zero_seed, const ks_allocator *alloc,
-                          ks_state **out) {
-  if (!out) return KS_E_INVALID;
+                          ks_state **out, ks_error *err) {
+  if (!out) return ks__err(err, KS_E_INVALID, "ks_state_create: NULL out");
   ks_state *st = ks__calloc(alloc, 1, sizeof *st);
-  if (!st) return KS_E_NOMEM;
+  if (!st) return ks__err(err, KS_E_NOMEM, "out of memory for a state");
   st->alloc = *ks__alloc_or_default(alloc);
   st->run_name = ks__strdup(&st->alloc, run_name ? run_name : "");
   if (!st->run_name) {
     ks__free(&st->alloc, st);
-    return KS_E_NOMEM;
+    return ks__err(err, KS_E_NOMEM, "out of memory for the run name");
   }
   st->rank_zero_seed = rank_zero_seed;
   *out = st;
@@ -48,11 +48,9 @@ void ks_state_free(ks_state *st) {
   ks__free(&st->alloc, st);
 }
 
-/* A name becomes one path segment of every key below it, so '/' would split it. */
-static int valid_name(const char *name) {
-  size_t n = name ? strlen(name) : 0;
-  return n > 0 && n <= 256 && !strchr(name, '/');
-}
+/* A name becomes one path segment of every key below it, so '/' would split it. Its length is
+   KS_MAX_NAME's business (ks_name_check), and the keys built from it are checked whole. */
+static int valid_name(const char *name) { return !strchr(name, '/'); }
 
 static uint64_t comp_hash(const void *ctx, size_t i) { return ((const ks_state *)ctx)->comps[i].hash; }
 
@@ -76,59 +74,70 @@ const st_comp *ks__comp_find(const ks_state *st, const char *key) {
 
 /* Model tensor names may contain '/' (nested modules) but no empty segments. */
 static int valid_tensor_name(const char *name) {
-  size_t n = name ? strlen(name) : 0;
-  return n > 0 && n <= 512 && name[0] != '/' && name[n - 1] != '/' && !strstr(name, "//");
+  size_t n = strlen(name);
+  return name[0] != '/' && name[n - 1] != '/' && !strstr(name, "//");
 }
 
-static ks_status add_comp(ks_state *st, const st_comp *c) {
-  int ok = c->kind == ST_TENSOR ? valid_tensor_name(c->name) : valid_name(c->name);
-  if (!st || !ok) return KS_E_INVALID;
+static ks_status add_comp(ks_state *st, const st_comp *c, ks_error *err) {
+  if (!st) return ks__err_at(err, KS_E_INVALID, NULL, c->name, -1, "NULL state");
+  ks_status s = ks_name_check(c->name, err);
+  if (s) return s;
+  if (c->kind == ST_TENSOR ? !valid_tensor_name(c->name) : !valid_name(c->name))
+    return ks__err_at(err, KS_E_INVALID, NULL, c->name, -1,
+                      c->kind == ST_TENSOR ? "tensor name '%.200s' has an empty path segment"
+                                           : "component name '%.200s' contains '/'",
+                      c->name);
   char key[KS__KEY_MAX + 1];
-  if (ks__comp_prefix(c, key)) return KS_E_LIMIT;
+  if (ks__comp_prefix(c, key))
+    return ks__err_at(err, KS_E_LIMIT, NULL, c->name, -1,
+                      "the keys of '%.200s' would be longer than %d bytes (KS_MAX_NAME)", c->name, KS_MAX_NAME);
   st_comp copy = *c;
   copy.key_len = strlen(key);
   copy.hash = ks__hash(key, copy.key_len);
-  if (find_key(st, key, copy.key_len, copy.hash) >= 0) return KS_E_EXISTS;
-  ks_status s = ks__grow(&st->alloc, &st->comps, &st->cap_comps, st->n_comps + 1, sizeof *st->comps);
+  if (find_key(st, key, copy.key_len, copy.hash) >= 0)
+    return ks__err_at(err, KS_E_EXISTS, NULL, key, -1, "'%.200s' is already registered", c->name);
+  s = ks__grow(&st->alloc, &st->comps, &st->cap_comps, st->n_comps + 1, sizeof *st->comps);
   if (!s) s = ks__hindex_reserve(&st->comp_index, &st->alloc, st->n_comps + 1, st->n_comps, &comp_ops, st);
-  if (s) return s;
+  if (s) return ks__err_at(err, s, NULL, c->name, -1, "cannot register '%.200s': %s", c->name, ks_strerror(s));
   copy.name = ks__strdup(&st->alloc, c->name);
   copy.key = ks__strdup(&st->alloc, key);
   if (!copy.name || !copy.key) {
     ks__free(&st->alloc, copy.name);
     ks__free(&st->alloc, copy.key);
-    return KS_E_NOMEM;
+    return ks__err_at(err, KS_E_NOMEM, NULL, c->name, -1, "out of memory registering '%.200s'", c->name);
   }
   st->comps[st->n_comps] = copy;
   ks__hindex_insert(&st->comp_index, st->n_comps++, copy.hash);
   return KS_OK;
 }
 
-ks_status ks_state_add_tensor(ks_state *st, const char *name, const ks_tensor *t) {
-  if (!t || (t->nbytes > 0 && !t->data)) return KS_E_INVALID;
+ks_status ks_state_add_tensor(ks_state *st, const char *name, const ks_tensor *t, ks_error *err) {
+  if (!t || (t->nbytes > 0 && !t->data))
+    return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "tensor '%.200s' is NULL or has no data", name ? name : "");
   st_comp c = {.kind = ST_TENSOR, .name = (char *)name, .t = *t};
   c.t.ownership = KS_BORROWED;
-  return add_comp(st, &c);
+  return add_comp(st, &c, err);
 }
 
-ks_status ks_state_add_optimizer(ks_state *st, const char *name, ks_optimizer *opt) {
-  if (!opt) return KS_E_INVALID;
-  return add_comp(st, &(st_comp){.kind = ST_OPTIM, .name = (char *)name, .obj = opt});
+ks_status ks_state_add_optimizer(ks_state *st, const char *name, ks_optimizer *opt, ks_error *err) {
+  if (!opt) return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "NULL optimizer");
+  return add_comp(st, &(st_comp){.kind = ST_OPTIM, .name = (char *)name, .obj = opt}, err);
 }
 
-ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks_scheduler *sched) {
-  if (!sched) return KS_E_INVALID;
-  return add_comp(st, &(st_comp){.kind = ST_SCHED, .name = (char *)name, .obj = sched});
+ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks_scheduler *sched, ks_error *err) {
+  if (!sched) return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "NULL scheduler");
+  return add_comp(st, &(st_comp){.kind = ST_SCHED, .name = (char *)name, .obj = sched}, err);
 }
 
-ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb) {
-  if (!cb || !cb->to_state_dict || !cb->load_state_dict) return KS_E_INVALID;
-  return add_comp(st, &(st_comp){.kind = ST_CUSTOM, .name = (char *)name, .cb = *cb});
+ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb, ks_error *err) {
+  if (!cb || !cb->to_state_dict || !cb->load_state_dict)
+    return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "stateful callbacks missing (both are required)");
+  return add_comp(st, &(st_comp){.kind = ST_CUSTOM, .name = (char *)name, .cb = *cb}, err);
 }
 
-ks_status ks_state_add_dataset(ks_state *st, const char *name, ks_dataset_state *ds) {
-  if (!ds) return KS_E_INVALID;
-  return add_comp(st, &(st_comp){.kind = ST_DATASET, .name = (char *)name, .obj = ds});
+ks_status ks_state_add_dataset(ks_state *st, const char *name, ks_dataset_state *ds, ks_error *err) {
+  if (!ds) return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "NULL dataset state");
+  return add_comp(st, &(st_comp){.kind = ST_DATASET, .name = (char *)name, .obj = ds}, err);
 }
 
 void ks_state_set_timestamp(ks_state *st, ks_timestamp *ts) {

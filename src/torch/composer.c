@@ -114,7 +114,7 @@ static ks_status add_metric(norm *nm, const char *root, int pickled, size_t *idx
   size_t len = strlen(root);
   *m = (metric){ks__strdup(nm->a, root), len, ks__malloc(nm->a, len + 1), 0, pickled, 0, NONE, NONE};
   if (m->out) m->out[m->out_len = ks__torch_unescape(root, len, m->out)] = 0;
-  if (!m->root || !m->out || ks_statedict_set_int(nm->index, root, (int64_t)nm->n)) {
+  if (!m->root || !m->out || ks_statedict_set_int(nm->index, root, (int64_t)nm->n, NULL)) {
     ks__free(nm->a, m->root);
     ks__free(nm->a, m->out);
     return nomem(nm->err);
@@ -161,7 +161,7 @@ static int out_name(const metric *m, const char *src, char *buf, size_t cap) {
 }
 
 static ks_status put(norm *nm, const char *name, const ks_entry *e, ks_take take) {
-  ks_status st = ks_statedict_set_entry(nm->out, name, e, take);
+  ks_status st = ks_statedict_set_entry(nm->out, name, e, take, NULL);
   return st ? ks__err_at(nm->err, st, NULL, name, -1, "composer: cannot add entry") : KS_OK;
 }
 
@@ -181,7 +181,7 @@ static ks_status add_state(norm *nm, const metric *m, const char *s, ks__jv *nam
   char key[KS_MAX_NAME + 1];
   ks_entry e;
   if (!join(key, sizeof key, m->root, m->len, s) || ks_statedict_get(nm->seen, key, &e) == KS_OK) return KS_OK;
-  if (ks_statedict_set_null(nm->seen, key) || ks__jv_push(nm->a, names, ks__jv_str(nm->a, s))) return nomem(nm->err);
+  if (ks_statedict_set_null(nm->seen, key, NULL) || ks__jv_push(nm->a, names, ks__jv_str(nm->a, s))) return nomem(nm->err);
   return KS_OK;
 }
 
@@ -236,7 +236,7 @@ static ks_status cat_state(norm *nm, const char *base, const char *dst, size_t *
   /* Items may all view one shared storage: joining copies, so the budget counts copies. */
   if (nm->join_left) *nm->join_left -= bytes;
   uint8_t *data = NULL;
-  if ((st = ks_statedict_new_tensor(nm->out, dst, dt, rank, shape, (void **)&data)) != KS_OK)
+  if ((st = ks_statedict_new_tensor(nm->out, dst, dt, rank, shape, (void **)&data, NULL)) != KS_OK)
     return ks__err_at(nm->err, st, NULL, dst, -1, "composer: cannot add entry");
   char key[KS_MAX_NAME + 32];
   for (size_t i = 0, off = 0; i < *count; i++) {
@@ -421,7 +421,7 @@ static ks_status join_item(norm *nm, const metric *m, const ks_entry *e, int *do
     return KS_OK;
   size_t count;
   ks_status st = cat_state(nm, base, out, &count);
-  if (!st && ks_statedict_set_int(nm->joined, base, (int64_t)count)) st = nomem(nm->err);
+  if (!st && ks_statedict_set_int(nm->joined, base, (int64_t)count, NULL)) st = nomem(nm->err);
   *done = !st && (uint64_t)item < count;
   return st;
 }
@@ -476,8 +476,8 @@ ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, 
   if (!flat || !out || (take != KS_COPY && take != KS_BORROW)) return ks__err(err, KS_E_INVALID, "composer: bad argument");
   norm nm = {.flat = flat, .take = take, .err = err, .a = ks_statedict_allocator(flat), .join_left = join_budget};
   nm.list = ks__jv_array(nm.a);
-  ks_status st = nm.list && !ks_statedict_create(nm.a, &nm.out) && !ks_statedict_create(nm.a, &nm.index) &&
-                         !ks_statedict_create(nm.a, &nm.seen) && !ks_statedict_create(nm.a, &nm.joined)
+  ks_status st = nm.list && !ks_statedict_create(nm.a, &nm.out, err) && !ks_statedict_create(nm.a, &nm.index, err) &&
+                         !ks_statedict_create(nm.a, &nm.seen, err) && !ks_statedict_create(nm.a, &nm.joined, err)
                      ? KS_OK
                      : nomem(err);
   if (!st) st = run(&nm);

@@ -160,7 +160,7 @@ static ks_status add_class(flat *f, const ks__pk_node *cls) {
   size_t saved;
   ks_status st = push_comp(f, "__class__", 9, &saved);
   if (!st) st = claim(f);
-  if (!st) st = check(f, ks_statedict_set_string(f->sd, f->path, name));
+  if (!st) st = check(f, ks_statedict_set_string(f->sd, f->path, name, NULL));
   pop_comp(f, saved);
   f->entries++;
   return st;
@@ -188,7 +188,7 @@ static ks_status bigint_text(flat *f, const ks__pk_node *n) {
   if (!n->u.s.p)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: integer of %zu bytes is longer than %d",
                       n->u.s.n, KS__PK_BIGINT_MAX);
-  return check(f, ks_statedict_set_string(f->sd, f->path, n->u.s.p));
+  return check(f, ks_statedict_set_string(f->sd, f->path, n->u.s.p, NULL));
 }
 
 /* Shared references are copied once per path: the total of names, tensors, bytes and strings
@@ -206,7 +206,7 @@ static ks_status spend(flat *f, uint64_t n) {
 static ks_status add_tensor(flat *f, const ks_tensor *t) {
   ks_take take = t->ownership == KS_BORROWED ? KS_COPY : KS_MAPPED_VIEW;
   ks_status st = spend(f, t->nbytes);
-  return st ? st : check(f, ks_statedict_set_tensor(f->sd, f->path, t, take));
+  return st ? st : check(f, ks_statedict_set_tensor(f->sd, f->path, t, take, NULL));
 }
 
 static ks_status add_bytes(flat *f, const ks__pk_node *n) {
@@ -215,7 +215,7 @@ static ks_status add_bytes(flat *f, const ks__pk_node *n) {
   ks_status st = spend(f, n->u.s.n);
   if (st) return st;
   st = ks_tensor_init(&t, KS_U8, 1, &len, n->u.s.n ? n->u.s.p : NULL);
-  if (!st) st = ks_statedict_set_tensor(f->sd, f->path, &t, KS_MAPPED_VIEW);
+  if (!st) st = ks_statedict_set_tensor(f->sd, f->path, &t, KS_MAPPED_VIEW, NULL);
   return check(f, st);
 }
 
@@ -242,11 +242,11 @@ static ks_status leaf(flat *f, const ks__pk_node *n) {
     if (st) return st;
   }
   switch (n->kind) {
-    case PK_NONE: return check(f, ks_statedict_set_null(f->sd, f->path));
-    case PK_BOOL: return check(f, ks_statedict_set_bool(f->sd, f->path, (int)n->u.i));
-    case PK_INT: return check(f, ks_statedict_set_int(f->sd, f->path, n->u.i));
-    case PK_FLOAT: return check(f, ks_statedict_set_float(f->sd, f->path, n->u.f));
-    case PK_STR: return check(f, ks_statedict_set_string(f->sd, f->path, n->u.s.p));
+    case PK_NONE: return check(f, ks_statedict_set_null(f->sd, f->path, NULL));
+    case PK_BOOL: return check(f, ks_statedict_set_bool(f->sd, f->path, (int)n->u.i, NULL));
+    case PK_INT: return check(f, ks_statedict_set_int(f->sd, f->path, n->u.i, NULL));
+    case PK_FLOAT: return check(f, ks_statedict_set_float(f->sd, f->path, n->u.f, NULL));
+    case PK_STR: return check(f, ks_statedict_set_string(f->sd, f->path, n->u.s.p, NULL));
     case PK_BIGINT: return bigint_text(f, n);
     case PK_BYTES: return add_bytes(f, n);
     case PK_TENSOR: return add_tensor(f, &n->u.t);

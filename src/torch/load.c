@@ -64,13 +64,13 @@ static ks_status load_zip(ks__zip *z, size_t file_len, const ks_torch_read_opts 
   }
   ks__pk_arena_init(ar, a);
   ar->zip = z;
-  ks_status st = ks_statedict_create(a, &sd);
+  ks_status st = ks_statedict_create(a, &sd, err);
   if (st) st = ks__err(err, st, "torch: out of memory");
   if (!st && structure) st = ks__structure_create(&shape, err);
   if (!st) st = run(ar, opts, file_len, sd, shape, err);
   if (!st && shape) st = ks__structure_dump(shape, ks__alloc_or_default(a), &text, err);
   ks__structure_free(shape);
-  if (!st && (st = ks_statedict_attach(sd, ar, release_arena)) != KS_OK) ks__err(err, st, "torch: out of memory");
+  if (!st && (st = ks_statedict_attach(sd, ar, release_arena, err)) != KS_OK) ks__err(err, st, "torch: out of memory");
   if (st) {
     ks__free(a, text);
     ks_statedict_free(sd);

@@ -44,11 +44,16 @@ static ks_status create(const ks_allocator *alloc, opt_kind kind, double lr, ks_
   return KS_OK;
 }
 
-ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *alloc, ks_optimizer **out) {
-  if (!opts || opts->momentum < 0 || opts->weight_decay < 0) return KS_E_INVALID;
-  if (opts->nesterov && (opts->momentum <= 0 || opts->dampening != 0)) return KS_E_INVALID;
+ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *alloc, ks_optimizer **out, ks_error *err) {
+  if (!opts || !out) return ks__err(err, KS_E_INVALID, "SGD: NULL options or out");
+  if (opts->momentum < 0 || opts->weight_decay < 0)
+    return ks__err(err, KS_E_INVALID, "SGD: momentum %g and weight_decay %g must be >= 0", opts->momentum,
+                   opts->weight_decay);
+  if (opts->nesterov && (opts->momentum <= 0 || opts->dampening != 0))
+    return ks__err(err, KS_E_INVALID, "SGD: nesterov needs momentum > 0 and dampening 0 (found %g and %g)",
+                   opts->momentum, opts->dampening);
   ks_status s = create(alloc, OPT_SGD, opts->lr, out);
-  if (s) return s;
+  if (s) return ks__err(err, s, "SGD: out of memory");
   (*out)->momentum = opts->momentum;
   (*out)->dampening = opts->dampening;
   (*out)->weight_decay = opts->weight_decay;
@@ -56,12 +61,14 @@ ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *a
   return KS_OK;
 }
 
-ks_status ks_optimizer_create_adamw(const ks_adamw_opts *opts, const ks_allocator *alloc, ks_optimizer **out) {
-  if (!opts || !(opts->beta1 >= 0 && opts->beta1 < 1) || !(opts->beta2 >= 0 && opts->beta2 < 1) ||
-      !(opts->eps >= 0) || !(opts->weight_decay >= 0))
-    return KS_E_INVALID;
+ks_status ks_optimizer_create_adamw(const ks_adamw_opts *opts, const ks_allocator *alloc, ks_optimizer **out, ks_error *err) {
+  if (!opts || !out) return ks__err(err, KS_E_INVALID, "AdamW: NULL options or out");
+  if (!(opts->beta1 >= 0 && opts->beta1 < 1) || !(opts->beta2 >= 0 && opts->beta2 < 1) || !(opts->eps >= 0) ||
+      !(opts->weight_decay >= 0))
+    return ks__err(err, KS_E_INVALID, "AdamW: betas (%g, %g) must be in [0, 1), eps %g and weight_decay %g >= 0",
+                   opts->beta1, opts->beta2, opts->eps, opts->weight_decay);
   ks_status s = create(alloc, OPT_ADAMW, opts->lr, out);
-  if (s) return s;
+  if (s) return ks__err(err, s, "AdamW: out of memory");
   (*out)->beta1 = opts->beta1;
   (*out)->beta2 = opts->beta2;
   (*out)->eps = opts->eps;
@@ -93,17 +100,17 @@ static ks_status alloc_state(ks_optimizer *o, opt_param *p) {
 }
 
 ks_status ks_optimizer_add_param(ks_optimizer *o, float *param, const float *grad, int rank,
-                                 const int64_t *shape) {
-  if (!o || !param || !grad) return KS_E_INVALID;
+                                 const int64_t *shape, ks_error *err) {
+  if (!o || !param || !grad) return ks__err(err, KS_E_INVALID, "optimizer param %zu: NULL optimizer, param or grad", o ? o->count : 0);
   opt_param p = {.p = param, .g = grad, .rank = rank};
   uint64_t numel;
   ks_status s = ks_shape_size(KS_F32, rank, shape, &numel, NULL);
-  if (s) return s;
+  if (s) return ks__err(err, s, "optimizer param %zu: bad shape (rank %d)", o->count, rank);
   if (rank > 0) memcpy(p.shape, shape, (size_t)rank * sizeof *shape);
   p.n = (size_t)numel;
   s = ks__grow(&o->alloc, &o->params, &o->cap, o->count + 1, sizeof *o->params);
   if (!s) s = alloc_state(o, &p);
-  if (s) return s;
+  if (s) return ks__err(err, s, "optimizer param %zu: no memory for its state", o->count);
   o->params[o->count++] = p;
   return KS_OK;
 }
@@ -158,11 +165,11 @@ size_t ks_optimizer_param_count(const ks_optimizer *o) { return o ? o->count : 0
 /* ---- state dict ---- */
 
 static ks_status put_buffer(ks_statedict *dst, const char *prefix, size_t i, const char *what,
-                            const opt_param *p, const float *data) {
+                            const opt_param *p, const float *data, ks_error *err) {
   char k[KS__KEY_MAX + 1];
-  if (ks__keyf(k, prefix, "state/%zu/%s", i, what)) return KS_E_LIMIT;
+  if (ks__keyf(k, prefix, "state/%zu/%s", i, what)) return ks__key_limit(err, prefix, what);
   void *out;
-  ks_status s = ks_statedict_new_tensor(dst, k, KS_F32, p->rank, p->shape, &out);
+  ks_status s = ks_statedict_new_tensor(dst, k, KS_F32, p->rank, p->shape, &out, err);
   if (s) return s;
   for (size_t j = 0; j < p->n; j++) {
     uint32_t bits;
@@ -172,11 +179,11 @@ static ks_status put_buffer(ks_statedict *dst, const char *prefix, size_t i, con
   return KS_OK;
 }
 
-static ks_status put_step(ks_statedict *dst, const char *prefix, size_t i, float step) {
+static ks_status put_step(ks_statedict *dst, const char *prefix, size_t i, float step, ks_error *err) {
   char k[KS__KEY_MAX + 1];
-  if (ks__keyf(k, prefix, "state/%zu/step", i)) return KS_E_LIMIT;
+  if (ks__keyf(k, prefix, "state/%zu/step", i)) return ks__key_limit(err, prefix, "state/N/step");
   void *out;
-  ks_status s = ks_statedict_new_tensor(dst, k, KS_F32, 0, NULL, &out);
+  ks_status s = ks_statedict_new_tensor(dst, k, KS_F32, 0, NULL, &out, err);
   if (s) return s;
   uint32_t bits;
   memcpy(&bits, &step, 4);
@@ -185,65 +192,67 @@ static ks_status put_step(ks_statedict *dst, const char *prefix, size_t i, float
 }
 
 /* torch has no per-param state until the first step; neither do we in the file. */
-static ks_status put_state(const ks_optimizer *o, ks_statedict *dst, const char *prefix) {
+static ks_status put_state(const ks_optimizer *o, ks_statedict *dst, const char *prefix, ks_error *err) {
   ks_status s = KS_OK;
   for (size_t i = 0; i < o->count && !s; i++) {
     const opt_param *p = &o->params[i];
     if (o->kind == OPT_ADAMW && o->step > 0) {
-      s = put_step(dst, prefix, i, o->step);
-      if (!s) s = put_buffer(dst, prefix, i, "exp_avg", p, p->m);
-      if (!s) s = put_buffer(dst, prefix, i, "exp_avg_sq", p, p->v);
+      s = put_step(dst, prefix, i, o->step, err);
+      if (!s) s = put_buffer(dst, prefix, i, "exp_avg", p, p->m, err);
+      if (!s) s = put_buffer(dst, prefix, i, "exp_avg_sq", p, p->v, err);
     } else if (o->kind == OPT_SGD && o->has_buf) {
-      s = put_buffer(dst, prefix, i, "momentum_buffer", p, p->m);
+      s = put_buffer(dst, prefix, i, "momentum_buffer", p, p->m, err);
     }
   }
   return s;
 }
 
-static ks_status put_null(ks_statedict *dst, const char *prefix, const char *name) {
+static ks_status put_null(ks_statedict *dst, const char *prefix, const char *name, ks_error *err) {
   char k[KS__KEY_MAX + 1];
-  return ks__key(k, prefix, name) ? KS_E_LIMIT : ks_statedict_set_null(dst, k);
+  ks_status s = ks__key_err(k, prefix, name, err);
+  return s ? s : ks_statedict_set_null(dst, k, err);
 }
 
-static ks_status put_bool(ks_statedict *dst, const char *prefix, const char *name, int v) {
+static ks_status put_bool(ks_statedict *dst, const char *prefix, const char *name, int v, ks_error *err) {
   char k[KS__KEY_MAX + 1];
-  return ks__key(k, prefix, name) ? KS_E_LIMIT : ks_statedict_set_bool(dst, k, v);
+  ks_status s = ks__key_err(k, prefix, name, err);
+  return s ? s : ks_statedict_set_bool(dst, k, v, err);
 }
 
-static ks_status put_groups(const ks_optimizer *o, ks_statedict *dst, const char *gp) {
-  ks_status s = ks__put_float(dst, gp, "lr", o->lr);
+static ks_status put_groups(const ks_optimizer *o, ks_statedict *dst, const char *gp, ks_error *err) {
+  ks_status s = ks__put_float(dst, gp, "lr", o->lr, err);
   if (o->kind == OPT_ADAMW) {
-    if (!s) s = ks__put_float(dst, gp, "betas/0", o->beta1);
-    if (!s) s = ks__put_float(dst, gp, "betas/1", o->beta2);
-    if (!s) s = ks__put_float(dst, gp, "eps", o->eps);
-    if (!s) s = ks__put_float(dst, gp, "weight_decay", o->weight_decay);
-    if (!s) s = put_bool(dst, gp, "amsgrad", 0);
-    if (!s) s = put_null(dst, gp, "foreach");
-    if (!s) s = put_bool(dst, gp, "maximize", 0);
-    if (!s) s = put_bool(dst, gp, "capturable", 0);
+    if (!s) s = ks__put_float(dst, gp, "betas/0", o->beta1, err);
+    if (!s) s = ks__put_float(dst, gp, "betas/1", o->beta2, err);
+    if (!s) s = ks__put_float(dst, gp, "eps", o->eps, err);
+    if (!s) s = ks__put_float(dst, gp, "weight_decay", o->weight_decay, err);
+    if (!s) s = put_bool(dst, gp, "amsgrad", 0, err);
+    if (!s) s = put_null(dst, gp, "foreach", err);
+    if (!s) s = put_bool(dst, gp, "maximize", 0, err);
+    if (!s) s = put_bool(dst, gp, "capturable", 0, err);
   } else {
-    if (!s) s = ks__put_float(dst, gp, "momentum", o->momentum);
-    if (!s) s = ks__put_float(dst, gp, "dampening", o->dampening);
-    if (!s) s = ks__put_float(dst, gp, "weight_decay", o->weight_decay);
-    if (!s) s = put_bool(dst, gp, "nesterov", o->nesterov);
-    if (!s) s = put_bool(dst, gp, "maximize", 0);
-    if (!s) s = put_null(dst, gp, "foreach");
-    if (!s) s = put_bool(dst, gp, "differentiable", 0);
+    if (!s) s = ks__put_float(dst, gp, "momentum", o->momentum, err);
+    if (!s) s = ks__put_float(dst, gp, "dampening", o->dampening, err);
+    if (!s) s = ks__put_float(dst, gp, "weight_decay", o->weight_decay, err);
+    if (!s) s = put_bool(dst, gp, "nesterov", o->nesterov, err);
+    if (!s) s = put_bool(dst, gp, "maximize", 0, err);
+    if (!s) s = put_null(dst, gp, "foreach", err);
+    if (!s) s = put_bool(dst, gp, "differentiable", 0, err);
   }
   for (size_t i = 0; i < o->count && !s; i++) {
     char k[KS__KEY_MAX + 1];
-    s = ks__keyf(k, gp, "params/%zu", i);
-    if (!s) s = ks_statedict_set_int(dst, k, (int64_t)i);
+    if (ks__keyf(k, gp, "params/%zu", i)) s = ks__key_limit(err, gp, "params/N");
+    if (!s) s = ks_statedict_set_int(dst, k, (int64_t)i, err);
   }
   return s;
 }
 
-ks_status ks_optimizer_to_state_dict(const ks_optimizer *o, ks_statedict *dst, const char *prefix) {
-  if (!o || !dst || !prefix) return KS_E_INVALID;
+ks_status ks_optimizer_to_state_dict(const ks_optimizer *o, ks_statedict *dst, const char *prefix, ks_error *err) {
+  if (!o || !dst || !prefix) return ks__err(err, KS_E_INVALID, "ks_optimizer_to_state_dict: NULL argument");
   char gp[KS__KEY_MAX + 1];
-  if (ks__key(gp, prefix, "param_groups/0/")) return KS_E_LIMIT;
-  ks_status s = put_state(o, dst, prefix);
-  return s ? s : put_groups(o, dst, gp);
+  ks_status s = ks__key_err(gp, prefix, "param_groups/0/", err);
+  if (!s) s = put_state(o, dst, prefix, err);
+  return s ? s : put_groups(o, dst, gp, err);
 }
 
 /* Checks one stored buffer against the parameter: F32, or a type that widens to it. */

@@ -63,13 +63,15 @@ void ks_rng_shuffle(ks_rng *r, int64_t *idx, size_t n) {
 
 #define RNG_KEY "xoshiro256starstar"
 
-ks_status ks_rng_to_state_dict(const ks_rng *r, ks_statedict *dst, const char *prefix) {
+ks_status ks_rng_to_state_dict(const ks_rng *r, ks_statedict *dst, const char *prefix, ks_error *err) {
+  if (!r || !dst || !prefix) return ks__err(err, KS_E_INVALID, "ks_rng_to_state_dict: NULL argument");
   char k[KS__KEY_MAX + 1];
-  if (ks__key(k, prefix, RNG_KEY)) return KS_E_LIMIT;
+  ks_status s = ks__key_err(k, prefix, RNG_KEY, err);
+  if (s) return s;
   int64_t shape[1] = {4};
   void *data;
   /* I64 holding the words' bit patterns: torch has no uint64, and a checkpoint must export to .pt. */
-  ks_status s = ks_statedict_new_tensor(dst, k, KS_I64, 1, shape, &data);
+  s = ks_statedict_new_tensor(dst, k, KS_I64, 1, shape, &data, err);
   if (s) return s;
   for (int i = 0; i < 4; i++) ks__put_le64((uint8_t *)data + 8 * i, r->s[i]);
   return KS_OK;
@@ -77,7 +79,7 @@ ks_status ks_rng_to_state_dict(const ks_rng *r, ks_statedict *dst, const char *p
 
 ks_status ks_rng_load_state_dict(ks_rng *r, const ks_statedict *src, const char *prefix, ks_error *err) {
   char k[KS__KEY_MAX + 1];
-  if (ks__key(k, prefix, RNG_KEY)) return ks__err(err, KS_E_LIMIT, "rng: prefix too long");
+  if (ks__key(k, prefix, RNG_KEY)) return ks__key_limit(err, prefix, RNG_KEY);
   const ks_tensor *t = ks_statedict_tensor(src, k);
   if (!t) return ks__err_at(err, KS_E_NOTFOUND, NULL, k, -1, "missing PRNG state '%s'", k);
   if (t->dtype != KS_U64 && t->dtype != KS_I64)

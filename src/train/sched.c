@@ -35,14 +35,14 @@ void ks_scheduler_step(ks_scheduler *s, ks_optimizer *opt) {
   if (opt) ks_optimizer_set_lr(opt, s->last_lr);
 }
 
-ks_status ks_scheduler_to_state_dict(const ks_scheduler *s, ks_statedict *dst, const char *prefix) {
-  ks_status st = ks__put_float(dst, prefix, "base_lrs/0", s->base_lr);
-  if (!st) st = ks__put_int(dst, prefix, "last_epoch", s->last_epoch);
-  if (!st) st = ks__put_int(dst, prefix, "_step_count", s->last_epoch + 1);
-  if (!st) st = ks__put_float(dst, prefix, "_last_lr/0", s->last_lr);
-  if (!st) st = ks__put_int(dst, prefix, "t_warmup", s->t_warmup);
-  if (!st) st = ks__put_int(dst, prefix, "t_max", s->t_max);
-  if (!st) st = ks__put_float(dst, prefix, "alpha_f", s->alpha_f);
+ks_status ks_scheduler_to_state_dict(const ks_scheduler *s, ks_statedict *dst, const char *prefix, ks_error *err) {
+  ks_status st = ks__put_float(dst, prefix, "base_lrs/0", s->base_lr, err);
+  if (!st) st = ks__put_int(dst, prefix, "last_epoch", s->last_epoch, err);
+  if (!st) st = ks__put_int(dst, prefix, "_step_count", s->last_epoch + 1, err);
+  if (!st) st = ks__put_float(dst, prefix, "_last_lr/0", s->last_lr, err);
+  if (!st) st = ks__put_int(dst, prefix, "t_warmup", s->t_warmup, err);
+  if (!st) st = ks__put_int(dst, prefix, "t_max", s->t_max, err);
+  if (!st) st = ks__put_float(dst, prefix, "alpha_f", s->alpha_f, err);
   return st;
 }
 

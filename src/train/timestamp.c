@@ -36,18 +36,18 @@ static const ts_field wct_fields[] = {F(total_wct), F(epoch_wct), F(batch_wct)};
 #undef F
 #define NFIELDS(a) (sizeof a / sizeof a[0])
 
-ks_status ks_timestamp_to_state_dict(const ks_timestamp *ts, ks_statedict *dst, const char *prefix) {
+ks_status ks_timestamp_to_state_dict(const ks_timestamp *ts, ks_statedict *dst, const char *prefix, ks_error *err) {
   const char *base = (const char *)ts;
   ks_status s = KS_OK;
   for (size_t i = 0; i < NFIELDS(int_fields) && !s; i++) {
     int64_t v;
     memcpy(&v, base + int_fields[i].off, sizeof v);
-    s = ks__put_int(dst, prefix, int_fields[i].name, v);
+    s = ks__put_int(dst, prefix, int_fields[i].name, v, err);
   }
   for (size_t i = 0; i < NFIELDS(wct_fields) && !s; i++) {
     double v;
     memcpy(&v, base + wct_fields[i].off, sizeof v);
-    s = ks__put_float(dst, prefix, wct_fields[i].name, v);
+    s = ks__put_float(dst, prefix, wct_fields[i].name, v, err);
   }
   return s;
 }

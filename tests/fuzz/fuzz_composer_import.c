@@ -18,11 +18,11 @@ static ks_status factory(void *ctx, const char *label, const ks_allocator *a, ks
                                         {"MeanMetric", "MeanMetric", "{}"},
                                         {"CatMetric", "CatMetric", "{}"},
                                         {"BinaryAUROC", "BinaryAUROC", "{}"}};
-  ks_status st = ks_metric_collection_create(a, out);
+  ks_status st = ks_metric_collection_create(a, out, NULL);
   for (size_t i = 0; i < 4 && !st; i++) {
     ks_metric *m = NULL;
     st = ks_metric_create(defs[i][1], defs[i][2], a, &m, err);
-    if (!st) st = ks_metric_collection_add(*out, defs[i][0], m);
+    if (!st) st = ks_metric_collection_add(*out, defs[i][0], m, NULL);
     if (st) ks_metric_free(m);
   }
   if (st) ks_metric_collection_free(*out);
@@ -41,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *labels[] = {"eval"};
     ks_load_opts lo = {0};
     lo.non_strict_model = 1;
-    if (ks_state_create("fuzz", 0, NULL, &st) == KS_OK && ks_state_build_metrics(st, factory, NULL, labels, 1, NULL) == KS_OK)
+    if (ks_state_create("fuzz", 0, NULL, &st, NULL) == KS_OK && ks_state_build_metrics(st, factory, NULL, labels, 1, NULL) == KS_OK)
       (void)ks_state_load_state_dict(st, sd, meta, &lo, NULL, NULL);
     ks_state_free(st);
   }

@@ -31,7 +31,7 @@ static void run(const uint8_t *data, size_t size) {
   ks_error err;
   if (ks__pk_run(data, size, &ar, &lim, storage, (void *)(uintptr_t)zeros, &root, &err) == KS_OK) {
     ks_statedict *sd;
-    if (ks_statedict_create(NULL, &sd) == KS_OK) {
+    if (ks_statedict_create(NULL, &sd, NULL) == KS_OK) {
       ks__pk_flatten(root, &ar, &lim, sd, &err);
       ks_statedict_free(sd);
     }

@@ -41,7 +41,7 @@ static void exercise(const uint8_t *data, size_t size, ks_read_mode mode) {
   int problems = 0;
   ks_reader_verify_report(r, ignore_problem, &problems, NULL);
   ks_statedict *sd;
-  if (ks_statedict_create(NULL, &sd) == KS_OK) {
+  if (ks_statedict_create(NULL, &sd, NULL) == KS_OK) {
     ks_reader_scalars(r, sd, NULL);
     ks_statedict_free(sd);
   }

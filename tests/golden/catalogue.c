@@ -48,11 +48,11 @@ ks_status golden_catalogue_factory(void *ctx, const char *label, const ks_alloca
   (void)ctx;
   (void)label;
   ks_metric_collection *c;
-  ks_status st = ks_metric_collection_create(alloc, &c);
+  ks_status st = ks_metric_collection_create(alloc, &c, NULL);
   for (size_t i = 0; !st && i < sizeof entries / sizeof entries[0]; i++) {
     ks_metric *m;
     st = ks_metric_create(entries[i].cls, entries[i].args, alloc, &m, err);
-    if (!st && (st = ks_metric_collection_add(c, entries[i].name, m)) != KS_OK) ks_metric_free(m);
+    if (!st && (st = ks_metric_collection_add(c, entries[i].name, m, NULL)) != KS_OK) ks_metric_free(m);
   }
   if (st) {
     ks_metric_collection_free(c);

@@ -45,7 +45,7 @@ static int make_catalogue(const char *dir) {
   ks_error err;
   ks_timestamp ts;
   ks_rng rng;
-  if (ks_state_create("golden-catalogue", 17, NULL, &st)) return 1;
+  if (ks_state_create("golden-catalogue", 17, NULL, &st, NULL)) return 1;
   ks_timestamp_init(&ts);
   ks_rng_seed(&rng, 17);
   ks_state_set_timestamp(st, &ts);
@@ -75,41 +75,41 @@ static int make_legacy(const char *dir) {
   ks_statedict *sd;
   ks_meta *meta;
   ks_error err;
-  if (ks_statedict_create(NULL, &sd) || ks_meta_create(NULL, &meta)) return 1;
+  if (ks_statedict_create(NULL, &sd, NULL) || ks_meta_create(NULL, &meta, NULL)) return 1;
   float *v;
   int64_t *count;
   int64_t one[1] = {1};
-  ks_statedict_new_tensor(sd, "state/train_metrics/MeanMetric/state_dict/value", KS_F32, 0, NULL, (void **)&v);
+  ks_statedict_new_tensor(sd, "state/train_metrics/MeanMetric/state_dict/value", KS_F32, 0, NULL, (void **)&v, NULL);
   *v = 7.5f;
-  ks_statedict_new_tensor(sd, "state/train_metrics/MeanMetric/state_dict/weight", KS_F32, 0, NULL, (void **)&v);
+  ks_statedict_new_tensor(sd, "state/train_metrics/MeanMetric/state_dict/weight", KS_F32, 0, NULL, (void **)&v, NULL);
   *v = 3.0f;
-  ks_statedict_new_tensor(sd, "state/train_metrics/SumMetric/state_dict/value", KS_F32, 0, NULL, (void **)&v);
+  ks_statedict_new_tensor(sd, "state/train_metrics/SumMetric/state_dict/value", KS_F32, 0, NULL, (void **)&v, NULL);
   *v = -4.25f;
-  ks_statedict_new_tensor(sd, "state/train_metrics/MaxMetric/state_dict/value", KS_F32, 0, NULL, (void **)&v);
+  ks_statedict_new_tensor(sd, "state/train_metrics/MaxMetric/state_dict/value", KS_F32, 0, NULL, (void **)&v, NULL);
   *v = 9.0f;
-  ks_statedict_new_tensor(sd, "state/train_metrics/MinMetric/state_dict/value", KS_F32, 0, NULL, (void **)&v);
+  ks_statedict_new_tensor(sd, "state/train_metrics/MinMetric/state_dict/value", KS_F32, 0, NULL, (void **)&v, NULL);
   *v = -1.5f;
   ks_statedict_new_tensor(sd, "state/train_metrics/MeanSquaredError/state_dict/sum_squared_error", KS_F32, 0,
-                          NULL, (void **)&v);
+                          NULL, (void **)&v, NULL);
   *v = 12.0f;
   ks_statedict_new_tensor(sd, "state/train_metrics/MeanSquaredError/state_dict/total", KS_I64, 0, NULL,
-                          (void **)&count);
+                          (void **)&count, NULL);
   *count = 4;
   (void)one;
   const char *names[] = {"MeanMetric", "SumMetric", "MaxMetric", "MinMetric", "MeanSquaredError"};
   char key[256];
   for (size_t i = 0; i < 5; i++) {
     snprintf(key, sizeof key, "state/train_metrics/%s/_computed", names[i]);
-    ks_statedict_set_null(sd, key);
+    ks_statedict_set_null(sd, key, NULL);
   }
-  ks_statedict_set_string(sd, "state/run_name", "golden-legacy");
+  ks_statedict_set_string(sd, "state/run_name", "golden-legacy", NULL);
   ks_meta_set(meta, "keepsake.metrics",
               "{\"state/train_metrics/MeanMetric\":{\"class\":\"MeanMetric\",\"schema_version\":1,\"update_count\":2},"
               "\"state/train_metrics/SumMetric\":{\"class\":\"SumMetric\",\"schema_version\":1,\"update_count\":2},"
               "\"state/train_metrics/MaxMetric\":{\"class\":\"MaxMetric\",\"schema_version\":1,\"update_count\":2},"
               "\"state/train_metrics/MinMetric\":{\"class\":\"MinMetric\",\"schema_version\":1,\"update_count\":2},"
               "\"state/train_metrics/MeanSquaredError\":{\"class\":\"MeanSquaredError\",\"schema_version\":1,"
-              "\"update_count\":2}}");
+              "\"update_count\":2}}", NULL);
   char path[4096];
   snprintf(path, sizeof path, "%s/legacy-schema.keepsake", dir);
   if (ks_save(path, sd, meta, NULL, &err)) return fail("save legacy", &err);

@@ -42,7 +42,7 @@ static void fill(uint8_t *p, size_t n, uint64_t seed, ks_dtype dt) {
 
 static int add(ks_statedict *sd, const char *name, ks_dtype dt, int rank, const int64_t *shape, uint64_t seed) {
   void *data = NULL;
-  ks_status st = ks_statedict_new_tensor(sd, name, dt, rank, shape, &data);
+  ks_status st = ks_statedict_new_tensor(sd, name, dt, rank, shape, &data, NULL);
   if (st) {
     fprintf(stderr, "helper: cannot add %s: %s\n", name, ks_strerror(st));
     return 1;
@@ -76,8 +76,8 @@ static int wanted(ks_dtype d, int n, char **names) {
 static int write_dtypes(const char *path, int nnames, char **names) {
   ks_statedict *sd;
   ks_meta *extra;
-  if (ks_statedict_create(NULL, &sd)) return 1;
-  if (ks_meta_create(NULL, &extra)) return ks_statedict_free(sd), 1;
+  if (ks_statedict_create(NULL, &sd, NULL)) return 1;
+  if (ks_meta_create(NULL, &extra, NULL)) return ks_statedict_free(sd), 1;
   int rc = 0;
   char name[64];
   for (int d = 0; d < KS_DTYPE_COUNT && !rc; d++)
@@ -86,11 +86,11 @@ static int write_dtypes(const char *path, int nnames, char **names) {
       rc = add(sd, name, (ks_dtype)d, SHAPES[k].rank, SHAPES[k].shape, (uint64_t)d * NSHAPES + k + 1);
     }
   /* Scalars live in the metadata; caller pairs are kept as is. */
-  if (!rc) rc = ks_statedict_set_int(sd, "step", -9223372036854775807 - 1) != KS_OK;
-  if (!rc) rc = ks_statedict_set_float(sd, "lr", 0.1) != KS_OK;
-  if (!rc) rc = ks_statedict_set_string(sd, "run", "caf\xc3\xa9 \"quoted\"\n") != KS_OK;
-  if (!rc) rc = ks_meta_set(extra, "note", "h\xc3\xa9llo, \xf0\x9f\x98\x80 {\"json\": [1]}") != KS_OK;
-  if (!rc) rc = ks_meta_set(extra, "empty", "") != KS_OK;
+  if (!rc) rc = ks_statedict_set_int(sd, "step", -9223372036854775807 - 1, NULL) != KS_OK;
+  if (!rc) rc = ks_statedict_set_float(sd, "lr", 0.1, NULL) != KS_OK;
+  if (!rc) rc = ks_statedict_set_string(sd, "run", "caf\xc3\xa9 \"quoted\"\n", NULL) != KS_OK;
+  if (!rc) rc = ks_meta_set(extra, "note", "h\xc3\xa9llo, \xf0\x9f\x98\x80 {\"json\": [1]}", NULL) != KS_OK;
+  if (!rc) rc = ks_meta_set(extra, "empty", "", NULL) != KS_OK;
   if (!rc) rc = save(path, sd, extra);
   ks_meta_free(extra);
   ks_statedict_free(sd);
@@ -99,7 +99,7 @@ static int write_dtypes(const char *path, int nnames, char **names) {
 
 static int write_many(const char *path, long n) {
   ks_statedict *sd;
-  if (ks_statedict_create(NULL, &sd)) return 1;
+  if (ks_statedict_create(NULL, &sd, NULL)) return 1;
   int rc = 0;
   char name[64];
   for (long i = 0; i < n && !rc; i++) {

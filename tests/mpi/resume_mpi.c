@@ -39,11 +39,11 @@ static ks_status metrics_factory(void *ctx, const char *label, const ks_allocato
   (void)label;
   static const char *const cls[][2] = {{"MeanMetric", "{}"}, {"CatMetric", "{}"},
                                        {"MulticlassAccuracy", "{\"num_classes\":5}"}, {"BinaryAUROC", "{}"}};
-  ks_status st = ks_metric_collection_create(a, out);
+  ks_status st = ks_metric_collection_create(a, out, NULL);
   for (size_t i = 0; !st && i < sizeof cls / sizeof cls[0]; i++) {
     ks_metric *m;
     st = ks_metric_create(cls[i][0], cls[i][1], a, &m, err);
-    if (!st && (st = ks_metric_collection_add(*out, cls[i][0], m))) ks_metric_free(m);
+    if (!st && (st = ks_metric_collection_add(*out, cls[i][0], m, NULL))) ks_metric_free(m);
   }
   return st;
 }
@@ -56,16 +56,16 @@ static void setup(run *r) {
   ks_rng_seed(&r->rng, 100u + (uint64_t)mt_rank);
   r->ds.shuffle_seed = 3;
   ks_error err;
-  MT_OK(ks_state_create("resume-mpi", 7, NULL, &r->st), NULL);
+  MT_OK(ks_state_create("resume-mpi", 7, NULL, &r->st, NULL), NULL);
   ks_tensor t;
   ks_tensor_init(&t, KS_F32, 2, r->shape, r->w);
-  MT_OK(ks_state_add_tensor(r->st, "w", &t), NULL);
+  MT_OK(ks_state_add_tensor(r->st, "w", &t, NULL), NULL);
   ks_state_set_rng(r->st, &r->rng);
   ks_state_set_timestamp(r->st, &r->ts);
-  MT_OK(ks_state_add_dataset(r->st, "train", &r->ds), NULL);
+  MT_OK(ks_state_add_dataset(r->st, "train", &r->ds, NULL), NULL);
   MT_OK(ks_state_build_metrics(r->st, metrics_factory, NULL, NULL, 0, &err), &err);
-  MT_OK(ks_shard_map_create(NULL, &r->map), NULL);
-  MT_OK(ks_shard_map_add(r->map, "state/model/w", 2, g, r->off, r->shape), NULL);
+  MT_OK(ks_shard_map_create(NULL, &r->map, NULL), NULL);
+  MT_OK(ks_shard_map_add(r->map, "state/model/w", 2, g, r->off, r->shape, NULL), NULL);
 }
 
 static void resume(run *r, const char *dir) {
@@ -108,8 +108,8 @@ static void save(run *r, const char *root, int dying) {
   ks_statedict *sd;
   ks_meta *meta;
   ks_error err;
-  MT_OK(ks_statedict_create(NULL, &sd), NULL);
-  MT_OK(ks_meta_create(NULL, &meta), NULL);
+  MT_OK(ks_statedict_create(NULL, &sd, NULL), NULL);
+  MT_OK(ks_meta_create(NULL, &meta, NULL), NULL);
   MT_OK(ks_state_to_state_dict(r->st, sd, meta, &err), &err);
   ks_io io = *ks_io_posix();
   io.write_fn = die_write;

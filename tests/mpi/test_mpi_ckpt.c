@@ -63,18 +63,18 @@ static void prog_init(prog *p, int r, int n, int saving, int v_by_cols) {
   }
   p->w = calloc((size_t)(p->w_shape[0] * p->w_shape[1]) + 1, sizeof(float));
   p->v = calloc((size_t)(p->v_shape[0] * p->v_shape[1]) + 1, sizeof(float));
-  MT_OK(ks_state_create("mpi", 42, NULL, &p->st), NULL);
+  MT_OK(ks_state_create("mpi", 42, NULL, &p->st, NULL), NULL);
   ks_tensor t;
   ks_tensor_init(&t, KS_F32, 2, p->w_shape, p->w);
-  MT_OK(ks_state_add_tensor(p->st, "w", &t), NULL);
+  MT_OK(ks_state_add_tensor(p->st, "w", &t, NULL), NULL);
   ks_tensor_init(&t, KS_F32, 2, p->v_shape, p->v);
-  MT_OK(ks_state_add_tensor(p->st, "v", &t), NULL);
+  MT_OK(ks_state_add_tensor(p->st, "v", &t, NULL), NULL);
   int64_t bs[1] = {W_COLS};
   ks_tensor_init(&t, KS_F32, 1, bs, p->b);
-  MT_OK(ks_state_add_tensor(p->st, "b", &t), NULL);
+  MT_OK(ks_state_add_tensor(p->st, "b", &t, NULL), NULL);
   ks_state_set_timestamp(p->st, &p->ts);
   ks_state_set_rng(p->st, &p->rng);
-  MT_OK(ks_state_add_dataset(p->st, "train", &p->ds), NULL);
+  MT_OK(ks_state_add_dataset(p->st, "train", &p->ds, NULL), NULL);
   MT_OK(ks_state_build_metrics(p->st, golden_catalogue_factory, NULL, NULL, 0, &err), &err);
   if (!saving) return;
   for (int64_t i = 0; i < p->w_shape[0]; i++)
@@ -98,17 +98,17 @@ static void prog_free(prog *p) {
 static ks_shard_map *chunks_of(const prog *p) {
   ks_shard_map *m;
   int64_t wg[2] = {W_ROWS, W_COLS}, vg[2] = {V_ROWS, V_COLS};
-  MT_OK(ks_shard_map_create(NULL, &m), NULL);
-  MT_OK(ks_shard_map_add(m, "state/model/w", 2, wg, p->w_off, p->w_shape), NULL);
-  MT_OK(ks_shard_map_add(m, "state/model/v", 2, vg, p->v_off, p->v_shape), NULL);
+  MT_OK(ks_shard_map_create(NULL, &m, NULL), NULL);
+  MT_OK(ks_shard_map_add(m, "state/model/w", 2, wg, p->w_off, p->w_shape, NULL), NULL);
+  MT_OK(ks_shard_map_add(m, "state/model/v", 2, vg, p->v_off, p->v_shape, NULL), NULL);
   return m;
 }
 
 static ks_status save(MPI_Comm comm, const prog *p, const char *dir, const ks_io *io, ks_error *err) {
   ks_statedict *sd;
   ks_meta *meta;
-  MT_OK(ks_statedict_create(NULL, &sd), NULL);
-  MT_OK(ks_meta_create(NULL, &meta), NULL);
+  MT_OK(ks_statedict_create(NULL, &sd, NULL), NULL);
+  MT_OK(ks_meta_create(NULL, &meta, NULL), NULL);
   MT_OK(ks_state_to_state_dict(p->st, sd, meta, err), err);
   ks_shard_map *chunks = chunks_of(p);
   ks_dist_save_opts o = {.io = io};

@@ -77,13 +77,13 @@ static ks_metric_collection *small(int top_k) {
   ks_metric *m;
   char args[64];
   snprintf(args, sizeof args, "{\"num_classes\":5,\"top_k\":%d}", top_k);
-  MT_CHECK(ks_metric_collection_create(NULL, &c) == KS_OK, "create");
+  MT_CHECK(ks_metric_collection_create(NULL, &c, NULL) == KS_OK, "create");
   MT_CHECK(ks_metric_create("CatMetric", NULL, NULL, &m, NULL) == KS_OK, "create");
-  MT_CHECK(ks_metric_collection_add(c, "cat", m) == KS_OK, "add");
+  MT_CHECK(ks_metric_collection_add(c, "cat", m, NULL) == KS_OK, "add");
   MT_CHECK(ks_metric_create("MulticlassAccuracy", args, NULL, &m, NULL) == KS_OK, "create");
-  MT_CHECK(ks_metric_collection_add(c, "acc", m) == KS_OK, "add");
+  MT_CHECK(ks_metric_collection_add(c, "acc", m, NULL) == KS_OK, "add");
   MT_CHECK(ks_metric_create("MeanMetric", NULL, NULL, &m, NULL) == KS_OK, "create");
-  MT_CHECK(ks_metric_collection_add(c, "mean", m) == KS_OK, "add");
+  MT_CHECK(ks_metric_collection_add(c, "mean", m, NULL) == KS_OK, "add");
   for (size_t i = 0; i < ks_metric_collection_count(c); i++) {
     ks_metric *x = ks_metric_collection_at(c, i, NULL);
     MT_CHECK(golden_feed(x, ks_metric_class(x), mt_rank, NULL) == KS_OK, "feed");

@@ -56,7 +56,7 @@ static inline double mt_value(ks_metric *m, size_t i) {
 
 static inline ks_statedict *mt_snapshot(const ks_metric *m) {
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   assert_int_equal(ks_metric_to_state_dict(m, sd, "", NULL), KS_OK);
   return sd;
 }

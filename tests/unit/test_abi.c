@@ -13,8 +13,8 @@
 
 static ks_status save_with(const ks_save_opts *o, const char *path) {
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "x", 1), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "x", 1, NULL), KS_OK);
   ks_status s = ks_save(path, sd, NULL, o, NULL);
   ks_statedict_free(sd);
   return s;

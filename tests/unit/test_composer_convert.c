@@ -59,12 +59,12 @@ static int same_label(const char *a, const char *b) { return (!a && !b) || (a &&
 static ks_status factory(void *ctx, const char *label, const ks_allocator *a, ks_metric_collection **out,
                          ks_error *err) {
   const prog *p = ctx;
-  ks_status s = ks_metric_collection_create(a, out);
+  ks_status s = ks_metric_collection_create(a, out, NULL);
   for (size_t i = 0; i < p->n_defs && !s; i++) {
     if (!same_label(p->defs[i].label, label)) continue;
     ks_metric *m = NULL;
     s = ks_metric_create(p->defs[i].cls, p->defs[i].args, a, &m, err);
-    if (!s) s = ks_metric_collection_add(*out, p->defs[i].name, m);
+    if (!s) s = ks_metric_collection_add(*out, p->defs[i].name, m, NULL);
     if (s) ks_metric_free(m);
   }
   if (s) ks_metric_collection_free(*out);
@@ -118,10 +118,10 @@ static void add_model_tensor(prog *p, const char *key, const json_t *e) {
   p->data[i] = calloc(numel(e) + 1, ks_dtype_size(dt));
   ks_tensor t;
   assert_int_equal(ks_tensor_init(&t, dt, rank, shape, p->data[i]), KS_OK);
-  assert_int_equal(ks_state_add_tensor(p->st, key + strlen("state/model/"), &t), KS_OK);
+  assert_int_equal(ks_state_add_tensor(p->st, key + strlen("state/model/"), &t, NULL), KS_OK);
   if (dt != KS_F32 || is_buffer(key)) return;
   p->grad[i] = calloc(numel(e) + 1, sizeof(float));
-  assert_int_equal(ks_optimizer_add_param(p->opt, p->data[i], p->grad[i], rank, shape), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(p->opt, p->data[i], p->grad[i], rank, shape, NULL), KS_OK);
 }
 
 static void prog_init(prog *p, const char *stem, const mdef *defs, size_t n_defs) {
@@ -134,12 +134,12 @@ static void prog_init(prog *p, const char *stem, const mdef *defs, size_t n_defs
   if (!p->doc) fail_msg("cannot read expected.json: %s", je.text);
   p->exp = json_object_get(p->doc, "entries");
   ks_adamw_opts ao = {1e-3, 0.9, 0.999, 1e-8, 1e-2};
-  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &p->opt), KS_OK);
-  assert_int_equal(ks_state_create("convert", 0, NULL, &p->st), KS_OK);
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &p->opt, NULL), KS_OK);
+  assert_int_equal(ks_state_create("convert", 0, NULL, &p->st, NULL), KS_OK);
   const char *key;
   json_t *e;
   json_object_foreach(p->exp, key, e) if (!strncmp(key, "state/model/", 12)) add_model_tensor(p, key, e);
-  assert_int_equal(ks_state_add_optimizer(p->st, "AdamW", p->opt), KS_OK);
+  assert_int_equal(ks_state_add_optimizer(p->st, "AdamW", p->opt, NULL), KS_OK);
   ks_timestamp_init(&p->ts);
   ks_state_set_timestamp(p->st, &p->ts);
   const char *labels[] = {"eval", "holdout"};
@@ -306,8 +306,8 @@ static void check_model(const prog *p) {
 
 static void check_adamw(const prog *p) {
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_optimizer_to_state_dict(p->opt, sd, ""), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_to_state_dict(p->opt, sd, "", NULL), KS_OK);
   assert_int_equal(ks_optimizer_param_count(p->opt), 6);
   for (size_t i = 0; i < ks_optimizer_param_count(p->opt); i++) {
     char key[64], exp_key[128];
@@ -359,7 +359,7 @@ static void converted_checkpoint_restores_everything(const char *stem) {
   prog p;
   prog_init(&p, stem, k_metrics, N_METRICS);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   load(&p, path, rep);
   int old = !strcmp(stem, OLD);
   for (size_t i = 0; i < N_METRICS; i++) {
@@ -458,7 +458,7 @@ static ks_load_kind load_kind(const char *stem, const mdef *defs, size_t n, cons
   prog p;
   prog_init(&p, stem, defs, n);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   load(&p, file, rep);
   ks_load_kind k = kind_of(rep, path);
   ks_load_report_free(rep);
@@ -502,9 +502,9 @@ static char *report_text(const char *stem, const char *file) {
   prog p;
   ks_state *empty = NULL;
   if (stem) prog_init(&p, stem, k_metrics, N_METRICS);
-  else assert_int_equal(ks_state_create("empty", 0, NULL, &empty), KS_OK);
+  else assert_int_equal(ks_state_create("empty", 0, NULL, &empty, NULL), KS_OK);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   ks_load_opts lo = {0};
   lo.non_strict_model = 1;
   ks_error err;
@@ -586,7 +586,7 @@ static void library_path_migrates_old_schema_states(void **s) {
   prog p;
   prog_init(&p, OLD, k_metrics, N_METRICS);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   load(&p, out, rep);
   assert_int_equal(kind_of(rep, "state/eval_metrics/eval/MeanMetric"), KS_LOAD_MIGRATED);
   assert_int_equal(kind_of(rep, "state/eval_metrics/holdout/MeanSquaredError"), KS_LOAD_MIGRATED);

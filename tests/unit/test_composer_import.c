@@ -186,13 +186,13 @@ static ks_status real_factory(void *ctx, const char *label, const ks_allocator *
   (void)ctx;
   char root[256];
   snprintf(root, sizeof root, label ? "state/eval_metrics/%s/" : "state/train_metrics/", label);
-  ks_status st = ks_metric_collection_create(a, out);
+  ks_status st = ks_metric_collection_create(a, out, NULL);
   for (size_t i = 0; i < N_REAL && !st; i++) {
     const char *p = k_real[i].path;
     if (strncmp(p, root, strlen(root)) || (label && strchr(p + strlen(root), '/'))) continue;
     ks_metric *m = NULL;
     st = ks_metric_create(k_real[i].cls, k_real[i].args, a, &m, err);
-    if (!st) st = ks_metric_collection_add(*out, p + strlen(root), m);
+    if (!st) st = ks_metric_collection_add(*out, p + strlen(root), m, NULL);
     if (st) ks_metric_free(m);
   }
   if (st) ks_metric_collection_free(*out);
@@ -211,11 +211,11 @@ static void real_trainer_checkpoint_fills_a_program(void **s) {
   import_file(REAL ".pt", NULL, &sd, &meta);
   ks_state *st;
   ks_error err;
-  ok(ks_state_create("real", 0, NULL, &st), NULL, "state");
+  ok(ks_state_create("real", 0, NULL, &st, NULL), NULL, "state");
   const char *labels[] = {"eval"};
   ok(ks_state_build_metrics(st, real_factory, NULL, labels, 1, &err), &err, "metrics");
   ks_load_report *rep;
-  ok(ks_load_report_create(NULL, &rep), NULL, "report");
+  ok(ks_load_report_create(NULL, &rep, NULL), NULL, "report");
   ks_load_opts lo = {0};
   lo.non_strict_model = 1;
   ok(ks_state_load_state_dict(st, sd, meta, &lo, rep, &err), &err, "load");
@@ -266,7 +266,7 @@ static void dict_layout_list_states_are_joined(void **s) {
                                    {"MulticlassAUROC", "{\"num_classes\":3}", 3}};
   char *dir = ks_test_tmpdir("composer-cat");
   ks_statedict *flat;
-  assert_int_equal(ks_statedict_create(NULL, &flat), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &flat, NULL), KS_OK);
   ks_metric *ref[4];
   static const int64_t sizes[3] = {5, 3, 6};
   for (size_t c = 0; c < 4; c++) {
@@ -281,12 +281,12 @@ static void dict_layout_list_states_are_joined(void **s) {
         char key[256];
         snprintf(key, sizeof key, "state/train_metrics/%s/state_dict/%s/%d", cases[c].cls,
                  c == 0 ? "value" : k == 0 ? "preds" : "target", b);
-        assert_int_equal(ks_statedict_set_tensor(flat, key, &in[k], KS_COPY), KS_OK);
+        assert_int_equal(ks_statedict_set_tensor(flat, key, &in[k], KS_COPY, NULL), KS_OK);
       }
     }
     char key[256];
     snprintf(key, sizeof key, "state/train_metrics/%s/_computed", cases[c].cls);
-    assert_int_equal(ks_statedict_set_null(flat, key), KS_OK);
+    assert_int_equal(ks_statedict_set_null(flat, key, NULL), KS_OK);
   }
   char *pt = write_pt(dir, "cat.pt", flat);
   ks_statedict *sd;
@@ -331,7 +331,7 @@ static ks_statedict *renamed_old(void) {
   ks_statedict *raw, *out;
   ks_error err;
   ok(ks_torch_load(OLD, NULL, &raw, &err), &err, OLD);
-  assert_int_equal(ks_statedict_create(NULL, &out), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &out, NULL), KS_OK);
   ks_entry e;
   for (size_t i = 0; ks_statedict_at(raw, i, &e) == KS_OK; i++) {
     char name[1200];
@@ -341,7 +341,7 @@ static ks_statedict *renamed_old(void) {
     else if (!strncmp(e.name, ev, strlen(ev)))
       snprintf(name, sizeof name, "state/eval_metrics/val/holdout/%s", e.name + strlen(ev));
     else snprintf(name, sizeof name, "%s", e.name);
-    assert_int_equal(ks_statedict_set_entry(out, name, &e, KS_COPY), KS_OK);
+    assert_int_equal(ks_statedict_set_entry(out, name, &e, KS_COPY, NULL), KS_OK);
   }
   ks_statedict_free(raw);
   return out;
@@ -386,7 +386,7 @@ static void slash_in_pickled_metric_names_and_labels(void **s) {
 /* A pickled MulticlassConfusionMatrix object whose attributes say num_classes = n. */
 static char *confmat_file(const char *dir, int64_t n) {
   ks_statedict *flat;
-  assert_int_equal(ks_statedict_create(NULL, &flat), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &flat, NULL), KS_OK);
   const char *r = "state/eval_metrics/eval/MulticlassConfusionMatrix/";
   char k[256];
   int64_t cm[4] = {1, 0, 0, 1}, shape[2] = {2, 2};
@@ -394,11 +394,11 @@ static char *confmat_file(const char *dir, int64_t n) {
   ks_tensor_init(&t, KS_I64, 2, shape, cm);
 #define KEY(x) (snprintf(k, sizeof k, "%s%s", r, x), k)
   const char *cls = "torchmetrics.classification.confusion_matrix.MulticlassConfusionMatrix";
-  assert_int_equal(ks_statedict_set_string(flat, KEY("__class__"), cls), KS_OK);
-  assert_int_equal(ks_statedict_set_int(flat, KEY("num_classes"), n), KS_OK);
-  assert_int_equal(ks_statedict_set_tensor(flat, KEY("_defaults/confmat"), &t, KS_COPY), KS_OK);
-  assert_int_equal(ks_statedict_set_tensor(flat, KEY("confmat"), &t, KS_COPY), KS_OK);
-  assert_int_equal(ks_statedict_set_int(flat, KEY("_update_count"), 1), KS_OK);
+  assert_int_equal(ks_statedict_set_string(flat, KEY("__class__"), cls, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(flat, KEY("num_classes"), n, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_tensor(flat, KEY("_defaults/confmat"), &t, KS_COPY, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_tensor(flat, KEY("confmat"), &t, KS_COPY, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(flat, KEY("_update_count"), 1, NULL), KS_OK);
 #undef KEY
   char name[64];
   snprintf(name, sizeof name, "confmat-%lld.pt", (long long)n);
@@ -518,20 +518,20 @@ static void many_metrics_import(void **s) {
   (void)s;
   char *dir = ks_test_tmpdir("composer-many");
   ks_statedict *flat;
-  assert_int_equal(ks_statedict_create(NULL, &flat), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &flat, NULL), KS_OK);
   float one = 1.0f;
   ks_tensor t;
   ks_tensor_init(&t, KS_F32, 0, NULL, &one);
   for (int i = 0; i < MANY; i++) {
     char k[128];
 #define KEY(x) (snprintf(k, sizeof k, "state/eval_metrics/l%d/Mean%d/%s", i % 80, i, x), k)
-    assert_int_equal(ks_statedict_set_string(flat, KEY("__class__"), "torchmetrics.aggregation.MeanMetric"), KS_OK);
-    assert_int_equal(ks_statedict_set_string(flat, KEY("nan_strategy"), "warn"), KS_OK);
-    assert_int_equal(ks_statedict_set_tensor(flat, KEY("_defaults/mean_value"), &t, KS_COPY), KS_OK);
-    assert_int_equal(ks_statedict_set_tensor(flat, KEY("_defaults/weight"), &t, KS_COPY), KS_OK);
-    assert_int_equal(ks_statedict_set_tensor(flat, KEY("mean_value"), &t, KS_COPY), KS_OK);
-    assert_int_equal(ks_statedict_set_tensor(flat, KEY("weight"), &t, KS_COPY), KS_OK);
-    assert_int_equal(ks_statedict_set_int(flat, KEY("_update_count"), i), KS_OK);
+    assert_int_equal(ks_statedict_set_string(flat, KEY("__class__"), "torchmetrics.aggregation.MeanMetric", NULL), KS_OK);
+    assert_int_equal(ks_statedict_set_string(flat, KEY("nan_strategy"), "warn", NULL), KS_OK);
+    assert_int_equal(ks_statedict_set_tensor(flat, KEY("_defaults/mean_value"), &t, KS_COPY, NULL), KS_OK);
+    assert_int_equal(ks_statedict_set_tensor(flat, KEY("_defaults/weight"), &t, KS_COPY, NULL), KS_OK);
+    assert_int_equal(ks_statedict_set_tensor(flat, KEY("mean_value"), &t, KS_COPY, NULL), KS_OK);
+    assert_int_equal(ks_statedict_set_tensor(flat, KEY("weight"), &t, KS_COPY, NULL), KS_OK);
+    assert_int_equal(ks_statedict_set_int(flat, KEY("_update_count"), i, NULL), KS_OK);
 #undef KEY
   }
   char *pt = write_pt(dir, "many.pt", flat);

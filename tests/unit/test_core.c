@@ -131,15 +131,15 @@ static void shape_size_rejects_overflow(void **s) {
 static void statedict_keeps_order_and_replaces(void **s) {
   (void)s;
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   float v[3] = {1, 2, 3};
   int64_t shape[1] = {3};
   ks_tensor t;
   ks_tensor_init(&t, KS_F32, 1, shape, v);
-  assert_int_equal(ks_statedict_set_tensor(sd, "b/w", &t, KS_COPY), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "a/step", 7), KS_OK);
-  assert_int_equal(ks_statedict_set_string(sd, "run", "x"), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "a/step", 8), KS_OK);
+  assert_int_equal(ks_statedict_set_tensor(sd, "b/w", &t, KS_COPY, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "a/step", 7, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "run", "x", NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "a/step", 8, NULL), KS_OK);
   assert_int_equal(ks_statedict_count(sd), 3);
   ks_entry e;
   ks_statedict_at(sd, 1, &e);
@@ -151,7 +151,7 @@ static void statedict_keeps_order_and_replaces(void **s) {
   assert_int_equal(ks_statedict_get(sd, "b/w", &e), KS_E_NOTFOUND);
   assert_int_equal(ks_statedict_get(sd, "run", &e), KS_OK);
   assert_string_equal(e.s, "x");
-  assert_int_equal(ks_statedict_set_int(sd, "", 1), KS_E_INVALID);
+  assert_int_equal(ks_statedict_set_int(sd, "", 1, NULL), KS_E_INVALID);
   ks_statedict_free(sd);
   ks_statedict_free(NULL);
 }
@@ -159,11 +159,11 @@ static void statedict_keeps_order_and_replaces(void **s) {
 static void statedict_handles_many_entries(void **s) {
   (void)s;
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd);
+  ks_statedict_create(NULL, &sd, NULL);
   char name[32];
   for (int i = 0; i < 20000; i++) {
     snprintf(name, sizeof name, "t/%d", i);
-    assert_int_equal(ks_statedict_set_int(sd, name, i), KS_OK);
+    assert_int_equal(ks_statedict_set_int(sd, name, i, NULL), KS_OK);
   }
   ks_entry e;
   assert_int_equal(ks_statedict_get(sd, "t/12345", &e), KS_OK);
@@ -173,16 +173,16 @@ static void statedict_handles_many_entries(void **s) {
 
 static ks_status build_dict(const ks_allocator *a) {
   ks_statedict *sd;
-  ks_status st = ks_statedict_create(a, &sd);
+  ks_status st = ks_statedict_create(a, &sd, NULL);
   if (st) return st;
   char name[32];
   int64_t shape[1] = {4};
   for (int i = 0; i < 40 && !st; i++) {
     snprintf(name, sizeof name, "k/%d", i);
-    st = i % 2 ? ks_statedict_set_string(sd, name, "v") : ks_statedict_new_tensor(sd, name, KS_F32, 1, shape, NULL);
+    st = i % 2 ? ks_statedict_set_string(sd, name, "v", NULL) : ks_statedict_new_tensor(sd, name, KS_F32, 1, shape, NULL, NULL);
   }
   if (!st) st = ks_statedict_remove(sd, "k/3");
-  if (!st) st = ks_statedict_set_int(sd, "k/0", 1); /* replaces a tensor */
+  if (!st) st = ks_statedict_set_int(sd, "k/0", 1, NULL); /* replaces a tensor */
   ks_statedict_free(sd);
   return st;
 }

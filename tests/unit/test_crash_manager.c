@@ -52,9 +52,9 @@ static ks_status factory(void *ctx, const char *label, const ks_allocator *a, ks
                          ks_error *err) {
   (void)ctx;
   ks_metric *m = NULL;
-  ks_status s = ks_metric_collection_create(a, out);
+  ks_status s = ks_metric_collection_create(a, out, NULL);
   if (!s && label) s = ks_metric_create("MeanMetric", "{}", a, &m, err);
-  if (!s && label) s = ks_metric_collection_add(*out, "MeanMetric", m);
+  if (!s && label) s = ks_metric_collection_add(*out, "MeanMetric", m, NULL);
   return s;
 }
 
@@ -62,9 +62,9 @@ static void prog_init(prog *p) {
   memset(p, 0, sizeof *p);
   p->shape[0] = 4;
   ks_tensor t;
-  assert_int_equal(ks_state_create("run", 1, NULL, &p->st), KS_OK);
+  assert_int_equal(ks_state_create("run", 1, NULL, &p->st, NULL), KS_OK);
   assert_int_equal(ks_tensor_init(&t, KS_F32, 1, p->shape, p->w), KS_OK);
-  assert_int_equal(ks_state_add_tensor(p->st, "w", &t), KS_OK);
+  assert_int_equal(ks_state_add_tensor(p->st, "w", &t, NULL), KS_OK);
   ks_timestamp_init(&p->ts);
   ks_state_set_timestamp(p->st, &p->ts);
   const char *labels[] = {"eval"};

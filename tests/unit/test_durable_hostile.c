@@ -24,8 +24,8 @@
 
 static ks_statedict *one_entry(void) {
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "step", 7), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "step", 7, NULL), KS_OK);
   return sd;
 }
 

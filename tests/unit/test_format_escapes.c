@@ -18,14 +18,14 @@ static const char *const odd_names[] = {
 
 static ks_statedict *odd_dict(float *data) {
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   int64_t shape[1] = {2};
   for (size_t i = 0; i < N_ODD; i++) {
     ks_tensor t;
     data[2 * i] = (float)i;
     data[2 * i + 1] = -(float)i - 0.5f;
     ks_tensor_init(&t, KS_F32, 1, shape, data + 2 * i);
-    assert_int_equal(ks_statedict_set_tensor(sd, odd_names[i], &t, KS_BORROW), KS_OK);
+    assert_int_equal(ks_statedict_set_tensor(sd, odd_names[i], &t, KS_BORROW, NULL), KS_OK);
   }
   return sd;
 }
@@ -90,14 +90,14 @@ static void checksum_table_escapes_names_twice(void **state) {
 static void int64_extremes_roundtrip(void **state) {
   (void)state;
   ks_statedict *sd, *back;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "min", INT64_MIN), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "max", INT64_MAX), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "ten", 10), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "min", INT64_MIN, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "max", INT64_MAX, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "ten", 10, NULL), KS_OK);
   char *dir, *path = save_to_tmp(sd, &dir);
   ks_reader *r;
   assert_int_equal(ks_reader_open(path, NULL, &r, NULL), KS_OK);
-  assert_int_equal(ks_statedict_create(NULL, &back), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &back, NULL), KS_OK);
   assert_int_equal(ks_reader_scalars(r, back, NULL), KS_OK);
   ks_entry e;
   assert_int_equal(ks_statedict_get(back, "min", &e), KS_OK);

@@ -34,43 +34,43 @@ static void fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
 
 static ks_statedict *every_kind_dict(void) {
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   char name[64];
   for (int dt = 0; dt < KS_DTYPE_COUNT; dt++) {
     int64_t shape[3] = {3, 1, 5};
     void *data;
     snprintf(name, sizeof name, "dtypes/%s", ks_dtype_name((ks_dtype)dt));
-    assert_int_equal(ks_statedict_new_tensor(sd, name, (ks_dtype)dt, 3, shape, &data), KS_OK);
+    assert_int_equal(ks_statedict_new_tensor(sd, name, (ks_dtype)dt, 3, shape, &data, NULL), KS_OK);
     fill_bytes(data, 15 * ks_dtype_size((ks_dtype)dt), (uint32_t)dt + 1);
     snprintf(name, sizeof name, "scalar0d/%s", ks_dtype_name((ks_dtype)dt));
-    assert_int_equal(ks_statedict_new_tensor(sd, name, (ks_dtype)dt, 0, NULL, &data), KS_OK);
+    assert_int_equal(ks_statedict_new_tensor(sd, name, (ks_dtype)dt, 0, NULL, &data, NULL), KS_OK);
     fill_bytes(data, ks_dtype_size((ks_dtype)dt), (uint32_t)dt + 100);
   }
   int64_t empty[2] = {0, 4};
-  assert_int_equal(ks_statedict_new_tensor(sd, "empty", KS_F32, 2, empty, NULL), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "empty", KS_F32, 2, empty, NULL, NULL), KS_OK);
   int64_t four = 4;
   double *nf;
-  assert_int_equal(ks_statedict_new_tensor(sd, "nonfinite", KS_F64, 1, &four, (void **)&nf), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "nonfinite", KS_F64, 1, &four, (void **)&nf, NULL), KS_OK);
   nf[0] = NAN, nf[1] = INFINITY, nf[2] = -INFINITY, nf[3] = -0.0;
   uint64_t payload_nan = 0xfff0000000000123ull;
   double pn;
   memcpy(&pn, &payload_nan, 8);
-  ks_statedict_set_int(sd, "s/int_min", INT64_MIN);
-  ks_statedict_set_int(sd, "s/int_max", INT64_MAX);
-  ks_statedict_set_float(sd, "s/tenth", 0.1);
-  ks_statedict_set_float(sd, "s/neg_zero", -0.0);
-  ks_statedict_set_float(sd, "s/denormal", 4.9406564584124654e-324);
-  ks_statedict_set_float(sd, "s/big", 1.7976931348623157e308);
-  ks_statedict_set_float(sd, "s/integral", 3.0);
-  ks_statedict_set_float(sd, "s/nan", NAN);
-  ks_statedict_set_float(sd, "s/nan_payload", pn);
-  ks_statedict_set_float(sd, "s/inf", INFINITY);
-  ks_statedict_set_float(sd, "s/ninf", -INFINITY);
-  ks_statedict_set_bool(sd, "s/yes", 1);
-  ks_statedict_set_bool(sd, "s/no", 0);
-  ks_statedict_set_string(sd, "s/str", "quote\" backslash\\ newline\n tab\t ctl\x01 \xc3\xa9\xe2\x82\xac");
-  ks_statedict_set_string(sd, "s/empty_str", "");
-  ks_statedict_set_null(sd, "s/none");
+  ks_statedict_set_int(sd, "s/int_min", INT64_MIN, NULL);
+  ks_statedict_set_int(sd, "s/int_max", INT64_MAX, NULL);
+  ks_statedict_set_float(sd, "s/tenth", 0.1, NULL);
+  ks_statedict_set_float(sd, "s/neg_zero", -0.0, NULL);
+  ks_statedict_set_float(sd, "s/denormal", 4.9406564584124654e-324, NULL);
+  ks_statedict_set_float(sd, "s/big", 1.7976931348623157e308, NULL);
+  ks_statedict_set_float(sd, "s/integral", 3.0, NULL);
+  ks_statedict_set_float(sd, "s/nan", NAN, NULL);
+  ks_statedict_set_float(sd, "s/nan_payload", pn, NULL);
+  ks_statedict_set_float(sd, "s/inf", INFINITY, NULL);
+  ks_statedict_set_float(sd, "s/ninf", -INFINITY, NULL);
+  ks_statedict_set_bool(sd, "s/yes", 1, NULL);
+  ks_statedict_set_bool(sd, "s/no", 0, NULL);
+  ks_statedict_set_string(sd, "s/str", "quote\" backslash\\ newline\n tab\t ctl\x01 \xc3\xa9\xe2\x82\xac", NULL);
+  ks_statedict_set_string(sd, "s/empty_str", "", NULL);
+  ks_statedict_set_null(sd, "s/none", NULL);
   return sd;
 }
 
@@ -107,8 +107,8 @@ static void roundtrip_preserves_every_dtype_and_scalar_kind(void **state) {
   ks_statedict *sd = every_kind_dict();
   char *path = ks_test_path(tmp_dir, "all.ks");
   ks_meta *extra;
-  ks_meta_create(NULL, &extra);
-  ks_meta_set(extra, "keepsake.metrics", "{\"acc\":{\"class\":\"MeanMetric\"}}");
+  ks_meta_create(NULL, &extra, NULL);
+  ks_meta_set(extra, "keepsake.metrics", "{\"acc\":{\"class\":\"MeanMetric\"}}", NULL);
   ks_error err;
   assert_int_equal(ks_save(path, sd, extra, NULL, &err), KS_OK);
   for (int mode = 0; mode < 2; mode++) {
@@ -160,11 +160,11 @@ static void copy_mode_outlives_the_file(void **state) {
 static void writer_aligns_data_and_keeps_insertion_order(void **state) {
   (void)state;
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd);
+  ks_statedict_create(NULL, &sd, NULL);
   const char *names[] = {"z", "a", "m/1", "b"};
   for (int i = 0; i < 4; i++) {
     int64_t n = i + 1;
-    ks_statedict_new_tensor(sd, names[i], KS_U8, 1, &n, NULL);
+    ks_statedict_new_tensor(sd, names[i], KS_U8, 1, &n, NULL, NULL);
   }
   char *path = ks_test_path(tmp_dir, "order.ks");
   assert_int_equal(ks_save(path, sd, NULL, NULL, NULL), KS_OK);
@@ -195,12 +195,12 @@ static void save_refuses_reserved_names(void **state) {
   ks_statedict *sd = fmt_small_dict(1);
   char *path = ks_test_path(tmp_dir, "reserved.ks");
   ks_meta *extra;
-  ks_meta_create(NULL, &extra);
-  ks_meta_set(extra, KS_META_CHECKSUMS, "{}");
+  ks_meta_create(NULL, &extra, NULL);
+  ks_meta_set(extra, KS_META_CHECKSUMS, "{}", NULL);
   ks_error err;
   assert_int_equal(ks_save(path, sd, extra, NULL, &err), KS_E_INVALID);
   assert_string_equal(err.key, KS_META_CHECKSUMS);
-  ks_statedict_set_int(sd, "__metadata__", 1);
+  ks_statedict_set_int(sd, "__metadata__", 1, NULL);
   assert_int_equal(ks_save(path, sd, NULL, NULL, &err), KS_E_INVALID);
   assert_false(ks_test_exists(path));
   ks_meta_free(extra);
@@ -211,7 +211,7 @@ static void save_refuses_reserved_names(void **state) {
 static void empty_dict_roundtrips(void **state) {
   (void)state;
   ks_statedict *sd, *got;
-  ks_statedict_create(NULL, &sd);
+  ks_statedict_create(NULL, &sd, NULL);
   char *path = ks_test_path(tmp_dir, "empty.ks");
   assert_int_equal(ks_save(path, sd, NULL, NULL, NULL), KS_OK);
   assert_int_equal(ks_load(path, NULL, &got, NULL, NULL), KS_OK);
@@ -225,13 +225,13 @@ static void empty_dict_roundtrips(void **state) {
 static void hundred_thousand_tensors_roundtrip(void **state) {
   (void)state;
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd);
+  ks_statedict_create(NULL, &sd, NULL);
   char name[64];
   for (int i = 0; i < 100000; i++) {
     int64_t n = 4;
     float *d;
     snprintf(name, sizeof name, "model/layers.%d/block.%d/weight", i / 100, i % 100);
-    ks_statedict_new_tensor(sd, name, KS_F32, 1, &n, (void **)&d);
+    ks_statedict_new_tensor(sd, name, KS_F32, 1, &n, (void **)&d, NULL);
     d[0] = (float)i;
   }
   char *path = ks_test_path(tmp_dir, "many.ks");
@@ -254,10 +254,10 @@ static void hundred_thousand_tensors_roundtrip(void **state) {
 static void meta_keeps_order_and_replaces_in_place(void **state) {
   (void)state;
   ks_meta *m;
-  assert_int_equal(ks_meta_create(NULL, &m), KS_OK);
-  assert_int_equal(ks_meta_set(m, "b", "1"), KS_OK);
-  assert_int_equal(ks_meta_set(m, "a", "2"), KS_OK);
-  assert_int_equal(ks_meta_set(m, "b", "3"), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, &m, NULL), KS_OK);
+  assert_int_equal(ks_meta_set(m, "b", "1", NULL), KS_OK);
+  assert_int_equal(ks_meta_set(m, "a", "2", NULL), KS_OK);
+  assert_int_equal(ks_meta_set(m, "b", "3", NULL), KS_OK);
   assert_int_equal(ks_meta_count(m), 2);
   const char *k, *v;
   assert_int_equal(ks_meta_at(m, 0, &k, &v), KS_OK);
@@ -265,11 +265,11 @@ static void meta_keeps_order_and_replaces_in_place(void **state) {
   assert_string_equal(v, "3");
   assert_null(ks_meta_get(m, "c"));
   assert_int_equal(ks_meta_at(m, 2, &k, &v), KS_E_NOTFOUND);
-  assert_int_equal(ks_meta_set(m, "bad", "\xff"), KS_E_INVALID);
+  assert_int_equal(ks_meta_set(m, "bad", "\xff", NULL), KS_E_INVALID);
   for (int i = 0; i < 1000; i++) {
     char key[16];
     snprintf(key, sizeof key, "k%d", i);
-    assert_int_equal(ks_meta_set(m, key, key), KS_OK);
+    assert_int_equal(ks_meta_set(m, key, key, NULL), KS_OK);
   }
   assert_string_equal(ks_meta_get(m, "k777"), "k777");
   ks_meta_free(m);
@@ -281,12 +281,12 @@ static void meta_survives_every_allocation_failure(void **state) {
     ks_test_alloc ta;
     ks_test_alloc_init(&ta, n);
     ks_meta *m = NULL;
-    ks_status st = ks_meta_create(&ta.a, &m);
+    ks_status st = ks_meta_create(&ta.a, &m, NULL);
     for (int i = 0; !st && i < 40; i++) {
       char key[16];
       snprintf(key, sizeof key, "key%d", i);
       size_t before = ks_meta_count(m);
-      st = ks_meta_set(m, key, "value");
+      st = ks_meta_set(m, key, "value", NULL);
       if (st) assert_int_equal(ks_meta_count(m), before);
     }
     if (st) assert_int_equal(st, KS_E_NOMEM);

@@ -24,9 +24,9 @@
 static ks_state *small_state(float *w, int64_t *shape, ks_timestamp *ts, int64_t batch) {
   ks_state *st = NULL;
   ks_tensor t;
-  assert_int_equal(ks_state_create("run", 1, NULL, &st), KS_OK);
+  assert_int_equal(ks_state_create("run", 1, NULL, &st, NULL), KS_OK);
   assert_int_equal(ks_tensor_init(&t, KS_F32, 1, shape, w), KS_OK);
-  assert_int_equal(ks_state_add_tensor(st, "w", &t), KS_OK);
+  assert_int_equal(ks_state_add_tensor(st, "w", &t, NULL), KS_OK);
   ks_timestamp_init(ts);
   ts->batch = batch;
   ks_state_set_timestamp(st, ts);

@@ -35,9 +35,9 @@ static ks_status factory(void *ctx, const char *label, const ks_allocator *a, ks
                          ks_error *err) {
   (void)ctx;
   ks_metric *m = NULL;
-  ks_status s = ks_metric_collection_create(a, out);
+  ks_status s = ks_metric_collection_create(a, out, NULL);
   if (!s && label) s = ks_metric_create("MeanMetric", "{}", a, &m, err);
-  if (!s && label) s = ks_metric_collection_add(*out, "MeanMetric", m);
+  if (!s && label) s = ks_metric_collection_add(*out, "MeanMetric", m, NULL);
   return s;
 }
 
@@ -45,9 +45,9 @@ static void prog_init(prog *p) {
   memset(p, 0, sizeof *p);
   p->shape[0] = 4;
   ks_tensor t;
-  assert_int_equal(ks_state_create("run", 1, NULL, &p->st), KS_OK);
+  assert_int_equal(ks_state_create("run", 1, NULL, &p->st, NULL), KS_OK);
   assert_int_equal(ks_tensor_init(&t, KS_F32, 1, p->shape, p->w), KS_OK);
-  assert_int_equal(ks_state_add_tensor(p->st, "w", &t), KS_OK);
+  assert_int_equal(ks_state_add_tensor(p->st, "w", &t, NULL), KS_OK);
   ks_timestamp_init(&p->ts);
   ks_state_set_timestamp(p->st, &p->ts);
   const char *labels[] = {"eval"};
@@ -447,7 +447,7 @@ static void early_stop_follows_patience_and_round_trips(void **state) {
   assert_int_equal(ks_early_stop_update(&es, 0.7, 1), 0);
   assert_int_equal(ks_early_stop_update(&es, 0.6, 2), 0); /* wait 1 */
   ks_statedict *sd = NULL;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   ks_stateful cb = ks_early_stop_stateful(&es);
   assert_int_equal(cb.to_state_dict(cb.ctx, sd, "state/callbacks/EarlyStopping/", NULL), KS_OK);
   assert_int_equal(ks_early_stop_init(&back, "eval/Acc", KS_BEST_MAX, 2, 0.0, NULL), KS_OK);

@@ -221,10 +221,10 @@ static void load_migrates_pre_1_1_aggregation_names(void **st) {
     ks_metric *m = mt_make(cls[i], NULL);
     ks_statedict *sd;
     float v = 6.0f, w = 3.0f;
-    ks_statedict_create(NULL, &sd);
+    ks_statedict_create(NULL, &sd, NULL);
     ks_tensor tv = mt_tensor(KS_F32, &v, 0, 0, 0), tw = mt_tensor(KS_F32, &w, 0, 0, 0);
-    ks_statedict_set_tensor(sd, "m.value", &tv, KS_COPY);
-    ks_statedict_set_tensor(sd, "m.weight", &tw, KS_COPY);
+    ks_statedict_set_tensor(sd, "m.value", &tv, KS_COPY, NULL);
+    ks_statedict_set_tensor(sd, "m.weight", &tw, KS_COPY, NULL);
     int mig = 0;
     assert_int_equal(ks_metric_load_state_dict(m, sd, "m.", 1, 0, &mig, NULL, NULL), KS_OK);
     assert_int_equal(mig, 1);
@@ -249,12 +249,12 @@ static void load_reshapes_mse_and_mae_sums(void **st) {
   float s = 8.0f;
   int64_t n = 4;
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd);
+  ks_statedict_create(NULL, &sd, NULL);
   ks_tensor old_sum = mt_tensor(KS_F32, &s, 0, 0, 0), vec_sum = mt_tensor(KS_F32, &s, 1, 1, 0);
   ks_tensor total = mt_tensor(KS_I64, &n, 0, 0, 0);
-  ks_statedict_set_tensor(sd, "sum_squared_error", &old_sum, KS_COPY); /* () before 1.x */
-  ks_statedict_set_tensor(sd, "sum_abs_error", &old_sum, KS_COPY);     /* () before 1.5, (1,) since */
-  ks_statedict_set_tensor(sd, "total", &total, KS_COPY);
+  ks_statedict_set_tensor(sd, "sum_squared_error", &old_sum, KS_COPY, NULL); /* () before 1.x */
+  ks_statedict_set_tensor(sd, "sum_abs_error", &old_sum, KS_COPY, NULL);     /* () before 1.5, (1,) since */
+  ks_statedict_set_tensor(sd, "total", &total, KS_COPY, NULL);
   int mig = 0;
   assert_int_equal(ks_metric_load_state_dict(mse, sd, "", 1, 0, &mig, NULL, NULL), KS_OK);
   assert_int_equal(mig, 1);
@@ -270,7 +270,7 @@ static void load_reshapes_mse_and_mae_sums(void **st) {
   assert_int_equal(cur.rank, 1);
   assert_int_equal(cur.shape[0], 1);
   assert_true(mt_close(mt_value(mae, 0), 2.0));
-  ks_statedict_set_tensor(sd, "sum_abs_error", &vec_sum, KS_COPY);
+  ks_statedict_set_tensor(sd, "sum_abs_error", &vec_sum, KS_COPY, NULL);
   assert_int_equal(ks_metric_load_state_dict(mae, sd, "", 2, 0, &mig, NULL, NULL), KS_OK);
   assert_int_equal(mig, 0);
   ks_statedict_free(sd);
@@ -280,9 +280,9 @@ static void load_reshapes_mse_and_mae_sums(void **st) {
 
 static ks_status load_one_scalar(ks_metric *m, ks_dtype dt, const void *v, int allow, int *conv) {
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd);
+  ks_statedict_create(NULL, &sd, NULL);
   ks_tensor t = mt_tensor(dt, v, 0, 0, 0);
-  ks_statedict_set_tensor(sd, "sum_value", &t, KS_COPY);
+  ks_statedict_set_tensor(sd, "sum_value", &t, KS_COPY, NULL);
   ks_status s = ks_metric_load_state_dict(m, sd, "", 2, allow, NULL, conv, NULL);
   ks_statedict_free(sd);
   return s;
@@ -318,9 +318,9 @@ static void load_rejects_missing_misshapen_or_future_states_unchanged(void **st)
   assert_string_equal(e.key, "fn");
   int64_t wrong[3] = {0, 0, 0};
   ks_tensor t = mt_tensor(KS_I64, wrong, 1, 3, 0);
-  ks_statedict_set_tensor(good, "fn", &t, KS_COPY);
+  ks_statedict_set_tensor(good, "fn", &t, KS_COPY, NULL);
   assert_int_equal(ks_metric_load_state_dict(m, good, "", 2, 0, NULL, NULL, &e), KS_E_SHAPE);
-  ks_statedict_set_int(good, "fn", 3);
+  ks_statedict_set_int(good, "fn", 3, NULL);
   assert_int_equal(ks_metric_load_state_dict(m, good, "", 2, 0, NULL, NULL, &e), KS_E_INVALID);
   assert_true(mt_unchanged(m, before));
   ks_statedict_free(good);
@@ -338,7 +338,7 @@ static void load_rejects_curve_preds_and_target_of_different_lengths(void **st) 
   mt_update2(m, F32V(p), I64V(y));
   ks_statedict *sd = mt_snapshot(src), *before = mt_snapshot(m);
   ks_tensor t = I64V(y5);
-  assert_int_equal(ks_statedict_set_tensor(sd, "target", &t, KS_COPY), KS_OK);
+  assert_int_equal(ks_statedict_set_tensor(sd, "target", &t, KS_COPY, NULL), KS_OK);
   ks_error e;
   assert_int_equal(ks_metric_load_state_dict(m, sd, "", 2, 0, NULL, NULL, &e), KS_E_SHAPE);
   assert_true(mt_unchanged(m, before));
@@ -469,12 +469,12 @@ static void compute_is_cached_until_update(void **st) {
 static void collection_keeps_metrics_by_name_in_order(void **st) {
   (void)st;
   ks_metric_collection *c;
-  assert_int_equal(ks_metric_collection_create(NULL, &c), KS_OK);
+  assert_int_equal(ks_metric_collection_create(NULL, &c, NULL), KS_OK);
   ks_metric *a = mt_make("SumMetric", NULL), *b = mt_make("MaxMetric", NULL), *dup = mt_make("MinMetric", NULL);
-  assert_int_equal(ks_metric_collection_add(c, "loss", a), KS_OK);
-  assert_int_equal(ks_metric_collection_add(c, "peak", b), KS_OK);
-  assert_int_equal(ks_metric_collection_add(c, "loss", dup), KS_E_EXISTS);
-  assert_int_equal(ks_metric_collection_add(c, "", dup), KS_E_INVALID);
+  assert_int_equal(ks_metric_collection_add(c, "loss", a, NULL), KS_OK);
+  assert_int_equal(ks_metric_collection_add(c, "peak", b, NULL), KS_OK);
+  assert_int_equal(ks_metric_collection_add(c, "loss", dup, NULL), KS_E_EXISTS);
+  assert_int_equal(ks_metric_collection_add(c, "", dup, NULL), KS_E_INVALID);
   assert_int_equal(ks_metric_collection_count(c), 2);
   assert_ptr_equal(ks_metric_collection_get(c, "peak"), b);
   assert_null(ks_metric_collection_get(c, "nope"));
@@ -565,11 +565,11 @@ static void clone_and_collection_survive_allocation_failure(void **st) {
     ks_test_alloc ta;
     ks_test_alloc_init(&ta, n);
     ks_metric_collection *c = NULL;
-    ks_status r = ks_metric_collection_create(&ta.a, &c);
+    ks_status r = ks_metric_collection_create(&ta.a, &c, NULL);
     ks_metric *m;
     if (!r) {
       ks_metric_clone(src, NULL, &m, NULL);
-      r = ks_metric_collection_add(c, "auroc", m);
+      r = ks_metric_collection_add(c, "auroc", m, NULL);
       if (r) ks_metric_free(m);
     }
     ks_metric_collection_free(c);

@@ -151,15 +151,15 @@ static void top_k_rejects_bad_targets_unchanged(void **st) {
 
 static ks_statedict *r2_states(int rank, int64_t n, const float *sq, const float *sum, const float *res, int64_t total) {
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd);
+  ks_statedict_create(NULL, &sd, NULL);
   const float *v[3] = {sq, sum, res};
   static const char *const names[3] = {"sum_squared_error", "sum_error", "residual"};
   for (int i = 0; i < 3; i++) {
     ks_tensor t = mt_tensor(KS_F32, v[i], rank, n, 0);
-    ks_statedict_set_tensor(sd, names[i], &t, KS_COPY);
+    ks_statedict_set_tensor(sd, names[i], &t, KS_COPY, NULL);
   }
   ks_tensor t = mt_tensor(KS_I64, &total, 0, 0, 0);
-  ks_statedict_set_tensor(sd, "total", &t, KS_COPY);
+  ks_statedict_set_tensor(sd, "total", &t, KS_COPY, NULL);
   return sd;
 }
 

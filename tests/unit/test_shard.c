@@ -26,25 +26,25 @@
 static void rank_state(int r, int64_t batch, ks_statedict **sd, ks_meta **meta, ks_shard_map **map) {
   int64_t g[2] = {ROWS, COLS}, off[2], shape[2];
   ks_shard_split_dim0(2, g, r, N, off, shape);
-  assert_int_equal(ks_statedict_create(NULL, sd), KS_OK);
-  assert_int_equal(ks_meta_create(NULL, meta), KS_OK);
-  assert_int_equal(ks_shard_map_create(NULL, map), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, sd, NULL), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, meta, NULL), KS_OK);
+  assert_int_equal(ks_shard_map_create(NULL, map, NULL), KS_OK);
   float *w;
-  assert_int_equal(ks_statedict_new_tensor(*sd, "state/model/w", KS_F32, 2, shape, (void **)&w), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(*sd, "state/model/w", KS_F32, 2, shape, (void **)&w, NULL), KS_OK);
   for (int64_t i = 0; i < shape[0] * COLS; i++) w[i] = (float)(off[0] * COLS + i);
   float *b;
   int64_t bs[1] = {4};
-  assert_int_equal(ks_statedict_new_tensor(*sd, "state/model/b", KS_F32, 1, bs, (void **)&b), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(*sd, "state/model/b", KS_F32, 1, bs, (void **)&b, NULL), KS_OK);
   for (int i = 0; i < 4; i++) b[i] = (float)i * 0.25f;
-  assert_int_equal(ks_shard_map_add(*map, "state/model/w", 2, g, off, shape), KS_OK);
-  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/epoch", 2), KS_OK);
-  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/batch", batch), KS_OK);
-  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/sample", 10 * batch), KS_OK);
-  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/token", 0), KS_OK);
-  assert_int_equal(ks_statedict_set_string(*sd, "state/run_name", "shard"), KS_OK);
+  assert_int_equal(ks_shard_map_add(*map, "state/model/w", 2, g, off, shape, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/epoch", 2, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/batch", batch, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/sample", 10 * batch, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(*sd, "state/timestamp/Timestamp/token", 0, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_string(*sd, "state/run_name", "shard", NULL), KS_OK);
   ks_rng rng;
   ks_rng_seed(&rng, (uint64_t)r + 1);
-  assert_int_equal(ks_rng_to_state_dict(&rng, *sd, "rng/0/"), KS_OK);
+  assert_int_equal(ks_rng_to_state_dict(&rng, *sd, "rng/0/", NULL), KS_OK);
   /* A SumMetric holding r+1 after r+1 updates. */
   ks_metric *m;
   assert_int_equal(ks_metric_create("SumMetric", NULL, NULL, &m, NULL), KS_OK);
@@ -53,12 +53,12 @@ static void rank_state(int r, int64_t batch, ks_statedict **sd, ks_meta **meta, 
   ks_tensor_init(&t, KS_F32, 0, NULL, &one);
   for (int i = 0; i <= r; i++) assert_int_equal(ks_metric_update(m, &t, 1, NULL), KS_OK);
   assert_int_equal(ks_metric_to_state_dict(m, *sd, "state/train_metrics/S/state_dict/", NULL), KS_OK);
-  assert_int_equal(ks_statedict_set_null(*sd, "state/train_metrics/S/_computed"), KS_OK);
+  assert_int_equal(ks_statedict_set_null(*sd, "state/train_metrics/S/_computed", NULL), KS_OK);
   char json[256];
   snprintf(json, sizeof json,
            "{\"state/train_metrics/S\":{\"class\":\"SumMetric\",\"args\":%s,\"schema_version\":2,\"update_count\":%d}}",
            ks_metric_args_json(m), r + 1);
-  assert_int_equal(ks_meta_set(*meta, "keepsake.metrics", json), KS_OK);
+  assert_int_equal(ks_meta_set(*meta, "keepsake.metrics", json, NULL), KS_OK);
   ks_metric_free(m);
 }
 
@@ -106,8 +106,8 @@ static void check_load_at(const char *dir, int saved, int m, ks_test_alloc *ta) 
     int64_t g[2] = {ROWS, COLS}, off[2], shape[2];
     ks_shard_split_dim0(2, g, r, m, off, shape);
     ks_shard_map *want;
-    assert_int_equal(ks_shard_map_create(NULL, &want), KS_OK);
-    assert_int_equal(ks_shard_map_add(want, "state/model/w", 2, g, off, shape), KS_OK);
+    assert_int_equal(ks_shard_map_create(NULL, &want, NULL), KS_OK);
+    assert_int_equal(ks_shard_map_add(want, "state/model/w", 2, g, off, shape, NULL), KS_OK);
     ks_statedict *sd;
     ks_meta *meta;
     ks_shard_load_opts lo = {ta ? &ta->a : NULL, 0};
@@ -494,11 +494,11 @@ static void allocation_failures_in_save_and_index(void **s) {
 static void chunk_maps_check_their_bounds(void **s) {
   (void)s;
   ks_shard_map *m;
-  assert_int_equal(ks_shard_map_create(NULL, &m), KS_OK);
+  assert_int_equal(ks_shard_map_create(NULL, &m, NULL), KS_OK);
   int64_t g[1] = {4}, o[1] = {3}, sh[1] = {2};
-  assert_int_equal(ks_shard_map_add(m, "w", 1, g, o, sh), KS_E_INVALID);
+  assert_int_equal(ks_shard_map_add(m, "w", 1, g, o, sh, NULL), KS_E_INVALID);
   sh[0] = 1;
-  assert_int_equal(ks_shard_map_add(m, "w", 1, g, o, sh), KS_OK);
+  assert_int_equal(ks_shard_map_add(m, "w", 1, g, o, sh, NULL), KS_OK);
   ks_shard_chunk c;
   assert_int_equal(ks_shard_map_get(m, "w", &c), KS_OK);
   assert_int_equal(c.offsets[0], 3);

@@ -20,8 +20,8 @@ static void rng_same_seed_same_stream_and_state_round_trips(void **s) {
   ks_rng_seed(&b, 7);
   for (int i = 0; i < 100; i++) assert_int_equal(ks_rng_next(&a), ks_rng_next(&b));
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_rng_to_state_dict(&a, sd, "rng/0/"), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_rng_to_state_dict(&a, sd, "rng/0/", NULL), KS_OK);
   uint64_t expect[5];
   for (int i = 0; i < 5; i++) expect[i] = ks_rng_next(&a);
   ks_rng c;
@@ -59,15 +59,15 @@ static void rng_below_and_shuffle_stay_in_range(void **s) {
 static void rng_load_rejects_wrong_shape_and_zero_state(void **s) {
   (void)s;
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   int64_t three = 3;
-  assert_int_equal(ks_statedict_new_tensor(sd, "rng/0/xoshiro256starstar", KS_U64, 1, &three, NULL), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "rng/0/xoshiro256starstar", KS_U64, 1, &three, NULL, NULL), KS_OK);
   ks_rng r, before;
   ks_rng_seed(&r, 3);
   before = r;
   assert_int_equal(ks_rng_load_state_dict(&r, sd, "rng/0/", NULL), KS_E_SHAPE);
   int64_t four = 4;
-  assert_int_equal(ks_statedict_new_tensor(sd, "rng/0/xoshiro256starstar", KS_U64, 1, &four, NULL), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "rng/0/xoshiro256starstar", KS_U64, 1, &four, NULL, NULL), KS_OK);
   assert_int_equal(ks_rng_load_state_dict(&r, sd, "rng/0/", NULL), KS_E_VALUE);
   assert_memory_equal(&r, &before, sizeof r);
   ks_statedict_free(sd);
@@ -93,13 +93,13 @@ static void adamw_matches_torch(void **s) {
   int64_t shape[1] = {4};
   ks_optimizer *o;
   ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
-  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &o), KS_OK);
-  assert_int_equal(ks_optimizer_add_param(o, p, g, 1, shape), KS_OK);
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &o, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(o, p, g, 1, shape, NULL), KS_OK);
   run_three_steps(o, p, g);
   for (int i = 0; i < 4; i++) assert_float_equal(p[i], ref_adamw[i], 2e-6);
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_optimizer_to_state_dict(o, sd, "state/optimizers/AdamW/"), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_to_state_dict(o, sd, "state/optimizers/AdamW/", NULL), KS_OK);
   const ks_tensor *m = ks_statedict_tensor(sd, "state/optimizers/AdamW/state/0/exp_avg");
   assert_non_null(m);
   for (int i = 0; i < 4; i++) assert_float_equal(((float *)m->data)[i], ref_adamw_exp_avg[i], 1e-6);
@@ -119,8 +119,8 @@ static void sgd_nesterov_matches_torch(void **s) {
   int64_t shape[1] = {4};
   ks_optimizer *o;
   ks_sgd_opts so = {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = 1};
-  assert_int_equal(ks_optimizer_create_sgd(&so, NULL, &o), KS_OK);
-  assert_int_equal(ks_optimizer_add_param(o, p, g, 1, shape), KS_OK);
+  assert_int_equal(ks_optimizer_create_sgd(&so, NULL, &o, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(o, p, g, 1, shape, NULL), KS_OK);
   run_three_steps(o, p, g);
   for (int i = 0; i < 4; i++) assert_float_equal(p[i], ref_sgd[i], 2e-6);
   assert_string_equal(ks_optimizer_name(o), "SGD");
@@ -134,15 +134,15 @@ static void optimizer_resumes_bit_identically(void **s) {
   int64_t shape[1] = {4};
   ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
   ks_optimizer *a, *b;
-  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &a), KS_OK);
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &a, NULL), KS_OK);
   ks_adamw_opts other = {0.5, 0.5, 0.5, 1e-3, 0.0};
-  assert_int_equal(ks_optimizer_create_adamw(&other, NULL, &b), KS_OK);
-  assert_int_equal(ks_optimizer_add_param(a, p1, g1, 1, shape), KS_OK);
-  assert_int_equal(ks_optimizer_add_param(b, p2, g2, 1, shape), KS_OK);
+  assert_int_equal(ks_optimizer_create_adamw(&other, NULL, &b, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(a, p1, g1, 1, shape, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(b, p2, g2, 1, shape, NULL), KS_OK);
   run_three_steps(a, p1, g1);
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_optimizer_to_state_dict(a, sd, "o/"), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_to_state_dict(a, sd, "o/", NULL), KS_OK);
   assert_int_equal(ks_optimizer_load_state_dict(b, sd, "o/", NULL), KS_OK);
   memcpy(p2, p1, sizeof p1);
   run_three_steps(a, p1, g1);
@@ -160,20 +160,20 @@ static void optimizer_load_rejects_shape_mismatch_unchanged(void **s) {
   int64_t s4[1] = {4}, s3[1] = {3};
   ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
   ks_optimizer *a, *b;
-  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &a), KS_OK);
-  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &b), KS_OK);
-  assert_int_equal(ks_optimizer_add_param(a, p, g, 1, s4), KS_OK);
-  assert_int_equal(ks_optimizer_add_param(b, q, h, 1, s3), KS_OK);
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &a, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &b, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(a, p, g, 1, s4, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(b, q, h, 1, s3, NULL), KS_OK);
   ks_optimizer_step(a);
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_optimizer_to_state_dict(a, sd, "o/"), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_to_state_dict(a, sd, "o/", NULL), KS_OK);
   ks_error e;
   assert_int_equal(ks_optimizer_load_state_dict(b, sd, "o/", &e), KS_E_SHAPE);
   assert_string_equal(e.key, "o/state/0/exp_avg");
   ks_statedict *empty;
-  assert_int_equal(ks_statedict_create(NULL, &empty), KS_OK);
-  assert_int_equal(ks_optimizer_to_state_dict(b, empty, "o/"), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &empty, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_to_state_dict(b, empty, "o/", NULL), KS_OK);
   assert_null(ks_statedict_tensor(empty, "o/state/0/exp_avg")); /* still no state: nothing was written */
   ks_statedict_free(empty);
   ks_statedict_free(sd);
@@ -190,12 +190,12 @@ static void optimizer_state_dict_survives_every_allocation_failure(void **s) {
     ks_test_alloc_init(&ta, n);
     ks_optimizer *o = NULL;
     ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
-    ks_status st = ks_optimizer_create_adamw(&ao, &ta.a, &o);
-    if (!st) st = ks_optimizer_add_param(o, p, g, 1, s4);
+    ks_status st = ks_optimizer_create_adamw(&ao, &ta.a, &o, NULL);
+    if (!st) st = ks_optimizer_add_param(o, p, g, 1, s4, NULL);
     if (!st) ks_optimizer_step(o);
     ks_statedict *sd = NULL;
-    if (!st) st = ks_statedict_create(&ta.a, &sd);
-    if (!st) st = ks_optimizer_to_state_dict(o, sd, "o/");
+    if (!st) st = ks_statedict_create(&ta.a, &sd, NULL);
+    if (!st) st = ks_optimizer_to_state_dict(o, sd, "o/", NULL);
     ks_statedict_free(sd);
     ks_optimizer_free(o);
     assert_int_equal(ta.live, 0);
@@ -216,8 +216,8 @@ static void scheduler_warms_up_then_decays_by_cosine(void **s) {
   ks_scheduler_step(&sc, NULL);
   assert_int_equal(sc.last_epoch, 1);
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_scheduler_to_state_dict(&sc, sd, "s/"), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_scheduler_to_state_dict(&sc, sd, "s/", NULL), KS_OK);
   ks_scheduler other;
   ks_scheduler_init(&other, NULL, 3.0, 1, 2, 0.5);
   assert_int_equal(ks_scheduler_load_state_dict(&other, sd, "s/", NULL), KS_OK);
@@ -239,8 +239,8 @@ static void timestamp_counts_and_round_trips_without_wct(void **s) {
   assert_int_equal(ts.batch_in_epoch, 1);
   assert_true(ts.total_wct == 1.0 && ts.epoch_wct == 0.5);
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_timestamp_to_state_dict(&ts, sd, "t/"), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_timestamp_to_state_dict(&ts, sd, "t/", NULL), KS_OK);
   assert_int_equal(ks_statedict_remove(sd, "t/total_wct"), KS_OK); /* as if ignored by '*_wct' */
   ks_timestamp back;
   ks_timestamp_init(&back);
@@ -270,10 +270,10 @@ static void load_report_counts_and_survives_allocation_failure(void **s) {
     ks_test_alloc ta;
     ks_test_alloc_init(&ta, n);
     ks_load_report *r = NULL;
-    ks_status st = ks_load_report_create(&ta.a, &r);
+    ks_status st = ks_load_report_create(&ta.a, &r, NULL);
     size_t added = 0;
     for (int i = 0; i < 20 && !st; i++) {
-      st = ks_load_report_add(r, (ks_load_kind)(i % 6), "state/x", "why");
+      st = ks_load_report_add(r, (ks_load_kind)(i % 6), "state/x", "why", NULL);
       added += st == KS_OK;
     }
     if (r) assert_int_equal(ks_load_report_count(r), added); /* a failed add changes nothing */
@@ -293,7 +293,7 @@ static void load_report_counts_and_survives_allocation_failure(void **s) {
 static void registry_and_report_find_by_key_at_scale(void **s) {
   (void)s;
   ks_state *st;
-  assert_int_equal(ks_state_create("r", 1, NULL, &st), KS_OK);
+  assert_int_equal(ks_state_create("r", 1, NULL, &st, NULL), KS_OK);
   static float data[5000];
   int64_t one = 1;
   char name[64];
@@ -301,26 +301,26 @@ static void registry_and_report_find_by_key_at_scale(void **s) {
     ks_tensor t;
     assert_int_equal(ks_tensor_init(&t, KS_F32, 1, &one, &data[i]), KS_OK);
     snprintf(name, sizeof name, "layer%d/w", i);
-    assert_int_equal(ks_state_add_tensor(st, name, &t), KS_OK);
+    assert_int_equal(ks_state_add_tensor(st, name, &t, NULL), KS_OK);
   }
   ks_tensor t;
   assert_int_equal(ks_tensor_init(&t, KS_F32, 1, &one, &data[0]), KS_OK);
-  assert_int_equal(ks_state_add_tensor(st, "layer4999/w", &t), KS_E_EXISTS);
-  assert_int_equal(ks_state_add_tensor(st, "layer0/w", &t), KS_E_EXISTS);
+  assert_int_equal(ks_state_add_tensor(st, "layer4999/w", &t, NULL), KS_E_EXISTS);
+  assert_int_equal(ks_state_add_tensor(st, "layer0/w", &t, NULL), KS_E_EXISTS);
   ks_dataset_state ds = {0, 0, 0};
   /* Same name, another kind: a different key, so allowed. */
-  assert_int_equal(ks_state_add_dataset(st, "layer0", &ds), KS_OK);
-  assert_int_equal(ks_state_add_dataset(st, "layer0", &ds), KS_E_EXISTS);
+  assert_int_equal(ks_state_add_dataset(st, "layer0", &ds, NULL), KS_OK);
+  assert_int_equal(ks_state_add_dataset(st, "layer0", &ds, NULL), KS_E_EXISTS);
   assert_non_null(ks__comp_find(st, "state/model/layer2500/w"));
   assert_non_null(ks__comp_find(st, "state/dataset_state/layer0/"));
   assert_null(ks__comp_find(st, "state/model/layer5000/w"));
   ks_state_free(st);
 
   ks_load_report *r;
-  assert_int_equal(ks_load_report_create(NULL, &r), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &r, NULL), KS_OK);
   for (int i = 0; i < 3000; i++) {
     snprintf(name, sizeof name, "state/c%d", i % 1000);
-    assert_int_equal(ks_load_report_add(r, (ks_load_kind)(i / 1000), name, "why"), KS_OK);
+    assert_int_equal(ks_load_report_add(r, (ks_load_kind)(i / 1000), name, "why", NULL), KS_OK);
   }
   const ks_load_item *it = ks_load_report_find(r, "state/c999");
   assert_non_null(it);
@@ -328,7 +328,7 @@ static void registry_and_report_find_by_key_at_scale(void **s) {
   assert_null(ks_load_report_find(r, "state/c1000"));
   ks_load_report_clear(r);
   assert_null(ks_load_report_find(r, "state/c0"));
-  assert_int_equal(ks_load_report_add(r, KS_LOAD_SKIPPED, "state/c0", "again"), KS_OK);
+  assert_int_equal(ks_load_report_add(r, KS_LOAD_SKIPPED, "state/c0", "again", NULL), KS_OK);
   assert_int_equal(ks_load_report_find(r, "state/c0")->kind, KS_LOAD_SKIPPED);
   ks_load_report_free(r);
 }
@@ -337,11 +337,11 @@ static void registry_and_report_find_by_key_at_scale(void **s) {
 static void prefix_set_matches_a_scan(void **s) {
   (void)s;
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "state/optimizers/AdamW/state/0/step", 1), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "state/schedulers/Cos/last_epoch", 1), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "rng/0/x", 1), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "state/optimizers/SGD/x", 1), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "state/optimizers/AdamW/state/0/step", 1, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "state/schedulers/Cos/last_epoch", 1, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "rng/0/x", 1, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "state/optimizers/SGD/x", 1, NULL), KS_OK);
   ks__prefixes *p;
   assert_int_equal(ks__prefixes_create(NULL, sd, &p), KS_OK);
   static const char *const yes[] = {"state/", "rng/0/", "state/optimizers/AdamW/", "state/optimizers/SGD/",

@@ -34,11 +34,11 @@ static ks_status factory(void *ctx, const char *label, const ks_allocator *a, ks
   const prog *p = ctx;
   const mdef *defs = label ? p->eval : p->train;
   size_t n = label ? p->n_eval : p->n_train;
-  ks_status s = ks_metric_collection_create(a, out);
+  ks_status s = ks_metric_collection_create(a, out, NULL);
   for (size_t i = 0; i < n && !s; i++) {
     ks_metric *m = NULL;
     s = ks_metric_create(defs[i].cls, defs[i].args, a, &m, err);
-    if (!s) s = ks_metric_collection_add(*out, defs[i].name, m);
+    if (!s) s = ks_metric_collection_add(*out, defs[i].name, m, NULL);
     if (s) ks_metric_free(m);
   }
   if (s) ks_metric_collection_free(*out);
@@ -54,16 +54,16 @@ static void prog_init_alloc(prog *p, const mdef *train, size_t nt, const mdef *e
   p->train = train, p->n_train = nt, p->eval = eval, p->n_eval = ne;
   ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
   int64_t bshape[1] = {3};
-  assert_int_equal(ks_optimizer_create_adamw(&ao, al, &p->opt), KS_OK);
-  assert_int_equal(ks_state_create("run", 5, al, &p->st), KS_OK);
+  assert_int_equal(ks_optimizer_create_adamw(&ao, al, &p->opt, NULL), KS_OK);
+  assert_int_equal(ks_state_create("run", 5, al, &p->st, NULL), KS_OK);
   ks_tensor t;
   assert_int_equal(ks_tensor_init(&t, KS_F32, 2, p->wshape, p->w), KS_OK);
-  assert_int_equal(ks_state_add_tensor(p->st, "fc.weight", &t), KS_OK);
+  assert_int_equal(ks_state_add_tensor(p->st, "fc.weight", &t, NULL), KS_OK);
   assert_int_equal(ks_tensor_init(&t, KS_F32, 1, bshape, p->b), KS_OK);
-  assert_int_equal(ks_state_add_tensor(p->st, "fc.bias", &t), KS_OK);
-  assert_int_equal(ks_optimizer_add_param(p->opt, p->w, p->gw, 2, p->wshape), KS_OK);
-  assert_int_equal(ks_optimizer_add_param(p->opt, p->b, p->gb, 1, bshape), KS_OK);
-  assert_int_equal(ks_state_add_optimizer(p->st, "AdamW", p->opt), KS_OK);
+  assert_int_equal(ks_state_add_tensor(p->st, "fc.bias", &t, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(p->opt, p->w, p->gw, 2, p->wshape, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(p->opt, p->b, p->gb, 1, bshape, NULL), KS_OK);
+  assert_int_equal(ks_state_add_optimizer(p->st, "AdamW", p->opt, NULL), KS_OK);
   ks_timestamp_init(&p->ts);
   ks_rng_seed(&p->rng, (uint64_t)fill);
   ks_state_set_timestamp(p->st, &p->ts);
@@ -132,8 +132,8 @@ static ks_status transfer(prog *a, prog *b, const ks_load_opts *o, ks_load_repor
                           ks_meta **keep_meta, void (*edit)(ks_statedict *, ks_meta *)) {
   ks_statedict *sd;
   ks_meta *meta;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_meta_create(NULL, &meta), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, &meta, NULL), KS_OK);
   assert_int_equal(ks_state_to_state_dict(a->st, sd, meta, NULL), KS_OK);
   if (edit) edit(sd, meta);
   ks_error e;
@@ -159,7 +159,7 @@ static void load_fills_metrics_so_compute_works_at_once(void **s) {
   prog_init(&b, train, 2, eval, 1, 50.0f);
   train_a_little(&a);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, NULL), KS_OK);
   ks_metric *ma = ks_metric_collection_get(ks_state_train_metrics(a.st), "MulticlassAccuracy");
   ks_metric *mb = ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassAccuracy");
@@ -187,7 +187,7 @@ static void checkpoint_metric_the_program_lacks_is_skipped(void **s) {
   prog_init(&b, tb, 1, NULL, 0, 2.0f);
   train_a_little(&a);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, NULL), KS_OK);
   assert_int_equal(kind_of(rep, "state/train_metrics/Loss"), KS_LOAD_SKIPPED);
   assert_int_equal(kind_of(rep, "state/train_metrics/MulticlassAccuracy"), KS_LOAD_LOADED);
@@ -205,7 +205,7 @@ static void program_metric_missing_from_checkpoint_keeps_defaults(void **s) {
   prog_init(&b, tb, 2, NULL, 0, 2.0f);
   train_a_little(&a);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, NULL), KS_OK);
   assert_int_equal(kind_of(rep, "state/train_metrics/MulticlassF1Score"), KS_LOAD_MISSING);
   ks_metric *f1 = ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassF1Score");
@@ -219,12 +219,12 @@ static void program_metric_missing_from_checkpoint_keeps_defaults(void **s) {
 static void to_old_schema(ks_statedict *sd, ks_meta *meta) {
   const char *k = "state/train_metrics/Loss/state_dict/mean_value";
   ks_tensor t = *ks_statedict_tensor(sd, k);
-  assert_int_equal(ks_statedict_set_tensor(sd, "state/train_metrics/Loss/state_dict/value", &t, KS_COPY), KS_OK);
+  assert_int_equal(ks_statedict_set_tensor(sd, "state/train_metrics/Loss/state_dict/value", &t, KS_COPY, NULL), KS_OK);
   assert_int_equal(ks_statedict_remove(sd, k), KS_OK);
   json_t *j = json_loads(ks_meta_get(meta, "keepsake.metrics"), 0, NULL);
   json_object_set_new(json_object_get(j, "state/train_metrics/Loss"), "schema_version", json_integer(1));
   char *txt = json_dumps(j, JSON_COMPACT);
-  assert_int_equal(ks_meta_set(meta, "keepsake.metrics", txt), KS_OK);
+  assert_int_equal(ks_meta_set(meta, "keepsake.metrics", txt, NULL), KS_OK);
   free(txt);
   json_decref(j);
 }
@@ -237,7 +237,7 @@ static void renamed_state_old_schema_metric_is_migrated(void **s) {
   prog_init(&b, t, 1, NULL, 0, 2.0f);
   train_a_little(&a);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, to_old_schema), KS_OK);
   assert_int_equal(kind_of(rep, "state/train_metrics/Loss"), KS_LOAD_MIGRATED);
   assert_true(metric_value(b.st, "Loss") == 2.5);
@@ -254,7 +254,7 @@ static void changed_num_classes_is_reported_and_left_at_defaults(void **s) {
   prog_init(&b, tb, 1, NULL, 0, 2.0f);
   train_a_little(&a);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, NULL), KS_OK);
   const ks_load_item *it = ks_load_report_find(rep, "state/train_metrics/MulticlassAccuracy");
   assert_non_null(it);
@@ -269,7 +269,7 @@ static void changed_num_classes_is_reported_and_left_at_defaults(void **s) {
 
 static void drop_meta(ks_statedict *sd, ks_meta *meta) {
   (void)sd;
-  assert_int_equal(ks_meta_set(meta, "keepsake.metrics", "{}"), KS_OK);
+  assert_int_equal(ks_meta_set(meta, "keepsake.metrics", "{}", NULL), KS_OK);
 }
 
 /* Without class/args metadata (e.g. a converted Composer file) the shapes still catch 10 -> 12. */
@@ -281,7 +281,7 @@ static void changed_num_classes_without_metadata_is_caught_by_shape(void **s) {
   prog_init(&b, tb, 1, NULL, 0, 2.0f);
   train_a_little(&a);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, drop_meta), KS_OK);
   assert_int_equal(kind_of(rep, "state/train_metrics/MulticlassAccuracy"), KS_LOAD_MISMATCHED);
   assert_int_equal(ks_metric_update_count(ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassAccuracy")), 0);
@@ -296,7 +296,7 @@ static void store_as(ks_statedict *sd, ks_dtype dt) {
     const ks_tensor *t = ks_statedict_tensor(sd, keys[i]);
     double v = ks_dtype_get_f64(t->dtype, t->data, 0);
     void *data;
-    assert_int_equal(ks_statedict_new_tensor(sd, keys[i], dt, 0, NULL, &data), KS_OK);
+    assert_int_equal(ks_statedict_new_tensor(sd, keys[i], dt, 0, NULL, &data, NULL), KS_OK);
     ks_dtype_set_f64(dt, data, 0, v);
   }
 }
@@ -313,7 +313,7 @@ static void f16_stored_states_are_widened_and_narrowing_is_refused(void **s) {
   prog_init(&d, t, 1, NULL, 0, 4.0f);
   train_a_little(&a);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, to_f16), KS_OK);
   assert_int_equal(kind_of(rep, "state/train_metrics/Loss"), KS_LOAD_CONVERTED);
   ks_tensor cur;
@@ -345,7 +345,7 @@ static void ignore_globs_leave_components_untouched(void **s) {
   const char *ignore[] = {"rng", "state/optimizers/*", "*_wct"};
   ks_load_opts o = {.ignore = ignore, .n_ignore = 3};
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   b.ts.total_wct = 123.0;
   assert_int_equal(transfer(&a, &b, &o, rep, NULL, NULL, NULL), KS_OK);
   assert_memory_equal(&b.rng, &rng_before, sizeof b.rng);
@@ -369,7 +369,7 @@ static void weights_only_loads_the_model_alone(void **s) {
   train_a_little(&a);
   ks_load_opts o = {.weights_only = 1};
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, &o, rep, NULL, NULL, NULL), KS_OK);
   assert_memory_equal(a.w, b.w, sizeof a.w);
   assert_int_equal(b.ts.batch, 0);
@@ -391,7 +391,7 @@ static void strict_model_mismatch_fails_and_changes_nothing(void **s) {
   float bias_before[3];
   memcpy(bias_before, b.b, sizeof bias_before);
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, NULL), KS_E_SHAPE);
   assert_memory_equal(b.b, bias_before, sizeof bias_before); /* nothing written, not even the matching bias */
   ks_load_report_clear(rep);
@@ -414,11 +414,11 @@ static void strict_model_rejects_unexpected_keys(void **s) {
   int64_t es[1] = {2};
   ks_tensor et;
   ks_tensor_init(&et, KS_F32, 1, es, extra);
-  assert_int_equal(ks_state_add_tensor(a.st, "head.bias", &et), KS_OK);
+  assert_int_equal(ks_state_add_tensor(a.st, "head.bias", &et, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, NULL, NULL, NULL, NULL), KS_E_MISMATCH);
   ks_load_opts o = {.non_strict_model = 1};
   ks_load_report *rep;
-  assert_int_equal(ks_load_report_create(NULL, &rep), KS_OK);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, &o, rep, NULL, NULL, NULL), KS_OK);
   assert_int_equal(kind_of(rep, "state/model/head.bias"), KS_LOAD_SKIPPED);
   ks_load_report_free(rep);
@@ -434,8 +434,8 @@ static void state_flattens_to_composer_layout_with_metric_metadata(void **s) {
   train_a_little(&a);
   ks_statedict *sd;
   ks_meta *meta;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_meta_create(NULL, &meta), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, &meta, NULL), KS_OK);
   assert_int_equal(ks_state_to_state_dict(a.st, sd, meta, NULL), KS_OK);
   const char *keys[] = {"state/model/fc.weight", "state/optimizers/AdamW/state/0/exp_avg",
                         "state/optimizers/AdamW/param_groups/0/lr", "state/timestamp/Timestamp/batch",
@@ -472,8 +472,8 @@ static void save_and_load_survive_every_allocation_failure(void **s) {
   train_a_little(&a);
   ks_statedict *src;
   ks_meta *meta;
-  assert_int_equal(ks_statedict_create(NULL, &src), KS_OK);
-  assert_int_equal(ks_meta_create(NULL, &meta), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &src, NULL), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, &meta, NULL), KS_OK);
   assert_int_equal(ks_state_to_state_dict(a.st, src, meta, NULL), KS_OK);
   for (long n = 1;; n++) {
     ks_test_alloc ta;
@@ -481,10 +481,10 @@ static void save_and_load_survive_every_allocation_failure(void **s) {
     ks_statedict *sd = NULL;
     ks_meta *m2 = NULL;
     ks_load_report *rep = NULL;
-    ks_status st = ks_statedict_create(&ta.a, &sd);
-    if (!st) st = ks_meta_create(&ta.a, &m2);
+    ks_status st = ks_statedict_create(&ta.a, &sd, NULL);
+    if (!st) st = ks_meta_create(&ta.a, &m2, NULL);
     if (!st) st = ks_state_to_state_dict(a.st, sd, m2, NULL);
-    if (!st) st = ks_load_report_create(&ta.a, &rep);
+    if (!st) st = ks_load_report_create(&ta.a, &rep, NULL);
     if (!st) st = ks_state_load_state_dict(b.st, src, meta, NULL, rep, NULL);
     ks_load_report_free(rep);
     ks_meta_free(m2);
@@ -520,7 +520,7 @@ static void file_save_and_load_with_metrics_survive_every_allocation_failure(voi
     prog_init_alloc(&b, t, 2, e, 1, 2.0f, 2, 3, &ta.a);
     train_a_little(&a);
     ks_load_report *rep = NULL;
-    assert_int_equal(ks_load_report_create(&ta.a, &rep), KS_OK);
+    assert_int_equal(ks_load_report_create(&ta.a, &rep, NULL), KS_OK);
     remove(path);
     ta.calls = 0;
     ta.fail_at = n;

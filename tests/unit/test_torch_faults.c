@@ -21,17 +21,17 @@
 /* Tensors (one widened U32 -> I64, which costs an allocation mid-write) and scalars, varying with seed. */
 static ks_statedict *pt_dict(int seed) {
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   int64_t s23[2] = {2, 3}, s4[1] = {4};
   float *w;
-  assert_int_equal(ks_statedict_new_tensor(sd, "model/w", KS_F32, 2, s23, (void **)&w), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "model/w", KS_F32, 2, s23, (void **)&w, NULL), KS_OK);
   for (int i = 0; i < 6; i++) w[i] = (float)(seed * 10 + i);
   uint32_t *u;
-  assert_int_equal(ks_statedict_new_tensor(sd, "rng/numpy", KS_U32, 1, s4, (void **)&u), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "rng/numpy", KS_U32, 1, s4, (void **)&u, NULL), KS_OK);
   for (int i = 0; i < 4; i++) u[i] = (uint32_t)(seed + i);
-  assert_int_equal(ks_statedict_set_int(sd, "step", seed * 100), KS_OK);
-  assert_int_equal(ks_statedict_set_float(sd, "opt/lr", 0.5 * seed), KS_OK);
-  assert_int_equal(ks_statedict_set_string(sd, "run_name", seed == 1 ? "old" : "new"), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "step", seed * 100, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "opt/lr", 0.5 * seed, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "run_name", seed == 1 ? "old" : "new", NULL), KS_OK);
   return sd;
 }
 
@@ -188,9 +188,9 @@ static void pt_save_handles_short_writes(void **state) {
 static void pt_save_of_invalid_dict_leaves_no_temp_file(void **state) {
   fixture *fx = *state;
   ks_statedict *bad;
-  assert_int_equal(ks_statedict_create(NULL, &bad), KS_OK);
-  assert_int_equal(ks_statedict_set_int(bad, "a", 1), KS_OK);
-  assert_int_equal(ks_statedict_set_int(bad, "a/b", 2), KS_OK); /* "a" is both a value and a folder */
+  assert_int_equal(ks_statedict_create(NULL, &bad, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(bad, "a", 1, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(bad, "a/b", 2, NULL), KS_OK); /* "a" is both a value and a folder */
   ks_error err;
   assert_int_equal(ks_torch_save(fx->path, bad, NULL, &err), KS_E_INVALID);
   assert_string_equal(err.file, fx->path);

@@ -332,13 +332,13 @@ static void composer_list_state_items_of_different_rank_are_refused(void **s) {
   ks_statedict *sd, *norm = NULL;
   ks_tensor a, b;
   int64_t sa[2] = {1, 0}, sb[1] = {5};
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_statedict_set_string(sd, "state/train_metrics/M/__class__", "m.M"), KS_OK);
-  assert_int_equal(ks_statedict_set_null(sd, "state/train_metrics/M/_defaults/x"), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "state/train_metrics/M/__class__", "m.M", NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_null(sd, "state/train_metrics/M/_defaults/x", NULL), KS_OK);
   assert_int_equal(ks_tensor_init(&a, KS_F32, 2, sa, NULL), KS_OK);
   assert_int_equal(ks_tensor_init(&b, KS_F32, 1, sb, (void *)five), KS_OK);
-  assert_int_equal(ks_statedict_set_tensor(sd, "state/train_metrics/M/x/0", &a, KS_COPY), KS_OK);
-  assert_int_equal(ks_statedict_set_tensor(sd, "state/train_metrics/M/x/1", &b, KS_BORROW), KS_OK);
+  assert_int_equal(ks_statedict_set_tensor(sd, "state/train_metrics/M/x/0", &a, KS_COPY, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_tensor(sd, "state/train_metrics/M/x/1", &b, KS_BORROW, NULL), KS_OK);
   ks_error err;
   assert_int_equal(ks_composer_normalize(sd, KS_BORROW, &norm, NULL, &err), KS_E_SHAPE);
   assert_null(norm);

@@ -78,12 +78,12 @@ static ks_status run(const prog *g, ks_statedict **out, ks_error *err) {
   ks__pk_node *root = NULL;
   ks_statedict *sd = NULL;
   ks_status st = ks__pk_run(g->p, g->n, &ar, &lim, fake_storage, NULL, &root, err);
-  if (!st) st = ks_statedict_create(NULL, &sd);
+  if (!st) st = ks_statedict_create(NULL, &sd, NULL);
   if (!st) st = ks__pk_flatten(root, &ar, &lim, sd, err);
   if (!st && out) {
     ks_statedict *copy;
-    ks_statedict_create(NULL, &copy);
-    ks_statedict_copy_prefix(copy, sd, "", "");
+    ks_statedict_create(NULL, &copy, NULL);
+    ks_statedict_copy_prefix(copy, sd, "", "", NULL);
     *out = copy;
   }
   ks_statedict_free(sd);

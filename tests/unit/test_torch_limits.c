@@ -379,7 +379,7 @@ static void every_export_reads_back_or_the_writer_refuses_it(void **s) {
   int written = 0, refused = 0;
   for (int round = 0; round < 300; round++) {
     ks_statedict *sd, *back = NULL;
-    assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+    assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
     char name[KS_MAX_NAME + 1];
     rng = rng * 1664525u + 1013904223u;
     size_t parts = 1 + (rng >> 8) % 80, len = 0, reread = 0;
@@ -397,7 +397,7 @@ static void every_export_reads_back_or_the_writer_refuses_it(void **s) {
     name[len] = 0;
     size_t depth = 1;
     for (size_t i = 0; i < len; i++) depth += name[i] == '/';
-    assert_int_equal(ks_statedict_set_int(sd, name, round), KS_OK);
+    assert_int_equal(ks_statedict_set_int(sd, name, round, NULL), KS_OK);
     void *out;
     size_t n;
     ks_error err;
@@ -437,8 +437,8 @@ static void a_name_of_200_parts_is_refused_by_the_writer(void **s) {
   for (int i = 0; i < 200; i++) name[n++] = 'x', name[n++] = '/';
   name[n - 1] = 0;
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, name, 1), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, name, 1, NULL), KS_OK);
   void *out;
   size_t len;
   ks_error err;
@@ -451,11 +451,11 @@ static void a_name_of_200_parts_is_refused_by_the_writer(void **s) {
 static void a_wide_dict_exports_in_batches_that_read_back(void **s) {
   (void)s;
   ks_statedict *sd, *back;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   for (int i = 0; i < 5000; i++) {
     char k[16];
     snprintf(k, sizeof k, "k%d", i);
-    assert_int_equal(ks_statedict_set_int(sd, k, i), KS_OK);
+    assert_int_equal(ks_statedict_set_int(sd, k, i, NULL), KS_OK);
   }
   void *out;
   size_t len;

@@ -34,13 +34,13 @@ static ks_status run(const void *prog, size_t n, const ks_torch_read_opts *opts,
   ks__pk_node *root = NULL;
   ks_statedict *sd = NULL;
   ks_status st = ks__pk_run(prog, n, &ar, &lim, fake_storage, NULL, &root, err);
-  if (!st) st = ks_statedict_create(NULL, &sd);
+  if (!st) st = ks_statedict_create(NULL, &sd, NULL);
   if (!st) st = ks__pk_flatten(root, &ar, &lim, sd, err);
   if (!st) {
     /* copy out so the arena can go */
     ks_statedict *copy;
-    ks_statedict_create(NULL, &copy);
-    ks_statedict_copy_prefix(copy, sd, "", "");
+    ks_statedict_create(NULL, &copy, NULL);
+    ks_statedict_copy_prefix(copy, sd, "", "", NULL);
     ks_statedict_free(sd);
     sd = copy;
   }

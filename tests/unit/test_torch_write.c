@@ -17,24 +17,24 @@
 
 static ks_statedict *sample(const ks_allocator *a) {
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(a, &sd), KS_OK);
+  assert_int_equal(ks_statedict_create(a, &sd, NULL), KS_OK);
   int64_t s23[2] = {2, 3}, s0[2] = {0, 4}, s4[1] = {4};
   float *f;
-  assert_int_equal(ks_statedict_new_tensor(sd, "model/w", KS_F32, 2, s23, (void **)&f), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "model/w", KS_F32, 2, s23, (void **)&f, NULL), KS_OK);
   for (int i = 0; i < 6; i++) f[i] = (float)i - 2.5f;
   uint16_t *h;
-  assert_int_equal(ks_statedict_new_tensor(sd, "model/h", KS_BF16, 1, s4, (void **)&h), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "model/h", KS_BF16, 1, s4, (void **)&h, NULL), KS_OK);
   for (int i = 0; i < 4; i++) h[i] = ks_f32_to_bf16((float)i * 0.5f);
   uint32_t *u;
-  assert_int_equal(ks_statedict_new_tensor(sd, "rng/numpy", KS_U32, 1, s4, (void **)&u), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "rng/numpy", KS_U32, 1, s4, (void **)&u, NULL), KS_OK);
   u[3] = 0xFFFFFFFFu;
-  assert_int_equal(ks_statedict_new_tensor(sd, "empty", KS_I64, 2, s0, NULL), KS_OK);
-  assert_int_equal(ks_statedict_new_tensor(sd, "flag", KS_BOOL, 0, NULL, NULL), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "step", -5000000000LL), KS_OK);
-  assert_int_equal(ks_statedict_set_float(sd, "opt/lr", 0.001), KS_OK);
-  assert_int_equal(ks_statedict_set_bool(sd, "opt/amsgrad", 1), KS_OK);
-  assert_int_equal(ks_statedict_set_string(sd, "run_name", "r\xc3\xa9sum\xc3\xa9"), KS_OK);
-  assert_int_equal(ks_statedict_set_null(sd, "opt/foreach"), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "empty", KS_I64, 2, s0, NULL, NULL), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "flag", KS_BOOL, 0, NULL, NULL, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "step", -5000000000LL, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "opt/lr", 0.001, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_bool(sd, "opt/amsgrad", 1, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "run_name", "r\xc3\xa9sum\xc3\xa9", NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_null(sd, "opt/foreach", NULL), KS_OK);
   return sd;
 }
 
@@ -147,9 +147,9 @@ static void compressed_entries_are_refused_clearly(void **s) {
 static void a_name_that_is_both_value_and_folder_is_refused(void **s) {
   (void)s;
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd);
-  ks_statedict_set_int(sd, "a", 1);
-  ks_statedict_set_int(sd, "a/b", 2);
+  ks_statedict_create(NULL, &sd, NULL);
+  ks_statedict_set_int(sd, "a", 1, NULL);
+  ks_statedict_set_int(sd, "a/b", 2, NULL);
   void *buf;
   size_t len;
   ks_error err;
@@ -161,11 +161,11 @@ static void a_name_that_is_both_value_and_folder_is_refused(void **s) {
 static void fp8_tensors_round_trip_and_are_refused_for_torch_1_13(void **s) {
   (void)s;
   ks_statedict *sd, *back;
-  ks_statedict_create(NULL, &sd);
+  ks_statedict_create(NULL, &sd, NULL);
   int64_t n = 2;
   uint8_t *q;
-  ks_statedict_new_tensor(sd, "q", KS_F8_E4M3, 1, &n, (void **)&q);
-  ks_statedict_new_tensor(sd, "r", KS_F8_E5M2, 1, &n, NULL);
+  ks_statedict_new_tensor(sd, "q", KS_F8_E4M3, 1, &n, (void **)&q, NULL);
+  ks_statedict_new_tensor(sd, "r", KS_F8_E5M2, 1, &n, NULL, NULL);
   q[0] = 0x38, q[1] = 0xC0;
   void *buf;
   size_t len;
@@ -197,15 +197,15 @@ static void structure_document_rebuilds_lists_tuples_typed_keys_and_empty_contai
       "\"opt/groups/2\":{\"kind\":\"dict\"},\"empty_list\":{\"kind\":\"list\",\"len\":0},"
       "\"ids\":{\"kind\":\"set\",\"len\":2}}}";
   ks_statedict *sd, *back;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "opt/state/0", 10), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "opt/state/True", 11), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "opt/state/None", 12), KS_OK);
-  assert_int_equal(ks_statedict_set_float(sd, "opt/groups/0/betas/0", 0.9), KS_OK);
-  assert_int_equal(ks_statedict_set_float(sd, "opt/groups/0/betas/1", 0.999), KS_OK);
-  assert_int_equal(ks_statedict_set_string(sd, "a%2Fb", "slash"), KS_OK); /* a key "a/b" */
-  assert_int_equal(ks_statedict_set_int(sd, "ids/0", 3), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "ids/1", 4), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "opt/state/0", 10, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "opt/state/True", 11, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "opt/state/None", 12, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "opt/groups/0/betas/0", 0.9, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "opt/groups/0/betas/1", 0.999, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "a%2Fb", "slash", NULL), KS_OK); /* a key "a/b" */
+  assert_int_equal(ks_statedict_set_int(sd, "ids/0", 3, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "ids/1", 4, NULL), KS_OK);
   void *buf;
   size_t len;
   ks_error err;
@@ -242,8 +242,8 @@ static void malformed_structure_documents_are_refused(void **s) {
       {"{\"version\":1,\"containers\":{\"b\":[]}}", "not an object"},
   };
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "a/x", 1), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "a/x", 1, NULL), KS_OK);
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     void *buf = NULL;
     size_t len;
@@ -306,19 +306,19 @@ static void writer_allocation_failures_return_nomem_and_leak_nothing(void **s) {
 static void composer_list_states_are_concatenated(void **s) {
   (void)s;
   ks_statedict *flat, *out;
-  ks_statedict_create(NULL, &flat);
+  ks_statedict_create(NULL, &flat, NULL);
   const char *r = "state/eval_metrics/val/BinaryAUROC/";
   char k[256];
-  snprintf(k, sizeof k, "%s__class__", r), ks_statedict_set_string(flat, k, "torchmetrics.classification.auroc.BinaryAUROC");
-  snprintf(k, sizeof k, "%s_persistent/preds", r), ks_statedict_set_bool(flat, k, 1);
-  snprintf(k, sizeof k, "%s_update_count", r), ks_statedict_set_int(flat, k, 2);
-  snprintf(k, sizeof k, "%smax_fpr", r), ks_statedict_set_null(flat, k);
+  snprintf(k, sizeof k, "%s__class__", r), ks_statedict_set_string(flat, k, "torchmetrics.classification.auroc.BinaryAUROC", NULL);
+  snprintf(k, sizeof k, "%s_persistent/preds", r), ks_statedict_set_bool(flat, k, 1, NULL);
+  snprintf(k, sizeof k, "%s_update_count", r), ks_statedict_set_int(flat, k, 2, NULL);
+  snprintf(k, sizeof k, "%smax_fpr", r), ks_statedict_set_null(flat, k, NULL);
   int64_t n2 = 2, n3 = 3;
   float *a, *b;
-  snprintf(k, sizeof k, "%spreds/0", r), ks_statedict_new_tensor(flat, k, KS_F32, 1, &n2, (void **)&a);
-  snprintf(k, sizeof k, "%spreds/1", r), ks_statedict_new_tensor(flat, k, KS_F32, 1, &n3, (void **)&b);
+  snprintf(k, sizeof k, "%spreds/0", r), ks_statedict_new_tensor(flat, k, KS_F32, 1, &n2, (void **)&a, NULL);
+  snprintf(k, sizeof k, "%spreds/1", r), ks_statedict_new_tensor(flat, k, KS_F32, 1, &n3, (void **)&b, NULL);
   a[0] = 1, a[1] = 2, b[0] = 3, b[1] = 4, b[2] = 5;
-  ks_statedict_set_int(flat, "state/rank_zero_seed", 7);
+  ks_statedict_set_int(flat, "state/rank_zero_seed", 7, NULL);
   char *json;
   assert_int_equal(ks_composer_normalize(flat, KS_COPY, &out, &json, NULL), KS_OK);
   snprintf(k, sizeof k, "%sstate_dict/preds", r);

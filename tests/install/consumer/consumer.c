@@ -11,8 +11,8 @@ int main(int argc, char **argv) {
   float w[3] = {1.5f, -2.0f, 3.25f};
   int64_t shape[1] = {3};
   ks_tensor t;
-  if (ks_statedict_create(NULL, &sd) || ks_tensor_init(&t, KS_F32, 1, shape, w) ||
-      ks_statedict_set_tensor(sd, "model/w", &t, KS_BORROW) || ks_save(argv[1], sd, NULL, NULL, &err))
+  if (ks_statedict_create(NULL, &sd, NULL) || ks_tensor_init(&t, KS_F32, 1, shape, w) ||
+      ks_statedict_set_tensor(sd, "model/w", &t, KS_BORROW, NULL) || ks_save(argv[1], sd, NULL, NULL, &err))
     return 1;
   ks_statedict_free(sd);
   ks_reader *r;
