@@ -150,7 +150,7 @@ static void diff_entries(diff_ctx *c, const ks_statedict *a, const ks_statedict 
   char desc[256];
   for (size_t i = 0; i < ks_statedict_count(a); i++) {
     ks_entry ea, eb;
-    ks_statedict_at(a, i, &ea);
+    if (ks_statedict_at(a, i, &ea)) continue; /* index in range: cannot fail */
     if (ignored(c, ea.name)) { c->ignored++; continue; }
     if (ks_statedict_get(b, ea.name, &eb) == KS_OK) {
       tally(c, ea.name, diff_entry(&ea, &eb));
@@ -162,7 +162,7 @@ static void diff_entries(diff_ctx *c, const ks_statedict *a, const ks_statedict 
   }
   for (size_t i = 0; i < ks_statedict_count(b); i++) {
     ks_entry ea, eb;
-    ks_statedict_at(b, i, &eb);
+    if (ks_statedict_at(b, i, &eb)) continue; /* index in range: cannot fail */
     if (ks_statedict_get(a, eb.name, &ea) == KS_OK) continue;
     if (ignored(c, eb.name)) { c->ignored++; continue; }
     describe(&eb, desc, sizeof desc);
@@ -179,7 +179,7 @@ static int meta_is_content(const diff_ctx *c, const char *k) {
 static void diff_meta_side(diff_ctx *c, const ks_meta *x, const ks_meta *y, const char *sign, const char *side) {
   for (size_t i = 0; i < ks_meta_count(x); i++) {
     const char *k, *v, *w;
-    ks_meta_at(x, i, &k, &v);
+    if (ks_meta_at(x, i, &k, &v)) continue; /* index in range: cannot fail */
     if (!meta_is_content(c, k)) continue;
     w = ks_meta_get(y, k);
     if (w && *sign == '+') continue; /* pairs on both sides are compared in the first pass */

@@ -54,7 +54,7 @@ static int components(const ks_statedict *sd, FILE *out, json_t *json) {
   int rc = idx ? 0 : -1;
   for (size_t i = 0; i < ks_statedict_count(sd) && !rc; i++) {
     ks_entry e;
-    ks_statedict_at(sd, i, &e);
+    if (ks_statedict_at(sd, i, &e)) continue; /* index in range: cannot fail */
     rc = add_entry(idx, &rows, &n, &cap, e.name, e.kind == KS_VAL_TENSOR ? e.tensor.nbytes : 0);
   }
   ks_cli_index_free(idx);

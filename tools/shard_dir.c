@@ -92,14 +92,14 @@ int ks_cli_inspect_dir(const char *dir) {
     ks_shard_chunk whole;
     ks_dtype dt;
     size_t nc;
-    ks_shard_index_sharded_at(idx, i, &whole, &dt, &nc);
+    if (ks_shard_index_sharded_at(idx, i, &whole, &dt, &nc)) continue; /* index in range: cannot fail */
     printf("  %s %s ", whole.name, ks_dtype_name(dt));
     print_dims("", whole.rank, whole.global_shape);
     printf(", %zu chunk%s\n", nc, nc == 1 ? "" : "s");
     for (size_t j = 0; j < nc; j++) {
       ks_shard_chunk c;
       int file;
-      ks_shard_index_chunk(idx, i, j, &c, &file);
+      if (ks_shard_index_chunk(idx, i, j, &c, &file)) continue; /* index in range: cannot fail */
       printf("    rank %-5d", file);
       print_dims(" offsets ", c.rank, c.offsets);
       print_dims(" shape ", c.rank, c.shape);

@@ -111,16 +111,15 @@ static void setup(job *j) {
   j->buf = malloc(j->bytes);
   if (!j->buf) die("malloc", NULL);
   for (size_t i = 0; i < elems * TENSORS; i++) j->buf[i] = (float)(i % 1000) * 0.5f;
-  ks_statedict_create(NULL, &j->sd, NULL);
-  ks_shard_map_create(NULL, &j->map, NULL);
+  if (ks_statedict_create(NULL, &j->sd, NULL) || ks_shard_map_create(NULL, &j->map, NULL)) die("setup", NULL);
   int64_t g[2] = {(int64_t)ROWS_PER_RANK * size, COLS}, off[2], shape[2];
   ks_shard_split_dim0(2, g, rank, size, off, shape);
   for (int t = 0; t < TENSORS; t++) {
     char name[64];
     snprintf(name, sizeof name, "state/model/layer%d", t);
     ks_tensor x;
-    ks_tensor_init(&x, KS_F32, 2, shape, j->buf + (size_t)t * elems);
-    if (ks_statedict_set_tensor(j->sd, name, &x, KS_BORROW, NULL) || ks_shard_map_add(j->map, name, 2, g, off, shape, NULL))
+    if (ks_tensor_init(&x, KS_F32, 2, shape, j->buf + (size_t)t * elems) ||
+        ks_statedict_set_tensor(j->sd, name, &x, KS_BORROW, NULL) || ks_shard_map_add(j->map, name, 2, g, off, shape, NULL))
       die("setup", NULL);
   }
   snprintf(j->dir, sizeof j->dir, "%s/bench-dist-np%d", tmp_dir(), size);

@@ -250,9 +250,8 @@ static void epoch_order(run *r) {
 static ks_status update_all(ks_metric_collection *mc, const float *logits, const int64_t *y, size_t bs, ks_error *e) {
   ks_tensor in[2];
   int64_t ls[2] = {(int64_t)bs, DIGITS_CLASSES}, ys[1] = {(int64_t)bs};
-  ks_tensor_init(&in[0], KS_F32, 2, ls, (void *)logits);
-  ks_tensor_init(&in[1], KS_I64, 1, ys, (void *)y);
-  ks_status s = KS_OK;
+  ks_status s = ks_tensor_init(&in[0], KS_F32, 2, ls, (void *)logits);
+  if (!s) s = ks_tensor_init(&in[1], KS_I64, 1, ys, (void *)y);
   for (size_t i = 0; i < ks_metric_collection_count(mc) && !s; i++)
     s = ks_metric_update(ks_metric_collection_at(mc, i, NULL), in, 2, e);
   return s;

@@ -39,7 +39,7 @@ KS_BEGIN_DECLS
  * that error copied into its own err (when not NULL).
  * @return the agreed status; KS_E_IO when MPI itself fails.
  */
-ks_status ks_dist_agree(MPI_Comm comm, ks_status local, ks_error *err);
+KS_NODISCARD ks_status ks_dist_agree(MPI_Comm comm, ks_status local, ks_error *err);
 
 /* ------------------------------------------------------------------------ */
 /* Metric synchronisation (torchmetrics sync / unsync).                      */
@@ -71,7 +71,7 @@ typedef struct ks_dist_cache ks_dist_cache;
  *         states), KS_E_NOMEM, KS_E_IO (MPI failed); the same on every rank.
  *         On error every rank's collection is unchanged and *cache untouched.
  */
-ks_status ks_dist_sync(ks_metric_collection *c, MPI_Comm comm, const ks_allocator *alloc,
+KS_NODISCARD ks_status ks_dist_sync(ks_metric_collection *c, MPI_Comm comm, const ks_allocator *alloc,
                        ks_dist_cache **cache, ks_error *err);
 
 /**
@@ -80,7 +80,7 @@ ks_status ks_dist_sync(ks_metric_collection *c, MPI_Comm comm, const ks_allocato
  * the cached results are dropped. The cache stays owned by the caller.
  * @return KS_OK, KS_E_MISMATCH (cache from another collection), KS_E_NOMEM.
  */
-ks_status ks_dist_unsync(ks_metric_collection *c, const ks_dist_cache *cache, ks_error *err);
+KS_NODISCARD ks_status ks_dist_unsync(ks_metric_collection *c, const ks_dist_cache *cache, ks_error *err);
 
 /** Frees a cache. Accepts NULL. */
 void ks_dist_cache_free(ks_dist_cache *cache);
@@ -122,7 +122,7 @@ typedef struct ks_dist_save_opts {
  *         ranks); KS_E_IO; KS_E_INVALID; KS_E_NOMEM; any ks_save error. The same on every
  *         rank. On error no index is written (a previous checkpoint stays the newest).
  */
-ks_status ks_dist_save(MPI_Comm comm, const char *dir, const ks_statedict *sd, const ks_meta *meta,
+KS_NODISCARD ks_status ks_dist_save(MPI_Comm comm, const char *dir, const ks_statedict *sd, const ks_meta *meta,
                        const ks_shard_map *shards, const ks_dist_save_opts *opts, ks_error *err);
 
 /**
@@ -133,7 +133,7 @@ ks_status ks_dist_save(MPI_Comm comm, const char *dir, const ks_statedict *sd, c
  * agree on the result.
  * @return as ks_shard_load_rank; the same status on every rank.
  */
-ks_status ks_dist_load(MPI_Comm comm, const char *dir, const ks_shard_map *want, const ks_shard_load_opts *opts,
+KS_NODISCARD ks_status ks_dist_load(MPI_Comm comm, const char *dir, const ks_shard_map *want, const ks_shard_load_opts *opts,
                        ks_statedict **sd, ks_meta **meta, ks_error *err);
 
 /**
@@ -144,7 +144,7 @@ ks_status ks_dist_load(MPI_Comm comm, const char *dir, const ks_shard_map *want,
  * @param path receives a malloc'd path, or NULL when there is no checkpoint.
  * @return KS_OK (also when there is none), KS_E_IO, KS_E_NOMEM; the same on every rank.
  */
-ks_status ks_dist_latest(MPI_Comm comm, const char *run_dir, char **path, ks_error *err);
+KS_NODISCARD ks_status ks_dist_latest(MPI_Comm comm, const char *run_dir, char **path, ks_error *err);
 
 KS_END_DECLS
 #endif

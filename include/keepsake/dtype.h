@@ -48,7 +48,7 @@ const char *ks_dtype_name(ks_dtype dt);
  * @param out  receives the dtype on success; untouched on failure.
  * @return KS_OK or KS_E_DTYPE for an unknown name.
  */
-ks_status ks_dtype_parse(const char *name, size_t len, ks_dtype *out);
+KS_NODISCARD ks_status ks_dtype_parse(const char *name, size_t len, ks_dtype *out);
 
 /** Nonzero when dt is a floating type (F16, BF16, F32, F64, F8_*). */
 int ks_dtype_is_float(ks_dtype dt);
@@ -86,7 +86,7 @@ void ks_dtype_set_i64(ks_dtype dt, void *data, size_t i, int64_t v);
  * double (F16/BF16/F8 round to nearest even).
  * @return KS_OK, or KS_E_DTYPE for an invalid dtype.
  */
-ks_status ks_dtype_convert(ks_dtype ddt, void *dst, ks_dtype sdt, const void *src, size_t n);
+KS_NODISCARD ks_status ks_dtype_convert(ks_dtype ddt, void *dst, ks_dtype sdt, const void *src, size_t n);
 
 KS_END_DECLS
 #endif

@@ -28,11 +28,17 @@
 #ifndef KEEPSAKE_EXPORT_H
 #define KEEPSAKE_EXPORT_H
 
+/* KS_NODISCARD marks every function returning ks_status: ignoring its result is a
+   compiler warning (an error in CI). GCC applies warn_unused_result to functions, not to
+   the ks_status typedef, and ignores a (void) cast, so a result that is truly not needed
+   must be consumed visibly. C23's [[nodiscard]] is not C11. */
 #if defined(__GNUC__) || defined(__clang__)
+#define KS_NODISCARD __attribute__((warn_unused_result))
 #define KS_API __attribute__((visibility("default")))
 #define KS__VISIBILITY_PUSH _Pragma("GCC visibility push(default)")
 #define KS__VISIBILITY_POP _Pragma("GCC visibility pop")
 #else
+#define KS_NODISCARD
 #define KS_API
 #define KS__VISIBILITY_PUSH
 #define KS__VISIBILITY_POP

@@ -60,7 +60,7 @@ typedef struct ks_meta ks_meta;
  * @return KS_OK, KS_E_INVALID (out NULL) or KS_E_NOMEM. Free with ks_meta_free.
  * Thread safety: concurrent reads are safe; mutation needs exclusive access.
  */
-ks_status ks_meta_create(const ks_allocator *a, ks_meta **out, ks_error *err);
+KS_NODISCARD ks_status ks_meta_create(const ks_allocator *a, ks_meta **out, ks_error *err);
 
 /** Frees a map and its strings. Accepts NULL. */
 void ks_meta_free(ks_meta *m);
@@ -72,7 +72,7 @@ void ks_meta_free(ks_meta *m);
  * @return KS_OK, KS_E_INVALID (NULL argument or invalid UTF-8) or KS_E_NOMEM;
  *         on failure the map is unchanged.
  */
-ks_status ks_meta_set(ks_meta *m, const char *key, const char *value, ks_error *err);
+KS_NODISCARD ks_status ks_meta_set(ks_meta *m, const char *key, const char *value, ks_error *err);
 
 /** The value of `key`, or NULL when absent. Valid until the key is replaced or the map freed. */
 const char *ks_meta_get(const ks_meta *m, const char *key);
@@ -85,13 +85,13 @@ size_t ks_meta_count(const ks_meta *m);
  * @param key, value receive borrowed pointers (either may be NULL).
  * @return KS_OK or KS_E_NOTFOUND when i >= count.
  */
-ks_status ks_meta_at(const ks_meta *m, size_t i, const char **key, const char **value);
+KS_NODISCARD ks_status ks_meta_at(const ks_meta *m, size_t i, const char **key, const char **value);
 
 /**
  * Copies every pair of src into dst (insert or replace).
  * @return KS_OK, KS_E_INVALID or KS_E_NOMEM (dst may then hold some of the pairs).
  */
-ks_status ks_meta_copy(ks_meta *dst, const ks_meta *src, ks_error *err);
+KS_NODISCARD ks_status ks_meta_copy(ks_meta *dst, const ks_meta *src, ks_error *err);
 
 /* ------------------------------------------------------------------------ */
 /* Writing. */
@@ -130,7 +130,7 @@ typedef struct ks_save_opts {
  * Thread safety: sd must not be mutated during the call; distinct paths may be
  * saved concurrently.
  */
-ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra,
+KS_NODISCARD ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra,
                   const ks_save_opts *opts, ks_error *err);
 
 /* ------------------------------------------------------------------------ */
@@ -190,14 +190,14 @@ typedef struct ks_tensor_info {
  * Thread safety: a reader is never mutated after open; any number of threads
  * may use it at once.
  */
-ks_status ks_reader_open(const char *path, const ks_read_opts *opts, ks_reader **out, ks_error *err);
+KS_NODISCARD ks_status ks_reader_open(const char *path, const ks_read_opts *opts, ks_reader **out, ks_error *err);
 
 /**
  * Same as ks_reader_open over bytes in memory. In KS_READ_MMAP mode the views
  * point into `buf`, which must outlive the reader; KS_READ_COPY copies it.
  * Error messages name the file "<buffer>".
  */
-ks_status ks_reader_open_buffer(const void *buf, size_t len, const ks_read_opts *opts, ks_reader **out,
+KS_NODISCARD ks_status ks_reader_open_buffer(const void *buf, size_t len, const ks_read_opts *opts, ks_reader **out,
                                 ks_error *err);
 
 /** Frees a reader (unmapping the file). Accepts NULL. */
@@ -214,19 +214,19 @@ size_t ks_reader_count(const ks_reader *r);
  *             read elements with memcpy or ks_dtype_get_*.
  * @return KS_OK or KS_E_NOTFOUND when i >= count.
  */
-ks_status ks_reader_tensor_at(const ks_reader *r, size_t i, const char **name, ks_tensor *view);
+KS_NODISCARD ks_status ks_reader_tensor_at(const ks_reader *r, size_t i, const char **name, ks_tensor *view);
 
 /**
  * Looks a tensor up by name in O(1).
  * @return KS_OK or KS_E_NOTFOUND (err names the key).
  */
-ks_status ks_reader_tensor(const ks_reader *r, const char *name, ks_tensor *view, ks_error *err);
+KS_NODISCARD ks_status ks_reader_tensor(const ks_reader *r, const char *name, ks_tensor *view, ks_error *err);
 
 /** Index of tensor `name`, or -1. */
 long ks_reader_find(const ks_reader *r, const char *name);
 
 /** File position of tensor i. @return KS_OK or KS_E_NOTFOUND. */
-ks_status ks_reader_tensor_info(const ks_reader *r, size_t i, ks_tensor_info *info);
+KS_NODISCARD ks_status ks_reader_tensor_info(const ks_reader *r, size_t i, ks_tensor_info *info);
 
 /** The raw __metadata__ pairs (possibly empty, never NULL for a valid reader). */
 const ks_meta *ks_reader_meta(const ks_reader *r);
@@ -252,7 +252,7 @@ uint64_t ks_reader_data_offset(const ks_reader *r);
  *         KS_E_FORMAT when the checksum table is malformed or lacks the tensor;
  *         KS_E_NOTFOUND for i >= count; KS_E_NOMEM.
  */
-ks_status ks_reader_verify_tensor(const ks_reader *r, size_t i, ks_error *err);
+KS_NODISCARD ks_status ks_reader_verify_tensor(const ks_reader *r, size_t i, ks_error *err);
 
 /**
  * Called by ks_reader_verify_report for each problem found. Return nonzero to
@@ -269,7 +269,7 @@ typedef int (*ks_verify_fn)(void *ctx, const ks_error *problem);
  * @return KS_OK when the file is good, else the status of the first problem
  *         (KS_E_CHECKSUM, KS_E_FORMAT) or KS_E_NOMEM.
  */
-ks_status ks_reader_verify_report(const ks_reader *r, ks_verify_fn on_problem, void *ctx, ks_error *err);
+KS_NODISCARD ks_status ks_reader_verify_report(const ks_reader *r, ks_verify_fn on_problem, void *ctx, ks_error *err);
 
 /**
  * Full verification: every tensor's checksum, the checksum table (no entry for
@@ -277,7 +277,7 @@ ks_status ks_reader_verify_report(const ks_reader *r, ks_verify_fn on_problem, v
  * enforced at open. Reports the first problem.
  * @return KS_OK, KS_E_CHECKSUM, KS_E_FORMAT or KS_E_NOMEM.
  */
-ks_status ks_reader_verify(const ks_reader *r, ks_error *err);
+KS_NODISCARD ks_status ks_reader_verify(const ks_reader *r, ks_error *err);
 
 /**
  * Decodes the keepsake scalars of the file into dst (insert or replace), in
@@ -285,7 +285,7 @@ ks_status ks_reader_verify(const ks_reader *r, ks_error *err);
  * @return KS_OK, KS_E_FORMAT (malformed "keepsake.scalars"), KS_E_NOMEM,
  *         KS_E_INVALID/KS_E_LIMIT (name rejected by the dict).
  */
-ks_status ks_reader_scalars(const ks_reader *r, ks_statedict *dst, ks_error *err);
+KS_NODISCARD ks_status ks_reader_scalars(const ks_reader *r, ks_statedict *dst, ks_error *err);
 
 /**
  * Convenience: the whole file as a state dict (tensors in file order, then the
@@ -297,10 +297,10 @@ ks_status ks_reader_scalars(const ks_reader *r, ks_statedict *dst, ks_error *err
  * @return any ks_reader_open status, or the status of building the dict.
  *         On failure nothing is returned and nothing leaks.
  */
-ks_status ks_load(const char *path, const ks_read_opts *opts, ks_statedict **sd, ks_meta **meta, ks_error *err);
+KS_NODISCARD ks_status ks_load(const char *path, const ks_read_opts *opts, ks_statedict **sd, ks_meta **meta, ks_error *err);
 
 /** ks_load over bytes in memory (see ks_reader_open_buffer for lifetime rules). */
-ks_status ks_load_buffer(const void *buf, size_t len, const ks_read_opts *opts, ks_statedict **sd,
+KS_NODISCARD ks_status ks_load_buffer(const void *buf, size_t len, const ks_read_opts *opts, ks_statedict **sd,
                          ks_meta **meta, ks_error *err);
 
 /** XXH3-64 of `n` bytes as stored in "keepsake.checksums" (seed 0). Pure; thread safe. */

@@ -67,11 +67,11 @@ typedef struct ks_import_opts {
  *         On failure *out and *meta are untouched.
  * Thread safety: independent calls may run concurrently.
  */
-ks_status ks_torch_import(const char *path, const ks_import_opts *opts, ks_statedict **out, ks_meta **meta,
+KS_NODISCARD ks_status ks_torch_import(const char *path, const ks_import_opts *opts, ks_statedict **out, ks_meta **meta,
                           ks_error *err);
 
 /** Same as ks_torch_import, from bytes in memory (copied; buf may be freed after the call). */
-ks_status ks_torch_import_buffer(const void *buf, size_t len, const ks_import_opts *opts, ks_statedict **out,
+KS_NODISCARD ks_status ks_torch_import_buffer(const void *buf, size_t len, const ks_import_opts *opts, ks_statedict **out,
                                  ks_meta **meta, ks_error *err);
 
 KS_END_DECLS

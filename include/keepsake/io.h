@@ -133,7 +133,7 @@ const ks_io *ks_io_posix(void);
  * @return KS_OK, or KS_E_INVALID (version 0, or a required member NULL) with a
  * message naming the member.
  */
-ks_status ks_io_check(const ks_io *io, ks_error *err);
+KS_NODISCARD ks_status ks_io_check(const ks_io *io, ks_error *err);
 
 /**
  * The local path a location names: `file:///abs/dir` and `file://rel` become
@@ -142,7 +142,7 @@ ks_status ks_io_check(const ks_io *io, ks_error *err);
  * for another scheme (s3://, http://, ...: not built in this version), or
  * KS_E_INVALID for NULL or an empty path.
  */
-ks_status ks_io_local_path(const char *location, const char **path, ks_error *err);
+KS_NODISCARD ks_status ks_io_local_path(const char *location, const char **path, ks_error *err);
 
 KS_END_DECLS
 #endif

@@ -71,7 +71,7 @@ typedef struct ks_ckpt_opts {
  * Creates a manager for a run directory (mkdir -p).
  * @return KS_OK, KS_E_INVALID (bad interval or template), KS_E_IO or KS_E_NOMEM.
  */
-ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out, ks_error *err);
+KS_NODISCARD ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out, ks_error *err);
 void ks_ckpt_manager_free(ks_ckpt_manager *m);
 /**
  * Nonzero when a checkpoint is due: call after every batch (epoch_end = 0) and
@@ -88,7 +88,7 @@ int ks_ckpt_manager_due(const ks_ckpt_manager *m, const ks_timestamp *ts, int ep
  *         `latest` is not re-pointed at a checkpoint whose save returned it); any
  *         ks_state_save error (nothing changed).
  */
-ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err);
+KS_NODISCARD ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err);
 /**
  * Like ks_ckpt_manager_save, but returns once the state is snapshotted: the file,
  * then `latest`, then retention are done on a background thread, in that order and
@@ -98,13 +98,13 @@ ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const cha
  * @param saved optional; receives the path being written (owned by the manager).
  * @return KS_OK (started) or an error (see ks_state_save_async).
  */
-ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err);
+KS_NODISCARD ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err);
 
 /**
  * Waits for a background save in flight.
  * @return its result, or KS_OK when there was none or it succeeded.
  */
-ks_status ks_ckpt_manager_wait(ks_ckpt_manager *m, ks_error *err);
+KS_NODISCARD ks_status ks_ckpt_manager_wait(ks_ckpt_manager *m, ks_error *err);
 
 /**
  * The manager's full save trigger: ks_ckpt_manager_due, or (at a batch boundary,
@@ -121,7 +121,7 @@ int ks_ckpt_manager_should_save(const ks_ckpt_manager *m, const ks_timestamp *ts
  * @param path optional; receives the loaded path (owned by the manager).
  * @return KS_OK (also when there is nothing to resume), or the load error.
  */
-ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts,
+KS_NODISCARD ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts,
                                      ks_load_report *report, int *resumed, const char **path,
                                      ks_error *err);
 /** Number of checkpoints skipped as corrupt by the last autoresume. */
@@ -143,7 +143,7 @@ size_t ks_ckpt_manager_skipped(const ks_ckpt_manager *m);
  * handler.
  * @return KS_OK, KS_E_INVALID (n == 0 or a bad signal) or KS_E_IO (sigaction failed).
  */
-ks_status ks_preemption_install(const int *signals, size_t n, ks_error *err);
+KS_NODISCARD ks_status ks_preemption_install(const int *signals, size_t n, ks_error *err);
 
 /** The signal that asked for preemption, or 0. Async-signal-safe to call. */
 int ks_preemption_signal(void);

@@ -113,7 +113,7 @@ typedef enum ks_reduce {
  * @return KS_OK, KS_E_NOTFOUND (unknown class), KS_E_INVALID (bad args), KS_E_NOMEM.
  * Ownership: free *out with ks_metric_free.
  */
-ks_status ks_metric_create(const char *class_name, const char *args_json, const ks_allocator *alloc,
+KS_NODISCARD ks_status ks_metric_create(const char *class_name, const char *args_json, const ks_allocator *alloc,
                            ks_metric **out, ks_error *err);
 
 /** Frees a metric and everything it owns. Accepts NULL. */
@@ -124,7 +124,7 @@ void ks_metric_free(ks_metric *m);
  * @param alloc NULL to use m's allocator.
  * @return KS_OK or KS_E_NOMEM (then *out is untouched).
  */
-ks_status ks_metric_clone(const ks_metric *m, const ks_allocator *alloc, ks_metric **out, ks_error *err);
+KS_NODISCARD ks_status ks_metric_clone(const ks_metric *m, const ks_allocator *alloc, ks_metric **out, ks_error *err);
 
 /** The class name the metric was built with (static string owned by the library). */
 const char *ks_metric_class(const ks_metric *m);
@@ -154,7 +154,7 @@ int ks_metric_schema_version(const ks_metric *m);
  *         On any error the metric is unchanged. On success the cached result is dropped
  *         and the update count grows by one.
  */
-ks_status ks_metric_update(ks_metric *m, const ks_tensor *inputs, size_t n_inputs, ks_error *err);
+KS_NODISCARD ks_status ks_metric_update(ks_metric *m, const ks_tensor *inputs, size_t n_inputs, ks_error *err);
 
 /**
  * Computes the metric value from the current states (cached until the next
@@ -164,7 +164,7 @@ ks_status ks_metric_update(ks_metric *m, const ks_tensor *inputs, size_t n_input
  * @return KS_OK, KS_E_NOMEM, or KS_E_STATE when the metric cannot be computed yet
  *         (R2Score with < 2 samples, exact AUROC/AP with no samples).
  */
-ks_status ks_metric_compute(ks_metric *m, const ks_tensor **out, ks_error *err);
+KS_NODISCARD ks_status ks_metric_compute(ks_metric *m, const ks_tensor **out, ks_error *err);
 
 /** The cached result (torchmetrics `_computed`) or NULL when there is none. Never computes. */
 const ks_tensor *ks_metric_computed(const ks_metric *m);
@@ -180,7 +180,7 @@ void ks_metric_reset(ks_metric *m);
  * @return KS_OK, KS_E_MISMATCH (different class or args), KS_E_SHAPE (CatMetric rows of a
  *         different shape), KS_E_LIMIT, KS_E_NOMEM. On error dst is unchanged. src is never changed.
  */
-ks_status ks_metric_merge(ks_metric *dst, const ks_metric *src, ks_error *err);
+KS_NODISCARD ks_status ks_metric_merge(ks_metric *dst, const ks_metric *src, ks_error *err);
 
 /** Number of successful updates (plus merged counts, or what restore_computed set). */
 int64_t ks_metric_update_count(const ks_metric *m);
@@ -196,7 +196,7 @@ size_t ks_metric_state_count(const ks_metric *m);
  *                concatenated, dim 0 may be 0); valid until the next mutation. May be NULL.
  * @return KS_OK or KS_E_NOTFOUND when i >= state count.
  */
-ks_status ks_metric_state_info(const ks_metric *m, size_t i, const char **name, ks_reduce *reduce,
+KS_NODISCARD ks_status ks_metric_state_info(const ks_metric *m, size_t i, const char **name, ks_reduce *reduce,
                                ks_tensor *current);
 
 /**
@@ -205,7 +205,7 @@ ks_status ks_metric_state_info(const ks_metric *m, size_t i, const char **name, 
  * @return KS_OK, KS_E_NOMEM, KS_E_INVALID (name too long). On error dst may hold some
  *         of the states; the metric is never changed.
  */
-ks_status ks_metric_to_state_dict(const ks_metric *m, ks_statedict *dst, const char *prefix, ks_error *err);
+KS_NODISCARD ks_status ks_metric_to_state_dict(const ks_metric *m, ks_statedict *dst, const char *prefix, ks_error *err);
 
 /**
  * Fills the states from the prefix+state_name tensors of src.
@@ -226,7 +226,7 @@ ks_status ks_metric_to_state_dict(const ks_metric *m, ks_statedict *dst, const c
  *         On any error the metric is unchanged. On success the cached result is dropped;
  *         the update count is left alone (see ks_metric_restore_computed).
  */
-ks_status ks_metric_load_state_dict(ks_metric *m, const ks_statedict *src, const char *prefix,
+KS_NODISCARD ks_status ks_metric_load_state_dict(ks_metric *m, const ks_statedict *src, const char *prefix,
                                     int schema_version, int allow_narrowing, int *migrated, int *converted,
                                     ks_error *err);
 
@@ -236,7 +236,7 @@ ks_status ks_metric_load_state_dict(ks_metric *m, const ks_statedict *src, const
  * @param update_count must be >= 0.
  * @return KS_OK, KS_E_INVALID (negative count), KS_E_NOMEM. On error nothing changes.
  */
-ks_status ks_metric_restore_computed(ks_metric *m, const ks_tensor *computed, int64_t update_count,
+KS_NODISCARD ks_status ks_metric_restore_computed(ks_metric *m, const ks_tensor *computed, int64_t update_count,
                                      ks_error *err);
 
 /* ---- States and objects written by older torchmetrics releases ---- */
@@ -266,7 +266,7 @@ ks_status ks_metric_restore_computed(ks_metric *m, const ks_tensor *computed, in
  *         (attrs_json is not a JSON object), KS_E_NOMEM.
  * Ownership: free *out with ks_metric_free. Thread safety: no shared state.
  */
-ks_status ks_metric_from_attributes(const char *class_name, const char *attrs_json, const ks_allocator *alloc,
+KS_NODISCARD ks_status ks_metric_from_attributes(const char *class_name, const char *attrs_json, const ks_allocator *alloc,
                                     uint64_t *state_budget, ks_metric **out, ks_error *err);
 
 /**
@@ -292,7 +292,7 @@ const char *ks_metric_class_name(size_t i);
 typedef struct ks_metric_collection ks_metric_collection;
 
 /** Creates an empty collection. @return KS_OK or KS_E_NOMEM. Free with ks_metric_collection_free. */
-ks_status ks_metric_collection_create(const ks_allocator *a, ks_metric_collection **out, ks_error *err);
+KS_NODISCARD ks_status ks_metric_collection_create(const ks_allocator *a, ks_metric_collection **out, ks_error *err);
 
 /** Frees the collection and the metrics it holds. Accepts NULL. */
 void ks_metric_collection_free(ks_metric_collection *c);
@@ -302,7 +302,7 @@ void ks_metric_collection_free(ks_metric_collection *c);
  * Takes ownership of m on success only.
  * @return KS_OK, KS_E_EXISTS (name taken), KS_E_INVALID, KS_E_NOMEM.
  */
-ks_status ks_metric_collection_add(ks_metric_collection *c, const char *name, ks_metric *m, ks_error *err);
+KS_NODISCARD ks_status ks_metric_collection_add(ks_metric_collection *c, const char *name, ks_metric *m, ks_error *err);
 
 /** The metric named `name`, or NULL. Still owned by the collection. */
 ks_metric *ks_metric_collection_get(const ks_metric_collection *c, const char *name);

@@ -59,7 +59,7 @@ typedef struct ks_shard_chunk {
 typedef struct ks_shard_map ks_shard_map;
 
 /** Creates an empty map. @return KS_OK or KS_E_NOMEM. Free with ks_shard_map_free. */
-ks_status ks_shard_map_create(const ks_allocator *alloc, ks_shard_map **out, ks_error *err);
+KS_NODISCARD ks_status ks_shard_map_create(const ks_allocator *alloc, ks_shard_map **out, ks_error *err);
 /** Frees a map. Accepts NULL. */
 void ks_shard_map_free(ks_shard_map *m);
 /**
@@ -67,14 +67,14 @@ void ks_shard_map_free(ks_shard_map *m);
  * @return KS_OK, KS_E_INVALID (rank out of 0..8, negative sizes, a chunk outside the
  *         global shape, bad name), KS_E_NOMEM. The map is unchanged on error.
  */
-ks_status ks_shard_map_add(ks_shard_map *m, const char *name, int rank, const int64_t *global_shape,
+KS_NODISCARD ks_status ks_shard_map_add(ks_shard_map *m, const char *name, int rank, const int64_t *global_shape,
                            const int64_t *offsets, const int64_t *shape, ks_error *err);
 /** Number of chunks. */
 size_t ks_shard_map_count(const ks_shard_map *m);
 /** Chunk i (borrowed; valid until the map changes). @return KS_OK or KS_E_NOTFOUND. */
-ks_status ks_shard_map_at(const ks_shard_map *m, size_t i, ks_shard_chunk *out);
+KS_NODISCARD ks_status ks_shard_map_at(const ks_shard_map *m, size_t i, ks_shard_chunk *out);
 /** The chunk of `name`. @return KS_OK or KS_E_NOTFOUND. */
-ks_status ks_shard_map_get(const ks_shard_map *m, const char *name, ks_shard_chunk *out);
+KS_NODISCARD ks_status ks_shard_map_get(const ks_shard_map *m, const char *name, ks_shard_chunk *out);
 
 /**
  * The even split along dimension 0 that torch.chunk makes: part `index` of
@@ -88,7 +88,7 @@ void ks_shard_split_dim0(int rank, const int64_t *global_shape, int index, int c
 const char *const *ks_shard_default_per_rank(size_t *n);
 
 /** Writes "rank-XXXXX-of-YYYYY.keepsake" into buf. @return KS_OK or KS_E_INVALID. */
-ks_status ks_shard_file_name(int rank, int world_size, char *buf, size_t cap);
+KS_NODISCARD ks_status ks_shard_file_name(int rank, int world_size, char *buf, size_t cap);
 
 /* ------------------------------------------------------------------------ */
 /* Writing (each rank its file, then one writer the index).                 */
@@ -110,7 +110,7 @@ typedef struct ks_shard_file_info {
  * @return KS_OK, KS_E_INVALID (a chunk whose tensor is missing or has another shape), KS_E_NOMEM,
  *         KS_E_IO, or any ks_save error.
  */
-ks_status ks_shard_write_rank(const char *dir, int rank, int world_size, const ks_statedict *sd,
+KS_NODISCARD ks_status ks_shard_write_rank(const char *dir, int rank, int world_size, const ks_statedict *sd,
                               const ks_meta *meta, const ks_shard_map *shards, const char *const *per_rank,
                               size_t n_per_rank, const ks_save_opts *opts, ks_shard_file_info *info,
                               ks_error *err);
@@ -122,7 +122,7 @@ ks_status ks_shard_write_rank(const char *dir, int rank, int world_size, const k
  * @param infos world_size entries, from ks_shard_write_rank.
  * @return KS_OK, KS_E_MISMATCH (timestamps differ; names both files), KS_E_FORMAT, KS_E_IO, KS_E_NOMEM.
  */
-ks_status ks_shard_write_index(const char *dir, int world_size, const ks_shard_file_info *infos,
+KS_NODISCARD ks_status ks_shard_write_index(const char *dir, int world_size, const ks_shard_file_info *infos,
                                const ks_save_opts *opts, ks_error *err);
 
 /* ------------------------------------------------------------------------ */
@@ -136,7 +136,7 @@ typedef struct ks_shard_index ks_shard_index;
  * @return KS_OK, KS_E_NOTFOUND (no index: not a complete checkpoint), KS_E_FORMAT (malformed,
  *         the key named), KS_E_VERSION, KS_E_LIMIT, KS_E_IO, KS_E_NOMEM.
  */
-ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_shard_index **out, ks_error *err);
+KS_NODISCARD ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_shard_index **out, ks_error *err);
 /** Frees an index. Accepts NULL. */
 void ks_shard_index_free(ks_shard_index *idx);
 /** World size the checkpoint was written with. */
@@ -153,10 +153,10 @@ size_t ks_shard_index_sharded_count(const ks_shard_index *idx);
  * Sharded tensor i: name, dtype and global shape in *whole (offsets all zero), and its number
  * of saved chunks. @return KS_OK or KS_E_NOTFOUND.
  */
-ks_status ks_shard_index_sharded_at(const ks_shard_index *idx, size_t i, ks_shard_chunk *whole, ks_dtype *dtype,
+KS_NODISCARD ks_status ks_shard_index_sharded_at(const ks_shard_index *idx, size_t i, ks_shard_chunk *whole, ks_dtype *dtype,
                                     size_t *n_chunks);
 /** Chunk j of sharded tensor i and the saved rank whose file holds it. @return KS_OK or KS_E_NOTFOUND. */
-ks_status ks_shard_index_chunk(const ks_shard_index *idx, size_t i, size_t j, ks_shard_chunk *chunk, int *file);
+KS_NODISCARD ks_status ks_shard_index_chunk(const ks_shard_index *idx, size_t i, size_t j, ks_shard_chunk *chunk, int *file);
 /** The per-rank globs the checkpoint was saved with (n receives the count). Owned by the index. */
 const char *const *ks_shard_index_per_rank(const ks_shard_index *idx, size_t *n);
 
@@ -166,7 +166,7 @@ const char *const *ks_shard_index_per_rank(const ks_shard_index *idx, size_t *n)
  * @return KS_OK, KS_E_NOTFOUND (missing), KS_E_FORMAT (truncated or grown),
  *         KS_E_CHECKSUM (corrupt), KS_E_IO; the message names the rank and err->file the file.
  */
-ks_status ks_shard_verify_file(const char *dir, const ks_shard_index *idx, int rank, ks_error *err);
+KS_NODISCARD ks_status ks_shard_verify_file(const char *dir, const ks_shard_index *idx, int rank, ks_error *err);
 
 /** Options of a load. All-zero (or NULL) gives the defaults. */
 typedef struct ks_shard_load_opts {
@@ -192,7 +192,7 @@ typedef struct ks_shard_load_opts {
  * @return KS_OK, KS_E_SHAPE (want's global shape differs from the saved one), KS_E_MISMATCH,
  *         ks_shard_verify_file errors, reader errors, KS_E_NOMEM. Nothing is returned on error.
  */
-ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int rank, int world_size,
+KS_NODISCARD ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int rank, int world_size,
                              const ks_shard_map *want, const ks_shard_load_opts *opts, ks_statedict **sd,
                              ks_meta **meta, ks_error *err);
 
@@ -202,7 +202,7 @@ ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int ran
  * with the sharded tensors split by ks_shard_split_dim0, then the index.
  * @return as ks_shard_load_rank and ks_shard_write_rank; KS_E_EXISTS when out_dir holds a checkpoint.
  */
-ks_status ks_shard_reshard(const char *dir, int world_size, const char *out_dir, const ks_save_opts *opts,
+KS_NODISCARD ks_status ks_shard_reshard(const char *dir, int world_size, const char *out_dir, const ks_save_opts *opts,
                            ks_error *err);
 
 /**
@@ -214,7 +214,7 @@ ks_status ks_shard_reshard(const char *dir, int world_size, const char *out_dir,
  * @param skipped optional; receives how many indexed directories failed to verify.
  * @return KS_OK (also when none), KS_E_IO, KS_E_NOMEM.
  */
-ks_status ks_shard_latest(const char *run_dir, const ks_allocator *alloc, char **path, size_t *skipped,
+KS_NODISCARD ks_status ks_shard_latest(const char *run_dir, const ks_allocator *alloc, char **path, size_t *skipped,
                           ks_error *err);
 
 KS_END_DECLS

@@ -57,17 +57,17 @@ typedef struct ks_load_item {
 } ks_load_item;
 
 /** Creates an empty report. @return KS_OK or KS_E_NOMEM. Free with ks_load_report_free. */
-ks_status ks_load_report_create(const ks_allocator *alloc, ks_load_report **out, ks_error *err);
+KS_NODISCARD ks_status ks_load_report_create(const ks_allocator *alloc, ks_load_report **out, ks_error *err);
 void ks_load_report_free(ks_load_report *r);
 /** Appends an item (the strings are copied). @return KS_OK or KS_E_NOMEM (report unchanged). */
-ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason, ks_error *err);
+KS_NODISCARD ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason, ks_error *err);
 /** Empties the report. */
 void ks_load_report_clear(ks_load_report *r);
 size_t ks_load_report_count(const ks_load_report *r);
 /** Number of items of one kind. */
 size_t ks_load_report_count_kind(const ks_load_report *r, ks_load_kind kind);
 /** Item i. @return KS_OK or KS_E_NOTFOUND. */
-ks_status ks_load_report_at(const ks_load_report *r, size_t i, ks_load_item *out);
+KS_NODISCARD ks_status ks_load_report_at(const ks_load_report *r, size_t i, ks_load_item *out);
 /** Finds the first item whose path equals `path`; NULL when none. Valid until the report changes. */
 const ks_load_item *ks_load_report_find(const ks_load_report *r, const char *path);
 /** "loaded", "migrated", ... */
@@ -110,7 +110,7 @@ typedef ks_status (*ks_metrics_factory)(void *ctx, const char *label, const ks_a
  * @param rank_zero_seed saved as state/rank_zero_seed.
  * @return KS_OK or KS_E_NOMEM. Free with ks_state_free.
  */
-ks_status ks_state_create(const char *run_name, int64_t rank_zero_seed, const ks_allocator *alloc,
+KS_NODISCARD ks_status ks_state_create(const char *run_name, int64_t rank_zero_seed, const ks_allocator *alloc,
                           ks_state **out, ks_error *err);
 /** Frees the state and the metric collections it built; registered components are borrowed. */
 void ks_state_free(ks_state *st);
@@ -120,15 +120,15 @@ void ks_state_free(ks_state *st);
  * The descriptor is copied; its data is borrowed and overwritten in place on load.
  * @return KS_OK, KS_E_EXISTS, KS_E_INVALID or KS_E_NOMEM.
  */
-ks_status ks_state_add_tensor(ks_state *st, const char *name, const ks_tensor *t, ks_error *err);
+KS_NODISCARD ks_status ks_state_add_tensor(ks_state *st, const char *name, const ks_tensor *t, ks_error *err);
 /** Registers an optimizer saved as state/optimizers/<name>/ (borrowed). */
-ks_status ks_state_add_optimizer(ks_state *st, const char *name, ks_optimizer *opt, ks_error *err);
+KS_NODISCARD ks_status ks_state_add_optimizer(ks_state *st, const char *name, ks_optimizer *opt, ks_error *err);
 /** Registers a scheduler saved as state/schedulers/<name>/ (borrowed). */
-ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks_scheduler *sched, ks_error *err);
+KS_NODISCARD ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks_scheduler *sched, ks_error *err);
 /** Registers a custom component saved as state/callbacks/<name>/ (the struct is copied). */
-ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb, ks_error *err);
+KS_NODISCARD ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb, ks_error *err);
 /** Registers a dataset position saved as state/dataset_state/<name>/ (borrowed). */
-ks_status ks_state_add_dataset(ks_state *st, const char *name, ks_dataset_state *ds, ks_error *err);
+KS_NODISCARD ks_status ks_state_add_dataset(ks_state *st, const char *name, ks_dataset_state *ds, ks_error *err);
 /** The timestamp, saved as state/timestamp/Timestamp/ (borrowed; NULL unregisters). */
 void ks_state_set_timestamp(ks_state *st, ks_timestamp *ts);
 /** The registered timestamp (borrowed), or NULL when none is (or st is NULL). */
@@ -141,7 +141,7 @@ void ks_state_set_rng(ks_state *st, ks_rng *rng);
  * (label NULL) and one collection per evaluator label. Replaces any built before.
  * @return KS_OK, the factory's error, KS_E_INVALID or KS_E_NOMEM (state unchanged on error).
  */
-ks_status ks_state_build_metrics(ks_state *st, ks_metrics_factory factory, void *ctx,
+KS_NODISCARD ks_status ks_state_build_metrics(ks_state *st, ks_metrics_factory factory, void *ctx,
                                  const char *const *eval_labels, size_t n_eval, ks_error *err);
 /** The train metrics built above (NULL before). Owned by the state. */
 ks_metric_collection *ks_state_train_metrics(const ks_state *st);
@@ -153,9 +153,9 @@ ks_metric_collection *ks_state_eval_metrics(const ks_state *st, const char *labe
  * schema version and update count of each metric, keyed by its path) to `meta`.
  * @return KS_OK, KS_E_NOMEM, or a component's error.
  */
-ks_status ks_state_to_state_dict(const ks_state *st, ks_statedict *dst, ks_meta *meta, ks_error *err);
+KS_NODISCARD ks_status ks_state_to_state_dict(const ks_state *st, ks_statedict *dst, ks_meta *meta, ks_error *err);
 /** ks_state_to_state_dict + ks_save (atomic and durable). */
-ks_status ks_state_save(const ks_state *st, const char *path, const ks_save_opts *opts, ks_error *err);
+KS_NODISCARD ks_status ks_state_save(const ks_state *st, const char *path, const ks_save_opts *opts, ks_error *err);
 
 /** Options of a load. All-zero (or NULL) gives the defaults. */
 typedef struct ks_load_opts {
@@ -180,7 +180,7 @@ typedef struct ks_load_opts {
  *         strict mode (nothing is written then); KS_E_NOMEM; a component's error.
  *         Components loaded before a non-model error keep their new values.
  */
-ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const ks_meta *meta,
+KS_NODISCARD ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const ks_meta *meta,
                                    const ks_load_opts *opts, ks_load_report *report, ks_error *err);
 /**
  * ks_load of `path` (memory-mapped, checksums verified when opts->verify_checksums)
@@ -188,7 +188,7 @@ ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const 
  * program's buffers, and the mapping is released before returning, so nothing
  * stays mapped afterwards and the file may change or vanish.
  */
-ks_status ks_state_load(ks_state *st, const char *path, const ks_load_opts *opts, ks_load_report *report,
+KS_NODISCARD ks_status ks_state_load(ks_state *st, const char *path, const ks_load_opts *opts, ks_load_report *report,
                         ks_error *err);
 
 /* ------------------------------------------------------------------------ */
@@ -234,7 +234,7 @@ typedef ks_status (*ks_after_save_fn)(void *ctx, const char *path, ks_error *err
  * @return KS_OK, KS_E_INVALID (staging_size without staging) or KS_E_NOMEM.
  * Ownership: free with ks_async_saver_free.
  */
-ks_status ks_async_saver_create(const ks_async_opts *opts, ks_async_saver **out, ks_error *err);
+KS_NODISCARD ks_status ks_async_saver_create(const ks_async_opts *opts, ks_async_saver **out, ks_error *err);
 
 /**
  * Finishes a save in flight (it is never cut short: the file is either fully
@@ -252,18 +252,18 @@ void ks_async_saver_free(ks_async_saver *sv);
  * @return KS_OK (started), the previous save's error, KS_E_STATE (busy),
  *         KS_E_NOMEM / KS_E_LIMIT (snapshot) or KS_E_IO (no thread).
  */
-ks_status ks_state_save_async(ks_async_saver *sv, const ks_state *st, const char *path, const ks_save_opts *opts,
+KS_NODISCARD ks_status ks_state_save_async(ks_async_saver *sv, const ks_state *st, const char *path, const ks_save_opts *opts,
                               ks_error *err);
 
 /** ks_state_save_async with an after-commit step run on the background thread (may be NULL). */
-ks_status ks_async_saver_start(ks_async_saver *sv, const ks_state *st, const char *path,
+KS_NODISCARD ks_status ks_async_saver_start(ks_async_saver *sv, const ks_state *st, const char *path,
                                const ks_save_opts *opts, ks_after_save_fn after, void *ctx, ks_error *err);
 
 /**
  * Waits for the save in flight, if any.
  * @return its result (KS_OK when none failed since the last call), with err filled.
  */
-ks_status ks_async_saver_wait(ks_async_saver *sv, ks_error *err);
+KS_NODISCARD ks_status ks_async_saver_wait(ks_async_saver *sv, ks_error *err);
 
 /** Nonzero while a background save is still running. */
 int ks_async_saver_busy(ks_async_saver *sv);

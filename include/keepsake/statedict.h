@@ -40,7 +40,7 @@ typedef struct ks_statedict ks_statedict;
  * @param err optional (NULL allowed): the key and the length found vs allowed.
  * @return KS_OK, KS_E_INVALID (NULL or empty) or KS_E_LIMIT (too long). Thread safe.
  */
-ks_status ks_name_check(const char *name, ks_error *err);
+KS_NODISCARD ks_status ks_name_check(const char *name, ks_error *err);
 
 typedef enum ks_value_kind {
   KS_VAL_TENSOR = 0,
@@ -74,7 +74,7 @@ typedef enum ks_take {
  * @param out   receives the dict; untouched on failure.
  * @return KS_OK or KS_E_NOMEM. Free with ks_statedict_free.
  */
-ks_status ks_statedict_create(const ks_allocator *alloc, ks_statedict **out, ks_error *err);
+KS_NODISCARD ks_status ks_statedict_create(const ks_allocator *alloc, ks_statedict **out, ks_error *err);
 
 /** Frees the dict, its owned data and its attached owners. Accepts NULL. */
 void ks_statedict_free(ks_statedict *sd);
@@ -89,21 +89,21 @@ const ks_allocator *ks_statedict_allocator(const ks_statedict *sd);
  * @return KS_OK, KS_E_NOMEM, KS_E_INVALID (bad name) or KS_E_LIMIT. On failure the
  *         dict is unchanged.
  */
-ks_status ks_statedict_set_tensor(ks_statedict *sd, const char *name, const ks_tensor *t, ks_take take, ks_error *err);
+KS_NODISCARD ks_status ks_statedict_set_tensor(ks_statedict *sd, const char *name, const ks_tensor *t, ks_take take, ks_error *err);
 
 /**
  * Inserts or replaces a tensor entry with fresh zeroed owned data.
  * @param out_data optional; receives the data pointer for filling.
  */
-ks_status ks_statedict_new_tensor(ks_statedict *sd, const char *name, ks_dtype dtype, int rank,
+KS_NODISCARD ks_status ks_statedict_new_tensor(ks_statedict *sd, const char *name, ks_dtype dtype, int rank,
                                   const int64_t *shape, void **out_data, ks_error *err);
 
 /** Scalar setters: insert or replace. Same errors as ks_statedict_set_tensor. */
-ks_status ks_statedict_set_int(ks_statedict *sd, const char *name, int64_t v, ks_error *err);
-ks_status ks_statedict_set_float(ks_statedict *sd, const char *name, double v, ks_error *err);
-ks_status ks_statedict_set_bool(ks_statedict *sd, const char *name, int v, ks_error *err);
-ks_status ks_statedict_set_string(ks_statedict *sd, const char *name, const char *v, ks_error *err);
-ks_status ks_statedict_set_null(ks_statedict *sd, const char *name, ks_error *err);
+KS_NODISCARD ks_status ks_statedict_set_int(ks_statedict *sd, const char *name, int64_t v, ks_error *err);
+KS_NODISCARD ks_status ks_statedict_set_float(ks_statedict *sd, const char *name, double v, ks_error *err);
+KS_NODISCARD ks_status ks_statedict_set_bool(ks_statedict *sd, const char *name, int v, ks_error *err);
+KS_NODISCARD ks_status ks_statedict_set_string(ks_statedict *sd, const char *name, const char *v, ks_error *err);
+KS_NODISCARD ks_status ks_statedict_set_null(ks_statedict *sd, const char *name, ks_error *err);
 
 /**
  * Inserts or replaces an entry of any kind, copied from a view such as one
@@ -111,7 +111,7 @@ ks_status ks_statedict_set_null(ks_statedict *sd, const char *name, ks_error *er
  * @param take for tensors, as in ks_statedict_set_tensor; ignored for scalars (always copied).
  * @return as ks_statedict_set_tensor; KS_E_INVALID for an unknown kind.
  */
-ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take, ks_error *err);
+KS_NODISCARD ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take, ks_error *err);
 
 /**
  * Matches a '/'-joined path against a glob ('*' any run of bytes, '/' included;
@@ -129,33 +129,33 @@ size_t ks_statedict_count(const ks_statedict *sd);
  * Entry at insertion position i (0-based).
  * @return KS_OK or KS_E_NOTFOUND when i >= count.
  */
-ks_status ks_statedict_at(const ks_statedict *sd, size_t i, ks_entry *out);
+KS_NODISCARD ks_status ks_statedict_at(const ks_statedict *sd, size_t i, ks_entry *out);
 
 /**
  * Looks an entry up by name.
  * @return KS_OK or KS_E_NOTFOUND (out untouched).
  */
-ks_status ks_statedict_get(const ks_statedict *sd, const char *name, ks_entry *out);
+KS_NODISCARD ks_status ks_statedict_get(const ks_statedict *sd, const char *name, ks_entry *out);
 
 /** Convenience: the tensor named `name`, or NULL. The pointer is valid until the entry changes. */
 const ks_tensor *ks_statedict_tensor(const ks_statedict *sd, const char *name);
 
 /** Removes an entry, keeping the order of the rest. @return KS_OK or KS_E_NOTFOUND. */
-ks_status ks_statedict_remove(ks_statedict *sd, const char *name);
+KS_NODISCARD ks_status ks_statedict_remove(ks_statedict *sd, const char *name);
 
 /**
  * Attaches an owner released when the dict is freed, e.g. a reader whose mapping
  * KS_MAPPED_VIEW tensors point into.
  * @return KS_OK or KS_E_NOMEM (then `release` is NOT called).
  */
-ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(void *owner), ks_error *err);
+KS_NODISCARD ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(void *owner), ks_error *err);
 
 /**
  * Copies every entry of src whose name starts with `prefix` into dst, with the
  * prefix replaced by `new_prefix` (either may be ""). Tensor data is copied.
  * @return KS_OK, KS_E_NOMEM or KS_E_INVALID; on failure dst may hold some entries.
  */
-ks_status ks_statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, const char *prefix,
+KS_NODISCARD ks_status ks_statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, const char *prefix,
                                    const char *new_prefix, ks_error *err);
 
 KS_END_DECLS

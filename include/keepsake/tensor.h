@@ -44,14 +44,14 @@ typedef struct ks_tensor {
  * @param data  borrowed; must hold numel * dtype size bytes.
  * @return KS_OK, KS_E_DTYPE, KS_E_LIMIT (rank > 8 or size overflow) or KS_E_SHAPE (negative dim).
  */
-ks_status ks_tensor_init(ks_tensor *t, ks_dtype dtype, int rank, const int64_t *shape, void *data);
+KS_NODISCARD ks_status ks_tensor_init(ks_tensor *t, ks_dtype dtype, int rank, const int64_t *shape, void *data);
 
 /**
  * Element count of a shape, checked for overflow: the byte size must also fit in size_t.
  * @param out_numel receives numel; @param out_nbytes receives numel*size (either may be NULL).
  * @return KS_OK, KS_E_SHAPE for negative dims, KS_E_LIMIT for rank > 8 or overflow.
  */
-ks_status ks_shape_size(ks_dtype dtype, int rank, const int64_t *shape, uint64_t *out_numel,
+KS_NODISCARD ks_status ks_shape_size(ks_dtype dtype, int rank, const int64_t *shape, uint64_t *out_numel,
                         size_t *out_nbytes);
 
 /** Number of elements of a valid descriptor (1 for rank 0). */

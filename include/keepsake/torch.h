@@ -99,7 +99,7 @@ typedef struct ks_torch_read_opts {
  *         KS_E_CHECKSUM or KS_E_NOMEM.
  * Thread safety: independent calls may run concurrently.
  */
-ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
+KS_NODISCARD ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
                         ks_error *err);
 
 /**
@@ -108,18 +108,18 @@ ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_sta
  * opts->alloc (free with ks_torch_free); untouched on failure. NULL structure
  * = ks_torch_load.
  */
-ks_status ks_torch_load_with_structure(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
+KS_NODISCARD ks_status ks_torch_load_with_structure(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
                                        char **structure, ks_error *err);
 
 /**
  * Same as ks_torch_load, from bytes in memory. Tensor data is copied into the
  * dict, so buf may be freed as soon as the call returns.
  */
-ks_status ks_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts,
+KS_NODISCARD ks_status ks_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts,
                                ks_statedict **out, ks_error *err);
 
 /** ks_torch_load_buffer with a structure document, as ks_torch_load_with_structure. */
-ks_status ks_torch_load_buffer_with_structure(const void *buf, size_t len, const ks_torch_read_opts *opts,
+KS_NODISCARD ks_status ks_torch_load_buffer_with_structure(const void *buf, size_t len, const ks_torch_read_opts *opts,
                                               ks_statedict **out, char **structure, ks_error *err);
 
 /**
@@ -179,14 +179,14 @@ typedef struct ks_torch_write_opts {
  *         `path` as the file.
  * Thread safety: sd is only read.
  */
-ks_status ks_torch_save(const char *path, const ks_statedict *sd, const ks_torch_write_opts *opts,
+KS_NODISCARD ks_status ks_torch_save(const char *path, const ks_statedict *sd, const ks_torch_write_opts *opts,
                         ks_error *err);
 
 /**
  * Same as ks_torch_save, into memory. *out is allocated with opts->alloc; free it
  * with ks_torch_free(opts->alloc, *out).
  */
-ks_status ks_torch_save_buffer(const ks_statedict *sd, const ks_torch_write_opts *opts, void **out,
+KS_NODISCARD ks_status ks_torch_save_buffer(const ks_statedict *sd, const ks_torch_write_opts *opts, void **out,
                                size_t *out_len, ks_error *err);
 
 /** Frees memory this module returned (buffers, JSON). alloc NULL = libc. Accepts NULL p. */
@@ -221,7 +221,7 @@ void ks_torch_free(const ks_allocator *alloc, void *p);
  * @return KS_OK, KS_E_NOMEM, KS_E_SHAPE / KS_E_DTYPE (list state items that cannot
  *         be concatenated), KS_E_INVALID.
  */
-ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out,
+KS_NODISCARD ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out,
                                 char **metrics_json, ks_error *err);
 
 /**
@@ -234,7 +234,7 @@ ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_state
  * @return as ks_composer_normalize; KS_E_LIMIT when a join would pass the budget
  *         (err names the state).
  */
-ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, uint64_t *join_budget,
+KS_NODISCARD ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, uint64_t *join_budget,
                                         ks_statedict **out, char **metrics_json, ks_error *err);
 
 KS_END_DECLS

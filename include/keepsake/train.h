@@ -47,9 +47,9 @@ void ks_rng_shuffle(ks_rng *r, int64_t *idx, size_t n);
  * 64-bit state words (torch has no uint64, so the entry exports to .pt).
  * @return KS_OK or KS_E_NOMEM.
  */
-ks_status ks_rng_to_state_dict(const ks_rng *r, ks_statedict *dst, const char *prefix, ks_error *err);
+KS_NODISCARD ks_status ks_rng_to_state_dict(const ks_rng *r, ks_statedict *dst, const char *prefix, ks_error *err);
 /** Reads what ks_rng_to_state_dict wrote. @return KS_OK, KS_E_NOTFOUND, KS_E_SHAPE or KS_E_DTYPE (r unchanged). */
-ks_status ks_rng_load_state_dict(ks_rng *r, const ks_statedict *src, const char *prefix, ks_error *err);
+KS_NODISCARD ks_status ks_rng_load_state_dict(ks_rng *r, const ks_statedict *src, const char *prefix, ks_error *err);
 
 /* ------------------------------------------------------------------------ */
 /* Timestamp: Composer's counters plus wall-clock totals (the *_wct fields). */
@@ -68,9 +68,9 @@ void ks_timestamp_batch_done(ks_timestamp *ts, int64_t samples, int64_t tokens, 
 /** Counts a finished epoch: epoch+1, in-epoch counters and epoch_wct back to zero. */
 void ks_timestamp_epoch_done(ks_timestamp *ts);
 /** Writes `<prefix>epoch` ... `<prefix>batch_wct` as scalars. @return KS_OK or KS_E_NOMEM. */
-ks_status ks_timestamp_to_state_dict(const ks_timestamp *ts, ks_statedict *dst, const char *prefix, ks_error *err);
+KS_NODISCARD ks_status ks_timestamp_to_state_dict(const ks_timestamp *ts, ks_statedict *dst, const char *prefix, ks_error *err);
 /** Reads them back; integer fields must be ints. @return KS_OK, KS_E_NOTFOUND or KS_E_VALUE (ts unchanged). */
-ks_status ks_timestamp_load_state_dict(ks_timestamp *ts, const ks_statedict *src, const char *prefix,
+KS_NODISCARD ks_status ks_timestamp_load_state_dict(ks_timestamp *ts, const ks_statedict *src, const char *prefix,
                                        ks_error *err);
 
 /** Where a data loader is: which epoch's order, how far into it, and the shuffle seed. */
@@ -102,8 +102,8 @@ typedef struct ks_adamw_opts {
  * @return KS_OK, KS_E_INVALID (NULL opts, negative lr...) or KS_E_NOMEM.
  * Ownership: free with ks_optimizer_free.
  */
-ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *alloc, ks_optimizer **out, ks_error *err);
-ks_status ks_optimizer_create_adamw(const ks_adamw_opts *opts, const ks_allocator *alloc, ks_optimizer **out, ks_error *err);
+KS_NODISCARD ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *alloc, ks_optimizer **out, ks_error *err);
+KS_NODISCARD ks_status ks_optimizer_create_adamw(const ks_adamw_opts *opts, const ks_allocator *alloc, ks_optimizer **out, ks_error *err);
 /** Frees the optimizer and its state buffers (never the parameters). Accepts NULL. */
 void ks_optimizer_free(ks_optimizer *o);
 
@@ -113,7 +113,7 @@ void ks_optimizer_free(ks_optimizer *o);
  * shape is used for the state tensors and for load checks.
  * @return KS_OK, KS_E_INVALID, KS_E_LIMIT or KS_E_NOMEM (optimizer unchanged).
  */
-ks_status ks_optimizer_add_param(ks_optimizer *o, float *param, const float *grad, int rank,
+KS_NODISCARD ks_status ks_optimizer_add_param(ks_optimizer *o, float *param, const float *grad, int rank,
                                  const int64_t *shape, ks_error *err);
 /** One update of every parameter from its gradient, as torch does it (F32 arithmetic). */
 void ks_optimizer_step(ks_optimizer *o);
@@ -131,13 +131,13 @@ size_t ks_optimizer_param_count(const ks_optimizer *o);
  * `<prefix>param_groups/0/lr`, `betas/0`, ... `params/<i>`.
  * @return KS_OK or KS_E_NOMEM (dst may hold some entries).
  */
-ks_status ks_optimizer_to_state_dict(const ks_optimizer *o, ks_statedict *dst, const char *prefix, ks_error *err);
+KS_NODISCARD ks_status ks_optimizer_to_state_dict(const ks_optimizer *o, ks_statedict *dst, const char *prefix, ks_error *err);
 /**
  * Restores state and hyperparameters. All entries are checked (presence, dtype
  * F32 or a widening of it, shape) before anything is written.
  * @return KS_OK, KS_E_NOTFOUND, KS_E_SHAPE, KS_E_DTYPE or KS_E_VALUE; optimizer unchanged on error.
  */
-ks_status ks_optimizer_load_state_dict(ks_optimizer *o, const ks_statedict *src, const char *prefix,
+KS_NODISCARD ks_status ks_optimizer_load_state_dict(ks_optimizer *o, const ks_statedict *src, const char *prefix,
                                        ks_error *err);
 
 /* ------------------------------------------------------------------------ */
@@ -165,9 +165,9 @@ double ks_scheduler_lr_at(const ks_scheduler *s, int64_t t);
 /** Advances one step and sets the new learning rate on `opt` (may be NULL). */
 void ks_scheduler_step(ks_scheduler *s, ks_optimizer *opt);
 /** Writes `<prefix>base_lrs/0`, `last_epoch`, `_step_count`, `_last_lr/0`, `t_warmup`, `t_max`, `alpha_f`. */
-ks_status ks_scheduler_to_state_dict(const ks_scheduler *s, ks_statedict *dst, const char *prefix, ks_error *err);
+KS_NODISCARD ks_status ks_scheduler_to_state_dict(const ks_scheduler *s, ks_statedict *dst, const char *prefix, ks_error *err);
 /** Restores it. @return KS_OK, KS_E_NOTFOUND or KS_E_VALUE (s unchanged). */
-ks_status ks_scheduler_load_state_dict(ks_scheduler *s, const ks_statedict *src, const char *prefix,
+KS_NODISCARD ks_status ks_scheduler_load_state_dict(ks_scheduler *s, const ks_statedict *src, const char *prefix,
                                        ks_error *err);
 
 /** Which end of a metric is better, for keep-best and early stopping. */
@@ -205,7 +205,7 @@ typedef struct ks_early_stop {
  * Initialises es for `monitor` (NUL-terminated, under 256 bytes).
  * @return KS_OK or KS_E_INVALID (empty/long monitor, patience < 1, min_delta < 0 or NaN, bad mode).
  */
-ks_status ks_early_stop_init(ks_early_stop *es, const char *monitor, ks_best_mode mode, int64_t patience,
+KS_NODISCARD ks_status ks_early_stop_init(ks_early_stop *es, const char *monitor, ks_best_mode mode, int64_t patience,
                              double min_delta, ks_error *err);
 
 /**

@@ -45,7 +45,7 @@ static void encode_metric(ks__wbuf *b, const char *name, const ks_metric *m) {
   ks__wbuf_i64(b, (int64_t)n);
   for (size_t i = 0; i < n; i++) {
     ks_tensor t;
-    ks_metric_state_info(m, i, NULL, NULL, &t);
+    if (ks_metric_state_info(m, i, NULL, NULL, &t)) continue; /* index in range: cannot fail */
     ks__wbuf_i64(b, (int64_t)t.dtype);
     ks__wbuf_i64(b, t.rank);
     for (int d = 0; d < t.rank; d++) ks__wbuf_i64(b, t.shape[d]);
@@ -122,7 +122,7 @@ static ks_status decode_metric(rd *r, const char *name, const ks_metric *like, c
     const uint8_t *p = NULL;
     ok = ok && get_i64(r, &nbytes) && get_bytes(r, nbytes, &p);
     const char *sname = NULL;
-    ks_metric_state_info(like, (size_t)i, &sname, NULL, NULL);
+    if (ks_metric_state_info(like, (size_t)i, &sname, NULL, NULL)) continue; /* index in range: cannot fail */
     if (!ok) {
       st = ks__err_at(err, KS_E_FORMAT, NULL, name, -1, "state %lld of metric '%s' from rank %d is malformed",
                       (long long)i, name, r->rank);
@@ -158,7 +158,7 @@ static ks_status assign(ks_metric *dst, const ks_metric *src, const ks_allocator
   for (size_t i = 0; !st && i < ks_metric_state_count(src); i++) {
     const char *name;
     ks_tensor t;
-    ks_metric_state_info(src, i, &name, NULL, &t);
+    if (ks_metric_state_info(src, i, &name, NULL, &t)) continue; /* index in range: cannot fail */
     st = ks_statedict_set_tensor(sd, name, &t, KS_BORROW, err);
   }
   if (st) st = ks__err(err, st, "out of memory copying metric states");

@@ -25,7 +25,7 @@ static ks_status check_names(const ks_statedict *sd, ks_error *err) {
   size_t n = ks_statedict_count(sd);
   for (size_t i = 0; i < n; i++) {
     ks_entry e;
-    ks_statedict_at(sd, i, &e);
+    if (ks_statedict_at(sd, i, &e)) continue; /* index in range: cannot fail */
     if (!ks__utf8_valid((const uint8_t *)e.name, strlen(e.name)))
       return ks__err_at(err, KS_E_INVALID, NULL, e.name, -1, "entry name is not valid UTF-8");
     if (e.name[0] == '_' && !strcmp(e.name, "__metadata__"))
@@ -43,7 +43,7 @@ static void put_checksums(ks__sbuf *h, const ks_statedict *sd) {
   ks__sbuf_put(h, ":\"{", 3);
   for (size_t i = 0; i < n; i++) {
     ks_entry e;
-    ks_statedict_at(sd, i, &e);
+    if (ks_statedict_at(sd, i, &e)) continue; /* index in range: cannot fail */
     if (e.kind != KS_VAL_TENSOR) continue;
     if (written++) ks__sbuf_putc(h, ',');
     ks__sbuf_put_json_str_nested(h, e.name, strlen(e.name));
@@ -64,7 +64,7 @@ static void put_pair(ks__sbuf *h, const char *k, const char *v, size_t vlen) {
 static ks_status put_extra(ks__sbuf *h, const ks_meta *extra, ks_error *err) {
   for (size_t i = 0; i < ks_meta_count(extra); i++) {
     const char *k, *v;
-    ks_meta_at(extra, i, &k, &v);
+    if (ks_meta_at(extra, i, &k, &v)) continue; /* index in range: cannot fail */
     if (is_writer_key(k))
       return ks__err_at(err, KS_E_INVALID, NULL, k, -1, "metadata key '%s' is written by keepsake itself", k);
     put_pair(h, k, v, strlen(v));
@@ -125,7 +125,7 @@ ks_status ks__build_header(const ks_statedict *sd, const ks_meta *extra, const k
   uint64_t off = 0;
   for (size_t i = 0; i < ks_statedict_count(sd); i++) {
     ks_entry e;
-    ks_statedict_at(sd, i, &e);
+    if (ks_statedict_at(sd, i, &e)) continue; /* index in range: cannot fail */
     if (e.kind != KS_VAL_TENSOR) continue;
     put_tensor(h, &e, off);
     off += e.tensor.nbytes;

@@ -7,7 +7,7 @@ static ks_status fill_dict(ks_reader *r, ks_statedict *sd, ks_error *err) {
   for (size_t i = 0; i < r->count; i++) {
     const char *name;
     ks_tensor view;
-    ks_reader_tensor_at(r, i, &name, &view);
+    if (ks_reader_tensor_at(r, i, &name, &view)) continue; /* index in range: cannot fail */
     ks_status st = ks_statedict_set_tensor(sd, name, &view, KS_MAPPED_VIEW, err);
     if (st)
       return ks__err_at(err, st, r->path, name, (int64_t)(r->data_off + r->entries[i].begin),

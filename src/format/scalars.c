@@ -48,7 +48,7 @@ ks_status ks__scalars_encode(const ks_statedict *sd, ks__sbuf *out, ks_error *er
   ks__sbuf_putc(out, '{');
   for (size_t i = 0; i < n; i++) {
     ks_entry e;
-    ks_statedict_at(sd, i, &e);
+    if (ks_statedict_at(sd, i, &e)) continue; /* index in range: cannot fail */
     if (e.kind == KS_VAL_TENSOR) continue;
     if (written++) ks__sbuf_putc(out, ',');
     ks__sbuf_put_json_str(out, e.name, strlen(e.name));

@@ -122,7 +122,7 @@ static void check_scalars(vstate *v) {
   if (ks_reader_scalars(v->r, sd, &e)) report(v, &e);
   for (size_t i = 0; !v->stop && i < ks_statedict_count(sd); i++) {
     ks_entry en;
-    ks_statedict_at(sd, i, &en);
+    if (ks_statedict_at(sd, i, &en)) continue; /* index in range: cannot fail */
     if (ks_reader_find(v->r, en.name) < 0) continue;
     ks__err_at(&e, KS_E_FORMAT, v->r->path, en.name, ks__fmt_key_offset(v->r, KS_META_SCALARS),
                "name is both a tensor and a scalar");

@@ -40,7 +40,7 @@ static ks_status write_body(save_ctx *c, const ks__sbuf *hdr, const ks_statedict
   ks_status st = ks__durable_write(&c->out, hdr->p, hdr->len);
   for (size_t i = 0; !st && i < ks_statedict_count(sd); i++) {
     ks_entry e;
-    ks_statedict_at(sd, i, &e);
+    if (ks_statedict_at(sd, i, &e)) continue; /* index in range: cannot fail */
     if (e.kind == KS_VAL_TENSOR) st = put_data(c, e.tensor.data, e.tensor.nbytes);
   }
   return st ? st : flush_stage(c);

@@ -186,7 +186,10 @@ ks_status ks__result(const ks_metric *m, ks_tensor *out, ks_dtype dtype, int ran
   if (st) return ks__err(err, st, "result too large");
   void *p = ks__calloc(&m->alloc, 1, nbytes ? nbytes : 1);
   if (!p) return ks__err(err, KS_E_NOMEM, "out of memory for the result");
-  ks_tensor_init(out, dtype, rank, shape, p);
+  if ((st = ks_tensor_init(out, dtype, rank, shape, p))) {
+    ks__free(&m->alloc, p);
+    return ks__err(err, st, "bad result shape (rank %d)", rank);
+  }
   out->ownership = KS_OWNED;
   return KS_OK;
 }

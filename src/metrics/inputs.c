@@ -52,7 +52,12 @@ ks_status ks__view_as(const ks_metric *m, const ks_tensor *t, ks_dtype want, ks_
   if (!ks__mul_size(v->n, ks_dtype_size(want), &bytes)) return ks__err(err, KS_E_LIMIT, "input too large");
   v->owned = ks__malloc(&m->alloc, bytes ? bytes : 1);
   if (!v->owned) return ks__err(err, KS_E_NOMEM, "out of memory converting an input to %s", ks_dtype_name(want));
-  ks_dtype_convert(want, v->owned, t->dtype, t->data, v->n);
+  ks_status st = ks_dtype_convert(want, v->owned, t->dtype, t->data, v->n);
+  if (st) {
+    ks__free(&m->alloc, v->owned);
+    v->owned = NULL;
+    return ks__err(err, st, "cannot convert an input from %s to %s", ks_dtype_name(t->dtype), ks_dtype_name(want));
+  }
   v->p = v->owned;
   return KS_OK;
 }

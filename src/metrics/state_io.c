@@ -26,7 +26,8 @@ ks_status ks_metric_to_state_dict(const ks_metric *m, ks_statedict *dst, const c
     ks_status st = full_name(prefix, s->name, name, sizeof name, err);
     if (st) return st;
     ks_tensor t;
-    ks_tensor_init(&t, s->dtype, s->rank, s->shape, s->data);
+    if ((st = ks_tensor_init(&t, s->dtype, s->rank, s->shape, s->data)))
+      return ks__err_at(err, st, NULL, name, -1, "state '%s' has a bad shape", name);
     st = ks_statedict_set_tensor(dst, name, &t, KS_COPY, err);
     if (st) return ks__err_at(err, st, NULL, name, -1, "cannot store state: %s", ks_strerror(st));
   }
@@ -113,8 +114,12 @@ static ks_status stage_one(const ks_metric *m, const ks__state *s, const ks_tens
   size_t src_n = ks__numel(t), esz = ks_dtype_size(s->dtype);
   if (t->dtype == s->dtype) {
     if (src_n) memcpy(out->data, t->data, src_n * esz);
-  } else
-    ks_dtype_convert(s->dtype, out->data, t->dtype, t->data, src_n);
+  } else if (ks_dtype_convert(s->dtype, out->data, t->dtype, t->data, src_n)) {
+    ks__free(&m->alloc, out->data);
+    out->data = NULL;
+    return ks__err_at(err, KS_E_DTYPE, NULL, name, -1, "cannot convert %s to %s", ks_dtype_name(t->dtype),
+                      ks_dtype_name(s->dtype));
+  }
   for (size_t i = src_n; i < n; i++) memcpy((char *)out->data + i * esz, out->data, esz); /* broadcast */
   out->nbytes = nbytes;
   if (s->reduce == KS_REDUCE_CAT) {
@@ -213,7 +218,10 @@ ks_status ks_metric_restore_computed(ks_metric *m, const ks_tensor *computed, in
     void *p = ks__malloc(&m->alloc, computed->nbytes ? computed->nbytes : 1);
     if (!p) return ks__err(err, KS_E_NOMEM, "out of memory restoring _computed");
     if (computed->nbytes) memcpy(p, computed->data, computed->nbytes);
-    ks_tensor_init(&copy, computed->dtype, computed->rank, computed->shape, p);
+    if ((st = ks_tensor_init(&copy, computed->dtype, computed->rank, computed->shape, p))) {
+      ks__free(&m->alloc, p);
+      return ks__err(err, st, "_computed has a bad shape");
+    }
     copy.ownership = KS_OWNED;
   }
   ks__free(&m->alloc, m->computed.data);

@@ -115,7 +115,7 @@ static ks_status add_whole(const ks_allocator *a, ks__jv *weight_map, const file
   for (size_t i = 0; !st && i < ks_reader_count(h->r); i++) {
     const char *name;
     ks_tensor t;
-    ks_reader_tensor_at(h->r, i, &name, &t);
+    if (ks_reader_tensor_at(h->r, i, &name, &t)) continue; /* index in range: cannot fail */
     if (ks__jv_get(ks__jv_get(h->dcp, name), "global_shape") || is_per_rank(per_rank, name)) continue;
     ks__shard_put(a, weight_map, name, ks__jv_str(a, fname), &st);
     *total += t.nbytes;

@@ -61,7 +61,7 @@ static ks_status views_of(loader *L, src_file *s) {
   for (size_t i = 0; i < ks_reader_count(s->r); i++) {
     const char *name;
     ks_tensor v;
-    ks_reader_tensor_at(s->r, i, &name, &v);
+    if (ks_reader_tensor_at(s->r, i, &name, &v)) continue; /* index in range: cannot fail */
     if (ks_statedict_set_tensor(s->sd, name, &v, KS_BORROW, NULL)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
   }
   return ks_reader_scalars(s->r, s->sd, L->err);
@@ -250,7 +250,7 @@ static ks_status copy_entries(loader *L, int f, int (*pick)(const loader *, cons
   ks_status st = open_file(L, f, &s);
   for (size_t i = 0; !st && i < ks_statedict_count(s->sd); i++) {
     ks_entry e;
-    ks_statedict_at(s->sd, i, &e);
+    if (ks_statedict_at(s->sd, i, &e)) continue; /* index in range: cannot fail */
     if (!pick(L, s, e.name)) continue;
     if ((st = ks_statedict_set_entry(L->out, e.name, &e, KS_COPY, NULL)))
       st = ks__err_at(L->err, st, NULL, e.name, -1, "cannot copy entry: %s", ks_strerror(st));
@@ -399,7 +399,7 @@ static ks_status out_meta(loader *L, const char *metrics, ks_meta **out) {
   ks_status st = KS_OK;
   for (size_t i = 0; !st && i < ks_meta_count(src); i++) {
     const char *k, *v;
-    ks_meta_at(src, i, &k, &v);
+    if (ks_meta_at(src, i, &k, &v)) continue; /* index in range: cannot fail */
     static const char *const drop[] = {KS__SHARD_META, KS__DCP_INFO, KS__DCP_VERSION, "format", KS_META_FORMAT,
                                        KS_META_FORMAT_VERSION, KS_META_WRITER, KS_META_SCALARS, KS_META_CHECKSUMS};
     int skip = 0;

@@ -91,8 +91,8 @@ static ks_status parse_files(ks_shard_index *idx, const ks__jv *files, const cha
     const char *hex = ks__jv_string(ks__jv_get(f, "xxh3"));
     int64_t fr = -1, size = -1;
     char want[64];
-    ks_shard_file_name(r, idx->world_size, want, sizeof want);
     uint64_t h;
+    if (ks_shard_file_name(r, idx->world_size, want, sizeof want)) return bad(err, path, NULL, "bad world size");
     if (!ks__jv_is_int(ks__jv_get(f, "rank"), &fr) || fr != r || !name || strcmp(name, want) ||
         !ks__jv_is_int(ks__jv_get(f, "size"), &size) || size < 0 || !hex || !ks__parse_hex64(hex, strlen(hex), &h))
       return bad(err, path, want, "a file entry is malformed (rank, file, size, xxh3)");

@@ -70,7 +70,7 @@ static ks_status check_model_strict(ks__load_ctx *c) {
   size_t n = ks_statedict_count(c->src);
   for (size_t i = 0; i < n; i++) {
     ks_entry e;
-    ks_statedict_at(c->src, i, &e);
+    if (ks_statedict_at(c->src, i, &e)) continue; /* index in range: cannot fail */
     if (strncmp(e.name, KS_KEY_MODEL, strlen(KS_KEY_MODEL)) || program_has_tensor(c->st, e.name)) continue;
     return ks__err_at(c->err, KS_E_MISMATCH, NULL, e.name, -1,
                       "strict model load: '%s' is in the checkpoint but not in the program", e.name);
@@ -95,7 +95,7 @@ static ks_status note_unexpected_model_keys(ks__load_ctx *c) {
   size_t n = ks_statedict_count(c->src);
   for (size_t i = 0; i < n; i++) {
     ks_entry e;
-    ks_statedict_at(c->src, i, &e);
+    if (ks_statedict_at(c->src, i, &e)) continue; /* index in range: cannot fail */
     if (strncmp(e.name, KS_KEY_MODEL, strlen(KS_KEY_MODEL)) || program_has_tensor(c->st, e.name)) continue;
     ks_status s = ks__note(c, KS_LOAD_SKIPPED, e.name, "in the checkpoint, not in the program");
     if (s) return s;
@@ -231,7 +231,7 @@ static ks_status note_extra_components(ks__load_ctx *c) {
   for (size_t i = 0; i < n && c->rep; i++) {
     ks_entry e;
     char path[KS__KEY_MAX + 1];
-    ks_statedict_at(c->src, i, &e);
+    if (ks_statedict_at(c->src, i, &e)) continue; /* index in range: cannot fail */
     for (size_t r = 0; r < 4; r++) {
       if (strncmp(e.name, roots[r], strlen(roots[r])) || !first_segments(e.name, 3, path)) continue;
       if (program_has(c->st, path) || ks_load_report_find(c->rep, path)) continue;
@@ -269,7 +269,7 @@ static ks_status filter_ignored(ks__load_ctx *c, const ks_statedict *src, ks_sta
   size_t n = ks_statedict_count(src);
   for (size_t i = 0; i < n && !s; i++) {
     ks_entry e;
-    ks_statedict_at(src, i, &e);
+    if (ks_statedict_at(src, i, &e)) continue; /* index in range: cannot fail */
     if (ks__ignored(c, e.name)) continue;
     s = ks_statedict_set_entry(view, e.name, &e, KS_BORROW, NULL);
   }

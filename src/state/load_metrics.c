@@ -167,7 +167,7 @@ static ks_status note_extra(ks__load_ctx *c) {
   if (s0) return s0;
   for (size_t i = 0; i < n && c->rep; i++) {
     ks_entry e;
-    ks_statedict_at(c->src, i, &e);
+    if (ks_statedict_at(c->src, i, &e)) continue; /* index in range: cannot fail */
     int train = !strncmp(e.name, KS_KEY_TRAIN_METRICS, strlen(KS_KEY_TRAIN_METRICS));
     if (!train && strncmp(e.name, KS_KEY_EVAL_METRICS, strlen(KS_KEY_EVAL_METRICS))) continue;
     if (covered(c, e.name)) continue;

@@ -151,7 +151,7 @@ static ks_status collect(norm *nm) {
 /* The i-th entry of flat, which exists: i comes from a chain. */
 static ks_entry at(const norm *nm, size_t i) {
   ks_entry e;
-  ks_statedict_at(nm->flat, i, &e);
+  if (ks_statedict_at(nm->flat, i, &e)) memset(&e, 0, sizeof e); /* index in range: cannot fail */
   return e;
 }
 

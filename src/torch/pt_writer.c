@@ -294,7 +294,7 @@ static ks_status put_tensor(writer *wr, const char *name, const ks_tensor *t, do
 
 static ks_status put_leaf(writer *wr, long idx) {
   ks_entry e;
-  ks_statedict_at(wr->sd, (size_t)idx, &e);
+  if (ks_statedict_at(wr->sd, (size_t)idx, &e)) return ks__err(wr->err, KS_E_NOTFOUND, "torch: entry %ld is gone", idx);
   switch (e.kind) {
     case KS_VAL_TENSOR: return put_tensor(wr, e.name, ks_statedict_tensor(wr->sd, e.name), 0);
     case KS_VAL_FLOAT:
@@ -470,7 +470,9 @@ static ks_status storage_bytes(writer *wr, const wstorage *s, const void **data,
     if (((const uint64_t *)s->t->data)[i] > (uint64_t)INT64_MAX)
       return ks__err(wr->err, KS_E_DTYPE, "torch: U64 value does not fit in torch's int64");
   if (!(*owned = ks__malloc(wr->a, bytes ? bytes : 1))) return nomem(wr);
-  ks_dtype_convert(s->dtype, *owned, s->t->dtype, s->t->data, (size_t)numel);
+  if (ks_dtype_convert(s->dtype, *owned, s->t->dtype, s->t->data, (size_t)numel))
+    return ks__err(wr->err, KS_E_DTYPE, "torch: cannot convert %s to %s", ks_dtype_name(s->t->dtype),
+                   ks_dtype_name(s->dtype));
   *data = *owned;
   *n = bytes;
   return KS_OK;

@@ -302,9 +302,8 @@ static ks_status read_groups(const ks_optimizer *o, const ks_statedict *src, con
   return KS_OK;
 }
 
-static void copy_in(float *dst, const ks_tensor *t, size_t n) {
-  ks_dtype_convert(KS_F32, dst, t->dtype, t->data, n);
-}
+/* check_buffer accepted t, so its dtype widens to F32 and the conversion succeeds. */
+static ks_status copy_in(float *dst, const ks_tensor *t, size_t n) { return ks_dtype_convert(KS_F32, dst, t->dtype, t->data, n); }
 
 ks_status ks_optimizer_load_state_dict(ks_optimizer *o, const ks_statedict *src, const char *prefix,
                                        ks_error *err) {
@@ -340,12 +339,14 @@ ks_status ks_optimizer_load_state_dict(ks_optimizer *o, const ks_statedict *src,
       if (p->v) memset(p->v, 0, p->n * sizeof(float));
       continue;
     }
-    check_buffer(src, prefix, i, first, p, &t, NULL);
-    copy_in(p->m, t, p->n);
-    if (o->kind == OPT_ADAMW) {
-      check_buffer(src, prefix, i, "exp_avg_sq", p, &t, NULL);
-      copy_in(p->v, t, p->n);
+    /* The first pass checked every buffer: these cannot fail, but a failure is still reported. */
+    s = check_buffer(src, prefix, i, first, p, &t, err);
+    if (!s) s = copy_in(p->m, t, p->n);
+    if (!s && o->kind == OPT_ADAMW) {
+      s = check_buffer(src, prefix, i, "exp_avg_sq", p, &t, err);
+      if (!s) s = copy_in(p->v, t, p->n);
     }
+    if (s) return ks__err(err, s, "optimizer param %zu: cannot restore its state", i);
   }
   o->step = step;
   o->has_buf = o->kind == OPT_SGD && has_state;

@@ -74,9 +74,11 @@ static void rebuild_metrics(const char *metrics_json, const ks_statedict *sd) {
       char prefix[KS_MAX_NAME + 32];
       snprintf(prefix, sizeof prefix, "%s/state_dict/", path);
       int sv = (int)json_integer_value(json_object_get(m, "schema_version"));
-      ks_metric_load_state_dict(metric, sd, prefix, sv ? sv : 1, 1, NULL, NULL, NULL);
       const ks_tensor *res = NULL;
-      ks_metric_compute(metric, &res, NULL);
+      /* Fuzzing: refusing the input is an expected outcome; only crashes and leaks matter. */
+      if (ks_metric_load_state_dict(metric, sd, prefix, sv ? sv : 1, 1, NULL, NULL, NULL) == KS_OK &&
+          ks_metric_compute(metric, &res, NULL) != KS_OK)
+        res = NULL;
     }
     ks_metric_free(metric);
     free(args);

@@ -1,6 +1,7 @@
 #include "catalogue.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ROWS 24
@@ -91,26 +92,26 @@ static void shape_inputs(batch *b, const char *cls) {
   int64_t rows[1] = {ROWS}, mc[2] = {ROWS, 5}, ml[2] = {ROWS, 4}, lm[2] = {ROWS, 7};
   if (starts(cls, "Binary")) {
     for (int i = 0; i < ROWS; i++) b->labels[i] = b->f2[i + ROWS] > 0.5f;
-    ks_tensor_init(&b->in[0], KS_F32, 1, rows, b->f2);
-    ks_tensor_init(&b->in[1], KS_I64, 1, rows, b->labels);
+    if (ks_tensor_init(&b->in[0], KS_F32, 1, rows, b->f2)) abort(); /* fixed, valid shapes: cannot fail */
+    if (ks_tensor_init(&b->in[1], KS_I64, 1, rows, b->labels)) abort(); /* fixed, valid shapes: cannot fail */
   } else if (starts(cls, "Multiclass")) {
-    ks_tensor_init(&b->in[0], KS_F32, 2, mc, b->f1);
-    ks_tensor_init(&b->in[1], KS_I64, 1, rows, b->labels);
+    if (ks_tensor_init(&b->in[0], KS_F32, 2, mc, b->f1)) abort(); /* fixed, valid shapes: cannot fail */
+    if (ks_tensor_init(&b->in[1], KS_I64, 1, rows, b->labels)) abort(); /* fixed, valid shapes: cannot fail */
   } else if (starts(cls, "Multilabel")) {
     for (int i = 0; i < ROWS * 4; i++) b->labels[i] = b->f2[i] > 0.4f;
-    ks_tensor_init(&b->in[0], KS_F32, 2, ml, b->f1);
-    ks_tensor_init(&b->in[1], KS_I64, 2, ml, b->labels);
+    if (ks_tensor_init(&b->in[0], KS_F32, 2, ml, b->f1)) abort(); /* fixed, valid shapes: cannot fail */
+    if (ks_tensor_init(&b->in[1], KS_I64, 2, ml, b->labels)) abort(); /* fixed, valid shapes: cannot fail */
   } else if (starts(cls, "Language")) {
     b->labels[3] = -100; /* an ignored token */
-    ks_tensor_init(&b->in[0], KS_F32, 2, lm, b->f1);
-    ks_tensor_init(&b->in[1], KS_I64, 1, rows, b->labels);
+    if (ks_tensor_init(&b->in[0], KS_F32, 2, lm, b->f1)) abort(); /* fixed, valid shapes: cannot fail */
+    if (ks_tensor_init(&b->in[1], KS_I64, 1, rows, b->labels)) abort(); /* fixed, valid shapes: cannot fail */
   } else if (strstr(cls, "Metric")) {
-    ks_tensor_init(&b->in[0], KS_F32, 1, rows, b->f1);
-    ks_tensor_init(&b->in[1], KS_F32, 1, rows, b->f2); /* weights for MeanMetric */
+    if (ks_tensor_init(&b->in[0], KS_F32, 1, rows, b->f1)) abort(); /* fixed, valid shapes: cannot fail */
+    if (ks_tensor_init(&b->in[1], KS_F32, 1, rows, b->f2)) abort(); /* fixed, valid shapes: cannot fail */
   } else {
     for (int i = 0; i < ROWS; i++) b->f2[i] = b->f1[i] + 0.3f * (b->f2[i] - 0.5f);
-    ks_tensor_init(&b->in[0], KS_F32, 1, rows, b->f1);
-    ks_tensor_init(&b->in[1], KS_F32, 1, rows, b->f2);
+    if (ks_tensor_init(&b->in[0], KS_F32, 1, rows, b->f1)) abort(); /* fixed, valid shapes: cannot fail */
+    if (ks_tensor_init(&b->in[1], KS_F32, 1, rows, b->f2)) abort(); /* fixed, valid shapes: cannot fail */
   }
 }
 

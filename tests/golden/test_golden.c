@@ -115,7 +115,7 @@ static ks_state *load_catalogue_state(const char *file, ks_metrics_factory facto
 static void catalogue_loads_by_name_with_the_same_results(void **s) {
   (void)s;
   ks_load_report *rep;
-  ks_load_report_create(NULL, &rep, NULL);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   ks_state *st = load_catalogue_state("catalogue.keepsake", golden_catalogue_factory, rep);
   size_t n;
   const golden_metric *cat = golden_catalogue(&n);
@@ -132,7 +132,7 @@ static void catalogue_loads_by_name_with_the_same_results(void **s) {
     /* The states alone must give the same result: recompute from a clone without the cache. */
     ks_metric *fresh;
     ks_statedict *sd;
-    ks_statedict_create(NULL, &sd, NULL);
+    assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
     assert_int_equal(ks_metric_create(cat[i].cls, cat[i].args, NULL, &fresh, &err), KS_OK);
     assert_int_equal(ks_metric_to_state_dict(m, sd, "", &err), KS_OK);
     assert_int_equal(ks_metric_load_state_dict(fresh, sd, "", KS_METRIC_SCHEMA_VERSION, 0, NULL, NULL, &err), KS_OK);
@@ -163,7 +163,7 @@ static ks_status legacy_factory(void *ctx, const char *label, const ks_allocator
 static void legacy_schema_states_are_migrated(void **s) {
   (void)s;
   ks_load_report *rep;
-  ks_load_report_create(NULL, &rep, NULL);
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   ks_state *st = load_catalogue_state("legacy-schema.keepsake", legacy_factory, rep);
   const ks_load_item *it = ks_load_report_find(rep, "state/train_metrics/MeanMetric");
   assert_non_null(it);

@@ -47,9 +47,8 @@ static int add(ks_statedict *sd, const char *name, ks_dtype dt, int rank, const 
     fprintf(stderr, "helper: cannot add %s: %s\n", name, ks_strerror(st));
     return 1;
   }
-  size_t nbytes;
-  ks_shape_size(dt, rank, shape, NULL, &nbytes);
-  if (nbytes) fill(data, nbytes, seed, dt);
+  size_t nbytes = 0;
+  if (ks_shape_size(dt, rank, shape, NULL, &nbytes) == KS_OK && nbytes) fill(data, nbytes, seed, dt);
   return 0;
 }
 
@@ -143,7 +142,7 @@ static void put_loaded(const ks_statedict *sd, const ks_meta *meta) {
   int first = 1;
   for (size_t i = 0; i < ks_statedict_count(sd); i++) {
     ks_entry e;
-    ks_statedict_at(sd, i, &e);
+    if (ks_statedict_at(sd, i, &e)) continue; /* index in range: cannot fail */
     if (e.kind != KS_VAL_TENSOR) continue;
     printf("%s", first ? "" : ",");
     first = 0;
@@ -152,7 +151,7 @@ static void put_loaded(const ks_statedict *sd, const ks_meta *meta) {
   printf("],\"metadata\":[");
   for (size_t i = 0; i < ks_meta_count(meta); i++) {
     const char *k, *v;
-    ks_meta_at(meta, i, &k, &v);
+    if (ks_meta_at(meta, i, &k, &v)) continue; /* index in range: cannot fail */
     printf("%s[", i ? "," : "");
     put_json_str(k);
     putchar(',');

@@ -31,8 +31,8 @@ void mt_expect_same_states(const char *name, const ks_metric *got, const ks_metr
     const char *sname;
     ks_reduce red;
     ks_tensor a, b;
-    ks_metric_state_info(got, i, &sname, &red, &a);
-    ks_metric_state_info(want, i, NULL, NULL, &b);
+    MT_CHECK(ks_metric_state_info(got, i, &sname, &red, &a) == KS_OK, "setup");
+    MT_CHECK(ks_metric_state_info(want, i, NULL, NULL, &b) == KS_OK, "setup");
     MT_CHECK(a.dtype == b.dtype && a.rank == b.rank && a.nbytes == b.nbytes, "%s/%s: layout differs", name, sname);
     for (int d = 0; d < a.rank; d++) MT_CHECK(a.shape[d] == b.shape[d], "%s/%s: shape differs", name, sname);
     if (!ks_dtype_is_float(a.dtype) || red == KS_REDUCE_CAT) {
@@ -69,7 +69,7 @@ uint64_t mt_states_hash(const ks_metric_collection *c) {
     h = h * 1000003u + (uint64_t)ks_metric_update_count(m);
     for (size_t s = 0; s < ks_metric_state_count(m); s++) {
       ks_tensor t;
-      ks_metric_state_info(m, s, NULL, NULL, &t);
+      MT_CHECK(ks_metric_state_info(m, s, NULL, NULL, &t) == KS_OK, "setup");
       h = h * 1000003u + ks_checksum(t.data, t.nbytes) + (uint64_t)t.shape[0];
     }
   }

@@ -58,7 +58,7 @@ static void setup(run *r) {
   ks_error err;
   MT_OK(ks_state_create("resume-mpi", 7, NULL, &r->st, NULL), NULL);
   ks_tensor t;
-  ks_tensor_init(&t, KS_F32, 2, r->shape, r->w);
+  MT_CHECK(ks_tensor_init(&t, KS_F32, 2, r->shape, r->w) == KS_OK, "setup");
   MT_OK(ks_state_add_tensor(r->st, "w", &t, NULL), NULL);
   ks_state_set_rng(r->st, &r->rng);
   ks_state_set_timestamp(r->st, &r->ts);

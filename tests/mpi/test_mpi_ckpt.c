@@ -65,12 +65,12 @@ static void prog_init(prog *p, int r, int n, int saving, int v_by_cols) {
   p->v = calloc((size_t)(p->v_shape[0] * p->v_shape[1]) + 1, sizeof(float));
   MT_OK(ks_state_create("mpi", 42, NULL, &p->st, NULL), NULL);
   ks_tensor t;
-  ks_tensor_init(&t, KS_F32, 2, p->w_shape, p->w);
+  MT_CHECK(ks_tensor_init(&t, KS_F32, 2, p->w_shape, p->w) == KS_OK, "setup");
   MT_OK(ks_state_add_tensor(p->st, "w", &t, NULL), NULL);
-  ks_tensor_init(&t, KS_F32, 2, p->v_shape, p->v);
+  MT_CHECK(ks_tensor_init(&t, KS_F32, 2, p->v_shape, p->v) == KS_OK, "setup");
   MT_OK(ks_state_add_tensor(p->st, "v", &t, NULL), NULL);
   int64_t bs[1] = {W_COLS};
-  ks_tensor_init(&t, KS_F32, 1, bs, p->b);
+  MT_CHECK(ks_tensor_init(&t, KS_F32, 1, bs, p->b) == KS_OK, "setup");
   MT_OK(ks_state_add_tensor(p->st, "b", &t, NULL), NULL);
   ks_state_set_timestamp(p->st, &p->ts);
   ks_state_set_rng(p->st, &p->rng);
@@ -294,7 +294,7 @@ static void test_faults(const char *root) {
   /* Corrupt, truncated and missing shards are refused, naming the rank and the file. */
   int victim = mt_size - 1;
   char fname[64], needle[32];
-  ks_shard_file_name(victim, mt_size, fname, sizeof fname);
+  MT_CHECK(ks_shard_file_name(victim, mt_size, fname, sizeof fname) == KS_OK, "setup");
   snprintf(needle, sizeof needle, "rank %d", victim);
   char *shard = ks_test_path(bad, fname);
   size_t len = 0;

@@ -66,7 +66,7 @@ static inline int mt_same_sd(const ks_statedict *a, const ks_statedict *b) {
   if (ks_statedict_count(a) != ks_statedict_count(b)) return 0;
   for (size_t i = 0; i < ks_statedict_count(a); i++) {
     ks_entry x, y;
-    ks_statedict_at(a, i, &x);
+    if (ks_statedict_at(a, i, &x)) continue; /* index in range: cannot fail */
     if (ks_statedict_get(b, x.name, &y)) return 0;
     if (x.tensor.dtype != y.tensor.dtype || !ks_tensor_same_shape(&x.tensor, &y.tensor)) return 0;
     if (x.tensor.nbytes != y.tensor.nbytes) return 0;

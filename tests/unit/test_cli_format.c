@@ -104,11 +104,11 @@ static void verify_accepts_a_foreign_safetensors_file(void **state) {
 static void inspect_shows_scalars_and_metadata(void **state) {
   (void)state;
   ks_statedict *sd = fmt_small_dict(4);
-  ks_statedict_set_float(sd, "lr", NAN, NULL);
+  assert_int_equal(ks_statedict_set_float(sd, "lr", NAN, NULL), KS_OK);
   ks_meta *extra;
-  ks_meta_create(NULL, &extra, NULL);
-  ks_meta_set(extra, "keepsake.metrics", "{\"train/acc\":{\"class\":\"MeanMetric\"}}", NULL);
-  ks_meta_set(extra, "user.note", "{\"raw\": true}", NULL);
+  assert_int_equal(ks_meta_create(NULL, &extra, NULL), KS_OK);
+  assert_int_equal(ks_meta_set(extra, "keepsake.metrics", "{\"train/acc\":{\"class\":\"MeanMetric\"}}", NULL), KS_OK);
+  assert_int_equal(ks_meta_set(extra, "user.note", "{\"raw\": true}", NULL), KS_OK);
   char *path = saved("k.ks", sd, extra), *out;
   assert_int_equal(cli(&out, "inspect '%s'", path), 0);
   assert_contains(out, "keepsake version 1");
@@ -169,7 +169,7 @@ static void diff_exit_status_follows_content(void **state) {
   float *w = ks_statedict_tensor(b, "model/w")->data;
   w[1] += 0.25f;
   w[4] = NAN;
-  ks_statedict_set_int(b, "rng/seed", 7, NULL);
+  assert_int_equal(ks_statedict_set_int(b, "rng/seed", 7, NULL), KS_OK);
   free(pb);
   pb = saved("b.ks", b, NULL);
   assert_int_equal(cli(&out, "diff '%s' '%s'", pa, pb), 1);
@@ -181,7 +181,7 @@ static void diff_exit_status_follows_content(void **state) {
   free(out);
   assert_int_equal(cli(&out, "diff '%s' '%s' --ignore model", pa, pb), 1); /* rng still differs */
   free(out);
-  ks_statedict_set_string(a, "run", "other", NULL);
+  assert_int_equal(ks_statedict_set_string(a, "run", "other", NULL), KS_OK);
   free(pa);
   pa = saved("a.ks", a, NULL);
   assert_int_equal(cli(&out, "diff '%s' '%s' --ignore=model --ignore=rng/*", pa, pb), 1);
@@ -215,12 +215,12 @@ static void diff_summarises_checkpoints_component_by_component(void **state) {
   assert_int_equal(ks_statedict_create(NULL, &a, NULL), KS_OK);
   assert_int_equal(ks_statedict_create(NULL, &b, NULL), KS_OK);
   float *wa, *wb, *ma, *mb;
-  ks_statedict_new_tensor(a, "state/model/fc.weight", KS_F32, 1, shape, (void **)&wa, NULL);
-  ks_statedict_new_tensor(b, "state/model/fc.weight", KS_F32, 1, shape, (void **)&wb, NULL);
-  ks_statedict_new_tensor(a, "state/optimizers/AdamW/state/0/exp_avg", KS_F32, 1, shape, (void **)&ma, NULL);
-  ks_statedict_new_tensor(b, "state/optimizers/AdamW/state/0/exp_avg", KS_F32, 1, shape, (void **)&mb, NULL);
-  ks_statedict_set_int(a, "state/timestamp/Timestamp/batch", 10, NULL);
-  ks_statedict_set_int(b, "state/timestamp/Timestamp/batch", 10, NULL);
+  assert_int_equal(ks_statedict_new_tensor(a, "state/model/fc.weight", KS_F32, 1, shape, (void **)&wa, NULL), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(b, "state/model/fc.weight", KS_F32, 1, shape, (void **)&wb, NULL), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(a, "state/optimizers/AdamW/state/0/exp_avg", KS_F32, 1, shape, (void **)&ma, NULL), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(b, "state/optimizers/AdamW/state/0/exp_avg", KS_F32, 1, shape, (void **)&mb, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(a, "state/timestamp/Timestamp/batch", 10, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(b, "state/timestamp/Timestamp/batch", 10, NULL), KS_OK);
   wb[1] = 1.0f; /* only the model differs */
   char *pa = saved("ca.ks", a, NULL), *pb = saved("cb.ks", b, NULL), *out;
   assert_int_equal(cli(&out, "diff '%s' '%s'", pa, pb), 1);

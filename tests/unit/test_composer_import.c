@@ -248,8 +248,8 @@ static void batch(const cat_case *c, int b, ks_tensor *in, float *preds, int64_t
     for (int k = 0; k < cols; k++) preds[i * cols + k] = (float)((i * 37 + k * 11 + b * 5) % 17) / 17.0f;
   }
   int64_t ps[2] = {n, c->classes}, ts[1] = {n};
-  ks_tensor_init(&in[0], KS_F32, c->classes ? 2 : 1, ps, preds);
-  ks_tensor_init(&in[1], KS_I64, 1, ts, target);
+  assert_int_equal(ks_tensor_init(&in[0], KS_F32, c->classes ? 2 : 1, ps, preds), KS_OK);
+  assert_int_equal(ks_tensor_init(&in[1], KS_I64, 1, ts, target), KS_OK);
 }
 
 /*
@@ -305,8 +305,8 @@ static void dict_layout_list_states_are_joined(void **s) {
     ks_metric *m = fresh(cases[c].cls, cases[c].args, sd, mj, path);
     if (c == 0) {
       ks_tensor got, want;
-      ks_metric_state_info(m, 0, NULL, NULL, &got);
-      ks_metric_state_info(ref[c], 0, NULL, NULL, &want);
+      assert_int_equal(ks_metric_state_info(m, 0, NULL, NULL, &got), KS_OK);
+      assert_int_equal(ks_metric_state_info(ref[c], 0, NULL, NULL, &want), KS_OK);
       assert_int_equal(got.nbytes, want.nbytes);
       assert_memory_equal(got.data, want.data, got.nbytes);
     } else {
@@ -391,7 +391,7 @@ static char *confmat_file(const char *dir, int64_t n) {
   char k[256];
   int64_t cm[4] = {1, 0, 0, 1}, shape[2] = {2, 2};
   ks_tensor t;
-  ks_tensor_init(&t, KS_I64, 2, shape, cm);
+  assert_int_equal(ks_tensor_init(&t, KS_I64, 2, shape, cm), KS_OK);
 #define KEY(x) (snprintf(k, sizeof k, "%s%s", r, x), k)
   const char *cls = "torchmetrics.classification.confusion_matrix.MulticlassConfusionMatrix";
   assert_int_equal(ks_statedict_set_string(flat, KEY("__class__"), cls, NULL), KS_OK);
@@ -521,7 +521,7 @@ static void many_metrics_import(void **s) {
   assert_int_equal(ks_statedict_create(NULL, &flat, NULL), KS_OK);
   float one = 1.0f;
   ks_tensor t;
-  ks_tensor_init(&t, KS_F32, 0, NULL, &one);
+  assert_int_equal(ks_tensor_init(&t, KS_F32, 0, NULL, &one), KS_OK);
   for (int i = 0; i < MANY; i++) {
     char k[128];
 #define KEY(x) (snprintf(k, sizeof k, "state/eval_metrics/l%d/Mean%d/%s", i % 80, i, x), k)

@@ -101,7 +101,7 @@ static void convert_saturates_and_keeps_integers_exact(void **s) {
   assert_int_equal(ks_dtype_convert(KS_I64, back, KS_I64, big, 2), KS_OK);
   assert_true(back[0] == INT64_MAX);
   double d[3] = {NAN, 1e300, -3.7};
-  ks_dtype_convert(KS_I32, narrow, KS_F64, d, 2);
+  assert_int_equal(ks_dtype_convert(KS_I32, narrow, KS_F64, d, 2), KS_OK);
   assert_int_equal(narrow[0], 0);
   assert_int_equal(narrow[1], INT32_MAX);
   assert_true(ks_dtype_widens_to(KS_F16, KS_F32));
@@ -135,14 +135,14 @@ static void statedict_keeps_order_and_replaces(void **s) {
   float v[3] = {1, 2, 3};
   int64_t shape[1] = {3};
   ks_tensor t;
-  ks_tensor_init(&t, KS_F32, 1, shape, v);
+  assert_int_equal(ks_tensor_init(&t, KS_F32, 1, shape, v), KS_OK);
   assert_int_equal(ks_statedict_set_tensor(sd, "b/w", &t, KS_COPY, NULL), KS_OK);
   assert_int_equal(ks_statedict_set_int(sd, "a/step", 7, NULL), KS_OK);
   assert_int_equal(ks_statedict_set_string(sd, "run", "x", NULL), KS_OK);
   assert_int_equal(ks_statedict_set_int(sd, "a/step", 8, NULL), KS_OK);
   assert_int_equal(ks_statedict_count(sd), 3);
   ks_entry e;
-  ks_statedict_at(sd, 1, &e);
+  assert_int_equal(ks_statedict_at(sd, 1, &e), KS_OK);
   assert_string_equal(e.name, "a/step");
   assert_int_equal(e.i, 8);
   v[0] = 99; /* copied: the dict must not see this */
@@ -159,7 +159,7 @@ static void statedict_keeps_order_and_replaces(void **s) {
 static void statedict_handles_many_entries(void **s) {
   (void)s;
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd, NULL);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   char name[32];
   for (int i = 0; i < 20000; i++) {
     snprintf(name, sizeof name, "t/%d", i);

@@ -24,7 +24,7 @@ static ks_statedict *odd_dict(float *data) {
     ks_tensor t;
     data[2 * i] = (float)i;
     data[2 * i + 1] = -(float)i - 0.5f;
-    ks_tensor_init(&t, KS_F32, 1, shape, data + 2 * i);
+    assert_int_equal(ks_tensor_init(&t, KS_F32, 1, shape, data + 2 * i), KS_OK);
     assert_int_equal(ks_statedict_set_tensor(sd, odd_names[i], &t, KS_BORROW, NULL), KS_OK);
   }
   return sd;

@@ -36,12 +36,15 @@ static inline ks_statedict *fmt_small_dict(int seed) {
   if (ks_statedict_create(NULL, &sd, NULL)) return NULL;
   int64_t shape[2] = {2, 3};
   float *w;
-  ks_statedict_new_tensor(sd, "model/w", KS_F32, 2, shape, (void **)&w, NULL);
-  for (int i = 0; i < 6; i++) w[i] = (float)(i * seed) + 0.5f;
   int64_t *step;
-  ks_statedict_new_tensor(sd, "step", KS_I64, 0, NULL, (void **)&step, NULL);
+  if (ks_statedict_new_tensor(sd, "model/w", KS_F32, 2, shape, (void **)&w, NULL) ||
+      ks_statedict_new_tensor(sd, "step", KS_I64, 0, NULL, (void **)&step, NULL) ||
+      ks_statedict_set_string(sd, "run", "small", NULL)) {
+    ks_statedict_free(sd);
+    return NULL;
+  }
+  for (int i = 0; i < 6; i++) w[i] = (float)(i * seed) + 0.5f;
   *step = seed;
-  ks_statedict_set_string(sd, "run", "small", NULL);
   return sd;
 }
 

@@ -312,7 +312,7 @@ static void verify_reports_every_problem(void **state) {
   ks_reader *r;
   assert_int_equal(ks_reader_open_buffer(b, len, NULL, &r, NULL), KS_OK);
   ks_tensor_info info;
-  ks_reader_tensor_info(r, 0, &info);
+  assert_int_equal(ks_reader_tensor_info(r, 0, &info), KS_OK);
   ks_reader_free(r);
   b[info.begin] ^= 1;
   b[len - 1] ^= 1;
@@ -348,13 +348,13 @@ static void verify_rejects_a_tampered_checksum_table(void **state) {
 static void reader_loads_a_file_with_every_scalar_kind(void **state) {
   (void)state;
   ks_statedict *sd = fmt_small_dict(6);
-  ks_statedict_set_int(sd, "i", -42, NULL);
-  ks_statedict_set_float(sd, "f", 0.1, NULL);
-  ks_statedict_set_float(sd, "inf", 1.0 / 0.0, NULL);
-  ks_statedict_set_bool(sd, "b", 1, NULL);
-  ks_statedict_set_null(sd, "n", NULL);
+  assert_int_equal(ks_statedict_set_int(sd, "i", -42, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "f", 0.1, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "inf", 1.0 / 0.0, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_bool(sd, "b", 1, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_null(sd, "n", NULL), KS_OK);
   int64_t shape[2] = {2, 0};
-  ks_statedict_new_tensor(sd, "empty", KS_BF16, 2, shape, NULL, NULL);
+  assert_int_equal(ks_statedict_new_tensor(sd, "empty", KS_BF16, 2, shape, NULL, NULL), KS_OK);
   char *path = ks_test_path(tmp_dir, "scalars.ks");
   assert_int_equal(ks_save(path, sd, NULL, NULL, NULL), KS_OK);
   size_t len;

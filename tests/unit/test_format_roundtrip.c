@@ -55,22 +55,22 @@ static ks_statedict *every_kind_dict(void) {
   uint64_t payload_nan = 0xfff0000000000123ull;
   double pn;
   memcpy(&pn, &payload_nan, 8);
-  ks_statedict_set_int(sd, "s/int_min", INT64_MIN, NULL);
-  ks_statedict_set_int(sd, "s/int_max", INT64_MAX, NULL);
-  ks_statedict_set_float(sd, "s/tenth", 0.1, NULL);
-  ks_statedict_set_float(sd, "s/neg_zero", -0.0, NULL);
-  ks_statedict_set_float(sd, "s/denormal", 4.9406564584124654e-324, NULL);
-  ks_statedict_set_float(sd, "s/big", 1.7976931348623157e308, NULL);
-  ks_statedict_set_float(sd, "s/integral", 3.0, NULL);
-  ks_statedict_set_float(sd, "s/nan", NAN, NULL);
-  ks_statedict_set_float(sd, "s/nan_payload", pn, NULL);
-  ks_statedict_set_float(sd, "s/inf", INFINITY, NULL);
-  ks_statedict_set_float(sd, "s/ninf", -INFINITY, NULL);
-  ks_statedict_set_bool(sd, "s/yes", 1, NULL);
-  ks_statedict_set_bool(sd, "s/no", 0, NULL);
-  ks_statedict_set_string(sd, "s/str", "quote\" backslash\\ newline\n tab\t ctl\x01 \xc3\xa9\xe2\x82\xac", NULL);
-  ks_statedict_set_string(sd, "s/empty_str", "", NULL);
-  ks_statedict_set_null(sd, "s/none", NULL);
+  assert_int_equal(ks_statedict_set_int(sd, "s/int_min", INT64_MIN, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "s/int_max", INT64_MAX, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "s/tenth", 0.1, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "s/neg_zero", -0.0, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "s/denormal", 4.9406564584124654e-324, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "s/big", 1.7976931348623157e308, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "s/integral", 3.0, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "s/nan", NAN, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "s/nan_payload", pn, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "s/inf", INFINITY, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_float(sd, "s/ninf", -INFINITY, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_bool(sd, "s/yes", 1, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_bool(sd, "s/no", 0, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "s/str", "quote\" backslash\\ newline\n tab\t ctl\x01 \xc3\xa9\xe2\x82\xac", NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "s/empty_str", "", NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_null(sd, "s/none", NULL), KS_OK);
   return sd;
 }
 
@@ -96,7 +96,7 @@ static void assert_same_dict(const ks_statedict *want, const ks_statedict *got) 
   assert_int_equal(ks_statedict_count(want), ks_statedict_count(got));
   for (size_t i = 0; i < ks_statedict_count(want); i++) {
     ks_entry a, b;
-    ks_statedict_at(want, i, &a);
+    assert_int_equal(ks_statedict_at(want, i, &a), KS_OK);
     assert_int_equal(ks_statedict_get(got, a.name, &b), KS_OK);
     assert_same_entry(&a, &b);
   }
@@ -107,8 +107,8 @@ static void roundtrip_preserves_every_dtype_and_scalar_kind(void **state) {
   ks_statedict *sd = every_kind_dict();
   char *path = ks_test_path(tmp_dir, "all.ks");
   ks_meta *extra;
-  ks_meta_create(NULL, &extra, NULL);
-  ks_meta_set(extra, "keepsake.metrics", "{\"acc\":{\"class\":\"MeanMetric\"}}", NULL);
+  assert_int_equal(ks_meta_create(NULL, &extra, NULL), KS_OK);
+  assert_int_equal(ks_meta_set(extra, "keepsake.metrics", "{\"acc\":{\"class\":\"MeanMetric\"}}", NULL), KS_OK);
   ks_error err;
   assert_int_equal(ks_save(path, sd, extra, NULL, &err), KS_OK);
   for (int mode = 0; mode < 2; mode++) {
@@ -160,11 +160,11 @@ static void copy_mode_outlives_the_file(void **state) {
 static void writer_aligns_data_and_keeps_insertion_order(void **state) {
   (void)state;
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd, NULL);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   const char *names[] = {"z", "a", "m/1", "b"};
   for (int i = 0; i < 4; i++) {
     int64_t n = i + 1;
-    ks_statedict_new_tensor(sd, names[i], KS_U8, 1, &n, NULL, NULL);
+    assert_int_equal(ks_statedict_new_tensor(sd, names[i], KS_U8, 1, &n, NULL, NULL), KS_OK);
   }
   char *path = ks_test_path(tmp_dir, "order.ks");
   assert_int_equal(ks_save(path, sd, NULL, NULL, NULL), KS_OK);
@@ -195,12 +195,12 @@ static void save_refuses_reserved_names(void **state) {
   ks_statedict *sd = fmt_small_dict(1);
   char *path = ks_test_path(tmp_dir, "reserved.ks");
   ks_meta *extra;
-  ks_meta_create(NULL, &extra, NULL);
-  ks_meta_set(extra, KS_META_CHECKSUMS, "{}", NULL);
+  assert_int_equal(ks_meta_create(NULL, &extra, NULL), KS_OK);
+  assert_int_equal(ks_meta_set(extra, KS_META_CHECKSUMS, "{}", NULL), KS_OK);
   ks_error err;
   assert_int_equal(ks_save(path, sd, extra, NULL, &err), KS_E_INVALID);
   assert_string_equal(err.key, KS_META_CHECKSUMS);
-  ks_statedict_set_int(sd, "__metadata__", 1, NULL);
+  assert_int_equal(ks_statedict_set_int(sd, "__metadata__", 1, NULL), KS_OK);
   assert_int_equal(ks_save(path, sd, NULL, NULL, &err), KS_E_INVALID);
   assert_false(ks_test_exists(path));
   ks_meta_free(extra);
@@ -211,7 +211,7 @@ static void save_refuses_reserved_names(void **state) {
 static void empty_dict_roundtrips(void **state) {
   (void)state;
   ks_statedict *sd, *got;
-  ks_statedict_create(NULL, &sd, NULL);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   char *path = ks_test_path(tmp_dir, "empty.ks");
   assert_int_equal(ks_save(path, sd, NULL, NULL, NULL), KS_OK);
   assert_int_equal(ks_load(path, NULL, &got, NULL, NULL), KS_OK);
@@ -225,13 +225,13 @@ static void empty_dict_roundtrips(void **state) {
 static void hundred_thousand_tensors_roundtrip(void **state) {
   (void)state;
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd, NULL);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   char name[64];
   for (int i = 0; i < 100000; i++) {
     int64_t n = 4;
     float *d;
     snprintf(name, sizeof name, "model/layers.%d/block.%d/weight", i / 100, i % 100);
-    ks_statedict_new_tensor(sd, name, KS_F32, 1, &n, (void **)&d, NULL);
+    assert_int_equal(ks_statedict_new_tensor(sd, name, KS_F32, 1, &n, (void **)&d, NULL), KS_OK);
     d[0] = (float)i;
   }
   char *path = ks_test_path(tmp_dir, "many.ks");

@@ -221,16 +221,16 @@ static void load_migrates_pre_1_1_aggregation_names(void **st) {
     ks_metric *m = mt_make(cls[i], NULL);
     ks_statedict *sd;
     float v = 6.0f, w = 3.0f;
-    ks_statedict_create(NULL, &sd, NULL);
+    assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
     ks_tensor tv = mt_tensor(KS_F32, &v, 0, 0, 0), tw = mt_tensor(KS_F32, &w, 0, 0, 0);
-    ks_statedict_set_tensor(sd, "m.value", &tv, KS_COPY, NULL);
-    ks_statedict_set_tensor(sd, "m.weight", &tw, KS_COPY, NULL);
+    assert_int_equal(ks_statedict_set_tensor(sd, "m.value", &tv, KS_COPY, NULL), KS_OK);
+    assert_int_equal(ks_statedict_set_tensor(sd, "m.weight", &tw, KS_COPY, NULL), KS_OK);
     int mig = 0;
     assert_int_equal(ks_metric_load_state_dict(m, sd, "m.", 1, 0, &mig, NULL, NULL), KS_OK);
     assert_int_equal(mig, 1);
     const char *name;
     ks_tensor cur;
-    ks_metric_state_info(m, 0, &name, NULL, &cur);
+    assert_int_equal(ks_metric_state_info(m, 0, &name, NULL, &cur), KS_OK);
     assert_string_equal(name, now[i]);
     assert_true(*(float *)cur.data == 6.0f);
     assert_true(mt_close(mt_value(m, 0), i == 0 ? 2.0 : 6.0));
@@ -249,28 +249,28 @@ static void load_reshapes_mse_and_mae_sums(void **st) {
   float s = 8.0f;
   int64_t n = 4;
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd, NULL);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   ks_tensor old_sum = mt_tensor(KS_F32, &s, 0, 0, 0), vec_sum = mt_tensor(KS_F32, &s, 1, 1, 0);
   ks_tensor total = mt_tensor(KS_I64, &n, 0, 0, 0);
-  ks_statedict_set_tensor(sd, "sum_squared_error", &old_sum, KS_COPY, NULL); /* () before 1.x */
-  ks_statedict_set_tensor(sd, "sum_abs_error", &old_sum, KS_COPY, NULL);     /* () before 1.5, (1,) since */
-  ks_statedict_set_tensor(sd, "total", &total, KS_COPY, NULL);
+  assert_int_equal(ks_statedict_set_tensor(sd, "sum_squared_error", &old_sum, KS_COPY, NULL), KS_OK); /* () before 1.x */
+  assert_int_equal(ks_statedict_set_tensor(sd, "sum_abs_error", &old_sum, KS_COPY, NULL), KS_OK);     /* () before 1.5, (1,) since */
+  assert_int_equal(ks_statedict_set_tensor(sd, "total", &total, KS_COPY, NULL), KS_OK);
   int mig = 0;
   assert_int_equal(ks_metric_load_state_dict(mse, sd, "", 1, 0, &mig, NULL, NULL), KS_OK);
   assert_int_equal(mig, 1);
   ks_tensor cur;
-  ks_metric_state_info(mse, 0, NULL, NULL, &cur);
+  assert_int_equal(ks_metric_state_info(mse, 0, NULL, NULL, &cur), KS_OK);
   assert_int_equal(cur.rank, 1);
   assert_int_equal(cur.shape[0], 1);
   assert_true(mt_close(mt_value(mse, 0), 2.0));
   mig = 0;
   assert_int_equal(ks_metric_load_state_dict(mae, sd, "", 2, 0, &mig, NULL, NULL), KS_OK);
   assert_int_equal(mig, 1);
-  ks_metric_state_info(mae, 0, NULL, NULL, &cur);
+  assert_int_equal(ks_metric_state_info(mae, 0, NULL, NULL, &cur), KS_OK);
   assert_int_equal(cur.rank, 1);
   assert_int_equal(cur.shape[0], 1);
   assert_true(mt_close(mt_value(mae, 0), 2.0));
-  ks_statedict_set_tensor(sd, "sum_abs_error", &vec_sum, KS_COPY, NULL);
+  assert_int_equal(ks_statedict_set_tensor(sd, "sum_abs_error", &vec_sum, KS_COPY, NULL), KS_OK);
   assert_int_equal(ks_metric_load_state_dict(mae, sd, "", 2, 0, &mig, NULL, NULL), KS_OK);
   assert_int_equal(mig, 0);
   ks_statedict_free(sd);
@@ -280,9 +280,9 @@ static void load_reshapes_mse_and_mae_sums(void **st) {
 
 static ks_status load_one_scalar(ks_metric *m, ks_dtype dt, const void *v, int allow, int *conv) {
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd, NULL);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   ks_tensor t = mt_tensor(dt, v, 0, 0, 0);
-  ks_statedict_set_tensor(sd, "sum_value", &t, KS_COPY, NULL);
+  assert_int_equal(ks_statedict_set_tensor(sd, "sum_value", &t, KS_COPY, NULL), KS_OK);
   ks_status s = ks_metric_load_state_dict(m, sd, "", 2, allow, NULL, conv, NULL);
   ks_statedict_free(sd);
   return s;
@@ -313,14 +313,14 @@ static void load_rejects_missing_misshapen_or_future_states_unchanged(void **st)
   ks_error e;
   assert_int_equal(ks_metric_load_state_dict(m, good, "", 3, 0, NULL, NULL, &e), KS_E_VERSION);
   assert_int_equal(ks_metric_load_state_dict(m, good, "x/", 2, 0, NULL, NULL, &e), KS_E_NOTFOUND);
-  ks_statedict_remove(good, "fn");
+  assert_int_equal(ks_statedict_remove(good, "fn"), KS_OK);
   assert_int_equal(ks_metric_load_state_dict(m, good, "", 2, 0, NULL, NULL, &e), KS_E_NOTFOUND);
   assert_string_equal(e.key, "fn");
   int64_t wrong[3] = {0, 0, 0};
   ks_tensor t = mt_tensor(KS_I64, wrong, 1, 3, 0);
-  ks_statedict_set_tensor(good, "fn", &t, KS_COPY, NULL);
+  assert_int_equal(ks_statedict_set_tensor(good, "fn", &t, KS_COPY, NULL), KS_OK);
   assert_int_equal(ks_metric_load_state_dict(m, good, "", 2, 0, NULL, NULL, &e), KS_E_SHAPE);
-  ks_statedict_set_int(good, "fn", 3, NULL);
+  assert_int_equal(ks_statedict_set_int(good, "fn", 3, NULL), KS_OK);
   assert_int_equal(ks_metric_load_state_dict(m, good, "", 2, 0, NULL, NULL, &e), KS_E_INVALID);
   assert_true(mt_unchanged(m, before));
   ks_statedict_free(good);
@@ -385,18 +385,18 @@ static void merge_is_associative_and_commutative(void **st) {
     const spec *s = &k_specs[i];
     ks_metric *a = fed(s, 0, 1), *b = fed(s, 1, 3), *c = fed(s, 3, 4);
     ks_metric *ab_c, *a_bc, *bc, *ba;
-    ks_metric_clone(a, NULL, &ab_c, NULL);
-    ks_metric_clone(b, NULL, &bc, NULL);
-    ks_metric_clone(b, NULL, &ba, NULL);
+    assert_int_equal(ks_metric_clone(a, NULL, &ab_c, NULL), KS_OK);
+    assert_int_equal(ks_metric_clone(b, NULL, &bc, NULL), KS_OK);
+    assert_int_equal(ks_metric_clone(b, NULL, &ba, NULL), KS_OK);
     assert_int_equal(ks_metric_merge(ab_c, b, NULL), KS_OK);
     assert_int_equal(ks_metric_merge(ab_c, c, NULL), KS_OK);
     assert_int_equal(ks_metric_merge(bc, c, NULL), KS_OK);
-    ks_metric_clone(a, NULL, &a_bc, NULL);
+    assert_int_equal(ks_metric_clone(a, NULL, &a_bc, NULL), KS_OK);
     assert_int_equal(ks_metric_merge(a_bc, bc, NULL), KS_OK);
     assert_same_compute(ab_c, a_bc, s);
     assert_int_equal(ks_metric_merge(ba, a, NULL), KS_OK);
     ks_metric *ab;
-    ks_metric_clone(a, NULL, &ab, NULL);
+    assert_int_equal(ks_metric_clone(a, NULL, &ab, NULL), KS_OK);
     assert_int_equal(ks_metric_merge(ab, b, NULL), KS_OK);
     assert_same_compute(ab, ba, s);
     ks_metric *list[] = {a, b, c, ab_c, a_bc, bc, ba, ab};
@@ -568,7 +568,7 @@ static void clone_and_collection_survive_allocation_failure(void **st) {
     ks_status r = ks_metric_collection_create(&ta.a, &c, NULL);
     ks_metric *m;
     if (!r) {
-      ks_metric_clone(src, NULL, &m, NULL);
+      assert_int_equal(ks_metric_clone(src, NULL, &m, NULL), KS_OK);
       r = ks_metric_collection_add(c, "auroc", m, NULL);
       if (r) ks_metric_free(m);
     }

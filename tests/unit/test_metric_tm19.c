@@ -38,7 +38,7 @@ static void binned_average_precision_keeps_list_order_and_zero_precision(void **
    */
   assert_true(mt_close(mt_value(m, 0), 0.8 - 0.25 + 4.0 / 6.0));
   ks_tensor cm;
-  ks_metric_state_info(m, 0, NULL, NULL, &cm);
+  assert_int_equal(ks_metric_state_info(m, 0, NULL, NULL, &cm), KS_OK);
   const int64_t *q = cm.data; /* (T, 2, 2) = [[tn, fp], [fn, tp]] in list order */
   const int64_t want[16] = {1, 1, 0, 4, 2, 0, 4, 0, 2, 0, 1, 3, 0, 2, 0, 4};
   for (int i = 0; i < 16; i++) assert_int_equal(q[i], want[i]);
@@ -65,8 +65,8 @@ static void check_topk_row(const float *row, size_t C, size_t k, const size_t *w
   ks_metric *m = mt_make("MulticlassRecall", args);
   mt_update2(m, mt_tensor(KS_F32, rows, 2, (int64_t)C, (int64_t)C), mt_tensor(KS_I64, y, 1, (int64_t)C, 0));
   ks_tensor tp, fp;
-  ks_metric_state_info(m, 0, NULL, NULL, &tp);
-  ks_metric_state_info(m, 1, NULL, NULL, &fp);
+  assert_int_equal(ks_metric_state_info(m, 0, NULL, NULL, &tp), KS_OK);
+  assert_int_equal(ks_metric_state_info(m, 1, NULL, NULL, &fp), KS_OK);
   for (size_t c = 0; c < C; c++) {
     int in = 0;
     for (size_t j = 0; j < k; j++) in |= want[j] == c;
@@ -112,9 +112,9 @@ static void multiclass_top2_micro_with_ties_matches_torchmetrics(void **st) {
     mt_update2(m, mt_tensor(KS_F32, lg, 2, 4, 5), I64V(y));
     assert_true(mt_close(mt_value(m, 0), 0.75));
     ks_tensor tp, fp, tn;
-    ks_metric_state_info(m, 0, NULL, NULL, &tp);
-    ks_metric_state_info(m, 1, NULL, NULL, &fp);
-    ks_metric_state_info(m, 2, NULL, NULL, &tn);
+    assert_int_equal(ks_metric_state_info(m, 0, NULL, NULL, &tp), KS_OK);
+    assert_int_equal(ks_metric_state_info(m, 1, NULL, NULL, &fp), KS_OK);
+    assert_int_equal(ks_metric_state_info(m, 2, NULL, NULL, &tn), KS_OK);
     const int64_t want_tp[5] = {0, 0, 1, 1, 1}, want_fp[5] = {0, 1, 0, 0, 0};
     for (int c = 0; c < 5; c++) {
       assert_int_equal(((int64_t *)tp.data)[c], want_tp[c]);
@@ -151,15 +151,15 @@ static void top_k_rejects_bad_targets_unchanged(void **st) {
 
 static ks_statedict *r2_states(int rank, int64_t n, const float *sq, const float *sum, const float *res, int64_t total) {
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd, NULL);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   const float *v[3] = {sq, sum, res};
   static const char *const names[3] = {"sum_squared_error", "sum_error", "residual"};
   for (int i = 0; i < 3; i++) {
     ks_tensor t = mt_tensor(KS_F32, v[i], rank, n, 0);
-    ks_statedict_set_tensor(sd, names[i], &t, KS_COPY, NULL);
+    assert_int_equal(ks_statedict_set_tensor(sd, names[i], &t, KS_COPY, NULL), KS_OK);
   }
   ks_tensor t = mt_tensor(KS_I64, &total, 0, 0, 0);
-  ks_statedict_set_tensor(sd, "total", &t, KS_COPY, NULL);
+  assert_int_equal(ks_statedict_set_tensor(sd, "total", &t, KS_COPY, NULL), KS_OK);
   return sd;
 }
 
@@ -167,7 +167,7 @@ static void r2score_states_are_scalars_and_load_both_layouts(void **st) {
   (void)st;
   ks_metric *m = mt_make("R2Score", NULL);
   ks_tensor cur;
-  ks_metric_state_info(m, 0, NULL, NULL, &cur);
+  assert_int_equal(ks_metric_state_info(m, 0, NULL, NULL, &cur), KS_OK);
   assert_int_equal(cur.rank, 0); /* torchmetrics 1.9.0: tensor(0.0) */
   /* targets 1, 2, 3 and preds 1, 2, 4: sum y^2 = 14, sum y = 6, rss = 1, tss = 14 - 12 = 2, R2 = 0.5 */
   float sq = 14, sum = 6, res = 1;
@@ -178,7 +178,7 @@ static void r2score_states_are_scalars_and_load_both_layouts(void **st) {
   assert_true(mt_close(mt_value(m, 0), 0.5));
   assert_int_equal(ks_metric_load_state_dict(m, old, "", KS_METRIC_SCHEMA_VERSION, 0, &mig, NULL, NULL), KS_OK);
   assert_int_equal(mig, 1); /* torchmetrics 1.4's (1,) sums */
-  ks_metric_state_info(m, 0, NULL, NULL, &cur);
+  assert_int_equal(ks_metric_state_info(m, 0, NULL, NULL, &cur), KS_OK);
   assert_int_equal(cur.rank, 0);
   assert_true(mt_close(mt_value(m, 0), 0.5));
   ks_statedict_free(now);
@@ -196,7 +196,7 @@ static void r2score_outputs_broadcast_a_fresh_scalar_state(void **st) {
   assert_int_equal(ks_metric_load_state_dict(m, fresh, "", KS_METRIC_SCHEMA_VERSION, 0, &mig, NULL, NULL), KS_OK);
   assert_int_equal(mig, 1);
   ks_tensor cur;
-  ks_metric_state_info(m, 0, NULL, NULL, &cur);
+  assert_int_equal(ks_metric_state_info(m, 0, NULL, NULL, &cur), KS_OK);
   assert_int_equal(cur.rank, 1);
   assert_int_equal(cur.shape[0], 2);
   float p[4] = {1, 2, 3, 4}, t[4] = {1, 1, 3, 3}; /* (2, 2): output 0 exact (R2 1), output 1 rss 2, tss 2 (R2 0) */
@@ -241,7 +241,7 @@ static void mean_absolute_error_sum_has_one_element_per_output(void **st) {
   (void)st;
   ks_metric *m = mt_make("MeanAbsoluteError", NULL);
   ks_tensor cur;
-  ks_metric_state_info(m, 0, NULL, NULL, &cur);
+  assert_int_equal(ks_metric_state_info(m, 0, NULL, NULL, &cur), KS_OK);
   assert_int_equal(cur.rank, 1); /* torchmetrics >= 1.5: torch.zeros(num_outputs) */
   assert_int_equal(cur.shape[0], 1);
   float p[2] = {1, 3}, t[2] = {2, 1};
@@ -265,7 +265,7 @@ static void mean_numeric_nan_strategy_gives_weight_one(void **st) {
   assert_true(mt_close(mt_value(a, 0), 3.0));
   assert_true(mt_close(mt_value(b, 0), 3.5));
   ks_tensor w;
-  ks_metric_state_info(a, 1, NULL, NULL, &w);
+  assert_int_equal(ks_metric_state_info(a, 1, NULL, NULL, &w), KS_OK);
   assert_true(*(float *)w.data == 2.0f);
   ks_metric_free(a);
   ks_metric_free(b);

@@ -50,7 +50,7 @@ static void rank_state(int r, int64_t batch, ks_statedict **sd, ks_meta **meta, 
   assert_int_equal(ks_metric_create("SumMetric", NULL, NULL, &m, NULL), KS_OK);
   float one = 1.0f;
   ks_tensor t;
-  ks_tensor_init(&t, KS_F32, 0, NULL, &one);
+  assert_int_equal(ks_tensor_init(&t, KS_F32, 0, NULL, &one), KS_OK);
   for (int i = 0; i <= r; i++) assert_int_equal(ks_metric_update(m, &t, 1, NULL), KS_OK);
   assert_int_equal(ks_metric_to_state_dict(m, *sd, "state/train_metrics/S/state_dict/", NULL), KS_OK);
   assert_int_equal(ks_statedict_set_null(*sd, "state/train_metrics/S/_computed", NULL), KS_OK);

@@ -93,11 +93,11 @@ static void train_a_little(prog *p) {
   for (int i = 0; i < 4; i++) logits[i * 10 + (i == 3 ? 5 : y[i])] = 4.0f;
   int64_t ls[2] = {4, 10}, ys[1] = {4};
   ks_tensor in[2];
-  ks_tensor_init(&in[0], KS_F32, 2, ls, logits);
-  ks_tensor_init(&in[1], KS_I64, 1, ys, y);
+  assert_int_equal(ks_tensor_init(&in[0], KS_F32, 2, ls, logits), KS_OK);
+  assert_int_equal(ks_tensor_init(&in[1], KS_I64, 1, ys, y), KS_OK);
   float v = 2.5f;
   ks_tensor scalar;
-  ks_tensor_init(&scalar, KS_F32, 0, NULL, &v);
+  assert_int_equal(ks_tensor_init(&scalar, KS_F32, 0, NULL, &v), KS_OK);
   ks_metric_collection *mc = ks_state_train_metrics(p->st);
   for (int step = 0; step < 3; step++)
     for (size_t i = 0; i < ks_metric_collection_count(mc); i++) {
@@ -413,7 +413,7 @@ static void strict_model_rejects_unexpected_keys(void **s) {
   float extra[2] = {1, 2};
   int64_t es[1] = {2};
   ks_tensor et;
-  ks_tensor_init(&et, KS_F32, 1, es, extra);
+  assert_int_equal(ks_tensor_init(&et, KS_F32, 1, es, extra), KS_OK);
   assert_int_equal(ks_state_add_tensor(a.st, "head.bias", &et, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, NULL, NULL, NULL, NULL), KS_E_MISMATCH);
   ks_load_opts o = {.non_strict_model = 1};

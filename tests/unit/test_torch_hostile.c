@@ -82,8 +82,8 @@ static ks_status run(const prog *g, ks_statedict **out, ks_error *err) {
   if (!st) st = ks__pk_flatten(root, &ar, &lim, sd, err);
   if (!st && out) {
     ks_statedict *copy;
-    ks_statedict_create(NULL, &copy, NULL);
-    ks_statedict_copy_prefix(copy, sd, "", "", NULL);
+    assert_int_equal(ks_statedict_create(NULL, &copy, NULL), KS_OK);
+    assert_int_equal(ks_statedict_copy_prefix(copy, sd, "", "", NULL), KS_OK);
     *out = copy;
   }
   ks_statedict_free(sd);
@@ -170,8 +170,8 @@ static void memoised_big_integer_is_converted_once(void **s) {
     assert_int_equal(run(&g, &sd, &err), KS_OK);
     assert_int_equal(ks_statedict_count(sd), refs);
     ks_entry first, last;
-    ks_statedict_at(sd, 0, &first);
-    ks_statedict_at(sd, refs - 1, &last);
+    assert_int_equal(ks_statedict_at(sd, 0, &first), KS_OK);
+    assert_int_equal(ks_statedict_at(sd, refs - 1, &last), KS_OK);
     assert_int_equal(first.kind, KS_VAL_STRING);
     assert_true(strlen(first.s) > 9800);
     assert_string_equal(first.s, last.s);

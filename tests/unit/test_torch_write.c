@@ -147,9 +147,9 @@ static void compressed_entries_are_refused_clearly(void **s) {
 static void a_name_that_is_both_value_and_folder_is_refused(void **s) {
   (void)s;
   ks_statedict *sd;
-  ks_statedict_create(NULL, &sd, NULL);
-  ks_statedict_set_int(sd, "a", 1, NULL);
-  ks_statedict_set_int(sd, "a/b", 2, NULL);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "a", 1, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "a/b", 2, NULL), KS_OK);
   void *buf;
   size_t len;
   ks_error err;
@@ -161,11 +161,11 @@ static void a_name_that_is_both_value_and_folder_is_refused(void **s) {
 static void fp8_tensors_round_trip_and_are_refused_for_torch_1_13(void **s) {
   (void)s;
   ks_statedict *sd, *back;
-  ks_statedict_create(NULL, &sd, NULL);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   int64_t n = 2;
   uint8_t *q;
-  ks_statedict_new_tensor(sd, "q", KS_F8_E4M3, 1, &n, (void **)&q, NULL);
-  ks_statedict_new_tensor(sd, "r", KS_F8_E5M2, 1, &n, NULL, NULL);
+  assert_int_equal(ks_statedict_new_tensor(sd, "q", KS_F8_E4M3, 1, &n, (void **)&q, NULL), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, "r", KS_F8_E5M2, 1, &n, NULL, NULL), KS_OK);
   q[0] = 0x38, q[1] = 0xC0;
   void *buf;
   size_t len;
@@ -306,19 +306,25 @@ static void writer_allocation_failures_return_nomem_and_leak_nothing(void **s) {
 static void composer_list_states_are_concatenated(void **s) {
   (void)s;
   ks_statedict *flat, *out;
-  ks_statedict_create(NULL, &flat, NULL);
+  assert_int_equal(ks_statedict_create(NULL, &flat, NULL), KS_OK);
   const char *r = "state/eval_metrics/val/BinaryAUROC/";
   char k[256];
-  snprintf(k, sizeof k, "%s__class__", r), ks_statedict_set_string(flat, k, "torchmetrics.classification.auroc.BinaryAUROC", NULL);
-  snprintf(k, sizeof k, "%s_persistent/preds", r), ks_statedict_set_bool(flat, k, 1, NULL);
-  snprintf(k, sizeof k, "%s_update_count", r), ks_statedict_set_int(flat, k, 2, NULL);
-  snprintf(k, sizeof k, "%smax_fpr", r), ks_statedict_set_null(flat, k, NULL);
+  snprintf(k, sizeof k, "%s__class__", r);
+  assert_int_equal(ks_statedict_set_string(flat, k, "torchmetrics.classification.auroc.BinaryAUROC", NULL), KS_OK);
+  snprintf(k, sizeof k, "%s_persistent/preds", r);
+  assert_int_equal(ks_statedict_set_bool(flat, k, 1, NULL), KS_OK);
+  snprintf(k, sizeof k, "%s_update_count", r);
+  assert_int_equal(ks_statedict_set_int(flat, k, 2, NULL), KS_OK);
+  snprintf(k, sizeof k, "%smax_fpr", r);
+  assert_int_equal(ks_statedict_set_null(flat, k, NULL), KS_OK);
   int64_t n2 = 2, n3 = 3;
   float *a, *b;
-  snprintf(k, sizeof k, "%spreds/0", r), ks_statedict_new_tensor(flat, k, KS_F32, 1, &n2, (void **)&a, NULL);
-  snprintf(k, sizeof k, "%spreds/1", r), ks_statedict_new_tensor(flat, k, KS_F32, 1, &n3, (void **)&b, NULL);
+  snprintf(k, sizeof k, "%spreds/0", r);
+  assert_int_equal(ks_statedict_new_tensor(flat, k, KS_F32, 1, &n2, (void **)&a, NULL), KS_OK);
+  snprintf(k, sizeof k, "%spreds/1", r);
+  assert_int_equal(ks_statedict_new_tensor(flat, k, KS_F32, 1, &n3, (void **)&b, NULL), KS_OK);
   a[0] = 1, a[1] = 2, b[0] = 3, b[1] = 4, b[2] = 5;
-  ks_statedict_set_int(flat, "state/rank_zero_seed", 7, NULL);
+  assert_int_equal(ks_statedict_set_int(flat, "state/rank_zero_seed", 7, NULL), KS_OK);
   char *json;
   assert_int_equal(ks_composer_normalize(flat, KS_COPY, &out, &json, NULL), KS_OK);
   snprintf(k, sizeof k, "%sstate_dict/preds", r);
