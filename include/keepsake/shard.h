@@ -106,9 +106,10 @@ typedef struct ks_shard_file_info {
  * matching `per_rank`, NULL = the defaults) and, for rank 0 only, every other
  * (replicated) entry. The whole-file XXH3-64 is computed as the bytes are written.
  * @param meta optional caller metadata (e.g. keepsake.metrics) copied into the file.
- * @param info receives the file's size and checksum.
+ * @param info receives the file's size and checksum (also with KS_E_NOT_DURABLE).
  * @return KS_OK, KS_E_INVALID (a chunk whose tensor is missing or has another shape), KS_E_NOMEM,
- *         KS_E_IO, or any ks_save error.
+ *         KS_E_IO (the file is unchanged), KS_E_NOT_DURABLE (the file is in place and info filled,
+ *         but the directory fsync failed: it may not survive a crash), or any ks_save error.
  */
 KS_NODISCARD ks_status ks_shard_write_rank(const char *dir, int rank, int world_size, const ks_statedict *sd,
                               const ks_meta *meta, const ks_shard_map *shards, const char *const *per_rank,
@@ -120,7 +121,9 @@ KS_NODISCARD ks_status ks_shard_write_rank(const char *dir, int rank, int world_
  * atomically and durably. Reads each file's header (not its data) to list its
  * tensors and chunks, and checks that the files' timestamps and world sizes agree.
  * @param infos world_size entries, from ks_shard_write_rank.
- * @return KS_OK, KS_E_MISMATCH (timestamps differ; names both files), KS_E_FORMAT, KS_E_IO, KS_E_NOMEM.
+ * @return KS_OK, KS_E_MISMATCH (timestamps differ; names both files), KS_E_FORMAT, KS_E_NOMEM,
+ *         KS_E_IO (no index was written: the checkpoint is not committed) or KS_E_NOT_DURABLE (the
+ *         index is in place, so the checkpoint is committed, but the directory fsync failed).
  */
 KS_NODISCARD ks_status ks_shard_write_index(const char *dir, int world_size, const ks_shard_file_info *infos,
                                const ks_save_opts *opts, ks_error *err);

@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "keepsake/keepsake.h"
+#include "faultio.h"
 #include "testutil.h"
 
 #define N 3
@@ -491,6 +492,82 @@ static void allocation_failures_in_save_and_index(void **s) {
   free(root);
 }
 
+/* Writes the 3 rank files then the index through io; *st_out is the first failure (or OK). */
+static int write_through(const char *dir, ks_fault_io *f, ks_status *st_out, int *index_failed) {
+  ks_shard_file_info infos[N];
+  ks_save_opts so = {.io = &f->io};
+  ks_status first = KS_OK;
+  *index_failed = 0;
+  for (int r = 0; r < N; r++) {
+    ks_statedict *sd;
+    ks_meta *meta;
+    ks_shard_map *map;
+    rank_state(r, 5, &sd, &meta, &map);
+    ks_error err;
+    ks_status st = ks_shard_write_rank(dir, r, N, sd, meta, map, NULL, 0, &so, &infos[r], &err);
+    ks_statedict_free(sd);
+    ks_meta_free(meta);
+    ks_shard_map_free(map);
+    if (st == KS_E_NOT_DURABLE) assert_non_null(strstr(err.message, "durability unknown"));
+    if (st && !first) first = st;
+    if (st && st != KS_E_NOT_DURABLE) { /* a hard failure: nothing to commit */
+      *st_out = first;
+      return 0;
+    }
+  }
+  ks_error err;
+  ks_status st = ks_shard_write_index(dir, N, infos, &so, &err);
+  if (st) *index_failed = 1;
+  if (st && !first) first = st;
+  *st_out = first;
+  return 1;
+}
+
+/* Each durable step of a sharded save fails in turn: a failed directory fsync after a rename is
+   KS_E_NOT_DURABLE with the file in place (the checkpoint still commits); anything else is KS_E_IO. */
+static void a_failed_directory_fsync_is_not_durable(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shard");
+  int seen_not_durable = 0, seen_io = 0, seen_index_not_durable = 0;
+  for (long n = 1; n < 1000; n++) {
+    char sub[32];
+    snprintf(sub, sizeof sub, "c%ld", n);
+    char *dir = ks_test_path(root, sub);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    ks_fault_io f;
+    ks_fault_io_init(&f, n);
+    ks_status st;
+    int index_failed;
+    int reached_index = write_through(dir, &f, &st, &index_failed);
+    ks_shard_index *idx = NULL;
+    ks_status rd = ks_shard_index_read(dir, NULL, &idx, NULL);
+    int done = f.failed_op == -1;
+    if (done) {
+      assert_int_equal(st, KS_OK);
+      assert_int_equal(rd, KS_OK);
+    } else if (f.failed_op == KS_FAULT_FSYNC_DIR) {
+      assert_int_equal(st, KS_E_NOT_DURABLE);
+      /* committed: the index is there and names files that verify */
+      assert_int_equal(rd, KS_OK);
+      for (int r = 0; r < N; r++) assert_int_equal(ks_shard_verify_file(dir, idx, r, NULL), KS_OK);
+      seen_not_durable = 1;
+      seen_index_not_durable |= index_failed;
+    } else {
+      assert_int_equal(st, KS_E_IO);
+      /* not committed: no index, whichever file failed */
+      assert_int_equal(rd, KS_E_NOTFOUND);
+      seen_io = 1;
+      (void)reached_index;
+    }
+    ks_shard_index_free(idx);
+    free(dir);
+    if (done) break;
+  }
+  assert_true(seen_not_durable && seen_io && seen_index_not_durable);
+  ks_test_rmtree(root);
+  free(root);
+}
+
 static void chunk_maps_check_their_bounds(void **s) {
   (void)s;
   ks_shard_map *m;
@@ -529,6 +606,7 @@ int main(void) {
       cmocka_unit_test(chunk_maps_check_their_bounds),
       cmocka_unit_test(the_index_keeps_its_layout),
       cmocka_unit_test(allocation_failures_in_save_and_index),
+      cmocka_unit_test(a_failed_directory_fsync_is_not_durable),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
