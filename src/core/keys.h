@@ -15,17 +15,17 @@
 #define KS__KEY_MAX KS_MAX_NAME
 
 /* Joins prefix and name into buf (KS__KEY_MAX+1 bytes). @return KS_OK or KS_E_LIMIT. */
-ks_status ks__key(char *buf, const char *prefix, const char *name);
-ks_status ks__keyf(char *buf, const char *prefix, const char *fmt, ...) KS__PRINTF(3, 4);
+KS_NODISCARD ks_status ks__key(char *buf, const char *prefix, const char *name);
+KS_NODISCARD ks_status ks__keyf(char *buf, const char *prefix, const char *fmt, ...) KS__PRINTF(3, 4);
 
 /* KS_E_LIMIT naming the key prefix+name that does not fit in KS_MAX_NAME bytes. */
 ks_status ks__key_limit(ks_error *err, const char *prefix, const char *name);
 /* ks__key, filling err when the key is too long. */
-ks_status ks__key_err(char *buf, const char *prefix, const char *name, ks_error *err);
+KS_NODISCARD ks_status ks__key_err(char *buf, const char *prefix, const char *name, ks_error *err);
 
 /* prefix+name = v; errors (key too long, out of memory) name the key in err. */
-ks_status ks__put_int(ks_statedict *dst, const char *prefix, const char *name, int64_t v, ks_error *err);
-ks_status ks__put_float(ks_statedict *dst, const char *prefix, const char *name, double v, ks_error *err);
+KS_NODISCARD ks_status ks__put_int(ks_statedict *dst, const char *prefix, const char *name, int64_t v, ks_error *err);
+KS_NODISCARD ks_status ks__put_float(ks_statedict *dst, const char *prefix, const char *name, double v, ks_error *err);
 
 /* Integer scalar (or integral 0-d tensor). KS_E_NOTFOUND / KS_E_VALUE name the key in err. */
 ks_status ks__get_int(const ks_statedict *src, const char *prefix, const char *name, int64_t *out,

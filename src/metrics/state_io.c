@@ -14,7 +14,8 @@
 static ks_status full_name(const char *prefix, const char *name, char *buf, size_t cap, ks_error *err) {
   int n = snprintf(buf, cap, "%s%s", prefix ? prefix : "", name);
   if (n < 0 || (size_t)n >= cap || n > KS_MAX_NAME)
-    return ks__err(err, KS_E_INVALID, "state name '%s%s' is too long", prefix ? prefix : "", name);
+    return ks__err_at(err, KS_E_LIMIT, NULL, prefix, -1, "state key '%.200s...%s' is longer than %d bytes (KS_MAX_NAME)",
+                      prefix ? prefix : "", name, KS_MAX_NAME);
   return KS_OK;
 }
 

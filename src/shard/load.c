@@ -301,8 +301,13 @@ static ks_status saved_metric(loader *L, int f, const char *path, ks_metric **ou
   const ks__jv *def = ks__jv_get(s->metrics, path);
   if (!def) return ks__err_at(L->err, KS_E_MISMATCH, L->idx->files[f], path, -1, "rank %d lacks metric '%s'", f, path);
   if ((st = metric_of(L, path, def, out))) return st;
-  char prefix[KS_MAX_NAME + 16];
-  snprintf(prefix, sizeof prefix, "%s/state_dict/", path);
+  char prefix[KS__KEY_MAX + 1];
+  if (ks__key(prefix, path, "/state_dict/")) {
+    st = ks__key_limit(L->err, path, "/state_dict/");
+    ks_metric_free(*out);
+    *out = NULL;
+    return st;
+  }
   int64_t sv = 1, uc = 1;
   if (!ks__jv_is_int(ks__jv_get(def, "schema_version"), &sv) || sv < 0 || sv > INT32_MAX) sv = 1;
   if (!ks__jv_is_int(ks__jv_get(def, "update_count"), &uc)) uc = 1;
@@ -353,11 +358,11 @@ static ks__jv *metric_def(const ks_allocator *a, const ks_metric *m) {
 }
 
 static ks_status put_metric(loader *L, const char *path, const ks_metric *m, ks__jv *defs) {
-  char prefix[KS_MAX_NAME + 16];
-  snprintf(prefix, sizeof prefix, "%s/state_dict/", path);
+  char prefix[KS__KEY_MAX + 1];
+  if (ks__key(prefix, path, "/state_dict/")) return ks__key_limit(L->err, path, "/state_dict/");
   ks_status st = ks_metric_to_state_dict(m, L->out, prefix, L->err);
-  snprintf(prefix, sizeof prefix, "%s/_computed", path);
-  if (!st && ks_statedict_set_null(L->out, prefix, NULL)) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
+  if (!st && ks__key(prefix, path, "/_computed")) st = ks__key_limit(L->err, path, "/_computed");
+  if (!st) st = ks_statedict_set_null(L->out, prefix, L->err);
   if (st) return st;
   ks__shard_put(L->a, defs, path, metric_def(L->a, m), &st);
   return st ? ks__err(L->err, KS_E_NOMEM, "out of memory") : KS_OK;

@@ -7,6 +7,7 @@
 
 #include "core/internal.h"
 #include "core/json.h"
+#include "core/keys.h"
 #include "keepsake/shard.h"
 
 /* Metadata keys of a rank file. */

@@ -62,7 +62,7 @@ static stored_info stored_of(const ks__jv *me) {
 
 static ks_status restore_computed(ks__load_ctx *c, ks_metric *m, const char *path, int64_t count) {
   char k[KS__KEY_MAX + 1];
-  ks__key(k, path, "/" KS_KEY_METRIC_COMPUTED);
+  if (ks__key(k, path, "/" KS_KEY_METRIC_COMPUTED)) return ks__key_limit(c->err, path, "/" KS_KEY_METRIC_COMPUTED);
   const ks_tensor *t = ks_statedict_tensor(c->src, k);
   ks_error e;
   ks_status s = ks_metric_restore_computed(m, t, count, &e);
@@ -72,7 +72,7 @@ static ks_status restore_computed(ks__load_ctx *c, ks_metric *m, const char *pat
 
 static ks_status fill(ks__load_ctx *c, ks_metric *m, const char *path, const ks__jv *me) {
   char prefix[KS__KEY_MAX + 1];
-  ks__key(prefix, path, "/" KS_KEY_METRIC_STATES);
+  if (ks__key(prefix, path, "/" KS_KEY_METRIC_STATES)) return ks__key_limit(c->err, path, "/" KS_KEY_METRIC_STATES);
   stored_info si = stored_of(me);
   int migrated = 0, converted = 0;
   ks_error e;
@@ -106,7 +106,7 @@ static ks_status load_metric(ks__load_ctx *c, ks_metric *m, const char *path) {
     ks_metric_reset(m);
     return ks__note(c, KS_LOAD_SKIPPED, path, "ignored by an ignore glob; left at defaults");
   }
-  ks__key(prefix, path, "/");
+  if (ks__key(prefix, path, "/")) return ks__key_limit(c->err, path, "/");
   int present;
   ks_status s = ks__has_prefix(c, prefix, &present);
   if (s) return s;
@@ -131,7 +131,7 @@ static ks_status load_collection(ks__load_ctx *c, ks_metric_collection *mc, cons
     const char *name;
     ks_metric *m = ks_metric_collection_at(mc, i, &name);
     char path[KS__KEY_MAX + 1];
-    if (ks__key(path, root, name)) return ks__err(c->err, KS_E_LIMIT, "metric name too long: %s", name);
+    if (ks__key(path, root, name)) return ks__key_limit(c->err, root, name);
     ks_status s = load_metric(c, m, path);
     if (s) return s;
   }
@@ -196,7 +196,8 @@ ks_status ks__load_metrics(ks__load_ctx *c) {
   ks_status s = c->st->train ? load_collection(c, c->st->train, KS_KEY_TRAIN_METRICS) : KS_OK;
   for (size_t i = 0; i < c->st->n_evals && !s; i++) {
     char root[KS__KEY_MAX + 1];
-    if (ks__keyf(root, KS_KEY_EVAL_METRICS, "%s/", c->st->evals[i].label)) return KS_E_LIMIT;
+    if (ks__keyf(root, KS_KEY_EVAL_METRICS, "%s/", c->st->evals[i].label))
+      return ks__key_limit(c->err, KS_KEY_EVAL_METRICS, c->st->evals[i].label);
     s = load_collection(c, c->st->evals[i].metrics, root);
   }
   return s ? s : note_extra(c);

@@ -67,10 +67,10 @@ static ks_status put_metric_json(const ks_allocator *a, const ks_metric *m, cons
 
 static ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *dst, ks__jv *mj, ks_error *err) {
   char k[KS__KEY_MAX + 1];
-  if (ks__key(k, path, "/" KS_KEY_METRIC_STATES)) return ks__err(err, KS_E_LIMIT, "metric path too long");
+  if (ks__key(k, path, "/" KS_KEY_METRIC_STATES)) return ks__key_limit(err, path, "/" KS_KEY_METRIC_STATES);
   ks_status s = ks_metric_to_state_dict(m, dst, k, err);
   if (s) return s;
-  ks__key(k, path, "/" KS_KEY_METRIC_COMPUTED);
+  if (ks__key(k, path, "/" KS_KEY_METRIC_COMPUTED)) return ks__key_limit(err, path, "/" KS_KEY_METRIC_COMPUTED);
   const ks_tensor *c = ks_metric_computed(m);
   s = c ? ks_statedict_set_tensor(dst, k, c, KS_COPY, err) : ks_statedict_set_null(dst, k, err);
   if (s) return s;
@@ -84,7 +84,7 @@ static ks_status put_collection(const ks_metric_collection *c, const char *root,
     const char *name;
     const ks_metric *m = ks_metric_collection_at(c, i, &name);
     char path[KS__KEY_MAX + 1];
-    if (ks__key(path, root, name)) return ks__err(err, KS_E_LIMIT, "metric name too long: %s", name);
+    if (ks__key(path, root, name)) return ks__key_limit(err, root, name);
     ks_status s = put_metric(m, path, dst, mj, err);
     if (s) return s;
   }
@@ -95,7 +95,8 @@ static ks_status put_metrics(const ks_state *st, ks_statedict *dst, ks__jv *mj, 
   ks_status s = put_collection(st->train, KS_KEY_TRAIN_METRICS, dst, mj, err);
   for (size_t i = 0; i < st->n_evals && !s; i++) {
     char root[KS__KEY_MAX + 1];
-    if (ks__keyf(root, KS_KEY_EVAL_METRICS, "%s/", st->evals[i].label)) return KS_E_LIMIT;
+    if (ks__keyf(root, KS_KEY_EVAL_METRICS, "%s/", st->evals[i].label))
+      return ks__key_limit(err, KS_KEY_EVAL_METRICS, st->evals[i].label);
     s = put_collection(st->evals[i].metrics, root, dst, mj, err);
   }
   return s;

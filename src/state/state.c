@@ -176,7 +176,8 @@ static ks_status build_evals(ks_state *st, ks_metrics_factory factory, void *ctx
   if (!ev) return KS_E_NOMEM;
   ks_status s = KS_OK;
   for (size_t i = 0; i < n && !s; i++) {
-    if (!valid_name(labels[i])) s = ks__err(err, KS_E_INVALID, "bad evaluator label");
+    if ((s = ks_name_check(labels[i], err)) == KS_OK && !valid_name(labels[i]))
+      s = ks__err_at(err, KS_E_INVALID, NULL, labels[i], -1, "evaluator label '%.200s' contains '/'", labels[i]);
     for (size_t j = 0; j < i && !s; j++)
       if (!strcmp(labels[i], labels[j])) s = ks__err(err, KS_E_EXISTS, "duplicate label '%s'", labels[i]);
     if (!s) ev[i].label = ks__strdup(&st->alloc, labels[i]);
