@@ -31,19 +31,19 @@ typedef struct ks__durable {
 /* Splits path into its directory and "<dir>/.<name>.tmp-<6 random characters>". io NULL = POSIX.
  * KS_E_INVALID when path names a directory or io fails ks_io_check, KS_E_NOMEM.
  * Call abort even on failure. */
-ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
+KS_NODISCARD ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
                               ks_error *err);
 /* Creates the temporary file exclusively under a fresh random name. With the POSIX
  * ks_io it first refuses (KS_E_INVALID) a destination that exists and is neither a
  * regular file nor a symlink (a device, FIFO, socket or directory), then removes stale temporary files of this pattern in the directory
  * (".*.tmp-XXXXXX" that no writer holds flock'd and unmodified for 60 s: left by a
  * killed writer), and holds an flock on its own until close. */
-ks_status ks__durable_open(ks__durable *d);
+KS_NODISCARD ks_status ks__durable_open(ks__durable *d);
 /* Writes all n bytes to the temporary file (retrying short writes). */
-ks_status ks__durable_write(ks__durable *d, const void *p, size_t n);
+KS_NODISCARD ks_status ks__durable_write(ks__durable *d, const void *p, size_t n);
 /* fsync, close, rename over path, fsync the directory. KS_E_IO: nothing changed at
  * path. KS_E_NOT_DURABLE: the directory fsync failed with the new file already in place. */
-ks_status ks__durable_commit(ks__durable *d);
+KS_NODISCARD ks_status ks__durable_commit(ks__durable *d);
 /* Closes and unlinks the temporary file if still held, frees memory. Idempotent. */
 void ks__durable_abort(ks__durable *d);
 

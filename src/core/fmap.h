@@ -29,7 +29,7 @@ typedef struct ks__fmap {
  * shorter than `min_map` bytes (an empty mapping is an error), then read.
  * Errors name path as the file. m is all zeros on failure.
  */
-ks_status ks__fmap_open(ks__fmap *m, const char *path, bool copy, size_t min_map, const ks_allocator *a,
+KS_NODISCARD ks_status ks__fmap_open(ks__fmap *m, const char *path, bool copy, size_t min_map, const ks_allocator *a,
                         ks_error *err);
 /* Unmaps or frees; m is all zeros afterwards. */
 void ks__fmap_close(ks__fmap *m, const ks_allocator *a);

@@ -45,7 +45,7 @@ void ks__hindex_free(ks__hindex *ix, const ks_allocator *a);
  * 0 .. indexed-1 are re-inserted. @return KS_OK, KS_E_LIMIT or KS_E_NOMEM
  * (index unchanged on error).
  */
-ks_status ks__hindex_reserve(ks__hindex *ix, const ks_allocator *a, size_t count, size_t indexed,
+KS_NODISCARD ks_status ks__hindex_reserve(ks__hindex *ix, const ks_allocator *a, size_t count, size_t indexed,
                              const ks__hindex_ops *ops, const void *ctx);
 
 /* The first inserted item with this key, or -1. */

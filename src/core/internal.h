@@ -35,7 +35,7 @@ char *ks__strndup(const ks_allocator *a, const char *s, size_t n);
  * (at least 16). @return KS_OK, KS_E_LIMIT (size overflow) or KS_E_NOMEM; the
  * array and *cap are unchanged on error.
  */
-ks_status ks__grow(const ks_allocator *a, void *arrayp, size_t *cap, size_t need, size_t size);
+KS_NODISCARD ks_status ks__grow(const ks_allocator *a, void *arrayp, size_t *cap, size_t need, size_t size);
 
 /*
  * Reads a caller's growing struct (first member `size_t size`, see export.h)
@@ -44,7 +44,7 @@ ks_status ks__grow(const ks_allocator *a, void *arrayp, size_t *cap, size_t need
  * v1_size is the smallest layout ever released (the first with a size field).
  * @return KS_OK or KS_E_INVALID (a size this library cannot read).
  */
-ks_status ks__struct_in(void *dst, size_t dst_size, const void *src, size_t v1_size);
+KS_NODISCARD ks_status ks__struct_in(void *dst, size_t dst_size, const void *src, size_t v1_size);
 
 /* At the top of a public function: copies *opts (NULL, older or newer layout) into a
  * local of this library's layout and points opts at it. */
@@ -62,7 +62,8 @@ ks_status ks__struct_in(void *dst, size_t dst_size, const void *src, size_t v1_s
 /*
  * Records an error and returns `code`, so callers can write
  *   return ks__err(err, KS_E_FORMAT, "header: expected '{'");
- * err may be NULL.
+ * err may be NULL. Not KS_NODISCARD, unlike every other ks_status function: recording
+ * the details of a failure already being returned is a use of its own.
  */
 ks_status ks__err(ks_error *err, ks_status code, const char *fmt, ...) KS__PRINTF(3, 4);
 /* Same, also naming the file/key/offset (any may be NULL / -1). */

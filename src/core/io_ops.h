@@ -20,7 +20,7 @@ const ks_io *ks__io_v2(const ks_io *io);
  * is fsynced even when dir existed (a crashed run may have left it unsynced). An existing
  * directory is fine; an existing non-directory is KS_E_IO. KS_E_LIMIT when too long.
  */
-ks_status ks__io_mkdir_p(const ks_io *io, const char *dir, ks_error *err);
+KS_NODISCARD ks_status ks__io_mkdir_p(const ks_io *io, const char *dir, ks_error *err);
 
 /*
  * Points dir/name at `target` atomically: a link dir/.name.tmp is created (after
@@ -29,7 +29,7 @@ ks_status ks__io_mkdir_p(const ks_io *io, const char *dir, ks_error *err);
  * names the step and path; KS_E_NOT_DURABLE: dir/name was replaced but the directory
  * fsync failed; KS_E_LIMIT when too long.
  */
-ks_status ks__io_pointer_set(const ks_io *io, const char *dir, const char *name, const char *target,
+KS_NODISCARD ks_status ks__io_pointer_set(const ks_io *io, const char *dir, const char *name, const char *target,
                              ks_error *err);
 
 #endif

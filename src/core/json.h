@@ -80,26 +80,26 @@ void ks__json_init(ks__json *j, const void *s, size_t n, int64_t base, const cha
                    ks_error *err);
 void ks__json_free(ks__json *j);
 /* Records an error at the current position and returns code. */
-ks_status ks__json_fail(ks__json *j, ks_status code, const char *key, const char *fmt, ...) KS__PRINTF(4, 5);
+KS_NODISCARD ks_status ks__json_fail(ks__json *j, ks_status code, const char *key, const char *fmt, ...) KS__PRINTF(4, 5);
 void ks__json_ws(ks__json *j);
 /* Skips whitespace; true when the next byte is c (not consumed). */
 bool ks__json_peek(ks__json *j, char c);
-ks_status ks__json_expect(ks__json *j, char c);
+KS_NODISCARD ks_status ks__json_expect(ks__json *j, char c);
 /* A string: *s points into the input (no escapes) or into b; valid until b is reused. */
-ks_status ks__json_string(ks__json *j, ks__sbuf *b, const char **s, size_t *n);
+KS_NODISCARD ks_status ks__json_string(ks__json *j, ks__sbuf *b, const char **s, size_t *n);
 /* A non-negative integer without fraction or exponent; `what` names it in errors. */
-ks_status ks__json_u64(ks__json *j, const char *key, const char *what, uint64_t *v);
+KS_NODISCARD ks_status ks__json_u64(ks__json *j, const char *key, const char *what, uint64_t *v);
 /* Skips any value. `depth` is the nesting level of the value (the header object is 1);
    containers deeper than 127 are refused with KS_E_LIMIT, as the reference reader does. */
-ks_status ks__json_skip(ks__json *j, int depth);
+KS_NODISCARD ks_status ks__json_skip(ks__json *j, int depth);
 /* True when the reference reader refuses the number s[0..n) (valid JSON grammar) as out
    of range of an f64 (json_range.c). */
 bool ks__json_number_out_of_range(const uint8_t *s, size_t n);
 /* Object iteration: start with *first = true; *done becomes true at the closing brace.
    The key lives in j->kbuf or the input and is followed by the ':' (consumed). */
-ks_status ks__json_next_key(ks__json *j, bool *first, bool *done, const char **key, size_t *klen);
+KS_NODISCARD ks_status ks__json_next_key(ks__json *j, bool *first, bool *done, const char **key, size_t *klen);
 /* Only whitespace may remain. */
-ks_status ks__json_end(ks__json *j);
+KS_NODISCARD ks_status ks__json_end(ks__json *j);
 
 /* ---- JSON values (jv.c) ---- */
 
@@ -144,9 +144,9 @@ ks__jv *ks__jv_copy(const ks_allocator *a, const ks__jv *v);
 
 /* Sets obj[key] = val, replacing (and freeing) an old value. Takes val in every case:
    on failure val is freed. @return KS_OK, KS_E_INVALID (not an object, val NULL) or KS_E_NOMEM. */
-ks_status ks__jv_set(const ks_allocator *a, ks__jv *obj, const char *key, ks__jv *val);
+KS_NODISCARD ks_status ks__jv_set(const ks_allocator *a, ks__jv *obj, const char *key, ks__jv *val);
 /* Appends val to an array, with the same ownership rule. */
-ks_status ks__jv_push(const ks_allocator *a, ks__jv *arr, ks__jv *val);
+KS_NODISCARD ks_status ks__jv_push(const ks_allocator *a, ks__jv *arr, ks__jv *val);
 
 /* obj[key], or NULL (also when obj is not an object). */
 const ks__jv *ks__jv_get(const ks__jv *obj, const char *key);
@@ -169,7 +169,7 @@ bool ks__jv_equal(const ks__jv *x, const ks__jv *y);
  * keys refused). Errors name `what` (e.g. the metadata key) and the offset.
  * @return KS_OK, KS_E_FORMAT or KS_E_NOMEM.
  */
-ks_status ks__jv_parse(const ks_allocator *a, const char *text, size_t n, const char *what, ks__jv **out,
+KS_NODISCARD ks_status ks__jv_parse(const ks_allocator *a, const char *text, size_t n, const char *what, ks__jv **out,
                        ks_error *err);
 /* Appends v as compact JSON (no spaces); sort_keys orders object members by key bytes. */
 void ks__jv_write(ks__sbuf *b, const ks__jv *v, bool sort_keys);

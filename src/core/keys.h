@@ -19,7 +19,7 @@ KS_NODISCARD ks_status ks__key(char *buf, const char *prefix, const char *name);
 KS_NODISCARD ks_status ks__keyf(char *buf, const char *prefix, const char *fmt, ...) KS__PRINTF(3, 4);
 
 /* KS_E_LIMIT naming the key prefix+name that does not fit in KS_MAX_NAME bytes. */
-ks_status ks__key_limit(ks_error *err, const char *prefix, const char *name);
+KS_NODISCARD ks_status ks__key_limit(ks_error *err, const char *prefix, const char *name);
 /* ks__key, filling err when the key is too long. */
 KS_NODISCARD ks_status ks__key_err(char *buf, const char *prefix, const char *name, ks_error *err);
 
@@ -28,10 +28,10 @@ KS_NODISCARD ks_status ks__put_int(ks_statedict *dst, const char *prefix, const 
 KS_NODISCARD ks_status ks__put_float(ks_statedict *dst, const char *prefix, const char *name, double v, ks_error *err);
 
 /* Integer scalar (or integral 0-d tensor). KS_E_NOTFOUND / KS_E_VALUE name the key in err. */
-ks_status ks__get_int(const ks_statedict *src, const char *prefix, const char *name, int64_t *out,
+KS_NODISCARD ks_status ks__get_int(const ks_statedict *src, const char *prefix, const char *name, int64_t *out,
                       ks_error *err);
 /* Float scalar, int scalar or 0-d tensor of any numeric dtype. */
-ks_status ks__get_float(const ks_statedict *src, const char *prefix, const char *name, double *out,
+KS_NODISCARD ks_status ks__get_float(const ks_statedict *src, const char *prefix, const char *name, double *out,
                         ks_error *err);
 
 #endif

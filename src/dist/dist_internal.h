@@ -20,6 +20,6 @@ void ks__wbuf_i64(ks__wbuf *b, int64_t v);
 void ks__wbuf_free(ks__wbuf *b);
 
 /* The MPI error of a call as a ks_status (KS_E_IO naming the call). */
-ks_status ks__mpi_check(int rc, const char *call, ks_error *err);
+KS_NODISCARD ks_status ks__mpi_check(int rc, const char *call, ks_error *err);
 
 #endif

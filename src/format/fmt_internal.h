@@ -53,28 +53,28 @@ long ks__reader_find_n(const ks_reader *r, const char *name, size_t n);
 extern const ks__hindex_ops ks__fmt_entry_ops;
 
 /* Steps of opening a file, in order (header.c), then the layout checks (layout.c). */
-ks_status ks__fmt_read_prefix(ks_reader *r, ks_error *err);
-ks_status ks__fmt_check_utf8(const ks_reader *r, ks_error *err);
-ks_status ks__fmt_read_header(ks_reader *r, ks_error *err);
+KS_NODISCARD ks_status ks__fmt_read_prefix(ks_reader *r, ks_error *err);
+KS_NODISCARD ks_status ks__fmt_check_utf8(const ks_reader *r, ks_error *err);
+KS_NODISCARD ks_status ks__fmt_read_header(ks_reader *r, ks_error *err);
 /* Parses and validates the header and layout of r->bytes; fills the reader. */
-ks_status ks__fmt_parse(ks_reader *r, ks_error *err);
+KS_NODISCARD ks_status ks__fmt_parse(ks_reader *r, ks_error *err);
 /* Absolute byte offset of the first `"name"` in the header, or 8 when not found. */
 int64_t ks__fmt_key_offset(const ks_reader *r, const char *name);
 
 /* True when the map holds key[0..klen). */
 bool ks__meta_has(const ks_meta *m, const char *key, size_t klen);
 /* Appends a pair without looking for an existing key (the caller knows it is new). */
-ks_status ks__meta_append(ks_meta *m, const char *key, size_t klen, const char *value, size_t vlen);
+KS_NODISCARD ks_status ks__meta_append(ks_meta *m, const char *key, size_t klen, const char *value, size_t vlen);
 
 /* Encodes the scalar entries of sd as the JSON object stored under "keepsake.scalars". */
-ks_status ks__scalars_encode(const ks_statedict *sd, ks__sbuf *out, ks_error *err);
+KS_NODISCARD ks_status ks__scalars_encode(const ks_statedict *sd, ks__sbuf *out, ks_error *err);
 /* Decodes a "keepsake.scalars" value into dst; `file` names the source in errors. */
-ks_status ks__scalars_decode(const char *json, const char *file, int64_t offset, ks_statedict *dst,
+KS_NODISCARD ks_status ks__scalars_decode(const char *json, const char *file, int64_t offset, ks_statedict *dst,
                              ks_error *err);
 
 /* Builds the 8-byte length prefix, JSON header and padding of a file holding sd;
    *data_len receives the size of the data section that must follow. */
-ks_status ks__build_header(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *a, ks__sbuf *h,
+KS_NODISCARD ks_status ks__build_header(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *a, ks__sbuf *h,
                            uint64_t *data_len, ks_error *err);
 
 #endif

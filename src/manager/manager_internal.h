@@ -56,10 +56,10 @@ struct ks_ckpt_manager {
 };
 
 /* run_dir + "/" + name into out. @return KS_OK or KS_E_LIMIT. */
-ks_status ks__mgr_join(const ks_ckpt_manager *m, const char *name, char *out, size_t cap);
+KS_NODISCARD ks_status ks__mgr_join(const ks_ckpt_manager *m, const char *name, char *out, size_t cap);
 /* Applies the preservation policies to the run directory (never deleting `keep_name`). */
-ks_status ks__mgr_prune(ks_ckpt_manager *m, const char *keep_name, ks_error *err);
+KS_NODISCARD ks_status ks__mgr_prune(ks_ckpt_manager *m, const char *keep_name, ks_error *err);
 /* Parses "eval/Name", "train/Name" or a full "state/..." metric path into its `_computed` key. */
-ks_status ks__mgr_metric_key(const char *metric, char *key, size_t cap);
+KS_NODISCARD ks_status ks__mgr_metric_key(const char *metric, char *key, size_t cap);
 
 #endif

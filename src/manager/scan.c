@@ -283,7 +283,8 @@ ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_
     s = try_one(m, &l.v[i], st, opts, report, &bad, err);
     if (s || bad) continue;
     char full[4096];
-    ks__mgr_join(m, l.v[i].name, full, sizeof full);
+    if ((s = ks__mgr_join(m, l.v[i].name, full, sizeof full)))
+      return ks__err_at(err, s, m->run_dir, l.v[i].name, -1, "checkpoint path longer than %zu bytes", sizeof full);
     char *copy = ks__strdup(&m->alloc, full);
     if (!copy) s = ks__err(err, KS_E_NOMEM, "out of memory");
     else {

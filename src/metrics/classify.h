@@ -24,11 +24,11 @@ typedef struct ks__bpreds {
  * every element, or (skip_ignored, as the confusion-matrix and curve metrics do) only
  * at elements whose target is not ignore_index.
  */
-ks_status ks__bpreds_init(const ks_metric *m, const ks_tensor *preds, const ks__view *target, int skip_ignored,
+KS_NODISCARD ks_status ks__bpreds_init(const ks_metric *m, const ks_tensor *preds, const ks__view *target, int skip_ignored,
                           ks__bpreds *bp, ks_error *err);
 void ks__bpreds_free(const ks_metric *m, ks__bpreds *bp);
 /* Binary (preds, target) of one shape: target labels 0/1 (ignore_index dropped) into t, preds into bp. */
-ks_status ks__binary_inputs(const ks_metric *m, const ks_tensor *in, ks__view *t, ks__bpreds *bp, ks_error *err);
+KS_NODISCARD ks_status ks__binary_inputs(const ks_metric *m, const ks_tensor *in, ks__view *t, ks__bpreds *bp, ks_error *err);
 
 static inline float ks__sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -50,7 +50,7 @@ typedef struct ks__mcin {
 } ks__mcin;
 
 /* Checks preds/target shapes for a multiclass task with C classes. */
-ks_status ks__mc_layout(const ks_metric *m, const ks_tensor *preds, const ks_tensor *target, ks__mcin *lay,
+KS_NODISCARD ks_status ks__mc_layout(const ks_metric *m, const ks_tensor *preds, const ks_tensor *target, ks__mcin *lay,
                         ks_error *err);
 
 /* Index of the largest of C values spaced `stride` apart; NaN wins, ties go to the first. */

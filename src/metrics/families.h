@@ -17,33 +17,33 @@ KS__FAMILY_FNS(min);
 KS__FAMILY_FNS(cat);
 
 /* statscores.c: tp/fp/tn/fn states; stat_reduce.c: the four scores */
-ks_status ks__binary_stat_declare(ks_metric *m, ks_error *err);
-ks_status ks__binary_stat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
-ks_status ks__multiclass_stat_declare(ks_metric *m, ks_error *err);
-ks_status ks__multiclass_stat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
-ks_status ks__multilabel_stat_declare(ks_metric *m, ks_error *err);
-ks_status ks__multilabel_stat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
-ks_status ks__accuracy_compute(ks_metric *m, ks_tensor *out, ks_error *err);
-ks_status ks__precision_compute(ks_metric *m, ks_tensor *out, ks_error *err);
-ks_status ks__recall_compute(ks_metric *m, ks_tensor *out, ks_error *err);
-ks_status ks__f1_compute(ks_metric *m, ks_tensor *out, ks_error *err);
+KS_NODISCARD ks_status ks__binary_stat_declare(ks_metric *m, ks_error *err);
+KS_NODISCARD ks_status ks__binary_stat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
+KS_NODISCARD ks_status ks__multiclass_stat_declare(ks_metric *m, ks_error *err);
+KS_NODISCARD ks_status ks__multiclass_stat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
+KS_NODISCARD ks_status ks__multilabel_stat_declare(ks_metric *m, ks_error *err);
+KS_NODISCARD ks_status ks__multilabel_stat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
+KS_NODISCARD ks_status ks__accuracy_compute(ks_metric *m, ks_tensor *out, ks_error *err);
+KS_NODISCARD ks_status ks__precision_compute(ks_metric *m, ks_tensor *out, ks_error *err);
+KS_NODISCARD ks_status ks__recall_compute(ks_metric *m, ks_tensor *out, ks_error *err);
+KS_NODISCARD ks_status ks__f1_compute(ks_metric *m, ks_tensor *out, ks_error *err);
 
 /* confmat.c */
-ks_status ks__binary_confmat_declare(ks_metric *m, ks_error *err);
-ks_status ks__binary_confmat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
-ks_status ks__multiclass_confmat_declare(ks_metric *m, ks_error *err);
-ks_status ks__multiclass_confmat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
-ks_status ks__confmat_compute(ks_metric *m, ks_tensor *out, ks_error *err);
-ks_status ks__jaccard_compute(ks_metric *m, ks_tensor *out, ks_error *err);
+KS_NODISCARD ks_status ks__binary_confmat_declare(ks_metric *m, ks_error *err);
+KS_NODISCARD ks_status ks__binary_confmat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
+KS_NODISCARD ks_status ks__multiclass_confmat_declare(ks_metric *m, ks_error *err);
+KS_NODISCARD ks_status ks__multiclass_confmat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
+KS_NODISCARD ks_status ks__confmat_compute(ks_metric *m, ks_tensor *out, ks_error *err);
+KS_NODISCARD ks_status ks__jaccard_compute(ks_metric *m, ks_tensor *out, ks_error *err);
 
 /* curve_update.c (exact cat states or binned confmats) and curve_compute.c */
-ks_status ks__binary_curve_declare(ks_metric *m, ks_error *err);
-ks_status ks__binary_curve_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
-ks_status ks__multiclass_curve_declare(ks_metric *m, ks_error *err);
-ks_status ks__multiclass_curve_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
-ks_status ks__binary_auroc_compute(ks_metric *m, ks_tensor *out, ks_error *err);
-ks_status ks__binary_ap_compute(ks_metric *m, ks_tensor *out, ks_error *err);
-ks_status ks__multiclass_auroc_compute(ks_metric *m, ks_tensor *out, ks_error *err);
+KS_NODISCARD ks_status ks__binary_curve_declare(ks_metric *m, ks_error *err);
+KS_NODISCARD ks_status ks__binary_curve_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
+KS_NODISCARD ks_status ks__multiclass_curve_declare(ks_metric *m, ks_error *err);
+KS_NODISCARD ks_status ks__multiclass_curve_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
+KS_NODISCARD ks_status ks__binary_auroc_compute(ks_metric *m, ks_tensor *out, ks_error *err);
+KS_NODISCARD ks_status ks__binary_ap_compute(ks_metric *m, ks_tensor *out, ks_error *err);
+KS_NODISCARD ks_status ks__multiclass_auroc_compute(ks_metric *m, ks_tensor *out, ks_error *err);
 
 /* regression.c */
 KS__FAMILY_FNS(mse);
@@ -51,9 +51,9 @@ KS__FAMILY_FNS(mae);
 KS__FAMILY_FNS(r2);
 
 /* language.c */
-ks_status ks__lm_declare(ks_metric *m, ks_error *err);
-ks_status ks__lm_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
-ks_status ks__lm_ce_compute(ks_metric *m, ks_tensor *out, ks_error *err);
-ks_status ks__lm_ppl_compute(ks_metric *m, ks_tensor *out, ks_error *err);
+KS_NODISCARD ks_status ks__lm_declare(ks_metric *m, ks_error *err);
+KS_NODISCARD ks_status ks__lm_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
+KS_NODISCARD ks_status ks__lm_ce_compute(ks_metric *m, ks_tensor *out, ks_error *err);
+KS_NODISCARD ks_status ks__lm_ppl_compute(ks_metric *m, ks_tensor *out, ks_error *err);
 
 #endif

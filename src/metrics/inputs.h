@@ -17,23 +17,23 @@ typedef struct ks__view {
 } ks__view;
 
 /* Checks the number of update() arguments. */
-ks_status ks__need_inputs(const ks_metric *m, size_t n, size_t lo, size_t hi, ks_error *err);
+KS_NODISCARD ks_status ks__need_inputs(const ks_metric *m, size_t n, size_t lo, size_t hi, ks_error *err);
 
 /* Exactly two inputs (preds, target), each a consistent descriptor. */
-ks_status ks__check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
+KS_NODISCARD ks_status ks__check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
 
 /* Checks a caller's descriptor: dtype, rank, dims, nbytes and data pointer agree. */
-ks_status ks__check_input(const ks_tensor *t, const char *what, ks_error *err);
+KS_NODISCARD ks_status ks__check_input(const ks_tensor *t, const char *what, ks_error *err);
 
 /* Number of elements of a checked descriptor, as size_t. */
 size_t ks__numel(const ks_tensor *t);
 
 /* Same rank and dims, else KS_E_SHAPE naming both shapes. */
-ks_status ks__same_shape(const ks_tensor *a, const ks_tensor *b, const char *an, const char *bn,
+KS_NODISCARD ks_status ks__same_shape(const ks_tensor *a, const ks_tensor *b, const char *an, const char *bn,
                          ks_error *err);
 
 /* The data of t as dtype `want` (F32, F64 or I64): borrowed or converted. */
-ks_status ks__view_as(const ks_metric *m, const ks_tensor *t, ks_dtype want, ks__view *v, ks_error *err);
+KS_NODISCARD ks_status ks__view_as(const ks_metric *m, const ks_tensor *t, ks_dtype want, ks__view *v, ks_error *err);
 void ks__view_free(const ks_metric *m, ks__view *v);
 
 /*
@@ -41,7 +41,7 @@ void ks__view_free(const ks_metric *m, ks__view *v);
  * and integral, so NaN is refused) in [0, hi) or equal to `ignore` when has_ignore.
  * Returns KS_E_VALUE naming the first bad element.
  */
-ks_status ks__labels(const ks_metric *m, const ks_tensor *t, int64_t hi, int has_ignore, int64_t ignore,
+KS_NODISCARD ks_status ks__labels(const ks_metric *m, const ks_tensor *t, int64_t hi, int has_ignore, int64_t ignore,
                      const char *what, ks__view *v, ks_error *err);
 
 /* Nonzero when every element of p[0..n) lies in [0, 1] (NaN does not). */

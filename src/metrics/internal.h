@@ -108,31 +108,31 @@ struct ks__class {
 const ks__class *ks__class_find(const char *name);
 
 /* args.c */
-ks_status ks__args_parse(const ks__class *cls, const char *json, const ks_allocator *a, ks__margs *out,
+KS_NODISCARD ks_status ks__args_parse(const ks__class *cls, const char *json, const ks_allocator *a, ks__margs *out,
                          ks_error *err);
-ks_status ks__args_canonical(const ks__class *cls, const ks__margs *args, const ks_allocator *a,
+KS_NODISCARD ks_status ks__args_canonical(const ks__class *cls, const ks__margs *args, const ks_allocator *a,
                              char **out);
 void ks__args_free(const ks_allocator *a, ks__margs *args);
 /* Nonzero when `key` is a constructor argument some catalogue class takes (not the ignored ones). */
 int ks__args_known(const char *key);
-ks_status ks__args_copy(const ks_allocator *a, const ks__margs *src, ks__margs *dst);
+KS_NODISCARD ks_status ks__args_copy(const ks_allocator *a, const ks__margs *src, ks__margs *dst);
 
 /* engine.c: declaring and growing states */
-ks_status ks__state_declare(ks_metric *m, const char *name, ks_reduce reduce, ks_dtype dtype, int rank,
+KS_NODISCARD ks_status ks__state_declare(ks_metric *m, const char *name, ks_reduce reduce, ks_dtype dtype, int rank,
                             const int64_t *shape, double fill, ks_error *err);
 ks__state *ks__state_last(ks_metric *m);
 size_t ks__state_row_bytes(const ks__state *s);
 void ks__state_fill_default(ks__state *s);
 /* Makes room for `rows` more rows of a cat state; the content is unchanged on failure. */
-ks_status ks__cat_reserve(const ks_metric *m, ks__state *s, uint64_t rows, ks_error *err);
+KS_NODISCARD ks_status ks__cat_reserve(const ks_metric *m, ks__state *s, uint64_t rows, ks_error *err);
 /* Where the next row goes (after a successful reserve). */
 void *ks__cat_tail(ks__state *s);
 void ks__cat_commit(ks__state *s, uint64_t rows);
 
 /* engine.c: results */
-ks_status ks__result(const ks_metric *m, ks_tensor *out, ks_dtype dtype, int rank, const int64_t *shape,
+KS_NODISCARD ks_status ks__result(const ks_metric *m, ks_tensor *out, ks_dtype dtype, int rank, const int64_t *shape,
                      ks_error *err);
-ks_status ks__result_f32(const ks_metric *m, ks_tensor *out, double v, ks_error *err);
+KS_NODISCARD ks_status ks__result_f32(const ks_metric *m, ks_tensor *out, double v, ks_error *err);
 
 /* Counts as int64 views of a state. */
 static inline int64_t *ks__i64(ks__state *s) { return (int64_t *)s->data; }

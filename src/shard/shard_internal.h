@@ -52,7 +52,7 @@ struct ks_shard_index {
 /* "dir/name" through the allocator; NULL when out of memory. */
 char *ks__shard_join(const ks_allocator *a, const char *dir, const char *name);
 /* XXH3-64 and size of a whole file (mapped, read once). */
-ks_status ks__shard_hash_file(const char *path, ks_shard_file_info *info, ks_error *err);
+KS_NODISCARD ks_status ks__shard_hash_file(const char *path, ks_shard_file_info *info, ks_error *err);
 /* The timestamp counters of a state dict (has = 0 when there is none). */
 void ks__shard_ts_of(const ks_statedict *sd, ks__shard_ts *ts);
 /* The timestamp as JSON (null when there is none); NULL when out of memory. */
@@ -73,7 +73,7 @@ void ks__shard_put(const ks_allocator *a, ks__jv *obj, const char *key, ks__jv *
 /* The same for appending to an array. */
 void ks__shard_push(const ks_allocator *a, ks__jv *arr, ks__jv *val, ks_status *st);
 /* Parses one metadata JSON value of a rank file; NULL text gives NULL with KS_OK. */
-ks_status ks__shard_parse_meta(const ks_allocator *a, const char *text, const char *key, ks__jv **out,
+KS_NODISCARD ks_status ks__shard_parse_meta(const ks_allocator *a, const char *text, const char *key, ks__jv **out,
                                ks_error *err);
 
 #endif

@@ -51,16 +51,16 @@ struct ks_state {
 };
 
 /* Key prefix of a component ("state/optimizers/AdamW/"). @return KS_OK or KS_E_LIMIT. */
-ks_status ks__comp_prefix(const st_comp *c, char *buf);
+KS_NODISCARD ks_status ks__comp_prefix(const st_comp *c, char *buf);
 /* The component whose key prefix is `key` (see ks__comp_prefix), or NULL. */
 const st_comp *ks__comp_find(const ks_state *st, const char *key);
 
 /* Which '/'-terminated prefixes the keys of a state dict have (prefixes.c). */
 typedef struct ks__prefixes ks__prefixes;
-ks_status ks__prefixes_create(const ks_allocator *a, const ks_statedict *sd, ks__prefixes **out);
+KS_NODISCARD ks_status ks__prefixes_create(const ks_allocator *a, const ks_statedict *sd, ks__prefixes **out);
 void ks__prefixes_free(ks__prefixes *p);
 /* *found = some key starts with `prefix` (which ends in '/'). @return KS_OK, KS_E_INVALID or KS_E_NOMEM. */
-ks_status ks__prefixes_has(ks__prefixes *p, const char *prefix, int *found);
+KS_NODISCARD ks_status ks__prefixes_has(ks__prefixes *p, const char *prefix, int *found);
 
 #define KS__STATE_LAYOUT_VERSION 1
 
@@ -77,12 +77,12 @@ typedef struct ks__load_ctx {
 } ks__load_ctx;
 
 /* Adds a report item with a formatted reason. @return KS_OK or KS_E_NOMEM. */
-ks_status ks__note(ks__load_ctx *c, ks_load_kind kind, const char *path, const char *fmt, ...) KS__PRINTF(4, 5);
+KS_NODISCARD ks_status ks__note(ks__load_ctx *c, ks_load_kind kind, const char *path, const char *fmt, ...) KS__PRINTF(4, 5);
 /* *found = some key of the checkpoint starts with prefix (ends in '/'). @return KS_OK or an error in c->err. */
-ks_status ks__has_prefix(ks__load_ctx *c, const char *prefix, int *found);
+KS_NODISCARD ks_status ks__has_prefix(ks__load_ctx *c, const char *prefix, int *found);
 /* Nonzero when path (or a '/'-prefix of it) matches an ignore glob. */
 int ks__ignored(const ks__load_ctx *c, const char *path);
 /* Fills every program metric (train and eval) from the checkpoint. */
-ks_status ks__load_metrics(ks__load_ctx *c);
+KS_NODISCARD ks_status ks__load_metrics(ks__load_ctx *c);
 
 #endif

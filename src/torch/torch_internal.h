@@ -32,9 +32,9 @@ typedef struct ks__zip_entry {
 } ks__zip_entry;
 
 typedef struct ks__zip ks__zip;
-ks_status ks__zip_open_buffer(const void *buf, size_t len, const ks_allocator *a, ks__zip **out,
+KS_NODISCARD ks_status ks__zip_open_buffer(const void *buf, size_t len, const ks_allocator *a, ks__zip **out,
                               ks_error *err);
-ks_status ks__zip_open_path(const char *path, const ks_allocator *a, ks__zip **out, ks_error *err);
+KS_NODISCARD ks_status ks__zip_open_path(const char *path, const ks_allocator *a, ks__zip **out, ks_error *err);
 void ks__zip_free(ks__zip *z);
 /* Root folder of the archive including its trailing '/', e.g. "archive/". */
 const char *ks__zip_root(const ks__zip *z);
@@ -43,23 +43,23 @@ const ks__zip_entry *ks__zip_at(const ks__zip *z, size_t i);
 /* Nonzero when the bytes live in a mapping owned by the zip (not the caller's buffer). */
 int ks__zip_owns_data(const ks__zip *z);
 /* Finds root+rel and returns its stored bytes; refuses compressed or encrypted entries. */
-ks_status ks__zip_read(const ks__zip *z, const char *rel, int verify_crc, const uint8_t **data,
+KS_NODISCARD ks_status ks__zip_read(const ks__zip *z, const char *rel, int verify_crc, const uint8_t **data,
                        size_t *len, ks_error *err);
 
 /* ---- zip writer (zip_writer.c): stored entries, data aligned to 64 bytes ---- */
 typedef ks_status (*ks__zw_write_fn)(void *ctx, const void *p, size_t n);
 typedef struct ks__zw ks__zw;
-ks_status ks__zw_create(const ks_allocator *a, ks__zw_write_fn write, void *ctx, int force_zip64, ks__zw **out);
+KS_NODISCARD ks_status ks__zw_create(const ks_allocator *a, ks__zw_write_fn write, void *ctx, int force_zip64, ks__zw **out);
 /* Appends one stored entry (CRC32 computed here). */
-ks_status ks__zw_add(ks__zw *z, const char *name, const void *data, size_t n, ks_error *err);
+KS_NODISCARD ks_status ks__zw_add(ks__zw *z, const char *name, const void *data, size_t n, ks_error *err);
 /* Writes the central directory (and zip64 records when needed). */
-ks_status ks__zw_finish(ks__zw *z, ks_error *err);
+KS_NODISCARD ks_status ks__zw_finish(ks__zw *z, ks_error *err);
 void ks__zw_free(ks__zw *z);
 /* Writes sd as a torch archive through fn (pt_writer.c); force_zip64 writes zip64 records even when small. */
-ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, int force_zip64, ks__zw_write_fn fn,
+KS_NODISCARD ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, int force_zip64, ks__zw_write_fn fn,
                        void *ctx, ks_error *err);
 /* ks_torch_save_buffer with zip64 records forced (tests of the zip64 path; not exported). */
-ks_status ks__torch_save_buffer_zip64(const ks_statedict *sd, const ks_torch_write_opts *opts, void **out,
+KS_NODISCARD ks_status ks__torch_save_buffer_zip64(const ks_statedict *sd, const ks_torch_write_opts *opts, void **out,
                                       size_t *out_len, ks_error *err);
 
 /* ---- pickle node tree (pickle_tree.c) ---- */
@@ -169,37 +169,37 @@ typedef struct ks__pk_limits {
 void ks__pk_limits_from_opts(const ks_torch_read_opts *opts, size_t input_len, ks__pk_limits *out);
 
 /* Runs a pickle program; on success *root is the value STOP returned (owned by ar). */
-ks_status ks__pk_run(const uint8_t *p, size_t n, ks__pk_arena *ar, const ks__pk_limits *lim,
+KS_NODISCARD ks_status ks__pk_run(const uint8_t *p, size_t n, ks__pk_arena *ar, const ks__pk_limits *lim,
                      ks__pk_storage_fn storage, void *storage_ctx, ks__pk_node **root, ks_error *err);
 
 /* Known constructors (rebuild.c). `off` is the opcode's byte offset for errors. */
-ks_status ks__pk_reduce(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *callable,
+KS_NODISCARD ks_status ks__pk_reduce(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *callable,
                         ks__pk_node *args, int64_t off, ks__pk_node **out, ks_error *err);
-ks_status ks__pk_build(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *obj,
+KS_NODISCARD ks_status ks__pk_build(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *obj,
                        ks__pk_node *state, int64_t off, ks_error *err);
-ks_status ks__pk_persid(ks__pk_arena *ar, ks__pk_node *pid, ks__pk_storage_fn storage, void *ctx,
+KS_NODISCARD ks_status ks__pk_persid(ks__pk_arena *ar, ks__pk_node *pid, ks__pk_storage_fn storage, void *ctx,
                         int64_t off, ks__pk_node **out, ks_error *err);
 /* A view of `base` (base_numel elements of dt): borrowed when row-major and aligned,
  * otherwise materialised into an arena buffer (counted against max_view_bytes). */
-ks_status ks__pk_view(ks__pk_arena *ar, const ks__pk_limits *lim, ks_dtype dt, const uint8_t *base,
+KS_NODISCARD ks_status ks__pk_view(ks__pk_arena *ar, const ks__pk_limits *lim, ks_dtype dt, const uint8_t *base,
                       uint64_t base_numel, uint64_t offset, int rank, const int64_t *shape,
                       const int64_t *stride, int64_t off, ks_tensor *t, ks_error *err);
 void ks__pk_strided_copy(uint8_t *dst, const uint8_t *src, size_t esize, int rank, const int64_t *shape,
                          const int64_t *stride);
 /* numpy (numpy.c): dtype and scalar constructors, BUILD of dtypes and arrays. */
-ks_status ks__pk_np_dtype(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+KS_NODISCARD ks_status ks__pk_np_dtype(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                           ks__pk_node **out, ks_error *err);
-ks_status ks__pk_np_scalar(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+KS_NODISCARD ks_status ks__pk_np_scalar(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                            ks__pk_node **out, ks_error *err);
-ks_status ks__pk_np_dtype_build(ks__pk_node *dt, const ks__pk_node *state, int64_t off, ks_error *err);
-ks_status ks__pk_np_array_build(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *obj,
+KS_NODISCARD ks_status ks__pk_np_dtype_build(ks__pk_node *dt, const ks__pk_node *state, int64_t off, ks_error *err);
+KS_NODISCARD ks_status ks__pk_np_array_build(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *obj,
                                 const ks__pk_node *state, int64_t off, ks_error *err);
 /* torch dtypes (dtypes.c): `torch.<name>` globals, _rebuild_tensor_v3, and the dtype an
  * unsupported typed storage holds ("complex64" for ComplexFloatStorage; NULL if none). */
 int ks__pk_torch_dtype(const char *name, ks_dtype *dt);
 const char *ks__pk_torch_dtype_name(ks_dtype dt);
 const char *ks__pk_storage_dtype_text(const char *storage_class);
-ks_status ks__pk_ctor_tensor_v3(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+KS_NODISCARD ks_status ks__pk_ctor_tensor_v3(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                                 ks__pk_node **out, ks_error *err);
 /* torch.<X>Storage class name -> dtype. */
 int ks__pk_storage_dtype(const char *name, ks_dtype *dt);
@@ -209,30 +209,30 @@ const char *ks__pk_storage_name(ks_dtype dt);
 /* Nesting of the flattened tree that ks_torch_load accepts by default; the writer refuses deeper names. */
 #define KS__TORCH_MAX_DEPTH 64
 typedef struct ks__structure ks__structure;
-ks_status ks__structure_create(ks__structure **out, ks_error *err);
+KS_NODISCARD ks_status ks__structure_create(ks__structure **out, ks_error *err);
 void ks__structure_free(ks__structure *s);
 /* Records the container n found at path (lists, tuples, sets, empty dicts). */
-ks_status ks__structure_container(ks__structure *s, const char *path, const ks__pk_node *n, ks_error *err);
+KS_NODISCARD ks_status ks__structure_container(ks__structure *s, const char *path, const ks__pk_node *n, ks_error *err);
 /* Records that the dict at path has the non-str key `key`, printed as text[0..n). */
-ks_status ks__structure_key(ks__structure *s, const char *path, const ks__pk_node *key, const char *text, size_t n,
+KS_NODISCARD ks_status ks__structure_key(ks__structure *s, const char *path, const ks__pk_node *key, const char *text, size_t n,
                             ks_error *err);
 /* Records that the file holds one bare value, flattened as the entry "value". */
-ks_status ks__structure_bare_value(ks__structure *s, ks_error *err);
-ks_status ks__structure_dump(const ks__structure *s, const ks_allocator *a, char **out, ks_error *err);
+KS_NODISCARD ks_status ks__structure_bare_value(ks__structure *s, ks_error *err);
+KS_NODISCARD ks_status ks__structure_dump(const ks__structure *s, const ks_allocator *a, char **out, ks_error *err);
 /* Percent-escaping of '/' and '%' in one key ("a/b" -> "a%2Fb"); dst holds escaped_len bytes. */
 size_t ks__torch_escaped_len(const char *s, size_t n);
 size_t ks__torch_escape(const char *s, size_t n, char *dst);
 size_t ks__torch_unescape(const char *s, size_t n, char *dst);
 /* KS_E_EXISTS when a name is both a value and the folder of another. */
-ks_status ks__torch_names_prefix_free(const ks_statedict *sd, ks_error *err);
+KS_NODISCARD ks_status ks__torch_names_prefix_free(const ks_statedict *sd, ks_error *err);
 
 /* ---- flattening (flatten.c) ---- */
 /* Adds every leaf of root to sd under its '/'-joined path. Tensors whose data the
  * arena owns are added as KS_MAPPED_VIEW (the caller attaches the arena); others are copied.
  * shape, when not NULL, records container kinds. */
-ks_status ks__pk_flatten(const ks__pk_node *root, const ks__pk_arena *ar, const ks__pk_limits *lim,
+KS_NODISCARD ks_status ks__pk_flatten(const ks__pk_node *root, const ks__pk_arena *ar, const ks__pk_limits *lim,
                          ks_statedict *sd, ks_error *err);
-ks_status ks__pk_flatten_structured(const ks__pk_node *root, const ks__pk_limits *lim, ks_statedict *sd,
+KS_NODISCARD ks_status ks__pk_flatten_structured(const ks__pk_node *root, const ks__pk_limits *lim, ks_statedict *sd,
                                     ks__structure *shape, ks_error *err);
 
 #endif
