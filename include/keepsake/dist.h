@@ -121,6 +121,9 @@ typedef struct ks_dist_save_opts {
  * @return KS_OK; KS_E_MISMATCH (timestamps or world sizes differ; the message names the
  *         ranks); KS_E_IO; KS_E_INVALID; KS_E_NOMEM; any ks_save error. The same on every
  *         rank. On error no index is written (a previous checkpoint stays the newest).
+ *         KS_E_NOT_DURABLE: the checkpoint is committed (its index is in place) but a
+ *         directory fsync failed after a rename, so it may not survive a crash: returned on
+ *         every rank for the index, on the affected rank only for its own file.
  */
 KS_NODISCARD ks_status ks_dist_save(MPI_Comm comm, const char *dir, const ks_statedict *sd, const ks_meta *meta,
                        const ks_shard_map *shards, const ks_dist_save_opts *opts, ks_error *err);

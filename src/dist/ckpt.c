@@ -84,11 +84,15 @@ ks_status ks_dist_save(MPI_Comm comm, const char *dir, const ks_statedict *sd, c
   if (!st) st = check_timestamps(comm, rank, size, sd, err);
   ks_save_opts so = {.alloc = opts ? opts->alloc : NULL, .io = opts ? opts->io : NULL};
   ks_shard_file_info info = {0, 0};
-  if (!st)
-    st = ks_dist_agree(comm,
-                       ks_shard_write_rank(dir, rank, size, sd, meta, shards, opts ? opts->per_rank : NULL,
-                                           opts ? opts->n_per_rank : 0, &so, &info, err),
-                       err);
+  /* A rank file in place whose directory fsync failed can still be committed: the index
+     lists it, and this rank reports KS_E_NOT_DURABLE at the end instead of failing all. */
+  ks_status soft = KS_OK;
+  if (!st) {
+    st = ks_shard_write_rank(dir, rank, size, sd, meta, shards, opts ? opts->per_rank : NULL,
+                             opts ? opts->n_per_rank : 0, &so, &info, err);
+    if (st == KS_E_NOT_DURABLE) soft = st, st = KS_OK;
+    st = ks_dist_agree(comm, st, err);
+  }
   if (st) return st;
   /* Every file is durable: only now does rank 0 learn the sizes and checksums and commit. */
   st = ks__mpi_check(MPI_Barrier(comm), "MPI_Barrier", err);
@@ -99,7 +103,8 @@ ks_status ks_dist_save(MPI_Comm comm, const char *dir, const ks_statedict *sd, c
   if (!st) st = ks__mpi_check(MPI_Gather(mine, 2, MPI_UINT64_T, infos, 2, MPI_UINT64_T, 0, comm), "MPI_Gather", err);
   if (!st && rank == 0) st = ks_shard_write_index(dir, size, infos, &so, err);
   ks__free(NULL, infos);
-  return ks_dist_agree(comm, st, err);
+  st = ks_dist_agree(comm, st, err);
+  return st ? st : soft; /* err still holds the rank file's KS_E_NOT_DURABLE details */
 }
 
 ks_status ks_dist_load(MPI_Comm comm, const char *dir, const ks_shard_map *want, const ks_shard_load_opts *opts,
