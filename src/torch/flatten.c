@@ -155,8 +155,11 @@ static ks_status claim(flat *f) {
 
 static ks_status add_class(flat *f, const ks__pk_node *cls) {
   char name[512];
-  if (cls && cls->kind == PK_GLOBAL) snprintf(name, sizeof name, "%s.%s", cls->u.g.module, cls->u.g.name);
-  else snprintf(name, sizeof name, "?");
+  int w = cls && cls->kind == PK_GLOBAL ? snprintf(name, sizeof name, "%s.%s", cls->u.g.module, cls->u.g.name)
+                                        : snprintf(name, sizeof name, "?");
+  if (w < 0 || (size_t)w >= sizeof name) /* never stored cut short */
+    return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: class name of %d bytes is longer than %zu", w,
+                      sizeof name - 1);
   size_t saved;
   ks_status st = push_comp(f, "__class__", 9, &saved);
   if (!st) st = claim(f);

@@ -480,7 +480,10 @@ static ks_status storage_bytes(writer *wr, const wstorage *s, const void **data,
 
 static ks_status add_record(writer *wr, ks__zw *z, const char *root, const char *rel, const void *p, size_t n) {
   char name[512];
-  snprintf(name, sizeof name, "%s/%s", root, rel);
+  int w = snprintf(name, sizeof name, "%s/%s", root, rel);
+  if (w < 0 || (size_t)w >= sizeof name)
+    return ks__err_at(wr->err, KS_E_LIMIT, NULL, rel, -1, "torch: archive entry '%s/%s' is longer than %zu bytes", root,
+                      rel, sizeof name - 1);
   return ks__zw_add(z, name, p, n, wr->err);
 }
 

@@ -2,8 +2,8 @@
  * The one name rule (KS_MAX_NAME, ks_name_check): a name or key of exactly the
  * limit is accepted and one byte more is KS_E_LIMIT naming it, wherever a name
  * enters: the state dict, the metric collection, the state registry, the keys a
- * state save builds from metric names, a file's header on load, and a sharded
- * load's metric records. Never a silent truncation.
+ * state save builds from metric names, a file's header on load, and a torch
+ * import. Never a silent truncation.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -209,6 +209,37 @@ static void a_file_key_over_the_limit_is_refused_on_load(void **s) {
   free(over);
 }
 
+/* Import: a .pt whose flattened key is exactly KS_MAX_NAME bytes comes back whole. */
+static void an_imported_key_at_the_limit_comes_back_whole(void **s) {
+  (void)s;
+  char *ok = name_of("state/model/", KS_MAX_NAME);
+  char *root = ks_test_tmpdir("names");
+  char *path = ks_test_path(root, "m.pt");
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  float *w;
+  int64_t shape[1] = {3};
+  assert_int_equal(ks_statedict_new_tensor(sd, ok, KS_F32, 1, shape, (void **)&w, NULL), KS_OK);
+  for (int i = 0; i < 3; i++) w[i] = (float)i;
+  ks_error err;
+  ks_torch_write_opts wo = {0};
+  wo.io = ks_test_io_nosync();
+  assert_int_equal(ks_torch_save(path, sd, &wo, &err), KS_OK);
+  ks_statedict_free(sd);
+  ks_statedict *in = NULL;
+  ks_meta *meta = NULL;
+  assert_int_equal(ks_torch_import(path, NULL, &in, &meta, &err), KS_OK);
+  const ks_tensor *t = ks_statedict_tensor(in, ok);
+  assert_non_null(t);
+  assert_true(((const float *)t->data)[2] == 2.0f);
+  ks_statedict_free(in);
+  ks_meta_free(meta);
+  ks_test_rmtree(root);
+  free(path);
+  free(root);
+  free(ok);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(name_check_takes_exactly_the_limit),
@@ -216,6 +247,7 @@ int main(void) {
       cmocka_unit_test(the_registry_checks_the_keys_it_builds),
       cmocka_unit_test(a_metric_name_at_the_limit_saves_and_loads),
       cmocka_unit_test(a_file_key_over_the_limit_is_refused_on_load),
+      cmocka_unit_test(an_imported_key_at_the_limit_comes_back_whole),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
