@@ -7,7 +7,7 @@
 set -eu
 src=$1/src
 fail=0
-core_pub="alloc dtype io layout statedict status tensor version"
+core_pub="alloc dtype io io_cache layout statedict status tensor version"
 allowed_pub() {
   case $1 in
     core) echo "$core_pub" ;;

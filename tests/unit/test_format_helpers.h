@@ -21,11 +21,54 @@ static inline uint8_t *fmt_build(const char *header, const void *data, size_t dl
   return b;
 }
 
-/* Opens bytes with a buffer reader in `mode`; returns the status and fills err. */
+/* A read-only ks_io over bytes in memory ("any path" is the bytes), without map: how
+   KS_READ_LAZY sees a remote object. */
+typedef struct fmt_mem_file {
+  const uint8_t *data;
+  size_t size;
+} fmt_mem_file;
+
+static inline int fmt_mem_open(void *ctx, const char *path, int *fd, uint64_t *size) {
+  (void)path;
+  *fd = 0;
+  *size = ((fmt_mem_file *)ctx)->size;
+  return 0;
+}
+
+static inline int fmt_mem_read(void *ctx, int fd, void *buf, size_t n, uint64_t off, size_t *got) {
+  const fmt_mem_file *m = ctx;
+  (void)fd;
+  *got = off >= m->size ? 0 : m->size - off < n ? (size_t)(m->size - off) : n;
+  if (*got) memcpy(buf, m->data + off, *got);
+  return 0;
+}
+
+static inline int fmt_mem_close(void *ctx, int fd) {
+  (void)ctx;
+  (void)fd;
+  return 0;
+}
+
+static inline ks_io fmt_mem_io(fmt_mem_file *m) {
+  ks_io io = *ks_io_posix();
+  io.ctx = m;
+  io.open_fn = fmt_mem_open;
+  io.read_fn = fmt_mem_read;
+  io.close_fn = fmt_mem_close;
+  io.map_fn = NULL;
+  io.unmap_fn = NULL;
+  return io;
+}
+
+/* Opens bytes with a buffer reader in `mode` (KS_READ_LAZY: lazily, as the file "<buffer>"
+   of a table over them); returns the status and fills err. */
 static inline ks_status fmt_open_status(const uint8_t *b, size_t len, ks_read_mode mode, ks_error *err) {
   ks_read_opts o = {.mode = mode};
   ks_reader *r = NULL;
-  ks_status st = ks_reader_open_buffer(b, len, &o, &r, err);
+  fmt_mem_file m = {b, len};
+  ks_io io = fmt_mem_io(&m);
+  if (mode == KS_READ_LAZY) o.io = &io;
+  ks_status st = mode == KS_READ_LAZY ? ks_reader_open("<buffer>", &o, &r, err) : ks_reader_open_buffer(b, len, &o, &r, err);
   ks_reader_free(r);
   return st;
 }

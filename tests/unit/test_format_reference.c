@@ -24,6 +24,7 @@ static ks_status open_header(const char *header, size_t dlen, ks_error *err) {
   ks_status st = fmt_open_status(b, len, KS_READ_MMAP, err);
   ks_error e2;
   assert_int_equal(fmt_open_status(b, len, KS_READ_COPY, &e2), st);
+  assert_int_equal(fmt_open_status(b, len, KS_READ_LAZY, &e2), st);
   free(b);
   return st;
 }
