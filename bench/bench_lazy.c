@@ -26,18 +26,18 @@ static const char *tmp_dir(void) {
 
 static int make_file(const char *path) {
   ks_statedict *sd;
-  if (ks_statedict_create(NULL, &sd)) return -1;
+  if (ks_statedict_create(NULL, &sd, NULL)) return -1;
   int64_t shape[1] = {(int64_t)BIG_ELEMS};
   char name[64];
   for (int i = 0; i < N_BIG; i++) {
     float *p;
     snprintf(name, sizeof name, "model/layer%03d/weight", i);
-    if (ks_statedict_new_tensor(sd, name, KS_F32, 1, shape, (void **)&p)) return -1;
+    if (ks_statedict_new_tensor(sd, name, KS_F32, 1, shape, (void **)&p, NULL)) return -1;
     for (size_t k = 0; k < BIG_ELEMS; k++) p[k] = (float)((k * 2654435761u + (size_t)i) & 0xffff);
   }
   int64_t small[1] = {16};
   float *b;
-  if (ks_statedict_new_tensor(sd, "model/head/bias", KS_F32, 1, small, (void **)&b)) return -1;
+  if (ks_statedict_new_tensor(sd, "model/head/bias", KS_F32, 1, small, (void **)&b, NULL)) return -1;
   for (int k = 0; k < 16; k++) b[k] = (float)k;
   ks_save_opts so = {.io = ks_bench_io_nosync()};
   ks_error e;

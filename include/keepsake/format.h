@@ -258,10 +258,10 @@ KS_NODISCARD ks_status ks_reader_tensor(const ks_reader *r, const char *name, ks
  *         KS_E_FORMAT (checksum table malformed or lacking the tensor); KS_E_NOMEM.
  * Thread safety: any number of threads may fetch from one reader at once.
  */
-ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, ks_error *err);
+KS_NODISCARD ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, ks_error *err);
 
 /** ks_reader_fetch of the tensor named `name` (KS_E_NOTFOUND naming it when absent). */
-ks_status ks_reader_fetch_name(const ks_reader *r, const char *name, void *buf, size_t cap, ks_error *err);
+KS_NODISCARD ks_status ks_reader_fetch_name(const ks_reader *r, const char *name, void *buf, size_t cap, ks_error *err);
 
 /** Index of tensor `name`, or -1. */
 long ks_reader_find(const ks_reader *r, const char *name);

@@ -51,7 +51,7 @@ KS_BEGIN_DECLS
  * Thread safety: the table's functions may be called from any number of
  * threads at once when inner's may (reads of one handle run concurrently).
  */
-ks_status ks_io_cache_create(const ks_io *inner, const char *cache_dir, const ks_allocator *a, ks_io **out,
+KS_NODISCARD ks_status ks_io_cache_create(const ks_io *inner, const char *cache_dir, const ks_allocator *a, ks_io **out,
                              ks_error *err);
 
 /** Frees a cache table (the files stay in cache_dir). Handles still open are closed. Accepts NULL. */
@@ -88,7 +88,7 @@ typedef struct ks_io_counts {
  * @return KS_OK, KS_E_INVALID (out NULL, inner fails ks_io_check) or KS_E_NOMEM.
  * Thread safety: the counters are atomic; as thread safe as inner.
  */
-ks_status ks_io_counter_create(const ks_io *inner, int no_map, const ks_allocator *a, ks_io **out, ks_error *err);
+KS_NODISCARD ks_status ks_io_counter_create(const ks_io *inner, int no_map, const ks_allocator *a, ks_io **out, ks_error *err);
 
 /** The counts of a table made by ks_io_counter_create (all zero for another table or NULL). */
 void ks_io_counter_get(const ks_io *counter, ks_io_counts *out);

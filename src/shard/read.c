@@ -197,7 +197,7 @@ static ks_status load_json(const char *path, const ks_allocator *alloc, ks__jv *
   if ((uint64_t)sb.st_size > KS__MAX_INDEX)
     return ks__err_at(err, KS_E_LIMIT, path, NULL, -1, "index is larger than %u bytes", KS__MAX_INDEX);
   ks__fmap m;
-  ks_status st = ks__fmap_open(&m, path, true, 0, alloc, err);
+  ks_status st = ks__fmap_open(&m, path, NULL, true, 0, alloc, err);
   if (st) return st;
   if (m.size > KS__MAX_INDEX) /* grew since the stat */
     st = ks__err_at(err, KS_E_LIMIT, path, NULL, -1, "index is larger than %u bytes", KS__MAX_INDEX);

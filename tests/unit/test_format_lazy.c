@@ -32,20 +32,20 @@ typedef struct fixture {
 /* 64 MiB of "big" first, then small tensors (so they lie past the first 64 KiB), and a scalar. */
 static ks_statedict *big_dict(void) {
   ks_statedict *sd;
-  if (ks_statedict_create(NULL, &sd)) return NULL;
+  if (ks_statedict_create(NULL, &sd, NULL)) return NULL;
   int64_t shape[1] = {(int64_t)(BIG_BYTES / 4)};
   uint32_t *big;
-  ks_statedict_new_tensor(sd, "model/big", KS_U32, 1, shape, (void **)&big);
+  assert_int_equal(ks_statedict_new_tensor(sd, "model/big", KS_U32, 1, shape, (void **)&big, NULL), KS_OK);
   for (size_t i = 0; i < BIG_BYTES / 4; i++) big[i] = (uint32_t)(i * 2654435761u);
   for (int t = 0; t < SMALL_N; t++) {
     char name[32];
     int64_t s[1] = {256};
     float *v;
     snprintf(name, sizeof name, "model/small%02d", t);
-    ks_statedict_new_tensor(sd, name, KS_F32, 1, s, (void **)&v);
+    assert_int_equal(ks_statedict_new_tensor(sd, name, KS_F32, 1, s, (void **)&v, NULL), KS_OK);
     for (int i = 0; i < 256; i++) v[i] = (float)(t * 1000 + i);
   }
-  ks_statedict_set_int(sd, "step", 42);
+  assert_int_equal(ks_statedict_set_int(sd, "step", 42, NULL), KS_OK);
   return sd;
 }
 
@@ -102,7 +102,7 @@ static void test_open_reads_header_only(void **state) {
   assert_int_equal(ks_reader_count(r), SMALL_N + 1);
   assert_int_equal(ks_reader_file_size(r), fx->file_size);
   ks_statedict *sc;
-  assert_int_equal(ks_statedict_create(NULL, &sc), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sc, NULL), KS_OK);
   assert_int_equal(ks_reader_scalars(r, sc, NULL), KS_OK); /* from the header: no read */
   ks_entry en;
   assert_int_equal(ks_statedict_get(sc, "step", &en), KS_OK);
@@ -196,7 +196,7 @@ static void assert_same_tensors(const ks_statedict *a, const ks_statedict *b) {
   assert_int_equal(ks_statedict_count(a), ks_statedict_count(b));
   for (size_t i = 0; i < ks_statedict_count(a); i++) {
     ks_entry e;
-    ks_statedict_at(a, i, &e);
+    assert_int_equal(ks_statedict_at(a, i, &e), KS_OK);
     if (e.kind != KS_VAL_TENSOR) continue;
     const ks_tensor *t = ks_statedict_tensor(b, e.name);
     assert_non_null(t);
@@ -497,13 +497,13 @@ static void test_hostile_headers_same_errors(void **state) {
 static void test_large_header_two_reads(void **state) {
   fixture *fx = *state;
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   for (int i = 0; i < 3000; i++) {
     char name[96];
     snprintf(name, sizeof name, "model/layers/%04d/a_rather_long_parameter_name_to_grow_the_header", i);
     int64_t s[1] = {2};
     float *v;
-    ks_statedict_new_tensor(sd, name, KS_F32, 1, s, (void **)&v);
+    assert_int_equal(ks_statedict_new_tensor(sd, name, KS_F32, 1, s, (void **)&v, NULL), KS_OK);
     v[0] = (float)i;
     v[1] = -(float)i;
   }

@@ -34,9 +34,9 @@ static void prog_init(prog *p, float seed) {
   p->w = malloc(sizeof(float) * N_FLOATS);
   for (size_t i = 0; i < N_FLOATS; i++) p->w[i] = seed + (float)(i % 1000);
   ks_tensor t;
-  assert_int_equal(ks_state_create("run", 1, NULL, &p->st), KS_OK);
+  assert_int_equal(ks_state_create("run", 1, NULL, &p->st, NULL), KS_OK);
   assert_int_equal(ks_tensor_init(&t, KS_F32, 1, p->shape, p->w), KS_OK);
-  assert_int_equal(ks_state_add_tensor(p->st, "w", &t), KS_OK);
+  assert_int_equal(ks_state_add_tensor(p->st, "w", &t, NULL), KS_OK);
   ks_timestamp_init(&p->ts);
   ks_state_set_timestamp(p->st, &p->ts);
 }
@@ -157,7 +157,7 @@ static void torch_files_through_the_table(void **state) {
   assert_int_equal(ks_statedict_count(a), ks_statedict_count(b));
   for (size_t i = 0; i < ks_statedict_count(a); i++) {
     ks_entry x, y;
-    ks_statedict_at(a, i, &x);
+    assert_int_equal(ks_statedict_at(a, i, &x), KS_OK);
     assert_int_equal(ks_statedict_get(b, x.name, &y), KS_OK);
     assert_int_equal(x.kind, y.kind);
     if (x.kind == KS_VAL_TENSOR && x.tensor.nbytes)
