@@ -139,27 +139,6 @@ int ks_cli_read_file(const char *path, void **buf, size_t *len, ks_error *err) {
   return 0;
 }
 
-int ks_cli_check_output(const char *cmd, const char *out) {
-  struct stat sb;
-  if (lstat(out, &sb) != 0) {
-    if (errno == ENOENT) return 0;
-    fprintf(stderr, "keepsake %s: %s: cannot check output: %s\n", cmd, ks_cli_esc(out), strerror(errno));
-    return -1;
-  }
-  const char *what = S_ISLNK(sb.st_mode)   ? "a symbolic link (it is neither followed nor replaced)"
-                     : S_ISDIR(sb.st_mode) ? "a directory"
-                     : S_ISCHR(sb.st_mode) ? "a character device"
-                     : S_ISBLK(sb.st_mode) ? "a block device"
-                     : S_ISFIFO(sb.st_mode) ? "a FIFO"
-                     : S_ISSOCK(sb.st_mode) ? "a socket"
-                     : !S_ISREG(sb.st_mode) ? "not a regular file"
-                     : !(sb.st_mode & 0222) ? "a read-only file (make it writable or remove it to replace it)"
-                                            : NULL;
-  if (!what) return 0;
-  fprintf(stderr, "keepsake %s: %s: output exists and is %s; refusing to replace it\n", cmd, ks_cli_esc(out), what);
-  return -1;
-}
-
 /* ---- string -> index map ---- */
 
 struct ks_cli_index {

@@ -48,13 +48,6 @@ ks_read_opts ks_cli_read_opts(void);
  * and directories are refused at once. *buf is malloc'd. Returns 0, or -1 with err set. */
 int ks_cli_read_file(const char *path, void **buf, size_t *len, ks_error *err);
 
-/*
- * Checks that OUT may be replaced: it does not exist, or it is a regular file
- * (not a symlink, FIFO, device, socket or directory) that is writable by its
- * mode bits. Prints "keepsake <cmd>: ..." and returns -1 otherwise; 0 when fine.
- */
-int ks_cli_check_output(const char *cmd, const char *out);
-
 /* ---- a string -> index map (a ks_statedict of ints: the core's hash index) ---- */
 typedef struct ks_cli_index ks_cli_index;
 ks_cli_index *ks_cli_index_new(void);

@@ -1,17 +1,13 @@
 /* keepsake convert IN OUT: between torch.save / Composer files and keepsake files. */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli_common.h"
 #include "commands.h"
-#include "convert_input.h"
-#include "keepsake/import.h"
+#include "keepsake/convert.h"
 #include "keepsake/layout.h"
-
-#include <jansson.h>
+#include "keepsake/torch.h"
 
 static void convert_usage(FILE *out) {
   fprintf(out,
@@ -50,124 +46,39 @@ static void convert_usage(FILE *out) {
           "2 bad command line\n");
 }
 
-static int ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && !strcmp(s + n - m, suffix);
-}
-
-static int is_zip_file(const char *path) {
-  unsigned char head[4] = {0};
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* fopen would wait forever on a FIFO */
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, head, sizeof head);
-  close(fd);
-  return n > 0 && ks_torch_is_zip(head, (size_t)n);
-}
-
-/* torch's legacy format: read by the import only to be refused with a message that names it. */
-static int is_legacy_torch(const char *path) {
-  unsigned char head[14] = {0};
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, head, sizeof head);
-  close(fd);
-  return n > 0 && ks_torch_is_legacy(head, (size_t)n);
-}
-
-/* Keeps the caller's metadata pairs of a keepsake/safetensors input; the writer owns its own keys. */
-static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
-  const char *k, *v;
-  for (size_t i = 0; meta && ks_meta_at(meta, i, &k, &v) == KS_OK; i++) {
-    if (!strcmp(k, KS_META_FORMAT) || !strcmp(k, KS_META_FORMAT_VERSION) || !strcmp(k, KS_META_WRITER) ||
-        !strcmp(k, KS_META_SCALARS) || !strcmp(k, KS_META_CHECKSUMS))
-      continue;
-    ks_status st = ks_meta_set(extra, k, v, NULL);
-    if (st) return st;
+static void print_warnings(const ks_convert_report *rep) {
+  size_t n = ks_convert_report_warning_count(rep);
+  for (size_t i = 0; i < n; i++) {
+    const ks_error *w = ks_convert_report_warning(rep, i);
+    if (w) ks_cli_print_error(stderr, "convert: salvaged despite", w);
   }
-  return KS_OK;
+  if (n > KS_CONVERT_MAX_WARNINGS)
+    fprintf(stderr, "keepsake convert: salvaged despite %zu more problems\n", n - KS_CONVERT_MAX_WARNINGS);
 }
 
-/* The entries of src that no glob ignores, borrowing src's tensor data (src must outlive *out). */
-static ks_status without_ignored(const ks_statedict *src, char **globs, int nglobs, ks_statedict **out) {
-  ks_statedict *dst;
-  ks_status st = ks_statedict_create(NULL, &dst, NULL);
-  ks_entry e;
-  for (size_t i = 0; !st && ks_statedict_at(src, i, &e) == KS_OK; i++) {
-    int drop = 0;
-    for (int g = 0; g < nglobs && !drop; g++) drop = ks_path_match(globs[g], e.name);
-    if (!drop) st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW, NULL);
-  }
-  if (st) {
-    ks_statedict_free(dst);
-    return st;
-  }
-  *out = dst;
-  return KS_OK;
-}
-
-/* The structure document without the containers that --ignore drops, kept in extra and in *out
-   (malloc'd; NULL when there is none). */
-static ks_status structure_without_ignored(ks_meta *extra, char **globs, int nglobs, char **out) {
-  const char *text = ks_meta_get(extra, KS_TORCH_STRUCTURE_META);
-  *out = NULL;
-  if (!text) return KS_OK;
-  json_t *doc = json_loads(text, JSON_REJECT_DUPLICATES, NULL);
-  json_t *containers = json_object_get(doc, "containers");
-  const char *path;
-  json_t *v, *tmp;
-  json_object_foreach_safe(containers, tmp, path, v) {
-    int drop = 0;
-    for (int g = 0; g < nglobs && !drop; g++) drop = *path && ks_path_match(globs[g], path);
-    if (drop) json_object_del(containers, path);
-  }
-  *out = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup(text); /* a bad one: the writer says so */
-  json_decref(doc);
-  if (!*out) return KS_E_NOMEM;
-  return ks_meta_set(extra, KS_TORCH_STRUCTURE_META, *out, NULL); /* a keepsake output keeps the same view */
-}
-
-static int convert(const char *in, const char *out, char **globs, int nglobs, int salvage, int compat) {
+/* The library's conversion (convert.h), nothing added: this prints what it reports. */
+static int convert(const char *in, const char *out, const char *const *globs, int nglobs, int salvage, int compat) {
+  ks_convert_opts o = {0};
+  o.size = sizeof o;
+  o.ignore = globs;
+  o.n_ignore = (size_t)nglobs;
+  o.salvage = salvage;
+  o.torch_compat = compat;
+  ks_convert_report *rep = NULL;
   ks_error err;
-  if (ks_cli_check_output("convert", out)) return KS_EXIT_BAD;
-  ks_statedict *sd = NULL;
   ks_error_clear(&err);
-  ks_meta *meta = NULL, *extra = NULL;
-  ks_status st = KS_OK;
-  if (is_zip_file(in) || is_legacy_torch(in)) {
-    st = ks_convert_read_torch(in, salvage, &sd, &extra, &err); /* the library's import, nothing added */
-  } else if (!(st = ks_meta_create(NULL, &extra, NULL)) &&
-             (st = ks_convert_read_keepsake(in, salvage, &sd, &meta, &err)) == KS_OK) {
-    st = keep_meta(meta, extra);
-  }
-  ks_statedict *kept = NULL;
-  char *structure = NULL;
-  if (!st) st = without_ignored(sd, globs, nglobs, &kept);
-  if (!st) st = structure_without_ignored(extra, globs, nglobs, &structure);
-  if (st && !err.code) {
-    err.code = st;
-    snprintf(err.message, sizeof err.message, "%s", ks_strerror(st));
-  }
+  ks_status st = ks_convert(in, out, &o, &rep, &err);
+  print_warnings(rep);
   if (st) {
     ks_cli_print_error(stderr, "convert", &err);
     if (st == KS_E_CHECKSUM && !salvage)
       fprintf(stderr, "keepsake convert: the input failed its integrity check; nothing was written "
                       "(--salvage converts it anyway)\n");
-  } else if (ends_with(out, ".pt") || ends_with(out, ".pth")) {
-    ks_torch_write_opts wo = {0};
-    wo.torch_compat = compat;
-    wo.structure = structure;
-    if ((st = ks_torch_save(out, kept, &wo, &err))) ks_cli_print_error(stderr, "convert", &err);
-  } else if ((st = ks_save(out, kept, extra, NULL, &err))) {
-    ks_cli_print_error(stderr, "convert", &err);
+  } else {
+    printf("%s -> %s: %zu entries (%zu ignored)\n", ks_cli_esc(in), ks_cli_esc(out), ks_convert_report_written(rep),
+           ks_convert_report_ignored(rep));
   }
-  if (!st)
-    printf("%s -> %s: %zu entries (%zu ignored)\n", ks_cli_esc(in), ks_cli_esc(out), ks_statedict_count(kept),
-           ks_statedict_count(sd) - ks_statedict_count(kept));
-  free(structure);
-  ks_statedict_free(kept);
-  ks_statedict_free(sd);
-  ks_meta_free(meta);
-  ks_meta_free(extra);
+  ks_convert_report_free(rep);
   return st ? KS_EXIT_BAD : KS_EXIT_OK;
 }
 
@@ -176,7 +87,7 @@ int ks_cmd_convert(int argc, char **argv) {
     convert_usage(stdout);
     return KS_EXIT_OK;
   }
-  char **globs = calloc((size_t)argc, sizeof *globs);
+  const char **globs = calloc((size_t)argc, sizeof *globs);
   const char *paths[2] = {NULL, NULL};
   int nglobs = 0, npaths = 0, bad = !globs, salvage = 0, compat = 0;
   for (int i = 1; i < argc && !bad; i++) {

@@ -7,6 +7,7 @@
 #define KEEPSAKE_H
 
 #include "keepsake/alloc.h"
+#include "keepsake/convert.h"
 #include "keepsake/dtype.h"
 #include "keepsake/export.h"
 #include "keepsake/format.h"

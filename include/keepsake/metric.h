@@ -270,6 +270,21 @@ KS_NODISCARD ks_status ks_metric_from_attributes(const char *class_name, const c
                                     uint64_t *state_budget, ks_metric **out, ks_error *err);
 
 /**
+ * ks_metric_create with the bytes the metric's states may allocate bounded:
+ * for arguments that come from an untrusted file (num_classes = 100000 asks a
+ * confusion matrix for 80 GB). The metric is first built on a counting
+ * allocator that refuses past the budget, then for real.
+ *
+ * @param state_budget NULL = ks_metric_create; else in: the bytes this call may
+ *                     allocate, out: decreased by what it allocated (unchanged on failure).
+ * @return as ks_metric_create; KS_E_LIMIT when the metric would need more than
+ *         the budget left (err names class and arguments).
+ * Ownership: free *out with ks_metric_free. Thread safety: no shared state.
+ */
+ks_status ks_metric_create_bounded(const char *class_name, const char *args_json, const ks_allocator *alloc,
+                                   uint64_t *state_budget, ks_metric **out, ks_error *err);
+
+/**
  * The state schema version of states stored without keepsake metadata, from
  * their names and shapes: 1 when prefix+"value" is a tensor and the class is
  * not CatMetric (torchmetrics < 1.1 named the aggregation states `value`), or

@@ -142,6 +142,12 @@ void ks__jv_free(const ks_allocator *a, ks__jv *v);
 /* A deep copy, or NULL when out of memory. */
 ks__jv *ks__jv_copy(const ks_allocator *a, const ks__jv *v);
 
+/* A deep copy of doc in which the object member doc[member] lacks the keys drop(ctx, key)
+   names (the torch structure document's "containers", pruned by path); a doc that is not an
+   object is copied whole. NULL when out of memory. */
+ks__jv *ks__jv_copy_pruned(const ks_allocator *a, const ks__jv *doc, const char *member,
+                           int (*drop)(void *ctx, const char *key), void *ctx);
+
 /* Sets obj[key] = val, replacing (and freeing) an old value. Takes val in every case:
    on failure val is freed. @return KS_OK, KS_E_INVALID (not an object, val NULL) or KS_E_NOMEM. */
 KS_NODISCARD ks_status ks__jv_set(const ks_allocator *a, ks__jv *obj, const char *key, ks__jv *val);

@@ -195,6 +195,28 @@ ks__jv *ks__jv_copy(const ks_allocator *a, const ks__jv *v) {
   return c;
 }
 
+/* obj's members in order, each copied, without those drop(ctx, key) names. */
+static ks__jv *copy_without(const ks_allocator *a, const ks__jv *obj, int (*drop)(void *, const char *), void *ctx) {
+  ks__jv *c = ks__jv_object(a);
+  for (size_t i = 0; c && i < obj->len; i++)
+    if (!drop(ctx, obj->keys[i]) && ks__jv_set(a, c, obj->keys[i], ks__jv_copy(a, obj->items[i])))
+      ks__jv_free(a, c), c = NULL;
+  return c;
+}
+
+ks__jv *ks__jv_copy_pruned(const ks_allocator *a, const ks__jv *doc, const char *member,
+                           int (*drop)(void *ctx, const char *key), void *ctx) {
+  if (!ks__jv_is(doc, KS__JV_OBJECT)) return ks__jv_copy(a, doc);
+  ks__jv *out = ks__jv_object(a);
+  for (size_t i = 0; out && i < doc->len; i++) {
+    const ks__jv *v = doc->items[i];
+    int prune = !strcmp(doc->keys[i], member) && ks__jv_is(v, KS__JV_OBJECT);
+    ks__jv *copy = prune ? copy_without(a, v, drop, ctx) : ks__jv_copy(a, v);
+    if (ks__jv_set(a, out, doc->keys[i], copy)) ks__jv_free(a, out), out = NULL;
+  }
+  return out;
+}
+
 /* ---- parsing ---- */
 
 static ks_status parse_value(ks__json *j, int depth, ks__jv **out);

@@ -159,25 +159,10 @@ static ks_status import_metrics(ks_statedict *raw, uint64_t budget, ks_statedict
 
 /* KS_TORCH_STRUCTURE_META: the container kinds of the file, without the metric subtrees when
    ks_composer_normalize rewrote them (their records would describe no entry). */
-static int metric_path(const char *path) {
+static int metric_path(void *ctx, const char *path) {
+  (void)ctx;
   return !strncmp(path, KS_KEY_TRAIN_METRICS, strlen(KS_KEY_TRAIN_METRICS)) ||
          !strncmp(path, KS_KEY_EVAL_METRICS, strlen(KS_KEY_EVAL_METRICS));
-}
-
-/* A copy of the structure document in its order, "containers" without the metric paths. */
-static ks__jv *without_metrics(const ks_allocator *a, const ks__jv *doc) {
-  ks__jv *out = ks__jv_object(a);
-  for (size_t i = 0; out && i < doc->len; i++) {
-    const ks__jv *v = doc->items[i];
-    ks__jv *copy = NULL;
-    if (strcmp(doc->keys[i], "containers") || !ks__jv_is(v, KS__JV_OBJECT)) copy = ks__jv_copy(a, v);
-    else if ((copy = ks__jv_object(a)) != NULL)
-      for (size_t k = 0; copy && k < v->len; k++)
-        if (!metric_path(v->keys[k]) && ks__jv_set(a, copy, v->keys[k], ks__jv_copy(a, v->items[k])))
-          ks__jv_free(a, copy), copy = NULL;
-    if (ks__jv_set(a, out, doc->keys[i], copy)) ks__jv_free(a, out), out = NULL;
-  }
-  return out;
 }
 
 static ks_status structure_meta(ks_meta *meta, const ks_allocator *a, const char *structure, int normalized,
@@ -187,7 +172,7 @@ static ks_status structure_meta(ks_meta *meta, const ks_allocator *a, const char
   ks__jv *doc = NULL;
   ks_status st = ks__jv_parse(a, structure, strlen(structure), KS_TORCH_STRUCTURE_META, &doc, err);
   if (st) return st;
-  ks__jv *trimmed = ks__jv_is(doc, KS__JV_OBJECT) ? without_metrics(a, doc) : ks__jv_copy(a, doc);
+  ks__jv *trimmed = ks__jv_copy_pruned(a, doc, "containers", metric_path, NULL);
   char *text = trimmed ? ks__jv_dump(a, trimmed, false) : NULL;
   ks__jv_free(a, trimmed);
   ks__jv_free(a, doc);

@@ -140,6 +140,24 @@ ks_status ks_metric_from_attributes(const char *class_name, const char *attrs_js
   return st;
 }
 
+ks_status ks_metric_create_bounded(const char *class_name, const char *args_json, const ks_allocator *alloc,
+                                   uint64_t *state_budget, ks_metric **out, ks_error *err) {
+  if (!class_name || !out) return ks__err(err, KS_E_INVALID, "ks_metric_create_bounded: NULL argument");
+  if (!state_budget) return ks_metric_create(class_name, args_json, alloc, out, err);
+  const char *args = args_json && *args_json ? args_json : "{}";
+  budget b = {ks__alloc_or_default(alloc), 1, 0, *state_budget, *state_budget};
+  ks_metric *m = NULL;
+  ks_status st = probe(class_name, args, &b, &m, err); /* refuses past the budget before the real build */
+  int built = m != NULL;
+  ks_metric_free(m); /* the probe's allocator lives on this stack frame */
+  if (st) return st;
+  /* The metric handed back costs what its probe cost; it is charged too, as in ks_metric_from_attributes. */
+  if (built && !charge(&b, (size_t)(*state_budget - b.left))) return over(err, class_name, args, b.cap);
+  st = ks_metric_create(class_name, args, alloc, out, err); /* also says why the arguments do not build it */
+  if (!st) *state_budget = b.left;
+  return st;
+}
+
 static const ks_tensor *stored(const ks_statedict *src, const char *prefix, const char *state) {
   char key[KS_MAX_NAME + 1];
   int n = snprintf(key, sizeof key, "%s%s", prefix ? prefix : "", state);

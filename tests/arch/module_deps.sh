@@ -18,6 +18,7 @@ allowed_pub() {
     manager) echo "$core_pub manager state train format" ;;
     torch) echo "$core_pub torch" ;;
     import) echo "$core_pub import torch metric format" ;;
+    convert) echo "$core_pub convert import torch metric format" ;;
     shard) echo "$core_pub shard format metric" ;;
     dist) echo "$core_pub dist shard format metric" ;;
     *) echo "" ;;

@@ -1,0 +1,44 @@
+/* The convert module's parts: the report, the input readers, the --ignore pruning and the .pt list states. */
+#ifndef KS_CONVERT_INTERNAL_H
+#define KS_CONVERT_INTERNAL_H
+
+#include "core/internal.h"
+#include "keepsake/convert.h"
+#include "keepsake/format.h"
+
+struct ks_convert_report {
+  const ks_allocator *a;
+  size_t written, ignored, list_states;
+  size_t n_warnings, cap;
+  ks_error *warnings; /* the first KS_CONVERT_MAX_WARNINGS of n_warnings */
+};
+
+/* A new empty report (NULL when out of memory). */
+ks_convert_report *ks__convert_report_new(const ks_allocator *a);
+/* Counts a warning and keeps it, naming `file` (the input), while fewer than
+   KS_CONVERT_MAX_WARNINGS are kept. r may be NULL (nothing is kept). */
+void ks__convert_warn(ks_convert_report *r, const ks_error *problem, const char *file);
+
+/* KS_E_INVALID unless `out` is absent or a writable regular file (a symbolic link is not followed). */
+ks_status ks__convert_check_output(const char *out, ks_error *err);
+
+/*
+ * The entries of src that no glob matches, borrowing src's data (src must outlive *out); and the
+ * structure document of meta (KS_TORCH_STRUCTURE_META) without the containers they match, set
+ * back into meta. No globs: *out is NULL (src is used as it is) and meta is left alone.
+ */
+ks_status ks__convert_ignore(const ks_statedict *src, const char *const *globs, size_t n, ks_meta *meta,
+                             ks_statedict **out, ks_error *err);
+
+/*
+ * The cat states of the metrics in metrics_json (KS_META_METRICS) as one-item lists for a .pt:
+ * *out borrows src's entries, renaming each `<metric>/state_dict/<s>` to `.../<s>/0` (dropping it
+ * when it has no rows), and *structure_out is `structure` (or a new document) with a
+ * {"kind":"list"} record for each (free with ks__free(a, ...)). *budget bounds the metrics built.
+ * No list state found: *out and *structure_out are NULL (write src and structure as they are).
+ */
+ks_status ks__convert_pt_lists(const ks_allocator *a, const ks_statedict *src, const char *metrics_json,
+                               const char *structure, uint64_t *budget, ks_statedict **out, char **structure_out,
+                               size_t *n_lists, ks_error *err);
+
+#endif
