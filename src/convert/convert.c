@@ -102,8 +102,8 @@ static ks_status write_pt(conv *c, const ks_statedict *kept) {
   ks_statedict *listed = NULL;
   char *listed_structure = NULL;
   uint64_t budget = metric_budget(c);
-  ks_status st = ks__convert_pt_lists(c->a, kept, ks_meta_get(c->meta, KS_META_METRICS), structure, &budget, &listed,
-                                      &listed_structure, &c->rep->list_states, c->err);
+  ks_status st =
+      ks__convert_pt_lists(c->a, kept, c->meta, &budget, &listed, &listed_structure, &c->rep->list_states, c->err);
   ks_torch_write_opts wo = {0};
   wo.size = sizeof wo;
   wo.alloc = c->a;

@@ -31,14 +31,14 @@ ks_status ks__convert_ignore(const ks_statedict *src, const char *const *globs, 
                              ks_statedict **out, ks_error *err);
 
 /*
- * The cat states of the metrics in metrics_json (KS_META_METRICS) as one-item lists for a .pt:
- * *out borrows src's entries, renaming each `<metric>/state_dict/<s>` to `.../<s>/0` (dropping it
- * when it has no rows), and *structure_out is `structure` (or a new document) with a
- * {"kind":"list"} record for each (free with ks__free(a, ...)). *budget bounds the metrics built.
- * No list state found: *out and *structure_out are NULL (write src and structure as they are).
+ * The list states of a .pt export: the cat states of the metrics in meta's KS_META_METRICS
+ * (built within *budget) and the states KS_META_COMPOSER_METRICS says were lists. *out
+ * borrows src's entries, renaming each `<metric>/state_dict/<s>` to `.../<s>/0` (leaving it out
+ * when it has no rows), and *structure_out is meta's structure document (or a new one) with a
+ * {"kind":"list"} record for each (free with ks__free(a, ...)). None found: *out and
+ * *structure_out are NULL (write src and the structure as they are).
  */
-ks_status ks__convert_pt_lists(const ks_allocator *a, const ks_statedict *src, const char *metrics_json,
-                               const char *structure, uint64_t *budget, ks_statedict **out, char **structure_out,
-                               size_t *n_lists, ks_error *err);
+ks_status ks__convert_pt_lists(const ks_allocator *a, const ks_statedict *src, const ks_meta *meta, uint64_t *budget,
+                               ks_statedict **out, char **structure_out, size_t *n_lists, ks_error *err);
 
 #endif

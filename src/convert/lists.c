@@ -40,19 +40,38 @@ static ks_status add_list(lists *c, const char *key, const ks_tensor *t) {
   return st ? nomem(c->err) : KS_OK;
 }
 
+/* The state `name` of the metric at `path`, when it is a tensor there, recorded as a list. */
+static ks_status state_list(lists *c, const char *path, const char *name) {
+  char key[KS_MAX_NAME + 1];
+  int n = snprintf(key, sizeof key, "%s/%s%s", path, KS_KEY_METRIC_STATES, name);
+  const ks_tensor *t = n > 0 && (size_t)n < sizeof key ? ks_statedict_tensor(c->src, key) : NULL;
+  return t ? add_list(c, key, t) : KS_OK; /* absent (ignored, or other args): nothing to do */
+}
+
 /* The cat states of one built metric whose entries are under `path`. */
 static ks_status metric_lists(lists *c, const ks_metric *m, const char *path) {
   for (size_t i = 0; i < ks_metric_state_count(m); i++) {
     const char *name = NULL;
     ks_reduce reduce = KS_REDUCE_SUM;
     if (ks_metric_state_info(m, i, &name, &reduce, NULL) || reduce != KS_REDUCE_CAT) continue;
-    char key[KS_MAX_NAME + 1];
-    int n = snprintf(key, sizeof key, "%s/%s%s", path, KS_KEY_METRIC_STATES, name);
-    const ks_tensor *t = n > 0 && (size_t)n < sizeof key ? ks_statedict_tensor(c->src, key) : NULL;
-    ks_status st = t ? add_list(c, key, t) : KS_OK; /* absent (ignored, or other args): nothing to do */
+    ks_status st = state_list(c, path, name);
     if (st) return st;
   }
   return KS_OK;
+}
+
+/* The states the import joined from lists (KS_META_COMPOSER_METRICS "lists"): they were lists in
+   the torch file, whether or not the catalogue can build the metric. */
+static ks_status composer_lists(lists *c, const ks__jv *doc) {
+  const ks__jv *ms = ks__jv_get(doc, "metrics");
+  ks_status st = KS_OK;
+  for (size_t i = 0; !st && ks__jv_is(ms, KS__JV_ARRAY) && i < ms->len; i++) {
+    const char *path = ks__jv_string(ks__jv_get(ms->items[i], "path"));
+    const ks__jv *names = ks__jv_get(ms->items[i], "lists");
+    for (size_t k = 0; !st && path && ks__jv_is(names, KS__JV_ARRAY) && k < names->len; k++)
+      if (ks__jv_string(names->items[k])) st = state_list(c, path, ks__jv_string(names->items[k]));
+  }
+  return st;
 }
 
 /* One KS_META_METRICS record: built from its class and args when the catalogue can. */
@@ -109,39 +128,48 @@ static ks_status structure_doc(const ks_allocator *a, const char *text, ks__jv *
   return st ? nomem(err) : KS_OK;
 }
 
-static ks_status find_lists(lists *c, const ks__jv *metrics) {
+static ks_status find_lists(lists *c, const ks__jv *metrics, const ks__jv *composer) {
   ks_status st = KS_OK;
-  for (size_t i = 0; !st && i < metrics->len; i++)
+  for (size_t i = 0; !st && ks__jv_is(metrics, KS__JV_OBJECT) && i < metrics->len; i++)
     if (ks__jv_is(metrics->items[i], KS__JV_OBJECT)) st = record_lists(c, metrics->keys[i], metrics->items[i]);
-  return st;
+  return st ? st : composer_lists(c, composer);
 }
 
-ks_status ks__convert_pt_lists(const ks_allocator *a, const ks_statedict *src, const char *metrics_json,
-                               const char *structure, uint64_t *budget, ks_statedict **out, char **structure_out,
-                               size_t *n_lists, ks_error *err) {
-  *out = NULL, *structure_out = NULL, *n_lists = 0;
-  if (!metrics_json) return KS_OK;
-  ks__jv *metrics = NULL, *doc = NULL;
-  lists c = {a, src, budget, NULL, ks__jv_object(a), err};
-  ks_status st = c.renamed ? ks__jv_parse(a, metrics_json, strlen(metrics_json), KS_META_METRICS, &metrics, err)
-                           : nomem(err);
-  if (!st && !ks__jv_is(metrics, KS__JV_OBJECT))
-    st = ks__err_at(err, KS_E_FORMAT, NULL, KS_META_METRICS, -1, "metadata is not a JSON object");
+/* meta[key] parsed; NULL when absent. */
+static ks_status parse_key(const ks_allocator *a, const ks_meta *meta, const char *key, ks__jv **out, ks_error *err) {
+  const char *text = ks_meta_get(meta, key);
+  *out = NULL;
+  return text ? ks__jv_parse(a, text, strlen(text), key, out, err) : KS_OK;
+}
+
+/* The lists of both metric documents, into the structure document *doc (the file's or a new one). */
+static ks_status lists_of(lists *c, const ks_meta *meta, const ks__jv *metrics, const ks__jv *composer, ks__jv **doc) {
   ks_error serr;
-  if (!st && structure_doc(a, structure, &doc, &serr)) { /* the .pt writer names what is wrong with it */
-    if (serr.code == KS_E_NOMEM) st = nomem(err);
-    ks__jv_free(a, c.renamed);
-    ks__jv_free(a, metrics);
-    return st;
-  }
-  c.containers = (ks__jv *)ks__jv_get(doc, "containers");
-  if (!st && ks__jv_is(c.containers, KS__JV_OBJECT)) st = find_lists(&c, metrics); /* else the writer says so */
+  if (structure_doc(c->a, ks_meta_get(meta, KS_TORCH_STRUCTURE_META), doc, &serr)) /* the writer names what is wrong */
+    return serr.code == KS_E_NOMEM ? nomem(c->err) : KS_OK;
+  c->containers = (ks__jv *)ks__jv_get(*doc, "containers");
+  return ks__jv_is(c->containers, KS__JV_OBJECT) ? find_lists(c, metrics, composer) : KS_OK;
+}
+
+ks_status ks__convert_pt_lists(const ks_allocator *a, const ks_statedict *src, const ks_meta *meta, uint64_t *budget,
+                               ks_statedict **out, char **structure_out, size_t *n_lists, ks_error *err) {
+  *out = NULL, *structure_out = NULL, *n_lists = 0;
+  ks__jv *metrics = NULL, *composer = NULL, *doc = NULL;
+  lists c = {a, src, budget, NULL, ks__jv_object(a), err};
+  ks_error cerr;
+  ks_status st = c.renamed ? parse_key(a, meta, KS_META_METRICS, &metrics, err) : nomem(err);
+  if (!st && metrics && !ks__jv_is(metrics, KS__JV_OBJECT))
+    st = ks__err_at(err, KS_E_FORMAT, NULL, KS_META_METRICS, -1, "metadata is not a JSON object");
+  /* The import's description is advisory: one that does not parse adds no lists. */
+  if (!st && parse_key(a, meta, KS_META_COMPOSER_METRICS, &composer, &cerr) == KS_E_NOMEM) st = nomem(err);
+  if (!st && (metrics || composer)) st = lists_of(&c, meta, metrics, composer, &doc);
   if (!st && c.renamed->len) st = renamed_dict(&c, out);
   if (!st && c.renamed->len && !(*structure_out = ks__jv_dump(a, doc, false))) st = nomem(err);
   if (st) ks_statedict_free(*out), *out = NULL;
   else *n_lists = c.renamed->len;
   ks__jv_free(a, c.renamed);
   ks__jv_free(a, metrics);
+  ks__jv_free(a, composer);
   ks__jv_free(a, doc);
   return st;
 }

@@ -334,7 +334,8 @@ static void metric_names(const metric *m, int eval, char *label, char *name, siz
   name[ks__torch_unescape(cut, n < cap ? n : cap - 1, name)] = 0;
 }
 
-/* {"path", "group", "label", "name", "class", "states", "update_count", "attrs"} in this order;
+/* {"path", "group", "label", "name", "class", "states", "update_count", "attrs"} in this order
+   (emit_metric appends "lists");
    takes `states` in every case. */
 static ks__jv *metric_json(norm *nm, const metric *m, ks__jv *states) {
   char label[KS_MAX_NAME + 1], name[KS_MAX_NAME + 1], key[KS_MAX_NAME + 32], path[KS_MAX_NAME + 1];
@@ -365,6 +366,29 @@ static ks__jv *metric_json(norm *nm, const metric *m, ks__jv *states) {
   return o;
 }
 
+/* Whether state s was a Python list: a pickled attribute that is no single value (its items, or
+   none), or a run of state_dict/<s>/0, /1... never beside an entry of the same name. */
+static int was_list(norm *nm, const metric *m, const char *s) {
+  char base[KS_MAX_NAME + 1], first[KS_MAX_NAME + 8];
+  ks_entry e;
+  int n = snprintf(base, sizeof base, "%.*s%s%s", (int)m->len, m->root, m->pickled ? "" : STATES, s);
+  if (n < 0 || (size_t)n >= sizeof base || ks_statedict_get(nm->flat, base, &e) == KS_OK) return 0;
+  return m->pickled || (join(first, sizeof first, base, (size_t)n, "/0") && ks_statedict_tensor(nm->flat, first));
+}
+
+/* "lists": the states that were lists (joined along dim 0 here), so that an export can write them
+   back as lists; left out when there are none. */
+static ks_status list_names(norm *nm, const metric *m, const ks__jv *names, ks__jv *info) {
+  ks__jv *lists = NULL;
+  for (size_t i = 0; i < names->len; i++) {
+    const char *s = ks__jv_string(names->items[i]);
+    if (!s || !was_list(nm, m, s)) continue;
+    if (!lists && !(lists = ks__jv_array(nm->a))) return nomem(nm->err);
+    if (ks__jv_push(nm->a, lists, ks__jv_str(nm->a, s))) return ks__jv_free(nm->a, lists), nomem(nm->err);
+  }
+  return lists && ks__jv_set(nm->a, info, "lists", lists) ? nomem(nm->err) : KS_OK;
+}
+
 /* Describes the metric; a pickled one also has its states and _computed written. */
 static ks_status emit_metric(norm *nm, metric *m) {
   const ks_allocator *a = nm->a;
@@ -379,6 +403,7 @@ static ks_status emit_metric(norm *nm, metric *m) {
   if (!info) return nomem(nm->err);
   if (m->pickled) st = attrs_json(nm, m, (ks__jv *)ks__jv_get(info, "attrs"));
   const ks__jv *names = ks__jv_get(info, "states");
+  if (!st) st = list_names(nm, m, names, info);
   for (size_t i = 0; m->pickled && !st && i < names->len; i++) st = emit_state(nm, m, ks__jv_string(names->items[i]));
   if (!st && m->pickled) st = emit_computed(nm, m);
   if (!st) st = ks__jv_push(a, nm->list, info) ? nomem(nm->err) : KS_OK;
