@@ -17,6 +17,7 @@
 #include <cmocka.h>
 #include <dirent.h>
 
+#include "keepsake/convert.h"
 #include "keepsake/import.h"
 #include "keepsake/layout.h"
 #include "keepsake/state.h"
@@ -522,31 +523,44 @@ static char *report_text(const char *stem, const char *file) {
   return txt;
 }
 
-/* One input: `keepsake convert` and ks_torch_import + ks_save give the same bytes and the same load report. */
+/* Files a and b hold the same bytes. */
+static void same_bytes(const char *a, const char *b, const char *what) {
+  size_t na, nb;
+  uint8_t *x = ks_test_read_file(a, &na), *y = ks_test_read_file(b, &nb);
+  assert_non_null(x);
+  assert_non_null(y);
+  if (na != nb || memcmp(x, y, na)) fail_msg("%s differ", what);
+  free(x), free(y);
+}
+
+/* One input: `keepsake convert`, ks_convert and ks_torch_import + ks_save give the same bytes and the
+   same load report; `keepsake convert` and ks_convert the same .pt. */
 static void same_as_cli(const char *dir, const char *in, const char *stem) {
-  char *a = ks_test_path(dir, "cli.keepsake"), *b = ks_test_path(dir, "lib.keepsake");
-  int rc = cli("convert", in, a);
+  char *a = ks_test_path(dir, "cli.keepsake"), *b = ks_test_path(dir, "lib.keepsake"), *c = ks_test_path(dir, "conv.keepsake");
+  char *pa = ks_test_path(dir, "cli.pt"), *pc = ks_test_path(dir, "conv.pt");
+  int rc = cli("convert", in, a), prc = cli("convert", in, pa);
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
   ks_error err;
   ks_status st = ks_torch_import(in, NULL, &sd, &meta, &err);
   if (!st) st = ks_save(b, sd, meta, NULL, &err);
-  if ((rc == 0) != (st == KS_OK)) fail_msg("%s: convert exit %d, library %s", in, rc, ks_strerror(st));
+  ks_status cst = ks_convert(in, c, NULL, NULL, &err), pst = ks_convert(in, pc, NULL, NULL, &err);
+  if ((rc == 0) != (st == KS_OK) || (rc == 0) != (cst == KS_OK) || (prc == 0) != (pst == KS_OK))
+    fail_msg("%s: convert exit %d/%d, library %s, ks_convert %s/%s", in, rc, prc, ks_strerror(st), ks_strerror(cst),
+             ks_strerror(pst));
   if (!st) {
-    size_t na, nb;
-    uint8_t *x = ks_test_read_file(a, &na), *y = ks_test_read_file(b, &nb);
-    assert_non_null(x);
-    assert_non_null(y);
-    if (na != nb || memcmp(x, y, na)) fail_msg("%s: convert and ks_torch_import + ks_save differ", in);
-    free(x), free(y);
-    char *ra = report_text(stem, a), *rb = report_text(stem, b);
+    same_bytes(a, b, "convert and ks_torch_import + ks_save");
+    same_bytes(a, c, "convert and ks_convert");
+    char *ra = report_text(stem, a), *rb = report_text(stem, b), *rc2 = report_text(stem, c);
     assert_string_equal(ra, rb);
-    free(ra), free(rb);
+    assert_string_equal(ra, rc2);
+    free(ra), free(rb), free(rc2);
   }
+  if (!pst) same_bytes(pa, pc, "convert and ks_convert to .pt");
   ks_meta_free(meta);
   ks_statedict_free(sd);
-  remove(a), remove(b);
-  free(a), free(b);
+  remove(a), remove(b), remove(c), remove(pa), remove(pc);
+  free(a), free(b), free(c), free(pa), free(pc);
 }
 
 static void library_import_writes_what_convert_writes(void **s) {
