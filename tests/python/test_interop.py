@@ -163,6 +163,37 @@ def test_convert_mirrors_the_cli(tmp_path):
     assert not (tmp_path / "x.keepsake").exists()
 
 
+def test_convert_exports_cat_states_as_lists_and_warns_what_it_salvaged(tmp_path):
+    out = tmp_path / "cat.pt"
+    keepsake.convert(os.path.join(GOLDEN, "catalogue.keepsake"), out)
+    sd = torch.load(out, weights_only=True)["state"]["train_metrics"]["CatMetric"]["state_dict"]
+    assert isinstance(sd["value"], list) and len(sd["value"]) == 1
+    cat = tm.CatMetric()
+    cat.load_state_dict(sd)
+    cat.update(torch.tensor([1.5, 2.5]))  # torchmetrics appends: a Tensor here would raise
+    assert torch.equal(cat.compute()[-2:], torch.tensor([1.5, 2.5]))
+    # salvaged problems: RuntimeWarnings, the input converted anyway
+    bad = tmp_path / "bad.keepsake"
+    raw = bytearray(open(os.path.join(GOLDEN, "digits-demo.keepsake"), "rb").read())
+    raw[-1] ^= 1
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(keepsake.KeepsakeError):
+        keepsake.convert(bad, tmp_path / "no.keepsake")
+    with pytest.warns(RuntimeWarning, match="salvaged despite: .*bad.keepsake"):
+        kept, _ = keepsake.convert(bad, tmp_path / "yes.keepsake", salvage=True)
+    assert kept > 0 and (tmp_path / "yes.keepsake").exists()
+
+
+def test_convert_torch_compat_writes_what_torch_1_13_reads(tmp_path):
+    src = os.path.join(FIXTURES, "torch213", "training_state.pt")
+    a, b = tmp_path / "new.pt", tmp_path / "old.pt"
+    keepsake.convert(src, a)
+    keepsake.convert(src, b, torch_compat=True)
+    assert a.read_bytes() != b.read_bytes()  # floats as 0-d float64 tensors for torch 1.13
+    cli("convert", src, str(tmp_path / "cli.pt"), "--torch-compat", "1.13")
+    assert (tmp_path / "cli.pt").read_bytes() == b.read_bytes()
+
+
 def test_load_pt_is_a_safe_drop_in(tmp_path):
     pwned = "/tmp/keepsake-pwned"
     if os.path.exists(pwned):
