@@ -21,7 +21,9 @@
  * migrates old states. The metadata also holds KS_TORCH_STRUCTURE_META (torch.h):
  * the file's lists, tuples, typed keys and empty containers (without the metric
  * subtrees the mapping rewrote), which a .pt export (ks_torch_save with
- * opts.structure) rebuilds.
+ * opts.structure) rebuilds. ks_convert (convert.h) is the whole conversion,
+ * `keepsake convert` itself: this import, --ignore, and the keepsake or .pt
+ * write, with metric list states written back as lists.
  */
 #ifndef KEEPSAKE_IMPORT_H
 #define KEEPSAKE_IMPORT_H

@@ -219,7 +219,8 @@ void ks_torch_free(const ks_allocator *alloc, void *p);
  *   {"layout": "pickled-object" | "state-dict" | "mixed" (both kinds in one file) | "none",
  *    "metrics": [{"path": ".../<Name>", "group": "train" | "eval", "label": <label or null>,
  *                 "name": <Name>, "class": "module.Class" or null, "states": [...],
- *                 "update_count": <int or null>, "attrs": {<public scalar attributes>}}]}
+ *                 "update_count": <int or null>, "attrs": {<public scalar attributes>},
+ *                 "lists": [the states that were Python lists, joined here; absent when none]}]}
  *   Free with ks_torch_free(allocator of flat, *metrics_json).
  * @return KS_OK, KS_E_NOMEM, KS_E_SHAPE / KS_E_DTYPE (list state items that cannot
  *         be concatenated), KS_E_INVALID.
