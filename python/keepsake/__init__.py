@@ -48,10 +48,13 @@ def convert(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[st
     file that ``torch.load(dst, weights_only=True)`` accepts; any other name a keepsake file, with
     Composer metrics mapped onto keepsake's layout. Globs (``*``, ``?``, '/'-prefix aware) leave
     entries out. The input's integrity is checked first (zip CRC32s, keepsake checksums): a
-    corrupt input raises ChecksumError and nothing is written, unless ``salvage=True``. ``dst`` is
-    replaced only when it is absent or a writable regular file. A ``.pt`` output gets the lists,
-    tuples and typed keys the torch input recorded (``keepsake.torch_structure``);
+    corrupt input raises ChecksumError and nothing is written, unless ``salvage=True`` (each
+    problem converted despite is issued as a ``RuntimeWarning``). ``dst`` is replaced only when it
+    is absent or a writable regular file. A ``.pt`` output gets the lists, tuples and typed keys
+    the torch input recorded (``keepsake.torch_structure``), and torchmetrics list ("cat") states
+    as lists, so ``metric.load_state_dict`` and the next ``update()`` work;
     ``torch_compat=True`` writes what torch 1.13's ``torch.load(weights_only=True)`` reads.
+    The conversion is the C library's ``ks_convert``, the same call the CLI makes.
 
     Returns:
         (entries written, entries ignored).
