@@ -330,6 +330,30 @@ static void every_allocation_failure_is_reported(void **s) {
   free(dir);
 }
 
+/* `keepsake convert` adds nothing to ks_convert: the same bytes, for keepsake inputs too. */
+static void cli_writes_what_ks_convert_writes(void **s) {
+  (void)s;
+  static const char *const inputs[] = {CATALOGUE, KS_SOURCE_DIR "/tests/golden/v1/digits-demo.keepsake",
+                                       KS_SOURCE_DIR "/tests/golden/v1/legacy-schema.keepsake", TRAINER};
+  static const char *const outs[] = {"o.keepsake", "o.pt"};
+  char *dir = ks_test_tmpdir("convert-cli");
+  for (size_t i = 0; i < sizeof inputs / sizeof *inputs; i++)
+    for (size_t k = 0; k < 2; k++) {
+      char *a = ks_test_path(dir, outs[k]), *b = ks_test_path(dir, k ? "cli.pt" : "cli.keepsake");
+      ks_error err;
+      if (ks_convert(inputs[i], a, NULL, NULL, &err)) fail_msg("%s: %s", inputs[i], err.message);
+      char cmd[4096];
+      snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s'", KS_CLI_PATH, inputs[i], b);
+      assert_int_equal(ks_test_run(cmd, NULL), 0);
+      size_t na, nb;
+      uint8_t *x = ks_test_read_file(a, &na), *y = ks_test_read_file(b, &nb);
+      if (!x || !y || na != nb || memcmp(x, y, na)) fail_msg("%s -> %s: CLI and ks_convert differ", inputs[i], outs[k]);
+      free(x), free(y), free(a), free(b);
+    }
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(catalogue_cat_states_export_as_lists),
@@ -340,6 +364,7 @@ int main(void) {
       cmocka_unit_test(outputs_that_are_not_regular_files_are_refused),
       cmocka_unit_test(ignored_cat_states_leave_no_record),
       cmocka_unit_test(every_allocation_failure_is_reported),
+      cmocka_unit_test(cli_writes_what_ks_convert_writes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
