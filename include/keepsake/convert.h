@@ -69,8 +69,8 @@ typedef struct ks_convert_opts {
   size_t n_ignore;            /**< number of globs in ignore */
   int salvage;                /**< nonzero: integrity problems become warnings, the input is converted anyway */
   int torch_compat;           /**< ks_torch_write_opts.torch_compat of a .pt output (KS_TORCH_COMPAT_1_13) */
-  uint64_t max_metric_bytes;  /**< bytes that metrics built from the file's arguments may allocate, the import's
-                                   and the .pt export's together; 0 = 2 * input bytes + 64 MiB */
+  uint64_t max_metric_bytes;  /**< bytes that metrics built from the file's arguments may allocate, in the
+                                   import and again in the .pt export; 0 = 2 * input bytes + 64 MiB */
   const ks_io *io;            /**< file operations of the output's durable replace; NULL = ks_io_posix() */
 } ks_convert_opts;
 
@@ -90,7 +90,8 @@ typedef struct ks_convert_report ks_convert_report;
  * @return KS_OK; KS_E_INVALID (OUT exists and is not a writable regular file: err's message
  *         says what it is; NULL argument), KS_E_IO (IN cannot be read, or is not a regular
  *         file), KS_E_CHECKSUM (an integrity check failed and opts->salvage is 0), KS_E_LIMIT
- *         (metric arguments asking for more than max_metric_bytes), or any status of
+ *         (metric arguments asking for more than max_metric_bytes), KS_E_FORMAT (also: a .pt
+ *         output whose input's KS_META_METRICS is not a JSON object), or any status of
  *         ks_torch_import_buffer, ks_load_buffer, ks_save and ks_torch_save
  *         (KS_E_NOT_DURABLE: OUT is in place, its directory fsync failed). On failure before
  *         the write, OUT is untouched.
