@@ -15,7 +15,9 @@
  *   {"<metric path>": {"class": catalogue class (when known), "args": constructor
  *     arguments (only when rebuilt from a pickled object's attributes),
  *     "schema_version": 1 for pre-torchmetrics-1.1 names and shapes, else 2,
- *     "update_count": the object's _update_count, else 1}}
+ *     "update_count": the object's _update_count, else 1,
+ *     "lists": the states that were Python lists in the file (joined along dim 0;
+ *       absent when none), so that a .pt export writes them as lists again}}
  * (ks_metric_from_attributes and ks_metric_stored_schema_version give args and
  * schema version). ks_state_load then fills a program's metrics by name, and
  * migrates old states. The metadata also holds KS_TORCH_STRUCTURE_META (torch.h):

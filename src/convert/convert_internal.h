@@ -32,7 +32,7 @@ ks_status ks__convert_ignore(const ks_statedict *src, const char *const *globs, 
 
 /*
  * The list states of a .pt export: the cat states of the metrics in meta's KS_META_METRICS
- * (built within *budget) and the states KS_META_COMPOSER_METRICS says were lists. *out
+ * (built within *budget) and the states its records name in "lists". *out
  * borrows src's entries, renaming each `<metric>/state_dict/<s>` to `.../<s>/0` (leaving it out
  * when it has no rows), and *structure_out is meta's structure document (or a new one) with a
  * {"kind":"list"} record for each (free with ks__free(a, ...)). None found: *out and

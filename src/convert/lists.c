@@ -4,8 +4,10 @@
  * update() appends to a list, so the export writes it back as a list: one item
  * (the joined tensor), or none when it has no rows. Which states are lists is
  * the metrics module's knowledge (KS_REDUCE_CAT), for the class and arguments
- * the file's KS_META_METRICS records; the arguments are untrusted, so the
- * metrics are built within a byte budget.
+ * the file's KS_META_METRICS records (the arguments are untrusted, so the
+ * metrics are built within a byte budget), and what a record's "lists" names:
+ * the states that were lists where the file came from (a torch file, as the
+ * import saw it; a Python program's metric, whatever its class).
  */
 #include <stdio.h>
 #include <string.h>
@@ -60,25 +62,23 @@ static ks_status metric_lists(lists *c, const ks_metric *m, const char *path) {
   return KS_OK;
 }
 
-/* The states the import joined from lists (KS_META_COMPOSER_METRICS "lists"): they were lists in
-   the torch file, whether or not the catalogue can build the metric. */
-static ks_status composer_lists(lists *c, const ks__jv *doc) {
-  const ks__jv *ms = ks__jv_get(doc, "metrics");
+/* The states a KS_META_METRICS record names in "lists": they were lists where the file came from
+   (a torch file's, or a Python program's metric), whether or not the catalogue can build it. */
+static ks_status recorded_lists(lists *c, const char *path, const ks__jv *rec) {
+  const ks__jv *names = ks__jv_get(rec, "lists");
   ks_status st = KS_OK;
-  for (size_t i = 0; !st && ks__jv_is(ms, KS__JV_ARRAY) && i < ms->len; i++) {
-    const char *path = ks__jv_string(ks__jv_get(ms->items[i], "path"));
-    const ks__jv *names = ks__jv_get(ms->items[i], "lists");
-    for (size_t k = 0; !st && path && ks__jv_is(names, KS__JV_ARRAY) && k < names->len; k++)
-      if (ks__jv_string(names->items[k])) st = state_list(c, path, ks__jv_string(names->items[k]));
-  }
+  for (size_t k = 0; !st && ks__jv_is(names, KS__JV_ARRAY) && k < names->len; k++)
+    if (ks__jv_string(names->items[k])) st = state_list(c, path, ks__jv_string(names->items[k]));
   return st;
 }
 
-/* One KS_META_METRICS record: built from its class and args when the catalogue can. */
+/* One KS_META_METRICS record: its recorded lists, and the cat states of the metric built from its
+   class and args when the catalogue can. */
 static ks_status record_lists(lists *c, const char *path, const ks__jv *rec) {
   const char *cls = ks__jv_string(ks__jv_get(rec, "class"));
   const ks__jv *args = ks__jv_get(rec, "args");
-  if (!cls) return KS_OK;
+  ks_status rs = recorded_lists(c, path, rec);
+  if (rs || !cls) return rs;
   char *args_json = ks__jv_is(args, KS__JV_OBJECT) ? ks__jv_dump(c->a, args, true) : NULL;
   if (ks__jv_is(args, KS__JV_OBJECT) && !args_json) return nomem(c->err);
   ks_metric *m = NULL;
@@ -128,11 +128,11 @@ static ks_status structure_doc(const ks_allocator *a, const char *text, ks__jv *
   return st ? nomem(err) : KS_OK;
 }
 
-static ks_status find_lists(lists *c, const ks__jv *metrics, const ks__jv *composer) {
+static ks_status find_lists(lists *c, const ks__jv *metrics) {
   ks_status st = KS_OK;
-  for (size_t i = 0; !st && ks__jv_is(metrics, KS__JV_OBJECT) && i < metrics->len; i++)
+  for (size_t i = 0; !st && i < metrics->len; i++)
     if (ks__jv_is(metrics->items[i], KS__JV_OBJECT)) st = record_lists(c, metrics->keys[i], metrics->items[i]);
-  return st ? st : composer_lists(c, composer);
+  return st;
 }
 
 /* meta[key] parsed; NULL when absent. */
@@ -142,34 +142,30 @@ static ks_status parse_key(const ks_allocator *a, const ks_meta *meta, const cha
   return text ? ks__jv_parse(a, text, strlen(text), key, out, err) : KS_OK;
 }
 
-/* The lists of both metric documents, into the structure document *doc (the file's or a new one). */
-static ks_status lists_of(lists *c, const ks_meta *meta, const ks__jv *metrics, const ks__jv *composer, ks__jv **doc) {
+/* The lists of the metrics document, into the structure document *doc (the file's or a new one). */
+static ks_status lists_of(lists *c, const ks_meta *meta, const ks__jv *metrics, ks__jv **doc) {
   ks_error serr;
   if (structure_doc(c->a, ks_meta_get(meta, KS_TORCH_STRUCTURE_META), doc, &serr)) /* the writer names what is wrong */
     return serr.code == KS_E_NOMEM ? nomem(c->err) : KS_OK;
   c->containers = (ks__jv *)ks__jv_get(*doc, "containers");
-  return ks__jv_is(c->containers, KS__JV_OBJECT) ? find_lists(c, metrics, composer) : KS_OK;
+  return ks__jv_is(c->containers, KS__JV_OBJECT) ? find_lists(c, metrics) : KS_OK;
 }
 
 ks_status ks__convert_pt_lists(const ks_allocator *a, const ks_statedict *src, const ks_meta *meta, uint64_t *budget,
                                ks_statedict **out, char **structure_out, size_t *n_lists, ks_error *err) {
   *out = NULL, *structure_out = NULL, *n_lists = 0;
-  ks__jv *metrics = NULL, *composer = NULL, *doc = NULL;
+  ks__jv *metrics = NULL, *doc = NULL;
   lists c = {a, src, budget, NULL, ks__jv_object(a), err};
-  ks_error cerr;
   ks_status st = c.renamed ? parse_key(a, meta, KS_META_METRICS, &metrics, err) : nomem(err);
   if (!st && metrics && !ks__jv_is(metrics, KS__JV_OBJECT))
     st = ks__err_at(err, KS_E_FORMAT, NULL, KS_META_METRICS, -1, "metadata is not a JSON object");
-  /* The import's description is advisory: one that does not parse adds no lists. */
-  if (!st && parse_key(a, meta, KS_META_COMPOSER_METRICS, &composer, &cerr) == KS_E_NOMEM) st = nomem(err);
-  if (!st && (metrics || composer)) st = lists_of(&c, meta, metrics, composer, &doc);
+  if (!st && metrics) st = lists_of(&c, meta, metrics, &doc);
   if (!st && c.renamed->len) st = renamed_dict(&c, out);
   if (!st && c.renamed->len && !(*structure_out = ks__jv_dump(a, doc, false))) st = nomem(err);
   if (st) ks_statedict_free(*out), *out = NULL;
   else *n_lists = c.renamed->len;
   ks__jv_free(a, c.renamed);
   ks__jv_free(a, metrics);
-  ks__jv_free(a, composer);
   ks__jv_free(a, doc);
   return st;
 }

@@ -100,6 +100,8 @@ static ks_status metric_entry(describe_ctx *c, const ks__jv *m, const char *path
   if (!st) st = ks__jv_set(a, e, "update_count", ks__jv_int(a, updates));
   if (!st && cls) st = ks__jv_set(a, e, "class", ks__jv_str(a, cls));
   if (!st && args) st = ks__jv_set(a, e, "args", args), args = NULL;
+  const ks__jv *lists = ks__jv_get(m, "lists"); /* the states that were lists, for a .pt export */
+  if (!st && lists) st = ks__jv_set(a, e, "lists", ks__jv_copy(a, lists));
   ks__jv_free(a, args);
   if (st) ks__jv_free(a, e), e = NULL;
   *out = e;

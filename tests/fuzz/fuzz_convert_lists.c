@@ -1,7 +1,7 @@
 /*
  * libFuzzer target: the metadata a .pt export reads to find metric list states
- * (keepsake.metrics, then after a NUL byte keepsake.composer_metrics, then after
- * another a structure document), all untrusted, over a fixed set of metric
+ * (keepsake.metrics, then after a NUL byte a structure document), both
+ * untrusted, over a fixed set of metric
  * entries; the metrics it builds stay within a small byte budget, and whatever
  * it returns must be a state dict and structure the .pt writer accepts or
  * refuses cleanly.
@@ -48,8 +48,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ks_statedict *sd = entries();
   ks_meta *meta = NULL;
   if (!sd || ks_meta_create(NULL, &meta)) goto done;
-  static const char *const keys[] = {KS_META_METRICS, KS_META_COMPOSER_METRICS, KS_TORCH_STRUCTURE_META};
-  for (int k = 0; k < 3; k++) {
+  static const char *const keys[] = {KS_META_METRICS, KS_TORCH_STRUCTURE_META};
+  for (int k = 0; k < 2; k++) {
     char *s = part(data, size, k);
     if (s && *s) (void)ks_meta_set(meta, keys[k], s);
     free(s);
