@@ -75,6 +75,9 @@ def describe(path: str, name: str, m: Any) -> Dict[str, Any]:
     cls = type(m)
     desc = {"path": path, "name": name, "class": f"{cls.__module__}.{cls.__name__}",
             "update_count": int(m._update_count), "attrs": attrs}
+    lists = [s for s, d in m._defaults.items() if isinstance(d, list)]
+    if lists:  # recorded in keepsake.metrics, so that a .pt export gives them back as lists
+        desc["lists"] = lists
     if cls.__name__ in catalogue() and "args" not in _info(desc):
         # torchmetrics keeps some attributes the catalogue class does not take (JaccardIndex's
         # normalize=None, inherited from ConfusionMatrix): try again without the unset ones.

@@ -29,6 +29,8 @@ static json_t *metric_entry(const json_t *d, const char *path, const ks_statedic
   int schema = ks_metric_stored_schema_version(known ? cls : NULL, sd, prefix);
   json_t *e = json_pack("{s:i, s:I}", "schema_version", schema, "update_count", n);
   if (e && cls && json_object_set_new(e, "class", json_string(cls))) e = (json_decref(e), NULL);
+  json_t *lists = json_object_get(d, "lists"); /* list states: a .pt export writes them as lists */
+  if (e && json_is_array(lists) && json_object_set(e, "lists", lists)) e = (json_decref(e), NULL);
   json_t *attrs = json_object_get(d, "attrs");
   if (!e || !known || !json_is_object(attrs)) return e;
   char *a = json_dumps(attrs, JSON_COMPACT);

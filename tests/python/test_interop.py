@@ -184,6 +184,43 @@ def test_convert_exports_cat_states_as_lists_and_warns_what_it_salvaged(tmp_path
     assert kept > 0 and (tmp_path / "yes.keepsake").exists()
 
 
+def test_python_list_states_export_as_lists_for_any_class(tmp_path):
+    """A metric the C catalogue does not have (exact MulticlassAveragePrecision, BinaryROC): the
+    Python package records its list states in keepsake.metrics, and the .pt export keeps them."""
+    def make():
+        return {"MulticlassAveragePrecision": tc.MulticlassAveragePrecision(num_classes=3, thresholds=None),
+                "roc": tc.BinaryROC(thresholds=None), "CatMetric": tm.CatMetric()}
+
+    def batch(i):
+        g = torch.Generator().manual_seed(40 + i)
+        p, y = torch.randn(5, 3, generator=g).softmax(-1), torch.randint(0, 3, (5,), generator=g)
+        return {"MulticlassAveragePrecision": (p, y), "roc": (p[:, 0], (y == 0).long()), "CatMetric": (p[:, 1],)}
+
+    ms = make()
+    for i in range(2):
+        for k, m in ms.items():
+            m.update(*batch(i)[k])
+    path, pt = tmp_path / "lists.keepsake", tmp_path / "lists.pt"
+    kt.save_checkpoint(path, model=torch.nn.Linear(2, 2), train_metrics=ms)
+    with keepsake.safe_open(path) as f:
+        recorded = json.loads(f.raw_metadata()["keepsake.metrics"])
+    assert recorded["state/train_metrics/roc"]["lists"] == ["preds", "target"]
+    keepsake.convert(path, pt)
+    sd = torch.load(pt, weights_only=True)["state"]["train_metrics"]
+    ref = make()
+    for i in range(3):
+        for k, m in ref.items():
+            m.update(*batch(i)[k])
+    for k, m in make().items():
+        states = sd[k]["state_dict"]
+        assert all(isinstance(states[s], list) for s in m._defaults), (k, {s: type(v) for s, v in states.items()})
+        m.load_state_dict(states)
+        m.update(*batch(2)[k])
+        got, want = m.compute(), ref[k].compute()
+        for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert torch.allclose(a, b), k
+
+
 def test_convert_torch_compat_writes_what_torch_1_13_reads(tmp_path):
     src = os.path.join(FIXTURES, "torch213", "training_state.pt")
     a, b = tmp_path / "new.pt", tmp_path / "old.pt"
