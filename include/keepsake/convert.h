@@ -40,9 +40,9 @@
  * from its class and args (ks_metric_create_bounded: the args come from the
  * file, so opts->max_metric_bytes bounds what the metrics may allocate) and asks
  * which states reduce by KS_REDUCE_CAT (ks_metric_state_info; this depends on
- * the args: BinaryAUROC with thresholds keeps a confusion matrix), plus the
- * states a record names in its optional "lists" member (the import and the
- * Python package record the states that were lists where they came from). Each such
+ * the args: BinaryAUROC with thresholds keeps a confusion matrix). A record
+ * with a "lists" member (the import and the Python package record the states
+ * that were lists where they came from) is taken at its word instead. Each such
  * entry `<metric>/state_dict/<state>` is written as the list
  * `[<the joined tensor>]`, or `[]` when it has no rows, with the record
  * {"kind": "list", "len": 1 or 0} in the structure document. A metric whose

@@ -72,24 +72,24 @@ static ks_status recorded_lists(lists *c, const char *path, const ks__jv *rec) {
   return st;
 }
 
-/* One KS_META_METRICS record: its recorded lists, and the cat states of the metric built from its
-   class and args when the catalogue can. */
+/* One KS_META_METRICS record: the lists it records (its writer saw them), else the cat states of
+   the metric built from its class and args when the catalogue can build it. */
 static ks_status record_lists(lists *c, const char *path, const ks__jv *rec) {
   const char *cls = ks__jv_string(ks__jv_get(rec, "class"));
   const ks__jv *args = ks__jv_get(rec, "args");
-  ks_status rs = recorded_lists(c, path, rec);
-  if (rs || !cls) return rs;
+  if (ks__jv_is(ks__jv_get(rec, "lists"), KS__JV_ARRAY)) return recorded_lists(c, path, rec);
+  if (!cls) return KS_OK;
   char *args_json = ks__jv_is(args, KS__JV_OBJECT) ? ks__jv_dump(c->a, args, true) : NULL;
   if (ks__jv_is(args, KS__JV_OBJECT) && !args_json) return nomem(c->err);
   ks_metric *m = NULL;
   ks_error e;
   ks_status st = ks_metric_create_bounded(cls, args_json, c->a, c->budget, &m, &e);
   ks__free(c->a, args_json);
-  if (st == KS_E_LIMIT || st == KS_E_NOMEM) { /* unknown classes and bad args keep their tensors */
+  if (st == KS_E_LIMIT || st == KS_E_NOMEM) {
     if (c->err) *c->err = e;
     ks__err_set_key(c->err, path);
     return st;
-  }
+  } /* any other failure (unknown class, bad args): the metric keeps its tensors */
   st = m ? metric_lists(c, m, path) : KS_OK;
   ks_metric_free(m);
   return st;
