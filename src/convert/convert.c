@@ -60,7 +60,7 @@ static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
   for (size_t i = 0; !st && meta && ks_meta_at(meta, i, &k, &v) == KS_OK; i++) {
     int skip = 0;
     for (size_t j = 0; j < sizeof own / sizeof *own && !skip; j++) skip = !strcmp(k, own[j]);
-    if (!skip) st = ks_meta_set(extra, k, v);
+    if (!skip) st = ks_meta_set(extra, k, v, NULL);
   }
   return st;
 }
@@ -72,13 +72,16 @@ static ks_status read_keepsake(conv *c) {
   ro.verify_checksums = !c->o->salvage;
   if (c->o->salvage) { /* every problem named first; what cannot be parsed at all still fails below */
     ks_reader *r = NULL;
-    if (ks_reader_open_buffer(c->input.bytes, c->input.size, &ro, &r, NULL) == KS_OK)
-      ks_reader_verify_report(r, on_problem, c, NULL);
+    if (ks_reader_open_buffer(c->input.bytes, c->input.size, &ro, &r, NULL) == KS_OK) {
+      /* Safe to ignore: on_problem has reported each problem, and the load below decides. */
+      ks_status vs = ks_reader_verify_report(r, on_problem, c, NULL);
+      (void)vs;
+    }
     ks_reader_free(r);
   }
   ks_meta *meta = NULL;
   ks_status st = ks_load_buffer(c->input.bytes, c->input.size, &ro, &c->sd, &meta, c->err);
-  if (!st && (st = ks_meta_create(c->a, &c->meta)) == KS_OK && (st = keep_meta(meta, c->meta)) != KS_OK)
+  if (!st && (st = ks_meta_create(c->a, &c->meta, NULL)) == KS_OK && (st = keep_meta(meta, c->meta)) != KS_OK)
     st = ks__err(c->err, st, "convert: out of memory copying the metadata");
   ks_meta_free(meta);
   if (st && c->err) /* the buffer's bytes are the input's: name it, not "<buffer>" */

@@ -98,12 +98,12 @@ static ks_status record_lists(lists *c, const char *path, const ks__jv *rec) {
 /* src's entries, the renamed ones as `<name>/0` (or left out for an empty list). */
 static ks_status renamed_dict(lists *c, ks_statedict **out) {
   ks_statedict *dst = NULL;
-  ks_status st = ks_statedict_create(c->a, &dst);
+  ks_status st = ks_statedict_create(c->a, &dst, NULL);
   ks_entry e;
   for (size_t i = 0; !st && ks_statedict_at(c->src, i, &e) == KS_OK; i++) {
     int64_t items = -1;
     if (!ks__jv_is_int(ks__jv_get(c->renamed, e.name), &items)) {
-      st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW);
+      st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW, NULL);
       continue;
     }
     char name[KS_MAX_NAME + 3];
@@ -111,7 +111,7 @@ static ks_status renamed_dict(lists *c, ks_statedict **out) {
     if (items && strlen(name) > KS_MAX_NAME)
       st = ks__err_at(c->err, KS_E_LIMIT, NULL, e.name, -1, "convert: list state name too long for its item");
     else if (items)
-      st = ks_statedict_set_entry(dst, name, &e, KS_BORROW);
+      st = ks_statedict_set_entry(dst, name, &e, KS_BORROW, NULL);
   }
   if (st == KS_E_NOMEM) st = nomem(c->err);
   if (st) ks_statedict_free(dst);

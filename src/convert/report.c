@@ -84,7 +84,7 @@ static ks_status prune_structure(ks_meta *meta, const ks_allocator *a, globs *gl
   if (st) return KS_OK;
   ks__jv *pruned = ks__jv_copy_pruned(a, doc, "containers", ignored, gl);
   char *dump = pruned ? ks__jv_dump(a, pruned, false) : NULL;
-  st = dump ? ks_meta_set(meta, KS_TORCH_STRUCTURE_META, dump) : KS_E_NOMEM;
+  st = dump ? ks_meta_set(meta, KS_TORCH_STRUCTURE_META, dump, NULL) : KS_E_NOMEM;
   ks__free(a, dump);
   ks__jv_free(a, pruned);
   ks__jv_free(a, doc);
@@ -97,10 +97,10 @@ ks_status ks__convert_ignore(const ks_statedict *src, const char *const *g, size
   if (!n) return KS_OK;
   globs gl = {g, n};
   ks_statedict *dst;
-  ks_status st = ks_statedict_create(ks_statedict_allocator(src), &dst);
+  ks_status st = ks_statedict_create(ks_statedict_allocator(src), &dst, NULL);
   ks_entry e;
   for (size_t i = 0; !st && ks_statedict_at(src, i, &e) == KS_OK; i++)
-    if (!ignored(&gl, e.name)) st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW);
+    if (!ignored(&gl, e.name)) st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW, NULL);
   if (st) st = ks__err(err, st, "convert: out of memory leaving out ignored entries");
   if (!st) st = prune_structure(meta, ks_statedict_allocator(src), &gl, err);
   if (st) ks_statedict_free(dst);

@@ -20,11 +20,11 @@ static ks_statedict *entries(void) {
   static const char *const names[] = {"m/CatMetric/state_dict/value", "m/A/state_dict/preds", "m/A/state_dict/target",
                                       "m/A/state_dict/confmat", "m/A/_computed"};
   ks_statedict *sd = NULL;
-  if (ks_statedict_create(NULL, &sd)) return NULL;
+  if (ks_statedict_create(NULL, &sd, NULL)) return NULL;
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     int64_t shape[2] = {(int64_t)i % 3, 2};
     void *p = NULL;
-    if (ks_statedict_new_tensor(sd, names[i], KS_F32, 1 + (int)(i % 2), shape, &p)) break;
+    if (ks_statedict_new_tensor(sd, names[i], KS_F32, 1 + (int)(i % 2), shape, &p, NULL)) break;
   }
   return sd;
 }
@@ -47,11 +47,12 @@ static char *part(const uint8_t *data, size_t size, int k) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ks_statedict *sd = entries();
   ks_meta *meta = NULL;
-  if (!sd || ks_meta_create(NULL, &meta)) goto done;
+  if (!sd || ks_meta_create(NULL, &meta, NULL)) goto done;
   static const char *const keys[] = {KS_META_METRICS, KS_TORCH_STRUCTURE_META};
   for (int k = 0; k < 2; k++) {
     char *s = part(data, size, k);
-    if (s && *s) (void)ks_meta_set(meta, keys[k], s);
+    ks_status ms = s && *s ? ks_meta_set(meta, keys[k], s, NULL) : KS_OK;
+    (void)ms; /* a key that cannot be set (bad UTF-8) is simply absent */
     free(s);
   }
   uint64_t budget = (uint64_t)1 << 24;

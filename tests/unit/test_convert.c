@@ -134,13 +134,13 @@ static void lists_survive_the_round_trip(void **s) {
 static void write_metric_file(const char *path, const char *record, const char *state, int64_t rows) {
   ks_statedict *sd;
   ks_meta *meta;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_meta_create(NULL, &meta), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, &meta, NULL), KS_OK);
   int64_t shape[1] = {rows};
   float *data = NULL;
-  assert_int_equal(ks_statedict_new_tensor(sd, state, KS_F32, 1, shape, (void **)&data), KS_OK);
+  assert_int_equal(ks_statedict_new_tensor(sd, state, KS_F32, 1, shape, (void **)&data, NULL), KS_OK);
   for (int64_t i = 0; i < rows; i++) data[i] = (float)i;
-  assert_int_equal(ks_meta_set(meta, KS_META_METRICS, record), KS_OK);
+  assert_int_equal(ks_meta_set(meta, KS_META_METRICS, record, NULL), KS_OK);
   ks_error err;
   if (ks_save(path, sd, meta, NULL, &err)) fail_msg("%s", err.message);
   ks_meta_free(meta);
