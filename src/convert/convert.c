@@ -141,7 +141,7 @@ static ks_status write_out(conv *c) {
 
 static ks_status run(conv *c) {
   ks_status st = ks__convert_check_output(c->out, c->err);
-  if (!st) st = ks__fmap_open(&c->input, c->in, true, 0, c->a, c->err); /* never mapped: see convert.h */
+  if (!st) st = ks__fmap_open(&c->input, c->in, NULL, true, 0, c->a, c->err); /* never mapped: see convert.h */
   if (st) return st;
   const uint8_t *b = c->input.bytes;
   size_t n = c->input.size;
