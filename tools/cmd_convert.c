@@ -59,9 +59,13 @@ static void print_warnings(const ks_convert_report *rep) {
 }
 
 /* The library's conversion (convert.h), nothing added: this prints what it reports. */
-static int convert(const char *in, const char *out, const char *const *globs, int nglobs, int salvage, int compat) {
+static int convert(const ks_cli_input *src, const ks_cli_input *dst, const char *const *globs, int nglobs, int salvage,
+                   int compat) {
+  const char *in = src->arg, *out = dst->arg;
   ks_convert_opts o = {0};
   o.size = sizeof o;
+  o.in_io = src->io; /* NULL for local files; a storage location's table for s3:// and http(s):// */
+  o.io = dst->io;
   o.ignore = globs;
   o.n_ignore = (size_t)nglobs;
   o.salvage = salvage;
@@ -69,9 +73,10 @@ static int convert(const char *in, const char *out, const char *const *globs, in
   ks_convert_report *rep = NULL;
   ks_error err;
   ks_error_clear(&err);
-  ks_status st = ks_convert(in, out, &o, &rep, &err);
+  ks_status st = ks_convert(src->path, dst->path, &o, &rep, &err);
   print_warnings(rep);
   if (st) {
+    ks_cli_input_error(dst->io && !strcmp(err.file, dst->path) ? dst : src, &err); /* name the URL given */
     ks_cli_print_error(stderr, "convert", &err);
     if (st == KS_E_CHECKSUM && !salvage)
       fprintf(stderr, "keepsake convert: the input failed its integrity check; nothing was written "
@@ -111,8 +116,17 @@ int ks_cmd_convert(int argc, char **argv) {
   int rc = KS_EXIT_USAGE;
   if (bad || npaths != 2)
     convert_usage(stderr);
-  else
-    rc = convert(paths[0], paths[1], globs, nglobs, salvage, compat);
+  else {
+    ks_cli_input src, dst; /* local paths or storage URLs (s3://, http(s):// for the input) */
+    if (!ks_cli_input_open("convert", paths[0], &src)) {
+      rc = ks_cli_input_open("convert", paths[1], &dst) ? KS_EXIT_BAD
+                                                        : convert(&src, &dst, globs, nglobs, salvage, compat);
+      if (dst.st) ks_cli_input_close(&dst);
+      ks_cli_input_close(&src);
+    } else {
+      rc = KS_EXIT_BAD;
+    }
+  }
   free(globs);
   return rc;
 }

@@ -73,7 +73,9 @@ typedef struct ks_convert_opts {
   int torch_compat;           /**< ks_torch_write_opts.torch_compat of a .pt output (KS_TORCH_COMPAT_1_13) */
   uint64_t max_metric_bytes;  /**< bytes that metrics built from the file's arguments may allocate, in the
                                    import and again in the .pt export; 0 = 2 * input bytes + 64 MiB */
-  const ks_io *io;            /**< file operations of the output's durable replace; NULL = ks_io_posix() */
+  const ks_io *io;            /**< file operations of the output's durable replace; NULL = ks_io_posix().
+                                   The output checks (symlink, device, FIFO, read-only) apply to local outputs only */
+  const ks_io *in_io;         /**< file operations of reading the input (read whole, never mapped); NULL = ks_io_posix() */
 } ks_convert_opts;
 
 /** What a conversion did. Opaque; read with the functions below. */

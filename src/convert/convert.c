@@ -140,8 +140,9 @@ static ks_status write_out(conv *c) {
 }
 
 static ks_status run(conv *c) {
-  ks_status st = ks__convert_check_output(c->out, c->err);
-  if (!st) st = ks__fmap_open(&c->input, c->in, NULL, true, 0, c->a, c->err); /* never mapped: see convert.h */
+  bool local_out = !c->o->io || c->o->io == ks_io_posix(); /* a remote store has no symlinks or devices to refuse */
+  ks_status st = local_out ? ks__convert_check_output(c->out, c->err) : KS_OK;
+  if (!st) st = ks__fmap_open(&c->input, c->in, c->o->in_io, true, 0, c->a, c->err); /* never mapped: see convert.h */
   if (st) return st;
   const uint8_t *b = c->input.bytes;
   size_t n = c->input.size;
