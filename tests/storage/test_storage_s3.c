@@ -411,6 +411,31 @@ static void manager_keep_latest_autoresume(void **state) {
   assert_true(p.w[3] == 5003.0f);
   ks_ckpt_manager_free(m);
   ks_state_free(p.st);
+
+  /* the newest remote checkpoint damaged (a flipped byte), a newer one truncated: autoresume skips
+     both, moves them aside to .corrupt and resumes from ba40 */
+  size_t n;
+  int rc;
+  uint8_t *b = get(io, "run/ba50.keepsake", &n, &rc);
+  assert_int_equal(rc, 0);
+  b[n - 3] ^= 0x55;
+  assert_int_equal(put(io, "run/ba50.keepsake", b, n), 0);
+  assert_int_equal(put(io, "run/ba60.keepsake", b, n / 2), 0);
+  free(b);
+  m = manager(st, 2);
+  prog_init(&p);
+  resumed = 0;
+  assert_int_equal(ks_ckpt_manager_autoresume(m, p.st, NULL, NULL, &resumed, &from, &e), KS_OK);
+  assert_true(resumed);
+  assert_string_equal(from, "run/ba40.keepsake");
+  assert_int_equal(p.ts.batch, 40);
+  assert_int_equal(ks_ckpt_manager_skipped(m), 2);
+  ks_io_stat s;
+  assert_int_equal(io->stat_fn(io->ctx, "run/ba50.keepsake.corrupt", &s), 0);
+  assert_int_equal(io->stat_fn(io->ctx, "run/ba60.keepsake.corrupt", &s), 0);
+  assert_int_equal(io->stat_fn(io->ctx, "run/ba50.keepsake", &s), ENOENT);
+  ks_ckpt_manager_free(m);
+  ks_state_free(p.st);
   ks_storage_free(st);
 }
 
