@@ -21,6 +21,7 @@ allowed_pub() {
     convert) echo "$core_pub convert import torch metric format" ;;
     shard) echo "$core_pub shard format metric" ;;
     dist) echo "$core_pub dist shard format metric" ;;
+    remote) echo "$core_pub storage" ;;
     *) echo "" ;;
   esac
 }
