@@ -83,7 +83,7 @@ typedef struct ks_storage ks_storage;
  * Thread safety: may be called from any thread (libcurl's global
  * initialisation runs once, guarded).
  */
-ks_status ks_storage_open(const char *location, const ks_storage_opts *opts, ks_storage **out, ks_error *err);
+KS_NODISCARD ks_status ks_storage_open(const char *location, const ks_storage_opts *opts, ks_storage **out, ks_error *err);
 
 /**
  * The I/O table for this location, to pass wherever the library takes a

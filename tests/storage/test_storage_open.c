@@ -115,8 +115,8 @@ static void refused_connection(void **state) {
   assert_non_null(strstr(detail, "after 2 retries"));
   /* a save stages its bytes, then fails at the upload, naming the file */
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "n", 1), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "n", 1, NULL), KS_OK);
   ks_save_opts so = KS_OPTS_INIT(ks_save_opts);
   so.io = io;
   assert_int_equal(ks_save("run/x.keepsake", sd, NULL, &so, &e), KS_E_IO);

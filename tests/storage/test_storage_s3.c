@@ -134,14 +134,14 @@ static int logged(const char *method, const char *needle) {
 
 static ks_statedict *sample_dict(size_t nfloats, float seed) {
   ks_statedict *sd;
-  assert_int_equal(ks_statedict_create(NULL, &sd), KS_OK);
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   float *w = malloc(nfloats * sizeof *w);
   for (size_t i = 0; i < nfloats; i++) w[i] = seed + (float)i * 0.25f;
   int64_t shape[1] = {(int64_t)nfloats};
   ks_tensor t;
   assert_int_equal(ks_tensor_init(&t, KS_F32, 1, shape, w), KS_OK);
-  assert_int_equal(ks_statedict_set_tensor(sd, "model/w", &t, KS_COPY), KS_OK);
-  assert_int_equal(ks_statedict_set_int(sd, "step", 7), KS_OK);
+  assert_int_equal(ks_statedict_set_tensor(sd, "model/w", &t, KS_COPY, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "step", 7, NULL), KS_OK);
   free(w);
   return sd;
 }
@@ -345,9 +345,9 @@ static void prog_init(prog *p) {
   memset(p, 0, sizeof *p);
   p->shape[0] = 64;
   ks_tensor t;
-  assert_int_equal(ks_state_create("run", 1, NULL, &p->st), KS_OK);
+  assert_int_equal(ks_state_create("run", 1, NULL, &p->st, NULL), KS_OK);
   assert_int_equal(ks_tensor_init(&t, KS_F32, 1, p->shape, p->w), KS_OK);
-  assert_int_equal(ks_state_add_tensor(p->st, "w", &t), KS_OK);
+  assert_int_equal(ks_state_add_tensor(p->st, "w", &t, NULL), KS_OK);
   ks_timestamp_init(&p->ts);
   ks_state_set_timestamp(p->st, &p->ts);
 }
