@@ -140,7 +140,10 @@ static ks_status write_out(conv *c) {
 }
 
 static ks_status run(conv *c) {
-  bool local_out = !c->o->io || c->o->io == ks_io_posix(); /* a remote store has no symlinks or devices to refuse */
+  /* The output checks are the local file system's (symlinks, devices, mode bits): they apply when the
+   * table's stat is the local one (ks_io_posix() or a table built on it), not to a remote store. */
+  const ks_io *oio = c->o->io;
+  bool local_out = !oio || oio->version < 2 || oio->stat_fn == ks_io_posix()->stat_fn;
   ks_status st = local_out ? ks__convert_check_output(c->out, c->err) : KS_OK;
   if (!st) st = ks__fmap_open(&c->input, c->in, c->o->in_io, true, 0, c->a, c->err); /* never mapped: see convert.h */
   if (st) return st;
