@@ -57,7 +57,11 @@ ks_status ks_storage_open(const char *location, const ks_storage_opts *opts, ks_
   return KS_OK;
 }
 
-const ks_io *ks_storage_io(const ks_storage *st) { return st ? &st->io : NULL; }
+/* The local table is ks_io_posix() itself: writers recognise it (stale temporary files, locks). */
+const ks_io *ks_storage_io(const ks_storage *st) {
+  if (!st) return NULL;
+  return st->kind == KS__ST_LOCAL ? ks_io_posix() : &st->io;
+}
 
 const char *ks_storage_path(const ks_storage *st) { return st ? st->path : NULL; }
 
