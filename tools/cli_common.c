@@ -327,3 +327,58 @@ void ks_cli_component_of(const char *key, char *out, size_t cap) {
   }
   snprintf(out, cap, "%.*s", p ? (int)(p - key) : (int)strlen(key), key);
 }
+
+int ks_cli_input_open(const char *cmd, const char *arg, ks_cli_input *in) {
+  ks_error err;
+  *in = (ks_cli_input){.arg = arg, .path = arg, .ro = ks_cli_read_opts()};
+  if (ks_storage_open(arg, NULL, &in->st, &err)) {
+    ks_cli_print_error(stderr, cmd, &err);
+    return -1;
+  }
+  in->path = ks_storage_path(in->st);
+  if (ks_storage_is_remote(in->st)) in->io = in->ro.io = ks_storage_io(in->st);
+  return 0;
+}
+
+void ks_cli_input_error(const ks_cli_input *in, ks_error *err) {
+  if (!in->io || !err) return;
+  if (!err->file[0] || !strcmp(err->file, in->path)) snprintf(err->file, sizeof err->file, "%s", in->arg);
+  char detail[512];
+  if (!ks_storage_last_error(in->st, detail, sizeof detail)) return;
+  size_t n = strlen(err->message);
+  snprintf(err->message + n, sizeof err->message - n, " [%s]", detail);
+}
+
+int ks_cli_input_read(const ks_cli_input *in, void **buf, size_t *len, ks_error *err) {
+  if (!in->io) return ks_cli_read_file(in->path, buf, len, err);
+  int fd, e;
+  uint64_t size;
+  if ((e = in->io->open_fn(in->io->ctx, in->path, &fd, &size)) != 0) return io_error(err, in->arg, "cannot open", e);
+  uint8_t *p = size < SIZE_MAX ? malloc(size ? (size_t)size : 1) : NULL;
+  size_t got = 0;
+  e = p ? in->io->read_fn(in->io->ctx, fd, p, (size_t)size, 0, &got) : ENOMEM;
+  in->io->close_fn(in->io->ctx, fd);
+  if (!e && got != size) e = EIO;
+  if (e) {
+    free(p);
+    return io_error(err, in->arg, "cannot read", e);
+  }
+  *buf = p, *len = got;
+  return 0;
+}
+
+void ks_cli_input_close(ks_cli_input *in) {
+  ks_storage_free(in->st);
+  in->st = NULL;
+}
+
+size_t ks_cli_input_head(const ks_cli_input *in, void *buf, size_t n) {
+  const ks_io *io = in->io ? in->io : ks_io_posix(); /* open_fn refuses FIFOs without waiting on them */
+  int fd;
+  uint64_t size;
+  size_t got = 0;
+  if (io->open_fn(io->ctx, in->path, &fd, &size)) return 0;
+  if (io->read_fn(io->ctx, fd, buf, n, 0, &got)) got = 0;
+  io->close_fn(io->ctx, fd);
+  return got;
+}

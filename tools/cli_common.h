@@ -49,6 +49,31 @@ ks_read_opts ks_cli_read_opts(void);
 int ks_cli_read_file(const char *path, void **buf, size_t *len, ks_error *err);
 
 /*
+ * ---- file arguments that may be storage URLs ----
+ * A file argument of a subcommand: a local path, or an s3:// or http(s):// URL
+ * opened with ks_storage_open (the CLI parses no URL itself). Pass `path` and
+ * `ro` (copy mode, with the location's I/O table) to ks_reader_open / ks_load,
+ * and `io` to a writer. A remote input is read into memory like a local one.
+ */
+typedef struct ks_cli_input {
+  ks_storage *st;
+  const char *arg;  /* as given on the command line */
+  const char *path; /* the path to use with io */
+  const ks_io *io;  /* NULL for a local file (the library's POSIX default) */
+  ks_read_opts ro;  /* ks_cli_read_opts() with io */
+} ks_cli_input;
+/* Opens arg; prints "keepsake <cmd>: ..." and returns -1 when it cannot be (bad URL, no libcurl). */
+int ks_cli_input_open(const char *cmd, const char *arg, ks_cli_input *in);
+/* Makes err name the argument (not the key the table used) and adds the remote store's detail
+   (URL, HTTP status, S3 error) of the last failure. */
+void ks_cli_input_error(const ks_cli_input *in, ks_error *err);
+/* Reads the whole file into memory (*buf malloc'd). Returns 0, or -1 with err set. */
+int ks_cli_input_read(const ks_cli_input *in, void **buf, size_t *len, ks_error *err);
+/* Up to n first bytes of the file into buf (never blocking on a FIFO); the count, 0 when it cannot be read. */
+size_t ks_cli_input_head(const ks_cli_input *in, void *buf, size_t n);
+void ks_cli_input_close(ks_cli_input *in);
+
+/*
  * Checks that OUT may be replaced: it does not exist, or it is a regular file
  * (not a symlink, FIFO, device, socket or directory) that is writable by its
  * mode bits. Prints "keepsake <cmd>: ..." and returns -1 otherwise; 0 when fine.

@@ -55,23 +55,17 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= m && !strcmp(s + n - m, suffix);
 }
 
-static int is_zip_file(const char *path) {
+static int is_zip_file(const ks_cli_input *in) {
   unsigned char head[4] = {0};
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* fopen would wait forever on a FIFO */
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, head, sizeof head);
-  close(fd);
-  return n > 0 && ks_torch_is_zip(head, (size_t)n);
+  size_t n = ks_cli_input_head(in, head, sizeof head);
+  return n > 0 && ks_torch_is_zip(head, n);
 }
 
 /* torch's legacy format: read by the import only to be refused with a message that names it. */
-static int is_legacy_torch(const char *path) {
+static int is_legacy_torch(const ks_cli_input *in) {
   unsigned char head[14] = {0};
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, head, sizeof head);
-  close(fd);
-  return n > 0 && ks_torch_is_legacy(head, (size_t)n);
+  size_t n = ks_cli_input_head(in, head, sizeof head);
+  return n > 0 && ks_torch_is_legacy(head, n);
 }
 
 /* Keeps the caller's metadata pairs of a keepsake/safetensors input; the writer owns its own keys. */
@@ -126,17 +120,19 @@ static ks_status structure_without_ignored(ks_meta *extra, char **globs, int ngl
   return ks_meta_set(extra, KS_TORCH_STRUCTURE_META, *out); /* a keepsake output keeps the same view */
 }
 
-static int convert(const char *in, const char *out, char **globs, int nglobs, int salvage, int compat) {
+static int convert(const ks_cli_input *src, const ks_cli_input *dst, char **globs, int nglobs, int salvage,
+                   int compat) {
   ks_error err;
-  if (ks_cli_check_output("convert", out)) return KS_EXIT_BAD;
+  const char *in = src->arg, *out = dst->arg;
+  if (!dst->io && ks_cli_check_output("convert", out)) return KS_EXIT_BAD;
   ks_statedict *sd = NULL;
   ks_error_clear(&err);
   ks_meta *meta = NULL, *extra = NULL;
   ks_status st = KS_OK;
-  if (is_zip_file(in) || is_legacy_torch(in)) {
-    st = ks_convert_read_torch(in, salvage, &sd, &extra, &err); /* the library's import, nothing added */
+  if (is_zip_file(src) || is_legacy_torch(src)) {
+    st = ks_convert_read_torch(src, salvage, &sd, &extra, &err); /* the library's import, nothing added */
   } else if (!(st = ks_meta_create(NULL, &extra)) &&
-             (st = ks_convert_read_keepsake(in, salvage, &sd, &meta, &err)) == KS_OK) {
+             (st = ks_convert_read_keepsake(src, salvage, &sd, &meta, &err)) == KS_OK) {
     st = keep_meta(meta, extra);
   }
   ks_statedict *kept = NULL;
@@ -156,9 +152,12 @@ static int convert(const char *in, const char *out, char **globs, int nglobs, in
     ks_torch_write_opts wo = {0};
     wo.torch_compat = compat;
     wo.structure = structure;
-    if ((st = ks_torch_save(out, kept, &wo, &err))) ks_cli_print_error(stderr, "convert", &err);
-  } else if ((st = ks_save(out, kept, extra, NULL, &err))) {
-    ks_cli_print_error(stderr, "convert", &err);
+    wo.io = dst->io;
+    if ((st = ks_torch_save(dst->path, kept, &wo, &err))) ks_cli_input_error(dst, &err), ks_cli_print_error(stderr, "convert", &err);
+  } else {
+    ks_save_opts so = {0};
+    so.io = dst->io;
+    if ((st = ks_save(dst->path, kept, extra, &so, &err))) ks_cli_input_error(dst, &err), ks_cli_print_error(stderr, "convert", &err);
   }
   if (!st)
     printf("%s -> %s: %zu entries (%zu ignored)\n", ks_cli_esc(in), ks_cli_esc(out), ks_statedict_count(kept),
@@ -198,8 +197,16 @@ int ks_cmd_convert(int argc, char **argv) {
   int rc = KS_EXIT_USAGE;
   if (bad || npaths != 2)
     convert_usage(stderr);
-  else
-    rc = convert(paths[0], paths[1], globs, nglobs, salvage, compat);
+  else {
+    ks_cli_input src, dst; /* local paths or storage URLs (s3://, http(s):// for the input) */
+    if (!ks_cli_input_open("convert", paths[0], &src)) {
+      rc = ks_cli_input_open("convert", paths[1], &dst) ? KS_EXIT_BAD
+                                                        : convert(&src, &dst, globs, nglobs, salvage, compat);
+      if (dst.st) ks_cli_input_close(&dst);
+      ks_cli_input_close(&src);
+    } else
+      rc = KS_EXIT_BAD;
+  }
   free(globs);
   return rc;
 }

@@ -198,9 +198,16 @@ static int diff_files(diff_ctx *c, const char *pa, const char *pb) {
   ks_meta *ma = NULL, *mb = NULL;
   ks_error err;
   int rc = KS_EXIT_USAGE;
-  ks_read_opts ro = ks_cli_read_opts(); /* copy mode: a file truncated meanwhile is an error, not SIGBUS */
+  ks_cli_input ia, ib; /* copy mode: a file truncated meanwhile is an error, not SIGBUS */
+  if (ks_cli_input_open("diff", pa, &ia)) return KS_EXIT_USAGE;
+  if (ks_cli_input_open("diff", pb, &ib)) return ks_cli_input_close(&ia), KS_EXIT_USAGE;
   c->by_path = ks_cli_index_new();
-  if (ks_load(pa, &ro, &a, &ma, &err) || ks_load(pb, &ro, &b, &mb, &err)) {
+  ks_status st = ks_load(ia.path, &ia.ro, &a, &ma, &err);
+  if (st) ks_cli_input_error(&ia, &err);
+  else if ((st = ks_load(ib.path, &ib.ro, &b, &mb, &err)) != KS_OK) ks_cli_input_error(&ib, &err);
+  ks_cli_input_close(&ia);
+  ks_cli_input_close(&ib);
+  if (st) {
     ks_cli_print_error(stderr, "diff", &err);
   } else {
     diff_entries(c, a, b);

@@ -143,8 +143,12 @@ int ks_inspect_metadata(const ks_reader *r, FILE *out, json_t *json) {
 static int inspect_file(const char *path, int as_json) {
   ks_reader *r;
   ks_error err;
-  ks_read_opts ro = ks_cli_read_opts(); /* copy mode: a file truncated meanwhile is an error, not SIGBUS */
-  if (ks_reader_open(path, &ro, &r, &err)) {
+  ks_cli_input in; /* copy mode: a file truncated meanwhile is an error, not SIGBUS */
+  if (ks_cli_input_open("inspect", path, &in)) return KS_EXIT_BAD;
+  ks_status st = ks_reader_open(in.path, &in.ro, &r, &err);
+  if (st) ks_cli_input_error(&in, &err);
+  ks_cli_input_close(&in); /* the file is in memory now */
+  if (st) {
     ks_cli_print_error(stderr, "inspect", &err);
     return KS_EXIT_BAD;
   }

@@ -26,11 +26,14 @@ static int print_problem(void *ctx, const ks_error *problem) {
 static int verify_file(const char *file) {
   ks_reader *r;
   ks_error err;
-  ks_read_opts ro = ks_cli_read_opts(); /* copy mode: a file truncated meanwhile is an error, not SIGBUS */
+  ks_cli_input in; /* copy mode: a file truncated meanwhile is an error, not SIGBUS */
   const char *path = ks_cli_esc(file); /* printed: names from the file cannot start a line */
-  if (ks_reader_open(file, &ro, &r, &err)) {
+  if (ks_cli_input_open("verify", file, &in)) return KS_EXIT_BAD;
+  if (ks_reader_open(in.path, &in.ro, &r, &err)) {
+    ks_cli_input_error(&in, &err);
     ks_cli_print_error(stdout, "verify", &err);
     printf("%s: BAD\n", path);
+    ks_cli_input_close(&in);
     return KS_EXIT_BAD;
   }
   size_t problems = 0;
@@ -45,6 +48,7 @@ static int verify_file(const char *file) {
     printf("%s: OK (safetensors, %zu tensors, %" PRIu64 " data bytes; no keepsake checksums to check)\n", path,
            ks_reader_count(r), ks_reader_file_size(r) - ks_reader_data_offset(r));
   ks_reader_free(r);
+  ks_cli_input_close(&in);
   return st ? KS_EXIT_BAD : KS_EXIT_OK;
 }
 

@@ -19,10 +19,12 @@ static ks_status import_buffer(const char *in, const void *buf, size_t len, int 
   return st;
 }
 
-ks_status ks_convert_read_torch(const char *in, int salvage, ks_statedict **out, ks_meta **meta, ks_error *err) {
+ks_status ks_convert_read_torch(const ks_cli_input *src, int salvage, ks_statedict **out, ks_meta **meta,
+                                ks_error *err) {
   void *buf = NULL;
   size_t len = 0;
-  if (ks_cli_read_file(in, &buf, &len, err)) return err->code;
+  const char *in = src->arg;
+  if (ks_cli_input_read(src, &buf, &len, err)) return err->code;
   ks_status st = import_buffer(in, buf, len, 1, out, meta, err);
   if (st == KS_E_CHECKSUM && salvage) { /* reported, then read again without the CRC checks */
     salvaged(err);
@@ -38,8 +40,10 @@ static int report(void *ctx, const ks_error *problem) {
   return 0;
 }
 
-ks_status ks_convert_read_keepsake(const char *in, int salvage, ks_statedict **sd, ks_meta **meta, ks_error *err) {
-  ks_read_opts ro = ks_cli_read_opts();
+ks_status ks_convert_read_keepsake(const ks_cli_input *src, int salvage, ks_statedict **sd, ks_meta **meta,
+                                   ks_error *err) {
+  ks_read_opts ro = src->ro;
+  const char *in = src->path;
   ro.verify_checksums = !salvage;
   if (salvage) { /* every problem named first; what cannot be parsed at all still fails below */
     ks_reader *r = NULL;
@@ -47,5 +51,7 @@ ks_status ks_convert_read_keepsake(const char *in, int salvage, ks_statedict **s
     if (ks_reader_open(in, &ro, &r, NULL) == KS_OK) ks_reader_verify_report(r, report, &problems, NULL);
     ks_reader_free(r);
   }
-  return ks_load(in, &ro, sd, meta, err);
+  ks_status st = ks_load(in, &ro, sd, meta, err);
+  if (st) ks_cli_input_error(src, err);
+  return st;
 }

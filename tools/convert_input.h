@@ -10,11 +10,14 @@
 #ifndef KS_TOOLS_CONVERT_INPUT_H
 #define KS_TOOLS_CONVERT_INPUT_H
 
+#include "cli_common.h"
 #include "keepsake/keepsake.h"
 
 /* A torch.save / Composer file, through the library's import (ks_torch_import_buffer). */
-ks_status ks_convert_read_torch(const char *in, int salvage, ks_statedict **out, ks_meta **meta, ks_error *err);
+ks_status ks_convert_read_torch(const ks_cli_input *in, int salvage, ks_statedict **out, ks_meta **meta,
+                                ks_error *err);
 /* A keepsake or safetensors file (see ks_load); tensors are copies in memory. */
-ks_status ks_convert_read_keepsake(const char *in, int salvage, ks_statedict **sd, ks_meta **meta, ks_error *err);
+ks_status ks_convert_read_keepsake(const ks_cli_input *in, int salvage, ks_statedict **sd, ks_meta **meta,
+                                   ks_error *err);
 
 #endif

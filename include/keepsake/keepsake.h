@@ -18,6 +18,7 @@
 #include "keepsake/shard.h"
 #include "keepsake/state.h"
 #include "keepsake/statedict.h"
+#include "keepsake/storage.h"
 #include "keepsake/status.h"
 #include "keepsake/tensor.h"
 #include "keepsake/torch.h"

@@ -1,0 +1,124 @@
+/**
+ * @file storage.h
+ * Storage locations: a plain path, `file://...`, `s3://bucket/prefix` or
+ * `http(s)://host/path`, opened as a ks_io table (io.h) plus the path to use
+ * with it. Every part of the library that takes a ks_io (ks_save_opts.io,
+ * ks_read_opts.io, ks_ckpt_opts.io, ...) then works on that location:
+ *
+ *     ks_storage *st;
+ *     if (ks_storage_open("s3://bucket/run", NULL, &st, &err)) ...;
+ *     ks_ckpt_opts co = {.run_dir = ks_storage_path(st), .io = ks_storage_io(st)};
+ *
+ * The remote backends need libcurl (CMake option KS_WITH_CURL); a build without
+ * it opens only local locations and refuses the others with KS_E_UNSUPPORTED.
+ *
+ * S3. Credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+ * AWS_SESSION_TOKEN (optional); requests are signed with AWS Signature V4
+ * (libcurl's own signer) with the payload declared UNSIGNED-PAYLOAD (the body
+ * is sent over the connection the signature protects; use https for integrity
+ * in transit; keepsake files carry their own checksums).
+ * An object is written in one piece: the table stages the bytes of a file the
+ * library writes in memory and uploads them only when the library renames the
+ * temporary file onto its final name, with one PUT, or above the multipart
+ * threshold as a multipart upload whose parts go in parallel and which is
+ * aborted on failure. A name therefore never shows a partial object. A
+ * symbolic link (`latest`) becomes a small pointer object (docs/FORMAT.md).
+ * Failed requests are retried with exponential backoff and jitter on 5xx,
+ * 429, timeouts, resets and short bodies.
+ *
+ * HTTP(S) is read-only: opening (HEAD) and ranged reads (Range GET); writes
+ * fail with EROFS, listing with ENOTSUP.
+ *
+ * Errors. The table returns errno values as io.h requires (404: ENOENT, 403
+ * and 401: EACCES, 5xx and network failures after the retries: EIO, ...), so
+ * the library's messages say e.g. "cannot open file: No such file or
+ * directory"; ks_storage_last_error() gives the detail (URL, HTTP status, S3
+ * error code and message) of the last failure.
+ */
+#ifndef KEEPSAKE_STORAGE_H
+#define KEEPSAKE_STORAGE_H
+
+#include "keepsake/export.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "keepsake/alloc.h"
+#include "keepsake/io.h"
+#include "keepsake/status.h"
+
+KS_BEGIN_DECLS
+
+/** How to open a storage location; zero-initialise, then set what you need. */
+typedef struct ks_storage_opts {
+  size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
+  const ks_allocator *alloc; /**< NULL: malloc/free; used for the storage object and its buffers */
+  const char *endpoint;      /**< S3 endpoint URL; NULL: $AWS_ENDPOINT_URL, else https://s3.<region>.amazonaws.com */
+  const char *region;        /**< NULL: $AWS_REGION, else "us-east-1" */
+  int path_style;            /**< S3: 1 endpoint/bucket/key, -1 virtual host bucket.endpoint/key, 0 default
+                                  (path style when an endpoint is given, else virtual host) */
+  unsigned max_retries;      /**< retries of a failed request; 0: 5 */
+  unsigned retry_base_ms;    /**< first backoff (doubled per retry, with jitter); 0: 100 */
+  long timeout_ms;           /**< whole-request timeout; 0: none (a stalled transfer is caught by the low-speed limit) */
+  long connect_timeout_ms;   /**< 0: 10000 */
+  uint64_t multipart_threshold; /**< S3 objects of at least this size go by multipart upload; 0: 64 MiB */
+  uint64_t part_size;        /**< multipart part size; 0: 16 MiB; at least 5 MiB (S3's minimum) unless testing */
+  unsigned parallel;         /**< multipart parts in flight; 0: 4 */
+} ks_storage_opts;
+
+/** An open storage location (opaque). */
+typedef struct ks_storage ks_storage;
+
+/**
+ * Opens a location: a plain path or `file://path` (the local file system,
+ * ks_io_posix()), `s3://bucket[/prefix]`, or `http://` / `https://` URLs
+ * (read-only). No request is made: a missing bucket or host shows at the first
+ * operation.
+ * @param location the location (copied)
+ * @param opts     NULL for the defaults
+ * @param out      receives the storage object, to be freed with ks_storage_free()
+ * @return KS_OK; KS_E_INVALID (empty location or path, bad bucket name, bad
+ * options); KS_E_UNSUPPORTED (an unknown scheme, or a remote one in a build
+ * without libcurl); KS_E_NET (libcurl could not be initialised); KS_E_NOMEM.
+ * Thread safety: may be called from any thread (libcurl's global
+ * initialisation runs once, guarded).
+ */
+ks_status ks_storage_open(const char *location, const ks_storage_opts *opts, ks_storage **out, ks_error *err);
+
+/**
+ * The I/O table for this location, to pass wherever the library takes a
+ * `const ks_io *`. Owned by st: valid until ks_storage_free(st).
+ * Thread safety: the table's functions are thread safe (a manager's background
+ * save and parallel reads may use it at the same time).
+ */
+const ks_io *ks_storage_io(const ks_storage *st);
+
+/**
+ * The path to use with ks_storage_io(): the local path for a local location;
+ * for S3 the key prefix (without trailing '/', "." for the bucket's root), for
+ * HTTP the URL itself. Paths the library derives from it ("<path>/name") map
+ * to "<prefix>/name" keys or "<url>/name" URLs. Owned by st.
+ */
+const char *ks_storage_path(const ks_storage *st);
+
+/** Nonzero for an S3 or HTTP location, 0 for a local one (or NULL). */
+int ks_storage_is_remote(const ks_storage *st);
+
+/** Nonzero when the location cannot be written (HTTP). */
+int ks_storage_is_read_only(const ks_storage *st);
+
+/**
+ * Copies the detail of the table's most recent failure (any thread), e.g.
+ * "PUT http://127.0.0.1:5000/b/run/x: HTTP 503 (SlowDown: Please reduce your
+ * request rate) after 5 retries", into buf (cap bytes, NUL-terminated,
+ * truncated to fit).
+ * @return the length of the full message; 0 (and "") when nothing failed yet.
+ * Thread safety: safe; with concurrent failures, one of them.
+ */
+size_t ks_storage_last_error(const ks_storage *st, char *buf, size_t cap);
+
+/** Frees st (NULL accepted). No operation of its table may be running or follow. */
+void ks_storage_free(ks_storage *st);
+
+KS_END_DECLS
+#endif

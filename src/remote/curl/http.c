@@ -1,0 +1,385 @@
+/*
+ * The HTTP transport over libcurl: one request with its retries, the
+ * classification of results into errno values, and bounded response bodies.
+ * Easy handles come from a small locked pool so connections are reused and
+ * every function is thread safe.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "remote/curl/curl_internal.h"
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc = CURLE_FAILED_INIT;
+
+/* libcurl's documented global state: initialised once, never torn down (another user may still need it). */
+static void curl_init(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+int ks__curl_init_once(void) {
+  pthread_once(&curl_once, curl_init);
+  return curl_init_rc == CURLE_OK ? 0 : EIO;
+}
+
+void ks__remote_fail(ks__remote *r, const char *fmt, ...) {
+  char msg[sizeof r->last_err];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&r->lock);
+  memcpy(r->last_err, msg, sizeof msg);
+  pthread_mutex_unlock(&r->lock);
+}
+
+size_t ks__remote_last_error(const ks__remote *r, char *buf, size_t cap) {
+  ks__remote *m = (ks__remote *)(uintptr_t)r; /* the lock is the only thing touched */
+  pthread_mutex_lock(&m->lock);
+  size_t n = strlen(m->last_err);
+  if (buf && cap) snprintf(buf, cap, "%s", m->last_err);
+  pthread_mutex_unlock(&m->lock);
+  return n;
+}
+
+static CURL *handle_get(ks__remote *r) {
+  CURL *h = NULL;
+  pthread_mutex_lock(&r->lock);
+  if (r->npool) h = r->pool[--r->npool];
+  pthread_mutex_unlock(&r->lock);
+  if (h) curl_easy_reset(h); /* keeps the connection cache */
+  return h ? h : curl_easy_init();
+}
+
+static void handle_put(ks__remote *r, CURL *h) {
+  pthread_mutex_lock(&r->lock);
+  if (r->npool < KS__POOL_MAX) {
+    r->pool[r->npool++] = h;
+    h = NULL;
+  }
+  pthread_mutex_unlock(&r->lock);
+  if (h) curl_easy_cleanup(h);
+}
+
+void ks__resp_free(ks__resp *p) {
+  if (p->body) ks__free(p->alloc, p->body);
+  p->body = NULL;
+  p->len = p->cap = 0;
+}
+
+/* Appends to the growable body, up to p->max bytes. */
+static int body_append(ks__resp *p, const char *d, size_t n) {
+  if (p->len + n > p->max) {
+    p->overflow = 1;
+    return -1;
+  }
+  if (p->len + n + 1 > p->cap) {
+    size_t cap = p->cap ? p->cap : 4096;
+    while (cap < p->len + n + 1) cap *= 2;
+    uint8_t *b = ks__realloc(p->alloc, p->body, cap);
+    if (!b) return -1;
+    p->body = b;
+    p->cap = cap;
+  }
+  memcpy(p->body + p->len, d, n);
+  p->len += n;
+  p->body[p->len] = '\0';
+  return 0;
+}
+
+/* 2xx bodies of a ranged read go to dst; everything else (errors, listings) to the bounded body. */
+static size_t on_body(char *d, size_t sz, size_t nm, void *ctx) {
+  ks__resp *p = ctx;
+  size_t n = sz * nm;
+  if (p->dst && p->status / 100 == 2) {
+    if (n > p->dst_cap - p->dst_len) {
+      p->overflow = 1;
+      return 0;
+    }
+    memcpy(p->dst + p->dst_len, d, n);
+    p->dst_len += n;
+    return n;
+  }
+  size_t cap = p->status / 100 == 2 ? p->max : KS__ERR_BODY_MAX;
+  if (p->len + n > cap) { /* an error body is only kept in part; a 2xx one may not overflow */
+    if (p->status / 100 == 2) {
+      p->overflow = 1;
+      return 0;
+    }
+    return n;
+  }
+  size_t keep = p->max;
+  p->max = cap;
+  int rc = body_append(p, d, n);
+  p->max = keep;
+  return rc ? 0 : n;
+}
+
+static int hdr_is(const char *line, size_t n, const char *name, const char **val, size_t *vlen) {
+  size_t k = strlen(name);
+  if (n <= k || strncasecmp(line, name, k) || line[k] != ':') return 0;
+  const char *v = line + k + 1, *end = line + n;
+  while (v < end && (*v == ' ' || *v == '\t')) v++;
+  while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ')) end--;
+  *val = v;
+  *vlen = (size_t)(end - v);
+  return 1;
+}
+
+static uint64_t parse_u64(const char *v, size_t n, int *ok) {
+  uint64_t x = 0;
+  *ok = n > 0;
+  for (size_t i = 0; i < n && *ok; i++) {
+    if (v[i] < '0' || v[i] > '9' || x > (UINT64_MAX - 9) / 10) *ok = 0;
+    else x = x * 10 + (uint64_t)(v[i] - '0');
+  }
+  return x;
+}
+
+static size_t on_header(char *d, size_t sz, size_t nm, void *ctx) {
+  ks__resp *p = ctx;
+  size_t n = sz * nm;
+  const char *v;
+  size_t vl;
+  int ok;
+  if (n > 5 && !strncmp(d, "HTTP/", 5)) { /* a new response (after 100 Continue or a redirect) */
+    p->status = strtol(memchr(d, ' ', n) ? (char *)memchr(d, ' ', n) + 1 : d, NULL, 10);
+    p->has_length = p->has_range_total = p->pointer = 0;
+    p->etag[0] = '\0';
+  } else if (hdr_is(d, n, "Content-Length", &v, &vl)) {
+    p->content_length = parse_u64(v, vl, &ok);
+    p->has_length = ok;
+  } else if (hdr_is(d, n, "Content-Range", &v, &vl)) { /* bytes a-b/total */
+    const char *slash = memchr(v, '/', vl);
+    if (slash) p->range_total = parse_u64(slash + 1, vl - (size_t)(slash + 1 - v), &ok), p->has_range_total = ok;
+  } else if (hdr_is(d, n, "ETag", &v, &vl)) {
+    snprintf(p->etag, sizeof p->etag, "%.*s", (int)vl, v);
+  } else if (hdr_is(d, n, "x-amz-meta-keepsake-pointer", &v, &vl)) {
+    p->pointer = 1;
+  }
+  return n;
+}
+
+typedef struct upload {
+  const uint8_t *d;
+  size_t n, off;
+} upload;
+
+static size_t on_read(char *buf, size_t sz, size_t nm, void *ctx) {
+  upload *u = ctx;
+  size_t n = sz * nm, left = u->n - u->off;
+  if (n > left) n = left;
+  memcpy(buf, u->d + u->off, n);
+  u->off += n;
+  return n;
+}
+
+static struct curl_slist *build_headers(ks__remote *r, const ks__req *q) {
+  struct curl_slist *h = NULL, *t;
+  const char *fixed[] = {"Expect:", r->userpwd ? "x-amz-content-sha256: UNSIGNED-PAYLOAD" : NULL, r->token_hdr};
+  for (size_t i = 0; i < 3; i++)
+    if (fixed[i]) {
+      if (!(t = curl_slist_append(h, fixed[i]))) goto fail;
+      h = t;
+    }
+  for (size_t i = 0; i < q->n_headers; i++) {
+    if (!(t = curl_slist_append(h, q->headers[i]))) goto fail;
+    h = t;
+  }
+  return h;
+fail:
+  curl_slist_free_all(h);
+  return NULL;
+}
+
+static void set_method(CURL *h, const ks__req *q, upload *u) {
+  if (!strcmp(q->method, "HEAD")) curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  else if (!strcmp(q->method, "PUT")) {
+    curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
+    curl_easy_setopt(h, CURLOPT_READDATA, u);
+    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)q->body_len);
+  } else if (!strcmp(q->method, "POST")) {
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, q->body ? (const char *)q->body : "");
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->body_len);
+  } else if (strcmp(q->method, "GET"))
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, q->method);
+}
+
+static void set_common(ks__remote *r, CURL *h, const ks__req *q, ks__resp *p, struct curl_slist *hdrs, char *ebuf) {
+  curl_easy_setopt(h, CURLOPT_URL, q->url);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, p);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, p);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, ebuf);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L); /* threads: no SIGALRM for DNS timeouts */
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, r->connect_timeout_ms);
+  if (r->timeout_ms > 0) curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, r->timeout_ms);
+  /* A stalled transfer (no byte for 30 s, or the request timeout if shorter) is a timeout, retried. */
+  long stall = r->timeout_ms > 0 && r->timeout_ms < 30000 ? (r->timeout_ms + 999) / 1000 : 30;
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, stall);
+  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  if (r->userpwd) {
+    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, r->sigv4);
+    curl_easy_setopt(h, CURLOPT_USERPWD, r->userpwd);
+  }
+}
+
+/* Transient: worth another attempt. */
+static int retryable(CURLcode c, long status, const ks__resp *p) {
+  if (c == CURLE_OK) return status >= 500 || status == 429 || status == 408;
+  if (c == CURLE_WRITE_ERROR && p->overflow) return 0;
+  switch (c) {
+  case CURLE_OPERATION_TIMEDOUT: case CURLE_COULDNT_CONNECT: case CURLE_RECV_ERROR: case CURLE_SEND_ERROR:
+  case CURLE_GOT_NOTHING: case CURLE_PARTIAL_FILE: case CURLE_COULDNT_RESOLVE_HOST: case CURLE_HTTP2:
+  case CURLE_HTTP2_STREAM: case CURLE_SSL_CONNECT_ERROR: case CURLE_READ_ERROR:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+static int errno_of_status(long s) {
+  switch (s) {
+  case 404: return ENOENT;
+  case 401: case 403: return EACCES;
+  case 400: case 416: return EINVAL;
+  case 405: case 501: return ENOTSUP;
+  case 409: return EBUSY;
+  case 412: return EEXIST;
+  case 413: return EFBIG;
+  default: return EIO;
+  }
+}
+
+static int errno_of_curl(CURLcode c) {
+  switch (c) {
+  case CURLE_OPERATION_TIMEDOUT: return ETIMEDOUT;
+  case CURLE_COULDNT_CONNECT: return ECONNREFUSED;
+  case CURLE_COULDNT_RESOLVE_HOST: return EHOSTUNREACH;
+  case CURLE_OUT_OF_MEMORY: return ENOMEM;
+  default: return EIO;
+  }
+}
+
+/* "HTTP 503 (SlowDown: Please reduce...)" from the status and the S3 error body. */
+static void describe(const ks__resp *p, char *out, size_t cap) {
+  const char *code = NULL, *msg = NULL;
+  size_t cl = 0, ml = 0, pos = 0, pos2 = 0;
+  char c[128] = "", m[512] = "";
+  if (p->body && !ks__xml_next((const char *)p->body, p->len, &pos, "Code", &code, &cl))
+    ks__xml_text(code, cl, c, sizeof c);
+  if (p->body && !ks__xml_next((const char *)p->body, p->len, &pos2, "Message", &msg, &ml))
+    ks__xml_text(msg, ml, m, sizeof m);
+  if (c[0]) snprintf(out, cap, "HTTP %ld (%s%s%s)", p->status, c, m[0] ? ": " : "", m);
+  else snprintf(out, cap, "HTTP %ld", p->status);
+}
+
+/* Exponential backoff with jitter: base * 2^attempt, scaled by a random factor in [0.5, 1.5). */
+static void backoff(ks__remote *r, unsigned attempt, uint64_t *seed) {
+  uint64_t ms = (uint64_t)r->retry_base_ms << (attempt < 16 ? attempt : 16);
+  *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+  ms = ms / 2 + (ms ? (*seed >> 33) % ms : 0);
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static CURLcode attempt_once(ks__remote *r, CURL *h, const ks__req *q, ks__resp *p, struct curl_slist *hdrs,
+                             char *ebuf) {
+  upload u = {q->body, q->body_len, 0};
+  p->status = 0;
+  p->len = p->dst_len = 0;
+  p->overflow = p->has_length = p->has_range_total = p->pointer = 0;
+  p->etag[0] = ebuf[0] = '\0';
+  curl_easy_reset(h);
+  set_common(r, h, q, p, hdrs, ebuf);
+  set_method(h, q, &u);
+  CURLcode c = curl_easy_perform(h);
+  /* A 2xx ranged read that ended short of what Content-Length announced: curl reports PARTIAL_FILE. */
+  if (c == CURLE_OK && p->dst && p->status / 100 == 2 && p->has_length && p->content_length != p->dst_len)
+    c = CURLE_PARTIAL_FILE;
+  return c;
+}
+
+int ks__http_do(ks__remote *r, const ks__req *q, ks__resp *p, int quiet_404) {
+  *p = (ks__resp){.alloc = &r->alloc, .max = q->max_body ? q->max_body : KS__ERR_BODY_MAX, .dst = q->dst,
+                  .dst_cap = q->dst_cap};
+  CURL *h = handle_get(r);
+  struct curl_slist *hdrs = build_headers(r, q);
+  if (!h || !hdrs) {
+    if (h) curl_easy_cleanup(h);
+    curl_slist_free_all(hdrs);
+    ks__remote_fail(r, "%s %s: out of memory", q->method, q->url);
+    return ENOMEM;
+  }
+  char ebuf[CURL_ERROR_SIZE];
+  uint64_t seed = (uint64_t)(uintptr_t)p ^ (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+  CURLcode c = CURLE_OK;
+  unsigned tries = 0;
+  for (;; tries++) {
+    c = attempt_once(r, h, q, p, hdrs, ebuf);
+    if (!retryable(c, p->status, p) || tries >= r->max_retries) break;
+    backoff(r, tries, &seed);
+  }
+  curl_slist_free_all(hdrs);
+  handle_put(r, h);
+  if (c == CURLE_OK && p->status / 100 == 2) return 0;
+  char what[700];
+  int e;
+  if (c != CURLE_OK) {
+    snprintf(what, sizeof what, "%s", p->overflow ? "response larger than expected" : ebuf[0] ? ebuf : curl_easy_strerror(c));
+    e = p->overflow ? EFBIG : errno_of_curl(c);
+  } else {
+    describe(p, what, sizeof what);
+    e = errno_of_status(p->status);
+  }
+  if (!(quiet_404 && e == ENOENT))
+    ks__remote_fail(r, "%s %s: %s%s%.0u%s", q->method, q->url, what, tries ? " after " : "", tries,
+                    tries ? (tries == 1 ? " retry" : " retries") : "");
+  return e;
+}
+
+typedef struct par {
+  pthread_mutex_t lock;
+  size_t next, n;
+  int rc;
+  int (*job)(void *, size_t);
+  void *ctx;
+} par;
+
+static void *worker(void *arg) {
+  par *w = arg;
+  for (;;) {
+    pthread_mutex_lock(&w->lock);
+    size_t i = w->next < w->n && !w->rc ? w->next++ : SIZE_MAX;
+    pthread_mutex_unlock(&w->lock);
+    if (i == SIZE_MAX) return NULL;
+    int rc = w->job(w->ctx, i);
+    if (rc) {
+      pthread_mutex_lock(&w->lock);
+      if (!w->rc) w->rc = rc;
+      pthread_mutex_unlock(&w->lock);
+    }
+  }
+}
+
+int ks__remote_parallel(ks__remote *r, size_t n, int (*job)(void *ctx, size_t i), void *ctx) {
+  par w = {.n = n, .job = job, .ctx = ctx};
+  pthread_t t[64];
+  size_t nt = r->parallel < n ? r->parallel : n, started = 0;
+  if (nt > 64) nt = 64;
+  if (pthread_mutex_init(&w.lock, NULL)) return ENOMEM;
+  for (; started + 1 < nt; started++) /* this thread is the last worker */
+    if (pthread_create(&t[started], NULL, worker, &w)) break;
+  worker(&w);
+  for (size_t i = 0; i < started; i++) pthread_join(t[i], NULL);
+  pthread_mutex_destroy(&w.lock);
+  return w.rc;
+}
