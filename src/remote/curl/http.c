@@ -177,6 +177,14 @@ static size_t on_read(char *buf, size_t sz, size_t nm, void *ctx) {
   return n;
 }
 
+/* curl rewinds the body to resend it on a fresh connection (a reused one that the server closed). */
+static int on_seek(void *ctx, curl_off_t offset, int origin) {
+  upload *u = ctx;
+  if (origin != SEEK_SET || offset < 0 || (uint64_t)offset > u->n) return CURL_SEEKFUNC_FAIL;
+  u->off = (size_t)offset;
+  return CURL_SEEKFUNC_OK;
+}
+
 static struct curl_slist *build_headers(ks__remote *r, const ks__req *q) {
   struct curl_slist *h = NULL, *t;
   const char *fixed[] = {"Expect:", r->userpwd ? "x-amz-content-sha256: UNSIGNED-PAYLOAD" : NULL, r->token_hdr};
@@ -201,6 +209,8 @@ static void set_method(CURL *h, const ks__req *q, upload *u) {
     curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
     curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
     curl_easy_setopt(h, CURLOPT_READDATA, u);
+    curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, on_seek);
+    curl_easy_setopt(h, CURLOPT_SEEKDATA, u);
     curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)q->body_len);
   } else if (!strcmp(q->method, "POST")) {
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, q->body ? (const char *)q->body : "");
@@ -238,7 +248,7 @@ static int retryable(CURLcode c, long status, const ks__resp *p) {
   switch (c) {
   case CURLE_OPERATION_TIMEDOUT: case CURLE_COULDNT_CONNECT: case CURLE_RECV_ERROR: case CURLE_SEND_ERROR:
   case CURLE_GOT_NOTHING: case CURLE_PARTIAL_FILE: case CURLE_COULDNT_RESOLVE_HOST: case CURLE_HTTP2:
-  case CURLE_HTTP2_STREAM: case CURLE_SSL_CONNECT_ERROR: case CURLE_READ_ERROR:
+  case CURLE_HTTP2_STREAM: case CURLE_SSL_CONNECT_ERROR: case CURLE_READ_ERROR: case CURLE_SEND_FAIL_REWIND:
     return 1;
   default:
     return 0;
