@@ -7,8 +7,8 @@ static ks_status fill_dict(ks_reader *r, ks_statedict *sd, ks_error *err) {
   for (size_t i = 0; i < r->count; i++) {
     const char *name;
     ks_tensor view;
-    ks_reader_tensor_at(r, i, &name, &view);
-    ks_status st = ks_statedict_set_tensor(sd, name, &view, KS_MAPPED_VIEW);
+    ks_status st = ks_reader_tensor_at(r, i, &name, &view); /* in memory: cannot fail */
+    if (!st) st = ks_statedict_set_tensor(sd, name, &view, KS_MAPPED_VIEW);
     if (st)
       return ks__err_at(err, st, r->path, name, (int64_t)(r->data_off + r->entries[i].begin),
                         "cannot add tensor to the state dict: %s", ks_strerror(st));
@@ -19,7 +19,8 @@ static ks_status fill_dict(ks_reader *r, ks_statedict *sd, ks_error *err) {
 static ks_status load_reader(ks_reader *r, ks_statedict **out, ks_meta **meta, ks_error *err) {
   ks_statedict *sd = NULL;
   ks_meta *m = NULL;
-  ks_status st = ks_statedict_create(&r->alloc, &sd);
+  ks_status st = r->lazy ? ks__lazy_load_all(r, err) : KS_OK; /* parallel ranged reads, verified on arrival */
+  if (!st) st = ks_statedict_create(&r->alloc, &sd);
   if (!st) st = fill_dict(r, sd, err);
   if (!st && meta && !(st = ks_meta_create(&r->alloc, &m))) st = ks_meta_copy(m, r->meta);
   if (!st) st = ks_statedict_attach(sd, r, release_reader);

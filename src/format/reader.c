@@ -1,7 +1,8 @@
 /*
  * Opening files and buffers, and the read-only accessors. The bytes come from
  * an mmap (zero copy, open cost independent of the data size), one heap copy,
- * or the caller's buffer; ks__fmt_parse then validates them the same way.
+ * the caller's buffer, or (lazy mode, lazy.c) only the header, read through the
+ * table; ks__fmt_parse then validates them the same way.
  */
 #include <errno.h>
 #include <string.h>
@@ -14,6 +15,7 @@ static ks_status reader_new(const ks_allocator *a, const char *path, ks_reader *
   ks_reader *r = ks__calloc(a, 1, sizeof *r);
   if (!r) return ks__err_at(err, KS_E_NOMEM, path, NULL, -1, "out of memory");
   r->alloc = *ks__alloc_or_default(a);
+  r->fd = -1;
   r->path = ks__strdup(&r->alloc, path);
   if (!r->path || ks_meta_create(&r->alloc, &r->meta)) {
     ks_reader_free(r);
@@ -26,6 +28,7 @@ static ks_status reader_new(const ks_allocator *a, const char *path, ks_reader *
 void ks_reader_free(ks_reader *r) {
   if (!r) return;
   if (r->map) r->io->unmap_fn(r->io->ctx, r->map, r->map_len); /* a failed munmap leaves nothing to do */
+  ks__lazy_free(r);
   ks__free(&r->alloc, r->copy);
   ks__free(&r->alloc, r->entries);
   ks__free(&r->alloc, r->names);
@@ -96,6 +99,8 @@ static ks_status load_file(ks_reader *r, const ks_io *io, ks_read_mode mode, ks_
   if (rc) return io_err(r, "cannot open file", rc, err);
   if (size > SIZE_MAX)
     s = ks__err_at(err, KS_E_LIMIT, r->path, NULL, -1, "file too large for this platform");
+  else if (mode == KS_READ_LAZY)
+    return ks__lazy_open(r, fd, size, err); /* the handle stays open: the reader closes it */
   else if (mode == KS_READ_MMAP && size >= 8) /* an empty mapping is an error: tiny files are read */
     s = map_whole(r, fd, (size_t)size, err);
   else
@@ -106,6 +111,7 @@ static ks_status load_file(ks_reader *r, const ks_io *io, ks_read_mode mode, ks_
 
 static ks_status finish_open(ks_reader *r, const ks_read_opts *opts, ks_reader **out, ks_error *err) {
   ks_status st = ks__fmt_parse(r, err);
+  if (!st && r->lazy) st = ks__lazy_prepare(r, err);
   if (!st && opts && opts->verify_checksums) st = ks_reader_verify(r, err);
   if (st) {
     ks__err_set_file(err, r->path);
@@ -154,21 +160,26 @@ ks_status ks_reader_open_buffer(const void *buf, size_t len, const ks_read_opts 
 
 size_t ks_reader_count(const ks_reader *r) { return r ? r->count : 0; }
 
-static void fill_view(const ks_reader *r, const fmt_entry *e, ks_tensor *v) {
+/* The view of tensor i; in lazy mode its bytes are fetched (and verified) on first use. */
+static ks_status fill_view(const ks_reader *r, size_t i, ks_tensor *v, ks_error *err) {
+  const fmt_entry *e = &r->entries[i];
+  const uint8_t *p;
+  ks_status st = ks__reader_bytes(r, i, &p, err);
+  if (st) return st;
   memset(v, 0, sizeof *v);
   v->dtype = e->dtype;
   v->rank = e->rank;
   memcpy(v->shape, e->shape, sizeof v->shape);
-  v->data = (void *)(uintptr_t)(r->bytes + r->data_off + e->begin);
+  v->data = (void *)(uintptr_t)p;
   v->nbytes = (size_t)(e->end - e->begin);
   v->ownership = KS_MAPPED;
+  return KS_OK;
 }
 
 ks_status ks_reader_tensor_at(const ks_reader *r, size_t i, const char **name, ks_tensor *view) {
   if (!r || i >= r->count) return KS_E_NOTFOUND;
   if (name) *name = r->entries[i].name;
-  if (view) fill_view(r, &r->entries[i], view);
-  return KS_OK;
+  return view ? fill_view(r, i, view, NULL) : KS_OK;
 }
 
 long ks_reader_find(const ks_reader *r, const char *name) {
@@ -183,8 +194,7 @@ ks_status ks_reader_tensor(const ks_reader *r, const char *name, ks_tensor *view
   long i = ks_reader_find(r, name);
   if (i < 0)
     return ks__err_at(err, KS_E_NOTFOUND, r ? r->path : NULL, name, -1, "no tensor named '%s'", name ? name : "");
-  if (view) fill_view(r, &r->entries[i], view);
-  return KS_OK;
+  return view ? fill_view(r, (size_t)i, view, err) : KS_OK;
 }
 
 ks_status ks_reader_tensor_info(const ks_reader *r, size_t i, ks_tensor_info *info) {
