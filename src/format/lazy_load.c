@@ -18,6 +18,7 @@
 typedef struct load_job {
   ks_reader *r;
   uint64_t len, range;     /* data section length, range size */
+  uint64_t base;           /* data bytes [0, base) came with the header: ranges start after them */
   size_t n_ranges;
   size_t *order;           /* tensor indices sorted by offset */
   size_t *first;           /* per range: position in order of its first tensor */
@@ -42,7 +43,7 @@ static void fail(load_job *j, ks_status st, const ks_error *e) {
 /* Marks range k's share of every tensor it overlaps; a tensor whose last range it was is verified. */
 static void finish_range(load_job *j, size_t k) {
   const ks_reader *r = j->r;
-  uint64_t end = (uint64_t)(k + 1) * j->range;
+  uint64_t end = j->base + (uint64_t)(k + 1) * j->range;
   for (size_t p = j->first[k]; p < r->count && !atomic_load(&j->stop); p++) {
     size_t i = j->order[p];
     const fmt_entry *e = &r->entries[i];
@@ -56,7 +57,7 @@ static void finish_range(load_job *j, size_t k) {
 
 static void read_range(load_job *j, size_t k) {
   const ks_reader *r = j->r;
-  uint64_t a = (uint64_t)k * j->range, b = a + j->range < j->len ? a + j->range : j->len;
+  uint64_t a = j->base + (uint64_t)k * j->range, b = a + j->range < j->len ? a + j->range : j->len;
   size_t done = 0, n = (size_t)(b - a);
   while (done < n && !atomic_load(&j->stop)) {
     size_t got = 0;
@@ -83,12 +84,12 @@ static void *worker(void *arg) {
   }
 }
 
-/* Zero-length tensors are in no range: verify them (against the hash of no bytes) up front. */
-static void check_empty(load_job *j) {
+/* Tensors in no range (empty, or wholly in the bytes that came with the header) are verified up front. */
+static void check_in_memory(load_job *j) {
   for (size_t i = 0; i < j->r->count && !j->st; i++) {
     const fmt_entry *e = &j->r->entries[i];
     ks_error er;
-    ks_status st = e->end == e->begin ? ks__lazy_check(j->r, i, (const uint8_t *)"", &er) : KS_OK;
+    ks_status st = e->end <= j->base || e->end == e->begin ? ks__lazy_check(j->r, i, j->r->data + e->begin, &er) : KS_OK;
     if (st) fail(j, st, &er);
   }
 }
@@ -127,9 +128,9 @@ static void order_tensors(load_job *j) {
 
 /* Ranges of [RANGE_MIN, RANGE_MAX] bytes, about four per thread; each tensor's count of ranges. */
 static void size_ranges(load_job *j) {
-  uint64_t range = j->len / (LOAD_THREADS * 4);
+  uint64_t left = j->len - j->base, range = left / (LOAD_THREADS * 4);
   j->range = range < RANGE_MIN ? RANGE_MIN : range > RANGE_MAX ? RANGE_MAX : range;
-  j->n_ranges = (size_t)((j->len + j->range - 1) / j->range);
+  j->n_ranges = (size_t)((left + j->range - 1) / j->range);
 }
 
 static void plan(load_job *j) {
@@ -137,13 +138,14 @@ static void plan(load_job *j) {
   order_tensors(j);
   size_t p = 0;
   for (size_t k = 0; k < j->n_ranges; k++) {
-    uint64_t start = (uint64_t)k * j->range;
+    uint64_t start = j->base + (uint64_t)k * j->range;
     while (p < r->count && r->entries[j->order[p]].end <= start) p++;
     j->first[k] = p;
   }
   for (size_t i = 0; i < r->count; i++) {
     const fmt_entry *e = &r->entries[i];
-    size_t c = e->end > e->begin ? (size_t)((e->end - 1) / j->range - e->begin / j->range + 1) : 0;
+    uint64_t b = e->begin > j->base ? e->begin - j->base : 0;
+    size_t c = e->end > j->base && e->end > e->begin ? (size_t)((e->end - 1 - j->base) / j->range - b / j->range + 1) : 0;
     atomic_init(&j->pending[i], c);
   }
 }
@@ -181,6 +183,10 @@ ks_status ks__lazy_load_all(ks_reader *r, ks_error *err) {
   r->data = ks__malloc(&r->alloc, j.len ? (size_t)j.len : 1);
   if (!r->data)
     return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory for %llu bytes", (unsigned long long)j.len);
+  if (r->have > r->data_off) { /* the first read of open brought these: never read a byte twice */
+    j.base = r->have - r->data_off < j.len ? r->have - r->data_off : j.len;
+    memcpy(r->data, r->copy + r->data_off, (size_t)j.base);
+  }
   size_ranges(&j);
   ks_status st = job_alloc(&j, err);
   if (!st) {
@@ -188,7 +194,7 @@ ks_status ks__lazy_load_all(ks_reader *r, ks_error *err) {
     atomic_init(&j.stop, false);
     pthread_mutex_init(&j.lock, NULL);
     plan(&j);
-    check_empty(&j);
+    check_in_memory(&j);
     if (!j.st) run(&j);
     pthread_mutex_destroy(&j.lock);
     st = j.st;
