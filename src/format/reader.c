@@ -11,6 +11,9 @@
 #include "core/io_ops.h"
 #include "format/fmt_internal.h"
 
+/* core/io_ops.c picks modes by number (core does not see format.h). */
+_Static_assert(KS_READ_MMAP == 0 && KS_READ_LAZY == 2, "ks__io_read_mode returns these values");
+
 static ks_status reader_new(const ks_allocator *a, const char *path, ks_reader **out, ks_error *err) {
   ks_reader *r = ks__calloc(a, 1, sizeof *r);
   if (!r) return ks__err_at(err, KS_E_NOMEM, path, NULL, -1, "out of memory");
