@@ -1,8 +1,9 @@
 /*
- * ks_state_load and the manager's autoresume through a table that cannot map
- * (the shape of a remote store): the checkpoint is read lazily, in parallel
- * ranges verified on arrival, each byte once, and a corrupt newest checkpoint
- * is still skipped.
+ * The readers above the format module through a table that cannot map (the
+ * shape of a remote store): ks_state_load and the manager's autoresume read the
+ * checkpoint lazily, in parallel ranges verified on arrival, each byte once, and
+ * a corrupt newest checkpoint is still skipped; torch.save files and the import
+ * read through the table too.
  */
 #include <stdarg.h>
 #include <stdlib.h>
@@ -139,10 +140,51 @@ static void autoresume_through_a_table_that_cannot_map(void **state) {
   free(dir);
 }
 
+static void torch_files_through_the_table(void **state) {
+  (void)state;
+  const char *pt = KS_FIXTURES_DIR "/torch/tensors.pt";
+  ks_io *io;
+  assert_int_equal(ks_io_counter_create(NULL, 1, NULL, &io, NULL), KS_OK);
+  ks_statedict *a = NULL, *b = NULL;
+  assert_int_equal(ks_torch_load(pt, NULL, &a, NULL), KS_OK);
+  ks_torch_read_opts ro = {.io = io};
+  ks_error e;
+  assert_int_equal(ks_torch_load(pt, &ro, &b, &e), KS_OK);
+  ks_io_counts c;
+  ks_io_counter_get(io, &c);
+  assert_int_equal(c.map_calls, 0);
+  assert_int_equal(c.read_bytes, file_size(pt));
+  assert_int_equal(ks_statedict_count(a), ks_statedict_count(b));
+  for (size_t i = 0; i < ks_statedict_count(a); i++) {
+    ks_entry x, y;
+    ks_statedict_at(a, i, &x);
+    assert_int_equal(ks_statedict_get(b, x.name, &y), KS_OK);
+    assert_int_equal(x.kind, y.kind);
+    if (x.kind == KS_VAL_TENSOR && x.tensor.nbytes)
+      assert_memory_equal(x.tensor.data, y.tensor.data, x.tensor.nbytes);
+  }
+  ks_statedict_free(a);
+  ks_statedict_free(b);
+  /* the import (convert) reads through the same table */
+  ks_io_counter_reset(io);
+  ks_import_opts io_opts = {.read = &ro};
+  ks_statedict *imp = NULL;
+  ks_meta *meta = NULL;
+  assert_int_equal(ks_torch_import(pt, &io_opts, &imp, &meta, &e), KS_OK);
+  ks_io_counter_get(io, &c);
+  assert_true(c.open_calls >= 1 && c.read_bytes == file_size(pt));
+  ks_statedict_free(imp);
+  ks_meta_free(meta);
+  /* a table that fails to open: the error is the table's */
+  assert_int_equal(ks_torch_load(KS_FIXTURES_DIR "/torch/no-such-file.pt", &ro, &b, &e), KS_E_IO);
+  ks_io_counter_free(io);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(state_load_reads_through_the_table),
       cmocka_unit_test(autoresume_through_a_table_that_cannot_map),
+      cmocka_unit_test(torch_files_through_the_table),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
