@@ -16,7 +16,7 @@ static ks_status io_err(const char *path, const char *what, int rc, ks_error *er
  * for transparent huge pages over the buffer cuts the faults 512-fold where the
  * kernel allows it (a hint only; harmless where it does not).
  */
-static void advise_huge(void *p, size_t size) {
+void ks__advise_huge(void *p, size_t size) {
 #ifdef MADV_HUGEPAGE
   const uintptr_t huge = (uintptr_t)2 << 20;
   uintptr_t begin = ((uintptr_t)p + huge - 1) & ~(huge - 1), end = ((uintptr_t)p + size) & ~(huge - 1);
@@ -31,7 +31,7 @@ static ks_status read_whole(ks__fmap *m, const char *path, int fd, size_t size, 
                             ks_error *err) {
   m->copy = ks__malloc(a, size ? size : 1);
   if (!m->copy) return ks__err_at(err, KS_E_NOMEM, path, NULL, -1, "out of memory for %zu bytes", size);
-  advise_huge(m->copy, size);
+  ks__advise_huge(m->copy, size);
   size_t got = 0;
   while (got < size) {
     size_t want = size - got < ((size_t)1 << 30) ? size - got : ((size_t)1 << 30), n = 0;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fmap.h"
 #include "format/fmt_internal.h"
 
 #define LOAD_THREADS 4
@@ -183,6 +184,7 @@ ks_status ks__lazy_load_all(ks_reader *r, ks_error *err) {
   r->data = ks__malloc(&r->alloc, j.len ? (size_t)j.len : 1);
   if (!r->data)
     return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory for %llu bytes", (unsigned long long)j.len);
+  ks__advise_huge(r->data, (size_t)j.len);
   if (r->have > r->data_off) { /* the first read of open brought these: never read a byte twice */
     j.base = r->have - r->data_off < j.len ? r->have - r->data_off : j.len;
     memcpy(r->data, r->copy + r->data_off, (size_t)j.base);

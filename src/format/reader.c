@@ -6,8 +6,8 @@
  */
 #include <errno.h>
 #include <string.h>
-#include <sys/mman.h>
 
+#include "core/fmap.h"
 #include "core/io_ops.h"
 #include "format/fmt_internal.h"
 
@@ -45,26 +45,10 @@ static ks_status io_err(const ks_reader *r, const char *what, int rc, ks_error *
   return ks__err_at(err, KS_E_IO, r->path, NULL, -1, "%s: %s", what, strerror(rc));
 }
 
-/*
- * A large copy is dominated by first-touch page faults, not by read(): asking
- * for transparent huge pages over the buffer cuts the faults 512-fold where the
- * kernel allows it (a hint only; harmless where it does not).
- */
-static void advise_huge(void *p, size_t size) {
-#ifdef MADV_HUGEPAGE
-  const uintptr_t huge = (uintptr_t)2 << 20;
-  uintptr_t begin = ((uintptr_t)p + huge - 1) & ~(huge - 1), end = ((uintptr_t)p + size) & ~(huge - 1);
-  if (end > begin) madvise((void *)begin, end - begin, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)size;
-#endif
-}
-
 static ks_status read_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
   r->copy = ks__malloc(&r->alloc, size ? size : 1);
   if (!r->copy) return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory for %zu bytes", size);
-  advise_huge(r->copy, size);
+  ks__advise_huge(r->copy, size);
   size_t got = 0;
   while (got < size) {
     size_t want = size - got < ((size_t)1 << 30) ? size - got : ((size_t)1 << 30), n = 0;
