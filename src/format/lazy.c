@@ -151,15 +151,17 @@ ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, k
   if (n > cap || (!buf && n))
     return ks__err_at(err, KS_E_INVALID, r->path, e->name, -1, "ks_reader_fetch: buffer of %zu bytes, tensor has %zu",
                       buf ? cap : 0, n);
-  const uint8_t *have = r->lazy && !r->data ? atomic_load(&r->fetched[i]) : NULL;
-  if (r->lazy && !r->data && !have) { /* straight into the caller's buffer, verified there */
-    ks_status st = ks__lazy_read(r, i, buf, err);
-    return st ? st : ks__lazy_check(r, i, buf, err);
+  if (!r->lazy) { /* mapped or copied: the bytes are in memory, verified now */
+    if (n) memcpy(buf, r->bytes + r->data_off + e->begin, n);
+    return ks_reader_verify_tensor(r, i, err);
   }
-  if (!have && ks__reader_bytes(r, i, &have, err)) return KS_E_IO; /* not reached: in memory */
-  if (n) memcpy(buf, have, n);
-  /* Lazy bytes were verified on arrival; mapped or copied bytes are verified now. */
-  return r->lazy ? KS_OK : ks_reader_verify_tensor(r, i, err);
+  const uint8_t *have = r->data ? r->data + e->begin : atomic_load(&r->fetched[i]);
+  if (have) { /* verified when it arrived */
+    if (n) memcpy(buf, have, n);
+    return KS_OK;
+  }
+  ks_status st = ks__lazy_read(r, i, buf, err); /* straight into the caller's buffer, verified there */
+  return st ? st : ks__lazy_check(r, i, buf, err);
 }
 
 ks_status ks_reader_fetch_name(const ks_reader *r, const char *name, void *buf, size_t cap, ks_error *err) {

@@ -169,6 +169,14 @@ static void test_corrupt_tensor_fails_its_fetch_only(void **state) {
   assert_int_equal(ks_reader_verify(r, &e), KS_E_CHECKSUM);
   assert_string_equal(e.key, "model/small03");
   ks_reader_free(r);
+  /* ks_reader_fetch verifies in the other modes too */
+  ks_read_opts mm = {.mode = KS_READ_MMAP};
+  assert_int_equal(ks_reader_open(fx->path, &mm, &r, &e), KS_OK);
+  assert_int_equal(ks_reader_fetch(r, (size_t)i, buf, sizeof buf, &e), KS_E_CHECKSUM);
+  assert_int_equal(e.offset, (int64_t)info.begin);
+  assert_int_equal(ks_reader_fetch_name(r, "model/small04", buf, sizeof buf, &e), KS_OK);
+  assert_memory_equal(buf, ks_statedict_tensor(fx->sd, "model/small04")->data, sizeof buf);
+  ks_reader_free(r);
   /* a full load stops at the bad tensor */
   ks_read_opts o = {.mode = KS_READ_LAZY, .io = fx->counter};
   ks_statedict *sd = NULL;
@@ -339,6 +347,74 @@ static void test_cache_rejects_damaged_pieces(void **state) {
   free(cdir);
 }
 
+/* A file rewritten (same path, same size) through the cache: the rename drops the old pieces. */
+static void test_cache_forgets_replaced_files(void **state) {
+  fixture *fx = *state;
+  char *cdir = ks_test_path(fx->dir, "cache3"), *p = ks_test_path(fx->dir, "same.keepsake");
+  ks_io *cache;
+  assert_int_equal(ks_io_cache_create(ks_test_io_nosync(), cdir, NULL, &cache, NULL), KS_OK);
+  ks_statedict *one = fmt_small_dict(1), *two = fmt_small_dict(2);
+  ks_save_opts so = {.io = cache};
+  float w[6];
+  ks_error e;
+  assert_int_equal(ks_save(p, one, NULL, &so, &e), KS_OK);
+  ks_reader *r = open_lazy(p, cache);
+  uint64_t size1 = ks_reader_file_size(r);
+  assert_int_equal(ks_reader_fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
+  ks_reader_free(r);
+  assert_int_equal(ks_save(p, two, NULL, &so, &e), KS_OK); /* written through the cache's table */
+  r = open_lazy(p, cache);
+  assert_int_equal(ks_reader_file_size(r), size1); /* same key: only the forgetting protects it */
+  assert_int_equal(ks_reader_fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
+  assert_memory_equal(w, ks_statedict_tensor(two, "model/w")->data, sizeof w);
+  ks_reader_free(r);
+  ks_statedict_free(one);
+  ks_statedict_free(two);
+  ks_io_cache_free(cache);
+  ks_test_rmtree(cdir);
+  free(cdir);
+  free(p);
+}
+
+/* Every allocation of the cache and the reader fails in turn: an error or success, never a leak. */
+static void test_cache_alloc_failure_sweep(void **state) {
+  fixture *fx = *state;
+  char *cdir = ks_test_path(fx->dir, "cache4");
+  ks_statedict *want = fmt_small_dict(5);
+  char *p = ks_test_path(fx->dir, "five.keepsake");
+  ks_save_opts so = {.io = ks_test_io_nosync()};
+  assert_int_equal(ks_save(p, want, NULL, &so, NULL), KS_OK);
+  for (long n = 1;; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_io *cache = NULL;
+    ks_status st = ks_io_cache_create(fx->counter, cdir, &ta.a, &cache, NULL);
+    float w[6] = {0};
+    if (!st) {
+      ks_read_opts o = {.mode = KS_READ_LAZY, .io = cache, .alloc = &ta.a};
+      ks_reader *r = NULL;
+      st = ks_reader_open(p, &o, &r, NULL);
+      if (!st) st = ks_reader_fetch_name(r, "model/w", w, sizeof w, NULL);
+      ks_reader_free(r);
+    }
+    ks_io_cache_free(cache);
+    assert_int_equal(ta.live, 0);
+    if (ta.calls < n) {
+      assert_int_equal(st, KS_OK);
+      assert_memory_equal(w, ks_statedict_tensor(want, "model/w")->data, sizeof w);
+      break;
+    }
+    /* the table's ENOMEM reaches the reader as an I/O error; a piece that could not be kept
+       (its write failed) still gives the right bytes */
+    if (st == KS_OK) assert_memory_equal(w, ks_statedict_tensor(want, "model/w")->data, sizeof w);
+    else if (st != KS_E_NOMEM && st != KS_E_IO) fail_msg("allocation %ld: %s", n, ks_status_name(st));
+  }
+  ks_statedict_free(want);
+  ks_test_rmtree(cdir);
+  free(cdir);
+  free(p);
+}
+
 /* ---- failures ---- */
 
 static void test_alloc_failure_sweep(void **state) {
@@ -453,6 +529,8 @@ int main(void) {
       cmocka_unit_test(test_concurrent_first_use_keeps_one_copy),
       cmocka_unit_test(test_cache_downloads_once),
       cmocka_unit_test(test_cache_rejects_damaged_pieces),
+      cmocka_unit_test(test_cache_forgets_replaced_files),
+      cmocka_unit_test(test_cache_alloc_failure_sweep),
       cmocka_unit_test(test_alloc_failure_sweep),
       cmocka_unit_test(test_hostile_headers_same_errors),
       cmocka_unit_test(test_large_header_two_reads),
