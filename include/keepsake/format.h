@@ -162,7 +162,10 @@ ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra
  * section with a few threads issuing large ranged reads concurrently, each
  * tensor verified as its last range arrives: the table's read_fn must then be
  * safe to call from several threads at once on one handle (ks_io_posix()'s is).
- * Over a buffer (ks_reader_open_buffer) lazy is the same as KS_READ_MMAP.
+ * ks_reader_verify (and verify_checksums at open) on a lazy reader reads the file
+ * forward in windows of at least 8 MiB, keeping none of it; ks_load with
+ * verify_checksums reads each byte once. Over a buffer (ks_reader_open_buffer)
+ * lazy is the same as KS_READ_MMAP.
  */
 typedef enum ks_read_mode {
   KS_READ_MMAP = 0, /**< map the file; tensor views point into the mapping (open cost independent of data size); see above */

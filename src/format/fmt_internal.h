@@ -69,6 +69,16 @@ void ks__lazy_free(ks_reader *r);
 ks_status ks__reader_bytes(const ks_reader *r, size_t i, const uint8_t **p, ks_error *err);
 /* Reads tensor i's bytes into buf (nbytes of it) through io, without verifying. */
 ks_status ks__lazy_read(const ks_reader *r, size_t i, void *buf, ks_error *err);
+/* Lazy verification reads the file forward through a window of at least 8 MiB, so
+   checking many small tensors costs few reads. */
+typedef struct ks__lazy_window {
+  uint8_t *buf;
+  uint64_t off; /* absolute offset of buf[0] */
+  size_t len, cap;
+} ks__lazy_window;
+/* Tensor i's bytes, from the window (refilled from the tensor's first byte when it lacks them). */
+ks_status ks__lazy_window_get(const ks_reader *r, ks__lazy_window *w, size_t i, const uint8_t **p, ks_error *err);
+void ks__lazy_window_free(const ks_reader *r, ks__lazy_window *w);
 /* Lazy mode: reads the whole data section into r->data with a few threads issuing
    large ranged reads concurrently, verifying each tensor's checksum as it arrives. */
 ks_status ks__lazy_load_all(ks_reader *r, ks_error *err);

@@ -112,6 +112,37 @@ ks_status ks__lazy_read(const ks_reader *r, size_t i, void *buf, ks_error *err) 
   return st;
 }
 
+#define WINDOW_MIN ((size_t)8 << 20)
+
+ks_status ks__lazy_window_get(const ks_reader *r, ks__lazy_window *w, size_t i, const uint8_t **p, ks_error *err) {
+  const fmt_entry *e = &r->entries[i];
+  uint64_t off = r->data_off + e->begin;
+  size_t n = (size_t)(e->end - e->begin);
+  if (off + n <= r->have) return *p = r->copy + off, KS_OK;
+  if (w->buf && off >= w->off && off + n <= w->off + w->len) return *p = w->buf + (off - w->off), KS_OK;
+  uint64_t left = (uint64_t)r->size - off; /* >= n: open checked the layout */
+  size_t len = n > WINDOW_MIN ? n : left < WINDOW_MIN ? (size_t)left : WINDOW_MIN;
+  if (len > w->cap) { /* nothing to keep: free first, so peak memory is one window */
+    ks__free(&r->alloc, w->buf);
+    w->len = w->cap = 0;
+    if (!(w->buf = ks__malloc(&r->alloc, len ? len : 1)))
+      return ks__err_at(err, KS_E_NOMEM, r->path, e->name, -1, "out of memory for %zu bytes", len);
+    w->cap = len;
+  }
+  w->len = 0;
+  ks_status st = read_at(r, off, w->buf, len, err);
+  if (st) return ks__err_set_key(err, e->name), st;
+  w->off = off;
+  w->len = len;
+  *p = w->buf;
+  return KS_OK;
+}
+
+void ks__lazy_window_free(const ks_reader *r, ks__lazy_window *w) {
+  ks__free(&r->alloc, w->buf);
+  *w = (ks__lazy_window){0};
+}
+
 /* Lazy: fetches tensor i into reader memory once; racing threads may both read, one result is kept. */
 static ks_status fetch_once(const ks_reader *r, size_t i, const uint8_t **p, ks_error *err) {
   _Atomic(uint8_t *) *slot = &r->fetched[i];

@@ -16,6 +16,7 @@ typedef struct vstate {
   ks_error *err;
   ks_status first;
   bool stop;
+  ks__lazy_window win; /* lazy readers: the bytes being checked */
 } vstate;
 
 static void report(vstate *v, const ks_error *e) {
@@ -77,7 +78,7 @@ static bool load_sums(vstate *v, uint64_t *want, uint8_t *have) {
   return !st;
 }
 
-/* The hash of tensor i's bytes; a lazy reader reads them into scratch memory (not kept). */
+/* The hash of tensor i's bytes; a lazy reader reads them through a window (not kept). */
 static bool hash_tensor(vstate *v, size_t i, uint64_t *got) {
   const ks_reader *r = v->r;
   const fmt_entry *en = &r->entries[i];
@@ -87,11 +88,9 @@ static bool hash_tensor(vstate *v, size_t i, uint64_t *got) {
     return true;
   }
   ks_error e;
-  uint8_t *buf = ks__malloc(&r->alloc, n ? n : 1);
-  ks_status st = buf ? ks__lazy_read(r, i, buf, &e)
-                     : ks__err_at(&e, KS_E_NOMEM, r->path, en->name, -1, "out of memory for %zu bytes", n);
-  if (!st) *got = ks_checksum(buf, n);
-  ks__free(&r->alloc, buf);
+  const uint8_t *p;
+  ks_status st = ks__lazy_window_get(r, &v->win, i, &p, &e);
+  if (!st) *got = ks_checksum(p, n);
   if (st) report(v, &e);
   return !st;
 }
@@ -129,6 +128,7 @@ static void check_sums(vstate *v, size_t from, size_t to) {
   }
   ks__free(&v->r->alloc, want);
   ks__free(&v->r->alloc, have);
+  ks__lazy_window_free(v->r, &v->win);
 }
 
 static void check_scalars(vstate *v) {
@@ -152,7 +152,7 @@ static void check_scalars(vstate *v) {
 }
 
 ks_status ks__fmt_sums(const ks_reader *r, uint64_t *want, uint8_t *have, ks_error *err) {
-  vstate v = {r, NULL, NULL, err, KS_OK, false};
+  vstate v = {r, NULL, NULL, err, KS_OK, false, {0}};
   load_sums(&v, want, have);
   return v.first;
 }
@@ -161,7 +161,7 @@ ks_status ks_reader_verify_report(const ks_reader *r, ks_verify_fn on_problem, v
   ks_error_clear(err);
   if (!r) return ks__err(err, KS_E_INVALID, "ks_reader_verify: no reader");
   if (!r->version) return KS_OK; /* plain safetensors: open already checked everything there is */
-  vstate v = {r, on_problem, ctx, err, KS_OK, false};
+  vstate v = {r, on_problem, ctx, err, KS_OK, false, {0}};
   check_sums(&v, 0, r->count);
   if (!v.stop) check_scalars(&v);
   return v.first;
@@ -173,7 +173,7 @@ ks_status ks_reader_verify_tensor(const ks_reader *r, size_t i, ks_error *err) {
   ks_error_clear(err);
   if (!r || i >= r->count) return ks__err(err, KS_E_NOTFOUND, "no tensor %zu", i);
   if (!r->version) return KS_OK;
-  vstate v = {r, NULL, NULL, err, KS_OK, false};
+  vstate v = {r, NULL, NULL, err, KS_OK, false, {0}};
   check_sums(&v, i, i + 1);
   return v.first;
 }

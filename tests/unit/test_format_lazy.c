@@ -109,6 +109,12 @@ static void test_open_reads_header_only(void **state) {
   assert_int_equal(en.i, 42);
   ks_statedict_free(sc);
   assert_int_equal(counts(fx->counter).read_bytes, c.read_bytes);
+  /* verifying reads forward in large windows: the 64 MiB tensor, then all small ones at once */
+  ks_io_counter_reset(fx->counter);
+  assert_int_equal(ks_reader_verify(r, NULL), KS_OK);
+  c = counts(fx->counter);
+  assert_true(c.read_calls <= 3);
+  assert_true(c.read_bytes <= fx->file_size);
   ks_reader_free(r);
 }
 
