@@ -207,8 +207,9 @@ typedef struct ks_tensor_info {
  *         KS_FORMAT_VERSION; the message names the version); KS_E_CHECKSUM
  *         (verify_checksums and a mismatch); KS_E_NOMEM.
  * Ownership: free *out with ks_reader_free; tensor views live as long as it.
- * Thread safety: a reader is never mutated after open; any number of threads
- * may use it at once.
+ * Thread safety: a reader is never visibly mutated after open; any number of
+ * threads may use it at once (in KS_READ_LAZY mode a tensor's first fetch into
+ * reader memory is published atomically; see above).
  */
 ks_status ks_reader_open(const char *path, const ks_read_opts *opts, ks_reader **out, ks_error *err);
 
