@@ -148,9 +148,29 @@ ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra
  * a file that shrinks while it is read then gives KS_E_IO or KS_E_FORMAT, never a
  * signal. The keepsake CLI reads every input in copy mode.
  */
+/*
+ * KS_READ_LAZY is for tables whose reads are expensive (remote objects, where
+ * each read_fn is a ranged GET and map_fn is NULL). Open reads only the 8-byte
+ * length and the header: one read of the first 64 KiB (which holds most
+ * headers, and a small file entirely) and, for a larger header, one more. The
+ * structure is validated exactly as in the other modes (same errors). The
+ * table's handle stays open until ks_reader_free. Tensor bytes are then read on
+ * demand through read_fn and verified against "keepsake.checksums" as they
+ * arrive: by ks_reader_fetch into the caller's memory, or by ks_reader_tensor(_at)
+ * into reader memory kept until ks_reader_free (fetched once, also when
+ * several threads ask at once). ks_load over a lazy reader reads the whole data
+ * section with a few threads issuing large ranged reads concurrently, each
+ * tensor verified as its last range arrives: the table's read_fn must then be
+ * safe to call from several threads at once on one handle (ks_io_posix()'s is).
+ * ks_reader_verify (and verify_checksums at open) on a lazy reader reads the file
+ * forward in windows of at least 8 MiB, keeping none of it; ks_load with
+ * verify_checksums reads each byte once. Over a buffer (ks_reader_open_buffer)
+ * lazy is the same as KS_READ_MMAP.
+ */
 typedef enum ks_read_mode {
   KS_READ_MMAP = 0, /**< map the file; tensor views point into the mapping (open cost independent of data size); see above */
-  KS_READ_COPY = 1  /**< read everything into memory; the file may change or vanish afterwards */
+  KS_READ_COPY = 1, /**< read everything into memory; the file may change or vanish afterwards */
+  KS_READ_LAZY = 2  /**< read the header only; tensors on demand through the table, verified on arrival (above) */
 } ks_read_mode;
 
 typedef struct ks_read_opts {
@@ -187,8 +207,9 @@ typedef struct ks_tensor_info {
  *         KS_FORMAT_VERSION; the message names the version); KS_E_CHECKSUM
  *         (verify_checksums and a mismatch); KS_E_NOMEM.
  * Ownership: free *out with ks_reader_free; tensor views live as long as it.
- * Thread safety: a reader is never mutated after open; any number of threads
- * may use it at once.
+ * Thread safety: a reader is never visibly mutated after open; any number of
+ * threads may use it at once (in KS_READ_LAZY mode a tensor's first fetch into
+ * reader memory is published atomically; see above).
  */
 ks_status ks_reader_open(const char *path, const ks_read_opts *opts, ks_reader **out, ks_error *err);
 
@@ -211,16 +232,36 @@ size_t ks_reader_count(const ks_reader *r);
  * @param name receives a pointer valid as long as the reader (may be NULL).
  * @param view receives a descriptor with ownership KS_MAPPED pointing into the
  *             reader's memory. Data is not necessarily aligned to the dtype:
- *             read elements with memcpy or ks_dtype_get_*.
- * @return KS_OK or KS_E_NOTFOUND when i >= count.
+ *             read elements with memcpy or ks_dtype_get_*. In KS_READ_LAZY mode
+ *             the bytes are read and verified on the first call for tensor i
+ *             (view NULL reads nothing); use ks_reader_tensor for the error details.
+ * @return KS_OK or KS_E_NOTFOUND when i >= count; in lazy mode also KS_E_IO,
+ *         KS_E_CHECKSUM, KS_E_FORMAT (checksum table) or KS_E_NOMEM.
  */
 ks_status ks_reader_tensor_at(const ks_reader *r, size_t i, const char **name, ks_tensor *view);
 
 /**
- * Looks a tensor up by name in O(1).
- * @return KS_OK or KS_E_NOTFOUND (err names the key).
+ * Looks a tensor up by name in O(1) (lazy mode: fetched as ks_reader_tensor_at does).
+ * @return KS_OK or KS_E_NOTFOUND (err names the key); lazy mode as ks_reader_tensor_at.
  */
 ks_status ks_reader_tensor(const ks_reader *r, const char *name, ks_tensor *view, ks_error *err);
+
+/**
+ * Copies tensor i's bytes into buf and verifies them against the file's stored
+ * checksum (keepsake files; a plain safetensors file has none). In KS_READ_LAZY
+ * mode only the tensor's byte range is read through the table, straight into
+ * buf (nothing is kept by the reader), unless the reader already holds it.
+ * @param cap  bytes available at buf; at least the tensor's size (ks_tensor_info).
+ * @return KS_OK; KS_E_NOTFOUND (i >= count); KS_E_INVALID (buf too small);
+ *         KS_E_IO (read failed or file shrank); KS_E_CHECKSUM naming the tensor,
+ *         its absolute offset and both hashes (buf then holds the bad bytes);
+ *         KS_E_FORMAT (checksum table malformed or lacking the tensor); KS_E_NOMEM.
+ * Thread safety: any number of threads may fetch from one reader at once.
+ */
+ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, ks_error *err);
+
+/** ks_reader_fetch of the tensor named `name` (KS_E_NOTFOUND naming it when absent). */
+ks_status ks_reader_fetch_name(const ks_reader *r, const char *name, void *buf, size_t cap, ks_error *err);
 
 /** Index of tensor `name`, or -1. */
 long ks_reader_find(const ks_reader *r, const char *name);
@@ -291,7 +332,9 @@ ks_status ks_reader_scalars(const ks_reader *r, ks_statedict *dst, ks_error *err
  * Convenience: the whole file as a state dict (tensors in file order, then the
  * scalars) and a copy of the metadata. Tensors are KS_MAPPED views into the
  * reader's memory (the mapping in KS_READ_MMAP mode, one heap copy in
- * KS_READ_COPY mode); the dict keeps the reader alive (ks_statedict_attach).
+ * KS_READ_COPY mode, one heap copy of the data section read in parallel ranges
+ * and verified on arrival in KS_READ_LAZY mode, which then also returns
+ * KS_E_CHECKSUM); the dict keeps the reader alive (ks_statedict_attach).
  * @param sd   receives the dict; free with ks_statedict_free.
  * @param meta optional; receives a copy of __metadata__; free with ks_meta_free.
  * @return any ks_reader_open status, or the status of building the dict.

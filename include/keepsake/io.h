@@ -1,8 +1,11 @@
 /**
  * @file io.h
  * The storage interface: every file system call of the writers (ks_save,
- * ks_torch_save), of the keepsake/safetensors reader (ks_reader_open, ks_load)
- * and of the checkpoint manager (ks_ckpt_manager_*) goes through one ks_io table, in the spirit of SQLite's VFS. Tests (and programs
+ * ks_torch_save), of the keepsake/safetensors reader (ks_reader_open, ks_load,
+ * ks_state_load), of the torch.save reader (ks_torch_load, ks_torch_import) and
+ * of the checkpoint manager (ks_ckpt_manager_*) goes through one ks_io table, in
+ * the spirit of SQLite's VFS. Wrapping tables (a local cache, a counter) are in
+ * io_cache.h. Tests (and programs
  * that want to simulate a crash or a failing disk) replace each step and make
  * it fail, or record it and drop what was not made durable. NULL wherever a
  * ks_io pointer is accepted means ks_io_posix(), the local file system.
@@ -36,7 +39,13 @@
  *
  * Thread safety: a table may be shared by concurrent writers only when its
  * functions (and ctx) are thread safe; ks_io_posix() is. A manager's async
- * save calls its table from a background thread.
+ * save calls its table from a background thread. A full load in KS_READ_LAZY
+ * mode (format.h; what ks_state_load and autoresume use for a table without
+ * map_fn) calls read_fn from several threads at once on the same handle, at
+ * different offsets: a table used that way must allow it.
+ *
+ * Cost model: the lazy mode assumes each read_fn call may be a round trip (a
+ * ranged GET) and makes few, large calls; open_fn may be a HEAD.
  */
 #ifndef KEEPSAKE_IO_H
 #define KEEPSAKE_IO_H
@@ -103,7 +112,7 @@ typedef struct ks_io {
   /* --- version 2 --- */
   /** Opens the regular file `path` for reading; *size receives its length. EISDIR for a directory, ENODEV for another non-file. */
   int (*open_fn)(void *ctx, const char *path, int *fd, uint64_t *size);
-  /** Reads up to n bytes at offset off; *got < n only at the end of the file. */
+  /** Reads up to n bytes at offset off; *got < n only at the end of the file. Called concurrently on one handle by lazy full loads (see Thread safety). */
   int (*read_fn)(void *ctx, int fd, void *buf, size_t n, uint64_t off, size_t *got);
   /** Maps the first `size` bytes read-only into *addr; may be NULL, or return ENOTSUP (then the library reads). */
   int (*map_fn)(void *ctx, int fd, uint64_t size, const void **addr);

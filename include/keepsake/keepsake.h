@@ -12,6 +12,7 @@
 #include "keepsake/format.h"
 #include "keepsake/import.h"
 #include "keepsake/io.h"
+#include "keepsake/io_cache.h"
 #include "keepsake/layout.h"
 #include "keepsake/manager.h"
 #include "keepsake/metric.h"

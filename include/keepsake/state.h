@@ -170,6 +170,12 @@ typedef struct ks_load_opts {
   size_t n_ignore;
   int allow_narrowing;        /**< accept stored dtypes wider than the declared ones */
   int verify_checksums;       /**< ks_state_load only: verify every checksum first */
+  /** ks_state_load only: the table the checkpoint is read through (NULL = ks_io_posix()).
+   *  A table that can map is mapped; one that cannot (a remote store, a cache) is read
+   *  in KS_READ_LAZY mode: header first, then the data in parallel ranges, each tensor
+   *  verified against its checksum as it arrives. The autoresume of a manager reads
+   *  through the manager's table when this is NULL. */
+  const ks_io *io;
 } ks_load_opts;
 
 /**
@@ -183,8 +189,9 @@ typedef struct ks_load_opts {
 ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const ks_meta *meta,
                                    const ks_load_opts *opts, ks_load_report *report, ks_error *err);
 /**
- * ks_load of `path` (memory-mapped, checksums verified when opts->verify_checksums)
- * + ks_state_load_state_dict. Tensor data is copied out of the mapping into the
+ * ks_load of `path` through opts->io (memory-mapped when the table can map, else
+ * lazy with parallel ranged reads verified on arrival; every checksum verified first
+ * when opts->verify_checksums) + ks_state_load_state_dict. Tensor data is copied out of the mapping into the
  * program's buffers, and the mapping is released before returning, so nothing
  * stays mapped afterwards and the file may change or vanish.
  */

@@ -1,8 +1,9 @@
 /*
- * The one way the library gets a whole file into memory: open read-only (a
- * FIFO is refused, never waited on), check it is a regular file whose size fits
- * size_t, then map it or read it into memory from the caller's allocator. Every
- * reader of files (format, torch) classifies failures the same way:
+ * The one way the library gets a whole file into memory through a ks_io table:
+ * open read-only (open_fn refuses a FIFO or directory, never waits on one), check
+ * the size fits size_t, then map it (map_fn, where the table can) or read it into
+ * memory from the caller's allocator (read_fn). Every reader of files (format,
+ * torch) classifies failures the same way:
  *   KS_E_IO     cannot open, stat, read or map; not a regular file;
  *   KS_E_LIMIT  the file is larger than the address space;
  *   KS_E_NOMEM  no memory for a copy.
@@ -15,6 +16,7 @@
 #include <stdint.h>
 
 #include "core/internal.h"
+#include "keepsake/io.h"
 
 typedef struct ks__fmap {
   const uint8_t *bytes; /* the file's bytes: the mapping or the copy */
@@ -22,15 +24,20 @@ typedef struct ks__fmap {
   void *map; /* non-NULL for a mapping of map_len bytes */
   size_t map_len;
   uint8_t *copy; /* non-NULL for a copy (allocator memory) */
+  const ks_io *io; /* the (version 2) table that made the mapping */
 } ks__fmap;
 
 /*
- * Fills m with the whole file at path: mapped, unless `copy` or the file is
- * shorter than `min_map` bytes (an empty mapping is an error), then read.
- * Errors name path as the file. m is all zeros on failure.
+ * Fills m with the whole file at path through io (NULL = POSIX): mapped, unless
+ * `copy`, the file is shorter than `min_map` bytes (an empty mapping is an
+ * error) or the table cannot map, then read. KS_E_INVALID when io fails
+ * ks_io_check. Errors name path as the file. m is all zeros on failure.
  */
-ks_status ks__fmap_open(ks__fmap *m, const char *path, bool copy, size_t min_map, const ks_allocator *a,
-                        ks_error *err);
+ks_status ks__fmap_open(ks__fmap *m, const char *path, const ks_io *io, bool copy, size_t min_map,
+                        const ks_allocator *a, ks_error *err);
+/* Asks for transparent huge pages over a large fresh buffer (a hint: first-touch page
+ * faults dominate copying a big file into new memory; 512 times fewer with huge pages). */
+void ks__advise_huge(void *p, size_t size);
 /* Unmaps or frees; m is all zeros afterwards. */
 void ks__fmap_close(ks__fmap *m, const ks_allocator *a);
 

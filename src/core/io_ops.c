@@ -13,6 +13,11 @@ const ks_io *ks__io_v1(const ks_io *io) { return io ? io : ks_io_posix(); }
 
 const ks_io *ks__io_v2(const ks_io *io) { return io && io->version >= 2 ? io : ks_io_posix(); }
 
+int ks__io_read_mode(const ks_io *io) {
+  if (ks_io_check(io, NULL)) return 0; /* KS_READ_MMAP */
+  return ks__io_v2(io)->map_fn ? 0 : 2; /* KS_READ_MMAP : KS_READ_LAZY (format.h) */
+}
+
 ks_status ks_io_check(const ks_io *io, ks_error *err) {
   if (!io) return KS_OK;
   if (io->version == 0) return ks__err(err, KS_E_INVALID, "ks_io: version is 0 (set .version = KS_IO_VERSION)");

@@ -14,6 +14,11 @@ const ks_io *ks__io_v1(const ks_io *io);
 /* The table of the version 2 operations: io when its version has them, else ks_io_posix(). */
 const ks_io *ks__io_v2(const ks_io *io);
 
+/* The read mode for a whole-file load through io: KS_READ_MMAP when the table can map,
+ * else KS_READ_LAZY (header first, then parallel ranged reads). An invalid table gets
+ * KS_READ_MMAP: ks_reader_open then reports what is wrong with it. */
+int ks__io_read_mode(const ks_io *io);
+
 /*
  * Creates dir and every missing parent; after each mkdir the parent directory is
  * fsynced so the new entry survives a crash, and dir's parent

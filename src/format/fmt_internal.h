@@ -5,6 +5,7 @@
 #ifndef KS_FORMAT_INTERNAL_H
 #define KS_FORMAT_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -44,7 +45,48 @@ struct ks_reader {
   ks__hindex index; /* entries by name */
   ks_meta *meta;
   int version; /* keepsake format version, 0 for plain safetensors */
+  /* KS_READ_LAZY (lazy.c): `bytes` (= copy) holds only the first `have` bytes of the
+     file (the length, the header, maybe more); tensor bytes come through io->read_fn. */
+  bool lazy;
+  int fd;                          /* lazy: the open handle, closed by ks_reader_free */
+  size_t have;                     /* lazy: bytes of the file's start held in copy */
+  uint8_t *data;                   /* lazy, after a full load: the whole data section */
+  _Atomic(uint8_t *) *fetched;     /* lazy: per tensor, its verified bytes once fetched */
+  uint64_t *sums;                  /* lazy keepsake file: the checksum table by tensor index */
+  uint8_t *has_sum;
+  ks_status sums_status;           /* lazy: KS_OK, or why the checksum table cannot be used */
+  ks_error sums_err;
 };
+
+/* Lazy mode (lazy.c). Reads the length and the header through io (one or two reads)
+   into r->copy, keeping fd open; ks__fmt_parse then validates as in the other modes. */
+ks_status ks__lazy_open(ks_reader *r, int fd, uint64_t size, ks_error *err);
+/* After a successful parse: the per-tensor slots and the checksum table. */
+ks_status ks__lazy_prepare(ks_reader *r, ks_error *err);
+/* Frees what lazy mode added to r (closes the handle). */
+void ks__lazy_free(ks_reader *r);
+/* Tensor i's bytes (fetched and verified on first use in lazy mode). */
+ks_status ks__reader_bytes(const ks_reader *r, size_t i, const uint8_t **p, ks_error *err);
+/* Reads tensor i's bytes into buf (nbytes of it) through io, without verifying. */
+ks_status ks__lazy_read(const ks_reader *r, size_t i, void *buf, ks_error *err);
+/* Lazy verification reads the file forward through a window of at least 8 MiB, so
+   checking many small tensors costs few reads. */
+typedef struct ks__lazy_window {
+  uint8_t *buf;
+  uint64_t off; /* absolute offset of buf[0] */
+  size_t len, cap;
+} ks__lazy_window;
+/* Tensor i's bytes, from the window (refilled from the tensor's first byte when it lacks them). */
+ks_status ks__lazy_window_get(const ks_reader *r, ks__lazy_window *w, size_t i, const uint8_t **p, ks_error *err);
+void ks__lazy_window_free(const ks_reader *r, ks__lazy_window *w);
+/* Lazy mode: reads the whole data section into r->data with a few threads issuing
+   large ranged reads concurrently, verifying each tensor's checksum as it arrives. */
+ks_status ks__lazy_load_all(ks_reader *r, ks_error *err);
+/* Parses the checksum table into want/have (count entries each); the first problem. */
+ks_status ks__fmt_sums(const ks_reader *r, uint64_t *want, uint8_t *have, ks_error *err);
+/* KS_E_CHECKSUM (or KS_E_FORMAT when the table lacks it) unless tensor i's bytes p hash to
+   its stored checksum; KS_OK for plain safetensors files. Lazy readers only. */
+ks_status ks__lazy_check(const ks_reader *r, size_t i, const uint8_t *p, ks_error *err);
 
 /* Index of the tensor named name[0..n), or -1. */
 long ks__reader_find_n(const ks_reader *r, const char *name, size_t n);

@@ -1,19 +1,24 @@
 /*
  * Opening files and buffers, and the read-only accessors. The bytes come from
  * an mmap (zero copy, open cost independent of the data size), one heap copy,
- * or the caller's buffer; ks__fmt_parse then validates them the same way.
+ * the caller's buffer, or (lazy mode, lazy.c) only the header, read through the
+ * table; ks__fmt_parse then validates them the same way.
  */
 #include <errno.h>
 #include <string.h>
-#include <sys/mman.h>
 
+#include "core/fmap.h"
 #include "core/io_ops.h"
 #include "format/fmt_internal.h"
+
+/* core/io_ops.c picks modes by number (core does not see format.h). */
+_Static_assert(KS_READ_MMAP == 0 && KS_READ_LAZY == 2, "ks__io_read_mode returns these values");
 
 static ks_status reader_new(const ks_allocator *a, const char *path, ks_reader **out, ks_error *err) {
   ks_reader *r = ks__calloc(a, 1, sizeof *r);
   if (!r) return ks__err_at(err, KS_E_NOMEM, path, NULL, -1, "out of memory");
   r->alloc = *ks__alloc_or_default(a);
+  r->fd = -1;
   r->path = ks__strdup(&r->alloc, path);
   if (!r->path || ks_meta_create(&r->alloc, &r->meta)) {
     ks_reader_free(r);
@@ -26,6 +31,7 @@ static ks_status reader_new(const ks_allocator *a, const char *path, ks_reader *
 void ks_reader_free(ks_reader *r) {
   if (!r) return;
   if (r->map) r->io->unmap_fn(r->io->ctx, r->map, r->map_len); /* a failed munmap leaves nothing to do */
+  ks__lazy_free(r);
   ks__free(&r->alloc, r->copy);
   ks__free(&r->alloc, r->entries);
   ks__free(&r->alloc, r->names);
@@ -39,26 +45,10 @@ static ks_status io_err(const ks_reader *r, const char *what, int rc, ks_error *
   return ks__err_at(err, KS_E_IO, r->path, NULL, -1, "%s: %s", what, strerror(rc));
 }
 
-/*
- * A large copy is dominated by first-touch page faults, not by read(): asking
- * for transparent huge pages over the buffer cuts the faults 512-fold where the
- * kernel allows it (a hint only; harmless where it does not).
- */
-static void advise_huge(void *p, size_t size) {
-#ifdef MADV_HUGEPAGE
-  const uintptr_t huge = (uintptr_t)2 << 20;
-  uintptr_t begin = ((uintptr_t)p + huge - 1) & ~(huge - 1), end = ((uintptr_t)p + size) & ~(huge - 1);
-  if (end > begin) madvise((void *)begin, end - begin, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)size;
-#endif
-}
-
 static ks_status read_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
   r->copy = ks__malloc(&r->alloc, size ? size : 1);
   if (!r->copy) return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory for %zu bytes", size);
-  advise_huge(r->copy, size);
+  ks__advise_huge(r->copy, size);
   size_t got = 0;
   while (got < size) {
     size_t want = size - got < ((size_t)1 << 30) ? size - got : ((size_t)1 << 30), n = 0;
@@ -96,6 +86,8 @@ static ks_status load_file(ks_reader *r, const ks_io *io, ks_read_mode mode, ks_
   if (rc) return io_err(r, "cannot open file", rc, err);
   if (size > SIZE_MAX)
     s = ks__err_at(err, KS_E_LIMIT, r->path, NULL, -1, "file too large for this platform");
+  else if (mode == KS_READ_LAZY)
+    return ks__lazy_open(r, fd, size, err); /* the handle stays open: the reader closes it */
   else if (mode == KS_READ_MMAP && size >= 8) /* an empty mapping is an error: tiny files are read */
     s = map_whole(r, fd, (size_t)size, err);
   else
@@ -106,6 +98,7 @@ static ks_status load_file(ks_reader *r, const ks_io *io, ks_read_mode mode, ks_
 
 static ks_status finish_open(ks_reader *r, const ks_read_opts *opts, ks_reader **out, ks_error *err) {
   ks_status st = ks__fmt_parse(r, err);
+  if (!st && r->lazy) st = ks__lazy_prepare(r, err);
   if (!st && opts && opts->verify_checksums) st = ks_reader_verify(r, err);
   if (st) {
     ks__err_set_file(err, r->path);
@@ -154,21 +147,26 @@ ks_status ks_reader_open_buffer(const void *buf, size_t len, const ks_read_opts 
 
 size_t ks_reader_count(const ks_reader *r) { return r ? r->count : 0; }
 
-static void fill_view(const ks_reader *r, const fmt_entry *e, ks_tensor *v) {
+/* The view of tensor i; in lazy mode its bytes are fetched (and verified) on first use. */
+static ks_status fill_view(const ks_reader *r, size_t i, ks_tensor *v, ks_error *err) {
+  const fmt_entry *e = &r->entries[i];
+  const uint8_t *p;
+  ks_status st = ks__reader_bytes(r, i, &p, err);
+  if (st) return st;
   memset(v, 0, sizeof *v);
   v->dtype = e->dtype;
   v->rank = e->rank;
   memcpy(v->shape, e->shape, sizeof v->shape);
-  v->data = (void *)(uintptr_t)(r->bytes + r->data_off + e->begin);
+  v->data = (void *)(uintptr_t)p;
   v->nbytes = (size_t)(e->end - e->begin);
   v->ownership = KS_MAPPED;
+  return KS_OK;
 }
 
 ks_status ks_reader_tensor_at(const ks_reader *r, size_t i, const char **name, ks_tensor *view) {
   if (!r || i >= r->count) return KS_E_NOTFOUND;
   if (name) *name = r->entries[i].name;
-  if (view) fill_view(r, &r->entries[i], view);
-  return KS_OK;
+  return view ? fill_view(r, i, view, NULL) : KS_OK;
 }
 
 long ks_reader_find(const ks_reader *r, const char *name) {
@@ -183,8 +181,7 @@ ks_status ks_reader_tensor(const ks_reader *r, const char *name, ks_tensor *view
   long i = ks_reader_find(r, name);
   if (i < 0)
     return ks__err_at(err, KS_E_NOTFOUND, r ? r->path : NULL, name, -1, "no tensor named '%s'", name ? name : "");
-  if (view) fill_view(r, &r->entries[i], view);
-  return KS_OK;
+  return view ? fill_view(r, (size_t)i, view, err) : KS_OK;
 }
 
 ks_status ks_reader_tensor_info(const ks_reader *r, size_t i, ks_tensor_info *info) {

@@ -16,6 +16,7 @@ typedef struct vstate {
   ks_error *err;
   ks_status first;
   bool stop;
+  ks__lazy_window win; /* lazy readers: the bytes being checked */
 } vstate;
 
 static void report(vstate *v, const ks_error *e) {
@@ -77,6 +78,23 @@ static bool load_sums(vstate *v, uint64_t *want, uint8_t *have) {
   return !st;
 }
 
+/* The hash of tensor i's bytes; a lazy reader reads them through a window (not kept). */
+static bool hash_tensor(vstate *v, size_t i, uint64_t *got) {
+  const ks_reader *r = v->r;
+  const fmt_entry *en = &r->entries[i];
+  size_t n = (size_t)(en->end - en->begin);
+  if (!r->lazy || r->data) {
+    *got = ks_checksum(r->data ? r->data + en->begin : r->bytes + r->data_off + en->begin, n);
+    return true;
+  }
+  ks_error e;
+  const uint8_t *p;
+  ks_status st = ks__lazy_window_get(r, &v->win, i, &p, &e);
+  if (!st) *got = ks_checksum(p, n);
+  if (st) report(v, &e);
+  return !st;
+}
+
 static void check_tensor(vstate *v, size_t i, uint64_t want, bool have) {
   const fmt_entry *en = &v->r->entries[i];
   ks_error e;
@@ -87,7 +105,8 @@ static void check_tensor(vstate *v, size_t i, uint64_t want, bool have) {
     report(v, &e);
     return;
   }
-  uint64_t got = ks_checksum(v->r->bytes + v->r->data_off + en->begin, (size_t)(en->end - en->begin));
+  uint64_t got;
+  if (!hash_tensor(v, i, &got)) return;
   if (got == want) return;
   ks__err_at(&e, KS_E_CHECKSUM, v->r->path, en->name, at,
              "data of bytes [%" PRId64 ", %" PRIu64 ") hashes to %016" PRIx64 ", stored checksum is %016" PRIx64, at,
@@ -109,6 +128,7 @@ static void check_sums(vstate *v, size_t from, size_t to) {
   }
   ks__free(&v->r->alloc, want);
   ks__free(&v->r->alloc, have);
+  ks__lazy_window_free(v->r, &v->win);
 }
 
 static void check_scalars(vstate *v) {
@@ -131,11 +151,17 @@ static void check_scalars(vstate *v) {
   ks_statedict_free(sd);
 }
 
+ks_status ks__fmt_sums(const ks_reader *r, uint64_t *want, uint8_t *have, ks_error *err) {
+  vstate v = {r, NULL, NULL, err, KS_OK, false, {0}};
+  load_sums(&v, want, have);
+  return v.first;
+}
+
 ks_status ks_reader_verify_report(const ks_reader *r, ks_verify_fn on_problem, void *ctx, ks_error *err) {
   ks_error_clear(err);
   if (!r) return ks__err(err, KS_E_INVALID, "ks_reader_verify: no reader");
   if (!r->version) return KS_OK; /* plain safetensors: open already checked everything there is */
-  vstate v = {r, on_problem, ctx, err, KS_OK, false};
+  vstate v = {r, on_problem, ctx, err, KS_OK, false, {0}};
   check_sums(&v, 0, r->count);
   if (!v.stop) check_scalars(&v);
   return v.first;
@@ -147,7 +173,7 @@ ks_status ks_reader_verify_tensor(const ks_reader *r, size_t i, ks_error *err) {
   ks_error_clear(err);
   if (!r || i >= r->count) return ks__err(err, KS_E_NOTFOUND, "no tensor %zu", i);
   if (!r->version) return KS_OK;
-  vstate v = {r, NULL, NULL, err, KS_OK, false};
+  vstate v = {r, NULL, NULL, err, KS_OK, false, {0}};
   check_sums(&v, i, i + 1);
   return v.first;
 }

@@ -11,9 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "core/internal.h"
+#include "core/io_ops.h"
 #include "core/json.h"
 #include "keepsake/import.h"
 #include "keepsake/layout.h"
@@ -224,6 +224,16 @@ static ks_status finish(ks_statedict *raw, const char *structure, uint64_t input
   return KS_OK;
 }
 
+/* The size of the file behind path (links followed) through the table it was read with; 0 if unknown. */
+static uint64_t file_size(const ks_io *table, const char *path) {
+  const ks_io *io = ks__io_v2(table);
+  int fd;
+  uint64_t size = 0;
+  if (io->open_fn(io->ctx, path, &fd, &size)) return 0;
+  io->close_fn(io->ctx, fd);
+  return size;
+}
+
 ks_status ks_torch_import(const char *path, const ks_import_opts *opts, ks_statedict **out, ks_meta **meta,
                           ks_error *err) {
   if (!path || !out) return ks__err(err, KS_E_INVALID, "ks_torch_import: NULL argument");
@@ -232,8 +242,7 @@ ks_status ks_torch_import(const char *path, const ks_import_opts *opts, ks_state
   const ks_torch_read_opts *ro = opts ? opts->read : NULL;
   ks_status st = ks_torch_load_with_structure(path, ro, &raw, &structure, err);
   if (st) return st;
-  struct stat sb;
-  uint64_t bytes = stat(path, &sb) == 0 && sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
+  uint64_t bytes = file_size(ro ? ro->io : NULL, path);
   st = finish(raw, structure, bytes, opts, out, meta, err);
   ks_torch_free(ro ? ro->alloc : NULL, structure);
   if (st) ks__err_set_file(err, path);

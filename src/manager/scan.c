@@ -84,7 +84,7 @@ static void probe(const ks_ckpt_manager *m, ckpt *c) {
   char path[4096];
   ks_reader *r = NULL;
   ks_statedict *sd = NULL;
-  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP, .io = m->io};
+  ks_read_opts ro = {.alloc = &m->alloc, .mode = ks__io_read_mode(m->io), .io = m->io}; /* lazy: the header only */
   ks_error e;
   ks_error_clear(&e);
   snprintf(c->why, sizeof c->why, "no training timestamp in it");
@@ -245,12 +245,14 @@ static void warn_skip(ks_ckpt_manager *m, const char *name, const char *why) {
 /* Loads c if it fully verifies; a file that does not comes back as `bad` = 1 with a warning. */
 static ks_status try_one(ks_ckpt_manager *m, const char *name, ks_state *st, const ks_load_opts *opts,
                          ks_load_report *report, int *bad, ks_error *err) {
+  const ks_io *io = opts->io ? opts->io : m->io;
   char path[4096];
   ks_error e;
   ks_error_clear(&e);
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
-  ks_read_opts ro = {.alloc = &m->alloc, .mode = KS_READ_MMAP, .verify_checksums = 1, .io = m->io};
+  /* A table that cannot map (remote) is read lazily: parallel ranges, each tensor verified on arrival. */
+  ks_read_opts ro = {.alloc = &m->alloc, .mode = ks__io_read_mode(io), .verify_checksums = 1, .io = io};
   if (ks__mgr_join(m, name, path, sizeof path)) return ks__err(err, KS_E_LIMIT, "path too long");
   ks_status s = ks_load(path, &ro, &sd, &meta, &e);
   if (s == KS_E_NOMEM) return ks__err(err, s, "out of memory loading %s", path);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/io_ops.h"
 #include "core/json.h"
 #include "state/state_internal.h"
 
@@ -331,7 +332,9 @@ ks_status ks_state_load(ks_state *st, const char *path, const ks_load_opts *opts
                         ks_error *err) {
   if (!st || !path) return ks__err(err, KS_E_INVALID, "load: NULL argument");
   KS__TAKE_OPTS(ks_load_opts, opts, KS__V1_SIZE(ks_load_opts, verify_checksums), err);
-  ks_read_opts ro = {.alloc = &st->alloc, .mode = KS_READ_MMAP, .verify_checksums = opts && opts->verify_checksums};
+  const ks_io *io = opts ? opts->io : NULL;
+  ks_read_opts ro = {.alloc = &st->alloc, .mode = ks__io_read_mode(io), .io = io,
+                     .verify_checksums = opts && opts->verify_checksums};
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
   ks_status s = ks_load(path, &ro, &sd, &meta, err);

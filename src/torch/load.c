@@ -1,7 +1,6 @@
 /* ks_torch_load: zip -> data.pkl -> pickle tree -> flat state dict. */
-#include <fcntl.h>
-#include <unistd.h>
 
+#include "core/io_ops.h"
 #include "torch/torch_internal.h"
 
 typedef struct storage_ctx {
@@ -96,13 +95,17 @@ static ks_status legacy_refused(ks_error *err) {
                  "load it in Python and torch.save it again with the default zip format");
 }
 
-static int path_is_legacy(const char *path) {
+/* The first bytes through the table (whose open_fn refuses a FIFO, never waits on one). */
+static int path_is_legacy(const char *path, const ks_io *table) {
+  const ks_io *io = ks__io_v2(table);
   uint8_t head[14];
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* never wait on a FIFO */
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, head, sizeof head);
-  close(fd);
-  return n == (ssize_t)sizeof head && ks_torch_is_legacy(head, sizeof head);
+  int fd;
+  uint64_t size;
+  size_t n = 0;
+  if (ks_io_check(table, NULL) || io->open_fn(io->ctx, path, &fd, &size)) return 0;
+  int rc = io->read_fn(io->ctx, fd, head, sizeof head, 0, &n);
+  io->close_fn(io->ctx, fd);
+  return !rc && n == sizeof head && ks_torch_is_legacy(head, sizeof head);
 }
 
 ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out, ks_error *err) {
@@ -115,8 +118,9 @@ ks_status ks_torch_load_with_structure(const char *path, const ks_torch_read_opt
   KS__TAKE_OPTS(ks_torch_read_opts, opts, KS__V1_SIZE(ks_torch_read_opts, max_entries), err);
   ks__zip *z;
   ks_error_clear(err);
-  ks_status st = ks__zip_open_path(path, opts ? opts->alloc : NULL, &z, err);
-  if (st && st != KS_E_NOMEM && path_is_legacy(path)) {
+  const ks_io *io = opts ? opts->io : NULL;
+  ks_status st = ks__zip_open_path(path, io, opts ? opts->alloc : NULL, &z, err);
+  if (st && st != KS_E_NOMEM && path_is_legacy(path, io)) {
     ks_error_clear(err);
     st = legacy_refused(err);
   }

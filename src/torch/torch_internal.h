@@ -34,7 +34,7 @@ typedef struct ks__zip_entry {
 typedef struct ks__zip ks__zip;
 ks_status ks__zip_open_buffer(const void *buf, size_t len, const ks_allocator *a, ks__zip **out,
                               ks_error *err);
-ks_status ks__zip_open_path(const char *path, const ks_allocator *a, ks__zip **out, ks_error *err);
+ks_status ks__zip_open_path(const char *path, const ks_io *io, const ks_allocator *a, ks__zip **out, ks_error *err);
 void ks__zip_free(ks__zip *z);
 /* Root folder of the archive including its trailing '/', e.g. "archive/". */
 const char *ks__zip_root(const ks__zip *z);

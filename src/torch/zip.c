@@ -25,8 +25,7 @@ struct ks__zip {
   ks_allocator alloc;
   const uint8_t *data;
   size_t len;
-  void *map;
-  size_t map_len;
+  ks__fmap file; /* the file's bytes (mapped or read through the table); zero for a buffer */
   char *names;
   ks__zip_entry *entries; /* sorted by name */
   size_t count;
@@ -215,30 +214,28 @@ ks_status ks__zip_open_buffer(const void *buf, size_t len, const ks_allocator *a
   return KS_OK;
 }
 
-/* The whole file, mapped by the core mapper; an empty file is not a zip (a format error). */
-static ks_status map_file(const char *path, const ks_allocator *a, void **map, size_t *len, ks_error *err) {
-  ks__fmap m;
-  ks_status st = ks__fmap_open(&m, path, false, 1, a, err);
+/* The whole file, mapped (or read, by a table that cannot map) by the core mapper; an empty
+   file is not a zip (a format error). */
+static ks_status map_file(const char *path, const ks_io *io, const ks_allocator *a, ks__fmap *m, ks_error *err) {
+  ks_status st = ks__fmap_open(m, path, io, false, 1, a, err);
   if (st) return st;
-  if (!m.map) {
-    ks__fmap_close(&m, a);
+  if (m->size == 0) {
+    ks__fmap_close(m, a);
     return ks__err_at(err, KS_E_FORMAT, path, NULL, 0, "empty file: not a zip archive");
   }
-  *map = m.map;
-  *len = m.map_len;
   return KS_OK;
 }
 
-ks_status ks__zip_open_path(const char *path, const ks_allocator *a, ks__zip **out, ks_error *err) {
+ks_status ks__zip_open_path(const char *path, const ks_io *io, const ks_allocator *a, ks__zip **out, ks_error *err) {
   ks__zip *z;
   ks_status st = zip_new(a, &z, err);
   if (st) return st;
-  if ((st = map_file(path, &z->alloc, &z->map, &z->map_len, err)) != KS_OK) {
+  if ((st = map_file(path, io, &z->alloc, &z->file, err)) != KS_OK) {
     ks__zip_free(z);
     return st;
   }
-  z->data = z->map;
-  z->len = z->map_len;
+  z->data = z->file.bytes;
+  z->len = z->file.size;
   if ((st = read_directory(z, err)) != KS_OK) {
     ks__err_set_file(err, path);
     ks__zip_free(z);
@@ -250,7 +247,7 @@ ks_status ks__zip_open_path(const char *path, const ks_allocator *a, ks__zip **o
 
 void ks__zip_free(ks__zip *z) {
   if (!z) return;
-  if (z->map) munmap(z->map, z->map_len);
+  ks__fmap_close(&z->file, &z->alloc);
   ks__free(&z->alloc, z->names);
   ks__free(&z->alloc, z->entries);
   ks__free(&z->alloc, z->root);
@@ -261,7 +258,7 @@ void ks__zip_free(ks__zip *z) {
 const char *ks__zip_root(const ks__zip *z) { return z->root; }
 size_t ks__zip_count(const ks__zip *z) { return z->count; }
 const ks__zip_entry *ks__zip_at(const ks__zip *z, size_t i) { return i < z->count ? &z->entries[i] : NULL; }
-int ks__zip_owns_data(const ks__zip *z) { return z->map != NULL; }
+int ks__zip_owns_data(const ks__zip *z) { return z->file.bytes != NULL; }
 
 static const ks__zip_entry *find(const ks__zip *z, const char *rel) {
   size_t lo = 0, hi = z->count, rl = strlen(z->root);

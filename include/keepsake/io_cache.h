@@ -1,0 +1,103 @@
+/**
+ * @file io_cache.h
+ * Tables that wrap another ks_io table: a local cache of the bytes read from
+ * it (for remote stores, where every read is a download), and a counter of
+ * its reads (for tests and benchmarks). Both forward every operation to the
+ * inner table, which must outlive them; they are KS_IO_VERSION tables.
+ */
+#ifndef KEEPSAKE_IO_CACHE_H
+#define KEEPSAKE_IO_CACHE_H
+
+#include "keepsake/export.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "keepsake/alloc.h"
+#include "keepsake/io.h"
+#include "keepsake/status.h"
+
+KS_BEGIN_DECLS
+
+/* ------------------------------------------------------------------------ */
+/* The cache.                                                                */
+
+/**
+ * Creates a table that forwards to `inner` and keeps the bytes it reads in
+ * `cache_dir`, so reading the same bytes of the same file twice downloads them
+ * once. Checkpoints are immutable once committed, so a file is identified by
+ * its path and its size (as inner's open_fn reports it); each range read from
+ * inner is kept as one "piece" file under cache_dir/<hash of path>-<size>/, and
+ * a later read inside a piece is served from it. Pieces are written with the
+ * durable replace (temp file, fsync, rename, fsync dir) and carry the path, the
+ * range and the XXH3-64 of their bytes (the hash "keepsake.checksums" uses): a
+ * piece whose size, header or hash does not match (torn, truncated, corrupted)
+ * is never trusted: it is deleted and the range read from inner again. On top,
+ * readers verify tensor checksums as in any mode.
+ *
+ * Only file contents are cached: stat_fn, list_fn, readlink_fn (`latest`) and
+ * open_fn (the size) always go to inner, and every write goes to inner
+ * unchanged. unlink_fn and rename_fn drop the cached pieces of the path removed
+ * or replaced. The table has no map_fn: readers read (use KS_READ_LAZY).
+ * A failure to write a piece (full disk) is not an error: the read still
+ * succeeds, and the failure is counted in the statistics.
+ *
+ * @param inner     the table to forward to (NULL = ks_io_posix()); must outlive the cache.
+ * @param cache_dir local directory, created (with its parents) when missing.
+ * @param a         allocator, NULL for malloc; copied.
+ * @param out       receives the table; free with ks_io_cache_free.
+ * @return KS_OK, KS_E_INVALID (NULL argument, inner fails ks_io_check), KS_E_IO
+ *         (cache_dir cannot be created), KS_E_LIMIT (path too long), KS_E_NOMEM.
+ * Thread safety: the table's functions may be called from any number of
+ * threads at once when inner's may (reads of one handle run concurrently).
+ */
+ks_status ks_io_cache_create(const ks_io *inner, const char *cache_dir, const ks_allocator *a, ks_io **out,
+                             ks_error *err);
+
+/** Frees a cache table (the files stay in cache_dir). Handles still open are closed. Accepts NULL. */
+void ks_io_cache_free(ks_io *cache);
+
+/** What a cache table did since it was created. */
+typedef struct ks_io_cache_stats {
+  uint64_t hit_reads, hit_bytes;   /**< reads served from cache files */
+  uint64_t miss_reads, miss_bytes; /**< reads forwarded to the inner table */
+  uint64_t stored;                 /**< pieces written to the cache */
+  uint64_t store_failures;         /**< pieces that could not be written (the read still succeeded) */
+  uint64_t rejected;               /**< pieces found torn or corrupt, deleted and read again */
+} ks_io_cache_stats;
+
+/** The statistics of a table made by ks_io_cache_create (all zero for another table or NULL). */
+void ks_io_cache_get_stats(const ks_io *cache, ks_io_cache_stats *out);
+
+/* ------------------------------------------------------------------------ */
+/* The counter.                                                              */
+
+/** What a counting table saw. */
+typedef struct ks_io_counts {
+  uint64_t open_calls; /**< open_fn calls */
+  uint64_t read_calls; /**< read_fn calls */
+  uint64_t read_bytes; /**< bytes read_fn returned */
+  uint64_t map_calls;  /**< successful map_fn calls */
+} ks_io_counts;
+
+/**
+ * Creates a table that forwards every operation to `inner` and counts its
+ * reads. With `no_map` nonzero it has no map_fn, like a remote backend, so
+ * readers read through read_fn (what the tests and benchmarks of the lazy mode
+ * measure).
+ * @return KS_OK, KS_E_INVALID (out NULL, inner fails ks_io_check) or KS_E_NOMEM.
+ * Thread safety: the counters are atomic; as thread safe as inner.
+ */
+ks_status ks_io_counter_create(const ks_io *inner, int no_map, const ks_allocator *a, ks_io **out, ks_error *err);
+
+/** The counts of a table made by ks_io_counter_create (all zero for another table or NULL). */
+void ks_io_counter_get(const ks_io *counter, ks_io_counts *out);
+
+/** Sets the counts of a counting table back to zero. */
+void ks_io_counter_reset(const ks_io *counter);
+
+/** Frees a counting table. Accepts NULL. */
+void ks_io_counter_free(ks_io *counter);
+
+KS_END_DECLS
+#endif

@@ -1,0 +1,241 @@
+/*
+ * The caching table (io_cache.h): handles of the inner table are wrapped in
+ * slots so a read knows the path and size it belongs to; reads are served from
+ * verified piece files (io_cache_piece.c) when one holds the range, else
+ * forwarded and the range kept as a new piece.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/io_cache.h"
+
+#define CC(ctx) ((ks__cache *)(ctx))
+
+/* ---- slots ---- */
+
+static int new_slot(ks__cache *c, int fd, int *h) {
+  pthread_mutex_lock(&c->lock);
+  size_t i = 0;
+  while (i < c->n_slots && c->slots[i].used) i++;
+  if (i == c->n_slots && ks__grow(&c->alloc, &c->slots, &c->cap_slots, c->n_slots + 1, sizeof *c->slots)) {
+    pthread_mutex_unlock(&c->lock);
+    return ENOMEM;
+  }
+  if (i == c->n_slots) c->n_slots++;
+  if (i > (size_t)INT32_MAX) {
+    pthread_mutex_unlock(&c->lock);
+    return EMFILE;
+  }
+  c->slots[i] = (ks__cache_slot){.used = true, .fd = fd};
+  *h = (int)i;
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+/* The slot of handle h, or NULL; call with the lock held. */
+static ks__cache_slot *slot_of(ks__cache *c, int h) {
+  return h >= 0 && (size_t)h < c->n_slots && c->slots[h].used ? &c->slots[h] : NULL;
+}
+
+static void slot_clear(ks__cache *c, ks__cache_slot *s) {
+  ks__free(&c->alloc, s->path);
+  ks__free(&c->alloc, s->dir);
+  ks__free(&c->alloc, s->pieces);
+  *s = (ks__cache_slot){0};
+}
+
+/* The inner handle of h (-1 when h is not open). */
+static int inner_fd(ks__cache *c, int h) {
+  pthread_mutex_lock(&c->lock);
+  ks__cache_slot *s = slot_of(c, h);
+  int fd = s ? s->fd : -1;
+  pthread_mutex_unlock(&c->lock);
+  return fd;
+}
+
+/* ---- forwarded operations ---- */
+
+static int k_create(void *ctx, const char *path, int *h) {
+  int fd, rc = CC(ctx)->v1->create_fn(CC(ctx)->v1->ctx, path, &fd);
+  if (rc) return rc;
+  if ((rc = new_slot(CC(ctx), fd, h)) != 0) CC(ctx)->v1->close_fn(CC(ctx)->v1->ctx, fd);
+  return rc;
+}
+
+static int k_write(void *ctx, int h, const void *b, size_t n, size_t *w) {
+  int fd = inner_fd(CC(ctx), h);
+  return fd < 0 ? EBADF : CC(ctx)->v1->write_fn(CC(ctx)->v1->ctx, fd, b, n, w);
+}
+
+static int k_fsync(void *ctx, int h) {
+  int fd = inner_fd(CC(ctx), h);
+  return fd < 0 ? EBADF : CC(ctx)->v1->fsync_fn(CC(ctx)->v1->ctx, fd);
+}
+
+static int k_close(void *ctx, int h) {
+  ks__cache *c = ctx;
+  pthread_mutex_lock(&c->lock);
+  ks__cache_slot *s = slot_of(c, h);
+  int fd = s ? s->fd : -1;
+  if (s) slot_clear(c, s);
+  pthread_mutex_unlock(&c->lock);
+  return fd < 0 ? EBADF : c->v1->close_fn(c->v1->ctx, fd);
+}
+
+static int k_rename(void *ctx, const char *from, const char *to) {
+  int rc = CC(ctx)->v1->rename_fn(CC(ctx)->v1->ctx, from, to);
+  if (!rc) ks__cache_forget(CC(ctx), to); /* `to` names other bytes now */
+  return rc;
+}
+
+static int k_unlink(void *ctx, const char *path) {
+  int rc = CC(ctx)->v1->unlink_fn(CC(ctx)->v1->ctx, path);
+  if (!rc) ks__cache_forget(CC(ctx), path);
+  return rc;
+}
+
+static int k_fsync_dir(void *ctx, const char *d) { return CC(ctx)->v1->fsync_dir_fn(CC(ctx)->v1->ctx, d); }
+static int k_stat(void *ctx, const char *p, ks_io_stat *st) { return CC(ctx)->v2->stat_fn(CC(ctx)->v2->ctx, p, st); }
+static int k_list(void *ctx, const char *d, const char *pre, ks_io_list_cb cb, void *cc) { return CC(ctx)->v2->list_fn(CC(ctx)->v2->ctx, d, pre, cb, cc); }
+static int k_mkdir(void *ctx, const char *p) { return CC(ctx)->v2->mkdir_fn(CC(ctx)->v2->ctx, p); }
+static int k_symlink(void *ctx, const char *t, const char *p) { return CC(ctx)->v2->symlink_fn(CC(ctx)->v2->ctx, t, p); }
+static int k_readlink(void *ctx, const char *p, char *b, size_t cap, size_t *len) { return CC(ctx)->v2->readlink_fn(CC(ctx)->v2->ctx, p, b, cap, len); }
+
+/* ---- reading ---- */
+
+/* cache_dir/<XXH3 of the path>-<size>: the folder of one file's pieces. */
+static char *file_dir(ks__cache *c, const char *path, uint64_t size) {
+  char name[64];
+  snprintf(name, sizeof name, "/%016" PRIx64 "-%" PRIu64, ks__hash(path, strlen(path)), size);
+  size_t n = strlen(c->dir), m = strlen(name);
+  char *d = ks__malloc(&c->alloc, n + m + 1);
+  if (d) {
+    memcpy(d, c->dir, n);
+    memcpy(d + n, name, m + 1);
+  }
+  return d;
+}
+
+static int k_open(void *ctx, const char *path, int *h, uint64_t *size) {
+  ks__cache *c = ctx;
+  int fd, rc = c->v2->open_fn(c->v2->ctx, path, &fd, size);
+  if (rc) return rc;
+  char *p = ks__strdup(&c->alloc, path), *d = file_dir(c, path, *size);
+  if (!p || !d || (rc = new_slot(c, fd, h)) != 0) {
+    ks__free(&c->alloc, p);
+    ks__free(&c->alloc, d);
+    c->v2->close_fn(c->v2->ctx, fd);
+    return rc ? rc : ENOMEM;
+  }
+  pthread_mutex_lock(&c->lock);
+  ks__cache_slot *s = &c->slots[*h];
+  s->reading = true;
+  s->path = p;
+  s->dir = d;
+  s->size = *size;
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+/* Forwards a read of `want` bytes (all of them unless the file ended early). */
+static int read_inner(ks__cache *c, int fd, uint8_t *buf, size_t want, uint64_t off, size_t *got) {
+  size_t done = 0;
+  while (done < want) {
+    size_t n = 0;
+    int rc = c->v2->read_fn(c->v2->ctx, fd, buf + done, want - done, off + done, &n);
+    if (rc) return rc;
+    if (n == 0) break;
+    done += n;
+  }
+  *got = done;
+  return 0;
+}
+
+static int k_read(void *ctx, int h, void *buf, size_t n, uint64_t off, size_t *got) {
+  ks__cache *c = ctx;
+  ks__cache_read q;
+  int rc = ks__cache_lookup(c, h, n, off, &q);
+  if (rc) return rc;
+  *got = 0;
+  if (q.want == 0) return 0;
+  if (q.found && ks__cache_serve(c, &q, buf) == 0) {
+    atomic_fetch_add(&c->hit_reads, 1);
+    atomic_fetch_add(&c->hit_bytes, q.want);
+    *got = q.want;
+    return 0;
+  }
+  if ((rc = read_inner(c, q.fd, buf, q.want, off, got)) != 0) return rc;
+  atomic_fetch_add(&c->miss_reads, 1);
+  atomic_fetch_add(&c->miss_bytes, *got);
+  if (*got == q.want) ks__cache_store(c, h, &q, buf); /* a short read (the file shrank) is not kept */
+  return 0;
+}
+
+/* ---- the table ---- */
+
+static ks_status take_dir(ks__cache *c, const char *dir, ks_error *err) {
+  size_t n = strlen(dir);
+  while (n > 1 && dir[n - 1] == '/') n--;
+  if (n == 0) return ks__err(err, KS_E_INVALID, "ks_io_cache_create: empty cache_dir");
+  if (n > 3000) return ks__err(err, KS_E_LIMIT, "ks_io_cache_create: cache_dir path too long");
+  if (!(c->dir = ks__strndup(&c->alloc, dir, n))) return ks__err(err, KS_E_NOMEM, "out of memory");
+  return ks__io_mkdir_p(ks_io_posix(), c->dir, err);
+}
+
+ks_status ks_io_cache_create(const ks_io *inner, const char *cache_dir, const ks_allocator *a, ks_io **out,
+                             ks_error *err) {
+  ks_error_clear(err);
+  if (!cache_dir || !out) return ks__err(err, KS_E_INVALID, "ks_io_cache_create: cache_dir and out are required");
+  ks_status s = ks_io_check(inner, err);
+  if (s) return s;
+  ks__cache *c = ks__calloc(a, 1, sizeof *c);
+  if (!c) return ks__err(err, KS_E_NOMEM, "out of memory");
+  c->alloc = *ks__alloc_or_default(a);
+  c->v1 = ks__io_v1(inner);
+  c->v2 = ks__io_v2(inner);
+  if ((s = take_dir(c, cache_dir, err)) != KS_OK) {
+    ks__free(&c->alloc, c->dir);
+    ks__free(&c->alloc, c);
+    return s;
+  }
+  pthread_mutex_init(&c->lock, NULL);
+  c->io = (ks_io){.version = KS_IO_VERSION, .ctx = c, .create_fn = k_create, .write_fn = k_write, .fsync_fn = k_fsync,
+                  .close_fn = k_close, .rename_fn = k_rename, .unlink_fn = k_unlink, .fsync_dir_fn = k_fsync_dir,
+                  .open_fn = k_open, .read_fn = k_read, .stat_fn = k_stat, .list_fn = k_list, .mkdir_fn = k_mkdir,
+                  .symlink_fn = k_symlink, .readlink_fn = k_readlink};
+  *out = &c->io;
+  return KS_OK;
+}
+
+static ks__cache *as_cache(const ks_io *io) { return io && io->open_fn == k_open ? io->ctx : NULL; }
+
+void ks_io_cache_free(ks_io *io) {
+  ks__cache *c = as_cache(io);
+  if (!c) return;
+  for (size_t i = 0; i < c->n_slots; i++) {
+    if (!c->slots[i].used) continue;
+    c->v1->close_fn(c->v1->ctx, c->slots[i].fd); /* read-only or abandoned: nothing to report */
+    slot_clear(c, &c->slots[i]);
+  }
+  pthread_mutex_destroy(&c->lock);
+  ks__free(&c->alloc, c->slots);
+  ks__free(&c->alloc, c->dir);
+  ks_allocator al = c->alloc;
+  ks__free(&al, c);
+}
+
+void ks_io_cache_get_stats(const ks_io *io, ks_io_cache_stats *out) {
+  ks__cache *c = as_cache(io);
+  if (!out) return;
+  *out = (ks_io_cache_stats){0};
+  if (!c) return;
+  out->hit_reads = atomic_load(&c->hit_reads);
+  out->hit_bytes = atomic_load(&c->hit_bytes);
+  out->miss_reads = atomic_load(&c->miss_reads);
+  out->miss_bytes = atomic_load(&c->miss_bytes);
+  out->stored = atomic_load(&c->stored);
+  out->store_failures = atomic_load(&c->store_failures);
+  out->rejected = atomic_load(&c->rejected);
+}

@@ -1,0 +1,67 @@
+/*
+ * Internals of the caching table (io_cache.c: the table and its handles;
+ * io_cache_piece.c: the piece files). Not installed.
+ *
+ * A piece file cache_dir/<XXH3 of path>-<size>/<off>-<len> (16 hex digits each) holds
+ *   "KSCACHE1" | file size | off | len | XXH3-64 of the bytes | path length  (u64 LE each)
+ *   | the path | the len bytes of the file at off.
+ * It is trusted only when its length, every header field and the hash match.
+ */
+#ifndef KS_CORE_IO_CACHE_H
+#define KS_CORE_IO_CACHE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "core/hindex.h"
+#include "core/internal.h"
+#include "core/io_ops.h"
+#include "keepsake/io_cache.h"
+
+typedef struct ks__cache_piece {
+  uint64_t off, len;
+  bool verified; /* its hash was checked through this handle */
+} ks__cache_piece;
+
+typedef struct ks__cache_slot {
+  bool used, reading, listed;
+  int fd;     /* the inner table's handle */
+  char *path; /* reading: the path opened */
+  char *dir;  /* reading: the folder of its pieces */
+  uint64_t size;
+  ks__cache_piece *pieces;
+  size_t n_pieces, cap_pieces;
+} ks__cache_slot;
+
+typedef struct ks__cache {
+  ks_io io; /* first: the table handed out; ctx points here */
+  ks_allocator alloc;
+  const ks_io *v1, *v2; /* inner's tables of each version's operations */
+  char *dir;
+  pthread_mutex_t lock; /* guards the slots and their pieces */
+  ks__cache_slot *slots;
+  size_t n_slots, cap_slots;
+  atomic_uint_least64_t hit_reads, hit_bytes, miss_reads, miss_bytes, stored, store_failures, rejected;
+} ks__cache;
+
+/* One read, as planned under the lock. */
+typedef struct ks__cache_read {
+  int h, fd;
+  const char *path, *dir; /* the slot's: stable while the handle is open */
+  uint64_t size, off;
+  size_t want; /* bytes to return: n cut at the end of the file */
+  bool found;
+  ks__cache_piece piece; /* when found: a piece holding [off, off + want) */
+} ks__cache_read;
+
+/* Plans a read of n bytes at off through handle h; EBADF when h is not open for reading. */
+int ks__cache_lookup(ks__cache *c, int h, size_t n, uint64_t off, ks__cache_read *q);
+/* Copies the planned range out of its piece into buf; 0, or -1 after deleting a bad piece. */
+int ks__cache_serve(ks__cache *c, const ks__cache_read *q, void *buf);
+/* Keeps buf (the planned range, read from inner) as a new piece; failures are only counted. */
+void ks__cache_store(ks__cache *c, int h, const ks__cache_read *q, const void *buf);
+/* Deletes every piece of `path` (removed or replaced in the inner table). */
+void ks__cache_forget(ks__cache *c, const char *path);
+
+#endif
