@@ -5,7 +5,8 @@
 # deleted (its run directory, working directory and TMPDIR), and --autoresume continues from S3.
 # The final checkpoint must equal an uninterrupted local run's, per keepsake diff --ignore '*_wct'.
 # Then the newest remote checkpoint is truncated, or a byte of it flipped: autoresume skips it and
-# continues from the previous one, to the same final checkpoint.
+# continues from the previous one, to the same final checkpoint. Last, background saves killed
+# while an upload may be in flight.
 set -u
 BIN=$1
 CLI=$2
@@ -100,6 +101,16 @@ for mode in direct upload; do
     grep -q "resumed from .*ep1-ba80.keepsake" "$WORK/$name.log" || die_case "$name: did not fall back to ep1-ba80"
   done
 done
+
+# 4. Background saves (--async-save): the upload runs on the saver's thread; killed right after
+#    batch 61, while the save of batch 60 may still be uploading.
+name=upload-async
+run "$name" $(args "$name" upload) --async-save --halt-after-batches 61
+[ $? -eq 137 ] || die_case "$name: expected exit status 137"
+wipe "$name"
+run "$name" $(args "$name" upload) --async-save --autoresume || { die_case "$name: resume failed"; cat "$WORK/$name.log"; }
+grep -q "resumed from .*ep[01]-ba[0-9]*.keepsake" "$WORK/$name.log" || die_case "$name: did not resume from S3"
+compare "$name" upload
 
 [ $fails -eq 0 ] && say "every run resumed from S3 to the uninterrupted run's final checkpoint" || say "$fails failure(s)"
 exit $fails
