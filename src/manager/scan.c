@@ -242,6 +242,9 @@ static void warn_skip(ks_ckpt_manager *m, const char *name, const char *why) {
   m->skipped++;
 }
 
+/* The local file system (where an I/O error is the file's own fault), not a remote store. */
+static int local_table(const ks_io *io) { return io == NULL || io == ks_io_posix(); }
+
 /* Loads c if it fully verifies; a file that does not comes back as `bad` = 1 with a warning. */
 static ks_status try_one(ks_ckpt_manager *m, const char *name, ks_state *st, const ks_load_opts *opts,
                          ks_load_report *report, int *bad, ks_error *err) {
@@ -256,6 +259,9 @@ static ks_status try_one(ks_ckpt_manager *m, const char *name, ks_state *st, con
   if (ks__mgr_join(m, name, path, sizeof path)) return ks__err(err, KS_E_LIMIT, "path too long");
   ks_status s = ks_load(path, &ro, &sd, &meta, &e);
   if (s == KS_E_NOMEM) return ks__err(err, s, "out of memory loading %s", path);
+  /* A store that failed (after its retries) says nothing about the checkpoint: never set it aside. */
+  if (s == KS_E_IO && !local_table(io))
+    return ks__err_at(err, s, path, NULL, -1, "autoresume: cannot read %s: %s", path, e.message);
   if (s) {
     char why[KS_ERROR_MSG_MAX + 40];
     snprintf(why, sizeof why, "%s (%s)", e.message, ks_status_name(e.code));
@@ -273,8 +279,7 @@ static ks_status try_one(ks_ckpt_manager *m, const char *name, ks_state *st, con
 /* Out of memory always; an I/O error when `remote` or the table is not the local file system. */
 static int unreadable_is_error(const ks_ckpt_manager *m, const ckpt *c, int remote) {
   if (c->code == KS_E_NOMEM) return 1;
-  int local = !remote && (m->io == NULL || m->io == ks_io_posix());
-  return c->code == KS_E_IO && !local;
+  return c->code == KS_E_IO && (remote || !local_table(m->io));
 }
 
 ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts,

@@ -403,6 +403,9 @@ static void download_faults(int upload_mode) {
     download_fault(upload_mode, DOWNLOAD_FAULTS[i], 2, 1);
     if (i < 2) download_fault(upload_mode, DOWNLOAD_FAULTS[i], 99, 0);
   }
+  /* The header reads fine (the probe), then every read of the data fails: still an error, and the
+   * good checkpoint is not set aside as corrupt (check_remote finds it under its name). */
+  download_fault(upload_mode, "\"action\":\"status\",\"status\":500,\"skip\":1", 99, 0);
 }
 
 static void download_faults_direct(void **state) {
