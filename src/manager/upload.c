@@ -76,8 +76,14 @@ ks_status ks__mgr_upload(ks_ckpt_manager *m, const char *name, ks_error *err) {
   ks_error_clear(&e);
   const char *step = "copying the checkpoint";
   ks_status s = ks__io_copy(m->io, src, m->upload_io, dst, &m->alloc, &e);
-  if (!s) step = "pointing latest at it", s = ks__io_pointer_set(m->upload_io, m->upload_dir, "latest", name, &e);
-  if (!s && m->upload_retention) step = "retention", s = ks__mgr_prune(&view, name, &e);
+  if (!s) {
+    step = "pointing latest at it"; /* only once the object is whole under its name */
+    s = ks__io_pointer_set(m->upload_io, m->upload_dir, "latest", name, &e);
+  }
+  if (!s && m->upload_retention) {
+    step = "retention";
+    s = ks__mgr_prune(&view, name, &e);
+  }
   if (!s) return KS_OK;
   return ks__err_at(err, s, dst, NULL, -1, "upload of %s to %s failed (%s): %s", src, m->upload_dir, step,
                     e.message);
