@@ -7,7 +7,7 @@
 set -eu
 src=$1/src
 fail=0
-core_pub="alloc dtype io layout statedict status tensor version"
+core_pub="alloc dtype io io_cache layout statedict status tensor version"
 allowed_pub() {
   case $1 in
     core) echo "$core_pub" ;;
@@ -20,6 +20,7 @@ allowed_pub() {
     import) echo "$core_pub import torch metric format" ;;
     shard) echo "$core_pub shard format metric" ;;
     dist) echo "$core_pub dist shard format metric" ;;
+    remote) echo "$core_pub storage" ;;
     *) echo "" ;;
   esac
 }
