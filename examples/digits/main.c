@@ -24,6 +24,8 @@
 
 typedef struct args {
   const char *run_dir, *save_interval, *data, *keep_every;
+  const char *upload_to;             /* --upload-to URL: save in run_dir, then upload there */
+  int upload_retention;              /* --upload-retention: the keep policies delete uploaded copies too */
   int epochs, keep, autoresume, async_save, continue_on_save_error;
   long long seed, halt_after;
   int keep_best;                     /* --keep-best N:METRIC:max|min */
@@ -40,7 +42,8 @@ static int usage(void) {
                   "                       [--seed S] [--autoresume] [--halt-after-batches N] [--data FILE]\n"
                   "                       [--async-save] [--keep-best N:METRIC:max|min] [--keep-every 5ep|100ba]\n"
                   "                       [--save-every-seconds S] [--early-stop METRIC:PATIENCE[:max|min]]\n"
-                  "                       [--on-save-error stop|continue]\n"
+                  "                       [--on-save-error stop|continue] [--upload-to s3://bucket/run]\n"
+                  "                       [--upload-retention]\n"
                   "  METRIC is label/Name, e.g. eval/MulticlassAccuracy. SIGTERM or SIGUSR1 saves at the next\n"
                   "  batch and exits with status 75; --autoresume continues from there.\n");
   return 2;
@@ -75,6 +78,7 @@ static int parse_args(int argc, char **argv, args *a) {
     long long n = 0;
     if (!strcmp(f, "--autoresume")) a->autoresume = 1;
     else if (!strcmp(f, "--async-save")) a->async_save = 1;
+    else if (!strcmp(f, "--upload-retention")) a->upload_retention = 1;
     else if (!v) return -1;
     else if (!strcmp(f, "--keep-best")) {
       if (parse_spec(v, &n, a->best_metric, sizeof a->best_metric, &a->best_mode, 1) || n > 1000) return -1;
@@ -87,6 +91,7 @@ static int parse_args(int argc, char **argv, args *a) {
     } else if (!strcmp(f, "--keep-every")) a->keep_every = v;
     else if (!strcmp(f, "--save-every-seconds")) a->save_every_seconds = atof(v);
     else if (!strcmp(f, "--run-dir")) a->run_dir = v;
+    else if (!strcmp(f, "--upload-to")) a->upload_to = v;
     else if (!strcmp(f, "--epochs")) a->epochs = atoi(v);
     else if (!strcmp(f, "--save-interval")) a->save_interval = v;
     else if (!strcmp(f, "--keep")) a->keep = atoi(v);
@@ -94,7 +99,7 @@ static int parse_args(int argc, char **argv, args *a) {
     else if (!strcmp(f, "--halt-after-batches")) a->halt_after = atoll(v);
     else if (!strcmp(f, "--data")) a->data = v;
     else return -1;
-    if (strcmp(f, "--autoresume") && strcmp(f, "--async-save")) i++;
+    if (strcmp(f, "--autoresume") && strcmp(f, "--async-save") && strcmp(f, "--upload-retention")) i++;
   }
   return a->run_dir && a->epochs > 0 && a->keep >= 0 ? 0 : -1;
 }
@@ -135,6 +140,7 @@ typedef struct run {
   ks_state *st;
   ks_ckpt_manager *mgr;
   ks_storage *store; /* the run directory: a local path or a storage URL (s3://bucket/run) */
+  ks_storage *upload; /* --upload-to: where each checkpoint is copied after it is saved */
   int64_t *order;
   ks_early_stop early;
   int stopping;  /* early stopping fired */
@@ -188,6 +194,12 @@ static int build(run *r) {
                      .best_metric = r->a.keep_best ? r->a.best_metric : NULL, .best_mode = r->a.best_mode,
                      .keep_every = r->a.keep_every, .retention_log = policies ? stdout : NULL,
                      .save_every_seconds = r->a.save_every_seconds};
+  if (r->a.upload_to) { /* save locally, then upload; autoresume downloads from there when run_dir has nothing */
+    if ((s = ks_storage_open(r->a.upload_to, NULL, &r->upload, &e)) != KS_OK) return fail("--upload-to", s, &e);
+    co.upload_io = ks_storage_io(r->upload);
+    co.upload_dir = ks_storage_path(r->upload);
+    co.upload_retention = r->a.upload_retention;
+  }
   static const int preempt[] = {SIGTERM, SIGUSR1};
   s = ks_preemption_install(preempt, 2, &e);
   if (s) return fail("preemption handlers", s, &e);
@@ -213,6 +225,14 @@ static int resume(run *r) {
   return s ? fail("autoresume", s, &e) : 0;
 }
 
+/* The remote stores' own account of their last failure (URL, HTTP status, retries), if any. */
+static void storage_detail(const run *r) {
+  char buf[1024];
+  const ks_storage *v[2] = {r->store, r->upload};
+  for (int i = 0; i < 2; i++)
+    if (v[i] && ks_storage_last_error(v[i], buf, sizeof buf)) fprintf(stderr, "keepsake-digits: storage: %s\n", buf);
+}
+
 static int save(run *r) {
   ks_error e;
   ks_error_clear(&e);
@@ -222,6 +242,7 @@ static int save(run *r) {
   fail(r->a.continue_on_save_error ? "saving a checkpoint (training goes on; the next save retries)"
                                    : "saving a checkpoint",
        s, &e);
+  storage_detail(r);
   return !r->a.continue_on_save_error;
 }
 
@@ -380,6 +401,7 @@ static int finish(run *r) {
   ks_status ws = ks_ckpt_manager_wait(r->mgr, &we); /* the last background save must have landed */
   if (ws) {
     fail("background save", ws, &we);
+    storage_detail(r);
     if (!r->a.continue_on_save_error) return 1;
   }
   char path[4096];
@@ -396,6 +418,7 @@ static int finish(run *r) {
 static void teardown(run *r) {
   ks_ckpt_manager_free(r->mgr);
   ks_storage_free(r->store);
+  ks_storage_free(r->upload);
   ks_state_free(r->st);
   ks_optimizer_free(r->opt);
   mlp_free(&r->model);

@@ -101,7 +101,7 @@ typedef struct ks_convert_report ks_convert_report;
  *         the write, OUT is untouched.
  * Thread safety: independent calls may run concurrently (on different OUT paths).
  */
-ks_status ks_convert(const char *in, const char *out, const ks_convert_opts *opts, ks_convert_report **report,
+KS_NODISCARD ks_status ks_convert(const char *in, const char *out, const ks_convert_opts *opts, ks_convert_report **report,
                      ks_error *err);
 
 /** Entries written to OUT. 0 for NULL. */

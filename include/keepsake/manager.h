@@ -65,6 +65,31 @@ typedef struct ks_ckpt_opts {
   ks_async_busy async_busy;  /**< ks_ckpt_manager_save_async while one is in flight: wait (default) or KS_E_STATE */
   void *staging;             /**< optional caller staging buffer for async saves (see ks_async_opts) */
   size_t staging_size;
+  /* --- appended in 0.3 --- */
+  /**
+   * Save locally, then upload. When set, each checkpoint committed in run_dir is
+   * copied to upload_dir through this second table (e.g. ks_storage_io() of
+   * "s3://bucket/run", storage.h): the copy is the table's durable replace, so
+   * the object is complete under its name before upload_dir's `latest` pointer
+   * is set to it. This happens after the local `latest` and retention, on the
+   * background thread for async saves. A failed upload is the save's error
+   * (KS_E_IO, naming the upload); the local checkpoint is saved all the same,
+   * and the next save uploads its own checkpoint. NULL = off. Must stay valid
+   * for the manager's life.
+   * Autoresume: when no checkpoint of run_dir loads (run_dir empty, missing or
+   * all corrupt), the newest checkpoint of upload_dir is downloaded into run_dir
+   * (durably, under its name), verified with its checksums and loaded; one that
+   * does not verify is skipped with a warning (its copy renamed .corrupt) and
+   * the next older one is tried.
+   */
+  const ks_io *upload_io;
+  const char *upload_dir;     /**< the run directory in upload_io (ks_storage_path()); required with upload_io */
+  /**
+   * Nonzero: the preservation policies (keep, keep_best, keep_every,
+   * keep_period_seconds) also delete the uploaded copies, computed from what
+   * upload_dir holds. 0 (default): uploaded copies are never deleted.
+   */
+  int upload_retention;
 } ks_ckpt_opts;
 
 /**

@@ -281,7 +281,7 @@ KS_NODISCARD ks_status ks_metric_from_attributes(const char *class_name, const c
  *         the budget left (err names class and arguments).
  * Ownership: free *out with ks_metric_free. Thread safety: no shared state.
  */
-ks_status ks_metric_create_bounded(const char *class_name, const char *args_json, const ks_allocator *alloc,
+KS_NODISCARD ks_status ks_metric_create_bounded(const char *class_name, const char *args_json, const ks_allocator *alloc,
                                    uint64_t *state_budget, ks_metric **out, ks_error *err);
 
 /**

@@ -20,14 +20,14 @@ ks_convert_report *ks__convert_report_new(const ks_allocator *a);
 void ks__convert_warn(ks_convert_report *r, const ks_error *problem, const char *file);
 
 /* KS_E_INVALID unless `out` is absent or a writable regular file (a symbolic link is not followed). */
-ks_status ks__convert_check_output(const char *out, ks_error *err);
+KS_NODISCARD ks_status ks__convert_check_output(const char *out, ks_error *err);
 
 /*
  * The entries of src that no glob matches, borrowing src's data (src must outlive *out); and the
  * structure document of meta (KS_TORCH_STRUCTURE_META) without the containers they match, set
  * back into meta. No globs: *out is NULL (src is used as it is) and meta is left alone.
  */
-ks_status ks__convert_ignore(const ks_statedict *src, const char *const *globs, size_t n, ks_meta *meta,
+KS_NODISCARD ks_status ks__convert_ignore(const ks_statedict *src, const char *const *globs, size_t n, ks_meta *meta,
                              ks_statedict **out, ks_error *err);
 
 /*
@@ -38,7 +38,7 @@ ks_status ks__convert_ignore(const ks_statedict *src, const char *const *globs, 
  * {"kind":"list"} record for each (free with ks__free(a, ...)). None found: *out and
  * *structure_out are NULL (write src and the structure as they are).
  */
-ks_status ks__convert_pt_lists(const ks_allocator *a, const ks_statedict *src, const ks_meta *meta, uint64_t *budget,
+KS_NODISCARD ks_status ks__convert_pt_lists(const ks_allocator *a, const ks_statedict *src, const ks_meta *meta, uint64_t *budget,
                                ks_statedict **out, char **structure_out, size_t *n_lists, ks_error *err);
 
 #endif

@@ -66,6 +66,16 @@ static ks_status parse_retention(const ks_ckpt_opts *o, ks__retention *r, ks_err
   return KS_OK;
 }
 
+/* The upload side, when there is one: a valid table and a run directory in it (created there). */
+static ks_status check_upload(const ks_ckpt_opts *o, ks_error *err) {
+  if (!o->upload_io) return KS_OK;
+  if (!o->upload_dir || !*o->upload_dir) return ks__err(err, KS_E_INVALID, "upload_io needs an upload_dir");
+  ks_status s = ks_io_check(o->upload_io, err);
+  if (!s) s = ks__io_mkdir_p(o->upload_io, o->upload_dir, err);
+  if (s) ks__err_set_file(err, o->upload_dir);
+  return s;
+}
+
 ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out, ks_error *err) {
   if (!opts || !opts->run_dir || !*opts->run_dir || !out || opts->keep < 0)
     return ks__err(err, KS_E_INVALID, "checkpoint manager: run_dir and out are required, keep >= 0");
@@ -75,7 +85,8 @@ ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out
                        .log = opts->log ? opts->log : stderr,
                        .retention_log = opts->retention_log, .save_every_seconds = opts->save_every_seconds,
                        .last_save_time = mono_now(), .async_busy = opts->async_busy, .staging = opts->staging,
-                       .staging_size = opts->staging_size};
+                       .staging_size = opts->staging_size, .upload_io = opts->upload_io,
+                       .upload_retention = opts->upload_retention, .where = ""};
   if (!(opts->save_every_seconds >= 0)) return ks__err(err, KS_E_INVALID, "save_every_seconds must be >= 0");
   ks_status rs = parse_retention(opts, &m.ret, err);
   if (rs) return rs;
@@ -86,14 +97,16 @@ ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out
   ks_status s = ks_io_check(opts->io, err);
   if (!s) s = ks_io_local_path(opts->run_dir, &run_dir, err);
   if (!s) s = ks__io_mkdir_p(opts->io, run_dir, err);
+  if (!s) s = check_upload(opts, err);
   if (s) return s;
   ks_ckpt_manager *p = ks__calloc(&m.alloc, 1, sizeof *p);
   if (p) {
     *p = m;
     p->run_dir = ks__strdup(&m.alloc, run_dir);
     p->tmpl = ks__strdup(&m.alloc, tmpl);
+    p->upload_dir = opts->upload_io ? ks__strdup(&m.alloc, opts->upload_dir) : NULL;
   }
-  if (!p || !p->run_dir || !p->tmpl) {
+  if (!p || !p->run_dir || !p->tmpl || (opts->upload_io && !p->upload_dir)) {
     ks_ckpt_manager_free(p);
     return ks__err(err, KS_E_NOMEM, "out of memory");
   }
@@ -107,6 +120,7 @@ void ks_ckpt_manager_free(ks_ckpt_manager *m) {
   ks__free(&m->alloc, m->run_dir);
   ks__free(&m->alloc, m->tmpl);
   ks__free(&m->alloc, m->last_path);
+  ks__free(&m->alloc, m->upload_dir);
   ks__free(&m->alloc, m);
 }
 
@@ -154,7 +168,7 @@ static ks_status update_latest(ks_ckpt_manager *m, const char *name, ks_error *e
   return ks__io_pointer_set(m->io, m->run_dir, "latest", name, err);
 }
 
-/* What follows a durable checkpoint, in order: `latest`, then retention. Runs on the saver's
+/* What follows a durable checkpoint, in order: `latest`, then retention, then the upload (if any). Runs on the saver's
  * thread for async saves; the manager is not touched by the caller's thread meanwhile. */
 static ks_status after_commit(void *ctx, const char *path, ks_error *err) {
   ks_ckpt_manager *m = ctx;
@@ -162,7 +176,13 @@ static ks_status after_commit(void *ctx, const char *path, ks_error *err) {
   const char *name = slash ? slash + 1 : path;
   ks_status s = update_latest(m, name, err);
   if (!s) s = ks__mgr_prune(m, name, err);
-  return s;
+  if (!m->upload_io) return s;
+  ks_error ue;
+  ks_error_clear(&ue);
+  ks_status us = ks__mgr_upload(m, name, &ue); /* the local checkpoint is committed: upload it regardless */
+  if (us && !s && err) *err = ue;
+  else if (us) fprintf(m->log, "keepsake: warning: %s\n", ue.message);
+  return s ? s : us;
 }
 
 /* The checkpoint's path from the template; remembered as last_path. */

@@ -53,6 +53,10 @@ struct ks_ckpt_manager {
   ks_async_busy async_busy;
   void *staging;
   size_t staging_size;
+  const ks_io *upload_io;  /* save locally, then upload (NULL = off) */
+  char *upload_dir;
+  int upload_retention;
+  const char *where;       /* "" for run_dir; "uploaded " in the upload view's retention log */
 };
 
 /* run_dir + "/" + name into out. @return KS_OK or KS_E_LIMIT. */
@@ -61,5 +65,31 @@ KS_NODISCARD ks_status ks__mgr_join(const ks_ckpt_manager *m, const char *name, 
 KS_NODISCARD ks_status ks__mgr_prune(ks_ckpt_manager *m, const char *keep_name, ks_error *err);
 /* Parses "eval/Name", "train/Name" or a full "state/..." metric path into its `_computed` key. */
 KS_NODISCARD ks_status ks__mgr_metric_key(const char *metric, char *key, size_t cap);
+
+/* The readable checkpoints of the manager's run directory, newest first (by the timestamp inside):
+ * *names is an array of *n strings, freed with ks__mgr_names_free. Unreadable ones are warned
+ * about on m->log, counted in *unreadable and left out (nothing is renamed). */
+KS_NODISCARD ks_status ks__mgr_candidates(const ks_ckpt_manager *m, char ***names, size_t *n, size_t *unreadable,
+                             ks_error *err);
+void ks__mgr_names_free(const ks_ckpt_manager *m, char **names, size_t n);
+/* Loads run_dir/name if it fully verifies (checksums); one that does not sets *bad = 1 and is
+ * moved aside to .corrupt with a warning. Errors: out of memory, or the state refusing the load. */
+KS_NODISCARD ks_status ks__mgr_try_load(ks_ckpt_manager *m, const char *name, ks_state *st, const ks_load_opts *opts,
+                           ks_load_report *report, int *bad, ks_error *err);
+/* Sets m->last_path to run_dir/name. */
+KS_NODISCARD ks_status ks__mgr_set_last(ks_ckpt_manager *m, const char *name, ks_error *err);
+
+/* The manager as seen on its upload side: upload_io and upload_dir in place of io and run_dir. */
+ks_ckpt_manager ks__mgr_upload_view(const ks_ckpt_manager *m);
+/* Uploads run_dir/name to upload_dir/name, then points upload_dir's `latest` at it, then (with
+ * upload_retention) applies the policies there. KS_E_IO names the step and both places. */
+KS_NODISCARD ks_status ks__mgr_upload(ks_ckpt_manager *m, const char *name, ks_error *err);
+/* Autoresume from upload_dir: download the newest that verifies into run_dir and load it. */
+KS_NODISCARD ks_status ks__mgr_resume_uploaded(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts,
+                                  ks_load_report *report, int *resumed, ks_error *err);
+/* Copies src_path of src_io to dst_path of dst_io with dst_io's durable replace (temp, write,
+ * fsync, close, rename, fsync dir): dst_path never names a partial copy. */
+KS_NODISCARD ks_status ks__io_copy(const ks_io *src_io, const char *src_path, const ks_io *dst_io, const char *dst_path,
+                      const ks_allocator *alloc, ks_error *err);
 
 #endif

@@ -14,6 +14,7 @@
 typedef struct ckpt {
   char *name;
   int readable; /* the header parsed and the timestamp was found */
+  ks_status code; /* why not, when the reason was an error (KS_E_IO, KS_E_NOMEM, ...); 0 for no timestamp */
   int64_t batch, epoch, sample, batch_in_epoch;
   double wct;
   int has_metric;
@@ -88,12 +89,14 @@ static void probe(const ks_ckpt_manager *m, ckpt *c) {
   ks_error_clear(&e);
   snprintf(c->why, sizeof c->why, "no training timestamp in it");
   if (ks__mgr_join(m, c->name, path, sizeof path)) return;
-  if (ks_reader_open(path, &ro, &r, &e)) {
+  if ((c->code = ks_reader_open(path, &ro, &r, &e)) != KS_OK) {
     snprintf(c->why, sizeof c->why, "%s (%s)", e.message, ks_status_name(e.code));
     return;
   }
-  if (!ks_statedict_create(&m->alloc, &sd, NULL) && !ks_reader_scalars(r, sd, NULL) &&
-      !ks__get_int(sd, TS_PREFIX, "batch", &c->batch, NULL) && !ks__get_int(sd, TS_PREFIX, "epoch", &c->epoch, NULL) &&
+  c->code = ks_statedict_create(&m->alloc, &sd, NULL);
+  if (!c->code) c->code = ks_reader_scalars(r, sd, NULL);
+  if (c->code) snprintf(c->why, sizeof c->why, "cannot read its scalars (%s)", ks_status_name(c->code));
+  if (!c->code && !ks__get_int(sd, TS_PREFIX, "batch", &c->batch, NULL) && !ks__get_int(sd, TS_PREFIX, "epoch", &c->epoch, NULL) &&
       !ks__get_int(sd, TS_PREFIX, "sample", &c->sample, NULL)) {
     c->readable = 1;
     if (ks__get_int(sd, TS_PREFIX, "batch_in_epoch", &c->batch_in_epoch, NULL)) c->batch_in_epoch = -1;
@@ -174,8 +177,9 @@ static ks_status apply(ks_ckpt_manager *m, const ks__ckpt_info *v, size_t n, con
     char path[4096];
     int keep = v[i].keep || !strcmp(v[i].name, keep_name);
     if (m->retention_log) {
-      if (keep) fprintf(m->retention_log, "keepsake: kept %s: %s\n", v[i].name, v[i].why[0] ? v[i].why : "just saved");
-      else fprintf(m->retention_log, "keepsake: deleted %s: kept by no policy\n", v[i].name);
+      const char *where = m->where ? m->where : "";
+      if (keep) fprintf(m->retention_log, "keepsake: kept %s%s: %s\n", where, v[i].name, v[i].why[0] ? v[i].why : "just saved");
+      else fprintf(m->retention_log, "keepsake: deleted %s%s: kept by no policy\n", where, v[i].name);
     }
     if (keep || ks__mgr_join(m, v[i].name, path, sizeof path)) continue;
     int rc = io->unlink_fn(io->ctx, path);
@@ -238,8 +242,11 @@ static void warn_skip(ks_ckpt_manager *m, const char *name, const char *why) {
   m->skipped++;
 }
 
+/* The local file system (where an I/O error is the file's own fault), not a remote store. */
+static int local_table(const ks_io *io) { return io == NULL || io == ks_io_posix(); }
+
 /* Loads c if it fully verifies; a file that does not comes back as `bad` = 1 with a warning. */
-static ks_status try_one(ks_ckpt_manager *m, const ckpt *c, ks_state *st, const ks_load_opts *opts,
+static ks_status try_one(ks_ckpt_manager *m, const char *name, ks_state *st, const ks_load_opts *opts,
                          ks_load_report *report, int *bad, ks_error *err) {
   const ks_io *io = opts->io ? opts->io : m->io;
   char path[4096];
@@ -249,13 +256,16 @@ static ks_status try_one(ks_ckpt_manager *m, const ckpt *c, ks_state *st, const 
   ks_meta *meta = NULL;
   /* A table that cannot map (remote) is read lazily: parallel ranges, each tensor verified on arrival. */
   ks_read_opts ro = {.alloc = &m->alloc, .mode = ks__io_read_mode(io), .verify_checksums = 1, .io = io};
-  if (ks__mgr_join(m, c->name, path, sizeof path)) return ks__err(err, KS_E_LIMIT, "path too long");
+  if (ks__mgr_join(m, name, path, sizeof path)) return ks__err(err, KS_E_LIMIT, "path too long");
   ks_status s = ks_load(path, &ro, &sd, &meta, &e);
   if (s == KS_E_NOMEM) return ks__err(err, s, "out of memory loading %s", path);
+  /* A store that failed (after its retries) says nothing about the checkpoint: never set it aside. */
+  if (s == KS_E_IO && !local_table(io))
+    return ks__err_at(err, s, path, NULL, -1, "autoresume: cannot read %s: %s", path, e.message);
   if (s) {
     char why[KS_ERROR_MSG_MAX + 40];
     snprintf(why, sizeof why, "%s (%s)", e.message, ks_status_name(e.code));
-    warn_skip(m, c->name, why);
+    warn_skip(m, name, why);
     *bad = 1;
     return KS_OK;
   }
@@ -264,6 +274,12 @@ static ks_status try_one(ks_ckpt_manager *m, const ckpt *c, ks_state *st, const 
   ks_meta_free(meta);
   ks_statedict_free(sd);
   return s;
+}
+
+/* Out of memory always; an I/O error when `remote` or the table is not the local file system. */
+static int unreadable_is_error(const ks_ckpt_manager *m, const ckpt *c, int remote) {
+  if (c->code == KS_E_NOMEM) return 1;
+  return c->code == KS_E_IO && (remote || !local_table(m->io));
 }
 
 ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts,
@@ -277,25 +293,83 @@ ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_
   remove_leftovers(m);
   ckpt_list l = {0};
   ks_status s = list_checkpoints(m, &l, err);
-  /* Unreadable files sort last but may well be the newest (a truncated copy): always warn. */
+  /* Unreadable files sort last but may well be the newest (a truncated copy): always warn. But one
+   * that could not be read for want of memory or of a remote store is no reason to resume an older
+   * one (or none): that is an error. */
+  for (size_t i = 0; !s && i < l.n; i++)
+    if (!l.v[i].readable && unreadable_is_error(m, &l.v[i], 0))
+      s = ks__err_at(err, l.v[i].code, l.v[i].name, NULL, -1, "autoresume: cannot read checkpoint %s/%s: %s",
+                     m->run_dir, l.v[i].name, l.v[i].why);
   for (size_t i = 0; !s && i < l.n; i++)
     if (!l.v[i].readable) warn_skip(m, l.v[i].name, l.v[i].why);
   for (size_t i = 0; !s && i < l.n && !*resumed && l.v[i].readable; i++) {
     int bad = 0;
-    s = try_one(m, &l.v[i], st, opts, report, &bad, err);
+    s = try_one(m, l.v[i].name, st, opts, report, &bad, err);
     if (s || bad) continue;
-    char full[4096];
-    if ((s = ks__mgr_join(m, l.v[i].name, full, sizeof full)))
-      return ks__err_at(err, s, m->run_dir, l.v[i].name, -1, "checkpoint path longer than %zu bytes", sizeof full);
-    char *copy = ks__strdup(&m->alloc, full);
-    if (!copy) s = ks__err(err, KS_E_NOMEM, "out of memory");
-    else {
-      ks__free(&m->alloc, m->last_path);
-      m->last_path = copy;
-      *resumed = 1;
-      if (path) *path = m->last_path;
-    }
+    s = ks__mgr_set_last(m, l.v[i].name, err);
+    *resumed = !s;
   }
   list_free(&m->alloc, &l);
+  /* Nothing local loads (run_dir empty, missing or all corrupt): the uploaded copies, if any. */
+  if (!s && !*resumed && m->upload_io) s = ks__mgr_resume_uploaded(m, st, opts, report, resumed, err);
+  if (!s && *resumed && path) *path = m->last_path;
   return s;
+}
+
+ks_status ks__mgr_set_last(ks_ckpt_manager *m, const char *name, ks_error *err) {
+  char full[4096];
+  if (ks__mgr_join(m, name, full, sizeof full)) return ks__err(err, KS_E_LIMIT, "path too long");
+  char *copy = ks__strdup(&m->alloc, full);
+  if (!copy) return ks__err(err, KS_E_NOMEM, "out of memory");
+  ks__free(&m->alloc, m->last_path);
+  m->last_path = copy;
+  return KS_OK;
+}
+
+ks_status ks__mgr_try_load(ks_ckpt_manager *m, const char *name, ks_state *st, const ks_load_opts *opts,
+                           ks_load_report *report, int *bad, ks_error *err) {
+  *bad = 0;
+  return try_one(m, name, st, opts, report, bad, err);
+}
+
+ks_status ks__mgr_candidates(const ks_ckpt_manager *m, char ***names, size_t *n, size_t *unreadable,
+                             ks_error *err) {
+  ckpt_list l = {0};
+  *names = NULL;
+  *n = 0;
+  ks_status s = list_checkpoints(m, &l, err);
+  if (s) return s;
+  for (size_t i = 0; i < l.n; i++)
+    if (!l.v[i].readable && unreadable_is_error(m, &l.v[i], 1)) {
+      s = ks__err_at(err, l.v[i].code, l.v[i].name, NULL, -1, "cannot read checkpoint %s/%s: %s", m->run_dir,
+                     l.v[i].name, l.v[i].why);
+      list_free(&m->alloc, &l);
+      return s;
+    }
+  size_t k = 0;
+  for (size_t i = 0; i < l.n; i++) {
+    if (l.v[i].readable) {
+      l.v[k++].name = l.v[i].name; /* readable ones come first: this only compacts */
+      continue;
+    }
+    fprintf(m->log, "keepsake: warning: skipping checkpoint %s/%s: %s\n", m->run_dir, l.v[i].name, l.v[i].why);
+    (*unreadable)++;
+    ks__free(&m->alloc, l.v[i].name);
+  }
+  char **out = k ? ks__calloc(&m->alloc, k, sizeof *out) : NULL;
+  if (k && !out) {
+    l.n = k;
+    list_free(&m->alloc, &l);
+    return ks__err(err, KS_E_NOMEM, "out of memory");
+  }
+  for (size_t i = 0; i < k; i++) out[i] = l.v[i].name;
+  ks__free(&m->alloc, l.v);
+  *names = out;
+  *n = k;
+  return KS_OK;
+}
+
+void ks__mgr_names_free(const ks_ckpt_manager *m, char **names, size_t n) {
+  for (size_t i = 0; names && i < n; i++) ks__free(&m->alloc, names[i]);
+  ks__free(&m->alloc, names);
 }

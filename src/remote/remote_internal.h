@@ -19,9 +19,9 @@ struct ks_storage {
 
 #ifdef KS_HAVE_CURL
 /* Fills st->io, st->path and st->remote for "s3://" + rest (rest = "bucket[/prefix]"). */
-ks_status ks__s3_open(ks_storage *st, const char *rest, const ks_storage_opts *o, ks_error *err);
+KS_NODISCARD ks_status ks__s3_open(ks_storage *st, const char *rest, const ks_storage_opts *o, ks_error *err);
 /* The same for an http(s):// URL (read-only). */
-ks_status ks__http_open(ks_storage *st, const char *url, const ks_storage_opts *o, ks_error *err);
+KS_NODISCARD ks_status ks__http_open(ks_storage *st, const char *url, const ks_storage_opts *o, ks_error *err);
 void ks__remote_free(ks__remote *r);
 size_t ks__remote_last_error(const ks__remote *r, char *buf, size_t cap);
 #endif

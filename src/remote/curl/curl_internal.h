@@ -113,7 +113,7 @@ int ks__url_encode(const ks_allocator *a, const char *s, int keep_slash, char **
 /* curl's global init, once per process. 0 or EIO. */
 int ks__curl_init_once(void);
 /* The remote object of st (st->remote) with the options applied; no request made. */
-ks_status ks__remote_new(ks_storage *st, const ks_storage_opts *o, int s3, ks_error *err);
+KS_NODISCARD ks_status ks__remote_new(ks_storage *st, const ks_storage_opts *o, int s3, ks_error *err);
 int ks__s3_delete(ks__remote *r, const char *path);
 
 /* ---- table functions shared or defined outside s3.c (ctx = ks__remote) ---- */
