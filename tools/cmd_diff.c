@@ -1,6 +1,6 @@
 /*
  * keepsake diff A B [--ignore GLOB]...: key-by-key differences between two
- * files. Exit 0 when identical in content outside the ignored keys, 1 when
+ * files or sharded checkpoint directories (or a file and a directory). Exit 0 when identical in content outside the ignored keys, 1 when
  * they differ, 2 on a bad command line or an unreadable file.
  */
 #include <inttypes.h>
@@ -24,6 +24,10 @@ typedef struct diff_ctx {
   comp_tally *comps; /* per component, in order of first appearance */
   size_t ncomps, capcomps;
   ks_cli_index *by_path; /* component path -> index in comps */
+  const char *label;        /* "" or "[rank N] ": printed before each per-rank key */
+  const char *const *per_rank; /* the per-rank globs of a sharded checkpoint (NULL: a file) */
+  size_t n_per_rank;
+  int per_rank_only;        /* ranks after 0: only their per-rank keys (the rest is rank 0's) */
 } diff_ctx;
 
 static void diff_usage(FILE *out) {
@@ -32,6 +36,10 @@ static void diff_usage(FILE *out) {
           "Compares two keepsake or safetensors files key by key: keys missing on either\n"
           "side, dtype or shape changes, how many elements differ and the largest absolute\n"
           "difference, changed scalars and changed metadata. NaN equals NaN in the same place.\n\n"
+          "A or B may be a sharded checkpoint directory (a file counts as one rank). The logical\n"
+          "state is compared: sharded tensors reassembled, the replicated state, and at equal\n"
+          "world sizes every rank's own per-rank state ([rank N]); at different world sizes the\n"
+          "states merged onto one rank (metrics merged by their rule).\n\n"
           "  --ignore GLOB  skip keys matching GLOB ('*' any run, '?' one byte), or whose\n"
           "                 '/'-prefix matches it ('rng' skips 'rng/torch'); repeatable\n\n"
           "exit status: 0 identical, 1 different, 2 bad command line or unreadable file\n");
@@ -41,6 +49,29 @@ static int ignored(const diff_ctx *c, const char *key) {
   for (int i = 0; i < c->nignore; i++)
     if (ks_path_match(c->ignore[i], key)) return 1;
   return 0;
+}
+
+static int is_per_rank(const diff_ctx *c, const char *key) {
+  for (size_t i = 0; i < c->n_per_rank; i++)
+    if (ks_path_match(c->per_rank[i], key)) return 1;
+  return 0;
+}
+
+/* Outside the keys this pass compares (the replicated state is compared on rank 0 only). */
+static int skipped(const diff_ctx *c, const char *key) { return c->per_rank_only && !is_per_rank(c, key); }
+
+static const char *label_of(const diff_ctx *c, const char *key) {
+  return c->label && is_per_rank(c, key) ? c->label : "";
+}
+
+/* An entry under its printed name: the rank label (per-rank entries), then the key. */
+static ks_entry shown(const diff_ctx *c, const ks_entry *e, char *buf, size_t cap) {
+  ks_entry x = *e;
+  if (*label_of(c, e->name)) {
+    snprintf(buf, cap, "%s%s", c->label, e->name);
+    x.name = buf;
+  }
+  return x;
 }
 
 static int same_element(ks_dtype dt, const uint8_t *a, const uint8_t *b, size_t es, size_t i) {
@@ -147,32 +178,35 @@ static void print_components(const diff_ctx *c) {
 }
 
 static void diff_entries(diff_ctx *c, const ks_statedict *a, const ks_statedict *b) {
-  char desc[256];
+  char desc[256], na[1200], nb[1200];
   for (size_t i = 0; i < ks_statedict_count(a); i++) {
     ks_entry ea, eb;
     if (ks_statedict_at(a, i, &ea)) continue; /* index in range: cannot fail */
+    if (skipped(c, ea.name)) continue;
     if (ignored(c, ea.name)) { c->ignored++; continue; }
     if (ks_statedict_get(b, ea.name, &eb) == KS_OK) {
-      tally(c, ea.name, diff_entry(&ea, &eb));
+      ks_entry sa = shown(c, &ea, na, sizeof na), sb = shown(c, &eb, nb, sizeof nb);
+      tally(c, ea.name, diff_entry(&sa, &sb));
       continue;
     }
     describe(&ea, desc, sizeof desc);
-    printf("- %s: only in A (%s)\n", ks_cli_esc(ea.name), ks_cli_esc(desc));
+    printf("- %s%s: only in A (%s)\n", label_of(c, ea.name), ks_cli_esc(ea.name), ks_cli_esc(desc));
     tally(c, ea.name, 1);
   }
   for (size_t i = 0; i < ks_statedict_count(b); i++) {
     ks_entry ea, eb;
     if (ks_statedict_at(b, i, &eb)) continue; /* index in range: cannot fail */
-    if (ks_statedict_get(a, eb.name, &ea) == KS_OK) continue;
+    if (ks_statedict_get(a, eb.name, &ea) == KS_OK || skipped(c, eb.name)) continue;
     if (ignored(c, eb.name)) { c->ignored++; continue; }
     describe(&eb, desc, sizeof desc);
-    printf("+ %s: only in B (%s)\n", ks_cli_esc(eb.name), ks_cli_esc(desc));
+    printf("+ %s%s: only in B (%s)\n", label_of(c, eb.name), ks_cli_esc(eb.name), ks_cli_esc(desc));
     tally(c, eb.name, 1);
   }
 }
 
 /* Metadata that is content: everything but what the writer derives or stamps itself. */
 static int meta_is_content(const diff_ctx *c, const char *k) {
+  if (c->per_rank_only && strcmp(k, "keepsake.metrics")) return 0; /* the rest is rank 0's, compared once */
   return strcmp(k, KS_META_WRITER) && strcmp(k, KS_META_CHECKSUMS) && strcmp(k, KS_META_SCALARS) && !ignored(c, k);
 }
 
@@ -184,13 +218,107 @@ static void diff_meta_side(diff_ctx *c, const ks_meta *x, const ks_meta *y, cons
     w = ks_meta_get(y, k);
     if (w && *sign == '+') continue; /* pairs on both sides are compared in the first pass */
     if (!w) {
-      printf("%s metadata '%s': only in %s\n", sign, ks_cli_esc(k), side);
+      printf("%s %smetadata '%s': only in %s\n", sign, c->per_rank_only ? c->label : "", ks_cli_esc(k), side);
       c->differ++;
     } else if (strcmp(v, w) != 0) {
-      printf("~ metadata '%s': values differ (%zu bytes -> %zu bytes)\n", ks_cli_esc(k), strlen(v), strlen(w));
+      printf("~ %smetadata '%s': values differ (%zu bytes -> %zu bytes)\n", c->per_rank_only ? c->label : "", ks_cli_esc(k),
+             strlen(v), strlen(w));
       c->differ++;
     }
   }
+}
+
+/* One side: a file (one rank) or a sharded directory, as `n` per-rank state dicts. */
+typedef struct side {
+  int n;
+  ks_statedict **sd;
+  ks_meta **meta;
+  ks_shard_index *idx;
+} side;
+
+static void side_free(side *x) {
+  for (int r = 0; r < x->n; r++) {
+    if (x->sd) ks_statedict_free(x->sd[r]);
+    if (x->meta) ks_meta_free(x->meta[r]);
+  }
+  free(x->sd);
+  free(x->meta);
+  ks_shard_index_free(x->idx);
+  memset(x, 0, sizeof *x);
+}
+
+/* The checkpoint at path as n ranks (a file is one); merge = 1 loads a directory merged onto one rank. */
+static ks_status side_load(const char *path, int merge, side *x, ks_error *err) {
+  memset(x, 0, sizeof *x);
+  ks_read_opts ro = ks_cli_read_opts();
+  if (!ks_cli_is_dir(path)) {
+    x->n = 1;
+    x->sd = calloc(1, sizeof *x->sd);
+    x->meta = calloc(1, sizeof *x->meta);
+    if (!x->sd || !x->meta) return KS_E_NOMEM;
+    return ks_load(path, &ro, &x->sd[0], &x->meta[0], err);
+  }
+  ks_status s = ks_shard_index_read(path, NULL, &x->idx, err);
+  int world = ks_shard_index_world_size(x->idx);
+  for (int f = 0; !s && f < world; f++) s = ks_shard_verify_file(path, x->idx, f, err);
+  if (s) return s;
+  x->n = merge ? 1 : world;
+  x->sd = calloc((size_t)x->n, sizeof *x->sd);
+  x->meta = calloc((size_t)x->n, sizeof *x->meta);
+  if (!x->sd || !x->meta) return KS_E_NOMEM;
+  ks_shard_load_opts lo = {.no_verify = 1};
+  for (int r = 0; !s && r < x->n; r++) s = ks_shard_load_rank(path, x->idx, r, x->n, NULL, &lo, &x->sd[r], &x->meta[r], err);
+  return s;
+}
+
+static int world_of(const char *path) {
+  ks_shard_index *idx = NULL;
+  if (!ks_cli_is_dir(path) || ks_shard_index_read(path, NULL, &idx, NULL)) return 1;
+  int n = ks_shard_index_world_size(idx);
+  ks_shard_index_free(idx);
+  return n;
+}
+
+static void diff_one(diff_ctx *c, const ks_statedict *a, const ks_statedict *b, const ks_meta *ma, const ks_meta *mb) {
+  diff_entries(c, a, b);
+  diff_meta_side(c, ma, mb, "-", "A");
+  diff_meta_side(c, mb, ma, "+", "B");
+}
+
+/* Rank by rank at equal world sizes (rank 0 everything, the others their per-rank entries), else merged. */
+static int diff_sides(diff_ctx *c, const char *pa, const char *pb) {
+  int wa = world_of(pa), wb = world_of(pb), merge = wa != wb;
+  side a, b;
+  ks_error err;
+  ks_error_clear(&err);
+  int rc = KS_EXIT_USAGE;
+  if (side_load(pa, merge, &a, &err) || side_load(pb, merge, &b, &err)) {
+    ks_cli_print_error(stderr, "diff", &err);
+    side_free(&a);
+    side_free(&b);
+    return rc;
+  }
+  if (merge) printf("world sizes differ (%d -> %d): comparing the states merged onto one rank\n", wa, wb);
+  size_t np = 0;
+  const char *const *pr = a.idx ? ks_shard_index_per_rank(a.idx, &np) : ks_shard_default_per_rank(&np);
+  char label[32];
+  c->per_rank = pr;
+  c->n_per_rank = np;
+  for (int r = 0; r < a.n; r++) {
+    snprintf(label, sizeof label, "[rank %d] ", r);
+    c->label = a.n > 1 ? label : NULL;
+    c->per_rank_only = r > 0;
+    diff_one(c, a.sd[r], b.sd[r], a.meta[r], b.meta[r]);
+  }
+  c->label = NULL;
+  c->per_rank_only = 0;
+  print_components(c);
+  printf("%s: %zu keys compared, %zu differ, %zu ignored\n", c->differ ? "different" : "identical", c->compared,
+         c->differ, c->ignored);
+  rc = c->differ ? KS_EXIT_BAD : KS_EXIT_OK;
+  side_free(&a);
+  side_free(&b);
+  return rc;
 }
 
 static int diff_files(diff_ctx *c, const char *pa, const char *pb) {
@@ -247,7 +375,12 @@ int ks_cmd_diff(int argc, char **argv) {
     }
   }
   int rc = KS_EXIT_USAGE;
-  if (npaths == 2) rc = diff_files(&c, paths[0], paths[1]);
+  if (npaths == 2 && (ks_cli_is_dir(paths[0]) || ks_cli_is_dir(paths[1]))) {
+    c.by_path = ks_cli_index_new();
+    rc = diff_sides(&c, paths[0], paths[1]);
+    ks_cli_index_free(c.by_path);
+  } else if (npaths == 2)
+    rc = diff_files(&c, paths[0], paths[1]);
   else diff_usage(stderr);
   free(c.ignore);
   free(c.comps);

@@ -70,7 +70,7 @@ static void load_job(job *j, int no_verify) {
   ks_statedict *sd;
   ks_meta *meta;
   ks_error err;
-  ks_shard_load_opts o = {NULL, no_verify};
+  ks_shard_load_opts o = {.no_verify = no_verify};
   if (ks_dist_load(MPI_COMM_WORLD, j->dir, j->map, &o, &sd, &meta, &err)) die("ks_dist_load", &err);
   ks_statedict_free(sd);
   ks_meta_free(meta);

@@ -7,6 +7,7 @@
  * KS_TEST_SAVE_DELAY_MS=<ms> makes every write of a save sleep first, so a save
  * (a background one in particular) is still in flight when the run is halted.
  * KS_TEST_FAIL_SAVE=<n> makes every write of the n-th save fail with ENOSPC, a full disk.
+ * KS_TEST_KILL_RANK=<r> applies the kill, delay, failure and halt hooks to rank r only (under mpirun).
  * KS_TEST_SIGNAL_AT="<batch>:<signal number>" makes the process send itself the
  * signal right after that batch, a preemption at a reproducible point.
  */
@@ -27,6 +28,14 @@ typedef struct kill_ctx {
 
 static kill_ctx g_kill;
 static ks_io g_io;
+static int g_rank;
+
+void digits_test_set_rank(int rank) { g_rank = rank; }
+
+int digits_test_this_rank(void) {
+  const char *only = getenv("KS_TEST_KILL_RANK");
+  return !only || atoi(only) == g_rank;
+}
 
 static int k_create(void *ctx, const char *path, int *fd) {
   kill_ctx *k = ctx;
@@ -61,7 +70,7 @@ const ks_io *digits_test_io(void) {
   size_t bytes = 0;
   int kill_spec = spec && sscanf(spec, "%ld:%zu", &n, &bytes) == 2 && n > 0;
   long ms = delay ? atol(delay) : 0;
-  if (!kill_spec && ms <= 0 && fail_n <= 0) return NULL;
+  if ((!kill_spec && ms <= 0 && fail_n <= 0) || !digits_test_this_rank()) return NULL;
   g_kill = (kill_ctx){.target_save = kill_spec ? n : 0, .kill_at = bytes, .delay_ms = ms > 0 ? ms : 0,
                       .fail_save = fail_n > 0 ? fail_n : 0};
   g_io = *ks_io_posix(); /* what is not replaced below goes to the file system unchanged */
@@ -75,5 +84,5 @@ void digits_test_after_batch(long long batch) {
   const char *spec = getenv("KS_TEST_SIGNAL_AT");
   long long at;
   int sig;
-  if (spec && sscanf(spec, "%lld:%d", &at, &sig) == 2 && at == batch) raise(sig);
+  if (spec && sscanf(spec, "%lld:%d", &at, &sig) == 2 && at == batch && digits_test_this_rank()) raise(sig);
 }

@@ -2,6 +2,8 @@
  * keepsake-digits: trains a small MLP on the UCI digits and checkpoints the
  * whole run with keepsake, so that a run killed at any point and resumed with
  * --autoresume ends bit-identical to one that was never interrupted.
+ * `mpirun -np K keepsake-digits ...` trains data-parallel on K ranks and writes
+ * sharded checkpoint directories (parallel.c); only rank 0 prints.
  *
  * Read this file top to bottom as an example of the API:
  *   1. build the model, optimizer, scheduler, PRNG, timestamp and data position;
@@ -144,6 +146,8 @@ typedef struct run {
   int64_t *order;
   ks_early_stop early;
   int stopping;  /* early stopping fired */
+  digits_par par;
+  const ks_io *io; /* the test hooks' I/O table, or NULL */
 } run;
 
 static int fail(const char *what, ks_status s, const ks_error *e) {
@@ -159,7 +163,9 @@ static int build(run *r) {
   int64_t per_epoch = (int64_t)((r->n_train + BATCH - 1) / BATCH);
   ks_rng init;
   ks_rng_seed(&init, (uint64_t)r->a.seed); /* weights from the seed; the training PRNG is a separate stream */
-  ks_rng_seed(&r->rng, (uint64_t)r->a.seed ^ 0x5eedf00dull);
+  /* Each rank its own dropout stream; rank 0's is the serial run's. */
+  uint64_t salt = (uint64_t)r->par.rank * UINT64_C(0x9e3779b97f4a7c15);
+  ks_rng_seed(&r->rng, ((uint64_t)r->a.seed ^ UINT64_C(0x5eedf00d)) + salt);
   if (mlp_create(&r->model, HIDDEN, BATCH) || !(r->order = malloc(sizeof(int64_t) * r->n_train)))
     return fail("allocating the model", KS_E_NOMEM, NULL);
   mlp_init(&r->model, &init);
@@ -189,11 +195,12 @@ static int build(run *r) {
   int policies = r->a.keep_best || r->a.keep_every;
   if ((s = ks_storage_open(r->a.run_dir, NULL, &r->store, &e)) != KS_OK) return fail("run directory", s, &e);
   int remote = ks_storage_is_remote(r->store); /* the test hooks wrap local files only */
+  r->io = remote ? ks_storage_io(r->store) : digits_test_io();
   ks_ckpt_opts co = {.run_dir = ks_storage_path(r->store), .save_interval = r->a.save_interval, .keep = r->a.keep,
-                     .io = remote ? ks_storage_io(r->store) : digits_test_io(), .keep_best = r->a.keep_best,
+                     .io = r->io, .keep_best = r->a.keep_best,
                      .best_metric = r->a.keep_best ? r->a.best_metric : NULL, .best_mode = r->a.best_mode,
-                     .keep_every = r->a.keep_every, .retention_log = policies ? stdout : NULL,
-                     .save_every_seconds = r->a.save_every_seconds};
+                     .keep_every = r->a.keep_every, .retention_log = policies && r->par.rank == 0 ? stdout : NULL,
+                     .save_every_seconds = r->a.save_every_seconds, .sharded = r->par.on};
   if (r->a.upload_to) { /* save locally, then upload; autoresume downloads from there when run_dir has nothing */
     if ((s = ks_storage_open(r->a.upload_to, NULL, &r->upload, &e)) != KS_OK) return fail("--upload-to", s, &e);
     co.upload_io = ks_storage_io(r->upload);
@@ -214,8 +221,10 @@ static int resume(run *r) {
   int resumed = 0;
   const char *path = NULL;
   ks_status s = ks_load_report_create(NULL, &rep, NULL);
-  if (!s) s = ks_ckpt_manager_autoresume(r->mgr, r->st, NULL, rep, &resumed, &path, &e);
-  if (!s && resumed) {
+  if (!s) s = r->par.on ? par_autoresume(&r->par, r->mgr, r->st, rep, &resumed, &path, &e)
+                        : ks_ckpt_manager_autoresume(r->mgr, r->st, NULL, rep, &resumed, &path, &e);
+  if (!s && r->par.rank != 0) {
+  } else if (!s && resumed) {
     printf("resumed from %s at epoch %lld, batch %lld\n", path, (long long)r->ts.epoch, (long long)r->ts.batch);
     ks_load_report_print(rep, stdout);
   } else if (!s) {
@@ -236,8 +245,9 @@ static void storage_detail(const run *r) {
 static int save(run *r) {
   ks_error e;
   ks_error_clear(&e);
-  ks_status s = r->a.async_save ? ks_ckpt_manager_save_async(r->mgr, r->st, NULL, &e)
-                                : ks_ckpt_manager_save(r->mgr, r->st, NULL, &e);
+  ks_status s = r->par.on       ? par_save(&r->par, r->mgr, r->st, r->io, r->a.async_save, &e)
+                : r->a.async_save ? ks_ckpt_manager_save_async(r->mgr, r->st, NULL, &e)
+                                  : ks_ckpt_manager_save(r->mgr, r->st, NULL, &e);
   if (!s) return 0;
   fail(r->a.continue_on_save_error ? "saving a checkpoint (training goes on; the next save retries)"
                                    : "saving a checkpoint",
@@ -247,13 +257,14 @@ static int save(run *r) {
 }
 
 /* After a preemption signal: the checkpoint just started must be durable before the exit. */
-static int preempted(run *r) {
+static int preempted(run *r, int sig) {
   ks_error e;
   ks_error_clear(&e);
-  ks_status s = ks_ckpt_manager_wait(r->mgr, &e);
+  ks_status s = r->par.on ? par_wait(&r->par, &e) : ks_ckpt_manager_wait(r->mgr, &e);
   if (s) return fail("saving the preemption checkpoint", s, &e);
-  printf("preempted by signal %d after batch %lld: checkpoint saved; resume with --autoresume\n",
-         ks_preemption_signal(), (long long)r->ts.batch);
+  if (r->par.rank == 0)
+    printf("preempted by signal %d after batch %lld: checkpoint saved; resume with --autoresume\n",
+         sig, (long long)r->ts.batch);
   fflush(stdout);
   return KS_EXIT_PREEMPTED;
 }
@@ -282,25 +293,34 @@ static ks_status update_all(ks_metric_collection *mc, const float *logits, const
   return s;
 }
 
+/* This rank's contiguous part [*lo, *lo + *n) of n_all items (all of them on one process). */
+static void my_part(const run *r, size_t n_all, size_t *lo, size_t *n) {
+  size_t per = (n_all + (size_t)r->par.size - 1) / (size_t)r->par.size, a = per * (size_t)r->par.rank;
+  *lo = a < n_all ? a : n_all;
+  *n = *lo + per < n_all ? per : n_all - *lo;
+}
+
 static int train_batch(run *r, float *loss) {
   float x[BATCH * DIGITS_PIXELS], logits[BATCH * DIGITS_CLASSES];
   int64_t y[BATCH];
-  size_t start = (size_t)r->ds.sample_in_epoch, bs = r->n_train - start < BATCH ? r->n_train - start : BATCH;
+  size_t start = (size_t)r->ds.sample_in_epoch, all = r->n_train - start < BATCH ? r->n_train - start : BATCH, lo, bs;
+  my_part(r, all, &lo, &bs); /* data parallel: this rank's rows of the batch */
   for (size_t b = 0; b < bs; b++) {
-    size_t row = (size_t)r->order[start + b];
+    size_t row = (size_t)r->order[start + lo + b];
     memcpy(x + b * DIGITS_PIXELS, r->data.x + row * DIGITS_PIXELS, sizeof(float) * DIGITS_PIXELS);
     y[b] = r->data.y[row];
   }
   double t0 = now();
-  *loss = mlp_train_batch(&r->model, x, y, bs, DROPOUT, &r->rng, logits);
+  *loss = bs ? mlp_train_batch(&r->model, x, y, bs, DROPOUT, &r->rng, logits) : 0.0f;
+  if (par_average_grads(&r->par, &r->model, bs)) return fail("allreducing the gradients", KS_E_IO, NULL);
   ks_optimizer_step(r->opt);
   ks_scheduler_step(&r->sched, r->opt);
   ks_error e;
   ks_error_clear(&e);
-  ks_status s = update_all(ks_state_train_metrics(r->st), logits, y, bs, &e);
+  ks_status s = bs ? update_all(ks_state_train_metrics(r->st), logits, y, bs, &e) : KS_OK;
   if (s) return fail("train metrics", s, &e);
-  ks_timestamp_batch_done(&r->ts, (int64_t)bs, 0, now() - t0);
-  r->ds.sample_in_epoch += (int64_t)bs;
+  ks_timestamp_batch_done(&r->ts, (int64_t)all, 0, now() - t0);
+  r->ds.sample_in_epoch += (int64_t)all;
   return 0;
 }
 
@@ -310,13 +330,25 @@ static int evaluate(run *r) {
   float logits[BATCH * DIGITS_CLASSES];
   ks_error e;
   ks_error_clear(&e);
-  for (size_t start = r->n_train; start < r->data.n; start += BATCH) {
-    size_t bs = r->data.n - start < BATCH ? r->data.n - start : BATCH;
+  size_t lo, n;
+  my_part(r, r->data.n - r->n_train, &lo, &n); /* this rank's eval rows */
+  size_t end = r->n_train + lo + n;
+  for (size_t start = r->n_train + lo; start < end; start += BATCH) {
+    size_t bs = end - start < BATCH ? end - start : BATCH;
     mlp_forward(&r->model, r->data.x + start * DIGITS_PIXELS, bs, logits);
     ks_status s = update_all(mc, logits, r->data.y + start, bs, &e);
     if (s) return fail("eval metrics", s, &e);
   }
   return 0;
+}
+
+/* Under mpirun: train and eval results of the whole data, cached (`_computed`) before anything reads them. */
+static int sync_results(run *r) {
+  ks_error e;
+  ks_error_clear(&e);
+  ks_status s = par_sync_computed(&r->par, ks_state_train_metrics(r->st), &e);
+  if (!s) s = par_sync_computed(&r->par, ks_state_eval_metrics(r->st, "eval"), &e);
+  return s ? fail("syncing the metrics", s, &e) : 0;
 }
 
 /* compute() of a scalar metric (also caches `_computed`, which the checkpoint keeps). */
@@ -328,7 +360,7 @@ static double value(ks_metric_collection *mc, const char *name) {
 }
 
 static void progress(const run *r, float loss) {
-  if (!isatty(2)) return;
+  if (r->par.rank != 0 || !isatty(2)) return;
   int width = 30, done = (int)((size_t)width * (size_t)r->ds.sample_in_epoch / r->n_train);
   fprintf(stderr, "\repoch %3lld/%d [%.*s%*s] %4lld/%zu  loss %.4f", (long long)r->ts.epoch + 1, r->a.epochs, done,
           "##############################", width - done, "", (long long)r->ds.sample_in_epoch, r->n_train, loss);
@@ -337,8 +369,13 @@ static void progress(const run *r, float loss) {
 
 static void epoch_line(run *r) {
   ks_metric_collection *tr = ks_state_train_metrics(r->st), *ev = ks_state_eval_metrics(r->st, "eval");
-  if (isatty(2)) fprintf(stderr, "\r%*s\r", 80, "");
+  if (r->par.rank == 0 && isatty(2)) fprintf(stderr, "\r%*s\r", 80, "");
   (void)value(ev, "MulticlassConfusionMatrix"); /* computed so the checkpoint carries it as `_computed` */
+  if (r->par.rank != 0) {
+    (void)value(tr, "LanguageCrossEntropy"), (void)value(tr, "MulticlassAccuracy");
+    (void)value(ev, "MulticlassAccuracy"), (void)value(ev, "MulticlassF1Score");
+    return;
+  }
   printf("epoch %3lld  train_loss %.4f  train_acc %.4f  eval_acc %.4f  eval_f1 %.4f  lr %.5f\n",
          (long long)r->ts.epoch + 1, value(tr, "LanguageCrossEntropy"), value(tr, "MulticlassAccuracy"),
          value(ev, "MulticlassAccuracy"), value(ev, "MulticlassF1Score"), ks_optimizer_lr(r->opt));
@@ -359,7 +396,8 @@ static void early_stop_check(run *r) {
   if (!r->a.early_metric[0]) return;
   if (!ks_early_stop_update(&r->early, monitored(r, r->early.monitor), r->ts.epoch)) return;
   r->stopping = 1;
-  printf("early stopping after epoch %lld: %s did not improve for %lld epochs (best %.4f)\n",
+  if (r->par.rank == 0)
+    printf("early stopping after epoch %lld: %s did not improve for %lld epochs (best %.4f)\n",
          (long long)r->ts.epoch + 1, r->early.monitor, (long long)r->early.patience, r->early.best_score);
 }
 
@@ -376,20 +414,21 @@ static int train(run *r) {
       if (train_batch(r, &loss)) return 1;
       progress(r, loss);
       digits_test_after_batch(r->ts.batch);
-      if (ks_ckpt_manager_should_save(r->mgr, &r->ts, 0) && save(r)) return 1;
-      if (ks_preemption_signal()) return preempted(r);
-      if (r->a.halt_after && r->ts.batch == r->a.halt_after) {
+      if (par_should_save(&r->par, r->mgr, &r->ts, 0) && save(r)) return 1;
+      int sig = par_max(&r->par, ks_preemption_signal()); /* a signal on any rank stops every rank */
+      if (sig) return preempted(r, sig);
+      if (r->a.halt_after && r->ts.batch == r->a.halt_after && digits_test_this_rank()) {
         fflush(stdout);
         _exit(137); /* like a kill: no cleanup, no final save */
       }
     }
-    if (evaluate(r)) return 1;
+    if (evaluate(r) || sync_results(r)) return 1;
     epoch_line(r);
     early_stop_check(r);
     ks_timestamp_epoch_done(&r->ts);
     r->ds.epoch++;
     r->ds.sample_in_epoch = 0;
-    if (ks_ckpt_manager_should_save(r->mgr, &r->ts, 1) && save(r)) return 1;
+    if (par_should_save(&r->par, r->mgr, &r->ts, 1) && save(r)) return 1;
     if (r->stopping) break;
   }
   return 0;
@@ -398,20 +437,21 @@ static int train(run *r) {
 static int finish(run *r) {
   ks_error we;
   ks_error_clear(&we);
-  ks_status ws = ks_ckpt_manager_wait(r->mgr, &we); /* the last background save must have landed */
+  ks_status ws = r->par.on ? par_wait(&r->par, &we) : ks_ckpt_manager_wait(r->mgr, &we); /* the last background save must have landed */
   if (ws) {
     fail("background save", ws, &we);
     storage_detail(r);
     if (!r->a.continue_on_save_error) return 1;
   }
   char path[4096];
-  snprintf(path, sizeof path, "%s/final.keepsake", ks_storage_path(r->store));
+  snprintf(path, sizeof path, "%s/%s", ks_storage_path(r->store), r->par.on ? "final" : "final.keepsake");
   ks_error e;
   ks_error_clear(&e);
   ks_save_opts so = {.io = ks_storage_io(r->store)};
-  ks_status s = ks_state_save(r->st, path, &so, &e);
+  ks_status s = r->par.on ? par_save_final(&r->par, r->st, path, &e) : ks_state_save(r->st, path, &so, &e);
   if (s) return fail("saving the final state", s, &e);
-  printf("final eval accuracy %.4f (%s)\n", value(ks_state_eval_metrics(r->st, "eval"), "MulticlassAccuracy"), path);
+  if (r->par.rank == 0)
+    printf("final eval accuracy %.4f (%s)\n", value(ks_state_eval_metrics(r->st, "eval"), "MulticlassAccuracy"), path);
   return 0;
 }
 
@@ -429,12 +469,19 @@ static void teardown(run *r) {
 int main(int argc, char **argv) {
   run r;
   memset(&r, 0, sizeof r);
-  if (parse_args(argc, argv, &r.a)) return usage();
+  if (par_init(&argc, &argv, &r.par)) return fail("MPI_Init", KS_E_IO, NULL);
+  digits_test_set_rank(r.par.rank);
+  if (parse_args(argc, argv, &r.a)) {
+    par_finish(&r.par);
+    return usage();
+  }
   if (digits_load(r.a.data, &r.data)) return 1;
   int rc = build(&r);
   if (!rc && r.a.autoresume) rc = resume(&r);
   if (!rc) rc = train(&r);
   if (!rc) rc = finish(&r);
   teardown(&r);
+  if (rc == 0 || rc == KS_EXIT_PREEMPTED) par_finish(&r.par);
+  else if (r.par.on) _exit(rc); /* a failed collective: mpirun ends the others */
   return rc;
 }

@@ -21,6 +21,7 @@
 #include <mpi.h>
 
 #include "keepsake/format.h"
+#include "keepsake/manager.h"
 #include "keepsake/metric.h"
 #include "keepsake/shard.h"
 #include "keepsake/statedict.h"
@@ -148,6 +149,89 @@ KS_NODISCARD ks_status ks_dist_load(MPI_Comm comm, const char *dir, const ks_sha
  * @return KS_OK (also when there is none), KS_E_IO, KS_E_NOMEM; the same on every rank.
  */
 KS_NODISCARD ks_status ks_dist_latest(MPI_Comm comm, const char *run_dir, char **path, ks_error *err);
+
+/* ------------------------------------------------------------------------ */
+/* The checkpoint manager over sharded directories.                         */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Collective: nonzero on every rank when rank 0's manager says a checkpoint is due
+ * (ks_ckpt_manager_should_save: interval, save_every_seconds, a preemption signal)
+ * or a preemption signal reached any rank at a batch boundary, so all ranks save
+ * together and by one clock. Returns 1 when MPI fails (a save is then attempted,
+ * and its agreement reports the failure).
+ */
+int ks_dist_ckpt_should_save(MPI_Comm comm, const ks_ckpt_manager *m, const ks_timestamp *ts, int epoch_end);
+
+/**
+ * Collective: one checkpoint of a manager created with opts.sharded on every rank
+ * (same options): rank 0 removes the directories of dead saves
+ * (ks_ckpt_manager_dir_begin), every rank writes its file of run_dir/<template>
+ * with ks_dist_save (the index last), then rank 0 points `latest` at it and applies
+ * retention (ks_ckpt_manager_dir_commit).
+ * @param st     this rank's state; its timestamp names the directory (the same on every rank).
+ * @param shards this rank's chunks of sharded tensors, or NULL (data parallel: all replicated).
+ * @param opts   as for ks_dist_save; its io NULL = the manager's (ks_ckpt_manager_io); may be NULL.
+ * @param saved  optional; receives the directory (owned by the manager, valid until its next call).
+ * @return KS_OK or the first failure (any rank's), the same on every rank; on failure no index
+ *         is written and `latest` still names the previous checkpoint.
+ */
+ks_status ks_dist_ckpt_save(MPI_Comm comm, ks_ckpt_manager *m, const ks_state *st, const ks_shard_map *shards,
+                            const ks_dist_save_opts *opts, const char **saved, ks_error *err);
+
+/**
+ * Collective: resumes every rank from the newest complete checkpoint directory
+ * whose files verify (ks_ckpt_manager_dir_latest on rank 0, which also removes
+ * the directories of dead saves), loaded with ks_dist_load (each rank its own
+ * per-rank state at the same world size; merged or split at another) and
+ * ks_state_load_state_dict.
+ * @param want     this rank's chunks of sharded tensors, or NULL (whole tensors).
+ * @param resumed  receives 1 when a checkpoint was loaded, 0 when there was none (every rank alike).
+ * @param path     optional; receives a malloc'd copy of the directory loaded (free() it), or NULL.
+ * @return KS_OK (also when there is nothing to resume) or the first failure, the same on every rank.
+ */
+ks_status ks_dist_ckpt_autoresume(MPI_Comm comm, ks_ckpt_manager *m, ks_state *st, const ks_shard_map *want,
+                                  const ks_load_opts *opts, ks_load_report *report, int *resumed, char **path,
+                                  ks_error *err);
+
+/**
+ * Background sharded saves with a manager: the file writes overlap training,
+ * the collective steps stay on the calling thread (no MPI thread support needed).
+ * The commit (agreement on every rank's write, the index, `latest`, retention)
+ * is deferred to the next ks_dist_saver_save or ks_dist_saver_wait, so a save's
+ * directory has no index until then; a crash before it leaves a dead save that
+ * the next save or autoresume removes, and the previous checkpoint stays the newest.
+ */
+typedef struct ks_dist_saver ks_dist_saver;
+
+/** Local: a saver for the manager `m` (sharded) on `comm`. Free with ks_dist_saver_free. */
+ks_status ks_dist_saver_create(MPI_Comm comm, ks_ckpt_manager *m, ks_dist_saver **out, ks_error *err);
+
+/**
+ * Local: frees the saver. A write in flight is waited for, but not committed
+ * (committing is collective: call ks_dist_saver_wait first). Accepts NULL.
+ */
+void ks_dist_saver_free(ks_dist_saver *s);
+
+/**
+ * Collective: commits the previous save (as ks_dist_saver_wait; its error is
+ * returned here, once), begins the directory for `st`'s timestamp (rank 0
+ * removes dead saves and prepares it; timestamps compared), snapshots this
+ * rank's state (a deep copy: training may go on at once) and returns while a
+ * thread writes this rank's file.
+ * @param opts copied; the strings and the io table it points to must outlive the save.
+ * @param saved optional; receives the directory being written (owned by the manager).
+ * @return KS_OK (started), or the first failure, the same on every rank.
+ */
+ks_status ks_dist_saver_save(ks_dist_saver *s, const ks_state *st, const ks_shard_map *shards,
+                             const ks_dist_save_opts *opts, const char **saved, ks_error *err);
+
+/**
+ * Collective: waits for the write in flight on every rank and commits it (index by
+ * rank 0, then `latest` and retention). KS_OK at once when no save is pending.
+ * @return KS_OK or the first failure (any rank's write, the index, retention), the same on every rank.
+ */
+ks_status ks_dist_saver_wait(ks_dist_saver *s, ks_error *err);
 
 KS_END_DECLS
 #endif

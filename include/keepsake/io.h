@@ -13,7 +13,8 @@
  * Versions. The first member, `version`, says which members the table has:
  *   - 1: ctx and the durable replace (create_fn .. fsync_dir_fn);
  *   - 2: also reading (open_fn, read_fn, map_fn, unmap_fn), stat_fn, list_fn,
- *        mkdir_fn, symlink_fn and readlink_fn.
+ *        mkdir_fn, symlink_fn and readlink_fn;
+ *   - 3: also rmdir_fn (removing the directory of a sharded checkpoint).
  * Rules, so the struct can grow without breaking programs already built:
  *   - members are only ever appended, each new group under a new version;
  *   - the library reads only the members the table's version has; an operation
@@ -23,7 +24,8 @@
  *     the newest version the library knows;
  *   - version 0 or a NULL member the table's version has is refused with
  *     KS_E_INVALID, except map_fn and unmap_fn, which may be NULL (the backend
- *     cannot map: the library reads instead).
+ *     cannot map: the library reads instead), and rmdir_fn, which may be NULL
+ *     (a store without directories: removing a prefix's last object removes it).
  * Always set `.version = KS_IO_VERSION` (or copy *ks_io_posix() and replace
  * some members) so a rebuilt program gets the current layout.
  *
@@ -60,7 +62,7 @@
 KS_BEGIN_DECLS
 
 /** The version of ks_io this header describes. */
-#define KS_IO_VERSION 2u
+#define KS_IO_VERSION 3u
 
 /** What a path names, as stat_fn and list_fn report it (a final symlink is not followed). */
 typedef enum ks_io_kind {
@@ -89,7 +91,8 @@ typedef int (*ks_io_list_cb)(void *cb_ctx, const char *name, ks_io_kind kind);
  * failure. The manager also creates its run directory (stat_fn, mkdir_fn,
  * fsync_dir_fn of the parent), points `latest` at a checkpoint (unlink_fn,
  * symlink_fn, rename_fn, fsync_dir_fn), lists the run directory (list_fn,
- * stat_fn) and deletes checkpoints (unlink_fn).
+ * stat_fn) and deletes checkpoints (unlink_fn; a sharded checkpoint's files,
+ * then its directory with rmdir_fn).
  */
 typedef struct ks_io {
   unsigned version; /**< KS_IO_VERSION when written for this header; see the rules above */
@@ -128,6 +131,13 @@ typedef struct ks_io {
   int (*symlink_fn)(void *ctx, const char *target, const char *path);
   /** Reads a link's content into buf (cap bytes, NUL-terminated); *len its length; ENAMETOOLONG when it does not fit. */
   int (*readlink_fn)(void *ctx, const char *path, char *buf, size_t cap, size_t *len);
+  /* --- version 3 --- */
+  /**
+   * Removes the empty directory `path` (ENOTEMPTY when it is not, ENOENT when missing);
+   * durable after fsync_dir_fn of its parent. May be NULL: the library then leaves the
+   * emptied directory (or prefix) in place.
+   */
+  int (*rmdir_fn)(void *ctx, const char *path);
 } ks_io;
 
 /**

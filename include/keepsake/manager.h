@@ -90,6 +90,19 @@ typedef struct ks_ckpt_opts {
    * upload_dir holds. 0 (default): uploaded copies are never deleted.
    */
   int upload_retention;
+  /**
+   * Nonzero: checkpoints are sharded directories (keepsake/shard.h), written by the
+   * ranks of a distributed run (ks_dist_ckpt_save in keepsake/dist.h) between
+   * ks_ckpt_manager_dir_begin and ks_ckpt_manager_dir_commit. The template then
+   * names directories (NULL = "ep{epoch}-ba{batch}"); only directories whose index
+   * is present and valid are checkpoints; retention reads each one's timestamp and
+   * stored metric from rank 0's file (replicated state and that rank's `_computed`,
+   * which a distributed run sets from the synced metrics); deleting one removes its
+   * index first, then its files, then the directory. ks_ckpt_manager_save and
+   * ks_ckpt_manager_save_async refuse (KS_E_STATE); autoresume loads the newest
+   * complete directory merged onto one process (see ks_shard_load_rank).
+   */
+  int sharded;
 } ks_ckpt_opts;
 
 /**
@@ -151,6 +164,52 @@ KS_NODISCARD ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *
                                      ks_error *err);
 /** Number of checkpoints skipped as corrupt by the last autoresume. */
 size_t ks_ckpt_manager_skipped(const ks_ckpt_manager *m);
+
+/* ------------------------------------------------------------------------ */
+/* Sharded checkpoint directories (opts.sharded).                            */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Starts a sharded save: removes the directories of saves that died (matching
+ * the template, no index) and leftover temporary files, then returns the
+ * directory the ranks are to write for timestamp `ts` (run_dir/<template>).
+ * Call it on one process (rank 0) while no other save of this run is in flight:
+ * every directory without an index is then a dead save.
+ * @param dir receives the path (owned by the manager, valid until the next call).
+ * @param removed optional; receives how many incomplete directories were removed.
+ * @return KS_OK, KS_E_STATE (not a sharded manager), KS_E_LIMIT, KS_E_IO (listing failed), KS_E_NOMEM.
+ */
+ks_status ks_ckpt_manager_dir_begin(ks_ckpt_manager *m, const ks_timestamp *ts, const char **dir, size_t *removed,
+                                    ks_error *err);
+
+/**
+ * The directory a sharded save at `ts` writes (run_dir/<template>), as
+ * ks_ckpt_manager_dir_begin returns it, without touching the disk: for the
+ * ranks other than the one that owns the run directory.
+ * @param dir receives the path (owned by the manager, valid until its next call).
+ * @return KS_OK, KS_E_STATE (not a sharded manager), KS_E_LIMIT, KS_E_NOMEM.
+ */
+ks_status ks_ckpt_manager_dir_path(ks_ckpt_manager *m, const ks_timestamp *ts, const char **dir, ks_error *err);
+
+/** The I/O table the manager uses (ks_io_posix() when it was created with none). */
+const ks_io *ks_ckpt_manager_io(const ks_ckpt_manager *m);
+
+/**
+ * Finishes a sharded save whose index is durable: points `latest` at the
+ * directory, then applies the retention policies (never deleting `dir`).
+ * @return KS_OK, KS_E_STATE, KS_E_NOTFOUND (dir has no valid index: not committed),
+ *         KS_E_IO, KS_E_NOT_DURABLE (as ks_ckpt_manager_save).
+ */
+ks_status ks_ckpt_manager_dir_commit(ks_ckpt_manager *m, const char *dir, ks_error *err);
+
+/**
+ * The newest complete checkpoint directory whose files all verify against its
+ * index (size and whole-file checksum); others are skipped with a warning, and
+ * incomplete directories of dead saves are removed first.
+ * @param dir receives the path (owned by the manager), or NULL when there is none.
+ * @return KS_OK (also when there is none), KS_E_STATE, KS_E_IO, KS_E_NOMEM.
+ */
+ks_status ks_ckpt_manager_dir_latest(ks_ckpt_manager *m, const char **dir, ks_error *err);
 
 /* ------------------------------------------------------------------------ */
 /* Preemption.                                                               */

@@ -33,6 +33,7 @@
 
 #include "keepsake/alloc.h"
 #include "keepsake/format.h"
+#include "keepsake/io.h"
 #include "keepsake/statedict.h"
 #include "keepsake/status.h"
 #include "keepsake/tensor.h"
@@ -140,6 +141,12 @@ typedef struct ks_shard_index ks_shard_index;
  *         the key named), KS_E_VERSION, KS_E_LIMIT, KS_E_IO, KS_E_NOMEM.
  */
 KS_NODISCARD ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_shard_index **out, ks_error *err);
+/**
+ * ks_shard_index_read with every read through `io` (NULL = ks_io_posix()): for
+ * programs and modules whose checkpoints live behind a ks_io table.
+ */
+KS_NODISCARD ks_status ks_shard_index_read_io(const char *dir, const ks_allocator *alloc, const ks_io *io,
+                                              ks_shard_index **out, ks_error *err);
 /** Frees an index. Accepts NULL. */
 void ks_shard_index_free(ks_shard_index *idx);
 /** World size the checkpoint was written with. */
@@ -170,11 +177,15 @@ const char *const *ks_shard_index_per_rank(const ks_shard_index *idx, size_t *n)
  *         KS_E_CHECKSUM (corrupt), KS_E_IO; the message names the rank and err->file the file.
  */
 KS_NODISCARD ks_status ks_shard_verify_file(const char *dir, const ks_shard_index *idx, int rank, ks_error *err);
+/** ks_shard_verify_file with the file opened, mapped or read through `io` (NULL = ks_io_posix()). */
+KS_NODISCARD ks_status ks_shard_verify_file_io(const char *dir, const ks_shard_index *idx, int rank, const ks_io *io,
+                                               ks_error *err);
 
 /** Options of a load. All-zero (or NULL) gives the defaults. */
 typedef struct ks_shard_load_opts {
   const ks_allocator *alloc; /**< NULL = malloc */
   int no_verify;             /**< skip ks_shard_verify_file (ks_dist_load verifies in parallel itself) */
+  const ks_io *io;           /**< every read (index, verification, headers, chunks) goes through it; NULL = POSIX */
 } ks_shard_load_opts;
 
 /**

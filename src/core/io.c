@@ -178,13 +178,19 @@ static int posix_readlink(void *ctx, const char *path, char *buf, size_t cap, si
   return 0;
 }
 
+static int posix_rmdir(void *ctx, const char *path) {
+  (void)ctx;
+  return rmdir(path) == 0 ? 0 : errno_or_io();
+}
+
 const ks_io *ks_io_posix(void) {
   static const ks_io io = {.version = KS_IO_VERSION, .ctx = NULL, .create_fn = posix_create,
                            .write_fn = posix_write, .fsync_fn = posix_fsync, .close_fn = posix_close,
                            .rename_fn = posix_rename, .unlink_fn = posix_unlink, .fsync_dir_fn = posix_fsync_dir,
                            .open_fn = posix_open, .read_fn = posix_read, .map_fn = posix_map,
                            .unmap_fn = posix_unmap, .stat_fn = posix_stat, .list_fn = posix_list,
-                           .mkdir_fn = posix_mkdir, .symlink_fn = posix_symlink, .readlink_fn = posix_readlink};
+                           .mkdir_fn = posix_mkdir, .symlink_fn = posix_symlink, .readlink_fn = posix_readlink,
+                           .rmdir_fn = posix_rmdir};
   return &io;
 }
 

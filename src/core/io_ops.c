@@ -18,6 +18,11 @@ int ks__io_read_mode(const ks_io *io) {
   return ks__io_v2(io)->map_fn ? 0 : 2; /* KS_READ_MMAP : KS_READ_LAZY (format.h) */
 }
 
+int ks__io_rmdir(const ks_io *io, const char *path) {
+  const ks_io *t = io && io->version >= 3 ? io : ks_io_posix();
+  return t->rmdir_fn ? t->rmdir_fn(t->ctx, path) : 0;
+}
+
 ks_status ks_io_check(const ks_io *io, ks_error *err) {
   if (!io) return KS_OK;
   if (io->version == 0) return ks__err(err, KS_E_INVALID, "ks_io: version is 0 (set .version = KS_IO_VERSION)");

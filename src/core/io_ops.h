@@ -13,6 +13,8 @@
 const ks_io *ks__io_v1(const ks_io *io);
 /* The table of the version 2 operations: io when its version has them, else ks_io_posix(). */
 const ks_io *ks__io_v2(const ks_io *io);
+/* The rmdir of a table: its own from version 3 (possibly NULL: none), else ks_io_posix()'s. */
+int ks__io_rmdir(const ks_io *io, const char *path);
 
 /* The read mode for a whole-file load through io: KS_READ_MMAP when the table can map,
  * else KS_READ_LAZY (header first, then parallel ranged reads). An invalid table gets

@@ -22,4 +22,15 @@ void ks__wbuf_free(ks__wbuf *b);
 /* The MPI error of a call as a ks_status (KS_E_IO naming the call). */
 KS_NODISCARD ks_status ks__mpi_check(int rc, const char *call, ks_error *err);
 
+/*
+ * ks_dist_save in its phases, so a rank's file can be written in between on another thread:
+ * begin (collective: rank 0 prepares dir, the ranks agree, timestamps are compared), then each
+ * rank writes its file (ks_shard_write_rank, no MPI), then commit (collective: agreement on
+ * every rank's `local` result, barrier, gather of sizes and checksums, the index by rank 0).
+ */
+ks_status ks__dist_save_begin(MPI_Comm comm, const char *dir, const ks_statedict *sd, const ks_dist_save_opts *opts,
+                              int *rank, int *size, ks_error *err);
+ks_status ks__dist_save_commit(MPI_Comm comm, const char *dir, ks_status local, const ks_shard_file_info *info,
+                               const ks_dist_save_opts *opts, ks_error *err);
+
 #endif

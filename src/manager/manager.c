@@ -39,6 +39,8 @@ static double mono_now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+void ks__mgr_touch(ks_ckpt_manager *m) { m->last_save_time = mono_now(); }
+
 ks_status ks__mgr_metric_key(const char *metric, char *key, size_t cap) {
   int w;
   if (!metric || !*metric) return KS_E_INVALID;
@@ -80,13 +82,14 @@ ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out
   if (!opts || !opts->run_dir || !*opts->run_dir || !out || opts->keep < 0)
     return ks__err(err, KS_E_INVALID, "checkpoint manager: run_dir and out are required, keep >= 0");
   KS__TAKE_OPTS(ks_ckpt_opts, opts, KS__V1_SIZE(ks_ckpt_opts, staging_size), err);
-  const char *tmpl = opts->filename ? opts->filename : "ep{epoch}-ba{batch}.keepsake";
+  int sharded = opts->sharded != 0;
+  const char *tmpl = opts->filename ? opts->filename : sharded ? "ep{epoch}-ba{batch}" : "ep{epoch}-ba{batch}.keepsake";
   ks_ckpt_manager m = {.alloc = *ks__alloc_or_default(opts->alloc), .keep = opts->keep, .io = opts->io,
                        .log = opts->log ? opts->log : stderr,
                        .retention_log = opts->retention_log, .save_every_seconds = opts->save_every_seconds,
                        .last_save_time = mono_now(), .async_busy = opts->async_busy, .staging = opts->staging,
                        .staging_size = opts->staging_size, .upload_io = opts->upload_io,
-                       .upload_retention = opts->upload_retention, .where = ""};
+                       .upload_retention = opts->upload_retention, .where = "", .sharded = sharded};
   if (!(opts->save_every_seconds >= 0)) return ks__err(err, KS_E_INVALID, "save_every_seconds must be >= 0");
   ks_status rs = parse_retention(opts, &m.ret, err);
   if (rs) return rs;
@@ -155,6 +158,10 @@ static ks_status expand(const char *tmpl, const ks_timestamp *ts, char *name, si
   return KS_OK;
 }
 
+ks_status ks__mgr_expand(const ks_ckpt_manager *m, const ks_timestamp *ts, char *name, size_t cap) {
+  return expand(m->tmpl, ts, name, cap);
+}
+
 ks_status ks__mgr_join(const ks_ckpt_manager *m, const char *name, char *out, size_t cap) {
   int w = snprintf(out, cap, "%s/%s", m->run_dir, name);
   return w < 0 || (size_t)w >= cap ? KS_E_LIMIT : KS_OK;
@@ -170,7 +177,7 @@ static ks_status update_latest(ks_ckpt_manager *m, const char *name, ks_error *e
 
 /* What follows a durable checkpoint, in order: `latest`, then retention, then the upload (if any). Runs on the saver's
  * thread for async saves; the manager is not touched by the caller's thread meanwhile. */
-static ks_status after_commit(void *ctx, const char *path, ks_error *err) {
+ks_status ks__mgr_after_commit(void *ctx, const char *path, ks_error *err) {
   ks_ckpt_manager *m = ctx;
   const char *slash = strrchr(path, '/');
   const char *name = slash ? slash + 1 : path;
@@ -186,6 +193,8 @@ static ks_status after_commit(void *ctx, const char *path, ks_error *err) {
 }
 
 /* The checkpoint's path from the template; remembered as last_path. */
+ks_status ks__mgr_after_commit(void *ctx, const char *path, ks_error *err);
+
 static ks_status next_path(ks_ckpt_manager *m, const ks_state *st, ks_error *err) {
   ks_timestamp zero;
   ks_timestamp_init(&zero);
@@ -207,12 +216,14 @@ ks_status ks_ckpt_manager_wait(ks_ckpt_manager *m, ks_error *err) {
 
 ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err) {
   if (!m || !st) return ks__err(err, KS_E_INVALID, "save: NULL argument");
+  if (m->sharded)
+    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
   ks_status s = ks_ckpt_manager_wait(m, err);
   if (!s) s = next_path(m, st, err);
   if (s) return s;
   ks_save_opts so = {.alloc = &m->alloc, .io = m->io};
   s = ks_state_save(st, m->last_path, &so, err);
-  if (!s) s = after_commit(m, m->last_path, err);
+  if (!s) s = ks__mgr_after_commit(m, m->last_path, err);
   m->last_save_time = mono_now();
   if (!s && saved) *saved = m->last_path;
   return s;
@@ -220,6 +231,8 @@ ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const cha
 
 ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err) {
   if (!m || !st) return ks__err(err, KS_E_INVALID, "save: NULL argument");
+  if (m->sharded)
+    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
   if (!m->saver) {
     ks_async_opts ao = {.alloc = &m->alloc, .busy = m->async_busy, .staging = m->staging,
                         .staging_size = m->staging_size};
@@ -231,7 +244,7 @@ ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_state *st, con
   ks_status s = ks_async_saver_wait(m->saver, err); /* the previous save's error surfaces here, once */
   if (!s) s = next_path(m, st, err);
   ks_save_opts so = {.alloc = &m->alloc, .io = m->io};
-  if (!s) s = ks_async_saver_start(m->saver, st, m->last_path, &so, after_commit, m, err);
+  if (!s) s = ks_async_saver_start(m->saver, st, m->last_path, &so, ks__mgr_after_commit, m, err);
   m->last_save_time = mono_now();
   if (!s && saved) *saved = m->last_path;
   return s;

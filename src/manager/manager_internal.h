@@ -57,8 +57,37 @@ struct ks_ckpt_manager {
   char *upload_dir;
   int upload_retention;
   const char *where;       /* "" for run_dir; "uploaded " in the upload view's retention log */
+  int sharded; /* checkpoints are sharded directories */
 };
 
+/* One entry of the run directory that matches the template. */
+typedef struct ckpt {
+  char *name;
+  int readable; /* the header parsed and the timestamp was found */
+  int incomplete; /* sharded: a directory without an index (a save that did not finish) */
+  int nomem;      /* probing ran out of memory: says nothing about the checkpoint */
+  ks_status code; /* why not readable, when the reason was an error (KS_E_IO, KS_E_NOMEM, ...); 0 for no timestamp */
+  int64_t batch, epoch, sample, batch_in_epoch;
+  double wct;
+  int has_metric;
+  double metric;
+  char why[KS_ERROR_MSG_MAX + 40]; /* why it is not readable */
+} ckpt;
+
+typedef struct ckpt_list {
+  ckpt *v;
+  size_t n, cap;
+} ckpt_list;
+
+/* Records now as the time of the last save. */
+void ks__mgr_touch(ks_ckpt_manager *m);
+/* The template expanded with ts. @return KS_OK or KS_E_LIMIT. */
+ks_status ks__mgr_expand(const ks_ckpt_manager *m, const ks_timestamp *ts, char *name, size_t cap);
+/* `latest`, then retention, after the checkpoint at path is durable. */
+ks_status ks__mgr_after_commit(void *ctx, const char *path, ks_error *err);
+/* Autoresume of a sharded manager: the newest complete directory, merged onto one process. */
+ks_status ks__mgr_autoresume_dir(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts, ks_load_report *report,
+                                 int *resumed, const char **path, ks_error *err);
 /* run_dir + "/" + name into out. @return KS_OK or KS_E_LIMIT. */
 KS_NODISCARD ks_status ks__mgr_join(const ks_ckpt_manager *m, const char *name, char *out, size_t cap);
 /* Applies the preservation policies to the run directory (never deleting `keep_name`). */
@@ -91,5 +120,18 @@ KS_NODISCARD ks_status ks__mgr_resume_uploaded(ks_ckpt_manager *m, ks_state *st,
  * fsync, close, rename, fsync dir): dst_path never names a partial copy. */
 KS_NODISCARD ks_status ks__io_copy(const ks_io *src_io, const char *src_path, const ks_io *dst_io, const char *dst_path,
                       const ks_allocator *alloc, ks_error *err);
+/* The run directory's checkpoints, newest first (readable ones first). */
+ks_status ks__mgr_list(const ks_ckpt_manager *m, ckpt_list *l, ks_error *err);
+void ks__mgr_list_free(const ks_allocator *a, ckpt_list *l);
+/* Fills c from the checkpoint file at path (timestamp, best-N metric), or c->why. */
+void ks__mgr_probe_file(const ks_ckpt_manager *m, const char *path, ckpt *c);
+/* Fills c from the sharded directory at path: its index, then rank 0's file. */
+void ks__mgr_probe_dir(const ks_ckpt_manager *m, const char *path, ckpt *c);
+/* Removes a sharded checkpoint directory: the index first, then every file, then the directory. errno-style. */
+int ks__mgr_remove_dir(const ks_ckpt_manager *m, const char *path);
+/* Removes the temporary files of killed saves from run_dir (warnings only). */
+void ks__mgr_remove_leftovers(ks_ckpt_manager *m);
+/* Warns about a checkpoint skipped by autoresume (a file is moved aside to .corrupt). */
+void ks__mgr_warn_skip(ks_ckpt_manager *m, const char *name, const char *why);
 
 #endif

@@ -11,23 +11,7 @@
 #include "keepsake/layout.h"
 #include "manager/manager_internal.h"
 
-typedef struct ckpt {
-  char *name;
-  int readable; /* the header parsed and the timestamp was found */
-  ks_status code; /* why not, when the reason was an error (KS_E_IO, KS_E_NOMEM, ...); 0 for no timestamp */
-  int64_t batch, epoch, sample, batch_in_epoch;
-  double wct;
-  int has_metric;
-  double metric;
-  char why[KS_ERROR_MSG_MAX + 40]; /* why it is not readable */
-} ckpt;
-
-typedef struct ckpt_list {
-  ckpt *v;
-  size_t n, cap;
-} ckpt_list;
-
-static void list_free(const ks_allocator *a, ckpt_list *l) {
+void ks__mgr_list_free(const ks_allocator *a, ckpt_list *l) {
   for (size_t i = 0; i < l->n; i++) ks__free(a, l->v[i].name);
   ks__free(a, l->v);
   l->v = NULL;
@@ -63,7 +47,7 @@ static int matches_template(const char *t, const char *name) {
 
 /* A checkpoint of this run: a regular file (not a link, not a temp file) named by the template. */
 static int is_candidate(const ks_ckpt_manager *m, const char *name, ks_io_kind kind) {
-  return kind == KS_IO_FILE && name[0] != '.' && matches_template(m->tmpl, name);
+  return kind == (m->sharded ? KS_IO_DIR : KS_IO_FILE) && name[0] != '.' && matches_template(m->tmpl, name);
 }
 
 /* The stored value of the best-N metric: a finite one-element `_computed` tensor, or none. */
@@ -79,22 +63,22 @@ static void probe_metric(const ks_ckpt_manager *m, const ks_reader *r, ckpt *c) 
 
 #define TS_PREFIX KS_KEY_TIMESTAMP
 
-/* Reads the timestamp out of a checkpoint without verifying its data. */
-static void probe(const ks_ckpt_manager *m, ckpt *c) {
-  char path[4096];
+/* Reads the timestamp out of the checkpoint file `path` without verifying its data. */
+void ks__mgr_probe_file(const ks_ckpt_manager *m, const char *path, ckpt *c) {
   ks_reader *r = NULL;
   ks_statedict *sd = NULL;
   ks_read_opts ro = {.alloc = &m->alloc, .mode = ks__io_read_mode(m->io), .io = m->io}; /* lazy: the header only */
   ks_error e;
   ks_error_clear(&e);
   snprintf(c->why, sizeof c->why, "no training timestamp in it");
-  if (ks__mgr_join(m, c->name, path, sizeof path)) return;
   if ((c->code = ks_reader_open(path, &ro, &r, &e)) != KS_OK) {
+    c->nomem = e.code == KS_E_NOMEM;
     snprintf(c->why, sizeof c->why, "%s (%s)", e.message, ks_status_name(e.code));
     return;
   }
   c->code = ks_statedict_create(&m->alloc, &sd, NULL);
   if (!c->code) c->code = ks_reader_scalars(r, sd, NULL);
+  c->nomem = c->code == KS_E_NOMEM; /* not a damaged file: the listing fails instead */
   if (c->code) snprintf(c->why, sizeof c->why, "cannot read its scalars (%s)", ks_status_name(c->code));
   if (!c->code && !ks__get_int(sd, TS_PREFIX, "batch", &c->batch, NULL) && !ks__get_int(sd, TS_PREFIX, "epoch", &c->epoch, NULL) &&
       !ks__get_int(sd, TS_PREFIX, "sample", &c->sample, NULL)) {
@@ -112,7 +96,14 @@ static ks_status list_add(const ks_ckpt_manager *m, ckpt_list *l, const char *na
   if (s) return s;
   ckpt c = {.name = ks__strdup(&m->alloc, name)};
   if (!c.name) return KS_E_NOMEM;
-  probe(m, &c);
+  char path[4096];
+  if (ks__mgr_join(m, c.name, path, sizeof path)) snprintf(c.why, sizeof c.why, "path too long");
+  else if (m->sharded) ks__mgr_probe_dir(m, path, &c);
+  else ks__mgr_probe_file(m, path, &c);
+  if (c.nomem) {
+    ks__free(&m->alloc, c.name);
+    return KS_E_NOMEM;
+  }
   l->v[l->n++] = c;
   return KS_OK;
 }
@@ -140,12 +131,12 @@ static int on_entry(void *ctx, const char *name, ks_io_kind kind) {
   return c->s ? ECANCELED : 0;
 }
 
-static ks_status list_checkpoints(const ks_ckpt_manager *m, ckpt_list *l, ks_error *err) {
+ks_status ks__mgr_list(const ks_ckpt_manager *m, ckpt_list *l, ks_error *err) {
   const ks_io *io = ks__io_v2(m->io);
   list_ctx c = {m, l, KS_OK};
   int rc = io->list_fn(io->ctx, m->run_dir, "", on_entry, &c);
   if (c.s || rc) {
-    list_free(&m->alloc, l);
+    ks__mgr_list_free(&m->alloc, l);
     if (c.s) return ks__err(err, c.s, "listing checkpoints: %s", ks_strerror(c.s));
     return ks__err_at(err, KS_E_IO, m->run_dir, NULL, -1, "listing checkpoints: %s", strerror(rc));
   }
@@ -182,7 +173,7 @@ static ks_status apply(ks_ckpt_manager *m, const ks__ckpt_info *v, size_t n, con
       else fprintf(m->retention_log, "keepsake: deleted %s%s: kept by no policy\n", where, v[i].name);
     }
     if (keep || ks__mgr_join(m, v[i].name, path, sizeof path)) continue;
-    int rc = io->unlink_fn(io->ctx, path);
+    int rc = m->sharded ? ks__mgr_remove_dir(m, path) : io->unlink_fn(io->ctx, path);
     if (rc && rc != ENOENT && !s) s = ks__err_at(err, KS_E_IO, path, NULL, -1, "retention: unlink: %s", strerror(rc));
   }
   if (m->retention_log) fflush(m->retention_log);
@@ -191,7 +182,7 @@ static ks_status apply(ks_ckpt_manager *m, const ks__ckpt_info *v, size_t n, con
 
 ks_status ks__mgr_prune(ks_ckpt_manager *m, const char *keep_name, ks_error *err) {
   ckpt_list l = {0};
-  ks_status s = list_checkpoints(m, &l, err);
+  ks_status s = ks__mgr_list(m, &l, err);
   if (s) return s;
   ks__ckpt_info *v = NULL;
   size_t n = 0;
@@ -202,7 +193,7 @@ ks_status ks__mgr_prune(ks_ckpt_manager *m, const char *keep_name, ks_error *err
     s = apply(m, v, n, keep_name, err);
   }
   ks__free(&m->alloc, v);
-  list_free(&m->alloc, &l);
+  ks__mgr_list_free(&m->alloc, &l);
   return s;
 }
 
@@ -221,7 +212,7 @@ static int on_leftover(void *ctx, const char *name, ks_io_kind kind) {
  * Never valid, always safe to remove. A failure to list or remove is only a
  * warning: a temp file never matches the template, so it cannot be resumed from.
  */
-static void remove_leftovers(ks_ckpt_manager *m) {
+void ks__mgr_remove_leftovers(ks_ckpt_manager *m) {
   const ks_io *io = ks__io_v2(m->io);
   int rc = io->list_fn(io->ctx, m->run_dir, ".", on_leftover, m);
   if (rc) fprintf(m->log, "keepsake: warning: cannot list %s for temporary files: %s\n", m->run_dir, strerror(rc));
@@ -232,7 +223,7 @@ static void remove_leftovers(ks_ckpt_manager *m) {
  * longer matching the template, so no later autoresume tries it and no policy
  * ranks it (its stored metric could be the damaged bytes).
  */
-static void warn_skip(ks_ckpt_manager *m, const char *name, const char *why) {
+void ks__mgr_warn_skip(ks_ckpt_manager *m, const char *name, const char *why) {
   char from[4096], to[4096];
   const ks_io *io = ks__io_v1(m->io);
   int moved = !ks__mgr_join(m, name, from, sizeof from) && snprintf(to, sizeof to, "%s.corrupt", from) < (int)sizeof to &&
@@ -265,7 +256,7 @@ static ks_status try_one(ks_ckpt_manager *m, const char *name, ks_state *st, con
   if (s) {
     char why[KS_ERROR_MSG_MAX + 40];
     snprintf(why, sizeof why, "%s (%s)", e.message, ks_status_name(e.code));
-    warn_skip(m, name, why);
+    ks__mgr_warn_skip(m, name, why);
     *bad = 1;
     return KS_OK;
   }
@@ -290,9 +281,10 @@ ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_
   ks_status ws = ks_ckpt_manager_wait(m, err); /* never read a directory a background save is changing */
   if (ws) return ws;
   m->skipped = 0;
-  remove_leftovers(m);
+  if (m->sharded) return ks__mgr_autoresume_dir(m, st, opts, report, resumed, path, err);
+  ks__mgr_remove_leftovers(m);
   ckpt_list l = {0};
-  ks_status s = list_checkpoints(m, &l, err);
+  ks_status s = ks__mgr_list(m, &l, err);
   /* Unreadable files sort last but may well be the newest (a truncated copy): always warn. But one
    * that could not be read for want of memory or of a remote store is no reason to resume an older
    * one (or none): that is an error. */
@@ -301,7 +293,7 @@ ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_
       s = ks__err_at(err, l.v[i].code, l.v[i].name, NULL, -1, "autoresume: cannot read checkpoint %s/%s: %s",
                      m->run_dir, l.v[i].name, l.v[i].why);
   for (size_t i = 0; !s && i < l.n; i++)
-    if (!l.v[i].readable) warn_skip(m, l.v[i].name, l.v[i].why);
+    if (!l.v[i].readable) ks__mgr_warn_skip(m, l.v[i].name, l.v[i].why);
   for (size_t i = 0; !s && i < l.n && !*resumed && l.v[i].readable; i++) {
     int bad = 0;
     s = try_one(m, l.v[i].name, st, opts, report, &bad, err);
@@ -309,7 +301,7 @@ ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_
     s = ks__mgr_set_last(m, l.v[i].name, err);
     *resumed = !s;
   }
-  list_free(&m->alloc, &l);
+  ks__mgr_list_free(&m->alloc, &l);
   /* Nothing local loads (run_dir empty, missing or all corrupt): the uploaded copies, if any. */
   if (!s && !*resumed && m->upload_io) s = ks__mgr_resume_uploaded(m, st, opts, report, resumed, err);
   if (!s && *resumed && path) *path = m->last_path;
@@ -337,13 +329,13 @@ ks_status ks__mgr_candidates(const ks_ckpt_manager *m, char ***names, size_t *n,
   ckpt_list l = {0};
   *names = NULL;
   *n = 0;
-  ks_status s = list_checkpoints(m, &l, err);
+  ks_status s = ks__mgr_list(m, &l, err);
   if (s) return s;
   for (size_t i = 0; i < l.n; i++)
     if (!l.v[i].readable && unreadable_is_error(m, &l.v[i], 1)) {
       s = ks__err_at(err, l.v[i].code, l.v[i].name, NULL, -1, "cannot read checkpoint %s/%s: %s", m->run_dir,
                      l.v[i].name, l.v[i].why);
-      list_free(&m->alloc, &l);
+      ks__mgr_list_free(&m->alloc, &l);
       return s;
     }
   size_t k = 0;
@@ -359,7 +351,7 @@ ks_status ks__mgr_candidates(const ks_ckpt_manager *m, char ***names, size_t *n,
   char **out = k ? ks__calloc(&m->alloc, k, sizeof *out) : NULL;
   if (k && !out) {
     l.n = k;
-    list_free(&m->alloc, &l);
+    ks__mgr_list_free(&m->alloc, &l);
     return ks__err(err, KS_E_NOMEM, "out of memory");
   }
   for (size_t i = 0; i < k; i++) out[i] = l.v[i].name;

@@ -21,12 +21,13 @@ typedef struct file_head {
   ks__jv *dcp;    /* DCP_SHARDING_INFO or NULL */
 } file_head;
 
-static ks_status open_head(const char *dir, int rank, int n, const ks_allocator *a, file_head *h, ks_error *err) {
+static ks_status open_head(const char *dir, int rank, int n, const ks_allocator *a, const ks_io *io, file_head *h,
+                           ks_error *err) {
   char name[64];
   ks_status st = ks_shard_file_name(rank, n, name, sizeof name);
   char *path = st ? NULL : ks__shard_join(a, dir, name);
   if (!path) return ks__err(err, st ? st : KS_E_NOMEM, "out of memory");
-  ks_read_opts ro = {.alloc = a};
+  ks_read_opts ro = {.alloc = a, .io = io};
   st = ks_reader_open(path, &ro, &h->r, err);
   if (!st) st = ks__shard_parse_meta(a, ks_meta_get(ks_reader_meta(h->r), KS__SHARD_META), KS__SHARD_META, &h->record, err);
   int64_t jr = -1, jw = -1;
@@ -220,7 +221,7 @@ ks_status ks_shard_write_index(const char *dir, int world_size, const ks_shard_f
   file_head *heads = ks__calloc(a, (size_t)world_size, sizeof *heads);
   if (!heads) return ks__err(err, KS_E_NOMEM, "out of memory");
   ks_status st = KS_OK;
-  for (int f = 0; !st && f < world_size; f++) st = open_head(dir, f, world_size, a, &heads[f], err);
+  for (int f = 0; !st && f < world_size; f++) st = open_head(dir, f, world_size, a, opts ? opts->io : NULL, &heads[f], err);
   ks__jv *idx = st ? NULL : build(a, world_size, infos, heads, ks__jv_get(heads[0].record, "per_rank"), err, &st);
   /* One space per level and sorted keys: the layout indexes have always had (jansson's JSON_INDENT(1)). */
   char *text = idx && !st ? ks__jv_dump_indented(a, idx, true, 1) : NULL;

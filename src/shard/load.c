@@ -1,18 +1,17 @@
 /*
  * Loading one rank's part of a sharded checkpoint at any world size: the
  * replicated entries from rank 0's file, the wanted region of every sharded
- * tensor read by offset (pread) from the saved chunks that overlap it, only
+ * tensor read by offset (the io table's read_fn) from the saved chunks that overlap it, only
  * the bytes needed, and the per-rank entries: this
  * rank's own at the same world size, else the metrics of the saved ranks
  * assigned here merged with ks_metric_merge.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "keepsake/metric.h"
+#include "core/io_ops.h"
 #include "shard/shard_internal.h"
 
 typedef struct src_file {
@@ -20,7 +19,7 @@ typedef struct src_file {
   ks_statedict *sd; /* views into r, and r's scalars */
   const ks_meta *meta;
   ks__jv *metrics; /* keepsake.metrics, an object (possibly empty) */
-  int fd;          /* for chunk reads by offset; -1 until needed */
+  int fd;          /* for chunk reads by offset (through io); -1 until needed */
   char *path;
 } src_file;
 
@@ -29,6 +28,7 @@ typedef struct loader {
   const ks_shard_index *idx;
   int rank, m, n;
   const ks_allocator *a;
+  const ks_io *io; /* every read goes through it */
   src_file *files;
   ks_statedict *out;
   ks_error *err;
@@ -72,7 +72,7 @@ static ks_status open_file(loader *L, int f, src_file **out) {
   if (!s->sd) {
     char *path = ks__shard_join(L->a, L->dir, L->idx->files[f]);
     if (!path) return ks__err(L->err, KS_E_NOMEM, "out of memory");
-    ks_read_opts ro = {.alloc = L->a, .mode = KS_READ_MMAP};
+    ks_read_opts ro = {.alloc = L->a, .mode = KS_READ_MMAP, .io = L->io};
     s->path = path;
     ks_status st = ks_reader_open(path, &ro, &s->r, L->err);
     if (!st) st = views_of(L, s);
@@ -108,6 +108,7 @@ typedef struct box {
 
 /* Consecutive runs are merged into one read: a row-sharded region is a single pread. */
 typedef struct reads {
+  const ks_io *io;
   int fd;
   uint64_t base; /* file offset of the chunk's first byte */
   uint64_t src;  /* pending read: chunk byte offset, destination, length */
@@ -119,9 +120,10 @@ typedef struct reads {
 static void flush(reads *q) {
   size_t done = 0;
   while (!q->failed && done < q->len) {
-    ssize_t n = pread(q->fd, q->dst + done, q->len - done, (off_t)(q->base + q->src + done));
-    if (n <= 0) q->failed = n < 0 ? errno : EIO;
-    else done += (size_t)n;
+    size_t n = 0;
+    int rc = q->io->read_fn(q->io->ctx, q->fd, q->dst + done, q->len - done, q->base + q->src + done, &n);
+    if (rc || !n) q->failed = rc ? rc : EIO;
+    else done += n;
   }
   q->len = 0;
 }
@@ -213,14 +215,18 @@ static ks_status fill_from_chunk(loader *L, const ks__sharded *s, const ks__save
   if (!ok)
     return ks__err_at(L->err, KS_E_FORMAT, L->idx->files[k->file], s->name, -1,
                       "rank %d: the chunk of '%s' is not what the index records", k->file, s->name);
-  if (f->fd < 0 && (f->fd = open(f->path, O_RDONLY | O_CLOEXEC)) < 0)
-    return ks__err_at(L->err, KS_E_IO, f->path, NULL, -1, "rank %d: cannot open: %s", k->file, strerror(errno));
+  uint64_t size;
+  int rc = f->fd < 0 ? L->io->open_fn(L->io->ctx, f->path, &f->fd, &size) : 0;
+  if (rc) {
+    f->fd = -1;
+    return ks__err_at(L->err, KS_E_IO, f->path, NULL, -1, "rank %d: cannot open: %s", k->file, strerror(rc));
+  }
   box src = {s->rank, {0}, {0}};
   for (int d = 0; d < s->rank; d++) {
     src.off[d] = k->offsets[d];
     src.shape[d] = k->shape[d];
   }
-  reads q = {f->fd, ti.begin, 0, NULL, 0, 0};
+  reads q = {L->io, f->fd, ti.begin, 0, NULL, 0, 0};
   int e = copy_box(&q, data, reg, &src, lo, hi, ks_dtype_size(s->dtype));
   if (e)
     return ks__err_at(L->err, KS_E_IO, f->path, s->name, (int64_t)ti.begin, "rank %d: cannot read the chunk of '%s': %s",
@@ -445,9 +451,11 @@ ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int ran
                              ks_meta **meta, ks_error *err) {
   if (!dir || !idx || !sd || !meta || world_size < 1 || rank < 0 || rank >= world_size)
     return ks__err(err, KS_E_INVALID, "ks_shard_load_rank: bad argument (rank %d of %d)", rank, world_size);
-  loader L = {dir, idx, rank, world_size, idx->world_size, ks__alloc_or_default(opts ? opts->alloc : NULL), NULL, NULL, err};
+  loader L = {dir, idx, rank, world_size, idx->world_size, ks__alloc_or_default(opts ? opts->alloc : NULL),
+              ks__io_v2(opts ? opts->io : NULL), NULL, NULL, err};
   ks_status st = KS_OK;
-  for (int f = 0; !st && !(opts && opts->no_verify) && f < idx->world_size; f++) st = ks_shard_verify_file(dir, idx, f, err);
+  for (int f = 0; !st && !(opts && opts->no_verify) && f < idx->world_size; f++)
+    st = ks_shard_verify_file_io(dir, idx, f, L.io, err);
   if (!st && !(L.files = ks__calloc(L.a, (size_t)L.n, sizeof *L.files))) st = ks__err(err, KS_E_NOMEM, "out of memory");
   for (int f = 0; L.files && f < L.n; f++) L.files[f].fd = -1;
   if (!st && ks_statedict_create(L.a, &L.out, err)) st = ks__err(err, KS_E_NOMEM, "out of memory");
@@ -457,7 +465,7 @@ ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int ran
     ks_statedict_free(L.files[f].sd);
     ks_reader_free(L.files[f].r);
     ks__jv_free(L.a, L.files[f].metrics);
-    if (L.files[f].fd >= 0) close(L.files[f].fd);
+    if (L.files[f].fd >= 0) L.io->close_fn(L.io->ctx, L.files[f].fd);
     ks__free(L.a, L.files[f].path);
   }
   ks__free(L.a, L.files);

@@ -2,9 +2,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <xxhash.h>
 
-#include "core/fmap.h"
+#include "core/io_ops.h"
 #include "shard/shard_internal.h"
 
 #define KS__MAX_INDEX (256u << 20) /* bytes of index JSON accepted */
@@ -188,20 +188,50 @@ static ks_status parse(ks_shard_index *idx, const ks__jv *root, const char *path
   return st;
 }
 
-/* The index file parsed as JSON, within KS__MAX_INDEX bytes. */
-static ks_status load_json(const char *path, const ks_allocator *alloc, ks__jv **root, ks_error *err) {
-  struct stat sb;
-  if (stat(path, &sb))
-    return errno == ENOENT ? ks__err_at(err, KS_E_NOTFOUND, path, NULL, -1, "no index: not a complete sharded checkpoint")
-                           : ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot stat the index: %s", strerror(errno));
-  if ((uint64_t)sb.st_size > KS__MAX_INDEX)
-    return ks__err_at(err, KS_E_LIMIT, path, NULL, -1, "index is larger than %u bytes", KS__MAX_INDEX);
-  ks__fmap m;
-  ks_status st = ks__fmap_open(&m, path, NULL, true, 0, alloc, err);
-  if (st) return st;
-  if (m.size > KS__MAX_INDEX) /* grew since the stat */
-    st = ks__err_at(err, KS_E_LIMIT, path, NULL, -1, "index is larger than %u bytes", KS__MAX_INDEX);
-  if (!st && (st = ks__jv_parse(alloc, (const char *)m.bytes, m.size, NULL, root, err)) && err) {
+/* The whole of `path` (at most cap bytes) through io; *buf is NUL-terminated. errno-style result. */
+static int read_all(const ks_io *io, const ks_allocator *a, const char *path, uint64_t cap, char **buf, size_t *len,
+                    int *too_big) {
+  int fd, rc;
+  uint64_t size;
+  *buf = NULL;
+  *too_big = 0;
+  if ((rc = io->open_fn(io->ctx, path, &fd, &size)) != 0) return rc;
+  if (size > cap) {
+    *too_big = 1;
+    io->close_fn(io->ctx, fd);
+    return 0;
+  }
+  char *p = ks__malloc(a, (size_t)size + 1);
+  size_t done = 0, got = 0;
+  rc = p ? 0 : ENOMEM;
+  while (!rc && done < size && !(rc = io->read_fn(io->ctx, fd, p + done, (size_t)size - done, done, &got)) && got)
+    done += got;
+  io->close_fn(io->ctx, fd);
+  if (rc) {
+    ks__free(a, p);
+    return rc;
+  }
+  p[done] = '\0';
+  *buf = p;
+  *len = done;
+  return 0;
+}
+
+ks_status ks_shard_index_read_io(const char *dir, const ks_allocator *alloc, const ks_io *io, ks_shard_index **out,
+                                  ks_error *err) {
+  if (!dir || !out) return ks__err(err, KS_E_INVALID, "ks_shard_index_read: NULL argument");
+  io = ks__io_v2(io);
+  char *path = ks__shard_join(alloc, dir, KS_SHARD_INDEX_NAME), *text = NULL;
+  if (!path) return ks__err(err, KS_E_NOMEM, "out of memory");
+  size_t len = 0;
+  int too_big = 0, rc = read_all(io, alloc, path, KS__MAX_INDEX, &text, &len, &too_big);
+  ks_status st = KS_OK;
+  if (rc == ENOENT) st = ks__err_at(err, KS_E_NOTFOUND, path, NULL, -1, "no index: not a complete sharded checkpoint");
+  else if (rc == ENOMEM) st = ks__err(err, KS_E_NOMEM, "out of memory reading the index");
+  else if (rc) st = ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot read the index: %s", strerror(rc));
+  else if (too_big) st = ks__err_at(err, KS_E_LIMIT, path, NULL, -1, "index is larger than %u bytes", KS__MAX_INDEX);
+  ks__jv *root = NULL;
+  if (!st && (st = ks__jv_parse(alloc, text, len, NULL, &root, err)) && err) {
     ks__err_set_file(err, path);
     if (st == KS_E_FORMAT) {
       char why[sizeof err->message];
@@ -209,16 +239,6 @@ static ks_status load_json(const char *path, const ks_allocator *alloc, ks__jv *
       ks__err_at(err, st, path, NULL, err->offset, "index is not JSON: %s", why);
     }
   }
-  ks__fmap_close(&m, alloc);
-  return st;
-}
-
-ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_shard_index **out, ks_error *err) {
-  if (!dir || !out) return ks__err(err, KS_E_INVALID, "ks_shard_index_read: NULL argument");
-  char *path = ks__shard_join(alloc, dir, KS_SHARD_INDEX_NAME);
-  if (!path) return ks__err(err, KS_E_NOMEM, "out of memory");
-  ks__jv *root = NULL;
-  ks_status st = load_json(path, alloc, &root, err);
   ks_shard_index *idx = st ? NULL : ks__calloc(alloc, 1, sizeof *idx);
   if (!st && !idx) st = ks__err(err, KS_E_NOMEM, "out of memory");
   if (!st) {
@@ -226,6 +246,7 @@ ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_sha
     st = parse(idx, root, path, err);
   }
   ks__jv_free(alloc, root);
+  ks__free(alloc, text);
   ks__free(alloc, path);
   if (st) {
     ks_shard_index_free(idx);
@@ -235,28 +256,65 @@ ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_sha
   return KS_OK;
 }
 
-ks_status ks_shard_verify_file(const char *dir, const ks_shard_index *idx, int rank, ks_error *err) {
+ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_shard_index **out, ks_error *err) {
+  return ks_shard_index_read_io(dir, alloc, NULL, out, err);
+}
+
+/* XXH3-64 of an open file: mapped when the table can map, else read in blocks. errno-style result. */
+static int hash_fd(const ks_io *io, const ks_allocator *a, int fd, uint64_t size, uint64_t *hash) {
+  const void *p = NULL;
+  if (io->map_fn && size && io->map_fn(io->ctx, fd, size, &p) == 0) {
+    *hash = ks_checksum(p, (size_t)size);
+    io->unmap_fn(io->ctx, p, size);
+    return 0;
+  }
+  if (!size) return (*hash = ks_checksum("", 0)), 0;
+  XXH3_state_t *xx = XXH3_createState();
+  size_t cap = 1u << 20;
+  uint8_t *buf = ks__malloc(a, cap);
+  int rc = xx && buf ? 0 : ENOMEM;
+  if (!rc) XXH3_64bits_reset(xx);
+  for (uint64_t off = 0; !rc && off < size;) {
+    size_t want = size - off < cap ? (size_t)(size - off) : cap, got = 0;
+    if (!(rc = io->read_fn(io->ctx, fd, buf, want, off, &got)) && !got) rc = EIO; /* shrank meanwhile */
+    if (!rc) XXH3_64bits_update(xx, buf, got), off += got;
+  }
+  if (!rc) *hash = XXH3_64bits_digest(xx);
+  XXH3_freeState(xx);
+  ks__free(a, buf);
+  return rc;
+}
+
+ks_status ks_shard_verify_file_io(const char *dir, const ks_shard_index *idx, int rank, const ks_io *io,
+                                   ks_error *err) {
   if (!dir || !idx || rank < 0 || rank >= idx->world_size) return ks__err(err, KS_E_INVALID, "ks_shard_verify_file: bad argument");
+  io = ks__io_v2(io);
   char *path = ks__shard_join(&idx->alloc, dir, idx->files[rank]);
   if (!path) return ks__err(err, KS_E_NOMEM, "out of memory");
   const ks_shard_file_info *want = &idx->infos[rank];
-  struct stat sb;
-  ks_shard_file_info got;
+  const char *name = idx->files[rank];
+  int fd = -1;
+  uint64_t size = 0, hash = 0;
   ks_status st = KS_OK;
-  if (stat(path, &sb))
-    st = errno == ENOENT ? ks__err_at(err, KS_E_NOTFOUND, path, NULL, -1, "rank %d: shard file %s is missing", rank,
-                                      idx->files[rank])
-                         : ks__err_at(err, KS_E_IO, path, NULL, -1, "rank %d: cannot stat %s: %s", rank, idx->files[rank],
-                                      strerror(errno));
-  else if ((uint64_t)sb.st_size != want->size)
-    st = ks__err_at(err, KS_E_FORMAT, path, NULL, (int64_t)sb.st_size,
-                    "rank %d: shard file %s is %s: %llu bytes, the index says %llu", rank, idx->files[rank],
-                    (uint64_t)sb.st_size < want->size ? "truncated" : "longer than recorded",
-                    (unsigned long long)sb.st_size, (unsigned long long)want->size);
-  else if (!(st = ks__shard_hash_file(path, &got, err)) && got.checksum != want->checksum)
+  int rc = io->open_fn(io->ctx, path, &fd, &size);
+  if (rc == ENOENT) st = ks__err_at(err, KS_E_NOTFOUND, path, NULL, -1, "rank %d: shard file %s is missing", rank, name);
+  else if (rc) st = ks__err_at(err, KS_E_IO, path, NULL, -1, "rank %d: cannot open %s: %s", rank, name, strerror(rc));
+  else if (size != want->size)
+    st = ks__err_at(err, KS_E_FORMAT, path, NULL, (int64_t)size, "rank %d: shard file %s is %s: %llu bytes, the index says %llu",
+                    rank, name, size < want->size ? "truncated" : "longer than recorded", (unsigned long long)size,
+                    (unsigned long long)want->size);
+  else if ((rc = hash_fd(io, &idx->alloc, fd, size, &hash)) != 0)
+    st = rc == ENOMEM ? ks__err(err, KS_E_NOMEM, "out of memory hashing %s", name)
+                      : ks__err_at(err, KS_E_IO, path, NULL, -1, "rank %d: cannot read %s: %s", rank, name, strerror(rc));
+  else if (hash != want->checksum)
     st = ks__err_at(err, KS_E_CHECKSUM, path, NULL, -1,
-                    "rank %d: shard file %s is corrupt: XXH3 %016llx, the index says %016llx", rank, idx->files[rank],
-                    (unsigned long long)got.checksum, (unsigned long long)want->checksum);
+                    "rank %d: shard file %s is corrupt: XXH3 %016llx, the index says %016llx", rank, name,
+                    (unsigned long long)hash, (unsigned long long)want->checksum);
+  if (fd >= 0) io->close_fn(io->ctx, fd);
   ks__free(&idx->alloc, path);
   return st;
+}
+
+ks_status ks_shard_verify_file(const char *dir, const ks_shard_index *idx, int rank, ks_error *err) {
+  return ks_shard_verify_file_io(dir, idx, rank, NULL, err);
 }

@@ -3,13 +3,12 @@
  * part built exactly as a load at that size builds it, then written as that
  * rank would write it), and finding the newest complete checkpoint of a run.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "core/io_ops.h"
 #include "shard/shard_internal.h"
 
 /* The dim-0 split of every sharded tensor for part `r` of `m`. */
@@ -36,7 +35,7 @@ static ks_status reshard_one(const char *dir, const ks_shard_index *idx, int r, 
   ks_shard_map *map = NULL;
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
-  ks_shard_load_opts lo = {a, 1};
+  ks_shard_load_opts lo = {a, 1, opts ? opts->io : NULL};
   ks_status st = split_map(idx, r, m, a, &map, err);
   if (!st) st = ks_shard_load_rank(dir, idx, r, m, map, &lo, &sd, &meta, err);
   if (!st)
@@ -53,14 +52,15 @@ ks_status ks_shard_reshard(const char *dir, int world_size, const char *out_dir,
   if (!dir || !out_dir || world_size < 1 || world_size > KS_SHARD_MAX_WORLD)
     return ks__err(err, KS_E_INVALID, "ks_shard_reshard: bad argument (world size %d)", world_size);
   const ks_allocator *a = opts ? opts->alloc : NULL;
+  const ks_io *io = opts ? opts->io : NULL, *v2 = ks__io_v2(io);
   ks_shard_index *idx = NULL, *there = NULL;
-  ks_status st = ks_shard_index_read(dir, a, &idx, err);
-  if (!st && ks_shard_index_read(out_dir, a, &there, NULL) != KS_E_NOTFOUND)
+  ks_status st = ks_shard_index_read_io(dir, a, io, &idx, err);
+  if (!st && ks_shard_index_read_io(out_dir, a, io, &there, NULL) != KS_E_NOTFOUND)
     st = ks__err_at(err, KS_E_EXISTS, out_dir, NULL, -1, "already holds a checkpoint (or an unreadable index)");
   ks_shard_index_free(there);
-  for (int f = 0; !st && f < idx->world_size; f++) st = ks_shard_verify_file(dir, idx, f, err);
-  if (!st && mkdir(out_dir, 0777) && errno != EEXIST)
-    st = ks__err_at(err, KS_E_IO, out_dir, NULL, -1, "cannot create: %s", strerror(errno));
+  for (int f = 0; !st && f < idx->world_size; f++) st = ks_shard_verify_file_io(dir, idx, f, io, err);
+  int rc = st ? 0 : v2->mkdir_fn(v2->ctx, out_dir);
+  if (rc && rc != EEXIST) st = ks__err_at(err, KS_E_IO, out_dir, NULL, -1, "cannot create: %s", strerror(rc));
   ks_shard_file_info *infos = st ? NULL : ks__calloc(a, (size_t)world_size, sizeof *infos);
   if (!st && !infos) st = ks__err(err, KS_E_NOMEM, "out of memory");
   for (int r = 0; !st && r < world_size; r++) st = reshard_one(dir, idx, r, world_size, out_dir, opts, &infos[r], err);
@@ -84,39 +84,48 @@ static int newer_first(const void *x, const void *y) {
   return strcmp(b->path, a->path);
 }
 
-static ks_status collect(const char *run_dir, const ks_allocator *a, cand **out, size_t *n, ks_error *err) {
-  DIR *d = opendir(run_dir);
-  if (!d) return ks__err_at(err, KS_E_IO, run_dir, NULL, -1, "cannot list: %s", strerror(errno));
-  cand *c = NULL;
-  size_t cnt = 0, cap = 0;
-  ks_status st = KS_OK;
-  struct dirent *e;
-  while (!st && (e = readdir(d))) {
-    if (e->d_name[0] == '.') continue;
-    char *p = ks__shard_join(a, run_dir, e->d_name);
-    ks_shard_index *idx = NULL;
-    if (!p) st = ks__err(err, KS_E_NOMEM, "out of memory");
-    else if (ks_shard_index_read(p, a, &idx, NULL) != KS_OK) {
-      ks__free(a, p); /* no index (a save that died) or not a checkpoint at all */
-      continue;
-    }
-    if (!st && cnt == cap) {
-      cap = cap ? cap * 2 : 8;
-      cand *q = ks__realloc(a, c, cap * sizeof *q);
-      if (!q) st = ks__err(err, KS_E_NOMEM, "out of memory");
-      else c = q;
-    }
-    if (!st) {
-      c[cnt].path = p;
-      c[cnt++].ts = idx->ts;
-    } else
-      ks__free(a, p);
-    ks_shard_index_free(idx);
+typedef struct collector {
+  const char *run_dir;
+  const ks_allocator *a;
+  cand *c;
+  size_t n, cap;
+  ks_status st;
+  ks_error *err;
+} collector;
+
+static int on_dir(void *ctx, const char *name, ks_io_kind kind) {
+  collector *k = ctx;
+  if (name[0] == '.' || kind != KS_IO_DIR) return 0;
+  char *p = ks__shard_join(k->a, k->run_dir, name);
+  ks_shard_index *idx = NULL;
+  if (!p) k->st = ks__err(k->err, KS_E_NOMEM, "out of memory");
+  else if (ks_shard_index_read(p, k->a, &idx, NULL) != KS_OK) {
+    ks__free(k->a, p); /* no index (a save that died) or not a checkpoint at all */
+    return 0;
   }
-  closedir(d);
-  *out = c;
-  *n = cnt;
-  return st;
+  if (!k->st && k->n == k->cap) {
+    size_t cap = k->cap ? k->cap * 2 : 8;
+    cand *q = ks__realloc(k->a, k->c, cap * sizeof *q);
+    if (!q) k->st = ks__err(k->err, KS_E_NOMEM, "out of memory");
+    else k->c = q, k->cap = cap;
+  }
+  if (!k->st) {
+    k->c[k->n].path = p;
+    k->c[k->n++].ts = idx->ts;
+  } else
+    ks__free(k->a, p);
+  ks_shard_index_free(idx);
+  return k->st ? ECANCELED : 0;
+}
+
+static ks_status collect(const char *run_dir, const ks_allocator *a, cand **out, size_t *n, ks_error *err) {
+  const ks_io *io = ks_io_posix();
+  collector k = {run_dir, a, NULL, 0, 0, KS_OK, err};
+  int rc = io->list_fn(io->ctx, run_dir, "", on_dir, &k);
+  if (!k.st && rc) k.st = ks__err_at(err, KS_E_IO, run_dir, NULL, -1, "cannot list: %s", strerror(rc));
+  *out = k.c;
+  *n = k.n;
+  return k.st;
 }
 
 static int verifies(const char *dir, const ks_allocator *a) {

@@ -15,12 +15,12 @@ allowed_pub() {
     metrics) echo "$core_pub metric" ;;
     train) echo "$core_pub train" ;;
     state) echo "$core_pub state train metric format" ;;
-    manager) echo "$core_pub manager state train format" ;;
+    manager) echo "$core_pub manager state train format shard" ;;
     torch) echo "$core_pub torch" ;;
     import) echo "$core_pub import torch metric format" ;;
     convert) echo "$core_pub convert import torch metric format" ;;
     shard) echo "$core_pub shard format metric" ;;
-    dist) echo "$core_pub dist shard format metric" ;;
+    dist) echo "$core_pub dist shard format metric manager state train" ;;
     remote) echo "$core_pub storage" ;;
     *) echo "" ;;
   esac
