@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "digits.h"
+#include "keepsake/io_cache.h"
 #include "keepsake/storage.h"
 
 #define BATCH 32
@@ -28,6 +29,7 @@ typedef struct args {
   const char *run_dir, *save_interval, *data, *keep_every;
   const char *upload_to;             /* --upload-to URL: save in run_dir, then upload there */
   int upload_retention;              /* --upload-retention: the keep policies delete uploaded copies too */
+  const char *cache_dir;             /* --cache-dir DIR: keep what is read from a remote run dir or upload */
   int epochs, keep, autoresume, async_save, continue_on_save_error;
   long long seed, halt_after;
   int keep_best;                     /* --keep-best N:METRIC:max|min */
@@ -45,7 +47,7 @@ static int usage(void) {
                   "                       [--async-save] [--keep-best N:METRIC:max|min] [--keep-every 5ep|100ba]\n"
                   "                       [--save-every-seconds S] [--early-stop METRIC:PATIENCE[:max|min]]\n"
                   "                       [--on-save-error stop|continue] [--upload-to s3://bucket/run]\n"
-                  "                       [--upload-retention]\n"
+                  "                       [--upload-retention] [--cache-dir DIR]\n"
                   "  METRIC is label/Name, e.g. eval/MulticlassAccuracy. SIGTERM or SIGUSR1 saves at the next\n"
                   "  batch and exits with status 75; --autoresume continues from there.\n");
   return 2;
@@ -94,6 +96,7 @@ static int parse_args(int argc, char **argv, args *a) {
     else if (!strcmp(f, "--save-every-seconds")) a->save_every_seconds = atof(v);
     else if (!strcmp(f, "--run-dir")) a->run_dir = v;
     else if (!strcmp(f, "--upload-to")) a->upload_to = v;
+    else if (!strcmp(f, "--cache-dir")) a->cache_dir = v;
     else if (!strcmp(f, "--epochs")) a->epochs = atoi(v);
     else if (!strcmp(f, "--save-interval")) a->save_interval = v;
     else if (!strcmp(f, "--keep")) a->keep = atoi(v);
@@ -143,6 +146,7 @@ typedef struct run {
   ks_ckpt_manager *mgr;
   ks_storage *store; /* the run directory: a local path or a storage URL (s3://bucket/run) */
   ks_storage *upload; /* --upload-to: where each checkpoint is copied after it is saved */
+  ks_io *cache[2];    /* --cache-dir: read caches over the remote run dir and the upload store */
   int64_t *order;
   ks_early_stop early;
   int stopping;  /* early stopping fired */
@@ -154,6 +158,22 @@ static int fail(const char *what, ks_status s, const ks_error *e) {
   char buf[1024];
   fprintf(stderr, "keepsake-digits: %s: %s\n", what, e && e->code ? ks_error_format(e, buf, sizeof buf) : ks_strerror(s));
   return 1;
+}
+
+/* --cache-dir: a read cache over a remote table (in DIR/which), so a resume downloads each byte
+ * once; the manager then uses the cache, which forwards every write unchanged. */
+static ks_status with_cache(run *r, int i, const ks_io *inner, const char *which, ks_error *e) {
+  if (!r->a.cache_dir) return KS_OK;
+  char dir[4096];
+  int n = snprintf(dir, sizeof dir, "%s/%s", r->a.cache_dir, which);
+  if (n < 0 || (size_t)n >= sizeof dir) {
+    e->code = KS_E_LIMIT;
+    snprintf(e->message, sizeof e->message, "cache directory path too long");
+    return KS_E_LIMIT;
+  }
+  ks_status s = ks_io_cache_create(inner, dir, NULL, &r->cache[i], e);
+  if (!s && i == 0) r->io = r->cache[0];
+  return s;
 }
 
 static int build(run *r) {
@@ -196,6 +216,7 @@ static int build(run *r) {
   if ((s = ks_storage_open(r->a.run_dir, NULL, &r->store, &e)) != KS_OK) return fail("run directory", s, &e);
   int remote = ks_storage_is_remote(r->store); /* the test hooks wrap local files only */
   r->io = remote ? ks_storage_io(r->store) : digits_test_io();
+  if (remote && (s = with_cache(r, 0, r->io, "run", &e)) != KS_OK) return fail("--cache-dir", s, &e);
   ks_ckpt_opts co = {.run_dir = ks_storage_path(r->store), .save_interval = r->a.save_interval, .keep = r->a.keep,
                      .io = r->io, .keep_best = r->a.keep_best,
                      .best_metric = r->a.keep_best ? r->a.best_metric : NULL, .best_mode = r->a.best_mode,
@@ -204,6 +225,9 @@ static int build(run *r) {
   if (r->a.upload_to) { /* save locally, then upload; autoresume downloads from there when run_dir has nothing */
     if ((s = ks_storage_open(r->a.upload_to, NULL, &r->upload, &e)) != KS_OK) return fail("--upload-to", s, &e);
     co.upload_io = ks_storage_io(r->upload);
+    if (ks_storage_is_remote(r->upload) && (s = with_cache(r, 1, co.upload_io, "upload", &e)) != KS_OK)
+      return fail("--cache-dir", s, &e);
+    if (r->cache[1]) co.upload_io = r->cache[1];
     co.upload_dir = ks_storage_path(r->upload);
     co.upload_retention = r->a.upload_retention;
   }
@@ -457,6 +481,8 @@ static int finish(run *r) {
 
 static void teardown(run *r) {
   ks_ckpt_manager_free(r->mgr);
+  ks_io_cache_free(r->cache[0]); /* before the stores they wrap */
+  ks_io_cache_free(r->cache[1]);
   ks_storage_free(r->store);
   ks_storage_free(r->upload);
   ks_state_free(r->st);

@@ -2,7 +2,8 @@
 # Usage: remote_resume.sh DIGITS_BIN KEEPSAKE_CLI WORKDIR     (KS_REMOTE_ENV: fixture remote_servers)
 # Remote resume: the demo saves to S3 (moto), straight (--run-dir s3://...) or locally then
 # uploaded (--upload-to s3://...). It is killed mid-run, everything local to the "machine" is
-# deleted (its run directory, working directory and TMPDIR), and --autoresume continues from S3.
+# deleted (its run directory, its --cache-dir of what it read from S3, working directory and
+# TMPDIR), and --autoresume continues from S3.
 # The final checkpoint must equal an uninterrupted local run's, per keepsake diff --ignore '*_wct'.
 # Then the newest remote checkpoint is truncated, or a byte of it flipped: autoresume skips it and
 # continues from the previous one, to the same final checkpoint. Last, background saves killed
@@ -38,8 +39,8 @@ run() {
 }
 # args NAME MODE: where case NAME saves in MODE (direct: S3 only; upload: local run dir + S3).
 args() {
-  if [ "$2" = direct ]; then echo "--run-dir s3://$BUCKET/$1"
-  else echo "--run-dir $WORK/m-$1/run --upload-to s3://$BUCKET/$1"; fi
+  if [ "$2" = direct ]; then echo "--run-dir s3://$BUCKET/$1 --cache-dir $WORK/m-$1/cache"
+  else echo "--run-dir $WORK/m-$1/run --upload-to s3://$BUCKET/$1 --cache-dir $WORK/m-$1/cache"; fi
 }
 # final NAME MODE: where its final checkpoint is.
 final() { if [ "$2" = direct ]; then echo "s3://$BUCKET/$1/final.keepsake"; else echo "$WORK/m-$1/run/final.keepsake"; fi; }
@@ -67,6 +68,8 @@ for mode in direct upload; do
   wipe "$name"
   resume "$name" $mode && compare "$name" $mode
   grep -q "resumed from .*ep1-ba60.keepsake" "$WORK/$name.log" || die_case "$name: did not resume from ep1-ba60"
+  # The resumed run read the checkpoint from S3 through its (new, empty) cache: the pieces are there.
+  [ -n "$(find "$WORK/m-$name/cache" -type f 2>/dev/null | head -1)" ] || die_case "$name: nothing in --cache-dir"
 
   # 2. SIGKILL from outside, wherever the run is (once S3 has a checkpoint).
   name="$mode-sigkill"
