@@ -36,55 +36,22 @@
 #include "crashio.h"
 #include "keepsake/manager.h"
 #include "keepsake/state.h"
+#include "testprog.h"
 #include "testutil.h"
 
 #define NSAVES 6
 static const double k_vals[NSAVES] = {0.5, 0.9, 0.3, 0.4, 0.2, 0.1};
 
-typedef struct prog {
-  float w[4];
-  int64_t shape[1];
-  ks_timestamp ts;
-  ks_state *st;
-} prog;
+typedef ks_test_prog prog;
 
-static ks_status factory(void *ctx, const char *label, const ks_allocator *a, ks_metric_collection **out,
-                         ks_error *err) {
-  (void)ctx;
-  ks_metric *m = NULL;
-  ks_status s = ks_metric_collection_create(a, out, NULL);
-  if (!s && label) s = ks_metric_create("MeanMetric", "{}", a, &m, err);
-  if (!s && label) s = ks_metric_collection_add(*out, "MeanMetric", m, NULL);
-  return s;
-}
-
-static void prog_init(prog *p) {
-  memset(p, 0, sizeof *p);
-  p->shape[0] = 4;
-  ks_tensor t;
-  assert_int_equal(ks_state_create("run", 1, NULL, &p->st, NULL), KS_OK);
-  assert_int_equal(ks_tensor_init(&t, KS_F32, 1, p->shape, p->w), KS_OK);
-  assert_int_equal(ks_state_add_tensor(p->st, "w", &t, NULL), KS_OK);
-  ks_timestamp_init(&p->ts);
-  ks_state_set_timestamp(p->st, &p->ts);
-  const char *labels[] = {"eval"};
-  assert_int_equal(ks_state_build_metrics(p->st, factory, NULL, labels, 1, NULL), KS_OK);
-}
+static void prog_init(prog *p) { assert_int_equal(ks_test_prog_init(p), KS_OK); }
 
 static void prog_step(prog *p, int64_t b, double v) {
   p->ts.batch = b;
   p->ts.epoch = b / 10;
   p->ts.total_wct = (double)b;
   for (int i = 0; i < 4; i++) p->w[i] = (float)(b * 4 + i);
-  ks_metric *m = ks_metric_collection_get(ks_state_eval_metrics(p->st, "eval"), "MeanMetric");
-  ks_metric_reset(m);
-  float x = (float)v;
-  int64_t one[1] = {1};
-  ks_tensor in;
-  assert_int_equal(ks_tensor_init(&in, KS_F32, 1, one, &x), KS_OK);
-  assert_int_equal(ks_metric_update(m, &in, 1, NULL), KS_OK);
-  const ks_tensor *out;
-  assert_int_equal(ks_metric_compute(m, &out, NULL), KS_OK);
+  assert_int_equal(ks_test_prog_set_metric(p, v), KS_OK);
 }
 
 static FILE *g_null;

@@ -20,39 +20,13 @@
 #include "keepsake/manager.h"
 #include "keepsake/state.h"
 #include "manager/manager_internal.h"
+#include "testprog.h"
 #include "testutil.h"
 
 /* A small program: one weight tensor, a timestamp and an eval MeanMetric whose value we choose. */
-typedef struct prog {
-  float w[4];
-  int64_t shape[1];
-  ks_timestamp ts;
-  ks_state *st;
-  ks_early_stop es;
-} prog;
+typedef ks_test_prog prog;
 
-static ks_status factory(void *ctx, const char *label, const ks_allocator *a, ks_metric_collection **out,
-                         ks_error *err) {
-  (void)ctx;
-  ks_metric *m = NULL;
-  ks_status s = ks_metric_collection_create(a, out, NULL);
-  if (!s && label) s = ks_metric_create("MeanMetric", "{}", a, &m, err);
-  if (!s && label) s = ks_metric_collection_add(*out, "MeanMetric", m, NULL);
-  return s;
-}
-
-static void prog_init(prog *p) {
-  memset(p, 0, sizeof *p);
-  p->shape[0] = 4;
-  ks_tensor t;
-  assert_int_equal(ks_state_create("run", 1, NULL, &p->st, NULL), KS_OK);
-  assert_int_equal(ks_tensor_init(&t, KS_F32, 1, p->shape, p->w), KS_OK);
-  assert_int_equal(ks_state_add_tensor(p->st, "w", &t, NULL), KS_OK);
-  ks_timestamp_init(&p->ts);
-  ks_state_set_timestamp(p->st, &p->ts);
-  const char *labels[] = {"eval"};
-  assert_int_equal(ks_state_build_metrics(p->st, factory, NULL, labels, 1, NULL), KS_OK);
-}
+static void prog_init(prog *p) { assert_int_equal(ks_test_prog_init(p), KS_OK); }
 
 /* Advances to batch `b` with the eval metric at value v (computed, so `_computed` holds it). */
 static void prog_step(prog *p, int64_t b, double v) {
@@ -61,15 +35,7 @@ static void prog_step(prog *p, int64_t b, double v) {
   p->ts.batch_in_epoch = b % 10;
   p->ts.total_wct = (double)b;
   p->w[0] = (float)b;
-  ks_metric *m = ks_metric_collection_get(ks_state_eval_metrics(p->st, "eval"), "MeanMetric");
-  ks_metric_reset(m);
-  float x = (float)v;
-  int64_t one[1] = {1};
-  ks_tensor in;
-  assert_int_equal(ks_tensor_init(&in, KS_F32, 1, one, &x), KS_OK);
-  assert_int_equal(ks_metric_update(m, &in, 1, NULL), KS_OK);
-  const ks_tensor *out;
-  assert_int_equal(ks_metric_compute(m, &out, NULL), KS_OK);
+  assert_int_equal(ks_test_prog_set_metric(p, v), KS_OK);
 }
 
 static void prog_free(prog *p) { ks_state_free(p->st); }
