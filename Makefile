@@ -48,6 +48,11 @@ fuzz: deps
 	  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" $(CMAKE_FLAGS)
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZ_TARGETS)
 	@scripts/fuzz $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_ONLY)
+	@# The Python package's readers (a mutation fuzzer: see tests/fuzz/py_readers.py), when built.
+	@py=$${KS_VENV:-.venv}/bin/python; if [ -d $(BUILD)/python-pkg/keepsake ] && [ -x $$py ] && \
+	  { [ -z "$(FUZZ_ONLY)" ] || echo " $(FUZZ_ONLY) " | grep -q " py_readers "; }; then \
+	  echo "== fuzzing py_readers for $(FUZZ_SECONDS)s"; \
+	  PYTHONPATH=$(BUILD)/python-pkg $$py tests/fuzz/py_readers.py . $(FUZZ_SECONDS); fi
 
 install: build
 	cmake --install $(BUILD)

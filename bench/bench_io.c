@@ -24,7 +24,8 @@ typedef struct bench_case {
 } bench_case;
 
 typedef struct results {
-  double raw_write, ks_save, raw_write_nosync, ks_save_nosync, raw_read, raw_read_warm, ks_load_copy, ks_open_mmap, ks_verify, memcpy_s;
+  double raw_write, ks_save, raw_write_nosync, ks_save_nosync, raw_read, raw_read_warm, ks_load_copy, ks_open_mmap,
+      ks_verify, memcpy_s;
   double torch_save, torch_load, torch_load_first; /* < 0 when skipped */
 } results;
 
@@ -207,10 +208,12 @@ static void report(const bench_case *c, const results *r, double bytes) {
     row("torch.load (fresh memory)", bytes, r->torch_load_first, "of keepsake copy load", r->ks_load_copy);
   if (r->torch_load > 0)
     row("torch.load (reused memory)", bytes, r->torch_load, "of keepsake copy load", r->ks_load_copy);
-  printf("  ratios: save_nosync/raw_write_nosync=%.2f save/raw_write=%.2f save_vs_torch.save=%.2fx load_copy/raw_read=%.2f "
+  printf("  ratios: save_nosync/raw_write_nosync=%.2f save/raw_write=%.2f save_vs_torch.save=%.2fx "
+         "load_copy/raw_read=%.2f "
          "load_copy/warm_read=%.2f load_vs_torch.load(fresh)=%.2fx\n",
-         r->raw_write_nosync / r->ks_save_nosync, r->raw_write / r->ks_save, r->torch_save > 0 ? r->torch_save / r->ks_save : 0,
-         r->raw_read / r->ks_load_copy, r->raw_read_warm / r->ks_load_copy, r->torch_load_first > 0 ? r->torch_load_first / r->ks_load_copy : 0);
+         r->raw_write_nosync / r->ks_save_nosync, r->raw_write / r->ks_save,
+         r->torch_save > 0 ? r->torch_save / r->ks_save : 0, r->raw_read / r->ks_load_copy,
+         r->raw_read_warm / r->ks_load_copy, r->torch_load_first > 0 ? r->torch_load_first / r->ks_load_copy : 0);
 }
 
 int main(int argc, char **argv) {

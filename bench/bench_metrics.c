@@ -60,7 +60,8 @@ static int make_inputs(const bcase *c, int64_t rows, inputs *in) {
     else ((int64_t *)in->buf[1])[i] = c->inputs == IN_BINARY ? frand() < 0.5f : (int64_t)(frand() * (float)w) % w;
   }
   int64_t s0[2] = {rows, w};
-  if (ks_tensor_init(&in->t[0], d0, (c->inputs == IN_LOGITS || c->inputs == IN_LM) ? 2 : 1, s0, in->buf[0])) abort(); /* fixed, valid shapes: cannot fail */
+  if (ks_tensor_init(&in->t[0], d0, (c->inputs == IN_LOGITS || c->inputs == IN_LM) ? 2 : 1, s0, in->buf[0]))
+    abort();                                                     /* fixed, valid shapes: cannot fail */
   if (ks_tensor_init(&in->t[1], d1, 1, s0, in->buf[1])) abort(); /* fixed, valid shapes: cannot fail */
   in->bytes = in->t[0].nbytes + in->t[1].nbytes;
   return 0;

@@ -154,7 +154,8 @@ int main(int argc, char **argv) {
     n_sizes = 0;
     for (int i = 1; i < argc && n_sizes < 16; i++) sizes[n_sizes++] = (size_t)strtoull(argv[i], NULL, 10);
   }
-  printf("bench_state: ks_state_save/ks_state_load vs ks_save/ks_load of the same state (AdamW, %d-float tensors, no fsync, CPU time, best of 5 / 3 at 100k)\n\n",
+  printf("bench_state: ks_state_save/ks_state_load vs ks_save/ks_load of the same state (AdamW, %d-float tensors, no "
+         "fsync, CPU time, best of 5 / 3 at 100k)\n\n",
          ELEMS);
   printf("  %8s %9s %12s %12s %7s %12s %12s %7s\n", "tensors", "entries", "state_save", "ks_save", "ratio",
          "state_load", "ks_load", "ratio");

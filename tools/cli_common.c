@@ -326,6 +326,10 @@ void ks_cli_input_error(const ks_cli_input *in, ks_error *err) {
   if (!ks_storage_last_error(in->st, detail, sizeof detail)) return;
   size_t n = strlen(err->message);
   snprintf(err->message + n, sizeof err->message - n, " [%s]", detail);
+  /* the library reports a table's failure as KS_E_IO; the store knows a deadline or a budget from it */
+  ks_error last;
+  ks_status cls = ks_storage_last_status(in->st, &last);
+  if (err->code == KS_E_IO && (cls == KS_E_NET || cls == KS_E_LIMIT)) err->code = cls;
 }
 
 int ks_cli_input_read(const ks_cli_input *in, void **buf, size_t *len, ks_error *err) {

@@ -114,6 +114,12 @@ int ks_inspect_tensors(const ks_reader *r, FILE *out, json_t *json);
 int ks_inspect_scalars(const ks_reader *r, FILE *out, json_t *json);
 int ks_inspect_metadata(const ks_reader *r, FILE *out, json_t *json);
 
+/* The JSON object `keepsake inspect --json FILE` prints (path: a file or storage URL). Returns 0 with
+   *out set (json_decref it), or -1 after printing an error. */
+int ks_inspect_file_json(const char *path, json_t **out);
+/* Prints json indented by 2 and a newline. Returns 0, or -1 when out of memory. */
+int ks_cli_print_json(json_t *json);
+
 /*
  * Extension points for components (metrics, training state). A component that
  * has its own view of a file defines these (strong symbols) in its own tools

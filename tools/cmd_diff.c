@@ -1,7 +1,8 @@
 /*
  * keepsake diff A B [--ignore GLOB]...: key-by-key differences between two
- * files or sharded checkpoint directories (or a file and a directory). Exit 0 when identical in content outside the ignored keys, 1 when
- * they differ, 2 on a bad command line or an unreadable file.
+ * files or sharded checkpoint directories (or a file and a directory). Exit 0 when identical
+ * in content outside the ignored keys, 1 when they differ, 2 on a bad command line or an
+ * unreadable file.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -221,8 +222,8 @@ static void diff_meta_side(diff_ctx *c, const ks_meta *x, const ks_meta *y, cons
       printf("%s %smetadata '%s': only in %s\n", sign, c->per_rank_only ? c->label : "", ks_cli_esc(k), side);
       c->differ++;
     } else if (strcmp(v, w) != 0) {
-      printf("~ %smetadata '%s': values differ (%zu bytes -> %zu bytes)\n", c->per_rank_only ? c->label : "", ks_cli_esc(k),
-             strlen(v), strlen(w));
+      printf("~ %smetadata '%s': values differ (%zu bytes -> %zu bytes)\n", c->per_rank_only ? c->label : "",
+             ks_cli_esc(k), strlen(v), strlen(w));
       c->differ++;
     }
   }
@@ -248,7 +249,7 @@ static void side_free(side *x) {
 }
 
 /* The checkpoint at path as n ranks (a file is one); merge = 1 loads a directory merged onto one rank. */
-static ks_status side_load(const char *path, int merge, side *x, ks_error *err) {
+KS_NODISCARD static ks_status side_load(const char *path, int merge, side *x, ks_error *err) {
   memset(x, 0, sizeof *x);
   ks_read_opts ro = ks_cli_read_opts();
   if (!ks_cli_is_dir(path)) {
@@ -261,13 +262,16 @@ static ks_status side_load(const char *path, int merge, side *x, ks_error *err) 
   ks_status s = ks_shard_index_read(path, NULL, &x->idx, err);
   int world = ks_shard_index_world_size(x->idx);
   for (int f = 0; !s && f < world; f++) s = ks_shard_verify_file(path, x->idx, f, err);
+  if (!s)
+    s = ks_shard_check(path, x->idx, NULL, KS_SHARD_CHECK_HEADERS, NULL, NULL, err); /* the index against every file */
   if (s) return s;
   x->n = merge ? 1 : world;
   x->sd = calloc((size_t)x->n, sizeof *x->sd);
   x->meta = calloc((size_t)x->n, sizeof *x->meta);
   if (!x->sd || !x->meta) return KS_E_NOMEM;
   ks_shard_load_opts lo = {.no_verify = 1};
-  for (int r = 0; !s && r < x->n; r++) s = ks_shard_load_rank(path, x->idx, r, x->n, NULL, &lo, &x->sd[r], &x->meta[r], err);
+  for (int r = 0; !s && r < x->n; r++)
+    s = ks_shard_load_rank(path, x->idx, r, x->n, NULL, &lo, &x->sd[r], &x->meta[r], err);
   return s;
 }
 

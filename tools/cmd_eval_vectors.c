@@ -436,7 +436,8 @@ int ks_cmd_eval_vectors(int argc, char **argv) {
   free(text);
   json_t *cases = root ? json_object_get(root, "cases") : NULL;
   if (!json_is_array(cases)) {
-    fprintf(stderr, "keepsake eval-vectors: %s: %s\n", ks_cli_esc(path), ks_cli_esc(root ? "no 'cases' array" : je.text));
+    fprintf(stderr, "keepsake eval-vectors: %s: %s\n", ks_cli_esc(path),
+            ks_cli_esc(root ? "no 'cases' array" : je.text));
     json_decref(root);
     return 1;
   }

@@ -8,10 +8,11 @@
 
 static void inspect_usage(FILE *out) {
   fprintf(out,
-          "usage: keepsake inspect FILE [--json]\n\n"
+          "usage: keepsake inspect FILE|DIR [--json]\n\n"
           "Shows the tensors (name, dtype, shape, bytes), scalars and metadata of a keepsake\n"
           "or safetensors file. The file's structure is validated; checksums are not (use\n"
-          "'keepsake verify').\n\n"
+          "'keepsake verify'). DIR, a sharded checkpoint directory, shows its index; with\n"
+          "--json also each rank file as FILE --json shows it (\"files\").\n\n"
           "  --json   print the same information as one JSON object\n"
           "  --help   show this help\n");
 }
@@ -140,32 +141,60 @@ int ks_inspect_metadata(const ks_reader *r, FILE *out, json_t *json) {
   return 0;
 }
 
-static int inspect_file(const char *path, int as_json) {
-  ks_reader *r;
-  ks_error err;
-  ks_cli_input in; /* copy mode: a file truncated meanwhile is an error, not SIGBUS */
-  if (ks_cli_input_open("inspect", path, &in)) return KS_EXIT_BAD;
-  ks_status st = ks_reader_open(in.path, &in.ro, &r, &err);
-  if (st) ks_cli_input_error(&in, &err);
-  ks_cli_input_close(&in); /* the file is in memory now */
-  if (st) {
-    ks_cli_print_error(stderr, "inspect", &err);
-    return KS_EXIT_BAD;
-  }
-  json_t *json = as_json ? json_object() : NULL;
+/* The sections of an open file, as text on stdout or into json. */
+static int sections(const ks_reader *r, json_t *json) {
   int rc = ks_inspect_summary(r, stdout, json);
   if (!rc) rc = ks_inspect_tensors(r, stdout, json);
   if (!rc) rc = ks_inspect_scalars(r, stdout, json);
   if (!rc) rc = ks_inspect_metadata(r, stdout, json);
   if (!rc && ks_inspect_components) rc = ks_inspect_components(r, stdout, json);
-  if (!rc && json) {
-    char *s = json_dumps(json, JSON_INDENT(2));
-    if (s) puts(s);
-    rc = s ? 0 : -1;
-    free(s);
-  }
-  json_decref(json);
+  return rc;
+}
+
+/* Opens path (a local file or a storage URL) in copy mode: a file truncated meanwhile is an error, not SIGBUS. */
+static int open_input(const char *path, ks_reader **r) {
+  ks_error err;
+  ks_cli_input in;
+  if (ks_cli_input_open("inspect", path, &in)) return -1;
+  ks_status st = ks_reader_open(in.path, &in.ro, r, &err);
+  if (st) ks_cli_input_error(&in, &err);
+  ks_cli_input_close(&in); /* the file is in memory now */
+  if (st) ks_cli_print_error(stderr, "inspect", &err);
+  return st ? -1 : 0;
+}
+
+int ks_inspect_file_json(const char *path, json_t **out) {
+  ks_reader *r;
+  *out = NULL;
+  if (open_input(path, &r)) return -1;
+  json_t *json = json_object();
+  int rc = json ? sections(r, json) : -1;
   ks_reader_free(r);
+  if (rc) json_decref(json);
+  else *out = json;
+  return rc;
+}
+
+int ks_cli_print_json(json_t *json) {
+  char *s = json_dumps(json, JSON_INDENT(2));
+  if (s) puts(s);
+  free(s);
+  return s ? 0 : -1;
+}
+
+static int inspect_file(const char *path, int as_json) {
+  int rc;
+  if (as_json) {
+    json_t *json;
+    rc = ks_inspect_file_json(path, &json);
+    if (!rc) rc = ks_cli_print_json(json);
+    json_decref(json);
+  } else {
+    ks_reader *r;
+    if (open_input(path, &r)) return KS_EXIT_BAD;
+    rc = sections(r, NULL);
+    ks_reader_free(r);
+  }
   return rc ? KS_EXIT_BAD : KS_EXIT_OK;
 }
 
@@ -187,6 +216,6 @@ int ks_cmd_inspect(int argc, char **argv) {
     }
   }
   if (!path) return inspect_usage(stderr), KS_EXIT_USAGE;
-  if (ks_cli_is_dir(path) && !as_json) return ks_cli_inspect_dir(path);
+  if (ks_cli_is_dir(path)) return as_json ? ks_cli_inspect_dir_json(path) : ks_cli_inspect_dir(path);
   return inspect_file(path, as_json);
 }

@@ -16,6 +16,8 @@ int ks_cmd_reshard(int argc, char **argv);
 /* Sharded checkpoint directories (shard_dir.c), for inspect and verify. */
 int ks_cli_is_dir(const char *path);
 int ks_cli_inspect_dir(const char *dir);
+/* inspect --json DIR: the index, and each rank file as inspect --json FILE shows it. */
+int ks_cli_inspect_dir_json(const char *dir);
 int ks_cli_verify_dir(const char *dir);
 
 #endif

@@ -84,7 +84,8 @@ static void computed_text(const ks_statedict *sd, const char *path, char *buf, s
   snprintf(k, sizeof k, "%s/" KS_KEY_METRIC_COMPUTED, path);
   if (ks_statedict_get(sd, k, &e) != KS_OK) snprintf(buf, cap, "-");
   else if (e.kind != KS_VAL_TENSOR) snprintf(buf, cap, "None");
-  else if (ks_tensor_numel(&e.tensor) == 1) snprintf(buf, cap, "%.6g", ks_dtype_get_f64(e.tensor.dtype, e.tensor.data, 0));
+  else if (ks_tensor_numel(&e.tensor) == 1)
+    snprintf(buf, cap, "%.6g", ks_dtype_get_f64(e.tensor.dtype, e.tensor.data, 0));
   else {
     char s[96];
     snprintf(buf, cap, "%s %s tensor", ks_dtype_name(e.tensor.dtype), ks_cli_shape(&e.tensor, s, sizeof s));

@@ -119,7 +119,8 @@ static void setup(job *j) {
     snprintf(name, sizeof name, "state/model/layer%d", t);
     ks_tensor x;
     if (ks_tensor_init(&x, KS_F32, 2, shape, j->buf + (size_t)t * elems) ||
-        ks_statedict_set_tensor(j->sd, name, &x, KS_BORROW, NULL) || ks_shard_map_add(j->map, name, 2, g, off, shape, NULL))
+        ks_statedict_set_tensor(j->sd, name, &x, KS_BORROW, NULL) ||
+        ks_shard_map_add(j->map, name, 2, g, off, shape, NULL))
       die("setup", NULL);
   }
   snprintf(j->dir, sizeof j->dir, "%s/bench-dist-np%d", tmp_dir(), size);

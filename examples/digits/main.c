@@ -156,7 +156,8 @@ typedef struct run {
 
 static int fail(const char *what, ks_status s, const ks_error *e) {
   char buf[1024];
-  fprintf(stderr, "keepsake-digits: %s: %s\n", what, e && e->code ? ks_error_format(e, buf, sizeof buf) : ks_strerror(s));
+  fprintf(stderr, "keepsake-digits: %s: %s\n", what,
+          e && e->code ? ks_error_format(e, buf, sizeof buf) : ks_strerror(s));
   return 1;
 }
 
@@ -221,7 +222,9 @@ static int build(run *r) {
                      .io = r->io, .keep_best = r->a.keep_best,
                      .best_metric = r->a.keep_best ? r->a.best_metric : NULL, .best_mode = r->a.best_mode,
                      .keep_every = r->a.keep_every, .retention_log = policies && r->par.rank == 0 ? stdout : NULL,
-                     .save_every_seconds = r->a.save_every_seconds, .sharded = r->par.on};
+                     .save_every_seconds = r->a.save_every_seconds, .sharded = r->par.on,
+                     /* rank 0 holds the run directory; the other ranks write their files into it */
+                     .lock = r->par.on && r->par.rank != 0 ? KS_CKPT_LOCK_OFF : KS_CKPT_LOCK_AUTO};
   if (r->a.upload_to) { /* save locally, then upload; autoresume downloads from there when run_dir has nothing */
     if ((s = ks_storage_open(r->a.upload_to, NULL, &r->upload, &e)) != KS_OK) return fail("--upload-to", s, &e);
     co.upload_io = ks_storage_io(r->upload);
@@ -412,7 +415,8 @@ static double monitored(run *r, const char *metric) {
   if (!slash) return -1;
   char label[256];
   snprintf(label, sizeof label, "%.*s", (int)(slash - metric), metric);
-  ks_metric_collection *mc = !strcmp(label, "train") ? ks_state_train_metrics(r->st) : ks_state_eval_metrics(r->st, label);
+  ks_metric_collection *mc =
+      !strcmp(label, "train") ? ks_state_train_metrics(r->st) : ks_state_eval_metrics(r->st, label);
   return mc ? value(mc, slash + 1) : -1;
 }
 
@@ -461,7 +465,8 @@ static int train(run *r) {
 static int finish(run *r) {
   ks_error we;
   ks_error_clear(&we);
-  ks_status ws = r->par.on ? par_wait(&r->par, &we) : ks_ckpt_manager_wait(r->mgr, &we); /* the last background save must have landed */
+  ks_status ws = r->par.on ? par_wait(&r->par, &we)
+                           : ks_ckpt_manager_wait(r->mgr, &we); /* the last background save must have landed */
   if (ws) {
     fail("background save", ws, &we);
     storage_detail(r);

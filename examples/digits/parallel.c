@@ -80,7 +80,8 @@ ks_status par_sync_computed(const digits_par *p, ks_metric_collection *mc, ks_er
     ks_status u = ks_dist_unsync(mc, cache, e);
     if (!s) s = u;
   }
-  for (size_t i = 0; !s && i < n; i++) s = ks_metric_restore_computed(ks_metric_collection_at(mc, i, NULL), &res[i], counts[i], e);
+  for (size_t i = 0; !s && i < n; i++)
+    s = ks_metric_restore_computed(ks_metric_collection_at(mc, i, NULL), &res[i], counts[i], e);
   ks_dist_cache_free(cache);
   for (size_t i = 0; bufs && i < n; i++) free(bufs[i]);
   free(bufs);

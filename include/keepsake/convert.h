@@ -75,7 +75,7 @@ typedef struct ks_convert_opts {
                                    import and again in the .pt export; 0 = 2 * input bytes + 64 MiB */
   const ks_io *io;            /**< file operations of the output's durable replace; NULL = ks_io_posix().
                                    The output checks (symlink, device, FIFO, read-only) apply to local outputs only */
-  const ks_io *in_io;         /**< file operations of reading the input (read whole, never mapped); NULL = ks_io_posix() */
+  const ks_io *in_io; /**< file operations of reading the input (read whole, never mapped); NULL = ks_io_posix() */
 } ks_convert_opts;
 
 /** What a conversion did. Opaque; read with the functions below. */
@@ -101,8 +101,8 @@ typedef struct ks_convert_report ks_convert_report;
  *         the write, OUT is untouched.
  * Thread safety: independent calls may run concurrently (on different OUT paths).
  */
-KS_NODISCARD ks_status ks_convert(const char *in, const char *out, const ks_convert_opts *opts, ks_convert_report **report,
-                     ks_error *err);
+KS_NODISCARD ks_status ks_convert(const char *in, const char *out, const ks_convert_opts *opts,
+                                  ks_convert_report **report, ks_error *err);
 
 /** Entries written to OUT. 0 for NULL. */
 size_t ks_convert_report_written(const ks_convert_report *r);

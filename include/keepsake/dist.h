@@ -137,8 +137,8 @@ KS_NODISCARD ks_status ks_dist_save(MPI_Comm comm, const char *dir, const ks_sta
  * agree on the result.
  * @return as ks_shard_load_rank; the same status on every rank.
  */
-KS_NODISCARD ks_status ks_dist_load(MPI_Comm comm, const char *dir, const ks_shard_map *want, const ks_shard_load_opts *opts,
-                       ks_statedict **sd, ks_meta **meta, ks_error *err);
+KS_NODISCARD ks_status ks_dist_load(MPI_Comm comm, const char *dir, const ks_shard_map *want,
+                                    const ks_shard_load_opts *opts, ks_statedict **sd, ks_meta **meta, ks_error *err);
 
 /**
  * Collective: the newest complete checkpoint directory of `run_dir`, as
@@ -176,8 +176,9 @@ int ks_dist_ckpt_should_save(MPI_Comm comm, const ks_ckpt_manager *m, const ks_t
  * @return KS_OK or the first failure (any rank's), the same on every rank; on failure no index
  *         is written and `latest` still names the previous checkpoint.
  */
-ks_status ks_dist_ckpt_save(MPI_Comm comm, ks_ckpt_manager *m, const ks_state *st, const ks_shard_map *shards,
-                            const ks_dist_save_opts *opts, const char **saved, ks_error *err);
+KS_NODISCARD ks_status ks_dist_ckpt_save(MPI_Comm comm, ks_ckpt_manager *m, const ks_state *st,
+                                         const ks_shard_map *shards, const ks_dist_save_opts *opts, const char **saved,
+                                         ks_error *err);
 
 /**
  * Collective: resumes every rank from the newest complete checkpoint directory
@@ -190,9 +191,9 @@ ks_status ks_dist_ckpt_save(MPI_Comm comm, ks_ckpt_manager *m, const ks_state *s
  * @param path     optional; receives a malloc'd copy of the directory loaded (free() it), or NULL.
  * @return KS_OK (also when there is nothing to resume) or the first failure, the same on every rank.
  */
-ks_status ks_dist_ckpt_autoresume(MPI_Comm comm, ks_ckpt_manager *m, ks_state *st, const ks_shard_map *want,
-                                  const ks_load_opts *opts, ks_load_report *report, int *resumed, char **path,
-                                  ks_error *err);
+KS_NODISCARD ks_status ks_dist_ckpt_autoresume(MPI_Comm comm, ks_ckpt_manager *m, ks_state *st,
+                                               const ks_shard_map *want, const ks_load_opts *opts,
+                                               ks_load_report *report, int *resumed, char **path, ks_error *err);
 
 /**
  * Background sharded saves with a manager: the file writes overlap training,
@@ -205,7 +206,7 @@ ks_status ks_dist_ckpt_autoresume(MPI_Comm comm, ks_ckpt_manager *m, ks_state *s
 typedef struct ks_dist_saver ks_dist_saver;
 
 /** Local: a saver for the manager `m` (sharded) on `comm`. Free with ks_dist_saver_free. */
-ks_status ks_dist_saver_create(MPI_Comm comm, ks_ckpt_manager *m, ks_dist_saver **out, ks_error *err);
+KS_NODISCARD ks_status ks_dist_saver_create(MPI_Comm comm, ks_ckpt_manager *m, ks_dist_saver **out, ks_error *err);
 
 /**
  * Local: frees the saver. A write in flight is waited for, but not committed
@@ -223,7 +224,7 @@ void ks_dist_saver_free(ks_dist_saver *s);
  * @param saved optional; receives the directory being written (owned by the manager).
  * @return KS_OK (started), or the first failure, the same on every rank.
  */
-ks_status ks_dist_saver_save(ks_dist_saver *s, const ks_state *st, const ks_shard_map *shards,
+KS_NODISCARD ks_status ks_dist_saver_save(ks_dist_saver *s, const ks_state *st, const ks_shard_map *shards,
                              const ks_dist_save_opts *opts, const char **saved, ks_error *err);
 
 /**
@@ -231,7 +232,7 @@ ks_status ks_dist_saver_save(ks_dist_saver *s, const ks_state *st, const ks_shar
  * rank 0, then `latest` and retention). KS_OK at once when no save is pending.
  * @return KS_OK or the first failure (any rank's write, the index, retention), the same on every rank.
  */
-ks_status ks_dist_saver_wait(ks_dist_saver *s, ks_error *err);
+KS_NODISCARD ks_status ks_dist_saver_wait(ks_dist_saver *s, ks_error *err);
 
 KS_END_DECLS
 #endif

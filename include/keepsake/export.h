@@ -11,7 +11,8 @@
  *
  * Growing structs. The option structs (ks_save_opts, ks_read_opts,
  * ks_load_opts, ks_ckpt_opts, ks_async_opts, ks_torch_read_opts,
- * ks_torch_write_opts) and the ks_io table start with `size_t size`. New
+ * ks_torch_write_opts) start with `size_t size` (the ks_io table grows by its
+ * own `version` member instead: see io.h). New
  * members are only ever appended, and every member's zero is its default.
  * Set size to sizeof(the struct) as your header defines it (KS_OPTS_INIT below
  * does): the library then reads only the members your program knew

@@ -12,7 +12,8 @@
  * except where keepsake is stricter on purpose (duplicate keys, NUL or empty
  * names, name length, rank, dtypes outside format version 1, keepsake metadata
  * checks; docs/FORMAT.md section 5.1 lists each), so any file - keepsake or
- * plain safetensors - can be opened safely from untrusted bytes. Writing is atomic and durable (temp file, fsync, rename, fsync dir).
+ * plain safetensors - can be opened safely from untrusted bytes. Writing is atomic and durable (temp file, fsync,
+ * rename, fsync dir).
  */
 #ifndef KEEPSAKE_FORMAT_H
 #define KEEPSAKE_FORMAT_H
@@ -168,7 +169,8 @@ KS_NODISCARD ks_status ks_save(const char *path, const ks_statedict *sd, const k
  * lazy is the same as KS_READ_MMAP.
  */
 typedef enum ks_read_mode {
-  KS_READ_MMAP = 0, /**< map the file; tensor views point into the mapping (open cost independent of data size); see above */
+  KS_READ_MMAP =
+      0, /**< map the file; tensor views point into the mapping (open cost independent of data size); see above */
   KS_READ_COPY = 1, /**< read everything into memory; the file may change or vanish afterwards */
   KS_READ_LAZY = 2  /**< read the header only; tensors on demand through the table, verified on arrival (above) */
 } ks_read_mode;
@@ -340,7 +342,8 @@ KS_NODISCARD ks_status ks_reader_scalars(const ks_reader *r, ks_statedict *dst, 
  * @return any ks_reader_open status, or the status of building the dict.
  *         On failure nothing is returned and nothing leaks.
  */
-KS_NODISCARD ks_status ks_load(const char *path, const ks_read_opts *opts, ks_statedict **sd, ks_meta **meta, ks_error *err);
+KS_NODISCARD ks_status ks_load(const char *path, const ks_read_opts *opts, ks_statedict **sd, ks_meta **meta,
+                               ks_error *err);
 
 /** ks_load over bytes in memory (see ks_reader_open_buffer for lifetime rules). */
 KS_NODISCARD ks_status ks_load_buffer(const void *buf, size_t len, const ks_read_opts *opts, ks_statedict **sd,

@@ -75,8 +75,8 @@ KS_NODISCARD ks_status ks_torch_import(const char *path, const ks_import_opts *o
                           ks_error *err);
 
 /** Same as ks_torch_import, from bytes in memory (copied; buf may be freed after the call). */
-KS_NODISCARD ks_status ks_torch_import_buffer(const void *buf, size_t len, const ks_import_opts *opts, ks_statedict **out,
-                                 ks_meta **meta, ks_error *err);
+KS_NODISCARD ks_status ks_torch_import_buffer(const void *buf, size_t len, const ks_import_opts *opts,
+                                              ks_statedict **out, ks_meta **meta, ks_error *err);
 
 KS_END_DECLS
 #endif

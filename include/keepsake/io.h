@@ -14,7 +14,9 @@
  *   - 1: ctx and the durable replace (create_fn .. fsync_dir_fn);
  *   - 2: also reading (open_fn, read_fn, map_fn, unmap_fn), stat_fn, list_fn,
  *        mkdir_fn, symlink_fn and readlink_fn;
- *   - 3: also rmdir_fn (removing the directory of a sharded checkpoint).
+ *   - 3: also rmdir_fn (removing the directory of a sharded checkpoint);
+ *   - 4: also caps (what the backend is and can do, KS_IO_CAP_*), lock_fn and
+ *        unlock_fn (the checkpoint manager's exclusive lock on its run directory).
  * Rules, so the struct can grow without breaking programs already built:
  *   - members are only ever appended, each new group under a new version;
  *   - the library reads only the members the table's version has; an operation
@@ -25,9 +27,29 @@
  *   - version 0 or a NULL member the table's version has is refused with
  *     KS_E_INVALID, except map_fn and unmap_fn, which may be NULL (the backend
  *     cannot map: the library reads instead), and rmdir_fn, which may be NULL
- *     (a store without directories: removing a prefix's last object removes it).
- * Always set `.version = KS_IO_VERSION` (or copy *ks_io_posix() and replace
- * some members) so a rebuilt program gets the current layout.
+ *     (a store without directories: removing a prefix's last object removes it),
+ *     and lock_fn and unlock_fn, which may both be NULL (no locks: see caps).
+ * Always set `.version = KS_IO_VERSION` so a rebuilt program gets the current
+ * layout. A table written from scratch has caps 0 (the library assumes nothing).
+ *
+ * Capabilities. The library decides what a backend is by its caps, never by the
+ * table's address, so a copy of *ks_io_posix() is treated exactly as the
+ * original: the same stale temporary file cleanup, temp-file locks and run
+ * directory lock. A table of version 3 or older has caps 0. Copying
+ * *ks_io_posix() and replacing members is fine as long as paths keep naming
+ * the same local files (a counter, a fault injector, fsync dropped); a table
+ * whose paths live anywhere else must clear KS_IO_CAP_LOCAL (and set lock_fn,
+ * unlock_fn and KS_IO_CAP_LOCK only for locks of its own).
+ *
+ * What bypasses the table. With KS_IO_CAP_LOCAL, and only then, the durable
+ * writer also uses the path directly for three things the table has no
+ * operation for: the check that the destination is not a device, FIFO or
+ * directory (lstat), an advisory lock on its own temporary file while it is
+ * written (flock on the handle create_fn returned), and the removal of
+ * temporary files of killed writers (readdir, openat, flock, fstat, unlinkat);
+ * and ks_convert checks an existing output with lstat (a symlink, device or
+ * read-only file is refused). Every other file system call of the library goes
+ * through the table.
  *
  * Paths are the library's own strings ("run/ep1-ba10.keepsake"); a backend
  * may map them anywhere. Handles (`fd`) are nonnegative ints the backend
@@ -62,7 +84,19 @@
 KS_BEGIN_DECLS
 
 /** The version of ks_io this header describes. */
-#define KS_IO_VERSION 3u
+#define KS_IO_VERSION 4u
+
+/**
+ * caps bits (version 4). KS_IO_CAP_LOCAL: paths name files of this machine's
+ * file system and create_fn's handles are file descriptors, so the library may
+ * use them directly (see "What bypasses the table"). KS_IO_CAP_LOCK: lock_fn
+ * and unlock_fn take locks that no other process can hold at the same time and
+ * that end when the holder dies. KS_IO_CAP_MAP: map_fn maps (informative; the
+ * library still falls back to reading when map_fn returns ENOTSUP).
+ */
+#define KS_IO_CAP_LOCAL 1u
+#define KS_IO_CAP_LOCK 2u
+#define KS_IO_CAP_MAP 4u
 
 /** What a path names, as stat_fn and list_fn report it (a final symlink is not followed). */
 typedef enum ks_io_kind {
@@ -113,9 +147,11 @@ typedef struct ks_io {
   /** Makes the directory's entries durable (POSIX: open it, fsync, close). */
   int (*fsync_dir_fn)(void *ctx, const char *dir);
   /* --- version 2 --- */
-  /** Opens the regular file `path` for reading; *size receives its length. EISDIR for a directory, ENODEV for another non-file. */
+  /** Opens the regular file `path` for reading; *size receives its length. EISDIR for a directory, ENODEV for another
+   * non-file. */
   int (*open_fn)(void *ctx, const char *path, int *fd, uint64_t *size);
-  /** Reads up to n bytes at offset off; *got < n only at the end of the file. Called concurrently on one handle by lazy full loads (see Thread safety). */
+  /** Reads up to n bytes at offset off; *got < n only at the end of the file. Called concurrently on one handle by lazy
+   * full loads (see Thread safety). */
   int (*read_fn)(void *ctx, int fd, void *buf, size_t n, uint64_t off, size_t *got);
   /** Maps the first `size` bytes read-only into *addr; may be NULL, or return ENOTSUP (then the library reads). */
   int (*map_fn)(void *ctx, int fd, uint64_t size, const void **addr);
@@ -125,11 +161,13 @@ typedef struct ks_io {
   int (*stat_fn)(void *ctx, const char *path, ks_io_stat *st);
   /** Calls cb for each entry of directory `dir` whose name starts with `prefix` ("" = all), "." and ".." excepted. */
   int (*list_fn)(void *ctx, const char *dir, const char *prefix, ks_io_list_cb cb, void *cb_ctx);
-  /** Creates one directory (mode 0777 & ~umask); EEXIST when `path` exists. Durable after fsync_dir_fn of its parent. */
+  /** Creates one directory (mode 0777 & ~umask); EEXIST when `path` exists. Durable after fsync_dir_fn of its parent.
+   */
   int (*mkdir_fn)(void *ctx, const char *path);
   /** Creates the link `path` whose content is `target`; EEXIST when `path` exists. */
   int (*symlink_fn)(void *ctx, const char *target, const char *path);
-  /** Reads a link's content into buf (cap bytes, NUL-terminated); *len its length; ENAMETOOLONG when it does not fit. */
+  /** Reads a link's content into buf (cap bytes, NUL-terminated); *len its length; ENAMETOOLONG when it does not fit.
+   */
   int (*readlink_fn)(void *ctx, const char *path, char *buf, size_t cap, size_t *len);
   /* --- version 3 --- */
   /**
@@ -138,6 +176,20 @@ typedef struct ks_io {
    * emptied directory (or prefix) in place.
    */
   int (*rmdir_fn)(void *ctx, const char *path);
+  /* --- version 4 --- */
+  /** KS_IO_CAP_* bits: what the backend is and can do (0: nothing assumed). */
+  unsigned caps;
+  /**
+   * Takes an exclusive lock named `path` without waiting, creating what it needs.
+   * On success *handle is set and `owner` (a NUL-terminated line naming the
+   * holder, e.g. "pid 4242 on host n1") is recorded. When another holds it:
+   * EWOULDBLOCK, with the holder's record copied into holder (cap bytes,
+   * NUL-terminated; "" when unknown). A holder that dies releases it. May be
+   * NULL (together with unlock_fn): the backend has no locks.
+   */
+  int (*lock_fn)(void *ctx, const char *path, const char *owner, int *handle, char *holder, size_t cap);
+  /** Releases a lock of lock_fn; the handle is gone even when an error is returned. */
+  int (*unlock_fn)(void *ctx, int handle);
 } ks_io;
 
 /**
@@ -147,6 +199,11 @@ typedef struct ks_io {
  */
 const ks_io *ks_io_posix(void);
 
+/**
+ * The capabilities of a table: its caps from version 4, 0 for an older table,
+ * those of ks_io_posix() for NULL.
+ */
+unsigned ks_io_caps(const ks_io *io);
 /**
  * Checks a table against the rules above (NULL is ks_io_posix(), valid).
  * @return KS_OK, or KS_E_INVALID (version 0, or a required member NULL) with a

@@ -88,7 +88,8 @@ typedef struct ks_io_counts {
  * @return KS_OK, KS_E_INVALID (out NULL, inner fails ks_io_check) or KS_E_NOMEM.
  * Thread safety: the counters are atomic; as thread safe as inner.
  */
-KS_NODISCARD ks_status ks_io_counter_create(const ks_io *inner, int no_map, const ks_allocator *a, ks_io **out, ks_error *err);
+KS_NODISCARD ks_status ks_io_counter_create(const ks_io *inner, int no_map, const ks_allocator *a, ks_io **out,
+                                            ks_error *err);
 
 /** The counts of a table made by ks_io_counter_create (all zero for another table or NULL). */
 void ks_io_counter_get(const ks_io *counter, ks_io_counts *out);

@@ -26,12 +26,17 @@
 
 /* ---- metadata keys ---- */
 
-/** JSON object: metric path -> {class, args, schema_version, update_count}. */
+/** JSON object: metric path -> {class, args, schema_version, update_count, lists}. */
 #define KS_META_METRICS "keepsake.metrics"
 /** JSON object describing the state layout: {"layout_version": 1}. */
 #define KS_META_STATE "keepsake.state"
 /** JSON description of the metrics found in an imported Composer checkpoint (see ks_composer_normalize). */
 #define KS_META_COMPOSER_METRICS "keepsake.composer_metrics"
+/**
+ * The torch structure document: which folders are lists, tuples, sets or dicts with typed keys
+ * (docs/FORMAT.md §10). Written by `keepsake convert` from a torch file and by ks_state_save.
+ */
+#define KS_TORCH_STRUCTURE_META "keepsake.torch_structure"
 
 /* ---- key prefixes (each ends in '/') and fixed keys ---- */
 

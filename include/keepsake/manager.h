@@ -38,6 +38,13 @@ typedef struct ks_ckpt_manager ks_ckpt_manager;
  * values), so it survives resumes and another spelling of run_dir. Files that
  * do not match the template, or whose header cannot be read, are never deleted.
  */
+/** The run directory lock policy of ks_ckpt_opts.lock. */
+typedef enum ks_ckpt_lock {
+  KS_CKPT_LOCK_AUTO = 0,    /**< lock where the table can, else run unlocked */
+  KS_CKPT_LOCK_REQUIRE = 1, /**< refuse a table that cannot lock (KS_E_UNSUPPORTED) */
+  KS_CKPT_LOCK_OFF = 2      /**< never lock */
+} ks_ckpt_lock;
+
 typedef struct ks_ckpt_opts {
   size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const char *run_dir;       /**< created if missing */
@@ -51,17 +58,21 @@ typedef struct ks_ckpt_opts {
   int keep_best;             /**< keep the N best checkpoints by best_metric; 0 = off */
   /**
    * The metric keep_best ranks by, as stored in each checkpoint's own `_computed`:
-   * "eval/MulticlassAccuracy" (evaluator label / metric name), "train/Name", or a
-   * full path "state/.../Name". A checkpoint whose value is absent, None or not
+   * "eval/MulticlassAccuracy" (evaluator label / metric name), "train/Name", the key
+   * layout's folders "train_metrics/Name" and "eval_metrics/label/Name", or a full path
+   * "state/.../Name". A checkpoint whose value is absent, None or not
    * finite (e.g. saved before the first evaluation) is never among the best; other
    * policies may still keep it.
    */
   const char *best_metric;
   ks_best_mode best_mode;
-  const char *keep_every;    /**< "5ep": keep checkpoints taken at the end of every 5th epoch; "500ba": at every 500th batch; NULL = off */
-  double keep_period_seconds; /**< keep the first checkpoint of each period of training wall-clock time (total_wct); 0 = off */
+  const char *keep_every;     /**< "5ep": keep checkpoints taken at the end of every 5th epoch; "500ba": at every 500th
+                                 batch; NULL = off */
+  double keep_period_seconds; /**< keep the first checkpoint of each period of training wall-clock time (total_wct); 0 =
+                                 off */
   FILE *retention_log;       /**< if set, one line per checkpoint after each save: kept (and why) or deleted */
-  double save_every_seconds; /**< ks_ckpt_manager_should_save is also true once this much time passed since the last save; 0 = off */
+  double save_every_seconds; /**< ks_ckpt_manager_should_save is also true once this much time passed since the last
+                                save; 0 = off */
   ks_async_busy async_busy;  /**< ks_ckpt_manager_save_async while one is in flight: wait (default) or KS_E_STATE */
   void *staging;             /**< optional caller staging buffer for async saves (see ks_async_opts) */
   size_t staging_size;
@@ -103,11 +114,29 @@ typedef struct ks_ckpt_opts {
    * complete directory merged onto one process (see ks_shard_load_rank).
    */
   int sharded;
+  /* --- appended in 0.4 --- */
+  /**
+   * The run directory's lock. Two managers on one run directory would delete each
+   * other's checkpoints and share `latest`'s temporary link, so a manager holds an
+   * exclusive lock (`run_dir/.keepsake.lock`, an flock on the local file system,
+   * recording "pid N on host H since T") until ks_ckpt_manager_free. A second
+   * manager is refused with KS_E_LOCKED naming the holder; a killed holder's lock
+   * is gone with it. KS_CKPT_LOCK_AUTO (0): lock where the table can (KS_IO_CAP_LOCK,
+   * io.h: the local file system); a table that cannot (s3://, custom tables) runs
+   * unlocked, and the caller must not share the run directory. KS_CKPT_LOCK_REQUIRE:
+   * refuse (KS_E_UNSUPPORTED) a table that cannot lock. KS_CKPT_LOCK_OFF: no lock
+   * (the ranks of a distributed run other than rank 0, which share rank 0's run
+   * directory and never delete).
+   */
+  ks_ckpt_lock lock;
 } ks_ckpt_opts;
 
 /**
- * Creates a manager for a run directory (mkdir -p).
- * @return KS_OK, KS_E_INVALID (bad interval or template), KS_E_IO or KS_E_NOMEM.
+ * Creates a manager for a run directory (mkdir -p) and takes its lock (see
+ * ks_ckpt_opts.lock).
+ * @return KS_OK, KS_E_INVALID (bad interval or template), KS_E_LOCKED (another
+ * manager holds the run directory: the message names it), KS_E_UNSUPPORTED
+ * (KS_CKPT_LOCK_REQUIRE on a table without locks), KS_E_IO or KS_E_NOMEM.
  */
 KS_NODISCARD ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out, ks_error *err);
 void ks_ckpt_manager_free(ks_ckpt_manager *m);
@@ -136,7 +165,21 @@ KS_NODISCARD ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *
  * @param saved optional; receives the path being written (owned by the manager).
  * @return KS_OK (started) or an error (see ks_state_save_async).
  */
-KS_NODISCARD ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err);
+KS_NODISCARD ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_state *st, const char **saved,
+                                                  ks_error *err);
+
+/**
+ * Saves a state the caller flattened itself (sd and its metadata; the Python package's
+ * checkpoints) exactly as ks_ckpt_manager_save saves a ks_state: the file named from the
+ * template and `ts` (NULL: all zero), atomic and durable, then `latest`, retention and the
+ * upload. async != 0: as ks_ckpt_manager_save_async, returning once every tensor of sd and
+ * every pair of meta are copied (the caller may change them at once); the write runs on the
+ * manager's background thread.
+ * @param saved optional; receives the path (owned by the manager, valid until the next save).
+ * @return as ks_ckpt_manager_save / ks_ckpt_manager_save_async.
+ */
+KS_NODISCARD ks_status ks_ckpt_manager_save_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
+                                                 const ks_timestamp *ts, int async, const char **saved, ks_error *err);
 
 /**
  * Waits for a background save in flight.
@@ -179,8 +222,8 @@ size_t ks_ckpt_manager_skipped(const ks_ckpt_manager *m);
  * @param removed optional; receives how many incomplete directories were removed.
  * @return KS_OK, KS_E_STATE (not a sharded manager), KS_E_LIMIT, KS_E_IO (listing failed), KS_E_NOMEM.
  */
-ks_status ks_ckpt_manager_dir_begin(ks_ckpt_manager *m, const ks_timestamp *ts, const char **dir, size_t *removed,
-                                    ks_error *err);
+KS_NODISCARD ks_status ks_ckpt_manager_dir_begin(ks_ckpt_manager *m, const ks_timestamp *ts, const char **dir,
+                                                 size_t *removed, ks_error *err);
 
 /**
  * The directory a sharded save at `ts` writes (run_dir/<template>), as
@@ -189,7 +232,8 @@ ks_status ks_ckpt_manager_dir_begin(ks_ckpt_manager *m, const ks_timestamp *ts, 
  * @param dir receives the path (owned by the manager, valid until its next call).
  * @return KS_OK, KS_E_STATE (not a sharded manager), KS_E_LIMIT, KS_E_NOMEM.
  */
-ks_status ks_ckpt_manager_dir_path(ks_ckpt_manager *m, const ks_timestamp *ts, const char **dir, ks_error *err);
+KS_NODISCARD ks_status ks_ckpt_manager_dir_path(ks_ckpt_manager *m, const ks_timestamp *ts, const char **dir,
+                                                ks_error *err);
 
 /** The I/O table the manager uses (ks_io_posix() when it was created with none). */
 const ks_io *ks_ckpt_manager_io(const ks_ckpt_manager *m);
@@ -200,7 +244,7 @@ const ks_io *ks_ckpt_manager_io(const ks_ckpt_manager *m);
  * @return KS_OK, KS_E_STATE, KS_E_NOTFOUND (dir has no valid index: not committed),
  *         KS_E_IO, KS_E_NOT_DURABLE (as ks_ckpt_manager_save).
  */
-ks_status ks_ckpt_manager_dir_commit(ks_ckpt_manager *m, const char *dir, ks_error *err);
+KS_NODISCARD ks_status ks_ckpt_manager_dir_commit(ks_ckpt_manager *m, const char *dir, ks_error *err);
 
 /**
  * The newest complete checkpoint directory whose files all verify against its
@@ -209,7 +253,7 @@ ks_status ks_ckpt_manager_dir_commit(ks_ckpt_manager *m, const char *dir, ks_err
  * @param dir receives the path (owned by the manager), or NULL when there is none.
  * @return KS_OK (also when there is none), KS_E_STATE, KS_E_IO, KS_E_NOMEM.
  */
-ks_status ks_ckpt_manager_dir_latest(ks_ckpt_manager *m, const char **dir, ks_error *err);
+KS_NODISCARD ks_status ks_ckpt_manager_dir_latest(ks_ckpt_manager *m, const char **dir, ks_error *err);
 
 /* ------------------------------------------------------------------------ */
 /* Preemption.                                                               */

@@ -205,7 +205,8 @@ KS_NODISCARD ks_status ks_metric_state_info(const ks_metric *m, size_t i, const 
  * @return KS_OK, KS_E_NOMEM, KS_E_INVALID (name too long). On error dst may hold some
  *         of the states; the metric is never changed.
  */
-KS_NODISCARD ks_status ks_metric_to_state_dict(const ks_metric *m, ks_statedict *dst, const char *prefix, ks_error *err);
+KS_NODISCARD ks_status ks_metric_to_state_dict(const ks_metric *m, ks_statedict *dst, const char *prefix,
+                                               ks_error *err);
 
 /**
  * Fills the states from the prefix+state_name tensors of src.
@@ -266,8 +267,9 @@ KS_NODISCARD ks_status ks_metric_restore_computed(ks_metric *m, const ks_tensor 
  *         (attrs_json is not a JSON object), KS_E_NOMEM.
  * Ownership: free *out with ks_metric_free. Thread safety: no shared state.
  */
-KS_NODISCARD ks_status ks_metric_from_attributes(const char *class_name, const char *attrs_json, const ks_allocator *alloc,
-                                    uint64_t *state_budget, ks_metric **out, ks_error *err);
+KS_NODISCARD ks_status ks_metric_from_attributes(const char *class_name, const char *attrs_json,
+                                                 const ks_allocator *alloc, uint64_t *state_budget, ks_metric **out,
+                                                 ks_error *err);
 
 /**
  * ks_metric_create with the bytes the metric's states may allocate bounded:
@@ -281,8 +283,9 @@ KS_NODISCARD ks_status ks_metric_from_attributes(const char *class_name, const c
  *         the budget left (err names class and arguments).
  * Ownership: free *out with ks_metric_free. Thread safety: no shared state.
  */
-KS_NODISCARD ks_status ks_metric_create_bounded(const char *class_name, const char *args_json, const ks_allocator *alloc,
-                                   uint64_t *state_budget, ks_metric **out, ks_error *err);
+KS_NODISCARD ks_status ks_metric_create_bounded(const char *class_name, const char *args_json,
+                                                const ks_allocator *alloc, uint64_t *state_budget, ks_metric **out,
+                                                ks_error *err);
 
 /**
  * The state schema version of states stored without keepsake metadata, from

@@ -136,11 +136,16 @@ KS_NODISCARD ks_status ks_shard_write_index(const char *dir, int world_size, con
 typedef struct ks_shard_index ks_shard_index;
 
 /**
- * Reads and validates the index of `dir`.
+ * Reads and validates the index of `dir`, the `sharded` section whole before anything is
+ * allocated from it: dims and offsets non-negative integers, every volume and byte count
+ * overflow-checked, each tensor's chunks inside its global shape and tiling it exactly (no gap,
+ * no overlap, at most one chunk per rank file), and the bytes of the chunks of each rank file
+ * at most its recorded size. ks_shard_check compares the index with the files themselves.
  * @return KS_OK, KS_E_NOTFOUND (no index: not a complete checkpoint), KS_E_FORMAT (malformed,
  *         the key named), KS_E_VERSION, KS_E_LIMIT, KS_E_IO, KS_E_NOMEM.
  */
-KS_NODISCARD ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_shard_index **out, ks_error *err);
+KS_NODISCARD ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_shard_index **out,
+                                           ks_error *err);
 /**
  * ks_shard_index_read with every read through `io` (NULL = ks_io_posix()): for
  * programs and modules whose checkpoints live behind a ks_io table.
@@ -163,10 +168,11 @@ size_t ks_shard_index_sharded_count(const ks_shard_index *idx);
  * Sharded tensor i: name, dtype and global shape in *whole (offsets all zero), and its number
  * of saved chunks. @return KS_OK or KS_E_NOTFOUND.
  */
-KS_NODISCARD ks_status ks_shard_index_sharded_at(const ks_shard_index *idx, size_t i, ks_shard_chunk *whole, ks_dtype *dtype,
-                                    size_t *n_chunks);
+KS_NODISCARD ks_status ks_shard_index_sharded_at(const ks_shard_index *idx, size_t i, ks_shard_chunk *whole,
+                                                 ks_dtype *dtype, size_t *n_chunks);
 /** Chunk j of sharded tensor i and the saved rank whose file holds it. @return KS_OK or KS_E_NOTFOUND. */
-KS_NODISCARD ks_status ks_shard_index_chunk(const ks_shard_index *idx, size_t i, size_t j, ks_shard_chunk *chunk, int *file);
+KS_NODISCARD ks_status ks_shard_index_chunk(const ks_shard_index *idx, size_t i, size_t j, ks_shard_chunk *chunk,
+                                            int *file);
 /** The per-rank globs the checkpoint was saved with (n receives the count). Owned by the index. */
 const char *const *ks_shard_index_per_rank(const ks_shard_index *idx, size_t *n);
 
@@ -181,10 +187,43 @@ KS_NODISCARD ks_status ks_shard_verify_file(const char *dir, const ks_shard_inde
 KS_NODISCARD ks_status ks_shard_verify_file_io(const char *dir, const ks_shard_index *idx, int rank, const ks_io *io,
                                                ks_error *err);
 
+/** ks_shard_check: every rank file exists and has the index's size (stat through the table). */
+#define KS_SHARD_CHECK_SIZES 1u
+/**
+ * ks_shard_check: every rank file's header agrees with the index: its keepsake.shard record
+ * (rank, world size, timestamp), every chunk the index lists is there with the index's dtype,
+ * shape and DCP offsets, and every chunk the file holds is listed. Implies
+ * KS_SHARD_CHECK_SIZES: a header is read only from a file of the recorded size.
+ */
+#define KS_SHARD_CHECK_HEADERS 2u
+
+/**
+ * Checks the index of `dir` against its rank files before anything is allocated from it.
+ * ks_shard_index_read already refused an index whose `sharded` section does not tile each
+ * global shape exactly (overflow-checked volumes that add up to the global volume, no two
+ * chunks overlapping, at most one chunk per rank file) or whose chunks hold more bytes than
+ * the recorded size of their file; this adds what needs the files: with KS_SHARD_CHECK_SIZES
+ * each file's real size (stat_fn of `io`, NULL = ks_io_posix()) must be the recorded one, so
+ * every sharded tensor's bytes are bounded by the files' real sizes; with
+ * KS_SHARD_CHECK_HEADERS each file's header (mapped; its data is not read) must agree with the
+ * index. ks_shard_load_rank (and so ks_shard_reshard, ks_dist_load and `keepsake diff`) runs the
+ * size check on the files it reads before it allocates; `keepsake verify DIR` runs both.
+ * @param what a set of KS_SHARD_CHECK_* bits.
+ * @param on_problem optional; called for each problem (file and key set), nonzero stops;
+ *        NULL stops at the first problem.
+ * @return KS_OK, or the status of the first problem: KS_E_NOTFOUND (a missing file or tensor),
+ *         KS_E_FORMAT (another size, a malformed record), KS_E_MISMATCH (dtype, shape, offsets,
+ *         timestamp or rank differ; a chunk the index does not list), KS_E_IO, KS_E_NOMEM;
+ *         err receives the first problem.
+ */
+KS_NODISCARD ks_status ks_shard_check(const char *dir, const ks_shard_index *idx, const ks_io *io, unsigned what,
+                                      ks_verify_fn on_problem, void *ctx, ks_error *err);
+
 /** Options of a load. All-zero (or NULL) gives the defaults. */
 typedef struct ks_shard_load_opts {
   const ks_allocator *alloc; /**< NULL = malloc */
-  int no_verify;             /**< skip ks_shard_verify_file (ks_dist_load verifies in parallel itself) */
+  int no_verify;             /**< skip ks_shard_verify_file (ks_dist_load verifies in parallel itself); the
+                                  size check of the files the load reads (ks_shard_check) still runs */
   const ks_io *io;           /**< every read (index, verification, headers, chunks) goes through it; NULL = POSIX */
 } ks_shard_load_opts;
 
@@ -201,7 +240,10 @@ typedef struct ks_shard_load_opts {
  *   ks_metric_merge (so the global metric is unchanged; a rank assigned none gets
  *   default metrics), and the other per-rank entries (RNG, data position) come
  *   from the first saved rank assigned here, or saved rank (rank mod N) when none.
- * Every file read must carry the index's timestamp (else KS_E_MISMATCH naming it).
+ * Every file read must carry the index's timestamp (else KS_E_MISMATCH naming it). Before anything
+ * is allocated, every file the load reads must have the index's size (KS_E_NOTFOUND, KS_E_FORMAT),
+ * which bounds every region allocated; each chunk read must be in its file with the index's dtype,
+ * shape and DCP offsets, and rank 0's file may hold no chunk the index leaves out (KS_E_FORMAT).
  * @param meta receives the metadata to load with (keepsake.metrics with merged update counts).
  * @return KS_OK, KS_E_SHAPE (want's global shape differs from the saved one), KS_E_MISMATCH,
  *         ks_shard_verify_file errors, reader errors, KS_E_NOMEM. Nothing is returned on error.
@@ -212,8 +254,10 @@ KS_NODISCARD ks_status ks_shard_load_rank(const char *dir, const ks_shard_index 
 
 /**
  * Rewrites the checkpoint in `dir` for `world_size` ranks into `out_dir` (created;
- * must not hold an index yet): every rank's part as ks_shard_load_rank builds it,
- * with the sharded tensors split by ks_shard_split_dim0, then the index.
+ * must not hold an index yet), once every file of `dir` is verified and checked against the
+ * index (ks_shard_verify_file, ks_shard_check with KS_SHARD_CHECK_HEADERS): every rank's part
+ * as ks_shard_load_rank builds it, with the sharded tensors split by ks_shard_split_dim0, then
+ * the index.
  * @return as ks_shard_load_rank and ks_shard_write_rank; KS_E_EXISTS when out_dir holds a checkpoint.
  */
 KS_NODISCARD ks_status ks_shard_reshard(const char *dir, int world_size, const char *out_dir, const ks_save_opts *opts,

@@ -60,7 +60,8 @@ typedef struct ks_load_item {
 KS_NODISCARD ks_status ks_load_report_create(const ks_allocator *alloc, ks_load_report **out, ks_error *err);
 void ks_load_report_free(ks_load_report *r);
 /** Appends an item (the strings are copied). @return KS_OK or KS_E_NOMEM (report unchanged). */
-KS_NODISCARD ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason, ks_error *err);
+KS_NODISCARD ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason,
+                                          ks_error *err);
 /** Empties the report. */
 void ks_load_report_clear(ks_load_report *r);
 size_t ks_load_report_count(const ks_load_report *r);
@@ -100,6 +101,8 @@ ks_stateful ks_early_stop_stateful(ks_early_stop *es);
 /**
  * The program's get_metrics(): builds a fresh collection of default metrics for
  * `label` (NULL for the train metrics, an evaluator label such as "eval" otherwise).
+ * Ownership: on KS_OK the library owns *out; on failure the factory frees whatever it
+ * built, and the library ignores *out (never frees it), whatever it was left pointing at.
  */
 typedef ks_status (*ks_metrics_factory)(void *ctx, const char *label, const ks_allocator *alloc,
                                         ks_metric_collection **out, ks_error *err);
@@ -259,12 +262,22 @@ void ks_async_saver_free(ks_async_saver *sv);
  * @return KS_OK (started), the previous save's error, KS_E_STATE (busy),
  *         KS_E_NOMEM / KS_E_LIMIT (snapshot) or KS_E_IO (no thread).
  */
-KS_NODISCARD ks_status ks_state_save_async(ks_async_saver *sv, const ks_state *st, const char *path, const ks_save_opts *opts,
-                              ks_error *err);
+KS_NODISCARD ks_status ks_state_save_async(ks_async_saver *sv, const ks_state *st, const char *path,
+                                           const ks_save_opts *opts, ks_error *err);
 
 /** ks_state_save_async with an after-commit step run on the background thread (may be NULL). */
 KS_NODISCARD ks_status ks_async_saver_start(ks_async_saver *sv, const ks_state *st, const char *path,
                                const ks_save_opts *opts, ks_after_save_fn after, void *ctx, ks_error *err);
+
+/**
+ * ks_async_saver_start for a state the caller flattened itself (the Python package's): every
+ * entry of sd is copied (tensor bytes into the staging area) and meta's pairs too, before it
+ * returns, so the caller may change or free both at once. The write is ks_save(path, sd, meta).
+ * @return as ks_async_saver_start.
+ */
+KS_NODISCARD ks_status ks_async_saver_start_dict(ks_async_saver *sv, const ks_statedict *sd, const ks_meta *meta,
+                                                 const char *path, const ks_save_opts *opts, ks_after_save_fn after,
+                                                 void *ctx, ks_error *err);
 
 /**
  * Waits for the save in flight, if any.

@@ -89,7 +89,8 @@ const ks_allocator *ks_statedict_allocator(const ks_statedict *sd);
  * @return KS_OK, KS_E_NOMEM, KS_E_INVALID (bad name) or KS_E_LIMIT. On failure the
  *         dict is unchanged.
  */
-KS_NODISCARD ks_status ks_statedict_set_tensor(ks_statedict *sd, const char *name, const ks_tensor *t, ks_take take, ks_error *err);
+KS_NODISCARD ks_status ks_statedict_set_tensor(ks_statedict *sd, const char *name, const ks_tensor *t, ks_take take,
+                                               ks_error *err);
 
 /**
  * Inserts or replaces a tensor entry with fresh zeroed owned data.
@@ -111,7 +112,8 @@ KS_NODISCARD ks_status ks_statedict_set_null(ks_statedict *sd, const char *name,
  * @param take for tensors, as in ks_statedict_set_tensor; ignored for scalars (always copied).
  * @return as ks_statedict_set_tensor; KS_E_INVALID for an unknown kind.
  */
-KS_NODISCARD ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take, ks_error *err);
+KS_NODISCARD ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take,
+                                              ks_error *err);
 
 /**
  * Matches a '/'-joined path against a glob ('*' any run of bytes, '/' included;

@@ -46,7 +46,8 @@ KS_BEGIN_DECLS
   X(KS_E_VALUE, 15, "invalid value in input data")                          \
   X(KS_E_UNSAFE, 16, "refused: input asks for code execution")              \
   X(KS_E_NET, 17, "network or remote storage error")                       \
-  X(KS_E_NOT_DURABLE, 18, "saved, but the directory fsync failed: durability unknown")
+  X(KS_E_NOT_DURABLE, 18, "saved, but the directory fsync failed: durability unknown") \
+  X(KS_E_LOCKED, 19, "held by another process")
 
 typedef enum ks_status_code {
 #define KS__STATUS_ENUM(name, num, text) name = num,

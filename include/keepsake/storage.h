@@ -29,6 +29,32 @@
  * HTTP(S) is read-only: opening (HEAD) and ranged reads (Range GET); writes
  * fail with EROFS, listing with ENOTSUP.
  *
+ * Deadlines and budgets. A hostile or dying server can neither hang a program
+ * nor make it hold unbounded memory:
+ *   - every remote operation has an overall deadline (ks_storage_opts.deadline_ms),
+ *     the whole of its retries and backoff included: one request with its
+ *     retries (HEAD, a pointer GET, a PUT, a DELETE, a copy), a whole listing
+ *     (every page), the requests of one open (a pointer and its target), and
+ *     each part of a multipart upload or of a parallel ranged read (so a big
+ *     transfer is bounded per part, not cut at a fixed total). Past it the table
+ *     returns ETIMEDOUT, a server that sends 1 byte every few seconds included;
+ *   - a listing has a total budget of pages, entries and answer bytes
+ *     (list_max_pages, list_max_keys, list_max_bytes); past one the table
+ *     returns EOVERFLOW (a listing that never ends is an error, not a hang);
+ *   - an answer bigger than what was asked (a Content-Length or a body longer
+ *     than the range requested, a Content-Range other than the one asked, an
+ *     object size above S3's 5 TiB) is refused at once with EFBIG, before its
+ *     body is kept; a ranged read never writes past the caller's buffer.
+ * The message of ks_storage_last_error() names the URL and the limit (e.g.
+ * "deadline of 3000 ms (ks_storage_opts.deadline_ms) exceeded"), and
+ * ks_storage_last_status() classifies it: KS_E_NET for the deadline and
+ * network failures, KS_E_LIMIT for a budget or an answer over its cap.
+ *
+ * Pointers. Opening a pointer object (open_fn, so ks_reader_open, ks_load and
+ * the CLI on `s3://bucket/run/latest`) follows it to the object it names, as
+ * open(2) follows a symbolic link (at most 8 pointers in a row, else ELOOP);
+ * stat_fn still reports the pointer itself (KS_IO_LINK), as lstat(2) does.
+ *
  * Errors. The table returns errno values as io.h requires (404: ENOENT, 403
  * and 401: EACCES, 5xx and network failures after the retries: EIO, ...), so
  * the library's messages say e.g. "cannot open file: No such file or
@@ -49,7 +75,12 @@
 
 KS_BEGIN_DECLS
 
-/** How to open a storage location; zero-initialise, then set what you need. */
+/**
+ * How to open a storage location; zero-initialise (or KS_OPTS_INIT), then set
+ * what you need. A growing struct ("Growing structs" in export.h): members are
+ * only ever appended, each one's zero is its default, and a program built with
+ * an older, shorter layout (its `size`) gets the defaults of the newer members.
+ */
 typedef struct ks_storage_opts {
   size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const ks_allocator *alloc; /**< NULL: malloc/free; used for the storage object and its buffers */
@@ -59,11 +90,18 @@ typedef struct ks_storage_opts {
                                   (path style when an endpoint is given, else virtual host) */
   unsigned max_retries;      /**< retries of a failed request; 0: 5 */
   unsigned retry_base_ms;    /**< first backoff (doubled per retry, with jitter); 0: 100 */
-  long timeout_ms;           /**< whole-request timeout; 0: none (a stalled transfer is caught by the low-speed limit) */
+  long timeout_ms;           /**< one attempt's timeout (then retried); 0: none (a stalled transfer is caught by the
+                                  low-speed limit, 30 s without a byte); deadline_ms bounds all attempts together */
   long connect_timeout_ms;   /**< 0: 10000 */
   uint64_t multipart_threshold; /**< S3 objects of at least this size go by multipart upload; 0: 64 MiB */
   uint64_t part_size;        /**< multipart part size; 0: 16 MiB; at least 5 MiB (S3's minimum) unless testing */
   unsigned parallel;         /**< multipart parts in flight; 0: 4 */
+  /* --- appended after the first layout (read only when `size` covers them; 0 is the default) --- */
+  long deadline_ms;          /**< overall limit of one remote operation, retries and backoff included
+                                  (see "Deadlines and budgets" below); 0: 300000 (5 min); negative: none */
+  uint64_t list_max_pages;   /**< most pages one listing may take; 0: 10000 */
+  uint64_t list_max_keys;    /**< most entries one listing may return, over all its pages; 0: 1000000 */
+  uint64_t list_max_bytes;   /**< most answer bytes one listing may read, over all its pages; 0: 1 GiB */
 } ks_storage_opts;
 
 /** An open storage location (opaque). */
@@ -83,7 +121,8 @@ typedef struct ks_storage ks_storage;
  * Thread safety: may be called from any thread (libcurl's global
  * initialisation runs once, guarded).
  */
-KS_NODISCARD ks_status ks_storage_open(const char *location, const ks_storage_opts *opts, ks_storage **out, ks_error *err);
+KS_NODISCARD ks_status ks_storage_open(const char *location, const ks_storage_opts *opts, ks_storage **out,
+                                       ks_error *err);
 
 /**
  * The I/O table for this location, to pass wherever the library takes a
@@ -116,6 +155,20 @@ int ks_storage_is_read_only(const ks_storage *st);
  * Thread safety: safe; with concurrent failures, one of them.
  */
 size_t ks_storage_last_error(const ks_storage *st, char *buf, size_t cap);
+
+/**
+ * The table's most recent failure (any thread) as a status, with its detail in
+ * err (the message of ks_storage_last_error(), which names the URL).
+ * @return KS_OK when nothing failed yet (err untouched); KS_E_NET for a deadline
+ * that ran out, a timeout or another network failure after the retries;
+ * KS_E_LIMIT for a listing budget or an answer over its cap; KS_E_IO for any
+ * other failure of the store (an HTTP error status, a malformed answer).
+ * The library's own messages carry only strerror() of the table's errno, and
+ * report a table's failure as KS_E_IO: a program that wants to tell a dead
+ * network from a bad file asks this after a failed call.
+ * Thread safety: safe; with concurrent failures, one of them.
+ */
+KS_NODISCARD ks_status ks_storage_last_status(const ks_storage *st, ks_error *err);
 
 /** Frees st (NULL accepted). No operation of its table may be running or follow. */
 void ks_storage_free(ks_storage *st);

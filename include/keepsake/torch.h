@@ -48,13 +48,13 @@
 
 #include "keepsake/alloc.h"
 #include "keepsake/io.h"
+#include "keepsake/layout.h"
 #include "keepsake/statedict.h"
 #include "keepsake/status.h"
 
 KS_BEGIN_DECLS
 
-/** Metadata key under which `keepsake convert` keeps the structure document of a torch import. */
-#define KS_TORCH_STRUCTURE_META "keepsake.torch_structure"
+/* KS_TORCH_STRUCTURE_META, the metadata key of the structure document, is in layout.h. */
 
 /**
  * Options for reading. Zero-initialise; zero limits mean the defaults below.
@@ -75,7 +75,8 @@ typedef struct ks_torch_read_opts {
   uint64_t max_string;       /**< one string or bytes object; default 1 GiB */
   uint64_t max_view_bytes;   /**< bytes materialised for strided views; default 2*file+64 MiB */
   size_t max_depth;          /**< nesting depth of the flattened tree; default 64 */
-  size_t max_entries;        /**< flattened entries, and separately containers visited while flattening (a pickle can share one container many times); default 8*pickle bytes + 4096 */
+  size_t max_entries; /**< flattened entries, and separately containers visited while flattening (a pickle can share one
+                         container many times); default 8*pickle bytes + 4096 */
   uint64_t max_output_bytes; /**< bytes of all flattened names, tensors, bytes and strings together,
                                   a value shared by n paths counting n times; default 4*file+64 MiB */
   /** The table the file is read through (open, map or read, close; stat for the import's size):
@@ -111,8 +112,8 @@ KS_NODISCARD ks_status ks_torch_load(const char *path, const ks_torch_read_opts 
  * opts->alloc (free with ks_torch_free); untouched on failure. NULL structure
  * = ks_torch_load.
  */
-KS_NODISCARD ks_status ks_torch_load_with_structure(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
-                                       char **structure, ks_error *err);
+KS_NODISCARD ks_status ks_torch_load_with_structure(const char *path, const ks_torch_read_opts *opts,
+                                                    ks_statedict **out, char **structure, ks_error *err);
 
 /**
  * Same as ks_torch_load, from bytes in memory. Tensor data is copied into the

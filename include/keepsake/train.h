@@ -68,7 +68,8 @@ void ks_timestamp_batch_done(ks_timestamp *ts, int64_t samples, int64_t tokens, 
 /** Counts a finished epoch: epoch+1, in-epoch counters and epoch_wct back to zero. */
 void ks_timestamp_epoch_done(ks_timestamp *ts);
 /** Writes `<prefix>epoch` ... `<prefix>batch_wct` as scalars. @return KS_OK or KS_E_NOMEM. */
-KS_NODISCARD ks_status ks_timestamp_to_state_dict(const ks_timestamp *ts, ks_statedict *dst, const char *prefix, ks_error *err);
+KS_NODISCARD ks_status ks_timestamp_to_state_dict(const ks_timestamp *ts, ks_statedict *dst, const char *prefix,
+                                                  ks_error *err);
 /** Reads them back; integer fields must be ints. @return KS_OK, KS_E_NOTFOUND or KS_E_VALUE (ts unchanged). */
 KS_NODISCARD ks_status ks_timestamp_load_state_dict(ks_timestamp *ts, const ks_statedict *src, const char *prefix,
                                        ks_error *err);
@@ -102,8 +103,10 @@ typedef struct ks_adamw_opts {
  * @return KS_OK, KS_E_INVALID (NULL opts, negative lr...) or KS_E_NOMEM.
  * Ownership: free with ks_optimizer_free.
  */
-KS_NODISCARD ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *alloc, ks_optimizer **out, ks_error *err);
-KS_NODISCARD ks_status ks_optimizer_create_adamw(const ks_adamw_opts *opts, const ks_allocator *alloc, ks_optimizer **out, ks_error *err);
+KS_NODISCARD ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *alloc, ks_optimizer **out,
+                                               ks_error *err);
+KS_NODISCARD ks_status ks_optimizer_create_adamw(const ks_adamw_opts *opts, const ks_allocator *alloc,
+                                                 ks_optimizer **out, ks_error *err);
 /** Frees the optimizer and its state buffers (never the parameters). Accepts NULL. */
 void ks_optimizer_free(ks_optimizer *o);
 
@@ -131,7 +134,8 @@ size_t ks_optimizer_param_count(const ks_optimizer *o);
  * `<prefix>param_groups/0/lr`, `betas/0`, ... `params/<i>`.
  * @return KS_OK or KS_E_NOMEM (dst may hold some entries).
  */
-KS_NODISCARD ks_status ks_optimizer_to_state_dict(const ks_optimizer *o, ks_statedict *dst, const char *prefix, ks_error *err);
+KS_NODISCARD ks_status ks_optimizer_to_state_dict(const ks_optimizer *o, ks_statedict *dst, const char *prefix,
+                                                  ks_error *err);
 /**
  * Restores state and hyperparameters. All entries are checked (presence, dtype
  * F32 or a widening of it, shape) before anything is written.
@@ -165,7 +169,8 @@ double ks_scheduler_lr_at(const ks_scheduler *s, int64_t t);
 /** Advances one step and sets the new learning rate on `opt` (may be NULL). */
 void ks_scheduler_step(ks_scheduler *s, ks_optimizer *opt);
 /** Writes `<prefix>base_lrs/0`, `last_epoch`, `_step_count`, `_last_lr/0`, `t_warmup`, `t_max`, `alpha_f`. */
-KS_NODISCARD ks_status ks_scheduler_to_state_dict(const ks_scheduler *s, ks_statedict *dst, const char *prefix, ks_error *err);
+KS_NODISCARD ks_status ks_scheduler_to_state_dict(const ks_scheduler *s, ks_statedict *dst, const char *prefix,
+                                                  ks_error *err);
 /** Restores it. @return KS_OK, KS_E_NOTFOUND or KS_E_VALUE (s unchanged). */
 KS_NODISCARD ks_status ks_scheduler_load_state_dict(ks_scheduler *s, const ks_statedict *src, const char *prefix,
                                        ks_error *err);

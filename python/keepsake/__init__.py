@@ -14,16 +14,17 @@ Errors are :class:`KeepsakeError` subclasses carrying the file, key, byte offset
 """
 from __future__ import annotations
 
-import os
-from typing import Any, Dict, Iterable, Tuple, Union
+from typing import Any, Dict, Iterable, Tuple
 
 from . import _errors
 from . import _keepsake as _native
 from ._errors import (ChecksumError, DTypeError, ExistsError, FormatError, InvalidError, IOError_, KeepsakeError,
-                      LimitError, MismatchError, NetError, NoMemoryError, NotFoundError, ShapeError, StateError,
-                      UnsafeError, UnsupportedError, ValueError_, VersionError)
+                      LimitError, LockedError, MismatchError, NetError, NoMemoryError, NotDurableError, NotFoundError,
+                      ShapeError, StateError, UnsafeError, UnsupportedError, ValueError_, VersionError)
+from ._paths import PathLike, fspath
 from ._report import LoadItem, LoadReport, Timestamp
 from ._safe_open import TensorSlice, safe_open
+from ._manager import EXIT_PREEMPTED, CheckpointManager, Preempted
 
 _errors._install(_native)
 
@@ -33,13 +34,14 @@ FORMAT_VERSION: int = _native.format_version
 __all__ = [
     "KeepsakeError", "NoMemoryError", "IOError_", "FormatError", "LimitError", "InvalidError", "NotFoundError",
     "DTypeError", "ShapeError", "ChecksumError", "VersionError", "MismatchError", "UnsupportedError",
-    "ExistsError", "StateError", "ValueError_", "UnsafeError", "NetError",
+    "ExistsError", "StateError", "ValueError_", "UnsafeError", "NetError", "NotDurableError", "LockedError",
     "safe_open", "TensorSlice", "LoadReport", "LoadItem", "Timestamp",
+    "CheckpointManager", "Preempted", "EXIT_PREEMPTED",
     "convert", "verify", "compute_metrics", "metric_catalogue", "__version__", "FORMAT_VERSION",
 ]
 
 
-def convert(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[str]"],
+def convert(src: PathLike, dst: PathLike,
             ignore: Iterable[str] = (), salvage: bool = False, torch_compat: bool = False) -> Tuple[int, int]:
     """Converts a checkpoint, exactly as ``keepsake convert SRC DST [--ignore GLOB]...`` does.
 
@@ -61,19 +63,19 @@ def convert(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[st
     Raises:
         KeepsakeError: the input could not be read or ``dst`` not written (``dst`` is then unchanged).
     """
-    return _native.convert(os.fspath(src), os.fspath(dst), list(ignore), salvage, torch_compat)
+    return _native.convert(fspath(src), fspath(dst), list(ignore), salvage, torch_compat)
 
 
-def verify(path: Union[str, "os.PathLike[str]"]) -> None:
+def verify(path: PathLike) -> None:
     """Checks a keepsake file's structure and every checksum, as ``keepsake verify``.
 
     Raises:
         FormatError, ChecksumError, VersionError, ...: the first problem found.
     """
-    _native.Reader(os.fspath(path), verify=True)
+    _native.Reader(fspath(path), verify=True, backend="read")
 
 
-def compute_metrics(path: Union[str, "os.PathLike[str]"]) -> Dict[str, Dict[str, Any]]:
+def compute_metrics(path: PathLike) -> Dict[str, Dict[str, Any]]:
     """Rebuilds and computes, with the C library alone, every metric a checkpoint records.
 
     Each metric the ``keepsake.metrics`` metadata gives a catalogue class and arguments for is
@@ -84,7 +86,7 @@ def compute_metrics(path: Union[str, "os.PathLike[str]"]) -> Dict[str, Dict[str,
         ``{metric path: {"class", "value" (a torch tensor, or None), "update_count", "error"}}``
         plus the C load report under the key ``"__report__"`` as a list of (kind, path, reason).
     """
-    res = _native.compute_metrics(os.fspath(path))
+    res = _native.compute_metrics(fspath(path))
     out: Dict[str, Any] = {}
     from ._tensors import torch_from_copy
     for p, m in res["metrics"].items():

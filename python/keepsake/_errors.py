@@ -70,11 +70,16 @@ StateError = _make("StateError", 14, "Operation not valid in the current state (
 ValueError_ = _make("ValueError", 15, "Invalid value in input data (KS_E_VALUE).", (KeepsakeError, ValueError))
 UnsafeError = _make("UnsafeError", 16, "Refused: input asks for code execution (KS_E_UNSAFE).")
 NetError = _make("NetError", 17, "Network or remote storage error (KS_E_NET).")
+NotDurableError = _make("NotDurableError", 18, "Saved, but the directory fsync failed: durability unknown "
+                        "(KS_E_NOT_DURABLE).", (KeepsakeError, OSError))
+LockedError = _make("LockedError", 19, "Held by another process: a run directory another checkpoint manager "
+                    "holds (KS_E_LOCKED).", (KeepsakeError, BlockingIOError))
 
 ERRORS: Dict[int, Type[KeepsakeError]] = {
     c.status: c for c in (NoMemoryError, IOError_, FormatError, LimitError, InvalidError, NotFoundError,
                           DTypeError, ShapeError, ChecksumError, VersionError, MismatchError, UnsupportedError,
-                          ExistsError, StateError, ValueError_, UnsafeError, NetError)
+                          ExistsError, StateError, ValueError_, UnsafeError, NetError, NotDurableError,
+                          LockedError)
 }
 _NAMES: Dict[int, str] = {}
 

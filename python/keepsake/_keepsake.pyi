@@ -1,4 +1,5 @@
 """Type stub of the C extension (see python/src/)."""
+import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 version: str
@@ -8,13 +9,15 @@ Entry = Union[Tuple[str, int, Sequence[int], int, int], Tuple[str, Any]]
 TensorCopy = Tuple[int, Tuple[int, ...], bytearray]
 
 class Reader:
-    """An open keepsake or safetensors file (copy-on-write mapping) or bytes; exports the buffer protocol."""
+    """An open keepsake or safetensors file (mapped copy-on-write, or read into memory with
+    backend="read") or the bytes given as data=; exports the file's bytes through the buffer protocol."""
     count: int
     is_keepsake: bool
     format_version: int
     path: str
     data_offset: int
-    def __init__(self, source: Union[str, bytes, bytearray, memoryview], verify: bool = ...) -> None: ...
+    def __init__(self, path: Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]", None] = ..., verify: bool = ...,
+                 backend: str = ..., data: Union[bytes, bytearray, memoryview, None] = ...) -> None: ...
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int) -> memoryview: ...
     def entries(self) -> List[Tuple[str, int, Tuple[int, ...], int, int]]: ...

@@ -6,8 +6,7 @@ from typing import Any, Dict, Union
 
 from . import _native_api as _n
 from . import _tensors, _tree
-
-PathLike = Union[str, "os.PathLike[str]"]
+from ._paths import PathLike, fspath
 
 
 def load_pt(source: Union[PathLike, bytes], *, verify_crc: bool = False, flat: bool = False) -> Any:
@@ -20,7 +19,9 @@ def load_pt(source: Union[PathLike, bytes], *, verify_crc: bool = False, flat: b
     and a malicious file's payload never runs.
 
     Args:
-        source: a path, or the file's bytes.
+        source: a path (str or os.PathLike), or the file's bytes (bytes, bytearray, memoryview):
+            unlike the other functions, which take bytes as a path, this one keeps its documented
+            meaning of bytes as contents, as ``torch.load`` of an in-memory file.
         verify_crc: check the CRC32 of every zip entry read.
         flat: return the flat ``{'/'-joined path: value}`` dict instead of nested containers.
     Returns:
@@ -30,7 +31,7 @@ def load_pt(source: Union[PathLike, bytes], *, verify_crc: bool = False, flat: b
     Raises:
         KeepsakeError: FormatError (not a zip / bad pickle), UnsupportedError, LimitError, ...
     """
-    src = source if isinstance(source, (bytes, bytearray, memoryview)) else os.fspath(source)
+    src = source if isinstance(source, (bytes, bytearray, memoryview)) else fspath(source)
     items: Dict[str, Any] = {}
     entries, structure = _n.torch_load(src, verify_crc)
     for name, value in entries:
@@ -73,4 +74,4 @@ def save_pt(obj: Dict[str, Any], path: PathLike, *, fsync: bool = True) -> None:
     fl = _tree.Flattener(_tensors.torch_entry)
     for k, v in obj.items():
         fl.add(str(k), v)
-    _n.torch_save(os.fspath(path), fl.entries, fsync)
+    _n.torch_save(fspath(path), fl.entries, fsync)

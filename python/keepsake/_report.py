@@ -72,13 +72,9 @@ class LoadReport:
     mismatched = property(lambda self: self.of("mismatched"), doc="components in both that do not fit")
 
     def __str__(self) -> str:
-        lines = []
-        for kind in KINDS:
-            for i in self.of(kind):
-                lines.append(f"{kind:<10} {i.path}" + (f": {i.reason}" if i.reason else ""))
-        counts = ", ".join(f"{len(self.of(k))} {k}" for k in KINDS)
-        lines.append(f"load report: {counts}")
-        return "\n".join(lines)
+        # The library's printer itself (ks_load_report_print), so the text is a C program's.
+        from . import _keepsake
+        return _keepsake.report_text([(i.kind, i.path, i.reason or "") for i in self.items]).rstrip("\n")
 
     def __repr__(self) -> str:
         return f"<LoadReport {self.path!r}: " + ", ".join(f"{len(self.of(k))} {k}" for k in KINDS) + ">"

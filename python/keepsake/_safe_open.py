@@ -1,13 +1,11 @@
 """``safe_open``: lazy, zero-copy access to a keepsake or safetensors file, as in safetensors."""
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import _errors, _tensors
 from ._keepsake import Reader
-
-PathLike = Union[str, "os.PathLike[str]"]
+from ._paths import PathLike, fspath
 
 
 class TensorSlice:
@@ -44,7 +42,11 @@ class safe_open:  # noqa: N801 - safetensors' name
     """Opens a keepsake or safetensors file for lazy reading.
 
     Args:
-        filename: the file. It is mapped copy-on-write and its structure checked on open.
+        filename: the file (str, bytes or os.PathLike). Its structure is checked on open.
+        backend: ``"mmap"`` (the default): the file is mapped copy-on-write and tensors are
+            zero-copy views; a file truncated or rewritten in place by another program can then
+            kill the process with SIGBUS when a tensor is touched. ``"read"``: the file is read into
+            memory the tensors own, no mapping (safetensors' ``"pread"``): never a signal.
         framework: ``"pt"`` (torch tensors) or ``"np"`` (numpy arrays).
         device: where ``get_tensor`` puts torch tensors (``"cpu"``, ``"cuda:0"``, an int...).
         verify: check every tensor's checksum on open (keepsake files); raises ChecksumError.
@@ -58,7 +60,7 @@ class safe_open:  # noqa: N801 - safetensors' name
     """
 
     def __init__(self, filename: PathLike, framework: str = "pt", device: Union[str, int] = "cpu",
-                 verify: bool = False) -> None:
+                 verify: bool = False, backend: str = "mmap") -> None:
         if framework in ("pt", "torch", "pytorch"):
             self._framework = "pt"
         elif framework in ("np", "numpy"):
@@ -68,7 +70,7 @@ class safe_open:  # noqa: N801 - safetensors' name
         if self._framework == "np" and device not in ("cpu", None):
             raise _errors.error(_errors.InvalidError, "numpy arrays live on the CPU: device must be 'cpu'")
         self._device = f"cuda:{device}" if isinstance(device, int) else device
-        self._reader = Reader(os.fspath(filename), verify=verify)
+        self._reader = Reader(fspath(filename), verify=verify, backend=backend)
 
     def __enter__(self) -> "safe_open":
         return self

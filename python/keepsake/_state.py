@@ -6,15 +6,14 @@ The key layout and the load semantics are the C library's (docs/DESIGN.md, "Key 
 from __future__ import annotations
 
 import json
-import os
 import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _errors, _metrics, _rng, _tensors, _tree
 from . import _native_api as _n
+from ._paths import PathLike, fspath
 from ._report import LoadReport, Timestamp
 
-PathLike = Union[str, "os.PathLike[str]"]
 TIMESTAMP = "state/timestamp/Timestamp/"
 
 
@@ -128,7 +127,7 @@ def save_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
     if fl.kinds:
         meta[_tree.PYTREE_KEY] = fl.kinds_json()
     meta.setdefault("keepsake.state", '{"layout_version":1}')
-    _n.save_file(os.fspath(path), fl.entries, meta, _metrics.metrics_meta(descs), fsync)
+    _n.save_file(fspath(path), fl.entries, meta, _metrics.metrics_meta(descs), fsync)
     del fl
 
 
@@ -139,8 +138,10 @@ def _glob_re(glob: str) -> "re.Pattern[str]":
     return re.compile(f"(?s:{body})(?:/.*)?\\Z")
 
 
-def _read(path: PathLike, verify: bool, ignore: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, str], List[str]]:
-    reader = _n.Reader(os.fspath(path), verify=verify)
+def _read(path: str, verify: bool, ignore: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, str], List[str]]:
+    # Copied into memory, never mapped: every value is copied into the program's objects anyway,
+    # and a file that another program truncates meanwhile must give an error, not SIGBUS.
+    reader = _n.Reader(path, verify=verify, backend="read")
     items: Dict[str, Any] = {e[0]: _tensors.torch_from(reader, *e[1:]) for e in reader.entries()}
     items.update(reader.scalars())
     meta = reader.metadata(True)
@@ -238,7 +239,7 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
                     train_metrics: Any = None, eval_metrics: Any = None, timestamp: Any = None, rng: bool = True,
                     *, dataset_state: Any = None, callbacks: Any = None, strict: bool = True,
                     weights_only: bool = False, ignore: Sequence[str] = (), allow_narrowing: bool = False,
-                    verify: bool = False) -> LoadReport:
+                    verify: bool = True) -> LoadReport:
     """Fills the program's components from a checkpoint, by name, and reports what happened.
 
     The program's components are walked, never the file's (docs/DESIGN.md "Load semantics"):
@@ -257,12 +258,14 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
 
     Args:
         ignore: globs (``*``, ``?``) over '/' paths; a glob matching a '/'-prefix ignores the subtree.
-        verify: check every checksum first (ChecksumError).
+        verify: check every checksum before any object is changed (default; a damaged file raises
+            ChecksumError and changes nothing). ``verify=False`` skips the check: XXH3 hashes near
+            memory speed, so it costs little (docs/BENCHMARKS.md), and a resume should not skip it.
         timestamp: a :class:`keepsake.Timestamp` to fill in place (the report has it too).
     Returns:
         a :class:`keepsake.LoadReport`.
     """
-    spath = os.fspath(path)
+    spath = fspath(path)
     items, meta, ignored = _read(spath, verify, ignore)
     report = LoadReport(spath)
     report.metadata = {k: v for k, v in meta.items() if not k.startswith("keepsake.")}

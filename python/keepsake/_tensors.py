@@ -104,12 +104,28 @@ def torch_from(reader: Any, code: int, shape: Tuple[int, ...], begin: int, end: 
     if dt is None:
         return _torch_widened(reader, code, shape, begin, end)
     if end == begin:
-        return torch.empty(shape, dtype=dt)
+        return torch_empty(dt, shape)
     try:
         flat = torch.frombuffer(reader, dtype=dt, count=(end - begin) // DTYPE_SIZES[code], offset=begin)
     except (TypeError, ValueError, RuntimeError):  # dtypes frombuffer does not take: view the bytes
         flat = torch.frombuffer(reader, dtype=torch.uint8, count=end - begin, offset=begin).view(dt)
     return flat.view(shape)
+
+
+def torch_empty(dt: Any, shape: Tuple[int, ...]) -> Any:
+    """A tensor of no elements with `shape`, as safetensors 0.8.0's load_file makes it.
+
+    ``torch.empty([0, 2**32, 2**32])`` raises "Stride calculation overflowed" (it computes the
+    contiguous strides of the non-zero dims, whose product exceeds int64); a view of an empty
+    tensor takes the strides torch allows for zero elements, which is what safetensors returns:
+    the same shape, dtype and strides.
+    """
+    torch = _torch()
+    try:
+        return torch.empty(0, dtype=dt).view(shape)
+    except RuntimeError as e:
+        raise _errors.error(_errors.ShapeError, f"torch cannot represent an empty tensor of shape {list(shape)}: {e}") \
+            from e
 
 
 def _torch_widened(reader: Any, code: int, shape: Tuple[int, ...], begin: int, end: int) -> Any:
@@ -120,6 +136,8 @@ def _torch_widened(reader: Any, code: int, shape: Tuple[int, ...], begin: int, e
     wide = {"U16": np.int32, "U32": np.int64, "U64": np.int64}.get(name)
     if wide is None:
         raise _errors.error(_errors.DTypeError, f"this torch has no {name} dtype")
+    if end == begin:
+        return torch_empty(torch.int32 if wide is np.int32 else torch.int64, shape)
     a = np.frombuffer(reader, dtype=numpy_maps()[1][code], count=(end - begin) // DTYPE_SIZES[code], offset=begin)
     if name == "U64" and a.size and int(a.max()) >= 1 << 63:
         raise _errors.error(_errors.DTypeError, "U64 values beyond int64: this torch has no uint64")
@@ -134,7 +152,11 @@ def numpy_from(reader: Any, code: int, shape: Tuple[int, ...], begin: int, end: 
         raise _errors.error(_errors.DTypeError, f"numpy has no {DTYPE_NAMES[code]} dtype; load this tensor "
                             "with framework='pt'", key=name)
     if end == begin:
-        return np.empty(shape, dtype=dt)
+        try:
+            return np.empty(shape, dtype=dt)
+        except ValueError as e:  # numpy caps the product of all dims, zero or not ("array is too big")
+            raise _errors.error(_errors.ShapeError, f"numpy cannot represent an empty array of shape {list(shape)}: {e}; "
+                                "load this tensor with framework='pt'", key=name) from e
     return np.frombuffer(reader, dtype=dt, count=(end - begin) // DTYPE_SIZES[code], offset=begin).reshape(shape)
 
 

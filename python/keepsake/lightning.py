@@ -25,6 +25,7 @@ from typing import Any, Dict, Optional
 
 from . import _errors, _metrics, _tensors, _tree
 from . import _native_api as _n
+from ._paths import fspath
 from ._report import LoadReport
 
 try:
@@ -60,10 +61,11 @@ class KeepsakeCheckpointIO(CheckpointIO):
 
     Args:
         fsync: False skips the fsyncs of each save (faster, not durable).
-        verify: check every tensor's checksum when loading.
+        verify: check every tensor's checksum before anything is returned (default: a resume
+            from a damaged file raises ChecksumError); False skips it.
     """
 
-    def __init__(self, fsync: bool = True, verify: bool = False) -> None:
+    def __init__(self, fsync: bool = True, verify: bool = True) -> None:
         super().__init__()
         self.fsync, self.verify = fsync, verify
 
@@ -71,7 +73,7 @@ class KeepsakeCheckpointIO(CheckpointIO):
         """Writes Lightning's checkpoint dict to `path`, atomically and durably."""
         if storage_options is not None:
             raise TypeError("KeepsakeCheckpointIO takes no storage_options")
-        path = os.fspath(path)
+        path = fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         fl = _tree.Flattener(_tensors.torch_entry)
         descs = []
@@ -89,7 +91,9 @@ class KeepsakeCheckpointIO(CheckpointIO):
                         weights_only: Optional[bool] = None) -> Dict[str, Any]:
         """Reads a checkpoint written by :meth:`save_checkpoint` (nothing is unpickled, whatever
         `weights_only` says). `map_location` may be a device or a device string."""
-        reader = _n.Reader(os.fspath(path), verify=self.verify)
+        # Read into memory, not mapped: every leaf is cloned anyway, and a file truncated by
+        # another program must raise, not kill the process with SIGBUS.
+        reader = _n.Reader(fspath(path), verify=self.verify, backend="read")
         items: Dict[str, Any] = {e[0]: _tensors.torch_from(reader, *e[1:]) for e in reader.entries()}
         items.update(reader.scalars())
         meta = reader.metadata(True)
@@ -101,10 +105,10 @@ class KeepsakeCheckpointIO(CheckpointIO):
             v = _clone_leaf(p, v, kind)
             return v.to(move) if move is not None and hasattr(v, "to") else v
 
-        out: Dict[str, Any] = (_tree.rebuild_or_raise(items, kinds, REST, leaf, os.fspath(path))
+        out: Dict[str, Any] = (_tree.rebuild_or_raise(items, kinds, REST, leaf, fspath(path))
                                if _tree.entries_under(items, REST) else {})
         if not isinstance(out, dict):
-            raise _errors.error(_errors.FormatError, "not a Lightning checkpoint", file=os.fspath(path))
+            raise _errors.error(_errors.FormatError, "not a Lightning checkpoint", file=fspath(path))
         out["state_dict"] = {k[len(MODEL):]: leaf(k, v, None) for k, v in items.items() if k.startswith(MODEL)}
         metric_items = {k: v for k, v in items.items() if k.startswith(METRICS)}
         if metric_items:
@@ -112,14 +116,14 @@ class KeepsakeCheckpointIO(CheckpointIO):
                 mj = json.loads(meta.get("keepsake.metrics", "{}"))
             except ValueError as e:
                 raise _errors.error(_errors.FormatError, f"metadata 'keepsake.metrics' is not JSON: {e}",
-                                    file=os.fspath(path), key="keepsake.metrics") from e
+                                    file=fspath(path), key="keepsake.metrics") from e
             out[METRICS_KEY] = _MetricStates(metric_items, mj if isinstance(mj, dict) else {}, kinds)
         return out
 
     def remove_checkpoint(self, path: Any) -> None:
         """Removes a checkpoint file (no error when it is already gone)."""
         try:
-            os.remove(os.fspath(path))
+            os.remove(fspath(path))
         except FileNotFoundError:
             pass
 

@@ -10,13 +10,12 @@ numpy has no bfloat16 or float8 dtypes: such tensors raise DTypeError here (load
 """
 from __future__ import annotations
 
-import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional
 
 from . import _tensors
+from ._paths import PathLike, fspath
 from ._keepsake import Reader, save_bytes, save_file as _save_file
 
-PathLike = Union[str, "os.PathLike[str]"]
 __all__ = ["save_file", "load_file", "save", "load"]
 
 
@@ -39,17 +38,19 @@ def save_file(tensor_dict: Dict[str, Any], filename: PathLike, metadata: Optiona
         KeepsakeError: InvalidError (bad name or metadata), DTypeError, IOError (the old file is then intact).
     """
     entries, keep = _entries(tensor_dict)
-    _save_file(os.fspath(filename), entries, metadata, None, fsync)
+    _save_file(fspath(filename), entries, metadata, None, fsync)
     del keep
 
 
-def load_file(filename: PathLike, *, verify: bool = False) -> Dict[str, Any]:
+def load_file(filename: PathLike, *, verify: bool = False, backend: str = "mmap") -> Dict[str, Any]:
     """Reads every tensor of a keepsake or safetensors file as zero-copy arrays over the mapped file.
 
     The arrays are writable; writes go to private copies of the pages, never to the file.
-    ``verify=True`` checks every checksum first.
+    ``backend="read"`` copies the file into memory instead (no mapping: a file truncated by another
+    program gives an error, never SIGBUS; see keepsake.torch.load_file). ``verify=True`` checks
+    every checksum first.
     """
-    reader = Reader(os.fspath(filename), verify=verify)
+    reader = Reader(fspath(filename), verify=verify, backend=backend)
     return {e[0]: _tensors.numpy_from(reader, *e[1:], e[0]) for e in reader.entries()}
 
 
@@ -63,5 +64,5 @@ def save(tensor_dict: Dict[str, Any], metadata: Optional[Dict[str, str]] = None)
 
 def load(data: bytes) -> Dict[str, Any]:
     """Reads arrays from the bytes of a keepsake or safetensors file (one copy of the bytes is made)."""
-    reader = Reader(data)
+    reader = Reader(data=data)
     return {e[0]: _tensors.numpy_from(reader, *e[1:], e[0]) for e in reader.entries()}

@@ -18,15 +18,14 @@ torch.save / Composer files, without executing their pickles::
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Optional, Union
 
 from . import _tensors
+from ._paths import PathLike, fspath
 from ._keepsake import Reader, save_bytes, save_file as _save_file
 from ._pt import load_pt, save_pt
 from ._state import load_checkpoint, save_checkpoint
 
-PathLike = Union[str, "os.PathLike[str]"]
 __all__ = ["save_file", "load_file", "save", "load", "save_checkpoint", "load_checkpoint", "load_pt", "save_pt"]
 
 
@@ -42,7 +41,7 @@ def save_file(tensors: Dict[str, Any], filename: PathLike, metadata: Optional[Di
 
     Args:
         tensors: name -> tensor (any device; non-contiguous tensors are made contiguous).
-        filename: destination; its directory must exist. The previous file is replaced only once
+        filename: destination (str, bytes or os.PathLike, as ``os`` functions take); its directory must exist. The previous file is replaced only once
             the new one is complete and synced (temp file, fsync, rename, fsync of the directory).
         metadata: extra ``__metadata__`` str -> str pairs.
         fsync: False skips the two fsyncs (faster, not durable).
@@ -51,18 +50,25 @@ def save_file(tensors: Dict[str, Any], filename: PathLike, metadata: Optional[Di
         IOError (the old file is then intact).
     """
     entries, keep = _entries(tensors)
-    _save_file(os.fspath(filename), entries, metadata, None, fsync)
+    _save_file(fspath(filename), entries, metadata, None, fsync)
     del keep
 
 
-def load_file(filename: PathLike, device: Union[str, int] = "cpu", *, verify: bool = False) -> Dict[str, Any]:
+def load_file(filename: PathLike, device: Union[str, int] = "cpu", *, verify: bool = False,
+              backend: str = "mmap") -> Dict[str, Any]:
     """Reads every tensor of a keepsake or safetensors file.
 
-    On the CPU the tensors are zero-copy views of the file, mapped copy-on-write: writing to them
-    never changes the file, and each tensor keeps the mapping alive. ``verify=True`` checks every
-    checksum first (ChecksumError on a mismatch).
+    ``filename`` is a path (str, bytes or os.PathLike); the bytes of a file go to :func:`load`.
+    ``backend="mmap"`` (the default, as safetensors'): on the CPU the tensors are zero-copy views of
+    the file, mapped copy-on-write: writing to them never changes the file, and each tensor keeps
+    the mapping alive. A mapping is only as stable as the file: if another program truncates or
+    rewrites the file in place while the tensors are in use, touching them can kill the process
+    with SIGBUS (keepsake's own writers replace files atomically and never do this).
+    ``backend="read"`` (safetensors' ``"pread"``) reads the file into memory the tensors own, with
+    no mapping: a file changed under it gives a KeepsakeError, never a signal.
+    ``verify=True`` checks every checksum first (ChecksumError on a mismatch).
     """
-    reader = Reader(os.fspath(filename), verify=verify)
+    reader = Reader(fspath(filename), verify=verify, backend=backend)
     view = _tensors.torch_from
     out = {e[0]: view(reader, e[1], e[2], e[3], e[4]) for e in reader.entries()}
     if device not in ("cpu", None):
@@ -81,5 +87,5 @@ def save(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]] = None) -> 
 
 def load(data: bytes) -> Dict[str, Any]:
     """Reads tensors from the bytes of a keepsake or safetensors file (the bytes are copied once)."""
-    reader = Reader(data)
+    reader = Reader(data=data)
     return {e[0]: _tensors.torch_from(reader, e[1], e[2], e[3], e[4]) for e in reader.entries()}

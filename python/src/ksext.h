@@ -24,6 +24,8 @@ void ksp_error_path(ks_error *err, const char *path);
 PyObject *ksp_scalar_value(const ks_entry *e);
 /* A shape as a tuple of ints. */
 PyObject *ksp_shape_tuple(int rank, const int64_t *shape);
+/* report_text(items): the text ks_load_report_print prints for (kind, path, reason) items. */
+PyObject *ksp_report_text(PyObject *self, PyObject *items);
 /* A tensor copied into (dtype code, shape, bytearray). */
 PyObject *ksp_tensor_copy(const ks_tensor *t);
 
@@ -42,10 +44,20 @@ PyObject *ksp_statedict_items(const ks_statedict *sd);
 
 /* keepsake.metrics (JSON, malloc'd) for a description of metrics ({"metrics": [{path, class,
  * update_count, attrs}]}) and the states in sd, through the public metric API. */
-ks_status ksp_metrics_meta(const char *desc, const ks_statedict *sd, char **out, ks_error *err);
+KS_NODISCARD ks_status ksp_metrics_meta(const char *desc, const ks_statedict *sd, char **out, ks_error *err);
+
+/*
+ * The pieces every save needs: the entries as a state dict (tensors borrowed), the metadata
+ * and keepsake.metrics from a metric description (may be NULL). 0, or -1 with an exception set
+ * and both NULL.
+ */
+int ksp_save_prepare(PyObject *entries, PyObject *metadata, const char *metrics, ks_statedict **sd, ks_meta **meta);
 
 /* Module functions, by file. */
 extern PyTypeObject ksp_ReaderType;
+extern PyTypeObject ksp_ManagerType;
+PyObject *ksp_preemption_install(PyObject *self, PyObject *args);
+PyObject *ksp_preemption_signal(PyObject *self, PyObject *unused);
 /* Fills *io with the POSIX table, or without fsync ks__io_posix_nosync() (fast, not durable). */
 const ks_io *ksp_io_posix(int fsync, ks_io *io);
 PyObject *ksp_save_file(PyObject *self, PyObject *args, PyObject *kw);

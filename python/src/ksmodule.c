@@ -191,12 +191,19 @@ static PyMethodDef methods[] = {
     {"torch_save", (PyCFunction)(void (*)(void))ksp_torch_save, METH_VARARGS | METH_KEYWORDS,
      "torch_save(path, entries)\n--\n\nWrites entries as a torch.save-compatible file."},
     {"convert", (PyCFunction)(void (*)(void))ksp_convert, METH_VARARGS | METH_KEYWORDS,
-     "convert(src, dst, ignore=(), salvage=False, torch_compat=False)\n--\n\nAs `keepsake convert SRC DST`: returns (kept, ignored)."},
+     "convert(src, dst, ignore=(), salvage=False, torch_compat=False)\n--\n\nAs `keepsake convert SRC DST`: returns "
+     "(kept, ignored)."},
     {"metric_info", ksp_metric_info, METH_VARARGS,
      "metric_info(description_json)\n--\n\nThe keepsake.metrics JSON the C library derives from a description."},
     {"compute_metrics", (PyCFunction)(void (*)(void))ksp_compute_metrics, METH_VARARGS | METH_KEYWORDS,
      "compute_metrics(path)\n--\n\nLoads the catalogue metrics of a checkpoint with the C library and computes them."},
     {"catalogue", ksp_catalogue, METH_NOARGS, "catalogue()\n--\n\nThe metric classes the C library implements."},
+    {"preemption_install", ksp_preemption_install, METH_VARARGS,
+     "preemption_install(signals)\n--\n\nks_preemption_install: these signals ask for a save at the next step."},
+    {"preemption_signal", ksp_preemption_signal, METH_NOARGS,
+     "preemption_signal()\n--\n\nThe preemption signal received (0 when none)."},
+    {"report_text", ksp_report_text, METH_O,
+     "report_text(items)\n--\n\nWhat ks_load_report_print prints for [(kind, path, reason), ...]."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_keepsake",
@@ -204,11 +211,13 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_keepsake",
                                     methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__keepsake(void) {
-  if (PyType_Ready(&ksp_ReaderType) < 0) return NULL;
+  if (PyType_Ready(&ksp_ReaderType) < 0 || PyType_Ready(&ksp_ManagerType) < 0) return NULL;
   PyObject *m = PyModule_Create(&module);
   if (!m) return NULL;
   Py_INCREF(&ksp_ReaderType);
+  Py_INCREF(&ksp_ManagerType);
   if (PyModule_AddObject(m, "Reader", (PyObject *)&ksp_ReaderType) < 0 ||
+      PyModule_AddObject(m, "Manager", (PyObject *)&ksp_ManagerType) < 0 ||
       PyModule_AddStringConstant(m, "version", KS_VERSION_STRING) < 0 ||
       PyModule_AddIntConstant(m, "format_version", KS_FORMAT_VERSION) < 0) {
     Py_DECREF(m);

@@ -1,13 +1,22 @@
 /*
  * keepsake._keepsake.Reader: an open keepsake or safetensors file.
  *
- * A file is mapped privately and writable (copy on write): tensors built over
- * the mapping with torch.frombuffer / numpy.frombuffer are zero-copy, may be
- * written to, and never change the file. The reader validates the mapping with
- * ks_reader_open_buffer, so every structural rule of the format is checked
- * before any tensor is handed out. The Reader exports the whole file through
- * the buffer protocol; every consumer holds a reference, so the mapping lives
- * as long as the last tensor over it.
+ * Two backends, as safetensors 0.8 has "mmap" and "pread":
+ *  - "mmap" (the default): the file is mapped privately and writable (copy on
+ *    write): tensors built over the mapping with torch.frombuffer /
+ *    numpy.frombuffer are zero-copy, may be written to, and never change the
+ *    file. The reader validates the mapping with ks_reader_open_buffer, so every
+ *    structural rule of the format is checked before any tensor is handed out.
+ *    A mapping promises the file's pages only while nobody truncates the file:
+ *    touching a view past a new end raises SIGBUS (format.h, "What the mapped
+ *    mode promises").
+ *  - "read": the library reads the whole file into memory the reader owns
+ *    (ks_reader_open in KS_READ_COPY mode, through read()); nothing is mapped, so
+ *    a file truncated or rewritten while it is read gives an error, never a
+ *    signal, and the tensors never change afterwards.
+ * The Reader exports the file's bytes (the mapping or the copy) through the
+ * buffer protocol; every consumer holds a reference, so the memory lives as long
+ * as the last tensor over it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,10 +34,17 @@ typedef struct {
   void *map;     /* our mapping of the file, or NULL */
   size_t map_len;
   char *heap;    /* a copy of bytes given in memory, or NULL */
-  uint8_t *base; /* start of the file's bytes */
+  uint8_t *base; /* start of the file's bytes (ours, or the reader's copy in "read" mode) */
   size_t len;
-  PyObject *path;
+  PyObject *path;   /* str, for Python (surrogate-escaped like os.fsdecode) */
+  PyObject *fspath; /* bytes, the same path for C messages (or "<buffer>") */
+  int opening;      /* __init__ runs without the GIL: a second __init__ meanwhile is refused */
 } ksp_Reader;
+
+/* The path for ks_error messages: never NULL, never raises (a str path may hold surrogates). */
+static const char *reader_cpath(const ksp_Reader *self) {
+  return self->fspath ? PyBytes_AS_STRING(self->fspath) : "<buffer>";
+}
 
 static int fail_io(ks_error *err, const char *path, const char *what) {
   ks_error_clear(err);
@@ -39,7 +55,7 @@ static int fail_io(ks_error *err, const char *path, const char *what) {
 }
 
 /* Maps `path` copy-on-write. Refuses anything but a regular file (a FIFO would block). */
-static ks_status map_file(ksp_Reader *self, const char *path, ks_error *err) {
+static KS_NODISCARD ks_status map_file(ksp_Reader *self, const char *path, ks_error *err) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return fail_io(err, path, "cannot open file");
   struct stat sb;
@@ -66,7 +82,7 @@ static ks_status map_file(ksp_Reader *self, const char *path, ks_error *err) {
   return st;
 }
 
-static ks_status copy_bytes(ksp_Reader *self, PyObject *src) {
+static KS_NODISCARD ks_status copy_bytes(ksp_Reader *self, PyObject *src) {
   Py_buffer view;
   if (PyObject_GetBuffer(src, &view, PyBUF_SIMPLE) < 0) return KS_E_INVALID;
   self->heap = PyMem_Malloc(view.len ? (size_t)view.len : 1);
@@ -77,43 +93,116 @@ static ks_status copy_bytes(ksp_Reader *self, PyObject *src) {
   return self->heap ? KS_OK : KS_E_NOMEM;
 }
 
+/*
+ * "read" backend: the library's copying mode. KS_READ_COPY holds one heap copy of
+ * the whole file (format.h), so every tensor lies at its file offset from the
+ * copy's start; that start is not part of the public API, so it is derived from
+ * tensor 0 and checked against every tensor (a reader laid out otherwise is
+ * refused, never exported wrong). A file without tensors exports nothing.
+ */
+static KS_NODISCARD ks_status open_copy(ksp_Reader *self, const char *path, int verify, ks_reader **out,
+                                        ks_error *err) {
+  ks_read_opts o = {.mode = KS_READ_COPY, .verify_checksums = verify};
+  ks_reader *r = NULL;
+  ks_status st = ks_reader_open(path, &o, &r, err);
+  if (st) return st;
+  size_t n = ks_reader_count(r);
+  uint64_t size = ks_reader_file_size(r);
+  uintptr_t base = 0;
+  for (size_t i = 0; i < n; i++) {
+    ks_tensor v;
+    ks_tensor_info info;
+    if (ks_reader_tensor_at(r, i, NULL, &v) || ks_reader_tensor_info(r, i, &info) ||
+        info.end > size || info.begin > (uint64_t)(uintptr_t)v.data) {
+      base = 0;
+      break;
+    }
+    uintptr_t b = (uintptr_t)v.data - (uintptr_t)info.begin;
+    if (i && b != base) {
+      base = 0;
+      break;
+    }
+    base = b;
+  }
+  if (n && !base) {
+    ks_reader_free(r);
+    ks_error_clear(err);
+    err->code = KS_E_UNSUPPORTED;
+    snprintf(err->file, sizeof err->file, "%s", path);
+    snprintf(err->message, sizeof err->message, "the reader's copy of the file is not one block");
+    return KS_E_UNSUPPORTED;
+  }
+  static uint8_t empty[1];
+  self->base = n ? (uint8_t *)base : empty;
+  self->len = n ? (size_t)size : 0;
+  *out = r;
+  return KS_OK;
+}
+
 static int reader_init(ksp_Reader *self, PyObject *args, PyObject *kw) {
-  static char *names[] = {"source", "verify", NULL};
-  PyObject *src;
+  static char *names[] = {"path", "verify", "backend", "data", NULL};
+  PyObject *src = Py_None, *data = NULL;
   int verify = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", names, &src, &verify)) return -1;
-  if (self->r || self->base) {
+  const char *backend = "mmap";
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|OpsO", names, &src, &verify, &backend, &data)) return -1;
+  if (self->r || self->base || self->path || self->opening) {
     PyErr_SetString(PyExc_RuntimeError, "Reader is already open");
+    return -1;
+  }
+  int copy = !strcmp(backend, "read");
+  if (!copy && strcmp(backend, "mmap")) {
+    ksp_raisef(KS_E_INVALID, "backend '%s': use 'mmap' (map the file) or 'read' (copy it into memory)", backend);
+    return -1;
+  }
+  if ((src == Py_None) == (data == NULL || data == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "Reader takes a path or data=, exactly one of them");
     return -1;
   }
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
-  const char *where = "<buffer>";
   PyObject *fs = NULL;
-  if (PyObject_CheckBuffer(src)) {
-    st = copy_bytes(self, src);
+  /* The reader is published in self->r only once complete and with the GIL held: another
+   * thread calling a method meanwhile sees "not open", never a reader being built or freed. */
+  ks_reader *r = NULL;
+  if (src == Py_None) {
+    /* Contents only through data=: a bytes object given as the path is a path, as for os.open. */
+    st = copy_bytes(self, data);
     if (st == KS_E_INVALID) return -1;
   } else {
     if (!PyUnicode_FSConverter(src, &fs)) return -1;
-    where = PyBytes_AS_STRING(fs);
-    Py_BEGIN_ALLOW_THREADS st = map_file(self, where, &err);
-    Py_END_ALLOW_THREADS
+    const char *p = PyBytes_AS_STRING(fs);
+    self->opening = 1;
+    if (copy) {
+      Py_BEGIN_ALLOW_THREADS st = open_copy(self, p, verify, &r, &err);
+      Py_END_ALLOW_THREADS
+    } else {
+      Py_BEGIN_ALLOW_THREADS st = map_file(self, p, &err);
+      Py_END_ALLOW_THREADS
+    }
   }
-  if (!st) {
+  if (!st && !r) {
     ks_read_opts o = {.mode = KS_READ_MMAP, .verify_checksums = verify};
-    Py_BEGIN_ALLOW_THREADS st = ks_reader_open_buffer(self->base, self->len, &o, &self->r, &err);
+    self->opening = 1;
+    Py_BEGIN_ALLOW_THREADS st = ks_reader_open_buffer(self->base, self->len, &o, &r, &err);
     Py_END_ALLOW_THREADS
   }
-  if (st) {
-    ksp_error_path(&err, where);
+  self->opening = 0;
+  const char *where = fs ? PyBytes_AS_STRING(fs) : "<buffer>";
+  PyObject *path = st ? NULL : fs ? PyUnicode_DecodeFSDefault(where) : PyUnicode_FromString(where);
+  if (!path) {
+    if (st) {
+      ksp_error_path(&err, where);
+      ksp_raise(st, &err);
+    }
+    ks_reader_free(r);
     Py_XDECREF(fs);
-    ksp_raise(st, &err);
     return -1;
   }
-  self->path = fs ? PyUnicode_DecodeFSDefault(where) : PyUnicode_FromString(where);
-  Py_XDECREF(fs);
-  return self->path ? 0 : -1;
+  self->r = r; /* open only with every member set: the getters use them all */
+  self->fspath = fs;
+  self->path = path;
+  return 0;
 }
 
 static void reader_dealloc(ksp_Reader *self) {
@@ -121,6 +210,7 @@ static void reader_dealloc(ksp_Reader *self) {
   if (self->map) munmap(self->map, self->map_len);
   PyMem_Free(self->heap);
   Py_XDECREF(self->path);
+  Py_XDECREF(self->fspath);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -191,7 +281,7 @@ static PyObject *reader_entry(ksp_Reader *self, PyObject *name) {
     snprintf(err.file, sizeof err.file, "%s", ks_reader_path(self->r));
     snprintf(err.key, sizeof err.key, "%s", s);
     snprintf(err.message, sizeof err.message, "no tensor named '%s'", s);
-    ksp_error_path(&err, PyUnicode_AsUTF8(self->path));
+    ksp_error_path(&err, reader_cpath(self));
     return ksp_raise(KS_E_NOTFOUND, &err);
   }
   return entry_tuple(self, (size_t)i);
@@ -213,7 +303,7 @@ static PyObject *reader_scalars(ksp_Reader *self, PyObject *unused) {
   if (!st) st = ks_reader_scalars(self->r, sd, &err);
   PyObject *out = NULL;
   if (st) {
-    ksp_error_path(&err, PyUnicode_AsUTF8(self->path));
+    ksp_error_path(&err, reader_cpath(self));
     ksp_raise(st, &err);
   } else {
     out = ksp_statedict_items(sd);
@@ -231,7 +321,7 @@ static PyObject *reader_verify(ksp_Reader *self, PyObject *unused) {
   Py_BEGIN_ALLOW_THREADS st = ks_reader_verify(self->r, &err);
   Py_END_ALLOW_THREADS
   if (st) {
-    ksp_error_path(&err, PyUnicode_AsUTF8(self->path));
+    ksp_error_path(&err, reader_cpath(self));
     return ksp_raise(st, &err);
   }
   Py_RETURN_NONE;
@@ -273,9 +363,11 @@ static PyMethodDef reader_methods[] = {
      "entries()\n--\n\n[(name, dtype code, shape, begin, end)] of every tensor, in file order; begin/end are "
      "byte offsets into the buffer the reader exports."},
     {"keys", (PyCFunction)reader_keys, METH_NOARGS, "keys()\n--\n\nTensor names in file order."},
-    {"entry", (PyCFunction)reader_entry, METH_O, "entry(name)\n--\n\n(name, dtype code, shape, begin, end) of one tensor."},
+    {"entry", (PyCFunction)reader_entry, METH_O,
+     "entry(name)\n--\n\n(name, dtype code, shape, begin, end) of one tensor."},
     {"metadata", (PyCFunction)reader_metadata, METH_VARARGS,
-     "metadata(all=False)\n--\n\nThe __metadata__ pairs; without `all`, the five keys keepsake's writer owns are left out."},
+     "metadata(all=False)\n--\n\nThe __metadata__ pairs; without `all`, the five keys keepsake's writer owns are left "
+     "out."},
     {"scalars", (PyCFunction)reader_scalars, METH_NOARGS, "scalars()\n--\n\n[(name, value)] of keepsake's scalars."},
     {"verify", (PyCFunction)reader_verify, METH_NOARGS,
      "verify()\n--\n\nChecks every checksum; raises ChecksumError or FormatError."},
@@ -298,8 +390,9 @@ PyTypeObject ksp_ReaderType = {
     .tp_as_sequence = &reader_seq,
     .tp_as_buffer = &reader_buffer,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Reader(source, verify=False)\n--\n\n"
-              "An open keepsake or safetensors file (a path) or bytes, validated on open.",
+    .tp_doc = "Reader(path=None, verify=False, backend='mmap', data=None)\n--\n\n"
+              "An open keepsake or safetensors file, validated on open: a path (str, bytes or os.PathLike), "
+              "mapped ('mmap') or read into memory ('read'), or the file's bytes given as data=.",
     .tp_methods = reader_methods,
     .tp_getset = reader_getset,
     .tp_init = (initproc)reader_init,

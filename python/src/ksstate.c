@@ -99,6 +99,7 @@ PyObject *ksp_catalogue(PyObject *self, PyObject *unused) {
 /* The metrics of one label (NULL: train) that keepsake.metrics gives a catalogue class and args for. */
 typedef struct factory_ctx {
   json_t *metrics; /* keepsake.metrics */
+  uint64_t budget; /* bytes the metrics' states may still allocate: the arguments come from the file */
 } factory_ctx;
 
 /* "state/train_metrics/<Name>" -> label NULL; "state/eval_metrics/<label>/<Name>" -> label. */
@@ -110,7 +111,7 @@ static const char *split_path(const char *path, char *label, size_t cap) {
   } else if (!strncmp(path, "state/eval_metrics/", 19)) {
     const char *slash = strchr(path + 19, '/');
     size_t n = slash ? (size_t)(slash - (path + 19)) : 0;
-    if (!slash || n + 1 > cap) return NULL;
+    if (!slash || !n || n + 1 > cap) return NULL; /* "state/eval_metrics//M" is no train metric */
     memcpy(label, path + 19, n);
     label[n] = 0;
     name = slash + 1;
@@ -118,10 +119,11 @@ static const char *split_path(const char *path, char *label, size_t cap) {
   return name && *name && !strchr(name, '/') ? name : NULL;
 }
 
-static ks_status build_collection(void *ctx, const char *label, const ks_allocator *alloc,
+static KS_NODISCARD ks_status build_collection(void *ctx, const char *label, const ks_allocator *alloc,
                                   ks_metric_collection **out, ks_error *err) {
   factory_ctx *f = ctx;
-  ks_status st = ks_metric_collection_create(alloc, out, NULL);
+  *out = NULL; /* so the failure path below frees nothing it did not build, whatever create leaves */
+  ks_status st = ks_metric_collection_create(alloc, out, err);
   const char *path;
   json_t *m;
   json_object_foreach(f->metrics, path, m) {
@@ -132,12 +134,17 @@ static ks_status build_collection(void *ctx, const char *label, const ks_allocat
     if (st || !name || !cls || !json_is_object(args) || strcmp(lab, label ? label : "")) continue;
     char *a = json_dumps(args, JSON_COMPACT);
     ks_metric *metric = NULL;
-    st = a ? ks_metric_create(cls, a, alloc, &metric, err) : KS_E_NOMEM;
+    /* Bounded: a record asking for num_classes = 10^6 must fail with KS_E_LIMIT, not allocate
+     * terabytes (as ks_convert builds the same records). */
+    st = a ? ks_metric_create_bounded(cls, a, alloc, &f->budget, &metric, err) : KS_E_NOMEM;
     free(a);
-    if (!st) st = ks_metric_collection_add(*out, name, metric, NULL);
-    if (st) ks_metric_free(metric);
+    if (!st) st = ks_metric_collection_add(*out, name, metric, err);
+    if (st) ks_metric_free(metric); /* the collection takes the metric on success only (metric.h) */
   }
-  if (st) ks_metric_collection_free(*out);
+  if (st) {
+    ks_metric_collection_free(*out); /* ours to free on failure (state.h); the library ignores *out */
+    *out = NULL;
+  }
   return st;
 }
 
@@ -153,6 +160,11 @@ static size_t eval_labels(json_t *metrics, json_t *labels) {
   return json_object_size(labels);
 }
 
+/* Keys and messages quote the file's bytes, which need not be UTF-8: decode them leniently. */
+static PyObject *lenient(const char *s) {
+  return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogateescape");
+}
+
 static PyObject *metric_result(ks_metric *m) {
   const ks_tensor *v = NULL;
   ks_error err;
@@ -161,8 +173,13 @@ static PyObject *metric_result(ks_metric *m) {
   PyObject *value = st ? Py_None : ksp_tensor_copy(v);
   if (st) Py_INCREF(value);
   if (!value) return NULL;
-  return Py_BuildValue("{s:s,s:N,s:L,s:s}", "class", ks_metric_class(m), "value", value, "update_count",
-                       (long long)ks_metric_update_count(m), "error", st ? err.message : "");
+  PyObject *msg = lenient(st ? err.message : "");
+  if (!msg) {
+    Py_DECREF(value);
+    return NULL;
+  }
+  return Py_BuildValue("{s:s,s:N,s:L,s:N}", "class", ks_metric_class(m), "value", value, "update_count",
+                       (long long)ks_metric_update_count(m), "error", msg);
 }
 
 static int add_collection(PyObject *out, ks_metric_collection *c, const char *root) {
@@ -170,7 +187,9 @@ static int add_collection(PyObject *out, ks_metric_collection *c, const char *ro
     const char *name;
     ks_metric *m = ks_metric_collection_at(c, i, &name);
     PyObject *r = metric_result(m);
-    PyObject *key = r ? PyUnicode_FromFormat("%s%s", root, name) : NULL;
+    PyObject *leaf = r ? lenient(name) : NULL;
+    PyObject *key = leaf ? PyUnicode_FromFormat("%s%U", root, leaf) : NULL;
+    Py_XDECREF(leaf);
     int bad = !key || PyDict_SetItem(out, key, r);
     Py_XDECREF(r);
     Py_XDECREF(key);
@@ -183,7 +202,9 @@ static PyObject *report_list(const ks_load_report *rep) {
   PyObject *list = PyList_New(0);
   ks_load_item it;
   for (size_t i = 0; list && ks_load_report_at(rep, i, &it) == KS_OK; i++) {
-    PyObject *t = Py_BuildValue("(sss)", ks_load_kind_name(it.kind), it.path, it.reason ? it.reason : "");
+    PyObject *p = lenient(it.path), *why = p ? lenient(it.reason ? it.reason : "") : NULL;
+    PyObject *t = why ? Py_BuildValue("(sNN)", ks_load_kind_name(it.kind), p, why) : NULL;
+    if (!why) Py_XDECREF(p);
     if (!t || PyList_Append(list, t)) Py_CLEAR(list);
     Py_XDECREF(t);
   }
@@ -192,6 +213,8 @@ static PyObject *report_list(const ks_load_report *rep) {
 
 typedef struct job {
   const char *path;
+  ks_statedict *sd; /* the file, read once into memory (never mapped) */
+  ks_meta *meta;
   json_t *metrics, *labels;
   const char **label_list;
   size_t n_labels;
@@ -199,29 +222,49 @@ typedef struct job {
   ks_load_report *rep;
 } job;
 
-static ks_status run_job(job *j, ks_error *err) {
-  ks_meta *meta = NULL;
-  ks_statedict *sd = NULL;
-  ks_status s = ks_load(j->path, NULL, &sd, &meta, err);
-  const char *txt = s ? NULL : ks_meta_get(meta, "keepsake.metrics");
+/* What the metrics built from the file's records may allocate: twice the tensor bytes the file
+ * holds (their states come from there) plus 64 MiB, as ks_convert bounds the same records. */
+static uint64_t metric_budget(const ks_statedict *sd) {
+  uint64_t total = 0;
+  ks_entry e;
+  for (size_t i = 0; ks_statedict_at(sd, i, &e) == KS_OK; i++)
+    if (e.kind == KS_VAL_TENSOR) total += e.tensor.nbytes < UINT64_MAX - total ? e.tensor.nbytes : UINT64_MAX - total;
+  uint64_t slack = (uint64_t)64 << 20;
+  return total > (UINT64_MAX - slack) / 2 ? UINT64_MAX : 2 * total + slack;
+}
+
+static KS_NODISCARD ks_status fail(ks_error *err, ks_status st, const char *key, const char *msg) {
+  ks_error_clear(err);
+  err->code = st;
+  snprintf(err->key, sizeof err->key, "%s", key);
+  snprintf(err->message, sizeof err->message, "%s", msg);
+  return st;
+}
+
+static KS_NODISCARD ks_status run_job(job *j, ks_error *err) {
+  /* One copying read: no mapping (a file truncated meanwhile gives an error, not SIGBUS), and
+   * the records and the states come from the same bytes (no second open between them). */
+  ks_read_opts ro = {.mode = KS_READ_COPY};
+  ks_status s = ks_load(j->path, &ro, &j->sd, &j->meta, err);
+  const char *txt = s ? NULL : ks_meta_get(j->meta, KS_META_METRICS);
   if (!s) j->metrics = txt ? json_loads(txt, JSON_REJECT_DUPLICATES, NULL) : json_object();
-  ks_statedict_free(sd);
-  ks_meta_free(meta);
-  if (!s && !json_is_object(j->metrics)) s = KS_E_FORMAT;
+  if (!s && !json_is_object(j->metrics))
+    s = fail(err, KS_E_FORMAT, KS_META_METRICS, "metadata 'keepsake.metrics' is not a JSON object");
   j->labels = s ? NULL : json_object();
+  if (!s && !j->labels) s = KS_E_NOMEM;
   if (!s) j->n_labels = eval_labels(j->metrics, j->labels);
   j->label_list = s ? NULL : calloc(j->n_labels + 1, sizeof *j->label_list);
   if (!s && !j->label_list) s = KS_E_NOMEM;
   const char *lab;
   json_t *v;
   size_t k = 0;
-  if (!s) json_object_foreach(j->labels, lab, v) j->label_list[k++] = lab;
-  if (!s) s = ks_state_create("", 0, NULL, &j->st, NULL);
-  if (!s) s = ks_load_report_create(NULL, &j->rep, NULL);
-  factory_ctx f = {j->metrics};
+  if (!s) json_object_foreach(j->labels, lab, v) if (k < j->n_labels) j->label_list[k++] = lab;
+  if (!s) s = ks_state_create("", 0, NULL, &j->st, err);
+  if (!s) s = ks_load_report_create(NULL, &j->rep, err);
+  factory_ctx f = {j->metrics, s ? 0 : metric_budget(j->sd)};
   if (!s) s = ks_state_build_metrics(j->st, build_collection, &f, j->label_list, j->n_labels, err);
   ks_load_opts o = {.non_strict_model = 1};
-  if (!s) s = ks_state_load(j->st, j->path, &o, j->rep, err);
+  if (!s) s = ks_state_load_state_dict(j->st, j->sd, j->meta, &o, j->rep, err);
   return s;
 }
 
@@ -230,7 +273,7 @@ PyObject *ksp_compute_metrics(PyObject *self, PyObject *args, PyObject *kw) {
   static char *names[] = {"path", NULL};
   PyObject *path;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O&", names, PyUnicode_FSConverter, &path)) return NULL;
-  job j = {PyBytes_AS_STRING(path), NULL, NULL, NULL, 0, NULL, NULL};
+  job j = {PyBytes_AS_STRING(path), NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL};
   ks_error err;
   ks_error_clear(&err);
   ks_status s;
@@ -258,6 +301,8 @@ PyObject *ksp_compute_metrics(PyObject *self, PyObject *args, PyObject *kw) {
   free(j.label_list);
   json_decref(j.labels);
   json_decref(j.metrics);
+  ks_statedict_free(j.sd);
+  ks_meta_free(j.meta);
   Py_DECREF(path);
   return out;
 }

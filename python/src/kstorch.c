@@ -10,7 +10,13 @@ PyObject *ksp_torch_load(PyObject *self, PyObject *args, PyObject *kw) {
   PyObject *src;
   int crc = 0;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", names, &src, &crc)) return NULL;
-  ks_torch_read_opts o = {.verify_crc = crc};
+  /* The POSIX table without map_fn: the file is read into memory (torch.h), never mapped, so a
+   * file another program truncates meanwhile gives an error, not SIGBUS. Every value is copied
+   * out for Python anyway. */
+  ks_io io = *ks_io_posix();
+  io.map_fn = NULL;
+  io.unmap_fn = NULL;
+  ks_torch_read_opts o = {.verify_crc = crc, .io = &io};
   ks_statedict *sd = NULL;
   char *structure = NULL;
   ks_error err;

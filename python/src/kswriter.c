@@ -43,7 +43,7 @@ static int add_tensor(ks_statedict *sd, const char *name, PyObject *item) {
   return 0;
 }
 
-static ks_status add_scalar(ks_statedict *sd, const char *name, PyObject *v) {
+static KS_NODISCARD ks_status add_scalar(ks_statedict *sd, const char *name, PyObject *v) {
   if (v == Py_None) return ks_statedict_set_null(sd, name, NULL);
   if (PyBool_Check(v)) return ks_statedict_set_bool(sd, name, v == Py_True, NULL);
   if (PyLong_Check(v)) {
@@ -114,8 +114,7 @@ static int add_metrics_meta(ks_meta *meta, const char *desc, const ks_statedict 
   return st ? -1 : 0;
 }
 
-/* The pieces every save needs; NULL members on failure with an exception set. */
-static int prepare(PyObject *entries, PyObject *metadata, const char *metrics, ks_statedict **sd, ks_meta **meta) {
+int ksp_save_prepare(PyObject *entries, PyObject *metadata, const char *metrics, ks_statedict **sd, ks_meta **meta) {
   *sd = ksp_statedict_from(entries);
   *meta = *sd ? ksp_meta_from(metadata) : NULL;
   if (*meta && add_metrics_meta(*meta, metrics, *sd) == 0) return 0;
@@ -135,7 +134,7 @@ PyObject *ksp_save_file(PyObject *self, PyObject *args, PyObject *kw) {
     return NULL;
   ks_statedict *sd;
   ks_meta *meta;
-  if (prepare(entries, metadata, metrics, &sd, &meta)) {
+  if (ksp_save_prepare(entries, metadata, metrics, &sd, &meta)) {
     Py_DECREF(path);
     return NULL;
   }
@@ -215,7 +214,7 @@ PyObject *ksp_save_bytes(PyObject *self, PyObject *args, PyObject *kw) {
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Oz", names, &entries, &metadata, &metrics)) return NULL;
   ks_statedict *sd;
   ks_meta *meta;
-  if (prepare(entries, metadata, metrics, &sd, &meta)) return NULL;
+  if (ksp_save_prepare(entries, metadata, metrics, &sd, &meta)) return NULL;
   membuf mb = {0};
   /* A version 1 table: the writer's steps only (io.h); nothing touches the file system. */
   ks_io io = {.version = 1, .ctx = &mb, .create_fn = mem_create, .write_fn = mem_write, .fsync_fn = mem_noop_fd,

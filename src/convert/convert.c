@@ -28,7 +28,7 @@ typedef struct conv {
   ks_meta *meta;    /* metadata to write beside it */
 } conv;
 
-static ks_status import_torch(conv *c, int verify_crc) {
+static KS_NODISCARD ks_status import_torch(conv *c, int verify_crc) {
   ks_torch_read_opts ro = {0};
   ro.alloc = c->a;
   ro.verify_crc = verify_crc;
@@ -38,7 +38,7 @@ static ks_status import_torch(conv *c, int verify_crc) {
   return st;
 }
 
-static ks_status read_torch(conv *c) {
+static KS_NODISCARD ks_status read_torch(conv *c) {
   ks_status st = import_torch(c, 1);
   if (st != KS_E_CHECKSUM || !c->o->salvage) return st;
   ks__convert_warn(c->rep, c->err, c->in); /* reported, then read again without the CRC checks */
@@ -52,7 +52,7 @@ static int on_problem(void *ctx, const ks_error *problem) {
 }
 
 /* The caller's metadata pairs of a keepsake/safetensors input; the writer owns its own keys. */
-static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
+static KS_NODISCARD ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
   static const char *const own[] = {KS_META_FORMAT, KS_META_FORMAT_VERSION, KS_META_WRITER, KS_META_SCALARS,
                                     KS_META_CHECKSUMS};
   const char *k, *v;
@@ -65,7 +65,7 @@ static ks_status keep_meta(const ks_meta *meta, ks_meta *extra) {
   return st;
 }
 
-static ks_status read_keepsake(conv *c) {
+static KS_NODISCARD ks_status read_keepsake(conv *c) {
   ks_read_opts ro = {0};
   ro.alloc = c->a;
   ro.mode = KS_READ_MMAP; /* views into c->input, the copy read once */
@@ -100,7 +100,7 @@ static uint64_t metric_budget(const conv *c) {
   return n > (UINT64_MAX - DEFAULT_METRIC_SLACK) / 2 ? UINT64_MAX : 2 * n + DEFAULT_METRIC_SLACK;
 }
 
-static ks_status write_pt(conv *c, const ks_statedict *kept) {
+static KS_NODISCARD ks_status write_pt(conv *c, const ks_statedict *kept) {
   const char *structure = ks_meta_get(c->meta, KS_TORCH_STRUCTURE_META);
   ks_statedict *listed = NULL;
   char *listed_structure = NULL;
@@ -119,7 +119,7 @@ static ks_status write_pt(conv *c, const ks_statedict *kept) {
   return st;
 }
 
-static ks_status write_out(conv *c) {
+static KS_NODISCARD ks_status write_out(conv *c) {
   ks_statedict *kept = NULL;
   ks_status st = ks__convert_ignore(c->sd, c->o->ignore, c->o->n_ignore, c->meta, &kept, c->err);
   if (st) return st;
@@ -139,11 +139,10 @@ static ks_status write_out(conv *c) {
   return st;
 }
 
-static ks_status run(conv *c) {
+static KS_NODISCARD ks_status run(conv *c) {
   /* The output checks are the local file system's (symlinks, devices, mode bits): they apply when the
-   * table's stat is the local one (ks_io_posix() or a table built on it), not to a remote store. */
-  const ks_io *oio = c->o->io;
-  bool local_out = !oio || oio->version < 2 || oio->stat_fn == ks_io_posix()->stat_fn;
+   * table says its paths are local files (KS_IO_CAP_LOCAL, io.h), not to a remote store. */
+  bool local_out = (ks_io_caps(c->o->io) & KS_IO_CAP_LOCAL) != 0;
   ks_status st = local_out ? ks__convert_check_output(c->out, c->err) : KS_OK;
   if (!st) st = ks__fmap_open(&c->input, c->in, c->o->in_io, true, 0, c->a, c->err); /* never mapped: see convert.h */
   if (st) return st;

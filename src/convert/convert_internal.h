@@ -38,7 +38,8 @@ KS_NODISCARD ks_status ks__convert_ignore(const ks_statedict *src, const char *c
  * {"kind":"list"} record for each (free with ks__free(a, ...)). None found: *out and
  * *structure_out are NULL (write src and the structure as they are).
  */
-KS_NODISCARD ks_status ks__convert_pt_lists(const ks_allocator *a, const ks_statedict *src, const ks_meta *meta, uint64_t *budget,
-                               ks_statedict **out, char **structure_out, size_t *n_lists, ks_error *err);
+KS_NODISCARD ks_status ks__convert_pt_lists(const ks_allocator *a, const ks_statedict *src, const ks_meta *meta,
+                                            uint64_t *budget, ks_statedict **out, char **structure_out, size_t *n_lists,
+                                            ks_error *err);
 
 #endif

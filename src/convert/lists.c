@@ -27,10 +27,12 @@ typedef struct lists {
   ks_error *err;
 } lists;
 
-static ks_status nomem(ks_error *err) { return ks__err(err, KS_E_NOMEM, "convert: out of memory writing list states"); }
+static KS_NODISCARD ks_status nomem(ks_error *err) {
+  return ks__err(err, KS_E_NOMEM, "convert: out of memory writing list states");
+}
 
 /* Records the cat state `key` as a list, unless the structure already describes it. */
-static ks_status add_list(lists *c, const char *key, const ks_tensor *t) {
+static KS_NODISCARD ks_status add_list(lists *c, const char *key, const ks_tensor *t) {
   if (ks__jv_get(c->containers, key) || ks__jv_get(c->renamed, key)) return KS_OK;
   int64_t items = t->rank > 0 && t->shape[0] == 0 ? 0 : 1;
   ks__jv *rec = ks__jv_object(c->a);
@@ -43,7 +45,7 @@ static ks_status add_list(lists *c, const char *key, const ks_tensor *t) {
 }
 
 /* The state `name` of the metric at `path`, when it is a tensor there, recorded as a list. */
-static ks_status state_list(lists *c, const char *path, const char *name) {
+static KS_NODISCARD ks_status state_list(lists *c, const char *path, const char *name) {
   char key[KS_MAX_NAME + 1];
   int n = snprintf(key, sizeof key, "%s/%s%s", path, KS_KEY_METRIC_STATES, name);
   const ks_tensor *t = n > 0 && (size_t)n < sizeof key ? ks_statedict_tensor(c->src, key) : NULL;
@@ -51,7 +53,7 @@ static ks_status state_list(lists *c, const char *path, const char *name) {
 }
 
 /* The cat states of one built metric whose entries are under `path`. */
-static ks_status metric_lists(lists *c, const ks_metric *m, const char *path) {
+static KS_NODISCARD ks_status metric_lists(lists *c, const ks_metric *m, const char *path) {
   for (size_t i = 0; i < ks_metric_state_count(m); i++) {
     const char *name = NULL;
     ks_reduce reduce = KS_REDUCE_SUM;
@@ -64,7 +66,7 @@ static ks_status metric_lists(lists *c, const ks_metric *m, const char *path) {
 
 /* The states a KS_META_METRICS record names in "lists": they were lists where the file came from
    (a torch file's, or a Python program's metric), whether or not the catalogue can build it. */
-static ks_status recorded_lists(lists *c, const char *path, const ks__jv *rec) {
+static KS_NODISCARD ks_status recorded_lists(lists *c, const char *path, const ks__jv *rec) {
   const ks__jv *names = ks__jv_get(rec, "lists");
   ks_status st = KS_OK;
   for (size_t k = 0; !st && ks__jv_is(names, KS__JV_ARRAY) && k < names->len; k++)
@@ -74,7 +76,7 @@ static ks_status recorded_lists(lists *c, const char *path, const ks__jv *rec) {
 
 /* One KS_META_METRICS record: the lists it records (its writer saw them), else the cat states of
    the metric built from its class and args when the catalogue can build it. */
-static ks_status record_lists(lists *c, const char *path, const ks__jv *rec) {
+static KS_NODISCARD ks_status record_lists(lists *c, const char *path, const ks__jv *rec) {
   const char *cls = ks__jv_string(ks__jv_get(rec, "class"));
   const ks__jv *args = ks__jv_get(rec, "args");
   if (ks__jv_is(ks__jv_get(rec, "lists"), KS__JV_ARRAY)) return recorded_lists(c, path, rec);
@@ -96,7 +98,7 @@ static ks_status record_lists(lists *c, const char *path, const ks__jv *rec) {
 }
 
 /* src's entries, the renamed ones as `<name>/0` (or left out for an empty list). */
-static ks_status renamed_dict(lists *c, ks_statedict **out) {
+static KS_NODISCARD ks_status renamed_dict(lists *c, ks_statedict **out) {
   ks_statedict *dst = NULL;
   ks_status st = ks_statedict_create(c->a, &dst, NULL);
   ks_entry e;
@@ -120,7 +122,7 @@ static ks_status renamed_dict(lists *c, ks_statedict **out) {
 }
 
 /* The structure document to extend: the file's (parsed) or a new empty one. */
-static ks_status structure_doc(const ks_allocator *a, const char *text, ks__jv **doc, ks_error *err) {
+static KS_NODISCARD ks_status structure_doc(const ks_allocator *a, const char *text, ks__jv **doc, ks_error *err) {
   if (text) return ks__jv_parse(a, text, strlen(text), KS_TORCH_STRUCTURE_META, doc, err);
   *doc = ks__jv_object(a);
   ks_status st = *doc ? ks__jv_set(a, *doc, "version", ks__jv_int(a, 1)) : KS_E_NOMEM;
@@ -128,7 +130,7 @@ static ks_status structure_doc(const ks_allocator *a, const char *text, ks__jv *
   return st ? nomem(err) : KS_OK;
 }
 
-static ks_status find_lists(lists *c, const ks__jv *metrics) {
+static KS_NODISCARD ks_status find_lists(lists *c, const ks__jv *metrics) {
   ks_status st = KS_OK;
   for (size_t i = 0; !st && i < metrics->len; i++)
     if (ks__jv_is(metrics->items[i], KS__JV_OBJECT)) st = record_lists(c, metrics->keys[i], metrics->items[i]);
@@ -136,14 +138,15 @@ static ks_status find_lists(lists *c, const ks__jv *metrics) {
 }
 
 /* meta[key] parsed; NULL when absent. */
-static ks_status parse_key(const ks_allocator *a, const ks_meta *meta, const char *key, ks__jv **out, ks_error *err) {
+static KS_NODISCARD ks_status parse_key(const ks_allocator *a, const ks_meta *meta, const char *key, ks__jv **out,
+                                        ks_error *err) {
   const char *text = ks_meta_get(meta, key);
   *out = NULL;
   return text ? ks__jv_parse(a, text, strlen(text), key, out, err) : KS_OK;
 }
 
 /* The lists of the metrics document, into the structure document *doc (the file's or a new one). */
-static ks_status lists_of(lists *c, const ks_meta *meta, const ks__jv *metrics, ks__jv **doc) {
+static KS_NODISCARD ks_status lists_of(lists *c, const ks_meta *meta, const ks__jv *metrics, ks__jv **doc) {
   ks_error serr;
   if (structure_doc(c->a, ks_meta_get(meta, KS_TORCH_STRUCTURE_META), doc, &serr)) /* the writer names what is wrong */
     return serr.code == KS_E_NOMEM ? nomem(c->err) : KS_OK;

@@ -54,7 +54,8 @@ static const char *refused_kind(const struct stat *sb) {
 ks_status ks__convert_check_output(const char *out, ks_error *err) {
   struct stat sb;
   if (lstat(out, &sb) != 0)
-    return errno == ENOENT ? KS_OK : ks__err_at(err, KS_E_IO, out, NULL, -1, "cannot check output: %s", strerror(errno));
+    return errno == ENOENT ? KS_OK
+                           : ks__err_at(err, KS_E_IO, out, NULL, -1, "cannot check output: %s", strerror(errno));
   const char *what = refused_kind(&sb);
   if (!what) return KS_OK;
   return ks__err_at(err, KS_E_INVALID, out, NULL, -1, "output exists and is %s; refusing to replace it", what);
@@ -74,7 +75,7 @@ static int ignored(void *ctx, const char *path) {
 
 /* The structure document without the containers the globs match; a document that does not parse
    is kept as it is (the .pt writer names what is wrong with it). */
-static ks_status prune_structure(ks_meta *meta, const ks_allocator *a, globs *gl, ks_error *err) {
+static KS_NODISCARD ks_status prune_structure(ks_meta *meta, const ks_allocator *a, globs *gl, ks_error *err) {
   const char *text = ks_meta_get(meta, KS_TORCH_STRUCTURE_META);
   if (!text) return KS_OK;
   ks__jv *doc = NULL;

@@ -257,7 +257,9 @@ void ks_dtype_set_f64(ks_dtype dt, void *data, size_t i, double v) {
     case KS_I16: ks_dtype_set_i64(dt, data, i, clamp_i64(f64_to_i64(v), INT16_MIN, INT16_MAX)); break;
     case KS_U32: ks_dtype_set_i64(dt, data, i, clamp_i64(f64_to_i64(v), 0, UINT32_MAX)); break;
     case KS_I32: ks_dtype_set_i64(dt, data, i, clamp_i64(f64_to_i64(v), INT32_MIN, INT32_MAX)); break;
-    case KS_U64: ks__put_le64(p, v <= 0 || isnan(v) ? 0 : v >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)v); break;
+    case KS_U64:
+      ks__put_le64(p, v <= 0 || isnan(v) ? 0 : v >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)v);
+      break;
     case KS_I64: ks_dtype_set_i64(dt, data, i, f64_to_i64(v)); break;
     default: break;
   }

@@ -25,7 +25,7 @@
  * writer's close and its rename; a killed writer's lock is gone at once. */
 #define STALE_AGE_S 60
 
-static ks_status io_fail(ks__durable *d, int rc, const char *what) {
+static KS_NODISCARD ks_status io_fail(ks__durable *d, int rc, const char *what) {
   return ks__err_at(d->err, KS_E_IO, d->path, NULL, -1, "%s '%s': %s", what, d->have_tmp ? d->tmp : d->path,
                     strerror(rc));
 }
@@ -101,7 +101,7 @@ static void clean_stale(const ks__durable *d) {
 }
 
 /* The same check asked of a custom table (version 2 has stat_fn; version 1 cannot be asked). */
-static ks_status check_destination_io(const ks__durable *d) {
+static KS_NODISCARD ks_status check_destination_io(const ks__durable *d) {
   ks_io_stat st;
   if (d->io->version < 2 || d->io->stat_fn(d->io->ctx, d->path, &st) != 0 || st.kind == KS_IO_FILE ||
       st.kind == KS_IO_LINK)
@@ -111,8 +111,8 @@ static ks_status check_destination_io(const ks__durable *d) {
 }
 
 /* A rename over a device, FIFO, socket or directory would replace it (as root, even /dev/null). */
-static ks_status check_destination(const ks__durable *d) {
-  if (d->io != ks_io_posix()) return check_destination_io(d);
+static KS_NODISCARD ks_status check_destination(const ks__durable *d) {
+  if (!(ks_io_caps(d->io) & KS_IO_CAP_LOCAL)) return check_destination_io(d);
   struct stat sb;
   if (lstat(d->path, &sb) != 0 || S_ISREG(sb.st_mode) || S_ISLNK(sb.st_mode)) return KS_OK;
   const char *what = S_ISDIR(sb.st_mode)   ? "a directory"
@@ -125,7 +125,8 @@ static ks_status check_destination(const ks__durable *d) {
 }
 
 ks_status ks__durable_open(ks__durable *d) {
-  bool posix = d->io == ks_io_posix(); /* a custom ks_io may not keep its files where we look */
+  /* Only a table whose paths are local files (its caps say so, io.h) keeps them where we look. */
+  bool posix = (ks_io_caps(d->io) & KS_IO_CAP_LOCAL) != 0;
   ks_status st = check_destination(d);
   if (st) return st;
   if (posix) clean_stale(d);

@@ -35,7 +35,8 @@ KS_NODISCARD ks_status ks__durable_prepare(ks__durable *d, const char *path, con
                               ks_error *err);
 /* Creates the temporary file exclusively under a fresh random name. With the POSIX
  * ks_io it first refuses (KS_E_INVALID) a destination that exists and is neither a
- * regular file nor a symlink (a device, FIFO, socket or directory), then removes stale temporary files of this pattern in the directory
+ * regular file nor a symlink (a device, FIFO, socket or directory), then removes stale temporary files of this pattern
+ * in the directory
  * (".*.tmp-XXXXXX" that no writer holds flock'd and unmodified for 60 s: left by a
  * killed writer), and holds an flock on its own until close. */
 KS_NODISCARD ks_status ks__durable_open(ks__durable *d);

@@ -7,7 +7,7 @@
 
 #include "core/io_ops.h"
 
-static ks_status io_err(const char *path, const char *what, int rc, ks_error *err) {
+static KS_NODISCARD ks_status io_err(const char *path, const char *what, int rc, ks_error *err) {
   return ks__err_at(err, KS_E_IO, path, NULL, -1, "%s: %s", what, strerror(rc));
 }
 
@@ -27,7 +27,7 @@ void ks__advise_huge(void *p, size_t size) {
 #endif
 }
 
-static ks_status read_whole(ks__fmap *m, const char *path, int fd, size_t size, const ks_allocator *a,
+static KS_NODISCARD ks_status read_whole(ks__fmap *m, const char *path, int fd, size_t size, const ks_allocator *a,
                             ks_error *err) {
   m->copy = ks__malloc(a, size ? size : 1);
   if (!m->copy) return ks__err_at(err, KS_E_NOMEM, path, NULL, -1, "out of memory for %zu bytes", size);
@@ -46,7 +46,7 @@ static ks_status read_whole(ks__fmap *m, const char *path, int fd, size_t size, 
 }
 
 /* A mapping when the table can map; ENOTSUP (or no map_fn) falls back to one copy. */
-static ks_status map_whole(ks__fmap *m, const char *path, int fd, size_t size, const ks_allocator *a,
+static KS_NODISCARD ks_status map_whole(ks__fmap *m, const char *path, int fd, size_t size, const ks_allocator *a,
                            ks_error *err) {
   const void *p = NULL;
   int rc = m->io->map_fn ? m->io->map_fn(m->io->ctx, fd, size, &p) : ENOTSUP;

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -183,6 +184,49 @@ static int posix_rmdir(void *ctx, const char *path) {
   return rmdir(path) == 0 ? 0 : errno_or_io();
 }
 
+/* Reads what the holder recorded (best effort: a holder may be writing it right now). */
+static void read_holder(int fd, char *holder, size_t cap) {
+  if (!holder || !cap) return;
+  ssize_t n = pread(fd, holder, cap - 1, 0);
+  size_t len = n > 0 ? (size_t)n : 0;
+  while (len && (holder[len - 1] == '\n' || holder[len - 1] == '\0')) len--;
+  holder[len] = '\0';
+}
+
+/* An flock on a lock file that is never removed: unlinking would let a third process lock a
+ * fresh inode while the second still holds the old one. The kernel drops the lock with the
+ * holder, so a killed run never blocks the next. */
+static int posix_lock(void *ctx, const char *path, const char *owner, int *handle, char *holder, size_t cap) {
+  (void)ctx;
+  if (holder && cap) holder[0] = '\0';
+  int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0) return errno_or_io();
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno == EWOULDBLOCK ? EWOULDBLOCK : errno_or_io();
+    if (e == EWOULDBLOCK) read_holder(fd, holder, cap);
+    close(fd);
+    return e;
+  }
+  size_t n = owner ? strlen(owner) : 0;
+  if (ftruncate(fd, 0) != 0 || (n && pwrite(fd, owner, n, 0) != (ssize_t)n)) {
+    int e = errno_or_io();
+    close(fd);
+    return e;
+  }
+  *handle = fd;
+  return 0;
+}
+
+static int posix_unlock(void *ctx, int handle) {
+  (void)ctx;
+  return close(handle) == 0 ? 0 : errno_or_io();
+}
+
+unsigned ks_io_caps(const ks_io *io) {
+  if (!io) io = ks_io_posix();
+  return io->version >= 4 ? io->caps : 0;
+}
+
 const ks_io *ks_io_posix(void) {
   static const ks_io io = {.version = KS_IO_VERSION, .ctx = NULL, .create_fn = posix_create,
                            .write_fn = posix_write, .fsync_fn = posix_fsync, .close_fn = posix_close,
@@ -190,7 +234,8 @@ const ks_io *ks_io_posix(void) {
                            .open_fn = posix_open, .read_fn = posix_read, .map_fn = posix_map,
                            .unmap_fn = posix_unmap, .stat_fn = posix_stat, .list_fn = posix_list,
                            .mkdir_fn = posix_mkdir, .symlink_fn = posix_symlink, .readlink_fn = posix_readlink,
-                           .rmdir_fn = posix_rmdir};
+                           .rmdir_fn = posix_rmdir, .caps = KS_IO_CAP_LOCAL | KS_IO_CAP_LOCK | KS_IO_CAP_MAP,
+                           .lock_fn = posix_lock, .unlock_fn = posix_unlock};
   return &io;
 }
 
@@ -213,6 +258,8 @@ const ks_io *ks__io_posix_nosync(void) {
                            .rename_fn = posix_rename, .unlink_fn = posix_unlink, .fsync_dir_fn = nosync_fsync_dir,
                            .open_fn = posix_open, .read_fn = posix_read, .map_fn = posix_map,
                            .unmap_fn = posix_unmap, .stat_fn = posix_stat, .list_fn = posix_list,
-                           .mkdir_fn = posix_mkdir, .symlink_fn = posix_symlink, .readlink_fn = posix_readlink};
+                           .mkdir_fn = posix_mkdir, .symlink_fn = posix_symlink, .readlink_fn = posix_readlink,
+                           .rmdir_fn = posix_rmdir, .caps = KS_IO_CAP_LOCAL | KS_IO_CAP_LOCK | KS_IO_CAP_MAP,
+                           .lock_fn = posix_lock, .unlock_fn = posix_unlock};
   return &io;
 }

@@ -98,10 +98,16 @@ static int k_unlink(void *ctx, const char *path) {
 
 static int k_fsync_dir(void *ctx, const char *d) { return CC(ctx)->v1->fsync_dir_fn(CC(ctx)->v1->ctx, d); }
 static int k_stat(void *ctx, const char *p, ks_io_stat *st) { return CC(ctx)->v2->stat_fn(CC(ctx)->v2->ctx, p, st); }
-static int k_list(void *ctx, const char *d, const char *pre, ks_io_list_cb cb, void *cc) { return CC(ctx)->v2->list_fn(CC(ctx)->v2->ctx, d, pre, cb, cc); }
+static int k_list(void *ctx, const char *d, const char *pre, ks_io_list_cb cb, void *cc) {
+  return CC(ctx)->v2->list_fn(CC(ctx)->v2->ctx, d, pre, cb, cc);
+}
 static int k_mkdir(void *ctx, const char *p) { return CC(ctx)->v2->mkdir_fn(CC(ctx)->v2->ctx, p); }
-static int k_symlink(void *ctx, const char *t, const char *p) { return CC(ctx)->v2->symlink_fn(CC(ctx)->v2->ctx, t, p); }
-static int k_readlink(void *ctx, const char *p, char *b, size_t cap, size_t *len) { return CC(ctx)->v2->readlink_fn(CC(ctx)->v2->ctx, p, b, cap, len); }
+static int k_symlink(void *ctx, const char *t, const char *p) {
+  return CC(ctx)->v2->symlink_fn(CC(ctx)->v2->ctx, t, p);
+}
+static int k_readlink(void *ctx, const char *p, char *b, size_t cap, size_t *len) {
+  return CC(ctx)->v2->readlink_fn(CC(ctx)->v2->ctx, p, b, cap, len);
+}
 
 /* ---- reading ---- */
 
@@ -175,7 +181,7 @@ static int k_read(void *ctx, int h, void *buf, size_t n, uint64_t off, size_t *g
 
 /* ---- the table ---- */
 
-static ks_status take_dir(ks__cache *c, const char *dir, ks_error *err) {
+static KS_NODISCARD ks_status take_dir(ks__cache *c, const char *dir, ks_error *err) {
   size_t n = strlen(dir);
   while (n > 1 && dir[n - 1] == '/') n--;
   if (n == 0) return ks__err(err, KS_E_INVALID, "ks_io_cache_create: empty cache_dir");

@@ -148,7 +148,7 @@ int ks__cache_serve(ks__cache *c, const ks__cache_read *q, void *buf) {
   return ok ? 0 : -1;
 }
 
-static ks_status write_piece(ks__cache *c, const ks__cache_read *q, const void *buf, const char *path) {
+static KS_NODISCARD ks_status write_piece(ks__cache *c, const ks__cache_read *q, const void *buf, const char *path) {
   ks_error e;
   size_t plen = strlen(q->path);
   uint8_t h[HDR];

@@ -16,7 +16,9 @@ typedef struct counter {
 #define C(ctx) ((counter *)(ctx))
 
 static int c_create(void *ctx, const char *path, int *fd) { return C(ctx)->v1->create_fn(C(ctx)->v1->ctx, path, fd); }
-static int c_write(void *ctx, int fd, const void *b, size_t n, size_t *w) { return C(ctx)->v1->write_fn(C(ctx)->v1->ctx, fd, b, n, w); }
+static int c_write(void *ctx, int fd, const void *b, size_t n, size_t *w) {
+  return C(ctx)->v1->write_fn(C(ctx)->v1->ctx, fd, b, n, w);
+}
 static int c_fsync(void *ctx, int fd) { return C(ctx)->v1->fsync_fn(C(ctx)->v1->ctx, fd); }
 static int c_close(void *ctx, int fd) { return C(ctx)->v1->close_fn(C(ctx)->v1->ctx, fd); }
 static int c_rename(void *ctx, const char *a, const char *b) { return C(ctx)->v1->rename_fn(C(ctx)->v1->ctx, a, b); }
@@ -42,12 +44,18 @@ static int c_map(void *ctx, int fd, uint64_t size, const void **addr) {
   return rc;
 }
 
-static int c_unmap(void *ctx, const void *addr, uint64_t size) { return C(ctx)->v2->unmap_fn(C(ctx)->v2->ctx, addr, size); }
+static int c_unmap(void *ctx, const void *addr, uint64_t size) {
+  return C(ctx)->v2->unmap_fn(C(ctx)->v2->ctx, addr, size);
+}
 static int c_stat(void *ctx, const char *p, ks_io_stat *st) { return C(ctx)->v2->stat_fn(C(ctx)->v2->ctx, p, st); }
-static int c_list(void *ctx, const char *d, const char *pre, ks_io_list_cb cb, void *cc) { return C(ctx)->v2->list_fn(C(ctx)->v2->ctx, d, pre, cb, cc); }
+static int c_list(void *ctx, const char *d, const char *pre, ks_io_list_cb cb, void *cc) {
+  return C(ctx)->v2->list_fn(C(ctx)->v2->ctx, d, pre, cb, cc);
+}
 static int c_mkdir(void *ctx, const char *p) { return C(ctx)->v2->mkdir_fn(C(ctx)->v2->ctx, p); }
 static int c_symlink(void *ctx, const char *t, const char *p) { return C(ctx)->v2->symlink_fn(C(ctx)->v2->ctx, t, p); }
-static int c_readlink(void *ctx, const char *p, char *b, size_t cap, size_t *len) { return C(ctx)->v2->readlink_fn(C(ctx)->v2->ctx, p, b, cap, len); }
+static int c_readlink(void *ctx, const char *p, char *b, size_t cap, size_t *len) {
+  return C(ctx)->v2->readlink_fn(C(ctx)->v2->ctx, p, b, cap, len);
+}
 
 ks_status ks_io_counter_create(const ks_io *inner, int no_map, const ks_allocator *a, ks_io **out, ks_error *err) {
   if (!out) return ks__err(err, KS_E_INVALID, "ks_io_counter_create: out is required");

@@ -44,8 +44,15 @@ ks_status ks_io_check(const ks_io *io, ks_error *err) {
             {io->mkdir_fn != NULL, "mkdir_fn"}, {io->symlink_fn != NULL, "symlink_fn"},
             {io->readlink_fn != NULL, "readlink_fn"}};
   for (size_t i = 0; i < sizeof v2 / sizeof v2[0]; i++)
-    if (!v2[i].set) return ks__err(err, KS_E_INVALID, "ks_io: %s is NULL in a version %u table", v2[i].name, io->version);
-  if (!io->map_fn != !io->unmap_fn) return ks__err(err, KS_E_INVALID, "ks_io: map_fn and unmap_fn must be set together");
+    if (!v2[i].set)
+      return ks__err(err, KS_E_INVALID, "ks_io: %s is NULL in a version %u table", v2[i].name, io->version);
+  if (!io->map_fn != !io->unmap_fn)
+    return ks__err(err, KS_E_INVALID, "ks_io: map_fn and unmap_fn must be set together");
+  if (io->version < 4) return KS_OK;
+  if (!io->lock_fn != !io->unlock_fn)
+    return ks__err(err, KS_E_INVALID, "ks_io: lock_fn and unlock_fn must be set together");
+  if ((io->caps & KS_IO_CAP_LOCK) && !io->lock_fn)
+    return ks__err(err, KS_E_INVALID, "ks_io: caps has KS_IO_CAP_LOCK but lock_fn is NULL");
   return KS_OK;
 }
 
@@ -71,7 +78,7 @@ static void parent_of(const char *buf, size_t len, char *out) {
 }
 
 /* fsync of the parent of buf[0..len), by the table's own fsync_dir_fn (a version 1 table has one). */
-static ks_status sync_parent(const ks_io *io, const char *buf, size_t len, ks_error *err) {
+static KS_NODISCARD ks_status sync_parent(const ks_io *io, const char *buf, size_t len, ks_error *err) {
   const ks_io *v1 = ks__io_v1(io);
   char parent[PATH_CAP];
   parent_of(buf, len, parent);
@@ -80,12 +87,13 @@ static ks_status sync_parent(const ks_io *io, const char *buf, size_t len, ks_er
 }
 
 /* Creates buf (one level) unless it is a directory already; fsyncs the parent after creating it. */
-static ks_status mkdir_one(const ks_io *orig, const char *buf, size_t len, int sync, ks_error *err) {
+static KS_NODISCARD ks_status mkdir_one(const ks_io *orig, const char *buf, size_t len, int sync, ks_error *err) {
   const ks_io *io = ks__io_v2(orig);
   ks_io_stat st;
   int rc = io->stat_fn(io->ctx, buf, &st);
   if (rc == 0 && st.kind == KS_IO_DIR) return KS_OK;
-  if (rc == 0 && st.kind != KS_IO_LINK) return ks__err_at(err, KS_E_IO, buf, NULL, -1, "mkdir: exists and is not a directory");
+  if (rc == 0 && st.kind != KS_IO_LINK)
+    return ks__err_at(err, KS_E_IO, buf, NULL, -1, "mkdir: exists and is not a directory");
   if (rc == 0 || rc == ENOENT) rc = io->mkdir_fn(io->ctx, buf);
   if (rc == EEXIST) return KS_OK; /* created meanwhile, or a link to a directory */
   if (rc) return ks__err_at(err, KS_E_IO, buf, NULL, -1, "mkdir: %s", strerror(rc));

@@ -101,7 +101,7 @@ static size_t utf8_encode(uint32_t cp, uint8_t out[4]) {
 }
 
 /* Decodes \uHHHH (and its low surrogate) at j->pos, which points just past the 'u'. */
-static ks_status read_u_escape(ks__json *j, uint32_t *cp) {
+static KS_NODISCARD ks_status read_u_escape(ks__json *j, uint32_t *cp) {
   int hi = j->n - j->pos >= 4 ? hex4(j->s + j->pos) : -1;
   if (hi < 0) return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: bad \\u escape");
   j->pos += 4;
@@ -131,7 +131,7 @@ static uint8_t simple_escape(uint8_t c) {
   }
 }
 
-static ks_status read_escape(ks__json *j, ks__sbuf *b) {
+static KS_NODISCARD ks_status read_escape(ks__json *j, ks__sbuf *b) {
   if (j->pos >= j->n) return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: unterminated string");
   uint8_t c = j->s[j->pos++], out[4];
   size_t n = 1;
@@ -157,7 +157,7 @@ static void scan_run(ks__json *j) {
 }
 
 /* Slow path: the string has escapes; decode it into b. j->pos is at the first backslash. */
-static ks_status read_escaped(ks__json *j, ks__sbuf *b, size_t start) {
+static KS_NODISCARD ks_status read_escaped(ks__json *j, ks__sbuf *b, size_t start) {
   b->len = 0;
   if (!buf_put(j, b, j->s + start, j->pos - start)) return ks__err(j->err, KS_E_NOMEM, "out of memory");
   while (j->pos < j->n) {
@@ -199,7 +199,7 @@ static size_t digits(ks__json *j) {
 }
 
 /* Any JSON number, per the grammar: -?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)? */
-static ks_status skip_number(ks__json *j) {
+static KS_NODISCARD ks_status skip_number(ks__json *j) {
   size_t start = j->pos;
   if (j->pos < j->n && j->s[j->pos] == '-') j->pos++;
   size_t intd = digits(j);
@@ -236,7 +236,7 @@ ks_status ks__json_u64(ks__json *j, const char *key, const char *what, uint64_t 
   return KS_OK;
 }
 
-static ks_status skip_literal(ks__json *j) {
+static KS_NODISCARD ks_status skip_literal(ks__json *j) {
   static const char *const lits[] = {"true", "false", "null"};
   for (int i = 0; i < 3; i++) {
     size_t n = strlen(lits[i]);
@@ -245,7 +245,7 @@ static ks_status skip_literal(ks__json *j) {
   return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: unexpected character");
 }
 
-static ks_status skip_container(ks__json *j, int depth, char close) {
+static KS_NODISCARD ks_status skip_container(ks__json *j, int depth, char close) {
   j->pos++;
   if (ks__json_peek(j, close)) return j->pos++, KS_OK;
   for (;;) {

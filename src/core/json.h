@@ -80,7 +80,8 @@ void ks__json_init(ks__json *j, const void *s, size_t n, int64_t base, const cha
                    ks_error *err);
 void ks__json_free(ks__json *j);
 /* Records an error at the current position and returns code. */
-KS_NODISCARD ks_status ks__json_fail(ks__json *j, ks_status code, const char *key, const char *fmt, ...) KS__PRINTF(4, 5);
+KS_NODISCARD ks_status ks__json_fail(ks__json *j, ks_status code, const char *key, const char *fmt, ...)
+    KS__PRINTF(4, 5);
 void ks__json_ws(ks__json *j);
 /* Skips whitespace; true when the next byte is c (not consumed). */
 bool ks__json_peek(ks__json *j, char c);
@@ -135,7 +136,6 @@ ks__jv *ks__jv_bool(const ks_allocator *a, bool v);
 ks__jv *ks__jv_int(const ks_allocator *a, int64_t v);
 ks__jv *ks__jv_real(const ks_allocator *a, double v);
 ks__jv *ks__jv_str(const ks_allocator *a, const char *s);
-ks__jv *ks__jv_strn(const ks_allocator *a, const char *s, size_t n);
 ks__jv *ks__jv_array(const ks_allocator *a);
 ks__jv *ks__jv_object(const ks_allocator *a);
 void ks__jv_free(const ks_allocator *a, ks__jv *v);
@@ -177,15 +177,12 @@ bool ks__jv_equal(const ks__jv *x, const ks__jv *y);
  */
 KS_NODISCARD ks_status ks__jv_parse(const ks_allocator *a, const char *text, size_t n, const char *what, ks__jv **out,
                        ks_error *err);
-/* Appends v as compact JSON (no spaces); sort_keys orders object members by key bytes. */
-void ks__jv_write(ks__sbuf *b, const ks__jv *v, bool sort_keys);
-/* Appends v with each member and item on its own line, `indent` spaces per level, ": "
-   after keys and empty containers as {} and []: the layout of jansson's JSON_INDENT(n),
-   so files written before keep their bytes (indent <= 0 is compact). */
-void ks__jv_write_indented(ks__sbuf *b, const ks__jv *v, bool sort_keys, int indent);
-/* Compact JSON as a NUL-terminated string owned by the caller (free with ks__free); NULL when out of memory. */
+/* Compact JSON (no spaces) as a NUL-terminated string owned by the caller (free with ks__free);
+   sort_keys orders object members by key bytes. NULL when out of memory. */
 char *ks__jv_dump(const ks_allocator *a, const ks__jv *v, bool sort_keys);
-/* ks__jv_write_indented as a NUL-terminated string, like ks__jv_dump. */
+/* As ks__jv_dump, with each member and item on its own line, `indent` spaces per level, ": "
+   after keys and empty containers as {} and []: the layout of jansson's JSON_INDENT(n), so
+   files written before keep their bytes (indent <= 0 is compact). */
 char *ks__jv_dump_indented(const ks_allocator *a, const ks__jv *v, bool sort_keys, int indent);
 
 #endif

@@ -43,7 +43,7 @@ ks__jv *ks__jv_real(const ks_allocator *a, double d) {
   return v;
 }
 
-ks__jv *ks__jv_strn(const ks_allocator *a, const char *s, size_t n) {
+static ks__jv *jv_strn(const ks_allocator *a, const char *s, size_t n) {
   ks__jv *v = jv_new(a, KS__JV_STRING);
   if (!v) return NULL;
   v->s = ks__strndup(a, s, n);
@@ -55,7 +55,7 @@ ks__jv *ks__jv_strn(const ks_allocator *a, const char *s, size_t n) {
   return v;
 }
 
-ks__jv *ks__jv_str(const ks_allocator *a, const char *s) { return ks__jv_strn(a, s, strlen(s)); }
+ks__jv *ks__jv_str(const ks_allocator *a, const char *s) { return jv_strn(a, s, strlen(s)); }
 
 void ks__jv_free(const ks_allocator *a, ks__jv *v) {
   if (!v) return;
@@ -82,7 +82,7 @@ static const char *member_key(const void *ctx, size_t i, size_t *len) {
 static const ks__hindex_ops member_ops = {member_hash, member_key};
 
 /* Room for one more item (and key, hash and index slot, for objects); cap is the smallest capacity. */
-static ks_status reserve(const ks_allocator *a, ks__jv *c) {
+static KS_NODISCARD ks_status reserve(const ks_allocator *a, ks__jv *c) {
   size_t icap = c->cap, kcap = c->cap, hcap = c->cap;
   ks_status s = ks__grow(a, &c->items, &icap, c->len + 1, sizeof *c->items);
   if (c->type != KS__JV_OBJECT) {
@@ -183,7 +183,7 @@ bool ks__jv_equal(const ks__jv *x, const ks__jv *y) {
 
 ks__jv *ks__jv_copy(const ks_allocator *a, const ks__jv *v) {
   if (!v) return NULL;
-  if (v->type == KS__JV_STRING) return ks__jv_strn(a, v->s, v->len);
+  if (v->type == KS__JV_STRING) return jv_strn(a, v->s, v->len);
   ks__jv *c = jv_new(a, v->type);
   if (!c) return NULL;
   c->b = v->b, c->i = v->i, c->d = v->d;
@@ -219,9 +219,9 @@ ks__jv *ks__jv_copy_pruned(const ks_allocator *a, const ks__jv *doc, const char 
 
 /* ---- parsing ---- */
 
-static ks_status parse_value(ks__json *j, int depth, ks__jv **out);
+static KS_NODISCARD ks_status parse_value(ks__json *j, int depth, ks__jv **out);
 
-static ks_status nomem(ks__json *j) { return ks__err(j->err, KS_E_NOMEM, "out of memory parsing JSON"); }
+static KS_NODISCARD ks_status nomem(ks__json *j) { return ks__err(j->err, KS_E_NOMEM, "out of memory parsing JSON"); }
 
 static bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 
@@ -271,11 +271,12 @@ static double parse_real(char *t) {
   return strtod(t, NULL);
 }
 
-static ks_status parse_number(ks__json *j, ks__jv **out) {
+static KS_NODISCARD ks_status parse_number(ks__json *j, ks__jv **out) {
   bool real;
   size_t n = number_len(j->s + j->pos, j->n - j->pos, &real);
   if (n == 0) return ks__json_fail(j, KS_E_FORMAT, NULL, "JSON: malformed number");
-  if (n > MAX_NUMBER) return ks__json_fail(j, KS_E_FORMAT, NULL, "JSON: number literal longer than %d bytes", MAX_NUMBER);
+  if (n > MAX_NUMBER)
+    return ks__json_fail(j, KS_E_FORMAT, NULL, "JSON: number literal longer than %d bytes", MAX_NUMBER);
   char t[MAX_NUMBER + 1];
   memcpy(t, j->s + j->pos, n);
   t[n] = '\0';
@@ -292,7 +293,7 @@ static ks_status parse_number(ks__json *j, ks__jv **out) {
   return KS_OK;
 }
 
-static ks_status parse_literal(ks__json *j, ks__jv **out) {
+static KS_NODISCARD ks_status parse_literal(ks__json *j, ks__jv **out) {
   static const char *const words[] = {"true", "false", "null"};
   for (int w = 0; w < 3; w++) {
     size_t n = strlen(words[w]);
@@ -304,7 +305,7 @@ static ks_status parse_literal(ks__json *j, ks__jv **out) {
   return ks__json_fail(j, KS_E_FORMAT, NULL, "JSON: value expected");
 }
 
-static ks_status parse_member(ks__json *j, int depth, ks__jv *obj, const char *key, size_t klen) {
+static KS_NODISCARD ks_status parse_member(ks__json *j, int depth, ks__jv *obj, const char *key, size_t klen) {
   if (memchr(key, '\0', klen)) return ks__json_fail(j, KS_E_FORMAT, NULL, "JSON: key with a NUL character");
   char *k = ks__strndup(j->alloc, key, klen); /* the key's buffer is reused by nested values */
   if (!k) return nomem(j);
@@ -316,7 +317,7 @@ static ks_status parse_member(ks__json *j, int depth, ks__jv *obj, const char *k
   return s;
 }
 
-static ks_status parse_object(ks__json *j, int depth, ks__jv *obj) {
+static KS_NODISCARD ks_status parse_object(ks__json *j, int depth, ks__jv *obj) {
   bool first = true, done = false;
   while (1) {
     const char *key;
@@ -327,7 +328,7 @@ static ks_status parse_object(ks__json *j, int depth, ks__jv *obj) {
   }
 }
 
-static ks_status parse_array(ks__json *j, int depth, ks__jv *arr) {
+static KS_NODISCARD ks_status parse_array(ks__json *j, int depth, ks__jv *arr) {
   ks_status s = ks__json_expect(j, '[');
   if (s || ks__json_peek(j, ']')) return s ? s : (j->pos++, KS_OK);
   while (1) {
@@ -339,7 +340,7 @@ static ks_status parse_array(ks__json *j, int depth, ks__jv *arr) {
   }
 }
 
-static ks_status parse_container(ks__json *j, int depth, ks__jv_type t, ks__jv **out) {
+static KS_NODISCARD ks_status parse_container(ks__json *j, int depth, ks__jv_type t, ks__jv **out) {
   ks__jv *c = t == KS__JV_OBJECT ? ks__jv_object(j->alloc) : ks__jv_array(j->alloc);
   if (!c) return nomem(j);
   ks_status s = t == KS__JV_OBJECT ? parse_object(j, depth, c) : parse_array(j, depth, c);
@@ -348,7 +349,7 @@ static ks_status parse_container(ks__json *j, int depth, ks__jv_type t, ks__jv *
   return s;
 }
 
-static ks_status parse_value(ks__json *j, int depth, ks__jv **out) {
+static KS_NODISCARD ks_status parse_value(ks__json *j, int depth, ks__jv **out) {
   if (depth > MAX_DEPTH) return ks__json_fail(j, KS_E_FORMAT, NULL, "JSON: nested deeper than %d", MAX_DEPTH);
   ks__json_ws(j);
   if (j->pos >= j->n) return ks__json_fail(j, KS_E_FORMAT, NULL, "JSON: value expected before the end");
@@ -361,7 +362,7 @@ static ks_status parse_value(ks__json *j, int depth, ks__jv **out) {
   size_t n;
   ks_status st = ks__json_string(j, &j->vbuf, &s, &n);
   if (st) return st;
-  *out = ks__jv_strn(j->alloc, s, n);
+  *out = jv_strn(j->alloc, s, n);
   return *out ? KS_OK : nomem(j);
 }
 
@@ -448,13 +449,9 @@ static void write_value(ks__sbuf *b, const ks__jv *v, bool sort, int indent, int
   }
 }
 
-void ks__jv_write(ks__sbuf *b, const ks__jv *v, bool sort_keys) { write_value(b, v, sort_keys, 0, 0); }
-
-void ks__jv_write_indented(ks__sbuf *b, const ks__jv *v, bool sort_keys, int indent) {
-  write_value(b, v, sort_keys, indent, 0);
+char *ks__jv_dump(const ks_allocator *a, const ks__jv *v, bool sort_keys) {
+  return ks__jv_dump_indented(a, v, sort_keys, 0);
 }
-
-char *ks__jv_dump(const ks_allocator *a, const ks__jv *v, bool sort_keys) { return ks__jv_dump_indented(a, v, sort_keys, 0); }
 
 char *ks__jv_dump_indented(const ks_allocator *a, const ks__jv *v, bool sort_keys, int indent) {
   ks__sbuf b;

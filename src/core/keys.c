@@ -22,8 +22,9 @@ ks_status ks__keyf(char *buf, const char *prefix, const char *fmt, ...) {
 
 ks_status ks__key_limit(ks_error *err, const char *prefix, const char *name) {
   size_t n = strlen(prefix) + strlen(name);
-  return ks__err_at(err, KS_E_LIMIT, NULL, prefix, -1, "key '%.200s...%.100s' would be %zu bytes or more; at most %d (KS_MAX_NAME)",
-                    prefix, name, n, KS_MAX_NAME);
+  return ks__err_at(err, KS_E_LIMIT, NULL, prefix, -1,
+                    "key '%.200s...%.100s' would be %zu bytes or more; at most %d (KS_MAX_NAME)", prefix, name, n,
+                    KS_MAX_NAME);
 }
 
 ks_status ks__key_err(char *buf, const char *prefix, const char *name, ks_error *err) {
@@ -42,7 +43,7 @@ ks_status ks__put_float(ks_statedict *dst, const char *prefix, const char *name,
   return s ? s : ks_statedict_set_float(dst, k, v, err);
 }
 
-static ks_status lookup(const ks_statedict *src, const char *prefix, const char *name, ks_entry *e,
+static KS_NODISCARD ks_status lookup(const ks_statedict *src, const char *prefix, const char *name, ks_entry *e,
                         char *k, ks_error *err) {
   if (ks__key(k, prefix, name)) return ks__key_limit(err, prefix, name);
   if (ks_statedict_get(src, k, e) != KS_OK)

@@ -84,7 +84,7 @@ static long find_index(const ks_statedict *sd, const char *name) {
 }
 
 /* Makes room for one more item, growing the array and keeping the table under 50% load. */
-static ks_status reserve_one(ks_statedict *sd) {
+static KS_NODISCARD ks_status reserve_one(ks_statedict *sd) {
   if (sd->count >= UINT32_MAX - 1) return KS_E_LIMIT;
   ks_status s = ks__grow(&sd->alloc, &sd->items, &sd->cap, sd->count + 1, sizeof *sd->items);
   if (s) return s;
@@ -97,20 +97,20 @@ ks_status ks_name_check(const char *name, ks_error *err) {
   if (n == 0) return ks__err(err, KS_E_INVALID, "a name is empty");
   if (n > KS_MAX_NAME) {
     /* The key field holds only the start of so long a name. */
-    ks_status st = ks__err_at(err, KS_E_LIMIT, NULL, name, -1, "name of %zu bytes; at most %d (KS_MAX_NAME) are allowed",
-                              n, KS_MAX_NAME);
+    ks_status st = ks__err_at(err, KS_E_LIMIT, NULL, name, -1,
+                              "name of %zu bytes; at most %d (KS_MAX_NAME) are allowed", n, KS_MAX_NAME);
     return st;
   }
   return KS_OK;
 }
 
 /* The error of a failed set: code, with the entry's name as the key. */
-static ks_status set_failed(ks_error *err, ks_status code, const char *name, const char *what) {
+static KS_NODISCARD ks_status set_failed(ks_error *err, ks_status code, const char *name, const char *what) {
   return ks__err_at(err, code, NULL, name, -1, "cannot set '%.200s': %s", name ? name : "", what);
 }
 
 /* Installs a fully built value under name, replacing any entry of that name. */
-static ks_status put(ks_statedict *sd, const char *name, sd_item *val, ks_error *err) {
+static KS_NODISCARD ks_status put(ks_statedict *sd, const char *name, sd_item *val, ks_error *err) {
   ks_status st = ks_name_check(name, err);
   if (st) return st;
   long idx = find_index(sd, name);
@@ -139,7 +139,7 @@ static ks_status put(ks_statedict *sd, const char *name, sd_item *val, ks_error 
 }
 
 /* Frees the parts of an item that `put` failed to take. */
-static ks_status put_or_release(ks_statedict *sd, const char *name, sd_item *val, ks_error *err) {
+static KS_NODISCARD ks_status put_or_release(ks_statedict *sd, const char *name, sd_item *val, ks_error *err) {
   ks_status st = put(sd, name, val, err);
   if (st) item_clear(sd, val);
   return st;
@@ -174,7 +174,8 @@ ks_status ks_statedict_new_tensor(ks_statedict *sd, const char *name, ks_dtype d
   if (st) return st;
   sd_item val = {0};
   val.kind = KS_VAL_TENSOR;
-  if ((st = ks_tensor_init(&val.tensor, dtype, rank, shape, NULL))) return set_failed(err, st, name, "bad dtype or shape");
+  if ((st = ks_tensor_init(&val.tensor, dtype, rank, shape, NULL)))
+    return set_failed(err, st, name, "bad dtype or shape");
   val.tensor.data = ks__calloc(&sd->alloc, 1, val.tensor.nbytes);
   if (!val.tensor.data) return set_failed(err, KS_E_NOMEM, name, "out of memory for the data");
   val.tensor.ownership = KS_OWNED;
@@ -184,7 +185,7 @@ ks_status ks_statedict_new_tensor(ks_statedict *sd, const char *name, ks_dtype d
   return KS_OK;
 }
 
-static ks_status set_scalar(ks_statedict *sd, const char *name, ks_value_kind kind, int64_t i, double f,
+static KS_NODISCARD ks_status set_scalar(ks_statedict *sd, const char *name, ks_value_kind kind, int64_t i, double f,
                             ks_error *err) {
   if (!sd) return set_failed(err, KS_E_INVALID, name, "NULL state dict");
   sd_item val = {0};
@@ -288,7 +289,8 @@ ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_en
 
 ks_status ks_statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, const char *prefix,
                                    const char *new_prefix, ks_error *err) {
-  if (!dst || !src || !prefix || !new_prefix) return ks__err(err, KS_E_INVALID, "ks_statedict_copy_prefix: NULL argument");
+  if (!dst || !src || !prefix || !new_prefix)
+    return ks__err(err, KS_E_INVALID, "ks_statedict_copy_prefix: NULL argument");
   size_t plen = strlen(prefix), nlen = strlen(new_prefix);
   char name[KS_MAX_NAME + 1];
   for (size_t k = 0; k < src->count; k++) {

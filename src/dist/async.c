@@ -98,7 +98,8 @@ static void *write_thread(void *arg) {
 }
 
 /* A deep copy of this rank's state and chunk map: training may change the originals at once. */
-static ks_status snapshot(ks_dist_saver *s, const ks_state *st, const ks_shard_map *shards, ks_error *err) {
+static KS_NODISCARD ks_status snapshot(ks_dist_saver *s, const ks_state *st, const ks_shard_map *shards,
+                                       ks_error *err) {
   ks_statedict *view = NULL;
   ks_meta *meta = NULL;
   ks_status r = ks_statedict_create(NULL, &view, err);
@@ -139,7 +140,8 @@ ks_status ks_dist_saver_save(ks_dist_saver *s, const ks_state *st, const ks_shar
   r = ks_dist_agree(s->comm, r, err);
   int rank, size;
   if (!r) r = ks__dist_save_begin(s->comm, s->dir, s->sd, &s->opts, &rank, &size, err);
-  if (!r && pthread_create(&s->thread, NULL, write_thread, s)) r = ks__err(err, KS_E_IO, "cannot start the save thread");
+  if (!r && pthread_create(&s->thread, NULL, write_thread, s))
+    r = ks__err(err, KS_E_IO, "cannot start the save thread");
   if (!r) s->in_flight = 1;
   r = ks_dist_agree(s->comm, r, err);
   if (r) {

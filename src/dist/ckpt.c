@@ -26,7 +26,7 @@ static int on_leftover(void *ctx, const char *name, ks_io_kind kind) {
   return 0;
 }
 
-static ks_status prepare_dir(int rank, const char *dir, const ks_io *io, ks_error *err) {
+static KS_NODISCARD ks_status prepare_dir(int rank, const char *dir, const ks_io *io, ks_error *err) {
   if (rank != 0) return KS_OK;
   const ks_io *v1 = ks__io_v1(io), *v2 = ks__io_v2(io);
   int rc = v2->mkdir_fn(v2->ctx, dir);
@@ -52,7 +52,8 @@ static int64_t ts_field(const ks_statedict *sd, const char *name) {
 }
 
 /* Every rank's timestamp counters must equal rank 0's. */
-static ks_status check_timestamps(MPI_Comm comm, int rank, int size, const ks_statedict *sd, ks_error *err) {
+static KS_NODISCARD ks_status check_timestamps(MPI_Comm comm, int rank, int size, const ks_statedict *sd,
+                                               ks_error *err) {
   static const char *const names[4] = {"state/timestamp/Timestamp/epoch", "state/timestamp/Timestamp/batch",
                                        "state/timestamp/Timestamp/sample", "state/timestamp/Timestamp/token"};
   int64_t mine[4], *all = ks__calloc(NULL, (size_t)size * 4, sizeof(int64_t));
@@ -76,7 +77,8 @@ ks_status ks__dist_save_begin(MPI_Comm comm, const char *dir, const ks_statedict
   ks_status st = dir && sd ? KS_OK : ks__err(err, KS_E_INVALID, "ks_dist_save: NULL argument");
   if (!st) st = ks__mpi_check(MPI_Comm_rank(comm, rank), "MPI_Comm_rank", err);
   if (!st) st = ks__mpi_check(MPI_Comm_size(comm, size), "MPI_Comm_size", err);
-  if (!st && *size > KS_SHARD_MAX_WORLD) st = ks__err(err, KS_E_LIMIT, "world size %d is above %d", *size, KS_SHARD_MAX_WORLD);
+  if (!st && *size > KS_SHARD_MAX_WORLD)
+    st = ks__err(err, KS_E_LIMIT, "world size %d is above %d", *size, KS_SHARD_MAX_WORLD);
   if (!st) st = prepare_dir(*rank, dir, opts ? opts->io : NULL, err);
   st = ks_dist_agree(comm, st, err);
   if (!st) st = check_timestamps(comm, *rank, *size, sd, err);

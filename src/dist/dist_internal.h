@@ -28,9 +28,10 @@ KS_NODISCARD ks_status ks__mpi_check(int rc, const char *call, ks_error *err);
  * rank writes its file (ks_shard_write_rank, no MPI), then commit (collective: agreement on
  * every rank's `local` result, barrier, gather of sizes and checksums, the index by rank 0).
  */
-ks_status ks__dist_save_begin(MPI_Comm comm, const char *dir, const ks_statedict *sd, const ks_dist_save_opts *opts,
-                              int *rank, int *size, ks_error *err);
-ks_status ks__dist_save_commit(MPI_Comm comm, const char *dir, ks_status local, const ks_shard_file_info *info,
-                               const ks_dist_save_opts *opts, ks_error *err);
+KS_NODISCARD ks_status ks__dist_save_begin(MPI_Comm comm, const char *dir, const ks_statedict *sd,
+                                           const ks_dist_save_opts *opts, int *rank, int *size, ks_error *err);
+KS_NODISCARD ks_status ks__dist_save_commit(MPI_Comm comm, const char *dir, ks_status local,
+                                            const ks_shard_file_info *info, const ks_dist_save_opts *opts,
+                                            ks_error *err);
 
 #endif

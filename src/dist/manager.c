@@ -23,7 +23,7 @@ int ks_dist_ckpt_should_save(MPI_Comm comm, const ks_ckpt_manager *m, const ks_t
   return any;
 }
 
-static ks_status rank_of(MPI_Comm comm, int *rank, ks_error *err) {
+static KS_NODISCARD ks_status rank_of(MPI_Comm comm, int *rank, ks_error *err) {
   return ks__mpi_check(MPI_Comm_rank(comm, rank), "MPI_Comm_rank", err);
 }
 
@@ -55,7 +55,7 @@ ks_status ks_dist_ckpt_save(MPI_Comm comm, ks_ckpt_manager *m, const ks_state *s
 }
 
 /* Rank 0's choice, broadcast: the same directory (or none) on every rank, as a malloc'd copy. */
-static ks_status choose(MPI_Comm comm, int rank, ks_ckpt_manager *m, char **dir, ks_error *err) {
+static KS_NODISCARD ks_status choose(MPI_Comm comm, int rank, ks_ckpt_manager *m, char **dir, ks_error *err) {
   const char *mine = NULL;
   ks_status s = rank == 0 ? ks_ckpt_manager_dir_latest(m, &mine, err) : KS_OK;
   int len = mine ? (int)strlen(mine) + 1 : 0;

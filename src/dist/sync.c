@@ -56,7 +56,7 @@ static void encode_metric(ks__wbuf *b, const char *name, const ks_metric *m) {
   }
 }
 
-static ks_status encode(const ks_metric_collection *c, ks__wbuf *b, ks_error *err) {
+static KS_NODISCARD ks_status encode(const ks_metric_collection *c, ks__wbuf *b, ks_error *err) {
   size_t n = ks_metric_collection_count(c);
   ks__wbuf_i64(b, (int64_t)n);
   for (size_t i = 0; i < n; i++) {
@@ -90,7 +90,7 @@ static int get_bytes(rd *r, int64_t n, const uint8_t **p) {
 }
 
 /* Reads a string and checks it equals `want`. */
-static ks_status expect_str(rd *r, const char *want, const char *what, const char *metric, ks_error *err) {
+static KS_NODISCARD ks_status expect_str(rd *r, const char *want, const char *what, const char *metric, ks_error *err) {
   int64_t n;
   const uint8_t *p;
   if (!get_i64(r, &n) || !get_bytes(r, n, &p))
@@ -102,7 +102,7 @@ static ks_status expect_str(rd *r, const char *want, const char *what, const cha
 }
 
 /* Decodes one metric of rank r->rank into a fresh metric shaped like `like`. */
-static ks_status decode_metric(rd *r, const char *name, const ks_metric *like, const ks_allocator *a,
+static KS_NODISCARD ks_status decode_metric(rd *r, const char *name, const ks_metric *like, const ks_allocator *a,
                                ks_metric **out, ks_error *err) {
   ks_status st = expect_str(r, name, "the name", name, err);
   if (!st) st = expect_str(r, ks_metric_class(like), "the class", name, err);
@@ -151,7 +151,7 @@ static ks_status decode_metric(rd *r, const char *name, const ks_metric *like, c
 }
 
 /* Copies src's states and update count into dst (same class and args); dst's cache is dropped. */
-static ks_status assign(ks_metric *dst, const ks_metric *src, const ks_allocator *a, ks_error *err) {
+static KS_NODISCARD ks_status assign(ks_metric *dst, const ks_metric *src, const ks_allocator *a, ks_error *err) {
   ks_statedict *sd;
   if (ks_statedict_create(a, &sd, err)) return ks__err(err, KS_E_NOMEM, "out of memory copying metric states");
   ks_status st = KS_OK;
@@ -180,8 +180,8 @@ static void gathered_free(const ks_allocator *a, gathered *g) {
 }
 
 /* MPI_Allgather of the lengths, then MPI_Allgatherv of the blobs. */
-static ks_status exchange(MPI_Comm comm, int size, const ks__wbuf *mine, const ks_allocator *a, gathered *g,
-                          ks_error *err) {
+static KS_NODISCARD ks_status exchange(MPI_Comm comm, int size, const ks__wbuf *mine, const ks_allocator *a,
+                                       gathered *g, ks_error *err) {
   int len = (int)mine->len;
   g->counts = ks__calloc(a, (size_t)size, sizeof(int));
   g->displs = ks__calloc(a, (size_t)size, sizeof(int));
@@ -198,7 +198,8 @@ static ks_status exchange(MPI_Comm comm, int size, const ks__wbuf *mine, const k
     g->displs[q] = (int)total;
     total += (size_t)g->counts[q];
   }
-  if (!st && !(g->buf = ks__malloc(a, total ? total : 8))) st = ks__err(err, KS_E_NOMEM, "out of memory gathering metric states");
+  if (!st && !(g->buf = ks__malloc(a, total ? total : 8)))
+    st = ks__err(err, KS_E_NOMEM, "out of memory gathering metric states");
   st = ks_dist_agree(comm, st, err);
   if (st) return st;
   return ks__mpi_check(MPI_Allgatherv(mine->p ? mine->p : (uint8_t *)g->buf, len, MPI_BYTE, g->buf, g->counts,
@@ -207,7 +208,7 @@ static ks_status exchange(MPI_Comm comm, int size, const ks__wbuf *mine, const k
 }
 
 /* Folds metric i of every rank, last rank first, so cat rows end up in rank order. */
-static ks_status fold(rd *rds, int size, const char *name, const ks_metric *like,
+static KS_NODISCARD ks_status fold(rd *rds, int size, const char *name, const ks_metric *like,
                       const ks_allocator *a, ks_metric **out, ks_error *err) {
   ks_metric *acc = NULL;
   ks_status st = KS_OK;
@@ -228,7 +229,7 @@ static ks_status fold(rd *rds, int size, const char *name, const ks_metric *like
   return KS_OK;
 }
 
-static ks_status cache_new(const ks_metric_collection *c, const ks_allocator *a, ks_dist_cache **out,
+static KS_NODISCARD ks_status cache_new(const ks_metric_collection *c, const ks_allocator *a, ks_dist_cache **out,
                            ks_error *err) {
   ks_dist_cache *k = ks__calloc(a, 1, sizeof *k);
   size_t n = ks_metric_collection_count(c);
@@ -244,8 +245,8 @@ static ks_status cache_new(const ks_metric_collection *c, const ks_allocator *a,
 }
 
 /* Decodes and folds every metric into `k->local` slots of a scratch cache. */
-static ks_status reduce_all(const ks_metric_collection *c, const gathered *g, int size, const ks_allocator *a,
-                            ks_dist_cache *synced, ks_error *err) {
+static KS_NODISCARD ks_status reduce_all(const ks_metric_collection *c, const gathered *g, int size,
+                                         const ks_allocator *a, ks_dist_cache *synced, ks_error *err) {
   rd *rds = ks__calloc(a, (size_t)size, sizeof *rds);
   if (!rds) return ks__err(err, KS_E_NOMEM, "out of memory reducing metric states");
   ks_status st = KS_OK;
@@ -267,21 +268,27 @@ static ks_status reduce_all(const ks_metric_collection *c, const gathered *g, in
 }
 
 /* Installs `from` into the collection; on failure puts `undo` back into what was changed. */
-static ks_status install(ks_metric_collection *c, const ks_dist_cache *from, const ks_dist_cache *undo,
+static KS_NODISCARD ks_status install(ks_metric_collection *c, const ks_dist_cache *from, const ks_dist_cache *undo,
                          const ks_allocator *a, ks_error *err) {
   ks_status st = KS_OK;
   size_t i = 0;
   for (; !st && i < from->n; i++) st = assign(ks_metric_collection_at(c, i, NULL), from->local[i], a, err);
+  size_t undo_failed = 0;
   if (st && undo)
-    for (size_t j = 0; j + 1 < i; j++) assign(ks_metric_collection_at(c, j, NULL), undo->local[j], a, NULL);
+    for (size_t j = 0; j + 1 < i; j++)
+      undo_failed += assign(ks_metric_collection_at(c, j, NULL), undo->local[j], a, NULL) != KS_OK;
+  if (undo_failed) /* said, not hidden: those metrics now hold synced values */
+    return ks__err(err, st, "installing synced metric states failed, and %zu of them could not be restored",
+                   undo_failed);
   return st;
 }
 
-static ks_status snapshot(const ks_metric_collection *c, const ks_allocator *a, ks_dist_cache **out,
+static KS_NODISCARD ks_status snapshot(const ks_metric_collection *c, const ks_allocator *a, ks_dist_cache **out,
                           ks_error *err) {
   ks_dist_cache *k = NULL;
   ks_status st = cache_new(c, a, &k, err);
-  for (size_t i = 0; !st && i < k->n; i++) st = ks_metric_clone(ks_metric_collection_at(c, i, NULL), a, &k->local[i], err);
+  for (size_t i = 0; !st && i < k->n; i++)
+    st = ks_metric_clone(ks_metric_collection_at(c, i, NULL), a, &k->local[i], err);
   if (st && k) ks_dist_cache_free(k);
   if (!st) *out = k;
   return st;
@@ -310,7 +317,9 @@ ks_status ks_dist_sync(ks_metric_collection *c, MPI_Comm comm, const ks_allocato
   if (!st) {
     ks_status inst = install(c, synced, local, a, err);
     st = ks_dist_agree(comm, inst, err);
-    if (st && !inst) install(c, local, NULL, a, NULL);
+    /* Another rank failed: put the local states back here too (a failure to is reported instead). */
+    if (st && !inst && install(c, local, NULL, a, NULL) != KS_OK)
+      st = ks__err(err, st, "metric sync failed on another rank, and restoring this rank's local states failed");
   }
   ks_dist_cache_free(synced);
   if (st || !cache) ks_dist_cache_free(local);

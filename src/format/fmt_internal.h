@@ -67,8 +67,6 @@ KS_NODISCARD ks_status ks__lazy_prepare(ks_reader *r, ks_error *err);
 void ks__lazy_free(ks_reader *r);
 /* Tensor i's bytes (fetched and verified on first use in lazy mode). */
 KS_NODISCARD ks_status ks__reader_bytes(const ks_reader *r, size_t i, const uint8_t **p, ks_error *err);
-/* Reads tensor i's bytes into buf (nbytes of it) through io, without verifying. */
-KS_NODISCARD ks_status ks__lazy_read(const ks_reader *r, size_t i, void *buf, ks_error *err);
 /* Lazy verification reads the file forward through a window of at least 8 MiB, so
    checking many small tensors costs few reads. */
 typedef struct ks__lazy_window {
@@ -77,7 +75,8 @@ typedef struct ks__lazy_window {
   size_t len, cap;
 } ks__lazy_window;
 /* Tensor i's bytes, from the window (refilled from the tensor's first byte when it lacks them). */
-KS_NODISCARD ks_status ks__lazy_window_get(const ks_reader *r, ks__lazy_window *w, size_t i, const uint8_t **p, ks_error *err);
+KS_NODISCARD ks_status ks__lazy_window_get(const ks_reader *r, ks__lazy_window *w, size_t i, const uint8_t **p,
+                                           ks_error *err);
 void ks__lazy_window_free(const ks_reader *r, ks__lazy_window *w);
 /* Lazy mode: reads the whole data section into r->data with a few threads issuing
    large ranged reads concurrently, verifying each tensor's checksum as it arrives. */
@@ -116,7 +115,7 @@ KS_NODISCARD ks_status ks__scalars_decode(const char *json, const char *file, in
 
 /* Builds the 8-byte length prefix, JSON header and padding of a file holding sd;
    *data_len receives the size of the data section that must follow. */
-KS_NODISCARD ks_status ks__build_header(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *a, ks__sbuf *h,
-                           uint64_t *data_len, ks_error *err);
+KS_NODISCARD ks_status ks__build_header(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *a,
+                                        ks__sbuf *h, uint64_t *data_len, ks_error *err);
 
 #endif

@@ -76,7 +76,7 @@ typedef struct hdr_parse {
 
 static bool key_is(const char *k, size_t n, const char *lit) { return strlen(lit) == n && !memcmp(k, lit, n); }
 
-static ks_status read_meta(hdr_parse *p) {
+static KS_NODISCARD ks_status read_meta(hdr_parse *p) {
   ks__json *j = &p->j;
   if (p->seen_meta) return ks__json_fail(j, KS_E_EXISTS, "__metadata__", "duplicate key '__metadata__'");
   p->seen_meta = true;
@@ -91,14 +91,15 @@ static ks_status read_meta(hdr_parse *p) {
       return ks__json_fail(j, KS_E_FORMAT, "__metadata__", "metadata value of '%.*s' is not a string",
                            (int)(kn < 200 ? kn : 200), k);
     if (ks__meta_has(p->r->meta, k, kn))
-      return ks__json_fail(j, KS_E_EXISTS, "__metadata__", "duplicate metadata key '%.*s'", (int)(kn < 200 ? kn : 200), k);
+      return ks__json_fail(j, KS_E_EXISTS, "__metadata__", "duplicate metadata key '%.*s'", (int)(kn < 200 ? kn : 200),
+                           k);
     if ((st = ks__json_string(j, &j->vbuf, &v, &vn)) != KS_OK) return st;
     if (ks__meta_append(p->r->meta, k, kn, v, vn)) return ks__err(j->err, KS_E_NOMEM, "out of memory reading metadata");
   }
   return st;
 }
 
-static ks_status read_dtype(ks__json *j, const char *name, fmt_entry *e) {
+static KS_NODISCARD ks_status read_dtype(ks__json *j, const char *name, fmt_entry *e) {
   const char *v;
   size_t vn;
   ks_status st = ks__json_string(j, &j->vbuf, &v, &vn);
@@ -107,7 +108,7 @@ static ks_status read_dtype(ks__json *j, const char *name, fmt_entry *e) {
   return ks__json_fail(j, KS_E_DTYPE, name, "unknown dtype '%.*s'", (int)(vn < 64 ? vn : 64), v);
 }
 
-static ks_status read_dim(ks__json *j, const char *name, fmt_entry *e) {
+static KS_NODISCARD ks_status read_dim(ks__json *j, const char *name, fmt_entry *e) {
   if (e->rank == KS_MAX_RANK) return ks__json_fail(j, KS_E_LIMIT, name, "rank exceeds the limit of %d", KS_MAX_RANK);
   uint64_t dim;
   ks_status st = ks__json_u64(j, name, "shape dimension", &dim);
@@ -118,7 +119,7 @@ static ks_status read_dim(ks__json *j, const char *name, fmt_entry *e) {
   return KS_OK;
 }
 
-static ks_status read_shape(ks__json *j, const char *name, fmt_entry *e) {
+static KS_NODISCARD ks_status read_shape(ks__json *j, const char *name, fmt_entry *e) {
   ks_status st = ks__json_expect(j, '[');
   if (st || ks__json_peek(j, ']')) return st ? st : (j->pos++, KS_OK);
   for (;;) {
@@ -128,7 +129,7 @@ static ks_status read_shape(ks__json *j, const char *name, fmt_entry *e) {
   }
 }
 
-static ks_status read_offsets(ks__json *j, const char *name, fmt_entry *e) {
+static KS_NODISCARD ks_status read_offsets(ks__json *j, const char *name, fmt_entry *e) {
   ks_status st = ks__json_expect(j, '[');
   if (!st) st = ks__json_u64(j, name, "data_offsets[0]", &e->begin);
   if (!st) st = ks__json_expect(j, ',');
@@ -140,7 +141,7 @@ static ks_status read_offsets(ks__json *j, const char *name, fmt_entry *e) {
 }
 
 /* Offsets must be ordered and span exactly the bytes dtype x shape needs. */
-static ks_status check_size(ks__json *j, size_t at, const char *name, const fmt_entry *e) {
+static KS_NODISCARD ks_status check_size(ks__json *j, size_t at, const char *name, const fmt_entry *e) {
   size_t nbytes, save = j->pos;
   char shp[160];
   ks_status st = KS_OK;
@@ -169,7 +170,8 @@ static int field_index(const char *k, size_t kn) {
   return -1;
 }
 
-static ks_status read_field(ks__json *j, const char *name, const char *k, size_t kn, fmt_entry *e, unsigned *seen) {
+static KS_NODISCARD ks_status read_field(ks__json *j, const char *name, const char *k, size_t kn, fmt_entry *e,
+                                         unsigned *seen) {
   static const char *const fields[] = {"dtype", "shape", "data_offsets"};
   int f = field_index(k, kn);
   if (f < 0) { /* unknown fields are ignored, as the reference reader does; the value sits at depth 3 */
@@ -183,7 +185,7 @@ static ks_status read_field(ks__json *j, const char *name, const char *k, size_t
   return f == 0 ? read_dtype(j, name, e) : f == 1 ? read_shape(j, name, e) : read_offsets(j, name, e);
 }
 
-static ks_status read_tensor(ks__json *j, const char *name, fmt_entry *e) {
+static KS_NODISCARD ks_status read_tensor(ks__json *j, const char *name, fmt_entry *e) {
   size_t at = j->pos;
   if (!ks__json_peek(j, '{'))
     return ks__json_fail(j, KS_E_FORMAT, name, j->pos < j->n ? "tensor entry is not an object"
@@ -204,7 +206,7 @@ static ks_status read_tensor(ks__json *j, const char *name, fmt_entry *e) {
   return check_size(j, at, name, e);
 }
 
-static ks_status grow(hdr_parse *p, size_t name_len) {
+static KS_NODISCARD ks_status grow(hdr_parse *p, size_t name_len) {
   ks_reader *r = p->r;
   if (ks__grow(&r->alloc, &r->entries, &p->cap, r->count + 1, sizeof *r->entries))
     return ks__err(p->j.err, KS_E_NOMEM, "out of memory for %zu tensors", r->count + 1);
@@ -213,7 +215,7 @@ static ks_status grow(hdr_parse *p, size_t name_len) {
   return KS_OK;
 }
 
-static ks_status add_tensor(hdr_parse *p, const char *k, size_t kn) {
+static KS_NODISCARD ks_status add_tensor(hdr_parse *p, const char *k, size_t kn) {
   ks_reader *r = p->r;
   if (kn == 0) return ks__json_fail(&p->j, KS_E_FORMAT, NULL, "empty tensor name (a state dict entry needs a name)");
   if (kn > KS_MAX_NAME)

@@ -21,7 +21,7 @@ static bool is_writer_key(const char *k) {
   return false;
 }
 
-static ks_status check_names(const ks_statedict *sd, ks_error *err) {
+static KS_NODISCARD ks_status check_names(const ks_statedict *sd, ks_error *err) {
   size_t n = ks_statedict_count(sd);
   for (size_t i = 0; i < n; i++) {
     ks_entry e;
@@ -61,7 +61,7 @@ static void put_pair(ks__sbuf *h, const char *k, const char *v, size_t vlen) {
   ks__sbuf_putc(h, ',');
 }
 
-static ks_status put_extra(ks__sbuf *h, const ks_meta *extra, ks_error *err) {
+static KS_NODISCARD ks_status put_extra(ks__sbuf *h, const ks_meta *extra, ks_error *err) {
   for (size_t i = 0; i < ks_meta_count(extra); i++) {
     const char *k, *v;
     if (ks_meta_at(extra, i, &k, &v)) continue; /* index in range: cannot fail */
@@ -72,7 +72,7 @@ static ks_status put_extra(ks__sbuf *h, const ks_meta *extra, ks_error *err) {
   return KS_OK;
 }
 
-static ks_status put_metadata(ks__sbuf *h, const ks_statedict *sd, const ks_meta *extra,
+static KS_NODISCARD ks_status put_metadata(ks__sbuf *h, const ks_statedict *sd, const ks_meta *extra,
                               const ks_allocator *a, ks_error *err) {
   ks__sbuf scalars;
   ks__sbuf_init(&scalars, a);

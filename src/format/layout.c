@@ -22,7 +22,7 @@ static int span_cmp(const void *pa, const void *pb) {
   return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
 
-static ks_status check_bounds(const ks_reader *r, uint64_t data_len, ks_error *err) {
+static KS_NODISCARD ks_status check_bounds(const ks_reader *r, uint64_t data_len, ks_error *err) {
   for (size_t i = 0; i < r->count; i++) {
     const fmt_entry *e = &r->entries[i];
     if (e->end > data_len)
@@ -34,7 +34,7 @@ static ks_status check_bounds(const ks_reader *r, uint64_t data_len, ks_error *e
 }
 
 /* Spans in file order. NULL *out means the header order already is file order. */
-static ks_status sorted_spans(const ks_reader *r, span **out, ks_error *err) {
+static KS_NODISCARD ks_status sorted_spans(const ks_reader *r, span **out, ks_error *err) {
   *out = NULL;
   bool sorted = true;
   for (size_t i = 1; i < r->count && sorted; i++) {
@@ -50,7 +50,7 @@ static ks_status sorted_spans(const ks_reader *r, span **out, ks_error *err) {
   return KS_OK;
 }
 
-static ks_status check_tiling(const ks_reader *r, const span *s, uint64_t data_len, ks_error *err) {
+static KS_NODISCARD ks_status check_tiling(const ks_reader *r, const span *s, uint64_t data_len, ks_error *err) {
   uint64_t expect = 0;
   const char *prev = NULL;
   for (size_t k = 0; k < r->count; k++) {
@@ -76,7 +76,7 @@ static ks_status check_tiling(const ks_reader *r, const span *s, uint64_t data_l
   return KS_OK;
 }
 
-static ks_status check_layout(const ks_reader *r, ks_error *err) {
+static KS_NODISCARD ks_status check_layout(const ks_reader *r, ks_error *err) {
   uint64_t data_len = (uint64_t)r->size - r->data_off;
   ks_status st = check_bounds(r, data_len, err);
   span *s = NULL;
@@ -96,7 +96,7 @@ static const char *entry_key(const void *ctx, size_t i, size_t *len) {
 
 const ks__hindex_ops ks__fmt_entry_ops = {entry_hash, entry_key};
 
-static ks_status build_index(ks_reader *r, ks_error *err) {
+static KS_NODISCARD ks_status build_index(ks_reader *r, ks_error *err) {
   ks_status s = ks__hindex_reserve(&r->index, &r->alloc, r->count, 0, &ks__fmt_entry_ops, r);
   if (s) return ks__err(err, s, "cannot index %zu tensors", r->count);
   for (size_t i = 0; i < r->count; i++) {
@@ -121,7 +121,7 @@ static bool parse_version(const char *s, int *out) {
   return true;
 }
 
-static ks_status check_keepsake(ks_reader *r, ks_error *err) {
+static KS_NODISCARD ks_status check_keepsake(ks_reader *r, ks_error *err) {
   const char *fmt = ks_meta_get(r->meta, KS_META_FORMAT);
   if (!fmt) return KS_OK;
   if (strcmp(fmt, KS_FORMAT_NAME) != 0)
@@ -131,8 +131,9 @@ static ks_status check_keepsake(ks_reader *r, ks_error *err) {
   int64_t off = ks__fmt_key_offset(r, KS_META_FORMAT_VERSION);
   int v = 0;
   if (!ver || !parse_version(ver, &v) || v < 1)
-    return DATA_ERR(r, KS_E_FORMAT, KS_META_FORMAT_VERSION, off, "keepsake format version is %s%s%s, expected a positive integer",
-                    ver ? "'" : "", ver ? ver : "missing", ver ? "'" : "");
+    return DATA_ERR(r, KS_E_FORMAT, KS_META_FORMAT_VERSION, off,
+                    "keepsake format version is %s%s%s, expected a positive integer", ver ? "'" : "",
+                    ver ? ver : "missing", ver ? "'" : "");
   if (v > KS_FORMAT_VERSION)
     return DATA_ERR(r, KS_E_VERSION, KS_META_FORMAT_VERSION, off,
                     "file has keepsake format version %d; this library reads versions 1 to %d: upgrade keepsake", v,

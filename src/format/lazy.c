@@ -12,7 +12,7 @@
 /* The first read: most headers fit, so a small file opens in one round trip. */
 #define LAZY_FIRST_CHUNK ((size_t)64 << 10)
 
-static ks_status read_at(const ks_reader *r, uint64_t off, void *buf, size_t n, ks_error *err) {
+static KS_NODISCARD ks_status read_at(const ks_reader *r, uint64_t off, void *buf, size_t n, ks_error *err) {
   size_t done = 0;
   while (done < n) {
     size_t got = 0;
@@ -28,7 +28,7 @@ static ks_status read_at(const ks_reader *r, uint64_t off, void *buf, size_t n, 
 }
 
 /* The rest of the header when the first chunk did not hold it all (a bad length is left to the parser). */
-static ks_status read_rest_of_header(ks_reader *r, ks_error *err) {
+static KS_NODISCARD ks_status read_rest_of_header(ks_reader *r, ks_error *err) {
   if (r->have < 8) return KS_OK;
   uint64_t n = ks__le64(r->copy);
   if (n > KS_MAX_HEADER || n > (uint64_t)r->size - 8 || 8 + n <= r->have) return KS_OK;
@@ -64,7 +64,8 @@ ks_status ks__lazy_prepare(ks_reader *r, ks_error *err) {
   if (!r->version) return KS_OK; /* plain safetensors: nothing to verify against */
   r->sums = ks__calloc(&r->alloc, n, sizeof *r->sums);
   r->has_sum = ks__calloc(&r->alloc, n, 1);
-  if (!r->sums || !r->has_sum) return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory for %zu checksums", n);
+  if (!r->sums || !r->has_sum)
+    return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory for %zu checksums", n);
   ks_error_clear(&r->sums_err);
   r->sums_status = ks__fmt_sums(r, r->sums, r->has_sum, &r->sums_err);
   /* Out of memory is this open's failure; a malformed table is every fetch's (as ks_reader_verify's). */
@@ -99,7 +100,8 @@ ks_status ks__lazy_check(const ks_reader *r, size_t i, const uint8_t *p, ks_erro
                     at, r->data_off + e->end, got, r->sums[i]);
 }
 
-ks_status ks__lazy_read(const ks_reader *r, size_t i, void *buf, ks_error *err) {
+/* Reads tensor i's bytes into buf (nbytes of it) through io, without verifying. */
+static KS_NODISCARD ks_status lazy_read(const ks_reader *r, size_t i, void *buf, ks_error *err) {
   const fmt_entry *e = &r->entries[i];
   uint64_t off = r->data_off + e->begin;
   size_t n = (size_t)(e->end - e->begin);
@@ -144,7 +146,7 @@ void ks__lazy_window_free(const ks_reader *r, ks__lazy_window *w) {
 }
 
 /* Lazy: fetches tensor i into reader memory once; racing threads may both read, one result is kept. */
-static ks_status fetch_once(const ks_reader *r, size_t i, const uint8_t **p, ks_error *err) {
+static KS_NODISCARD ks_status fetch_once(const ks_reader *r, size_t i, const uint8_t **p, ks_error *err) {
   _Atomic(uint8_t *) *slot = &r->fetched[i];
   uint8_t *have = atomic_load(slot);
   if (have) return *p = have, KS_OK;
@@ -152,7 +154,7 @@ static ks_status fetch_once(const ks_reader *r, size_t i, const uint8_t **p, ks_
   size_t n = (size_t)(e->end - e->begin);
   uint8_t *buf = ks__malloc(&r->alloc, n ? n : 1);
   if (!buf) return ks__err_at(err, KS_E_NOMEM, r->path, e->name, -1, "out of memory for %zu bytes", n);
-  ks_status st = ks__lazy_read(r, i, buf, err);
+  ks_status st = lazy_read(r, i, buf, err);
   if (!st) st = ks__lazy_check(r, i, buf, err);
   if (st) {
     ks__free(&r->alloc, buf);
@@ -191,7 +193,7 @@ ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, k
     if (n) memcpy(buf, have, n);
     return KS_OK;
   }
-  ks_status st = ks__lazy_read(r, i, buf, err); /* straight into the caller's buffer, verified there */
+  ks_status st = lazy_read(r, i, buf, err); /* straight into the caller's buffer, verified there */
   return st ? st : ks__lazy_check(r, i, buf, err);
 }
 

@@ -66,7 +66,8 @@ static void read_range(load_job *j, size_t k) {
     int rc = r->io->read_fn(r->io->ctx, r->fd, r->data + a + done, n - done, off, &got);
     ks_error er;
     if (rc || got == 0) {
-      if (rc) ks__err_at(&er, KS_E_IO, r->path, NULL, (int64_t)off, "cannot read %zu bytes: %s", n - done, strerror(rc));
+      if (rc)
+        ks__err_at(&er, KS_E_IO, r->path, NULL, (int64_t)off, "cannot read %zu bytes: %s", n - done, strerror(rc));
       else ks__err_at(&er, KS_E_IO, r->path, NULL, (int64_t)off, "file shrank while being read");
       fail(j, KS_E_IO, &er);
       return;
@@ -90,7 +91,8 @@ static void check_in_memory(load_job *j) {
   for (size_t i = 0; i < j->r->count && !j->st; i++) {
     const fmt_entry *e = &j->r->entries[i];
     ks_error er;
-    ks_status st = e->end <= j->base || e->end == e->begin ? ks__lazy_check(j->r, i, j->r->data + e->begin, &er) : KS_OK;
+    ks_status st =
+        e->end <= j->base || e->end == e->begin ? ks__lazy_check(j->r, i, j->r->data + e->begin, &er) : KS_OK;
     if (st) fail(j, st, &er);
   }
 }
@@ -146,7 +148,8 @@ static void plan(load_job *j) {
   for (size_t i = 0; i < r->count; i++) {
     const fmt_entry *e = &r->entries[i];
     uint64_t b = e->begin > j->base ? e->begin - j->base : 0;
-    size_t c = e->end > j->base && e->end > e->begin ? (size_t)((e->end - 1 - j->base) / j->range - b / j->range + 1) : 0;
+    size_t c =
+        e->end > j->base && e->end > e->begin ? (size_t)((e->end - 1 - j->base) / j->range - b / j->range + 1) : 0;
     atomic_init(&j->pending[i], c);
   }
 }
@@ -160,7 +163,7 @@ static void run(load_job *j) {
   for (size_t i = 0; i < started; i++) pthread_join(t[i], NULL);
 }
 
-static ks_status job_alloc(load_job *j, ks_error *err) {
+static KS_NODISCARD ks_status job_alloc(load_job *j, ks_error *err) {
   const ks_reader *r = j->r;
   size_t n = r->count ? r->count : 1;
   j->order = ks__calloc(&r->alloc, n, sizeof *j->order);

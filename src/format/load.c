@@ -3,7 +3,7 @@
 
 static void release_reader(void *r) { ks_reader_free(r); }
 
-static ks_status fill_dict(ks_reader *r, ks_statedict *sd, ks_error *err) {
+static KS_NODISCARD ks_status fill_dict(ks_reader *r, ks_statedict *sd, ks_error *err) {
   for (size_t i = 0; i < r->count; i++) {
     const char *name;
     ks_tensor view;
@@ -16,7 +16,7 @@ static ks_status fill_dict(ks_reader *r, ks_statedict *sd, ks_error *err) {
   return ks_reader_scalars(r, sd, err);
 }
 
-static ks_status load_reader(ks_reader *r, ks_statedict **out, ks_meta **meta, ks_error *err) {
+static KS_NODISCARD ks_status load_reader(ks_reader *r, ks_statedict **out, ks_meta **meta, ks_error *err) {
   ks_statedict *sd = NULL;
   ks_meta *m = NULL;
   ks_status st = r->lazy ? ks__lazy_load_all(r, err) : KS_OK; /* parallel ranged reads, verified on arrival */
@@ -37,8 +37,8 @@ static ks_status load_reader(ks_reader *r, ks_statedict **out, ks_meta **meta, k
 }
 
 /* Lazy mode verifies each tensor as the load brings it: open must not read it all first. */
-static ks_status open_for_load(const char *path, const ks_read_opts *opts, ks_reader **r, bool *verify_after,
-                               ks_error *err) {
+static KS_NODISCARD ks_status open_for_load(const char *path, const ks_read_opts *opts, ks_reader **r,
+                                            bool *verify_after, ks_error *err) {
   ks_read_opts o = *opts;
   *verify_after = o.mode == KS_READ_LAZY && o.verify_checksums;
   if (*verify_after) o.verify_checksums = 0;

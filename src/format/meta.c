@@ -59,7 +59,7 @@ static long find_n(const ks_meta *m, const char *key, size_t klen) {
 static long find_index(const ks_meta *m, const char *key) { return find_n(m, key, strlen(key)); }
 
 /* Room for one more pair, keeping the table at most half full. */
-static ks_status reserve_one(ks_meta *m) {
+static KS_NODISCARD ks_status reserve_one(ks_meta *m) {
   if (m->count >= UINT32_MAX - 1) return KS_E_LIMIT;
   ks_status s = ks__grow(&m->alloc, &m->pairs, &m->cap, m->count + 1, sizeof *m->pairs);
   if (s) return s;

@@ -14,7 +14,7 @@
 /* core/io_ops.c picks modes by number (core does not see format.h). */
 _Static_assert(KS_READ_MMAP == 0 && KS_READ_LAZY == 2, "ks__io_read_mode returns these values");
 
-static ks_status reader_new(const ks_allocator *a, const char *path, ks_reader **out, ks_error *err) {
+static KS_NODISCARD ks_status reader_new(const ks_allocator *a, const char *path, ks_reader **out, ks_error *err) {
   ks_reader *r = ks__calloc(a, 1, sizeof *r);
   if (!r) return ks__err_at(err, KS_E_NOMEM, path, NULL, -1, "out of memory");
   r->alloc = *ks__alloc_or_default(a);
@@ -41,11 +41,11 @@ void ks_reader_free(ks_reader *r) {
   ks__free(&r->alloc, r);
 }
 
-static ks_status io_err(const ks_reader *r, const char *what, int rc, ks_error *err) {
+static KS_NODISCARD ks_status io_err(const ks_reader *r, const char *what, int rc, ks_error *err) {
   return ks__err_at(err, KS_E_IO, r->path, NULL, -1, "%s: %s", what, strerror(rc));
 }
 
-static ks_status read_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
+static KS_NODISCARD ks_status read_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
   r->copy = ks__malloc(&r->alloc, size ? size : 1);
   if (!r->copy) return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory for %zu bytes", size);
   ks__advise_huge(r->copy, size);
@@ -63,7 +63,7 @@ static ks_status read_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
 }
 
 /* A mapping when the backend can map; ENOTSUP (or no map_fn) falls back to one copy. */
-static ks_status map_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
+static KS_NODISCARD ks_status map_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
   const void *p = NULL;
   int rc = r->io->map_fn ? r->io->map_fn(r->io->ctx, fd, size, &p) : ENOTSUP;
   if (rc == ENOTSUP) return read_whole(r, fd, size, err);
@@ -75,7 +75,7 @@ static ks_status map_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
   return KS_OK;
 }
 
-static ks_status load_file(ks_reader *r, const ks_io *io, ks_read_mode mode, ks_error *err) {
+static KS_NODISCARD ks_status load_file(ks_reader *r, const ks_io *io, ks_read_mode mode, ks_error *err) {
   ks_status s = ks_io_check(io, err);
   if (s) return s;
   r->io = ks__io_v2(io);
@@ -96,7 +96,7 @@ static ks_status load_file(ks_reader *r, const ks_io *io, ks_read_mode mode, ks_
   return s;
 }
 
-static ks_status finish_open(ks_reader *r, const ks_read_opts *opts, ks_reader **out, ks_error *err) {
+static KS_NODISCARD ks_status finish_open(ks_reader *r, const ks_read_opts *opts, ks_reader **out, ks_error *err) {
   ks_status st = ks__fmt_parse(r, err);
   if (!st && r->lazy) st = ks__lazy_prepare(r, err);
   if (!st && opts && opts->verify_checksums) st = ks_reader_verify(r, err);
@@ -148,7 +148,7 @@ ks_status ks_reader_open_buffer(const void *buf, size_t len, const ks_read_opts 
 size_t ks_reader_count(const ks_reader *r) { return r ? r->count : 0; }
 
 /* The view of tensor i; in lazy mode its bytes are fetched (and verified) on first use. */
-static ks_status fill_view(const ks_reader *r, size_t i, ks_tensor *v, ks_error *err) {
+static KS_NODISCARD ks_status fill_view(const ks_reader *r, size_t i, ks_tensor *v, ks_error *err) {
   const fmt_entry *e = &r->entries[i];
   const uint8_t *p;
   ks_status st = ks__reader_bytes(r, i, &p, err);

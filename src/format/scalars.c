@@ -20,7 +20,7 @@ static void put_nonfinite(ks__sbuf *b, double f) {
   ks__sbuf_puts(b, "\"}");
 }
 
-static ks_status put_value(ks__sbuf *b, const ks_entry *e, ks_error *err) {
+static KS_NODISCARD ks_status put_value(ks__sbuf *b, const ks_entry *e, ks_error *err) {
   switch (e->kind) {
     case KS_VAL_INT: ks__sbuf_put_i64(b, e->i); break;
     case KS_VAL_FLOAT:
@@ -77,7 +77,7 @@ static bool decode_nonfinite(const ks__jv *v, double *out) {
   return true;
 }
 
-static ks_status put_scalar(ks_statedict *dst, const char *name, const ks__jv *v) {
+static KS_NODISCARD ks_status put_scalar(ks_statedict *dst, const char *name, const ks__jv *v) {
   double f;
   switch (v->type) {
     case KS__JV_INT: return ks_statedict_set_int(dst, name, v->i, NULL);

@@ -28,7 +28,8 @@ static void report(vstate *v, const ks_error *e) {
 }
 
 /* Reads one "name": "hex" pair of the checksum table into want/have. */
-static ks_status read_sum(vstate *v, ks__json *j, const char *k, size_t kn, uint64_t *want, uint8_t *have) {
+static KS_NODISCARD ks_status read_sum(vstate *v, ks__json *j, const char *k, size_t kn, uint64_t *want,
+                                       uint8_t *have) {
   char key[KS_MAX_NAME + 1];
   snprintf(key, sizeof key, "%.*s", (int)(kn <= KS_MAX_NAME ? kn : KS_MAX_NAME), k);
   const char *hex;
@@ -44,7 +45,8 @@ static ks_status read_sum(vstate *v, ks__json *j, const char *k, size_t kn, uint
   else if (have[i])
     ks__err_at(&e, KS_E_FORMAT, v->r->path, key, at, "checksum table lists this tensor twice");
   else if (!ks__parse_hex64(hex, hn, &want[i]))
-    ks__err_at(&e, KS_E_FORMAT, v->r->path, key, at, "checksum '%.*s' is not 16 hex digits", (int)(hn < 40 ? hn : 40), hex);
+    ks__err_at(&e, KS_E_FORMAT, v->r->path, key, at, "checksum '%.*s' is not 16 hex digits", (int)(hn < 40 ? hn : 40),
+               hex);
   else
     return have[i] = 1, KS_OK;
   report(v, &e);

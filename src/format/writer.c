@@ -21,13 +21,13 @@ typedef struct save_ctx {
   size_t stage_len, stage_cap;
 } save_ctx;
 
-static ks_status flush_stage(save_ctx *c) {
+static KS_NODISCARD ks_status flush_stage(save_ctx *c) {
   ks_status st = ks__durable_write(&c->out, c->stage, c->stage_len);
   c->stage_len = 0;
   return st;
 }
 
-static ks_status put_data(save_ctx *c, const void *p, size_t n) {
+static KS_NODISCARD ks_status put_data(save_ctx *c, const void *p, size_t n) {
   ks_status st = KS_OK;
   if (c->stage_len + n > c->stage_cap && (st = flush_stage(c)) != KS_OK) return st;
   if (n >= c->stage_cap) return ks__durable_write(&c->out, p, n);
@@ -36,7 +36,7 @@ static ks_status put_data(save_ctx *c, const void *p, size_t n) {
   return KS_OK;
 }
 
-static ks_status write_body(save_ctx *c, const ks__sbuf *hdr, const ks_statedict *sd) {
+static KS_NODISCARD ks_status write_body(save_ctx *c, const ks__sbuf *hdr, const ks_statedict *sd) {
   ks_status st = ks__durable_write(&c->out, hdr->p, hdr->len);
   for (size_t i = 0; !st && i < ks_statedict_count(sd); i++) {
     ks_entry e;

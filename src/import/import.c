@@ -21,7 +21,9 @@
 
 #define DEFAULT_METRIC_SLACK ((uint64_t)64 << 20)
 
-static ks_status nomem(ks_error *err) { return ks__err(err, KS_E_NOMEM, "import: out of memory describing the metrics"); }
+static KS_NODISCARD ks_status nomem(ks_error *err) {
+  return ks__err(err, KS_E_NOMEM, "import: out of memory describing the metrics");
+}
 
 static int has_metrics(const ks_statedict *sd) {
   ks_entry e;
@@ -61,7 +63,8 @@ typedef struct describe_ctx {
 } describe_ctx;
 
 /* The canonical arguments rebuilt from a pickled object's attributes; *args NULL when they cannot be. */
-static ks_status rebuilt_args(describe_ctx *c, const char *cls, const ks__jv *m, const char *path, ks__jv **args) {
+static KS_NODISCARD ks_status rebuilt_args(describe_ctx *c, const char *cls, const ks__jv *m, const char *path,
+                                           ks__jv **args) {
   const ks__jv *a = ks__jv_get(m, "attrs");
   *args = NULL;
   if (!a) return KS_OK; /* nothing to rebuild from: the arguments are left out */
@@ -82,13 +85,14 @@ static ks_status rebuilt_args(describe_ctx *c, const char *cls, const ks__jv *m,
   return st;
 }
 
-static ks_status metric_entry(describe_ctx *c, const ks__jv *m, const char *path, ks__jv **out) {
+static KS_NODISCARD ks_status metric_entry(describe_ctx *c, const ks__jv *m, const char *path, ks__jv **out) {
   const char *cls = class_of(m);
   int64_t updates = 1;
   if (!ks__jv_is_int(ks__jv_get(m, "update_count"), &updates) || updates < 0) updates = 1;
   char prefix[KS_MAX_NAME + 1];
   int n = snprintf(prefix, sizeof prefix, "%s/%s", path, KS_KEY_METRIC_STATES);
-  if (n < 0 || (size_t)n >= sizeof prefix) return ks__err_at(c->err, KS_E_LIMIT, NULL, path, -1, "metric name too long");
+  if (n < 0 || (size_t)n >= sizeof prefix)
+    return ks__err_at(c->err, KS_E_LIMIT, NULL, path, -1, "metric name too long");
   int version = ks_metric_stored_schema_version(cls, c->sd, prefix);
   ks__jv *args = NULL;
   const ks_allocator *a = c->alloc;
@@ -109,7 +113,7 @@ static ks_status metric_entry(describe_ctx *c, const ks__jv *m, const char *path
 }
 
 /* KS_META_METRICS ({path: {class, args, schema_version, update_count}}) from normalize's description. */
-static ks_status metrics_meta(describe_ctx *c, const char *composer_json, char **out) {
+static KS_NODISCARD ks_status metrics_meta(describe_ctx *c, const char *composer_json, char **out) {
   const ks_allocator *a = c->alloc;
   ks__jv *doc = NULL, *meta = ks__jv_object(a);
   ks_status st = ks__jv_parse(a, composer_json, strlen(composer_json), KS_META_COMPOSER_METRICS, &doc, c->err);
@@ -127,7 +131,7 @@ static ks_status metrics_meta(describe_ctx *c, const char *composer_json, char *
   return !st && !*out ? nomem(c->err) : st;
 }
 
-static ks_status set_meta(ks_meta *meta, const char *key, const char *value, ks_error *err) {
+static KS_NODISCARD ks_status set_meta(ks_meta *meta, const char *key, const char *value, ks_error *err) {
   ks_status st = ks_meta_set(meta, key, value, err);
   return st ? ks__err_at(err, st, NULL, key, -1, "import: cannot set metadata") : KS_OK;
 }
@@ -135,7 +139,8 @@ static ks_status set_meta(ks_meta *meta, const char *key, const char *value, ks_
 static void release_dict(void *sd) { ks_statedict_free(sd); }
 
 /* Maps the metrics of raw (which *sd then owns) and describes them in meta. */
-static ks_status import_metrics(ks_statedict *raw, uint64_t budget, ks_statedict **sd, ks_meta *meta, ks_error *err) {
+static KS_NODISCARD ks_status import_metrics(ks_statedict *raw, uint64_t budget, ks_statedict **sd, ks_meta *meta,
+                                             ks_error *err) {
   char *json = NULL, *metrics = NULL;
   ks_status st = ks_composer_normalize_bounded(raw, KS_BORROW, &budget, sd, &json, err);
   if (st) {
@@ -167,8 +172,8 @@ static int metric_path(void *ctx, const char *path) {
          !strncmp(path, KS_KEY_EVAL_METRICS, strlen(KS_KEY_EVAL_METRICS));
 }
 
-static ks_status structure_meta(ks_meta *meta, const ks_allocator *a, const char *structure, int normalized,
-                                ks_error *err) {
+static KS_NODISCARD ks_status structure_meta(ks_meta *meta, const ks_allocator *a, const char *structure,
+                                             int normalized, ks_error *err) {
   if (!structure) return KS_OK;
   if (!normalized) return set_meta(meta, KS_TORCH_STRUCTURE_META, structure, err);
   ks__jv *doc = NULL;
@@ -184,8 +189,8 @@ static ks_status structure_meta(ks_meta *meta, const ks_allocator *a, const char
 }
 
 /* Takes raw (freed on failure). */
-static ks_status finish(ks_statedict *raw, const char *structure, uint64_t input_bytes, const ks_import_opts *opts,
-                        ks_statedict **out, ks_meta **meta, ks_error *err) {
+static KS_NODISCARD ks_status finish(ks_statedict *raw, const char *structure, uint64_t input_bytes,
+                                     const ks_import_opts *opts, ks_statedict **out, ks_meta **meta, ks_error *err) {
   ks_meta *m = NULL;
   if (ks_meta_create(ks_statedict_allocator(raw), &m, err)) {
     ks_statedict_free(raw);

@@ -8,11 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/io_ops.h"
 #include "manager/manager_internal.h"
 
-static ks_status parse_interval(const char *spec, int64_t *every, int *epochs) {
+static KS_NODISCARD ks_status parse_interval(const char *spec, int64_t *every, int *epochs) {
   if (!spec) spec = "1ep";
   char *end;
   errno = 0;
@@ -41,24 +42,29 @@ static double mono_now(void) {
 
 void ks__mgr_touch(ks_ckpt_manager *m) { m->last_save_time = mono_now(); }
 
-ks_status ks__mgr_metric_key(const char *metric, char *key, size_t cap) {
+/* Parses "eval/Name", "train/Name" or a full "state/..." metric path into its `_computed` key. */
+static KS_NODISCARD ks_status metric_key(const char *metric, char *key, size_t cap) {
   int w;
   if (!metric || !*metric) return KS_E_INVALID;
   if (!strncmp(metric, "state/", 6)) w = snprintf(key, cap, "%s/_computed", metric);
   else if (!strncmp(metric, "train/", 6)) w = snprintf(key, cap, "state/train_metrics/%s/_computed", metric + 6);
+  /* The key layout's own folder names (the Python package's spelling): train_metrics/Name, eval_metrics/label/Name. */
+  else if (!strncmp(metric, "train_metrics/", 14)) w = snprintf(key, cap, "state/%s/_computed", metric);
+  else if (!strncmp(metric, "eval_metrics/", 13)) w = snprintf(key, cap, "state/%s/_computed", metric);
   else if (strchr(metric, '/')) w = snprintf(key, cap, "state/eval_metrics/%s/_computed", metric);
   else return KS_E_INVALID;
   return w < 0 || (size_t)w >= cap ? KS_E_LIMIT : KS_OK;
 }
 
 /* The preservation policies of opts, checked. */
-static ks_status parse_retention(const ks_ckpt_opts *o, ks__retention *r, ks_error *err) {
+static KS_NODISCARD ks_status parse_retention(const ks_ckpt_opts *o, ks__retention *r, ks_error *err) {
   *r = (ks__retention){.keep_latest = o->keep, .keep_best = o->keep_best, .best_min = o->best_mode == KS_BEST_MIN,
                        .period_seconds = o->keep_period_seconds};
-  if (o->keep_best < 0 || !(o->keep_period_seconds >= 0) || (o->best_mode != KS_BEST_MAX && o->best_mode != KS_BEST_MIN))
+  if (o->keep_best < 0 || !(o->keep_period_seconds >= 0) ||
+      (o->best_mode != KS_BEST_MAX && o->best_mode != KS_BEST_MIN))
     return ks__err(err, KS_E_INVALID, "retention: keep_best, best_mode or keep_period_seconds out of range");
   if (o->keep_best) {
-    if (ks__mgr_metric_key(o->best_metric, r->metric_key, sizeof r->metric_key))
+    if (metric_key(o->best_metric, r->metric_key, sizeof r->metric_key))
       return ks__err(err, KS_E_INVALID, "keep_best: metric '%s': expected label/Name (eval/MulticlassAccuracy), "
                      "train/Name or a state/... path", o->best_metric ? o->best_metric : "(none)");
     snprintf(r->metric_name, sizeof r->metric_name, "%s", o->best_metric);
@@ -69,13 +75,58 @@ static ks_status parse_retention(const ks_ckpt_opts *o, ks__retention *r, ks_err
 }
 
 /* The upload side, when there is one: a valid table and a run directory in it (created there). */
-static ks_status check_upload(const ks_ckpt_opts *o, ks_error *err) {
+static KS_NODISCARD ks_status check_upload(const ks_ckpt_opts *o, ks_error *err) {
   if (!o->upload_io) return KS_OK;
   if (!o->upload_dir || !*o->upload_dir) return ks__err(err, KS_E_INVALID, "upload_io needs an upload_dir");
   ks_status s = ks_io_check(o->upload_io, err);
   if (!s) s = ks__io_mkdir_p(o->upload_io, o->upload_dir, err);
   if (s) ks__err_set_file(err, o->upload_dir);
   return s;
+}
+
+/* Who holds a lock, for the message a second manager gets: "pid N on host H since T". */
+static void lock_owner(char *buf, size_t cap) {
+  char host[256] = "?";
+  if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+  host[sizeof host - 1] = '\0';
+  char when[32] = "";
+  time_t now = time(NULL);
+  struct tm tm;
+  if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  snprintf(buf, cap, "pid %ld on host %s since %s\n", (long)getpid(), host, when);
+}
+
+/* Takes the run directory's lock where the policy and the table allow; *handle -1 when none. */
+static KS_NODISCARD ks_status take_lock(const ks_io *io, const char *run_dir, ks_ckpt_lock policy, int *handle,
+                                        ks_error *err) {
+  *handle = -1;
+  if (policy == KS_CKPT_LOCK_OFF) return KS_OK;
+  const ks_io *t = io ? io : ks_io_posix();
+  if (!(ks_io_caps(t) & KS_IO_CAP_LOCK) || !t->lock_fn) {
+    if (policy == KS_CKPT_LOCK_AUTO) return KS_OK;
+    return ks__err_at(err, KS_E_UNSUPPORTED, run_dir, NULL, -1,
+                      "checkpoint manager: this storage cannot lock the run directory (KS_CKPT_LOCK_REQUIRE)");
+  }
+  char path[4096], owner[400], holder[400];
+  int w = snprintf(path, sizeof path, "%s/.keepsake.lock", run_dir);
+  if (w < 0 || (size_t)w >= sizeof path)
+    return ks__err_at(err, KS_E_LIMIT, run_dir, NULL, -1, "run directory path too long");
+  lock_owner(owner, sizeof owner);
+  int rc = t->lock_fn(t->ctx, path, owner, handle, holder, sizeof holder);
+  if (rc == EWOULDBLOCK)
+    return ks__err_at(err, KS_E_LOCKED, run_dir, NULL, -1,
+                      "run directory is in use by another checkpoint manager (%s, lock %s); refusing to share it",
+                      *holder ? holder : "holder unknown", path);
+  if (rc) {
+    *handle = -1;
+    return ks__err_at(err, KS_E_IO, run_dir, NULL, -1, "cannot lock the run directory (%s): %s", path, strerror(rc));
+  }
+  return KS_OK;
+}
+
+static void drop_lock(const ks_io *io, int handle) {
+  const ks_io *t = io ? io : ks_io_posix();
+  if (handle >= 0 && ks_io_caps(t) & KS_IO_CAP_LOCK && t->unlock_fn) (void)t->unlock_fn(t->ctx, handle);
 }
 
 ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out, ks_error *err) {
@@ -89,7 +140,8 @@ ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out
                        .retention_log = opts->retention_log, .save_every_seconds = opts->save_every_seconds,
                        .last_save_time = mono_now(), .async_busy = opts->async_busy, .staging = opts->staging,
                        .staging_size = opts->staging_size, .upload_io = opts->upload_io,
-                       .upload_retention = opts->upload_retention, .where = "", .sharded = sharded};
+                       .upload_retention = opts->upload_retention, .where = "", .sharded = sharded,
+                       .lock_handle = -1};
   if (!(opts->save_every_seconds >= 0)) return ks__err(err, KS_E_INVALID, "save_every_seconds must be >= 0");
   ks_status rs = parse_retention(opts, &m.ret, err);
   if (rs) return rs;
@@ -101,6 +153,10 @@ ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out
   if (!s) s = ks_io_local_path(opts->run_dir, &run_dir, err);
   if (!s) s = ks__io_mkdir_p(opts->io, run_dir, err);
   if (!s) s = check_upload(opts, err);
+  ks_ckpt_lock lock = opts->lock; /* 0 (AUTO) for a struct from before 0.4: KS__TAKE_OPTS zero-fills */
+  if (!s && lock != KS_CKPT_LOCK_AUTO && lock != KS_CKPT_LOCK_REQUIRE && lock != KS_CKPT_LOCK_OFF)
+    s = ks__err(err, KS_E_INVALID, "checkpoint manager: lock policy %d is not a ks_ckpt_lock", (int)lock);
+  if (!s) s = take_lock(opts->io, run_dir, lock, &m.lock_handle, err);
   if (s) return s;
   ks_ckpt_manager *p = ks__calloc(&m.alloc, 1, sizeof *p);
   if (p) {
@@ -110,6 +166,7 @@ ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out
     p->upload_dir = opts->upload_io ? ks__strdup(&m.alloc, opts->upload_dir) : NULL;
   }
   if (!p || !p->run_dir || !p->tmpl || (opts->upload_io && !p->upload_dir)) {
+    if (!p) drop_lock(opts->io, m.lock_handle);
     ks_ckpt_manager_free(p);
     return ks__err(err, KS_E_NOMEM, "out of memory");
   }
@@ -120,6 +177,7 @@ ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out
 void ks_ckpt_manager_free(ks_ckpt_manager *m) {
   if (!m) return;
   ks_async_saver_free(m->saver); /* finishes a save in flight: committed, or its temp file removed */
+  drop_lock(m->io, m->lock_handle);  /* only after the last write of this manager */
   ks__free(&m->alloc, m->run_dir);
   ks__free(&m->alloc, m->tmpl);
   ks__free(&m->alloc, m->last_path);
@@ -144,7 +202,7 @@ int ks_ckpt_manager_should_save(const ks_ckpt_manager *m, const ks_timestamp *ts
 size_t ks_ckpt_manager_skipped(const ks_ckpt_manager *m) { return m ? m->skipped : 0; }
 
 /* Expands the template with the timestamp into `name` (cap bytes). */
-static ks_status expand(const char *tmpl, const ks_timestamp *ts, char *name, size_t cap) {
+static KS_NODISCARD ks_status expand(const char *tmpl, const ks_timestamp *ts, char *name, size_t cap) {
   size_t n = 0;
   for (const char *p = tmpl; *p;) {
     int w;
@@ -171,7 +229,7 @@ ks_status ks__mgr_join(const ks_ckpt_manager *m, const char *name, char *out, si
  * Points `latest` at `name` atomically: a link under a temporary name is renamed
  * over it, then the directory is fsynced so the switch is durable.
  */
-static ks_status update_latest(ks_ckpt_manager *m, const char *name, ks_error *err) {
+static KS_NODISCARD ks_status update_latest(ks_ckpt_manager *m, const char *name, ks_error *err) {
   return ks__io_pointer_set(m->io, m->run_dir, "latest", name, err);
 }
 
@@ -193,12 +251,9 @@ ks_status ks__mgr_after_commit(void *ctx, const char *path, ks_error *err) {
 }
 
 /* The checkpoint's path from the template; remembered as last_path. */
-ks_status ks__mgr_after_commit(void *ctx, const char *path, ks_error *err);
-
-static ks_status next_path(ks_ckpt_manager *m, const ks_state *st, ks_error *err) {
+static KS_NODISCARD ks_status next_path(ks_ckpt_manager *m, const ks_timestamp *ts, ks_error *err) {
   ks_timestamp zero;
   ks_timestamp_init(&zero);
-  const ks_timestamp *ts = ks_state_timestamp(st);
   char name[1024], path[4096];
   if (expand(m->tmpl, ts ? ts : &zero, name, sizeof name) || ks__mgr_join(m, name, path, sizeof path))
     return ks__err(err, KS_E_LIMIT, "checkpoint path too long");
@@ -219,7 +274,7 @@ ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const cha
   if (m->sharded)
     return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
   ks_status s = ks_ckpt_manager_wait(m, err);
-  if (!s) s = next_path(m, st, err);
+  if (!s) s = next_path(m, ks_state_timestamp(st), err);
   if (s) return s;
   ks_save_opts so = {.alloc = &m->alloc, .io = m->io};
   s = ks_state_save(st, m->last_path, &so, err);
@@ -229,20 +284,47 @@ ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const cha
   return s;
 }
 
+/* The manager's background saver, created on first use. */
+static KS_NODISCARD ks_status saver(ks_ckpt_manager *m, ks_error *err) {
+  if (m->saver) return KS_OK;
+  ks_async_opts ao = {
+      .alloc = &m->alloc, .busy = m->async_busy, .staging = m->staging, .staging_size = m->staging_size};
+  return ks_async_saver_create(&ao, &m->saver, err);
+}
+
+ks_status ks_ckpt_manager_save_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
+                                    const ks_timestamp *ts, int async, const char **saved, ks_error *err) {
+  if (!m || !sd) return ks__err(err, KS_E_INVALID, "save: NULL argument");
+  if (m->sharded)
+    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
+  ks_status s = async ? saver(m, err) : KS_OK;
+  if (!s && async && m->async_busy == KS_ASYNC_FAIL_BUSY && ks_async_saver_busy(m->saver))
+    return ks__err(err, KS_E_STATE, "a background save is still in flight");
+  if (!s) s = ks_ckpt_manager_wait(m, err); /* the previous save's error surfaces here, once */
+  if (!s) s = next_path(m, ts, err);
+  if (s) return s;
+  ks_save_opts so = {.alloc = &m->alloc, .io = m->io};
+  if (async) {
+    s = ks_async_saver_start_dict(m->saver, sd, meta, m->last_path, &so, ks__mgr_after_commit, m, err);
+  } else {
+    s = ks_save(m->last_path, sd, meta, &so, err);
+    if (!s) s = ks__mgr_after_commit(m, m->last_path, err);
+  }
+  m->last_save_time = mono_now();
+  if (!s && saved) *saved = m->last_path;
+  return s;
+}
+
 ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err) {
   if (!m || !st) return ks__err(err, KS_E_INVALID, "save: NULL argument");
   if (m->sharded)
     return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
-  if (!m->saver) {
-    ks_async_opts ao = {.alloc = &m->alloc, .busy = m->async_busy, .staging = m->staging,
-                        .staging_size = m->staging_size};
-    ks_status s = ks_async_saver_create(&ao, &m->saver, err);
-    if (s) return s;
-  }
+  ks_status sv = saver(m, err);
+  if (sv) return sv;
   if (m->async_busy == KS_ASYNC_FAIL_BUSY && ks_async_saver_busy(m->saver))
     return ks__err(err, KS_E_STATE, "a background save is still in flight");
   ks_status s = ks_async_saver_wait(m->saver, err); /* the previous save's error surfaces here, once */
-  if (!s) s = next_path(m, st, err);
+  if (!s) s = next_path(m, ks_state_timestamp(st), err);
   ks_save_opts so = {.alloc = &m->alloc, .io = m->io};
   if (!s) s = ks_async_saver_start(m->saver, st, m->last_path, &so, ks__mgr_after_commit, m, err);
   m->last_save_time = mono_now();

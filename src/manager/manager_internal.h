@@ -58,6 +58,7 @@ struct ks_ckpt_manager {
   int upload_retention;
   const char *where;       /* "" for run_dir; "uploaded " in the upload view's retention log */
   int sharded; /* checkpoints are sharded directories */
+  int lock_handle; /* the run directory's lock (lock_fn's handle), or -1 */
 };
 
 /* One entry of the run directory that matches the template. */
@@ -82,18 +83,16 @@ typedef struct ckpt_list {
 /* Records now as the time of the last save. */
 void ks__mgr_touch(ks_ckpt_manager *m);
 /* The template expanded with ts. @return KS_OK or KS_E_LIMIT. */
-ks_status ks__mgr_expand(const ks_ckpt_manager *m, const ks_timestamp *ts, char *name, size_t cap);
+KS_NODISCARD ks_status ks__mgr_expand(const ks_ckpt_manager *m, const ks_timestamp *ts, char *name, size_t cap);
 /* `latest`, then retention, after the checkpoint at path is durable. */
-ks_status ks__mgr_after_commit(void *ctx, const char *path, ks_error *err);
+KS_NODISCARD ks_status ks__mgr_after_commit(void *ctx, const char *path, ks_error *err);
 /* Autoresume of a sharded manager: the newest complete directory, merged onto one process. */
-ks_status ks__mgr_autoresume_dir(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts, ks_load_report *report,
-                                 int *resumed, const char **path, ks_error *err);
+KS_NODISCARD ks_status ks__mgr_autoresume_dir(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts,
+                                              ks_load_report *report, int *resumed, const char **path, ks_error *err);
 /* run_dir + "/" + name into out. @return KS_OK or KS_E_LIMIT. */
 KS_NODISCARD ks_status ks__mgr_join(const ks_ckpt_manager *m, const char *name, char *out, size_t cap);
 /* Applies the preservation policies to the run directory (never deleting `keep_name`). */
 KS_NODISCARD ks_status ks__mgr_prune(ks_ckpt_manager *m, const char *keep_name, ks_error *err);
-/* Parses "eval/Name", "train/Name" or a full "state/..." metric path into its `_computed` key. */
-KS_NODISCARD ks_status ks__mgr_metric_key(const char *metric, char *key, size_t cap);
 
 /* The readable checkpoints of the manager's run directory, newest first (by the timestamp inside):
  * *names is an array of *n strings, freed with ks__mgr_names_free. Unreadable ones are warned
@@ -108,20 +107,14 @@ KS_NODISCARD ks_status ks__mgr_try_load(ks_ckpt_manager *m, const char *name, ks
 /* Sets m->last_path to run_dir/name. */
 KS_NODISCARD ks_status ks__mgr_set_last(ks_ckpt_manager *m, const char *name, ks_error *err);
 
-/* The manager as seen on its upload side: upload_io and upload_dir in place of io and run_dir. */
-ks_ckpt_manager ks__mgr_upload_view(const ks_ckpt_manager *m);
 /* Uploads run_dir/name to upload_dir/name, then points upload_dir's `latest` at it, then (with
  * upload_retention) applies the policies there. KS_E_IO names the step and both places. */
 KS_NODISCARD ks_status ks__mgr_upload(ks_ckpt_manager *m, const char *name, ks_error *err);
 /* Autoresume from upload_dir: download the newest that verifies into run_dir and load it. */
 KS_NODISCARD ks_status ks__mgr_resume_uploaded(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts,
                                   ks_load_report *report, int *resumed, ks_error *err);
-/* Copies src_path of src_io to dst_path of dst_io with dst_io's durable replace (temp, write,
- * fsync, close, rename, fsync dir): dst_path never names a partial copy. */
-KS_NODISCARD ks_status ks__io_copy(const ks_io *src_io, const char *src_path, const ks_io *dst_io, const char *dst_path,
-                      const ks_allocator *alloc, ks_error *err);
 /* The run directory's checkpoints, newest first (readable ones first). */
-ks_status ks__mgr_list(const ks_ckpt_manager *m, ckpt_list *l, ks_error *err);
+KS_NODISCARD ks_status ks__mgr_list(const ks_ckpt_manager *m, ckpt_list *l, ks_error *err);
 void ks__mgr_list_free(const ks_allocator *a, ckpt_list *l);
 /* Fills c from the checkpoint file at path (timestamp, best-N metric), or c->why. */
 void ks__mgr_probe_file(const ks_ckpt_manager *m, const char *path, ckpt *c);
@@ -129,9 +122,5 @@ void ks__mgr_probe_file(const ks_ckpt_manager *m, const char *path, ckpt *c);
 void ks__mgr_probe_dir(const ks_ckpt_manager *m, const char *path, ckpt *c);
 /* Removes a sharded checkpoint directory: the index first, then every file, then the directory. errno-style. */
 int ks__mgr_remove_dir(const ks_ckpt_manager *m, const char *path);
-/* Removes the temporary files of killed saves from run_dir (warnings only). */
-void ks__mgr_remove_leftovers(ks_ckpt_manager *m);
-/* Warns about a checkpoint skipped by autoresume (a file is moved aside to .corrupt). */
-void ks__mgr_warn_skip(ks_ckpt_manager *m, const char *name, const char *why);
 
 #endif

@@ -80,7 +80,8 @@ void ks__mgr_probe_file(const ks_ckpt_manager *m, const char *path, ckpt *c) {
   if (!c->code) c->code = ks_reader_scalars(r, sd, NULL);
   c->nomem = c->code == KS_E_NOMEM; /* not a damaged file: the listing fails instead */
   if (c->code) snprintf(c->why, sizeof c->why, "cannot read its scalars (%s)", ks_status_name(c->code));
-  if (!c->code && !ks__get_int(sd, TS_PREFIX, "batch", &c->batch, NULL) && !ks__get_int(sd, TS_PREFIX, "epoch", &c->epoch, NULL) &&
+  if (!c->code && !ks__get_int(sd, TS_PREFIX, "batch", &c->batch, NULL) &&
+      !ks__get_int(sd, TS_PREFIX, "epoch", &c->epoch, NULL) &&
       !ks__get_int(sd, TS_PREFIX, "sample", &c->sample, NULL)) {
     c->readable = 1;
     if (ks__get_int(sd, TS_PREFIX, "batch_in_epoch", &c->batch_in_epoch, NULL)) c->batch_in_epoch = -1;
@@ -91,7 +92,7 @@ void ks__mgr_probe_file(const ks_ckpt_manager *m, const char *path, ckpt *c) {
   ks_reader_free(r);
 }
 
-static ks_status list_add(const ks_ckpt_manager *m, ckpt_list *l, const char *name) {
+static KS_NODISCARD ks_status list_add(const ks_ckpt_manager *m, ckpt_list *l, const char *name) {
   ks_status s = ks__grow(&m->alloc, &l->v, &l->cap, l->n + 1, sizeof *l->v);
   if (s) return s;
   ckpt c = {.name = ks__strdup(&m->alloc, name)};
@@ -145,7 +146,7 @@ ks_status ks__mgr_list(const ks_ckpt_manager *m, ckpt_list *l, ks_error *err) {
 }
 
 /* Retention's view of the readable checkpoints of l (which come first, newest first). */
-static ks_status infos(const ks_ckpt_manager *m, const ckpt_list *l, ks__ckpt_info **out, size_t *n) {
+static KS_NODISCARD ks_status infos(const ks_ckpt_manager *m, const ckpt_list *l, ks__ckpt_info **out, size_t *n) {
   size_t k = 0;
   while (k < l->n && l->v[k].readable) k++;
   *n = k;
@@ -161,7 +162,8 @@ static ks_status infos(const ks_ckpt_manager *m, const ckpt_list *l, ks__ckpt_in
 }
 
 /* Deletes what no policy keeps; a failed unlink is reported, and the rest still run. */
-static ks_status apply(ks_ckpt_manager *m, const ks__ckpt_info *v, size_t n, const char *keep_name, ks_error *err) {
+static KS_NODISCARD ks_status apply(ks_ckpt_manager *m, const ks__ckpt_info *v, size_t n, const char *keep_name,
+                                    ks_error *err) {
   const ks_io *io = ks__io_v1(m->io);
   ks_status s = KS_OK;
   for (size_t i = 0; i < n; i++) {
@@ -169,7 +171,8 @@ static ks_status apply(ks_ckpt_manager *m, const ks__ckpt_info *v, size_t n, con
     int keep = v[i].keep || !strcmp(v[i].name, keep_name);
     if (m->retention_log) {
       const char *where = m->where ? m->where : "";
-      if (keep) fprintf(m->retention_log, "keepsake: kept %s%s: %s\n", where, v[i].name, v[i].why[0] ? v[i].why : "just saved");
+      if (keep)
+        fprintf(m->retention_log, "keepsake: kept %s%s: %s\n", where, v[i].name, v[i].why[0] ? v[i].why : "just saved");
       else fprintf(m->retention_log, "keepsake: deleted %s%s: kept by no policy\n", where, v[i].name);
     }
     if (keep || ks__mgr_join(m, v[i].name, path, sizeof path)) continue;
@@ -204,7 +207,8 @@ static int on_leftover(void *ctx, const char *name, ks_io_kind kind) {
   if (kind == KS_IO_DIR || !strstr(name, ".tmp") || ks__mgr_join(m, name, path, sizeof path)) return 0;
   const ks_io *io = ks__io_v1(m->io);
   int rc = io->unlink_fn(io->ctx, path);
-  if (rc && rc != ENOENT) fprintf(m->log, "keepsake: warning: cannot remove temporary file %s: %s\n", path, strerror(rc));
+  if (rc && rc != ENOENT)
+    fprintf(m->log, "keepsake: warning: cannot remove temporary file %s: %s\n", path, strerror(rc));
   return 0;
 }
 
@@ -212,7 +216,7 @@ static int on_leftover(void *ctx, const char *name, ks_io_kind kind) {
  * Never valid, always safe to remove. A failure to list or remove is only a
  * warning: a temp file never matches the template, so it cannot be resumed from.
  */
-void ks__mgr_remove_leftovers(ks_ckpt_manager *m) {
+static void remove_leftovers(ks_ckpt_manager *m) {
   const ks_io *io = ks__io_v2(m->io);
   int rc = io->list_fn(io->ctx, m->run_dir, ".", on_leftover, m);
   if (rc) fprintf(m->log, "keepsake: warning: cannot list %s for temporary files: %s\n", m->run_dir, strerror(rc));
@@ -223,21 +227,21 @@ void ks__mgr_remove_leftovers(ks_ckpt_manager *m) {
  * longer matching the template, so no later autoresume tries it and no policy
  * ranks it (its stored metric could be the damaged bytes).
  */
-void ks__mgr_warn_skip(ks_ckpt_manager *m, const char *name, const char *why) {
+static void warn_skip(ks_ckpt_manager *m, const char *name, const char *why) {
   char from[4096], to[4096];
   const ks_io *io = ks__io_v1(m->io);
-  int moved = !ks__mgr_join(m, name, from, sizeof from) && snprintf(to, sizeof to, "%s.corrupt", from) < (int)sizeof to &&
-              io->rename_fn(io->ctx, from, to) == 0;
+  int moved = !ks__mgr_join(m, name, from, sizeof from) &&
+              snprintf(to, sizeof to, "%s.corrupt", from) < (int)sizeof to && io->rename_fn(io->ctx, from, to) == 0;
   fprintf(m->log, "keepsake: warning: skipping checkpoint %s/%s: %s%s\n", m->run_dir, name, why,
           moved ? " (moved aside to .corrupt)" : "");
   m->skipped++;
 }
 
 /* The local file system (where an I/O error is the file's own fault), not a remote store. */
-static int local_table(const ks_io *io) { return io == NULL || io == ks_io_posix(); }
+static int local_table(const ks_io *io) { return (ks_io_caps(io) & KS_IO_CAP_LOCAL) != 0; }
 
 /* Loads c if it fully verifies; a file that does not comes back as `bad` = 1 with a warning. */
-static ks_status try_one(ks_ckpt_manager *m, const char *name, ks_state *st, const ks_load_opts *opts,
+static KS_NODISCARD ks_status try_one(ks_ckpt_manager *m, const char *name, ks_state *st, const ks_load_opts *opts,
                          ks_load_report *report, int *bad, ks_error *err) {
   const ks_io *io = opts->io ? opts->io : m->io;
   char path[4096];
@@ -256,7 +260,7 @@ static ks_status try_one(ks_ckpt_manager *m, const char *name, ks_state *st, con
   if (s) {
     char why[KS_ERROR_MSG_MAX + 40];
     snprintf(why, sizeof why, "%s (%s)", e.message, ks_status_name(e.code));
-    ks__mgr_warn_skip(m, name, why);
+    warn_skip(m, name, why);
     *bad = 1;
     return KS_OK;
   }
@@ -282,7 +286,7 @@ ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_
   if (ws) return ws;
   m->skipped = 0;
   if (m->sharded) return ks__mgr_autoresume_dir(m, st, opts, report, resumed, path, err);
-  ks__mgr_remove_leftovers(m);
+  remove_leftovers(m);
   ckpt_list l = {0};
   ks_status s = ks__mgr_list(m, &l, err);
   /* Unreadable files sort last but may well be the newest (a truncated copy): always warn. But one
@@ -293,7 +297,7 @@ ks_status ks_ckpt_manager_autoresume(ks_ckpt_manager *m, ks_state *st, const ks_
       s = ks__err_at(err, l.v[i].code, l.v[i].name, NULL, -1, "autoresume: cannot read checkpoint %s/%s: %s",
                      m->run_dir, l.v[i].name, l.v[i].why);
   for (size_t i = 0; !s && i < l.n; i++)
-    if (!l.v[i].readable) ks__mgr_warn_skip(m, l.v[i].name, l.v[i].why);
+    if (!l.v[i].readable) warn_skip(m, l.v[i].name, l.v[i].why);
   for (size_t i = 0; !s && i < l.n && !*resumed && l.v[i].readable; i++) {
     int bad = 0;
     s = try_one(m, l.v[i].name, st, opts, report, &bad, err);

@@ -12,7 +12,7 @@
 #include "keepsake/shard.h"
 #include "manager/manager_internal.h"
 
-static ks_status not_sharded(ks_error *err) {
+static KS_NODISCARD ks_status not_sharded(ks_error *err) {
   return ks__err(err, KS_E_STATE, "this manager keeps checkpoint files, not sharded directories (set opts.sharded)");
 }
 
@@ -79,7 +79,8 @@ static size_t remove_incomplete(ks_ckpt_manager *m, const ckpt_list *l, const ch
   size_t n = 0;
   for (size_t i = 0; i < l->n; i++) {
     char path[4096];
-    if (!l->v[i].incomplete || (spare && !strcmp(spare, l->v[i].name)) || ks__mgr_join(m, l->v[i].name, path, sizeof path))
+    if (!l->v[i].incomplete || (spare && !strcmp(spare, l->v[i].name)) ||
+        ks__mgr_join(m, l->v[i].name, path, sizeof path))
       continue;
     int rc = ks__mgr_remove_dir(m, path);
     if (rc) fprintf(m->log, "keepsake: warning: cannot remove the incomplete checkpoint %s: %s\n", path, strerror(rc));
@@ -93,7 +94,7 @@ static size_t remove_incomplete(ks_ckpt_manager *m, const ckpt_list *l, const ch
   return n;
 }
 
-static ks_status remember(ks_ckpt_manager *m, const char *path, ks_error *err) {
+static KS_NODISCARD ks_status remember(ks_ckpt_manager *m, const char *path, ks_error *err) {
   char *copy = ks__strdup(&m->alloc, path);
   if (!copy) return ks__err(err, KS_E_NOMEM, "out of memory");
   ks__free(&m->alloc, m->last_path);
@@ -142,7 +143,7 @@ ks_status ks_ckpt_manager_dir_commit(ks_ckpt_manager *m, const char *dir, ks_err
  * Checks every file of the directory against its index: KS_OK, or the problem in `why`
  * (*bad = 1). Running out of memory says nothing about the checkpoint: KS_E_NOMEM.
  */
-static ks_status verify_dir(const ks_ckpt_manager *m, const char *path, int *bad, char *why, size_t cap,
+static KS_NODISCARD ks_status verify_dir(const ks_ckpt_manager *m, const char *path, int *bad, char *why, size_t cap,
                             ks_error *err) {
   ks_shard_index *idx = NULL;
   ks_error e;

@@ -18,7 +18,8 @@
 
 #define COPY_CHUNK (4u << 20) /* bytes per read while copying */
 
-ks_ckpt_manager ks__mgr_upload_view(const ks_ckpt_manager *m) {
+/* The manager as seen on its upload side: upload_io and upload_dir in place of io and run_dir. */
+static ks_ckpt_manager upload_view(const ks_ckpt_manager *m) {
   ks_ckpt_manager v = *m;
   v.io = m->upload_io;
   v.run_dir = m->upload_dir;
@@ -30,8 +31,8 @@ ks_ckpt_manager ks__mgr_upload_view(const ks_ckpt_manager *m) {
 }
 
 /* Reads src (already open, `size` bytes) into the durable writer d. */
-static ks_status copy_bytes(const ks_io *in, int fd, uint64_t size, const char *src, ks__durable *d, uint8_t *buf,
-                            ks_error *err) {
+static KS_NODISCARD ks_status copy_bytes(const ks_io *in, int fd, uint64_t size, const char *src, ks__durable *d,
+                                         uint8_t *buf, ks_error *err) {
   for (uint64_t off = 0; off < size;) {
     size_t want = size - off < COPY_CHUNK ? (size_t)(size - off) : COPY_CHUNK, got = 0;
     int rc = in->read_fn(in->ctx, fd, buf, want, off, &got);
@@ -44,8 +45,10 @@ static ks_status copy_bytes(const ks_io *in, int fd, uint64_t size, const char *
   return KS_OK;
 }
 
-ks_status ks__io_copy(const ks_io *src_io, const char *src_path, const ks_io *dst_io, const char *dst_path,
-                      const ks_allocator *alloc, ks_error *err) {
+/* Copies src_path of src_io to dst_path of dst_io with dst_io's durable replace (temp, write,
+ * fsync, close, rename, fsync dir): dst_path never names a partial copy. */
+static KS_NODISCARD ks_status io_copy(const ks_io *src_io, const char *src_path, const ks_io *dst_io,
+                                      const char *dst_path, const ks_allocator *alloc, ks_error *err) {
   const ks_io *in = ks__io_v2(src_io);
   int fd = -1;
   uint64_t size = 0;
@@ -69,13 +72,13 @@ ks_status ks__io_copy(const ks_io *src_io, const char *src_path, const ks_io *ds
 
 ks_status ks__mgr_upload(ks_ckpt_manager *m, const char *name, ks_error *err) {
   char src[4096], dst[4096];
-  ks_ckpt_manager view = ks__mgr_upload_view(m);
+  ks_ckpt_manager view = upload_view(m);
   if (ks__mgr_join(m, name, src, sizeof src) || ks__mgr_join(&view, name, dst, sizeof dst))
     return ks__err(err, KS_E_LIMIT, "upload: path too long");
   ks_error e;
   ks_error_clear(&e);
   const char *step = "copying the checkpoint";
-  ks_status s = ks__io_copy(m->io, src, m->upload_io, dst, &m->alloc, &e);
+  ks_status s = io_copy(m->io, src, m->upload_io, dst, &m->alloc, &e);
   if (!s) {
     step = "pointing latest at it"; /* only once the object is whole under its name */
     s = ks__io_pointer_set(m->upload_io, m->upload_dir, "latest", name, &e);
@@ -90,8 +93,9 @@ ks_status ks__mgr_upload(ks_ckpt_manager *m, const char *name, ks_error *err) {
 }
 
 /* Downloads upload_dir/name into run_dir/name and loads it if it verifies (else *bad = 1). */
-static ks_status fetch_and_load(ks_ckpt_manager *m, const ks_ckpt_manager *view, const char *name, ks_state *st,
-                                const ks_load_opts *opts, ks_load_report *report, int *bad, ks_error *err) {
+static KS_NODISCARD ks_status fetch_and_load(ks_ckpt_manager *m, const ks_ckpt_manager *view, const char *name,
+                                             ks_state *st, const ks_load_opts *opts, ks_load_report *report, int *bad,
+                                             ks_error *err) {
   char src[4096], dst[4096];
   if (ks__mgr_join(view, name, src, sizeof src) || ks__mgr_join(m, name, dst, sizeof dst))
     return ks__err(err, KS_E_LIMIT, "autoresume: path too long");
@@ -99,7 +103,7 @@ static ks_status fetch_and_load(ks_ckpt_manager *m, const ks_ckpt_manager *view,
   ks_error_clear(&e);
   /* A failed download is an error, not a skip: starting over while good checkpoints exist upstream
    * would redo the run and then upload older states under the names of newer ones. */
-  ks_status s = ks__io_copy(m->upload_io, src, m->io, dst, &m->alloc, &e);
+  ks_status s = io_copy(m->upload_io, src, m->io, dst, &m->alloc, &e);
   if (s) return ks__err_at(err, s, src, NULL, -1, "autoresume: cannot download %s from %s: %s", name,
                            m->upload_dir, e.message);
   return ks__mgr_try_load(m, name, st, opts, report, bad, err);
@@ -107,7 +111,7 @@ static ks_status fetch_and_load(ks_ckpt_manager *m, const ks_ckpt_manager *view,
 
 ks_status ks__mgr_resume_uploaded(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts,
                                   ks_load_report *report, int *resumed, ks_error *err) {
-  ks_ckpt_manager view = ks__mgr_upload_view(m);
+  ks_ckpt_manager view = upload_view(m);
   char **names = NULL;
   size_t n = 0;
   ks_status s = ks__mgr_candidates(&view, &names, &n, &m->skipped, err);

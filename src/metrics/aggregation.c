@@ -25,7 +25,7 @@ typedef struct bcast {
   int64_t wstride[KS_MAX_RANK];
 } bcast;
 
-static ks_status bcast_init(const ks_tensor *v, const ks_tensor *w, bcast *b, ks_error *err) {
+static KS_NODISCARD ks_status bcast_init(const ks_tensor *v, const ks_tensor *w, bcast *b, ks_error *err) {
   memset(b, 0, sizeof *b);
   b->rank = v->rank;
   memcpy(b->shape, v->shape, sizeof b->shape);
@@ -77,7 +77,7 @@ static int nan_policy(const ks__margs *a, double *v, double *w) {
   return 0;
 }
 
-static ks_status agg_scan(const ks_metric *m, const ks_tensor *val, const ks_tensor *wt, agg_acc *acc,
+static KS_NODISCARD ks_status agg_scan(const ks_metric *m, const ks_tensor *val, const ks_tensor *wt, agg_acc *acc,
                           float *cat_out, ks_error *err) {
   bcast b;
   ks_status st = bcast_init(val, wt, &b, err);
@@ -108,13 +108,15 @@ static ks_status agg_scan(const ks_metric *m, const ks_tensor *val, const ks_ten
   return KS_OK;
 }
 
-static ks_status agg_inputs(const ks_metric *m, const ks_tensor *in, size_t n, size_t max_in, ks_error *err) {
+static KS_NODISCARD ks_status agg_inputs(const ks_metric *m, const ks_tensor *in, size_t n, size_t max_in,
+                                         ks_error *err) {
   ks_status st = ks__need_inputs(m, n, 1, max_in, err);
   for (size_t i = 0; !st && i < n; i++) st = ks__check_input(&in[i], i ? "weight" : "value", err);
   return st;
 }
 
-static ks_status scalar_state(ks_metric *m, const char *name, const char *legacy, double fill, ks_error *err) {
+static KS_NODISCARD ks_status scalar_state(ks_metric *m, const char *name, const char *legacy, double fill,
+                                           ks_error *err) {
   ks_status st = ks__state_declare(m, name, KS_REDUCE_SUM, KS_F32, 0, NULL, fill, err);
   if (!st) ks__state_last(m)->legacy_name = legacy;
   return st;
@@ -154,7 +156,7 @@ ks_status ks__sum_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *
   return KS_OK;
 }
 
-static ks_status scalar_result(ks_metric *m, ks_tensor *out, ks_error *err) {
+static KS_NODISCARD ks_status scalar_result(ks_metric *m, ks_tensor *out, ks_error *err) {
   return ks__result_f32(m, out, (double)*ks__f32(&m->st[0]), err);
 }
 
@@ -167,7 +169,7 @@ ks_status ks__max_declare(ks_metric *m, ks_error *err) {
 }
 
 /* MaxMetric and MinMetric: fold the batch's extreme into the one state. */
-static ks_status extreme_update(ks_metric *m, const ks_tensor *in, size_t n, int is_max, ks_error *err) {
+static KS_NODISCARD ks_status extreme_update(ks_metric *m, const ks_tensor *in, size_t n, int is_max, ks_error *err) {
   agg_acc acc;
   ks_status st = agg_inputs(m, in, n, 1, err);
   if (!st) st = agg_scan(m, &in[0], NULL, &acc, NULL, err);
@@ -206,7 +208,7 @@ ks_status ks__cat_declare(ks_metric *m, ks_error *err) {
 }
 
 /* Rows of this batch: value.shape[1:] (a 0-d value is one row; NaN removal flattens). */
-static ks_status cat_rows(ks__state *s, const ks_tensor *v, int flattened, int *rank, int64_t *shape,
+static KS_NODISCARD ks_status cat_rows(ks__state *s, const ks_tensor *v, int flattened, int *rank, int64_t *shape,
                           ks_error *err) {
   *rank = (v->rank == 0 || flattened) ? 1 : v->rank;
   for (int i = 1; i < *rank; i++) shape[i] = v->shape[i];
@@ -236,7 +238,8 @@ ks_status ks__cat_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *
   s->rank = rank;
   for (int i = 1; i < rank; i++) s->shape[i] = shape[i];
   s->row_known = 1;
-  agg_scan(m, &in[0], NULL, &acc, ks__cat_tail(s), NULL);
+  /* The first scan accepted these values; a failure here would be a bug, but never a silent one. */
+  if ((st = agg_scan(m, &in[0], NULL, &acc, ks__cat_tail(s), err))) return st;
   ks__cat_commit(s, acc.kept / row);
   return KS_OK;
 }

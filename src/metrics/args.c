@@ -45,7 +45,8 @@ static int is_ignored(const char *key) {
   return 0;
 }
 
-static ks_status get_int(const ks__jv *v, const char *key, int64_t lo, int64_t hi, int64_t *out, ks_error *err) {
+static KS_NODISCARD ks_status get_int(const ks__jv *v, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                                      ks_error *err) {
   if (!ks__jv_is(v, KS__JV_INT)) return ks__err(err, KS_E_INVALID, "argument '%s' must be an integer", key);
   int64_t x = v->i;
   if (x < lo || x > hi)
@@ -55,7 +56,8 @@ static ks_status get_int(const ks__jv *v, const char *key, int64_t lo, int64_t h
   return KS_OK;
 }
 
-static ks_status get_enum(const ks__jv *v, const char *key, const char *const *names, int n, int *out, ks_error *err) {
+static KS_NODISCARD ks_status get_enum(const ks__jv *v, const char *key, const char *const *names, int n, int *out,
+                                       ks_error *err) {
   if (ks__jv_is(v, KS__JV_NULL)) {
     for (int i = 0; i < n; i++)
       if (!strcmp(names[i], "none")) {
@@ -72,7 +74,7 @@ static ks_status get_enum(const ks__jv *v, const char *key, const char *const *n
   return ks__err(err, KS_E_INVALID, "argument '%s' has an unsupported value", key);
 }
 
-static ks_status get_unit(const ks__jv *v, const char *key, double *out, ks_error *err) {
+static KS_NODISCARD ks_status get_unit(const ks__jv *v, const char *key, double *out, ks_error *err) {
   if (!ks__jv_is_number(v, NULL)) return ks__err(err, KS_E_INVALID, "argument '%s' must be a number", key);
   double d = ks__jv_number(v);
   if (!(d >= 0.0 && d <= 1.0)) return ks__err(err, KS_E_INVALID, "argument '%s' must lie in [0, 1]", key);
@@ -100,7 +102,7 @@ static void linspace01(float *thr, int64_t n) {
   for (; idx < n; idx++) thr[idx] = lin_point(step, idx, n);
 }
 
-static ks_status get_thresholds(const ks__jv *v, const ks_allocator *a, ks__margs *o, ks_error *err) {
+static KS_NODISCARD ks_status get_thresholds(const ks__jv *v, const ks_allocator *a, ks__margs *o, ks_error *err) {
   if (ks__jv_is(v, KS__JV_NULL)) return KS_OK;
   int64_t n;
   if (ks__jv_is(v, KS__JV_INT)) {
@@ -131,7 +133,7 @@ static ks_status get_thresholds(const ks__jv *v, const ks_allocator *a, ks__marg
   return KS_OK;
 }
 
-static ks_status get_nan(const ks__jv *v, ks__margs *o, ks_error *err) {
+static KS_NODISCARD ks_status get_nan(const ks__jv *v, ks__margs *o, ks_error *err) {
   static const char *const names[] = {"warn", "ignore", "error", "disable"};
   if (ks__jv_is_number(v, NULL)) {
     o->nan_strategy = KS__NAN_VALUE;
@@ -141,7 +143,7 @@ static ks_status get_nan(const ks__jv *v, ks__margs *o, ks_error *err) {
   return get_enum(v, "nan_strategy", names, 4, &o->nan_strategy, err);
 }
 
-static ks_status parse_one(const ks__class *cls, unsigned bit, const ks__jv *v, const ks_allocator *a,
+static KS_NODISCARD ks_status parse_one(const ks__class *cls, unsigned bit, const ks__jv *v, const ks_allocator *a,
                            ks__margs *o, ks_error *err) {
   int64_t x = 0;
   ks_status st = KS_OK;
@@ -192,8 +194,8 @@ static void set_defaults(const ks__class *cls, ks__margs *o) {
   o->ignore_index = cls->default_ignore;
 }
 
-static ks_status parse_object(const ks__class *cls, const ks__jv *root, const ks_allocator *a, ks__margs *o,
-                              ks_error *err) {
+static KS_NODISCARD ks_status parse_object(const ks__class *cls, const ks__jv *root, const ks_allocator *a,
+                                           ks__margs *o, ks_error *err) {
   unsigned seen = 0;
   for (size_t i = 0; i < root->len; i++) {
     const char *key = root->keys[i];
@@ -224,7 +226,8 @@ ks_status ks__args_parse(const ks__class *cls, const char *json, const ks_alloca
   ks__jv *root = NULL;
   ks_status st = ks__jv_parse(a, json, strlen(json), "args", &root, &je);
   if (st == KS_E_NOMEM) return ks__err(err, st, "%s arguments: out of memory", cls->name);
-  if (st) return ks__err(err, KS_E_INVALID, "%s arguments: %s (at byte %lld)", cls->name, je.message, (long long)je.offset);
+  if (st)
+    return ks__err(err, KS_E_INVALID, "%s arguments: %s (at byte %lld)", cls->name, je.message, (long long)je.offset);
   st = ks__jv_is(root, KS__JV_OBJECT) ? parse_object(cls, root, a, out, err)
                                       : ks__err(err, KS_E_INVALID, "%s arguments must be a JSON object", cls->name);
   ks__jv_free(a, root);
@@ -273,7 +276,9 @@ static void put_value(sbuf *b, unsigned bit, const ks__margs *o) {
     case KS__A_AVERAGE: put(b, "\""), put(b, k_avg_names[o->average]), put(b, "\""); break;
     case KS__A_IGNORE: o->has_ignore ? put_int(b, o->ignore_index) : put(b, "null"); break;
     case KS__A_MULTIDIM: put(b, "\"global\""); break;
-    case KS__A_NAN: o->nan_strategy == KS__NAN_VALUE ? put_num(b, o->nan_value) : put(b, nan_names[o->nan_strategy]); break;
+    case KS__A_NAN:
+      o->nan_strategy == KS__NAN_VALUE ? put_num(b, o->nan_value) : put(b, nan_names[o->nan_strategy]);
+      break;
     case KS__A_NORMALIZE: put(b, "\""), put(b, k_norm_names[o->normalize]), put(b, "\""); break;
     case KS__A_NUM_CLASSES:
     case KS__A_NUM_LABELS: put_int(b, o->num_classes); break;

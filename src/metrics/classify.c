@@ -24,7 +24,7 @@ ks_status ks__bpreds_init(const ks_metric *m, const ks_tensor *preds, const ks__
 
 void ks__bpreds_free(const ks_metric *m, ks__bpreds *bp) { ks__view_free(m, &bp->v); }
 
-static ks_status shape_err(const ks_tensor *p, const ks_tensor *t, const char *why, ks_error *err) {
+static KS_NODISCARD ks_status shape_err(const ks_tensor *p, const ks_tensor *t, const char *why, ks_error *err) {
   char a[128], b[128];
   return ks__err(err, KS_E_SHAPE, "preds %s and target %s: %s", ks_shape_format(p->rank, p->shape, a, sizeof a),
                  ks_shape_format(t->rank, t->shape, b, sizeof b), why);

@@ -24,11 +24,12 @@ typedef struct ks__bpreds {
  * every element, or (skip_ignored, as the confusion-matrix and curve metrics do) only
  * at elements whose target is not ignore_index.
  */
-KS_NODISCARD ks_status ks__bpreds_init(const ks_metric *m, const ks_tensor *preds, const ks__view *target, int skip_ignored,
-                          ks__bpreds *bp, ks_error *err);
+KS_NODISCARD ks_status ks__bpreds_init(const ks_metric *m, const ks_tensor *preds, const ks__view *target,
+                                       int skip_ignored, ks__bpreds *bp, ks_error *err);
 void ks__bpreds_free(const ks_metric *m, ks__bpreds *bp);
 /* Binary (preds, target) of one shape: target labels 0/1 (ignore_index dropped) into t, preds into bp. */
-KS_NODISCARD ks_status ks__binary_inputs(const ks_metric *m, const ks_tensor *in, ks__view *t, ks__bpreds *bp, ks_error *err);
+KS_NODISCARD ks_status ks__binary_inputs(const ks_metric *m, const ks_tensor *in, ks__view *t, ks__bpreds *bp,
+                                         ks_error *err);
 
 static inline float ks__sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 

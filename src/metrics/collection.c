@@ -16,6 +16,7 @@ struct ks_metric_collection {
 
 ks_status ks_metric_collection_create(const ks_allocator *a, ks_metric_collection **out, ks_error *err) {
   if (!out) return ks__err(err, KS_E_INVALID, "ks_metric_collection_create: NULL out");
+  *out = NULL;
   ks_metric_collection *c = ks__calloc(a, 1, sizeof *c);
   if (!c) return ks__err(err, KS_E_NOMEM, "out of memory for a metric collection");
   c->alloc = *ks__alloc_or_default(a);
@@ -42,7 +43,8 @@ ks_metric *ks_metric_collection_get(const ks_metric_collection *c, const char *n
 }
 
 ks_status ks_metric_collection_add(ks_metric_collection *c, const char *name, ks_metric *m, ks_error *err) {
-  if (!c || !m) return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "ks_metric_collection_add: NULL collection or metric");
+  if (!c || !m)
+    return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "ks_metric_collection_add: NULL collection or metric");
   ks_status s = ks_name_check(name, err);
   if (s) return s;
   if (ks_metric_collection_get(c, name))

@@ -21,7 +21,7 @@ ks_status ks__multiclass_confmat_declare(ks_metric *m, ks_error *err) {
   return ks__state_declare(m, "confmat", KS_REDUCE_SUM, KS_I64, 2, shape, 0.0, err);
 }
 
-static ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
+static KS_NODISCARD ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
   return ks__check_pair(m, in, n, err);
 }
 
@@ -43,8 +43,8 @@ ks_status ks__binary_confmat_update(ks_metric *m, const ks_tensor *in, size_t n,
 }
 
 /* Predicted class of every sample (argmax for logits); labels are checked against C. */
-static ks_status mc_predictions(const ks_metric *m, const ks_tensor *preds, const ks__mcin *lay, const int64_t *t,
-                                int64_t *out, ks_error *err) {
+static KS_NODISCARD ks_status mc_predictions(const ks_metric *m, const ks_tensor *preds, const ks__mcin *lay,
+                                             const int64_t *t, int64_t *out, ks_error *err) {
   int64_t C = m->args.num_classes;
   if (lay->logits) {
     ks__view p = {0};

@@ -58,7 +58,7 @@ typedef struct work {
   float *x, *y;
 } work;
 
-static ks_status work_init(const ks_metric *m, work *w, size_t n, ks_error *err) {
+static KS_NODISCARD ks_status work_init(const ks_metric *m, work *w, size_t n, ks_error *err) {
   memset(w, 0, sizeof *w);
   size_t k = n + 1;
   w->s = ks__malloc(&m->alloc, k * sizeof *w->s);
@@ -108,7 +108,7 @@ static double exact_ap(work *w, size_t n) {
   return ap;
 }
 
-static ks_status need_samples(const ks_metric *m, ks_error *err) {
+static KS_NODISCARD ks_status need_samples(const ks_metric *m, ks_error *err) {
   if (m->st[1].shape[0] > 0) return KS_OK;
   return ks__err(err, KS_E_STATE, "%s: no samples to compute from (update first)", m->cls->name);
 }
@@ -151,7 +151,7 @@ static double binned_ap(const int64_t *cm, size_t T) {
   return ap;
 }
 
-static ks_status binary_curve(ks_metric *m, int ap, ks_tensor *out, ks_error *err) {
+static KS_NODISCARD ks_status binary_curve(ks_metric *m, int ap, ks_tensor *out, ks_error *err) {
   size_t T = (size_t)m->args.n_thr;
   if (T) {
     if (ap) return ks__result_f32(m, out, binned_ap(m->st[0].data, T), err);
@@ -183,7 +183,7 @@ ks_status ks__binary_ap_compute(ks_metric *m, ks_tensor *out, ks_error *err) { r
 /* ---- multiclass one-vs-rest ---- */
 
 /* Per-class areas and support (number of samples of the class). */
-static ks_status mc_areas(ks_metric *m, double *auc, double *support, ks_error *err) {
+static KS_NODISCARD ks_status mc_areas(ks_metric *m, double *auc, double *support, ks_error *err) {
   size_t C = (size_t)m->args.num_classes, T = (size_t)m->args.n_thr;
   if (T) {
     const int64_t *cm = m->st[0].data;
@@ -216,7 +216,8 @@ static ks_status mc_areas(ks_metric *m, double *auc, double *support, ks_error *
   return st;
 }
 
-static ks_status mc_reduce(ks_metric *m, const double *auc, const double *support, ks_tensor *out, ks_error *err) {
+static KS_NODISCARD ks_status mc_reduce(ks_metric *m, const double *auc, const double *support, ks_tensor *out,
+                                        ks_error *err) {
   int64_t C = m->args.num_classes;
   if (m->args.average == KS__AVG_NONE) {
     ks_status st = ks__result(m, out, KS_F32, 1, &C, err);

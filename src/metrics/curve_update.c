@@ -11,7 +11,7 @@
 #include "metrics/classify.h"
 #include "metrics/families.h"
 
-static ks_status declare_curve(ks_metric *m, int64_t C, ks_error *err) {
+static KS_NODISCARD ks_status declare_curve(ks_metric *m, int64_t C, ks_error *err) {
   const ks__margs *a = &m->args;
   if (a->n_thr) {
     int64_t shape[4] = {a->n_thr, C, 2, 2};
@@ -92,14 +92,14 @@ static void binned_commit(ks_metric *m, const binned *b) {
     }
 }
 
-static ks_status binned_init(const ks_metric *m, binned *b, size_t C, ks_error *err) {
+static KS_NODISCARD ks_status binned_init(const ks_metric *m, binned *b, size_t C, ks_error *err) {
   b->T = (size_t)m->args.n_thr;
   b->C = C;
   b->h = ks__calloc(&m->alloc, C * 2 * (b->T + 1), sizeof *b->h);
   return b->h ? KS_OK : ks__err(err, KS_E_NOMEM, "out of memory for binned counts");
 }
 
-static ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
+static KS_NODISCARD ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
   ks_status st = ks__check_pair(m, in, n, err);
   if (!st && !ks_dtype_is_float(in[0].dtype))
     st = ks__err(err, KS_E_DTYPE, "%s needs float preds (probabilities or logits), got %s", m->cls->name,
@@ -115,7 +115,8 @@ static size_t count_valid(const ks_metric *m, const int64_t *t, size_t n) {
 
 /* ---- binary ---- */
 
-static ks_status binary_apply(ks_metric *m, const ks__bpreds *bp, const int64_t *t, size_t n, ks_error *err) {
+static KS_NODISCARD ks_status binary_apply(ks_metric *m, const ks__bpreds *bp, const int64_t *t, size_t n,
+                                           ks_error *err) {
   const float *p = bp->v.p;
   if (m->args.n_thr) {
     binned b;
@@ -185,7 +186,7 @@ static int mc_needs_softmax(const ks_metric *m, const mc_rows *r) {
   return 0;
 }
 
-static ks_status mc_binned(ks_metric *m, const mc_rows *r, float *row, ks_error *err) {
+static KS_NODISCARD ks_status mc_binned(ks_metric *m, const mc_rows *r, float *row, ks_error *err) {
   binned b;
   ks_status st = binned_init(m, &b, r->C, err);
   if (st) return st;
@@ -199,7 +200,7 @@ static ks_status mc_binned(ks_metric *m, const mc_rows *r, float *row, ks_error 
   return KS_OK;
 }
 
-static ks_status mc_exact(ks_metric *m, const mc_rows *r, ks_error *err) {
+static KS_NODISCARD ks_status mc_exact(ks_metric *m, const mc_rows *r, ks_error *err) {
   size_t k = count_valid(m, r->t, r->n);
   ks_status st = ks__cat_reserve(m, &m->st[0], k, err);
   if (!st) st = ks__cat_reserve(m, &m->st[1], k, err);

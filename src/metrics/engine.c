@@ -85,11 +85,25 @@ ks_status ks_metric_compute(ks_metric *m, const ks_tensor **out, ks_error *err) 
   return KS_OK;
 }
 
+static void state_fill_default(ks__state *s) {
+  if (s->reduce == KS_REDUCE_CAT) {
+    s->shape[0] = 0;
+    s->nbytes = 0;
+    if (s->row_dynamic) {
+      s->row_known = 0;
+      s->rank = 1;
+    }
+    return;
+  }
+  size_t n = s->nbytes / ks_dtype_size(s->dtype);
+  for (size_t i = 0; i < n; i++) ks_dtype_set_f64(s->dtype, s->data, i, s->fill);
+}
+
 const ks_tensor *ks_metric_computed(const ks_metric *m) { return m->has_computed ? &m->computed : NULL; }
 
 void ks_metric_reset(ks_metric *m) {
   if (!m) return;
-  for (size_t i = 0; i < m->n_states; i++) ks__state_fill_default(&m->st[i]);
+  for (size_t i = 0; i < m->n_states; i++) state_fill_default(&m->st[i]);
   computed_drop(m);
   m->update_count = 0;
 }
@@ -120,19 +134,6 @@ size_t ks__state_row_bytes(const ks__state *s) {
   return n;
 }
 
-void ks__state_fill_default(ks__state *s) {
-  if (s->reduce == KS_REDUCE_CAT) {
-    s->shape[0] = 0;
-    s->nbytes = 0;
-    if (s->row_dynamic) {
-      s->row_known = 0;
-      s->rank = 1;
-    }
-    return;
-  }
-  size_t n = s->nbytes / ks_dtype_size(s->dtype);
-  for (size_t i = 0; i < n; i++) ks_dtype_set_f64(s->dtype, s->data, i, s->fill);
-}
 
 ks_status ks__state_declare(ks_metric *m, const char *name, ks_reduce reduce, ks_dtype dtype, int rank,
                             const int64_t *shape, double fill, ks_error *err) {
@@ -154,7 +155,7 @@ ks_status ks__state_declare(ks_metric *m, const char *name, ks_reduce reduce, ks
     s->nbytes = nbytes;
   }
   m->n_states++;
-  ks__state_fill_default(s);
+  state_fill_default(s);
   return KS_OK;
 }
 

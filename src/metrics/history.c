@@ -41,14 +41,14 @@ static void *budget_realloc(void *ctx, void *p, size_t n) {
 
 static void budget_free(void *ctx, void *p) { ks__free(((budget *)ctx)->a, p); }
 
-static ks_status over(ks_error *err, const char *cls, const char *args, uint64_t cap) {
+static KS_NODISCARD ks_status over(ks_error *err, const char *cls, const char *args, uint64_t cap) {
   return ks__err(err, KS_E_LIMIT,
-                 "%s(%s) would allocate more than the %llu bytes left for metrics rebuilt from untrusted attributes", cls,
-                 args, (unsigned long long)cap);
+                 "%s(%s) would allocate more than the %llu bytes left for metrics rebuilt from untrusted attributes",
+                 cls, args, (unsigned long long)cap);
 }
 
 /* Builds cls(args) within the budget; KS_OK with *out NULL when the arguments do not build it. */
-static ks_status probe(const char *cls, const char *args, budget *b, ks_metric **out, ks_error *err) {
+static KS_NODISCARD ks_status probe(const char *cls, const char *args, budget *b, ks_metric **out, ks_error *err) {
   ks_allocator ba = {budget_malloc, budget_realloc, budget_free, b};
   ks_error e;
   *out = NULL;
@@ -63,7 +63,8 @@ static ks_status probe(const char *cls, const char *args, budget *b, ks_metric *
  * its thresholds as a tensor buffer, not as a plain attribute, so its arguments
  * cannot be read back from the attributes.
  */
-static ks_status takes_thresholds(const char *cls, const ks__jv *args, budget *b, int *takes, ks_error *err) {
+static KS_NODISCARD ks_status takes_thresholds(const char *cls, const ks__jv *args, budget *b, int *takes,
+                                               ks_error *err) {
   ks__jv *probe_args = ks__jv_copy(b->a, args);
   char *s = probe_args && !ks__jv_set(b->a, probe_args, "thresholds", ks__jv_null(b->a))
                 ? ks__jv_dump(b->a, probe_args, true)
@@ -89,8 +90,8 @@ static ks__jv *arg_attrs(const ks_allocator *a, const ks__jv *attrs) {
   return args;
 }
 
-static ks_status from_attrs(const char *cls, const ks__jv *attrs, budget *b, char **canonical, uint64_t *cost,
-                            ks_error *err) {
+static KS_NODISCARD ks_status from_attrs(const char *cls, const ks__jv *attrs, budget *b, char **canonical,
+                                         uint64_t *cost, ks_error *err) {
   ks__jv *args = arg_attrs(b->a, attrs);
   char *s = args ? ks__jv_dump(b->a, args, true) : NULL;
   if (!s) {

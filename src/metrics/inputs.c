@@ -67,7 +67,7 @@ void ks__view_free(const ks_metric *m, ks__view *v) {
   v->owned = NULL;
 }
 
-static ks_status bad_label(ks_error *err, const char *what, size_t i, double v, int64_t hi) {
+static KS_NODISCARD ks_status bad_label(ks_error *err, const char *what, size_t i, double v, int64_t hi) {
   if (isnan(v)) return ks__err(err, KS_E_VALUE, "%s[%zu] is NaN where a label is expected", what, i);
   return ks__err(err, KS_E_VALUE, "%s[%zu] = %g is not a label in [0, %lld) nor ignore_index", what, i, v,
                  (long long)hi);
@@ -78,7 +78,7 @@ static int label_ok(int64_t x, int64_t hi, int has_ignore, int64_t ignore) {
 }
 
 /* Fast path: I64 labels are checked in place. */
-static ks_status check_i64(const int64_t *p, size_t n, int64_t hi, int has_ignore, int64_t ignore,
+static KS_NODISCARD ks_status check_i64(const int64_t *p, size_t n, int64_t hi, int has_ignore, int64_t ignore,
                            const char *what, ks_error *err) {
   for (size_t i = 0; i < n; i++)
     if (!label_ok(p[i], hi, has_ignore, ignore)) return bad_label(err, what, i, (double)p[i], hi);
@@ -86,7 +86,7 @@ static ks_status check_i64(const int64_t *p, size_t n, int64_t hi, int has_ignor
 }
 
 /* Floats carrying labels must be finite integers that fit in int64. */
-static ks_status float_labels(const ks_tensor *t, int64_t *out, size_t n, int64_t hi, int has_ignore,
+static KS_NODISCARD ks_status float_labels(const ks_tensor *t, int64_t *out, size_t n, int64_t hi, int has_ignore,
                               int64_t ignore, const char *what, ks_error *err) {
   for (size_t i = 0; i < n; i++) {
     double d = ks_dtype_get_f64(t->dtype, t->data, i);

@@ -122,7 +122,6 @@ KS_NODISCARD ks_status ks__state_declare(ks_metric *m, const char *name, ks_redu
                             const int64_t *shape, double fill, ks_error *err);
 ks__state *ks__state_last(ks_metric *m);
 size_t ks__state_row_bytes(const ks__state *s);
-void ks__state_fill_default(ks__state *s);
 /* Makes room for `rows` more rows of a cat state; the content is unchanged on failure. */
 KS_NODISCARD ks_status ks__cat_reserve(const ks_metric *m, ks__state *s, uint64_t rows, ks_error *err);
 /* Where the next row goes (after a successful reserve). */

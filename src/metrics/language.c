@@ -14,7 +14,7 @@ ks_status ks__lm_declare(ks_metric *m, ks_error *err) {
   return st ? st : ks__state_declare(m, "total_items", KS_REDUCE_SUM, KS_I64, 0, NULL, 0.0, err);
 }
 
-static ks_status lm_shapes(const ks_metric *m, const ks_tensor *logits, const ks_tensor *target, size_t *V,
+static KS_NODISCARD ks_status lm_shapes(const ks_metric *m, const ks_tensor *logits, const ks_tensor *target, size_t *V,
                            ks_error *err) {
   int ok = logits->rank == target->rank + 1 && logits->rank >= 2;
   for (int i = 0; ok && i < target->rank; i++) ok = logits->shape[i] == target->shape[i];

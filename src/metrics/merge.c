@@ -7,7 +7,7 @@
 
 #include "metrics/internal.h"
 
-static ks_status check_same_kind(const ks_metric *dst, const ks_metric *src, ks_error *err) {
+static KS_NODISCARD ks_status check_same_kind(const ks_metric *dst, const ks_metric *src, ks_error *err) {
   if (dst->cls != src->cls)
     return ks__err(err, KS_E_MISMATCH, "cannot merge %s into %s", src->cls->name, dst->cls->name);
   if (strcmp(dst->args_json, src->args_json) != 0)
@@ -17,7 +17,7 @@ static ks_status check_same_kind(const ks_metric *dst, const ks_metric *src, ks_
 }
 
 /* Cat rows must agree in everything but the row count (CatMetric rows start unknown). */
-static ks_status check_rows(const ks__state *d, const ks__state *s, ks_error *err) {
+static KS_NODISCARD ks_status check_rows(const ks__state *d, const ks__state *s, ks_error *err) {
   if (s->shape[0] == 0 || d->shape[0] == 0) return KS_OK;
   int same = d->rank == s->rank;
   for (int i = 1; same && i < d->rank; i++) same = d->shape[i] == s->shape[i];

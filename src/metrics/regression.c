@@ -56,7 +56,7 @@ static void err_sum_f64(const double *p, const double *t, size_t rows, size_t k,
     }
 }
 
-static ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
+static KS_NODISCARD ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
   ks_status st = ks__need_inputs(m, n, 2, 2, err);
   if (!st) st = ks__check_input(&in[0], "preds", err);
   if (!st) st = ks__check_input(&in[1], "target", err);
@@ -65,7 +65,7 @@ static ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, k
 }
 
 /* Rows and outputs of a (N,) / (N, num_outputs) batch; num_outputs = 1 takes any shape. */
-static ks_status layout(const ks_metric *m, const ks_tensor *p, size_t *rows, size_t *k, ks_error *err) {
+static KS_NODISCARD ks_status layout(const ks_metric *m, const ks_tensor *p, size_t *rows, size_t *k, ks_error *err) {
   size_t K = (size_t)m->args.num_outputs;
   if (K == 1) {
     *rows = ks__numel(p);
@@ -80,8 +80,8 @@ static ks_status layout(const ks_metric *m, const ks_tensor *p, size_t *rows, si
 }
 
 /* Sums of one error kind per output, into out[k] (k = num_outputs). */
-static ks_status batch_errors(ks_metric *m, const ks_tensor *in, int kind, size_t rows, size_t k, double *out,
-                              ks_error *err) {
+static KS_NODISCARD ks_status batch_errors(ks_metric *m, const ks_tensor *in, int kind, size_t rows, size_t k,
+                                           double *out, ks_error *err) {
   if (k == 1 && in[0].dtype == KS_F32 && in[1].dtype == KS_F32) {
     out[0] = err_sum_f32(in[0].data, in[1].data, rows, kind);
     return KS_OK;
@@ -95,7 +95,7 @@ static ks_status batch_errors(ks_metric *m, const ks_tensor *in, int kind, size_
   return st;
 }
 
-static ks_status error_update(ks_metric *m, const ks_tensor *in, size_t n, int kind, ks_error *err) {
+static KS_NODISCARD ks_status error_update(ks_metric *m, const ks_tensor *in, size_t n, int kind, ks_error *err) {
   size_t rows = 0, k = 1;
   ks_status st = check_pair(m, in, n, err);
   if (!st) st = layout(m, &in[0], &rows, &k, err);
@@ -112,7 +112,7 @@ static ks_status error_update(ks_metric *m, const ks_tensor *in, size_t n, int k
   return st;
 }
 
-static ks_status declare_error(ks_metric *m, const char *name, ks_error *err) {
+static KS_NODISCARD ks_status declare_error(ks_metric *m, const char *name, ks_error *err) {
   int64_t K = m->args.num_outputs;
   ks_status st = ks__state_declare(m, name, KS_REDUCE_SUM, KS_F32, 1, &K, 0.0, err);
   if (st) return st;
@@ -120,7 +120,7 @@ static ks_status declare_error(ks_metric *m, const char *name, ks_error *err) {
   return ks__state_declare(m, "total", KS_REDUCE_SUM, KS_I64, 0, NULL, 0.0, err);
 }
 
-static ks_status error_compute(ks_metric *m, int root, ks_tensor *out, ks_error *err) {
+static KS_NODISCARD ks_status error_compute(ks_metric *m, int root, ks_tensor *out, ks_error *err) {
   int64_t K = m->args.num_outputs;
   ks_status st = ks__result(m, out, KS_F32, K == 1 ? 0 : 1, &K, err);
   if (st) return st;
@@ -169,7 +169,7 @@ ks_status ks__r2_declare(ks_metric *m, ks_error *err) {
   return ks__state_declare(m, "total", KS_REDUCE_SUM, KS_I64, 0, NULL, 0.0, err);
 }
 
-static ks_status r2_layout(const ks_metric *m, const ks_tensor *p, size_t *rows, ks_error *err) {
+static KS_NODISCARD ks_status r2_layout(const ks_metric *m, const ks_tensor *p, size_t *rows, ks_error *err) {
   int64_t K = m->args.num_outputs;
   int ok = (p->rank == 1 && K == 1) || (p->rank == 2 && p->shape[1] == K);
   if (!ok) return ks__err(err, KS_E_SHAPE, "R2Score needs preds of shape (N,) or (N, num_outputs=%lld)", (long long)K);

@@ -50,7 +50,7 @@ static double class_weight(const ks_metric *m, score_kind k, const stats *s, siz
   return seen ? 1.0 : 0.0;
 }
 
-static ks_status reduce(ks_metric *m, score_kind k, ks_tensor *out, ks_error *err) {
+static KS_NODISCARD ks_status reduce(ks_metric *m, score_kind k, ks_tensor *out, ks_error *err) {
   stats s = {ks__i64(&m->st[0]), ks__i64(&m->st[1]), ks__i64(&m->st[2]), ks__i64(&m->st[3]),
              (size_t)m->st[0].shape[0]};
   int multilabel = m->task == KS__TASK_MULTILABEL;

@@ -11,11 +11,12 @@
 #include "metrics/inputs.h"
 #include "metrics/internal.h"
 
-static ks_status full_name(const char *prefix, const char *name, char *buf, size_t cap, ks_error *err) {
+static KS_NODISCARD ks_status full_name(const char *prefix, const char *name, char *buf, size_t cap, ks_error *err) {
   int n = snprintf(buf, cap, "%s%s", prefix ? prefix : "", name);
   if (n < 0 || (size_t)n >= cap || n > KS_MAX_NAME)
-    return ks__err_at(err, KS_E_LIMIT, NULL, prefix, -1, "state key '%.200s...%s' is longer than %d bytes (KS_MAX_NAME)",
-                      prefix ? prefix : "", name, KS_MAX_NAME);
+    return ks__err_at(err, KS_E_LIMIT, NULL, prefix, -1,
+                      "state key '%.200s...%s' is longer than %d bytes (KS_MAX_NAME)", prefix ? prefix : "", name,
+                      KS_MAX_NAME);
   return KS_OK;
 }
 
@@ -43,7 +44,7 @@ typedef struct staged {
   int64_t shape[KS_MAX_RANK];
 } staged;
 
-static ks_status find_entry(const ks_statedict *src, const char *prefix, const ks__state *s, int version,
+static KS_NODISCARD ks_status find_entry(const ks_statedict *src, const char *prefix, const ks__state *s, int version,
                             ks_entry *e, int *migrated, char *name, ks_error *err) {
   ks_status st;
   if (version < 2 && s->legacy_name) {
@@ -61,7 +62,7 @@ static ks_status find_entry(const ks_statedict *src, const char *prefix, const k
   return KS_OK;
 }
 
-static ks_status check_fixed_shape(const ks__state *s, const ks_tensor *t, int *migrated, const char *name,
+static KS_NODISCARD ks_status check_fixed_shape(const ks__state *s, const ks_tensor *t, int *migrated, const char *name,
                                    ks_error *err) {
   if (t->rank == s->rank) {
     int same = 1;
@@ -80,7 +81,7 @@ static ks_status check_fixed_shape(const ks__state *s, const ks_tensor *t, int *
                     ks_shape_format(s->rank, s->shape, a, sizeof a), ks_shape_format(t->rank, t->shape, b, sizeof b));
 }
 
-static ks_status check_cat_shape(const ks__state *s, const ks_tensor *t, const char *name, ks_error *err) {
+static KS_NODISCARD ks_status check_cat_shape(const ks__state *s, const ks_tensor *t, const char *name, ks_error *err) {
   int ok = t->rank >= 1;
   if (ok && !s->row_dynamic) {
     ok = t->rank == s->rank;
@@ -92,7 +93,7 @@ static ks_status check_cat_shape(const ks__state *s, const ks_tensor *t, const c
                     ks_shape_format(t->rank, t->shape, b, sizeof b));
 }
 
-static ks_status check_dtype(const ks__state *s, ks_dtype found, int allow_narrowing, int *converted,
+static KS_NODISCARD ks_status check_dtype(const ks__state *s, ks_dtype found, int allow_narrowing, int *converted,
                              const char *name, ks_error *err) {
   if (found == s->dtype) return KS_OK;
   if (!ks_dtype_widens_to(found, s->dtype) && !allow_narrowing)
@@ -104,7 +105,7 @@ static ks_status check_dtype(const ks__state *s, ks_dtype found, int allow_narro
 }
 
 /* Copies a state's value, converting its dtype; a fixed state given one value for n broadcasts it. */
-static ks_status stage_one(const ks_metric *m, const ks__state *s, const ks_tensor *t, staged *out,
+static KS_NODISCARD ks_status stage_one(const ks_metric *m, const ks__state *s, const ks_tensor *t, staged *out,
                            const char *name, ks_error *err) {
   size_t n = ks__numel(t), nbytes;
   if (s->reduce != KS_REDUCE_CAT && n == 1) n = s->nbytes / ks_dtype_size(s->dtype);
@@ -133,7 +134,7 @@ static ks_status stage_one(const ks_metric *m, const ks__state *s, const ks_tens
   return KS_OK;
 }
 
-static ks_status stage_state(const ks_metric *m, const ks_statedict *src, const char *prefix, int version,
+static KS_NODISCARD ks_status stage_state(const ks_metric *m, const ks_statedict *src, const char *prefix, int version,
                              int allow_narrowing, size_t i, staged *out, int *migrated, int *converted,
                              ks_error *err) {
   const ks__state *s = &m->st[i];
@@ -149,7 +150,7 @@ static ks_status stage_state(const ks_metric *m, const ks_statedict *src, const 
 }
 
 /* Cat states of one metric (preds and target of a curve) hold one row per sample each. */
-static ks_status check_cat_rows(const ks_metric *m, const staged *sg, const char *prefix, ks_error *err) {
+static KS_NODISCARD ks_status check_cat_rows(const ks_metric *m, const staged *sg, const char *prefix, ks_error *err) {
   const ks__state *first = NULL;
   int64_t rows = 0;
   for (size_t i = 0; i < m->n_states; i++) {
@@ -159,7 +160,8 @@ static ks_status check_cat_rows(const ks_metric *m, const staged *sg, const char
       rows = sg[i].shape[0];
     } else if (sg[i].shape[0] != rows) {
       char name[KS_MAX_NAME + 2];
-      full_name(prefix, m->st[i].name, name, sizeof name, NULL);
+      if (full_name(prefix, m->st[i].name, name, sizeof name, NULL)) /* too long: the state's own name */
+        snprintf(name, sizeof name, "%s", m->st[i].name);
       return ks__err_at(err, KS_E_SHAPE, NULL, name, -1, "state '%s' has %lld rows but '%s' has %lld",
                         m->st[i].name, (long long)sg[i].shape[0], first->name, (long long)rows);
     }

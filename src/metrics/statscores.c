@@ -10,7 +10,7 @@
 
 static const char *const k_stat_names[4] = {"tp", "fp", "tn", "fn"};
 
-static ks_status declare_stats(ks_metric *m, int64_t size, int task, ks_error *err) {
+static KS_NODISCARD ks_status declare_stats(ks_metric *m, int64_t size, int task, ks_error *err) {
   m->task = task;
   for (int i = 0; i < 4; i++) {
     ks_status st = ks__state_declare(m, k_stat_names[i], KS_REDUCE_SUM, KS_I64, 1, &size, 0.0, err);
@@ -51,7 +51,7 @@ static void count_binary(const ks_metric *m, const ks__bpreds *bp, const int64_t
   }
 }
 
-static ks_status binary_like_update(ks_metric *m, const ks_tensor *in, size_t L, size_t P, ks_error *err) {
+static KS_NODISCARD ks_status binary_like_update(ks_metric *m, const ks_tensor *in, size_t L, size_t P, ks_error *err) {
   ks__view t = {0};
   ks__bpreds bp = {0};
   ks_status st = ks__labels(m, &in[1], 2, m->args.has_ignore, m->args.ignore_index, "target", &t, err);
@@ -70,7 +70,7 @@ static ks_status binary_like_update(ks_metric *m, const ks_tensor *in, size_t L,
   return st;
 }
 
-static ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
+static KS_NODISCARD ks_status check_pair(const ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
   return ks__check_pair(m, in, n, err);
 }
 
@@ -116,8 +116,9 @@ typedef struct mc_counts {
   int64_t ign_in; /* ignore_index when it is a valid class, else -1 */
 } mc_counts;
 
-static ks_status bad_label(const char *what, size_t i, int64_t v, size_t C, ks_error *err) {
-  return ks__err(err, KS_E_VALUE, "%s[%zu] = %lld is not a class in [0, %zu) nor ignore_index", what, i, (long long)v, C);
+static KS_NODISCARD ks_status bad_label(const char *what, size_t i, int64_t v, size_t C, ks_error *err) {
+  return ks__err(err, KS_E_VALUE, "%s[%zu] = %lld is not a class in [0, %zu) nor ignore_index", what, i, (long long)v,
+                 C);
 }
 
 /* 1: count sample, 0: ignored, -1: invalid target. */
@@ -190,11 +191,12 @@ static KS__NOINLINE size_t fast_cells(const int64_t *p, const int64_t *t, size_t
   KS__FAST_LOOP(cm[(uint64_t)y * C + (uint64_t)q]++)
 }
 
-static ks_status count_labels(const ks_metric *m, const int64_t *p, const int64_t *t, size_t lo, size_t hi,
+static KS_NODISCARD ks_status count_labels(const ks_metric *m, const int64_t *p, const int64_t *t, size_t lo, size_t hi,
                               mc_counts *c, ks_error *err) {
   size_t skipped = 0;
   for (size_t i = lo;; i++) {
-    i = c->cm ? fast_cells(p, t, i, hi, c->C, c->ign_in, c->cm) : fast_pairs(p, t, i, hi, c->C, c->ign_in, c->th, c->pc);
+    i = c->cm ? fast_cells(p, t, i, hi, c->C, c->ign_in, c->cm)
+              : fast_pairs(p, t, i, hi, c->C, c->ign_in, c->th, c->pc);
     if (i == hi) break;
     ks_status st = KS_OK;
     int ok = label_slow(m, c, p[i], t[i], i, &st, err);
@@ -213,8 +215,8 @@ typedef struct topk_buf {
 } topk_buf;
 
 /* The hot path: (N, C) float32 logits, argmax per row. */
-static ks_status count_argmax_rows(const ks_metric *m, const float *p, const int64_t *t, size_t lo, size_t hi,
-                                   mc_counts *c, ks_error *err) {
+static KS_NODISCARD ks_status count_argmax_rows(const ks_metric *m, const float *p, const int64_t *t, size_t lo,
+                                                size_t hi, mc_counts *c, ks_error *err) {
   size_t C = c->C;
   p += lo * C;
   for (size_t i = lo; i < hi; i++, p += C) {
@@ -240,7 +242,7 @@ static size_t topk_prediction(const float *row, size_t C, size_t P, size_t k, si
   return topk[0];
 }
 
-static ks_status count_logits(const ks_metric *m, const float *p, const int64_t *t, const ks__mcin *lay,
+static KS_NODISCARD ks_status count_logits(const ks_metric *m, const float *p, const int64_t *t, const ks__mcin *lay,
                               const topk_buf *tb, size_t lo, size_t hi, mc_counts *c, ks_error *err) {
   size_t C = c->C, k = (size_t)m->args.top_k, P = lay->P;
   if (k == 1 && P == 1) return count_argmax_rows(m, p, t, lo, hi, c, err);
@@ -270,7 +272,7 @@ static void derive_from_matrix(mc_counts *c) {
 }
 
 /* Moves the 32-bit counts of a finished chunk into the 64-bit totals. */
-static ks_status spill(ks_metric *m, mc_counts *c, ks_error *err) {
+static KS_NODISCARD ks_status spill(ks_metric *m, mc_counts *c, ks_error *err) {
   size_t C = c->C;
   if (!c->tot && !(c->tot = ks__calloc(&m->alloc, 3 * C, sizeof *c->tot)))
     return ks__err(err, KS_E_NOMEM, "out of memory counting %s", m->cls->name);
@@ -320,7 +322,8 @@ static void commit_multiclass(ks_metric *m, const mc_counts *c) {
 }
 
 /* Labels as int64: I64 is borrowed unchecked (the counting loops check it), others are converted and checked. */
-static ks_status raw_labels(const ks_metric *m, const ks_tensor *t, const char *what, ks__view *v, ks_error *err) {
+static KS_NODISCARD ks_status raw_labels(const ks_metric *m, const ks_tensor *t, const char *what, ks__view *v,
+                                         ks_error *err) {
   if (t->dtype != KS_I64)
     return ks__labels(m, t, m->args.num_classes, m->args.has_ignore, m->args.ignore_index, what, v, err);
   v->p = t->data;
@@ -330,7 +333,7 @@ static ks_status raw_labels(const ks_metric *m, const ks_tensor *t, const char *
 }
 
 /* Counts samples [0, n) chunk by chunk; 32-bit fields hold at most KS__MC_CHUNK each. */
-static ks_status count_chunks(ks_metric *m, const ks__view *p, const ks__view *t, const ks__mcin *lay,
+static KS_NODISCARD ks_status count_chunks(ks_metric *m, const ks__view *p, const ks__view *t, const ks__mcin *lay,
                               const topk_buf *tb, mc_counts *c, ks_error *err) {
   size_t n = t->n, chunk = KS__MC_CHUNK;
   ks_status st = KS_OK;
@@ -344,8 +347,8 @@ static ks_status count_chunks(ks_metric *m, const ks__view *p, const ks__view *t
   return st;
 }
 
-static ks_status multiclass_count(ks_metric *m, const ks_tensor *preds, const ks__view *t, const ks__mcin *lay,
-                                  mc_counts *c, ks_error *err) {
+static KS_NODISCARD ks_status multiclass_count(ks_metric *m, const ks_tensor *preds, const ks__view *t,
+                                               const ks__mcin *lay, mc_counts *c, ks_error *err) {
   ks__view p = {0};
   topk_buf tb = {NULL, NULL};
   ks_status st;
@@ -373,7 +376,7 @@ static ks_status multiclass_count(ks_metric *m, const ks_tensor *preds, const ks
 }
 
 /* One block: th (8 bytes a class), pc (4), then the matrix (4 a cell) when C is small. */
-static ks_status counts_init(ks_metric *m, mc_counts *c, ks_error *err) {
+static KS_NODISCARD ks_status counts_init(ks_metric *m, mc_counts *c, ks_error *err) {
   size_t C = (size_t)m->args.num_classes, words = 3 * C + (C <= KS__SMALL_C ? C * C : 0);
   memset(c, 0, sizeof *c);
   c->C = C;

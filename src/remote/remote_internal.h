@@ -24,6 +24,8 @@ KS_NODISCARD ks_status ks__s3_open(ks_storage *st, const char *rest, const ks_st
 KS_NODISCARD ks_status ks__http_open(ks_storage *st, const char *url, const ks_storage_opts *o, ks_error *err);
 void ks__remote_free(ks__remote *r);
 size_t ks__remote_last_error(const ks__remote *r, char *buf, size_t cap);
+/* The class of the last failure (KS_OK: none; KS_E_NET, KS_E_LIMIT, KS_E_IO) and its message into buf. */
+KS_NODISCARD ks_status ks__remote_last_status(const ks__remote *r, char *buf, size_t cap);
 #endif
 
 #endif

@@ -8,7 +8,7 @@
 
 #include "remote/remote_internal.h"
 
-static ks_status open_local(ks_storage *st, const char *location, ks_error *err) {
+static KS_NODISCARD ks_status open_local(ks_storage *st, const char *location, ks_error *err) {
   const char *path = NULL;
   ks_status s = ks_io_local_path(location, &path, err);
   if (s) return s;
@@ -18,7 +18,8 @@ static ks_status open_local(ks_storage *st, const char *location, ks_error *err)
 }
 
 #ifdef KS_HAVE_CURL
-static ks_status open_remote(ks_storage *st, const char *location, const ks_storage_opts *o, ks_error *err) {
+static KS_NODISCARD ks_status open_remote(ks_storage *st, const char *location, const ks_storage_opts *o,
+                                          ks_error *err) {
   if (!strncmp(location, "s3://", 5)) {
     st->kind = KS__ST_S3;
     return ks__s3_open(st, location + 5, o, err);
@@ -27,7 +28,8 @@ static ks_status open_remote(ks_storage *st, const char *location, const ks_stor
   return ks__http_open(st, location, o, err);
 }
 #else
-static ks_status open_remote(ks_storage *st, const char *location, const ks_storage_opts *o, ks_error *err) {
+static KS_NODISCARD ks_status open_remote(ks_storage *st, const char *location, const ks_storage_opts *o,
+                                          ks_error *err) {
   (void)st;
   (void)o;
   return ks__err_at(err, KS_E_UNSUPPORTED, location, NULL, -1,
@@ -77,6 +79,20 @@ size_t ks_storage_last_error(const ks_storage *st, char *buf, size_t cap) {
 #endif
   if (buf && cap) buf[0] = '\0';
   return 0;
+}
+
+ks_status ks_storage_last_status(const ks_storage *st, ks_error *err) {
+#ifdef KS_HAVE_CURL
+  if (st && st->remote) {
+    char msg[1024];
+    ks_status s = ks__remote_last_status(st->remote, msg, sizeof msg);
+    return s ? ks__err(err, s, "%s", msg) : KS_OK;
+  }
+#else
+  (void)st;
+#endif
+  (void)err;
+  return KS_OK;
 }
 
 void ks_storage_free(ks_storage *st) {

@@ -21,20 +21,22 @@ typedef struct file_head {
   ks__jv *dcp;    /* DCP_SHARDING_INFO or NULL */
 } file_head;
 
-static ks_status open_head(const char *dir, int rank, int n, const ks_allocator *a, const ks_io *io, file_head *h,
-                           ks_error *err) {
+KS_NODISCARD static ks_status open_head(const char *dir, int rank, int n, const ks_allocator *a, const ks_io *io,
+                                        file_head *h, ks_error *err) {
   char name[64];
   ks_status st = ks_shard_file_name(rank, n, name, sizeof name);
   char *path = st ? NULL : ks__shard_join(a, dir, name);
   if (!path) return ks__err(err, st ? st : KS_E_NOMEM, "out of memory");
   ks_read_opts ro = {.alloc = a, .io = io};
   st = ks_reader_open(path, &ro, &h->r, err);
-  if (!st) st = ks__shard_parse_meta(a, ks_meta_get(ks_reader_meta(h->r), KS__SHARD_META), KS__SHARD_META, &h->record, err);
+  if (!st)
+    st = ks__shard_parse_meta(a, ks_meta_get(ks_reader_meta(h->r), KS__SHARD_META), KS__SHARD_META, &h->record, err);
   int64_t jr = -1, jw = -1;
   if (!st && (!ks__jv_is_int(ks__jv_get(h->record, "rank"), &jr) || jr != rank ||
               !ks__jv_is_int(ks__jv_get(h->record, "world_size"), &jw) || jw != n ||
               !ks__shard_ts_parse(ks__jv_get(h->record, "timestamp"), &h->ts)))
-    st = ks__err_at(err, KS_E_FORMAT, path, KS__SHARD_META, -1, "rank %d: missing or wrong keepsake.shard record", rank);
+    st =
+        ks__err_at(err, KS_E_FORMAT, path, KS__SHARD_META, -1, "rank %d: missing or wrong keepsake.shard record", rank);
   if (!st) st = ks__shard_parse_meta(a, ks_meta_get(ks_reader_meta(h->r), KS__DCP_INFO), KS__DCP_INFO, &h->dcp, err);
   if (!st && h->dcp && !ks__jv_is(h->dcp, KS__JV_OBJECT))
     st = ks__err_at(err, KS_E_FORMAT, path, KS__DCP_INFO, -1, "rank %d: malformed DCP_SHARDING_INFO", rank);
@@ -71,8 +73,8 @@ static ks__jv *chunk_entry(const ks_allocator *a, int f, int rank, const int64_t
 }
 
 /* Adds file f's chunks to the "sharded" object, checking dtype and global shape agree. */
-static ks_status add_chunks(const ks_allocator *a, ks__jv *sharded, const file_head *h, int f, const char *fname,
-                            ks_error *err) {
+KS_NODISCARD static ks_status add_chunks(const ks_allocator *a, ks__jv *sharded, const file_head *h, int f,
+                                         const char *fname, ks_error *err) {
   for (size_t i = 0; i < h->dcp->len; i++) {
     const char *key = h->dcp->keys[i];
     const ks__jv *v = h->dcp->items[i];
@@ -93,7 +95,8 @@ static ks_status add_chunks(const ks_allocator *a, ks__jv *sharded, const file_h
       const char *dn = ks__jv_string(ks__jv_get(e, "dtype"));
       if (!dn || strcmp(dn, ks_dtype_name(t.dtype)) || ks__shard_dims(ks__jv_get(e, "global_shape"), g0) != t.rank ||
           memcmp(g0, g, sizeof(int64_t) * (size_t)t.rank))
-        return ks__err_at(err, KS_E_MISMATCH, fname, key, -1, "rank %d: '%s' has another dtype or global shape", f, key);
+        return ks__err_at(err, KS_E_MISMATCH, fname, key, -1, "rank %d: '%s' has another dtype or global shape", f,
+                          key);
     }
     ks__shard_push(a, (ks__jv *)ks__jv_get(e, "chunks"), chunk_entry(a, f, t.rank, off, t.shape), &st);
     if (st) return ks__err(err, KS_E_NOMEM, "out of memory");
@@ -110,8 +113,8 @@ static int is_per_rank(const ks__jv *per_rank, const char *name) {
   return 0;
 }
 
-static ks_status add_whole(const ks_allocator *a, ks__jv *weight_map, const file_head *h, const ks__jv *per_rank,
-                           const char *fname, uint64_t *total) {
+KS_NODISCARD static ks_status add_whole(const ks_allocator *a, ks__jv *weight_map, const file_head *h,
+                                        const ks__jv *per_rank, const char *fname, uint64_t *total) {
   ks_status st = KS_OK;
   for (size_t i = 0; !st && i < ks_reader_count(h->r); i++) {
     const char *name;
@@ -157,7 +160,7 @@ static uint64_t sharded_bytes(const ks__jv *sharded) {
   return total;
 }
 
-static ks_status check_timestamps(const file_head *heads, int f, const char *fname, ks_error *err) {
+KS_NODISCARD static ks_status check_timestamps(const file_head *heads, int f, const char *fname, ks_error *err) {
   if (ks__shard_ts_equal(&heads[f].ts, &heads[0].ts)) return KS_OK;
   char x[160], y[160];
   ks__shard_ts_format(&heads[f].ts, x, sizeof x);
@@ -203,7 +206,8 @@ static ks__jv *build(const ks_allocator *a, int n, const ks_shard_file_info *inf
   return root;
 }
 
-static ks_status write_durable(const char *path, const char *text, const ks_save_opts *opts, ks_error *err) {
+KS_NODISCARD static ks_status write_durable(const char *path, const char *text, const ks_save_opts *opts,
+                                            ks_error *err) {
   ks__durable d;
   ks_status st = ks__durable_prepare(&d, path, opts ? opts->io : NULL, opts ? opts->alloc : NULL, err);
   if (!st) st = ks__durable_open(&d);
@@ -221,7 +225,8 @@ ks_status ks_shard_write_index(const char *dir, int world_size, const ks_shard_f
   file_head *heads = ks__calloc(a, (size_t)world_size, sizeof *heads);
   if (!heads) return ks__err(err, KS_E_NOMEM, "out of memory");
   ks_status st = KS_OK;
-  for (int f = 0; !st && f < world_size; f++) st = open_head(dir, f, world_size, a, opts ? opts->io : NULL, &heads[f], err);
+  for (int f = 0; !st && f < world_size; f++)
+    st = open_head(dir, f, world_size, a, opts ? opts->io : NULL, &heads[f], err);
   ks__jv *idx = st ? NULL : build(a, world_size, infos, heads, ks__jv_get(heads[0].record, "per_rank"), err, &st);
   /* One space per level and sorted keys: the layout indexes have always had (jansson's JSON_INDENT(1)). */
   char *text = idx && !st ? ks__jv_dump_indented(a, idx, true, 1) : NULL;

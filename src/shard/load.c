@@ -19,6 +19,7 @@ typedef struct src_file {
   ks_statedict *sd; /* views into r, and r's scalars */
   const ks_meta *meta;
   ks__jv *metrics; /* keepsake.metrics, an object (possibly empty) */
+  ks__jv *dcp;     /* DCP_SHARDING_INFO: where the file says its chunks sit (NULL when absent) */
   int fd;          /* for chunk reads by offset (through io); -1 until needed */
   char *path;
 } src_file;
@@ -34,7 +35,7 @@ typedef struct loader {
   ks_error *err;
 } loader;
 
-static ks_status check_record(loader *L, int f, const char *path) {
+KS_NODISCARD static ks_status check_record(loader *L, int f, const char *path) {
   ks__jv *j = NULL;
   ks_status st = ks__shard_parse_meta(L->a, ks_meta_get(L->files[f].meta, KS__SHARD_META), KS__SHARD_META, &j, L->err);
   if (st) return st;
@@ -43,7 +44,9 @@ static ks_status check_record(loader *L, int f, const char *path) {
   int ok = ks__jv_is_int(ks__jv_get(j, "rank"), &jr) && jr == f && ks__jv_is_int(ks__jv_get(j, "world_size"), &jw) &&
            jw == L->n && ks__shard_ts_parse(ks__jv_get(j, "timestamp"), &ts);
   ks__jv_free(L->a, j);
-  if (!ok) return ks__err_at(L->err, KS_E_FORMAT, path, KS__SHARD_META, -1, "rank %d: missing or wrong keepsake.shard record", f);
+  if (!ok)
+    return ks__err_at(L->err, KS_E_FORMAT, path, KS__SHARD_META, -1, "rank %d: missing or wrong keepsake.shard record",
+                      f);
   if (!ks__shard_ts_equal(&ts, &L->idx->ts)) {
     char a[160], b[160];
     ks__shard_ts_format(&ts, a, sizeof a);
@@ -55,7 +58,7 @@ static ks_status check_record(loader *L, int f, const char *path) {
 }
 
 /* The file's entries as views (tensors) and values (scalars), without reading tensor data. */
-static ks_status views_of(loader *L, src_file *s) {
+KS_NODISCARD static ks_status views_of(loader *L, src_file *s) {
   s->meta = ks_reader_meta(s->r);
   if (ks_statedict_create(L->a, &s->sd, NULL)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
   for (size_t i = 0; i < ks_reader_count(s->r); i++) {
@@ -67,7 +70,7 @@ static ks_status views_of(loader *L, src_file *s) {
   return ks_reader_scalars(s->r, s->sd, L->err);
 }
 
-static ks_status open_file(loader *L, int f, src_file **out) {
+KS_NODISCARD static ks_status open_file(loader *L, int f, src_file **out) {
   src_file *s = &L->files[f];
   if (!s->sd) {
     char *path = ks__shard_join(L->a, L->dir, L->idx->files[f]);
@@ -82,6 +85,9 @@ static ks_status open_file(loader *L, int f, src_file **out) {
     else if (!st && !(s->metrics = ks__jv_object(L->a))) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
     if (!st && !ks__jv_is(s->metrics, KS__JV_OBJECT))
       st = ks__err_at(L->err, KS_E_FORMAT, path, KS__METRICS_META, -1, "rank %d: malformed keepsake.metrics", f);
+    if (!st) st = ks__shard_parse_meta(L->a, ks_meta_get(s->meta, KS__DCP_INFO), KS__DCP_INFO, &s->dcp, L->err);
+    if (!st && s->dcp && !ks__jv_is(s->dcp, KS__JV_OBJECT))
+      st = ks__err_at(L->err, KS_E_FORMAT, path, KS__DCP_INFO, -1, "rank %d: malformed " KS__DCP_INFO, f);
     if (st && L->err) ks__err_set_file(L->err, path);
     if (st) return st;
   }
@@ -170,7 +176,7 @@ static int copy_box(reads *q, uint8_t *dp, const box *dst, const box *src, const
   return q->failed;
 }
 
-static ks_status region_of(loader *L, const ks__sharded *s, const ks_shard_map *want, box *b) {
+KS_NODISCARD static ks_status region_of(loader *L, const ks__sharded *s, const ks_shard_map *want, box *b) {
   ks_shard_chunk c;
   b->rank = s->rank;
   if (ks_shard_map_get(want, s->name, &c) != KS_OK) {
@@ -184,9 +190,9 @@ static ks_status region_of(loader *L, const ks__sharded *s, const ks_shard_map *
   for (int d = 0; same && d < s->rank; d++) same = c.global_shape[d] == s->global_shape[d];
   if (!same) {
     char x[128], y[128];
-    return ks__err_at(L->err, KS_E_SHAPE, NULL, s->name, -1, "'%s': the program's global shape is %s, the checkpoint's %s",
-                      s->name, ks_shape_format(c.rank, c.global_shape, x, sizeof x),
-                      ks_shape_format(s->rank, s->global_shape, y, sizeof y));
+    return ks__err_at(
+        L->err, KS_E_SHAPE, NULL, s->name, -1, "'%s': the program's global shape is %s, the checkpoint's %s", s->name,
+        ks_shape_format(c.rank, c.global_shape, x, sizeof x), ks_shape_format(s->rank, s->global_shape, y, sizeof y));
   }
   for (int d = 0; d < s->rank; d++) {
     b->off[d] = c.offsets[d];
@@ -195,7 +201,14 @@ static ks_status region_of(loader *L, const ks__sharded *s, const ks_shard_map *
   return KS_OK;
 }
 
-static ks_status fill_from_chunk(loader *L, const ks__sharded *s, const ks__saved_chunk *k, const box *reg,
+/* Whether chunk k shares an element with the region. */
+static int overlaps(const ks__sharded *s, const ks__saved_chunk *k, const box *reg) {
+  for (int d = 0; d < s->rank; d++)
+    if (reg->off[d] >= k->offsets[d] + k->shape[d] || k->offsets[d] >= reg->off[d] + reg->shape[d]) return 0;
+  return 1;
+}
+
+KS_NODISCARD static ks_status fill_from_chunk(loader *L, const ks__sharded *s, const ks__saved_chunk *k, const box *reg,
                                  uint8_t *data) {
   int64_t lo[KS_MAX_RANK], hi[KS_MAX_RANK];
   for (int d = 0; d < s->rank; d++) {
@@ -212,6 +225,12 @@ static ks_status fill_from_chunk(loader *L, const ks__sharded *s, const ks__save
   ks_tensor_info ti;
   int ok = t && at >= 0 && !ks_reader_tensor_info(f->r, (size_t)at, &ti) && t->dtype == s->dtype && t->rank == s->rank;
   for (int d = 0; ok && d < s->rank; d++) ok = t->shape[d] == k->shape[d];
+  /* The file's own record of where the chunk sits: an index that moved it would load it elsewhere. */
+  int64_t off[KS_MAX_RANK], g[KS_MAX_RANK];
+  const ks__jv *info = ks__jv_get(f->dcp, s->name);
+  ok = ok && ks__shard_dims(ks__jv_get(info, "saved_offsets"), off) == s->rank &&
+       ks__shard_dims(ks__jv_get(info, "global_shape"), g) == s->rank;
+  for (int d = 0; ok && d < s->rank; d++) ok = off[d] == k->offsets[d] && g[d] == s->global_shape[d];
   if (!ok)
     return ks__err_at(L->err, KS_E_FORMAT, L->idx->files[k->file], s->name, -1,
                       "rank %d: the chunk of '%s' is not what the index records", k->file, s->name);
@@ -229,12 +248,12 @@ static ks_status fill_from_chunk(loader *L, const ks__sharded *s, const ks__save
   reads q = {L->io, f->fd, ti.begin, 0, NULL, 0, 0};
   int e = copy_box(&q, data, reg, &src, lo, hi, ks_dtype_size(s->dtype));
   if (e)
-    return ks__err_at(L->err, KS_E_IO, f->path, s->name, (int64_t)ti.begin, "rank %d: cannot read the chunk of '%s': %s",
-                      k->file, s->name, strerror(e));
+    return ks__err_at(L->err, KS_E_IO, f->path, s->name, (int64_t)ti.begin,
+                      "rank %d: cannot read the chunk of '%s': %s", k->file, s->name, strerror(e));
   return KS_OK;
 }
 
-static ks_status load_sharded(loader *L, const ks_shard_map *want) {
+KS_NODISCARD static ks_status load_sharded(loader *L, const ks_shard_map *want) {
   for (size_t i = 0; i < L->idx->n_sharded; i++) {
     const ks__sharded *s = &L->idx->sharded[i];
     box reg;
@@ -251,7 +270,8 @@ static ks_status load_sharded(loader *L, const ks_shard_map *want) {
 /* ---- replicated and per-rank entries ---- */
 
 /* Copies the entries of file f that `pick` selects. */
-static ks_status copy_entries(loader *L, int f, int (*pick)(const loader *, const src_file *, const char *)) {
+KS_NODISCARD static ks_status copy_entries(loader *L, int f,
+                                           int (*pick)(const loader *, const src_file *, const char *)) {
   src_file *s;
   ks_status st = open_file(L, f, &s);
   for (size_t i = 0; !st && i < ks_statedict_count(s->sd); i++) {
@@ -287,11 +307,12 @@ static int pick_per_rank_plain(const loader *L, const src_file *s, const char *n
 
 /* ---- metrics at another world size ---- */
 
-static ks_status metric_of(loader *L, const char *path, const ks__jv *def, ks_metric **out) {
+KS_NODISCARD static ks_status metric_of(loader *L, const char *path, const ks__jv *def, ks_metric **out) {
   const char *cls = ks__jv_string(ks__jv_get(def, "class"));
   const ks__jv *jargs = ks__jv_get(def, "args");
   char *args = jargs ? ks__jv_dump(L->a, jargs, true) : NULL;
-  ks_status st = !cls    ? ks__err_at(L->err, KS_E_FORMAT, NULL, path, -1, "keepsake.metrics entry '%s' has no class", path)
+  ks_status st = !cls
+                     ? ks__err_at(L->err, KS_E_FORMAT, NULL, path, -1, "keepsake.metrics entry '%s' has no class", path)
                  : jargs && !args ? ks__err(L->err, KS_E_NOMEM, "out of memory")
                                   : ks_metric_create(cls, args, L->a, out, L->err);
   ks__free(L->a, args);
@@ -300,7 +321,7 @@ static ks_status metric_of(loader *L, const char *path, const ks__jv *def, ks_me
 }
 
 /* Saved rank f's value of metric `path`, or NULL in *out when that file does not hold it. */
-static ks_status saved_metric(loader *L, int f, const char *path, ks_metric **out) {
+KS_NODISCARD static ks_status saved_metric(loader *L, int f, const char *path, ks_metric **out) {
   src_file *s;
   ks_status st = open_file(L, f, &s);
   if (st) return st;
@@ -328,7 +349,8 @@ static ks_status saved_metric(loader *L, int f, const char *path, ks_metric **ou
 }
 
 /* Merges the saved ranks [lo, hi) of one metric, last first, so cat rows stay in rank order. */
-static ks_status merged_metric(loader *L, const char *path, const ks__jv *def, int lo, int hi, ks_metric **out) {
+KS_NODISCARD static ks_status merged_metric(loader *L, const char *path, const ks__jv *def, int lo, int hi,
+                                            ks_metric **out) {
   ks_metric *acc = NULL;
   ks_status st = KS_OK;
   if (lo == hi) return metric_of(L, path, def, out);
@@ -363,7 +385,7 @@ static ks__jv *metric_def(const ks_allocator *a, const ks_metric *m) {
   return def;
 }
 
-static ks_status put_metric(loader *L, const char *path, const ks_metric *m, ks__jv *defs) {
+KS_NODISCARD static ks_status put_metric(loader *L, const char *path, const ks_metric *m, ks__jv *defs) {
   char prefix[KS__KEY_MAX + 1];
   if (ks__key(prefix, path, "/state_dict/")) return ks__key_limit(L->err, path, "/state_dict/");
   ks_status st = ks_metric_to_state_dict(m, L->out, prefix, L->err);
@@ -384,7 +406,7 @@ static void assigned(const loader *L, int *lo, int *hi) {
   *hi = b;
 }
 
-static ks_status load_per_rank_merged(loader *L, ks__jv *defs) {
+KS_NODISCARD static ks_status load_per_rank_merged(loader *L, ks__jv *defs) {
   int lo, hi;
   assigned(L, &lo, &hi);
   int first = lo < hi ? lo : L->rank % L->n;
@@ -402,8 +424,9 @@ static ks_status load_per_rank_merged(loader *L, ks__jv *defs) {
   return st;
 }
 
-/* The metadata to load with: rank 0's caller metadata (no writer or shard records), with `metrics` as keepsake.metrics. */
-static ks_status out_meta(loader *L, const char *metrics, ks_meta **out) {
+/* The metadata to load with: rank 0's caller metadata (no writer or shard records), with `metrics` as
+   keepsake.metrics. */
+KS_NODISCARD static ks_status out_meta(loader *L, const char *metrics, ks_meta **out) {
   ks_meta *m;
   if (ks_meta_create(L->a, &m, NULL)) return ks__err(L->err, KS_E_NOMEM, "out of memory");
   const ks_meta *src = L->files[0].meta;
@@ -427,8 +450,46 @@ static ks_status out_meta(loader *L, const char *metrics, ks_meta **out) {
   return KS_OK;
 }
 
-static ks_status run(loader *L, const ks_shard_map *want, ks_meta **meta) {
-  ks_status st = copy_entries(L, 0, pick_replicated);
+/* Before anything is sized from the index (its own consistency was checked when it was read):
+   the files this load reads have the recorded sizes, which bound their chunks, so each region
+   allocated is bounded by the files' real sizes. Also with no_verify; only the files read, so a
+   rank of a large job that loads its own chunk stats a few files, not all of them. */
+KS_NODISCARD static ks_status check_reads(loader *L, const ks_shard_map *want) {
+  unsigned char *read = ks__calloc(L->a, (size_t)L->n, 1);
+  if (!read) return ks__err(L->err, KS_E_NOMEM, "out of memory");
+  int lo, hi;
+  assigned(L, &lo, &hi);
+  read[0] = 1; /* the replicated entries */
+  if (L->m == L->n) read[L->rank] = 1;
+  else read[lo < hi ? lo : L->rank % L->n] = 1;
+  for (int f = lo; L->m != L->n && f < hi; f++) read[f] = 1;
+  ks_status st = KS_OK;
+  for (size_t i = 0; !st && i < L->idx->n_sharded; i++) {
+    const ks__sharded *s = &L->idx->sharded[i];
+    box reg;
+    st = region_of(L, s, want, &reg);
+    for (size_t k = 0; !st && k < s->n_chunks; k++)
+      read[s->chunks[k].file] |= (unsigned char)overlaps(s, &s->chunks[k], &reg);
+  }
+  if (!st) st = ks__shard_check_sizes(L->dir, L->idx, L->io, read, L->err);
+  ks__free(L->a, read);
+  return st;
+}
+
+/* A chunk in rank 0's file that the index does not list would pass for a replicated tensor. */
+KS_NODISCARD static ks_status no_unlisted_chunks(loader *L) {
+  src_file *s;
+  ks_status st = open_file(L, 0, &s);
+  for (size_t i = 0; !st && s->dcp && i < s->dcp->len; i++)
+    if (ks__jv_get(s->dcp->items[i], "global_shape") && !sharded_of(L->idx, s->dcp->keys[i]))
+      st = ks__err_at(L->err, KS_E_FORMAT, s->path, s->dcp->keys[i], -1,
+                      "rank 0: the file holds a chunk of '%s' that the index does not list", s->dcp->keys[i]);
+  return st;
+}
+
+KS_NODISCARD static ks_status run(loader *L, const ks_shard_map *want, ks_meta **meta) {
+  ks_status st = no_unlisted_chunks(L);
+  if (!st) st = copy_entries(L, 0, pick_replicated);
   if (!st) st = load_sharded(L, want);
   char *metrics = NULL;
   if (!st && L->m == L->n) {
@@ -460,11 +521,13 @@ ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int ran
   for (int f = 0; L.files && f < L.n; f++) L.files[f].fd = -1;
   if (!st && ks_statedict_create(L.a, &L.out, err)) st = ks__err(err, KS_E_NOMEM, "out of memory");
   ks_meta *m = NULL;
+  if (!st) st = check_reads(&L, want);
   if (!st) st = run(&L, want, &m);
   for (int f = 0; L.files && f < L.n; f++) {
     ks_statedict_free(L.files[f].sd);
     ks_reader_free(L.files[f].r);
     ks__jv_free(L.a, L.files[f].metrics);
+    ks__jv_free(L.a, L.files[f].dcp);
     if (L.files[f].fd >= 0) L.io->close_fn(L.io->ctx, L.files[f].fd);
     ks__free(L.a, L.files[f].path);
   }

@@ -12,8 +12,8 @@
 #include "shard/shard_internal.h"
 
 /* The dim-0 split of every sharded tensor for part `r` of `m`. */
-static ks_status split_map(const ks_shard_index *idx, int r, int m, const ks_allocator *a, ks_shard_map **out,
-                           ks_error *err) {
+KS_NODISCARD static ks_status split_map(const ks_shard_index *idx, int r, int m, const ks_allocator *a,
+                                        ks_shard_map **out, ks_error *err) {
   ks_shard_map *map;
   if (ks_shard_map_create(a, &map, err)) return ks__err(err, KS_E_NOMEM, "out of memory");
   for (size_t i = 0; i < idx->n_sharded; i++) {
@@ -29,7 +29,7 @@ static ks_status split_map(const ks_shard_index *idx, int r, int m, const ks_all
   return KS_OK;
 }
 
-static ks_status reshard_one(const char *dir, const ks_shard_index *idx, int r, int m, const char *out_dir,
+KS_NODISCARD static ks_status reshard_one(const char *dir, const ks_shard_index *idx, int r, int m, const char *out_dir,
                              const ks_save_opts *opts, ks_shard_file_info *info, ks_error *err) {
   const ks_allocator *a = opts ? opts->alloc : NULL;
   ks_shard_map *map = NULL;
@@ -59,6 +59,9 @@ ks_status ks_shard_reshard(const char *dir, int world_size, const char *out_dir,
     st = ks__err_at(err, KS_E_EXISTS, out_dir, NULL, -1, "already holds a checkpoint (or an unreadable index)");
   ks_shard_index_free(there);
   for (int f = 0; !st && f < idx->world_size; f++) st = ks_shard_verify_file_io(dir, idx, f, io, err);
+  /* Every file is read anyway: check every header too, so that no chunk a load skips (an empty
+     region reads nothing) is rewritten as something the files do not hold. */
+  if (!st) st = ks_shard_check(dir, idx, io, KS_SHARD_CHECK_HEADERS, NULL, NULL, err);
   int rc = st ? 0 : v2->mkdir_fn(v2->ctx, out_dir);
   if (rc && rc != EEXIST) st = ks__err_at(err, KS_E_IO, out_dir, NULL, -1, "cannot create: %s", strerror(rc));
   ks_shard_file_info *infos = st ? NULL : ks__calloc(a, (size_t)world_size, sizeof *infos);
@@ -118,7 +121,8 @@ static int on_dir(void *ctx, const char *name, ks_io_kind kind) {
   return k->st ? ECANCELED : 0;
 }
 
-static ks_status collect(const char *run_dir, const ks_allocator *a, cand **out, size_t *n, ks_error *err) {
+KS_NODISCARD static ks_status collect(const char *run_dir, const ks_allocator *a, cand **out, size_t *n,
+                                      ks_error *err) {
   const ks_io *io = ks_io_posix();
   collector k = {run_dir, a, NULL, 0, 0, KS_OK, err};
   int rc = io->list_fn(io->ctx, run_dir, "", on_dir, &k);

@@ -22,10 +22,12 @@ typedef struct ks__shard_ts {
   int64_t epoch, batch, sample, token;
 } ks__shard_ts;
 
+/* A chunk's offsets and shape hold `rank` values each, in its tensor's `dims`: an index may list
+   millions of chunks, and a chunk then costs about what its JSON text does. */
 typedef struct ks__saved_chunk {
   int file; /* rank whose file holds it */
-  int64_t offsets[KS_MAX_RANK];
-  int64_t shape[KS_MAX_RANK];
+  int64_t *offsets;
+  int64_t *shape;
 } ks__saved_chunk;
 
 typedef struct ks__sharded {
@@ -35,6 +37,7 @@ typedef struct ks__sharded {
   int64_t global_shape[KS_MAX_RANK];
   size_t n_chunks;
   ks__saved_chunk *chunks;
+  int64_t *dims; /* 2 * rank values per chunk */
 } ks__sharded;
 
 struct ks_shard_index {
@@ -48,6 +51,35 @@ struct ks_shard_index {
   size_t n_sharded;
   ks__sharded *sharded;
 };
+
+/* Caps of the index's `sharded` section (each chunk is in one rank file, a file holds one chunk of a
+   tensor: so at most world_size chunks a tensor). */
+#define KS__SHARD_MAX_CHUNKS (1u << 22)   /* chunks of all tensors together */
+#define KS__SHARD_MAX_PAIRS (1ull << 26)  /* chunk pairs compared by the overlap sweep of one tensor */
+
+/* What the tiling check carries from one sharded tensor to the next. */
+typedef struct ks__shard_tally {
+  uint64_t *bytes; /* per rank file: bytes of the chunks it holds so far */
+  size_t *seen;    /* per rank file: 1 + the index of the last tensor with a chunk there */
+  size_t chunks;   /* chunks of all tensors so far */
+} ks__shard_tally;
+
+/* Checks that the chunks of sharded tensor `ti` tile its global shape exactly (overflow-checked
+   volumes adding up to the global volume, no two overlapping, one a rank file at most) and that
+   each file's chunks hold at most its recorded size. KS_E_FORMAT or KS_E_LIMIT naming `path` and
+   the tensor; KS_E_NOMEM. Allocates nothing from the shapes. */
+KS_NODISCARD ks_status ks__shard_check_tiling(const ks_shard_index *idx, size_t ti, ks__shard_tally *t,
+                                              const char *path, ks_error *err);
+
+/* Parses and validates index text (parse.c) into idx (alloc set, the rest zero); on failure idx holds
+   what was parsed so far, for ks_shard_index_free. */
+KS_NODISCARD ks_status ks__shard_index_parse(ks_shard_index *idx, const char *text, size_t len, const char *path,
+                                             ks_error *err);
+
+/* ks_shard_check's size check of the files whose `only` entry is nonzero (NULL: all), stopping at
+   the first problem: what a load that reads only some files needs before it allocates. */
+KS_NODISCARD ks_status ks__shard_check_sizes(const char *dir, const ks_shard_index *idx, const ks_io *io,
+                                             const unsigned char *only, ks_error *err);
 
 /* "dir/name" through the allocator; NULL when out of memory. */
 char *ks__shard_join(const ks_allocator *a, const char *dir, const char *name);

@@ -36,8 +36,12 @@ static int h_write(void *ctx, int fd, const void *buf, size_t n, size_t *written
   }
   return rc;
 }
-static int h_fsync(void *ctx, int fd) { return ((hashing_io *)ctx)->inner->fsync_fn(((hashing_io *)ctx)->inner->ctx, fd); }
-static int h_close(void *ctx, int fd) { return ((hashing_io *)ctx)->inner->close_fn(((hashing_io *)ctx)->inner->ctx, fd); }
+static int h_fsync(void *ctx, int fd) {
+  return ((hashing_io *)ctx)->inner->fsync_fn(((hashing_io *)ctx)->inner->ctx, fd);
+}
+static int h_close(void *ctx, int fd) {
+  return ((hashing_io *)ctx)->inner->close_fn(((hashing_io *)ctx)->inner->ctx, fd);
+}
 static int h_rename(void *ctx, const char *from, const char *to) {
   return ((hashing_io *)ctx)->inner->rename_fn(((hashing_io *)ctx)->inner->ctx, from, to);
 }
@@ -49,8 +53,8 @@ static int h_fsync_dir(void *ctx, const char *dir) {
 }
 
 /* ks_save through the hashing io; info gets the size and XXH3-64 of exactly the bytes written. */
-static ks_status save_hashed(const char *path, const ks_statedict *sd, const ks_meta *m, const ks_save_opts *opts,
-                             ks_shard_file_info *info, ks_error *err) {
+KS_NODISCARD static ks_status save_hashed(const char *path, const ks_statedict *sd, const ks_meta *m,
+                                          const ks_save_opts *opts, ks_shard_file_info *info, ks_error *err) {
   /* Version 1: it wraps only the durable replace, which is all ks_save asks of it. */
   hashing_io h = {{.version = 1, .create_fn = h_create, .write_fn = h_write, .fsync_fn = h_fsync,
                    .close_fn = h_close, .rename_fn = h_rename, .unlink_fn = h_unlink, .fsync_dir_fn = h_fsync_dir},
@@ -76,7 +80,7 @@ static int wanted(const ks_entry *e, int rank, const ks_shard_map *shards, const
   return rank == 0;
 }
 
-static ks_status check_chunk(const ks_statedict *sd, const ks_shard_chunk *c, ks_error *err) {
+KS_NODISCARD static ks_status check_chunk(const ks_statedict *sd, const ks_shard_chunk *c, ks_error *err) {
   const ks_tensor *t = ks_statedict_tensor(sd, c->name);
   if (!t) return ks__err_at(err, KS_E_INVALID, NULL, c->name, -1, "sharded tensor '%s' is not in the state", c->name);
   int same = t->rank == c->rank;
@@ -135,7 +139,7 @@ static ks__jv *shard_record(const ks_allocator *a, int rank, int world_size, con
 }
 
 /* Sets m[key] to j as compact JSON with sorted keys; takes j. */
-static ks_status set_json(const ks_allocator *a, ks_meta *m, const char *key, ks__jv *j, ks_error *err) {
+KS_NODISCARD static ks_status set_json(const ks_allocator *a, ks_meta *m, const char *key, ks__jv *j, ks_error *err) {
   char *s = j ? ks__jv_dump(a, j, true) : NULL;
   ks__jv_free(a, j);
   ks_status st = s ? ks_meta_set(m, key, s, err) : KS_E_NOMEM;
@@ -143,9 +147,9 @@ static ks_status set_json(const ks_allocator *a, ks_meta *m, const char *key, ks
   return st ? ks__err(err, st, "cannot build the %s metadata", key) : KS_OK;
 }
 
-static ks_status build_meta(int rank, int world_size, const ks_statedict *sd, const ks_statedict *fsd, const ks_meta *meta,
-                            const ks_shard_map *shards, const char *const *per_rank, size_t n_per_rank,
-                            const ks_allocator *a, ks_meta **out, ks_error *err) {
+KS_NODISCARD static ks_status build_meta(int rank, int world_size, const ks_statedict *sd, const ks_statedict *fsd,
+                                         const ks_meta *meta, const ks_shard_map *shards, const char *const *per_rank,
+                                         size_t n_per_rank, const ks_allocator *a, ks_meta **out, ks_error *err) {
   ks_meta *m;
   if (ks_meta_create(a, &m, err)) return ks__err(err, KS_E_NOMEM, "out of memory building metadata");
   ks_status st = meta ? ks_meta_copy(m, meta, err) : KS_OK;
@@ -164,7 +168,7 @@ static ks_status build_meta(int rank, int world_size, const ks_statedict *sd, co
   return KS_OK;
 }
 
-static ks_status select_entries(const ks_statedict *sd, int rank, const ks_shard_map *shards,
+KS_NODISCARD static ks_status select_entries(const ks_statedict *sd, int rank, const ks_shard_map *shards,
                                 const char *const *per_rank, size_t n_per_rank, ks_statedict *out, ks_error *err) {
   for (size_t i = 0; i < ks_shard_map_count(shards); i++) {
     ks_shard_chunk c;

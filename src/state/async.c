@@ -75,7 +75,7 @@ static void join(ks_async_saver *sv) {
 }
 
 /* Hands the last job's result to the caller once, then forgets it. */
-static ks_status collect(ks_async_saver *sv, ks_error *err) {
+static KS_NODISCARD ks_status collect(ks_async_saver *sv, ks_error *err) {
   ks_status s = sv->result;
   if (s && err) *err = sv->result_err;
   sv->result = KS_OK;
@@ -101,7 +101,7 @@ int ks_async_saver_busy(ks_async_saver *sv) { return sv && sv->running && !atomi
 static size_t align_up(size_t n) { return (n + (STAGING_ALIGN - 1)) & ~(size_t)(STAGING_ALIGN - 1); }
 
 /* Bytes of staging the tensors of sd need, each 64-aligned. */
-static ks_status staging_need(const ks_statedict *sd, size_t *need) {
+static KS_NODISCARD ks_status staging_need(const ks_statedict *sd, size_t *need) {
   size_t total = 0;
   for (size_t i = 0; i < ks_statedict_count(sd); i++) {
     ks_entry e;
@@ -127,7 +127,7 @@ static unsigned char *staging(ks_async_saver *sv, size_t need) {
 }
 
 /* Copies every entry of src into dst; tensor bytes go to the staging area (borrowed). */
-static ks_status copy_entries(const ks_statedict *src, ks_statedict *dst, unsigned char *area) {
+static KS_NODISCARD ks_status copy_entries(const ks_statedict *src, ks_statedict *dst, unsigned char *area) {
   size_t off = 0;
   for (size_t i = 0; i < ks_statedict_count(src); i++) {
     ks_entry e;
@@ -143,21 +143,40 @@ static ks_status copy_entries(const ks_statedict *src, ks_statedict *dst, unsign
   return KS_OK;
 }
 
-/* The snapshot: the flattened state with every tensor copied into staging. */
-static ks_status snapshot(ks_async_saver *sv, const ks_state *st, ks_error *err) {
-  ks_statedict *flat = NULL;
+/* sv->sd: every entry of flat, with every tensor copied into staging. */
+static KS_NODISCARD ks_status stage(ks_async_saver *sv, const ks_statedict *flat, ks_error *err) {
   size_t need = 0;
+  if (staging_need(flat, &need)) return ks__err(err, KS_E_LIMIT, "state too large to stage");
+  unsigned char *area = staging(sv, need);
+  if (!area) return ks__err(err, KS_E_NOMEM, "out of memory for %zu bytes of staging", need);
+  if (copy_entries(flat, sv->sd, area)) return ks__err(err, KS_E_NOMEM, "out of memory");
+  return KS_OK;
+}
+
+/* The snapshot: the flattened state with every tensor copied into staging. */
+static KS_NODISCARD ks_status snapshot(ks_async_saver *sv, const ks_state *st, ks_error *err) {
+  ks_statedict *flat = NULL;
   ks_status s = ks_statedict_create(&sv->alloc, &flat, err);
   if (!s) s = ks_statedict_create(&sv->alloc, &sv->sd, err);
   if (!s) s = ks_meta_create(&sv->alloc, &sv->meta, err);
   if (s) s = ks__err(err, s, "out of memory");
   if (!s) s = ks_state_to_state_dict(st, flat, sv->meta, err);
-  if (!s && staging_need(flat, &need)) s = ks__err(err, KS_E_LIMIT, "state too large to stage");
-  unsigned char *area = s ? NULL : staging(sv, need);
-  if (!s && !area) s = ks__err(err, KS_E_NOMEM, "out of memory for %zu bytes of staging", need);
-  if (!s && copy_entries(flat, sv->sd, area)) s = ks__err(err, KS_E_NOMEM, "out of memory");
+  if (!s) s = stage(sv, flat, err);
   ks_statedict_free(flat);
   return s;
+}
+
+/* The snapshot of a state dict flattened by the caller: its entries staged, its metadata copied. */
+static KS_NODISCARD ks_status snapshot_dict(ks_async_saver *sv, const ks_statedict *sd, const ks_meta *meta,
+                                            ks_error *err) {
+  ks_status s = ks_statedict_create(&sv->alloc, &sv->sd, err);
+  if (!s) s = ks_meta_create(&sv->alloc, &sv->meta, err);
+  if (s) return ks__err(err, s, "out of memory");
+  for (size_t i = 0; !s && meta && i < ks_meta_count(meta); i++) {
+    const char *k, *v;
+    if (ks_meta_at(meta, i, &k, &v) == KS_OK) s = ks_meta_set(sv->meta, k, v, err);
+  }
+  return s ? s : stage(sv, sd, err);
 }
 
 static void *worker(void *arg) {
@@ -174,19 +193,16 @@ static void *worker(void *arg) {
 }
 
 /* Waits for (or, in busy mode, refuses beside) a save in flight; then surfaces its error once. */
-static ks_status make_room(ks_async_saver *sv, ks_error *err) {
+static KS_NODISCARD ks_status make_room(ks_async_saver *sv, ks_error *err) {
   if (sv->busy_mode == KS_ASYNC_FAIL_BUSY && ks_async_saver_busy(sv))
     return ks__err(err, KS_E_STATE, "a background save is still in flight");
   join(sv);
   return collect(sv, err);
 }
 
-ks_status ks_async_saver_start(ks_async_saver *sv, const ks_state *st, const char *path,
-                               const ks_save_opts *opts, ks_after_save_fn after, void *ctx, ks_error *err) {
-  if (!sv || !st || !path) return ks__err(err, KS_E_INVALID, "async save: NULL argument");
-  ks_status s = make_room(sv, err);
-  if (s) return s;
-  s = snapshot(sv, st, err);
+/* Starts the background write of the snapshot made with status `s` (nothing when it failed). */
+static KS_NODISCARD ks_status launch(ks_async_saver *sv, ks_status s, const char *path, const ks_save_opts *opts,
+                        ks_after_save_fn after, void *ctx, ks_error *err) {
   sv->path = s ? NULL : ks__strdup(&sv->alloc, path);
   if (!s && !sv->path) s = ks__err(err, KS_E_NOMEM, "out of memory");
   if (s) {
@@ -207,6 +223,23 @@ ks_status ks_async_saver_start(ks_async_saver *sv, const ks_state *st, const cha
   }
   sv->running = 1;
   return KS_OK;
+}
+
+ks_status ks_async_saver_start(ks_async_saver *sv, const ks_state *st, const char *path,
+                               const ks_save_opts *opts, ks_after_save_fn after, void *ctx, ks_error *err) {
+  if (!sv || !st || !path) return ks__err(err, KS_E_INVALID, "async save: NULL argument");
+  ks_status s = make_room(sv, err);
+  if (s) return s;
+  return launch(sv, snapshot(sv, st, err), path, opts, after, ctx, err);
+}
+
+ks_status ks_async_saver_start_dict(ks_async_saver *sv, const ks_statedict *sd, const ks_meta *meta,
+                                    const char *path, const ks_save_opts *opts, ks_after_save_fn after, void *ctx,
+                                    ks_error *err) {
+  if (!sv || !sd || !path) return ks__err(err, KS_E_INVALID, "async save: NULL argument");
+  ks_status s = make_room(sv, err);
+  if (s) return s;
+  return launch(sv, snapshot_dict(sv, sd, meta, err), path, opts, after, ctx, err);
 }
 
 ks_status ks_state_save_async(ks_async_saver *sv, const ks_state *st, const char *path, const ks_save_opts *opts,

@@ -11,7 +11,7 @@
 
 static const char *mode_name(ks_best_mode m) { return m == KS_BEST_MIN ? "min" : "max"; }
 
-static ks_status es_save(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err) {
+static KS_NODISCARD ks_status es_save(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err) {
   const ks_early_stop *es = ctx;
   char k[KS__KEY_MAX + 1];
   ks_status s = ks__key(k, prefix, "monitor");
@@ -28,8 +28,8 @@ static ks_status es_save(void *ctx, ks_statedict *dst, const char *prefix, ks_er
 }
 
 /* The saved string at prefix+name must equal want. */
-static ks_status same_string(const ks_statedict *src, const char *prefix, const char *name, const char *want,
-                             ks_error *err) {
+static KS_NODISCARD ks_status same_string(const ks_statedict *src, const char *prefix, const char *name,
+                                          const char *want, ks_error *err) {
   char k[KS__KEY_MAX + 1];
   ks_entry e;
   if (ks__key(k, prefix, name) || ks_statedict_get(src, k, &e) || e.kind != KS_VAL_STRING)
@@ -40,7 +40,7 @@ static ks_status same_string(const ks_statedict *src, const char *prefix, const 
   return KS_OK;
 }
 
-static ks_status es_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
+static KS_NODISCARD ks_status es_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
   ks_early_stop *es = ctx, next = *es;
   char k[KS__KEY_MAX + 1];
   ks_entry e;

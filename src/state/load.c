@@ -46,7 +46,7 @@ int ks__ignored(const ks__load_ctx *c, const char *path) {
 static int program_has_tensor(const ks_state *st, const char *key) { return ks__comp_find(st, key) != NULL; }
 
 /* Why the stored tensor cannot fill the program's one (KS_OK when it can). */
-static ks_status tensor_problem(const ks_tensor *want, const ks_tensor *have, char *why, size_t cap) {
+static KS_NODISCARD ks_status tensor_problem(const ks_tensor *want, const ks_tensor *have, char *why, size_t cap) {
   char a[128], b[128];
   if (!have) return snprintf(why, cap, "not in the checkpoint"), KS_E_NOTFOUND;
   if (have->dtype != want->dtype)
@@ -60,7 +60,7 @@ static ks_status tensor_problem(const ks_tensor *want, const ks_tensor *have, ch
 }
 
 /* Strict mode: every program tensor present and matching, no unexpected keys. */
-static ks_status check_model_strict(ks__load_ctx *c) {
+static KS_NODISCARD ks_status check_model_strict(ks__load_ctx *c) {
   char k[KS__KEY_MAX + 1], why[400];
   for (size_t i = 0; i < c->st->n_comps; i++) {
     const st_comp *m = &c->st->comps[i];
@@ -79,7 +79,7 @@ static ks_status check_model_strict(ks__load_ctx *c) {
   return KS_OK;
 }
 
-static ks_status load_one_tensor(ks__load_ctx *c, const st_comp *m, size_t *loaded) {
+static KS_NODISCARD ks_status load_one_tensor(ks__load_ctx *c, const st_comp *m, size_t *loaded) {
   char k[KS__KEY_MAX + 1], why[400];
   if (ks__comp_prefix(m, k)) return ks__err(c->err, KS_E_LIMIT, "model tensor name too long");
   if (ks__ignored(c, k)) return ks__note(c, KS_LOAD_SKIPPED, k, "ignored by an ignore glob; kept as is");
@@ -92,7 +92,7 @@ static ks_status load_one_tensor(ks__load_ctx *c, const st_comp *m, size_t *load
   return KS_OK;
 }
 
-static ks_status note_unexpected_model_keys(ks__load_ctx *c) {
+static KS_NODISCARD ks_status note_unexpected_model_keys(ks__load_ctx *c) {
   size_t n = ks_statedict_count(c->src);
   for (size_t i = 0; i < n; i++) {
     ks_entry e;
@@ -104,7 +104,7 @@ static ks_status note_unexpected_model_keys(ks__load_ctx *c) {
   return KS_OK;
 }
 
-static ks_status load_model(ks__load_ctx *c) {
+static KS_NODISCARD ks_status load_model(ks__load_ctx *c) {
   size_t loaded = 0, total = 0;
   for (size_t i = 0; i < c->st->n_comps; i++) {
     if (c->st->comps[i].kind != ST_TENSOR) continue;
@@ -119,7 +119,8 @@ static ks_status load_model(ks__load_ctx *c) {
 
 /* ---- other components ---- */
 
-static ks_status load_dataset(ks_dataset_state *ds, const ks_statedict *src, const char *p, ks_error *err) {
+static KS_NODISCARD ks_status load_dataset(ks_dataset_state *ds, const ks_statedict *src, const char *p,
+                                           ks_error *err) {
   ks_dataset_state t;
   ks_status s = ks__get_int(src, p, "epoch", &t.epoch, err);
   if (!s) s = ks__get_int(src, p, "sample_in_epoch", &t.sample_in_epoch, err);
@@ -130,7 +131,7 @@ static ks_status load_dataset(ks_dataset_state *ds, const ks_statedict *src, con
   return s;
 }
 
-static ks_status call_loader(const st_comp *m, const ks_statedict *src, const char *p, ks_error *err) {
+static KS_NODISCARD ks_status call_loader(const st_comp *m, const ks_statedict *src, const char *p, ks_error *err) {
   switch (m->kind) {
   case ST_OPTIM: return ks_optimizer_load_state_dict(m->obj, src, p, err);
   case ST_SCHED: return ks_scheduler_load_state_dict(m->obj, src, p, err);
@@ -147,7 +148,8 @@ static ks_status call_loader(const st_comp *m, const ks_statedict *src, const ch
  */
 typedef ks_status (*comp_loader)(void *obj, const ks_statedict *src, const char *prefix, ks_error *err);
 
-static ks_status load_generic(ks__load_ctx *c, const char *prefix, const st_comp *m, comp_loader fn, void *obj) {
+static KS_NODISCARD ks_status load_generic(ks__load_ctx *c, const char *prefix, const st_comp *m, comp_loader fn,
+                                           void *obj) {
   char path[KS__KEY_MAX + 1];
   snprintf(path, sizeof path, "%.*s", (int)strlen(prefix) - 1, prefix);
   if (ks__ignored(c, path)) return ks__note(c, KS_LOAD_SKIPPED, path, "ignored by an ignore glob; kept as is");
@@ -166,15 +168,15 @@ static ks_status load_generic(ks__load_ctx *c, const char *prefix, const st_comp
   return ks__note(c, KS_LOAD_LOADED, path, "restored");
 }
 
-static ks_status ts_loader(void *obj, const ks_statedict *src, const char *p, ks_error *err) {
+static KS_NODISCARD ks_status ts_loader(void *obj, const ks_statedict *src, const char *p, ks_error *err) {
   return ks_timestamp_load_state_dict(obj, src, p, err);
 }
 
-static ks_status rng_loader(void *obj, const ks_statedict *src, const char *p, ks_error *err) {
+static KS_NODISCARD ks_status rng_loader(void *obj, const ks_statedict *src, const char *p, ks_error *err) {
   return ks_rng_load_state_dict(obj, src, p, err);
 }
 
-static ks_status load_components(ks__load_ctx *c) {
+static KS_NODISCARD ks_status load_components(ks__load_ctx *c) {
   for (size_t i = 0; i < c->st->n_comps; i++) {
     const st_comp *m = &c->st->comps[i];
     char p[KS__KEY_MAX + 1];
@@ -190,7 +192,7 @@ static ks_status load_components(ks__load_ctx *c) {
 }
 
 /* The run's identity comes from the checkpoint, as Composer's autoresume does. */
-static ks_status load_identity(ks__load_ctx *c) {
+static KS_NODISCARD ks_status load_identity(ks__load_ctx *c) {
   ks_entry e;
   if (!ks__ignored(c, KS_KEY_RANK_ZERO_SEED) && ks_statedict_get(c->src, KS_KEY_RANK_ZERO_SEED, &e) == KS_OK &&
       e.kind == KS_VAL_INT)
@@ -225,7 +227,7 @@ static int first_segments(const char *name, int n, char *out) {
   return 1;
 }
 
-static ks_status note_extra_components(ks__load_ctx *c) {
+static KS_NODISCARD ks_status note_extra_components(ks__load_ctx *c) {
   static const char *const roots[] = {KS_KEY_OPTIMIZERS, KS_KEY_SCHEDULERS, KS_KEY_CALLBACKS,
                                       KS_KEY_DATASET_STATE};
   size_t n = ks_statedict_count(c->src);
@@ -243,7 +245,7 @@ static ks_status note_extra_components(ks__load_ctx *c) {
   return KS_OK;
 }
 
-static ks_status note_weights_only(ks__load_ctx *c) {
+static KS_NODISCARD ks_status note_weights_only(ks__load_ctx *c) {
   char p[KS__KEY_MAX + 1];
   ks_status s = KS_OK;
   for (size_t i = 0; i < c->st->n_comps && !s; i++) {
@@ -264,7 +266,7 @@ static ks_status note_weights_only(ks__load_ctx *c) {
 /* ---- entry points ---- */
 
 /* The checkpoint without the entries an ignore glob matches (tensor data borrowed). */
-static ks_status filter_ignored(ks__load_ctx *c, const ks_statedict *src, ks_statedict **out) {
+static KS_NODISCARD ks_status filter_ignored(ks__load_ctx *c, const ks_statedict *src, ks_statedict **out) {
   ks_statedict *view;
   ks_status s = ks_statedict_create(&c->st->alloc, &view, NULL);
   size_t n = ks_statedict_count(src);
@@ -282,7 +284,7 @@ static ks_status filter_ignored(ks__load_ctx *c, const ks_statedict *src, ks_sta
   return KS_OK;
 }
 
-static ks_status parse_metrics_meta(ks__load_ctx *c, const ks_meta *meta) {
+static KS_NODISCARD ks_status parse_metrics_meta(ks__load_ctx *c, const ks_meta *meta) {
   const char *txt = meta ? ks_meta_get(meta, KS_META_METRICS) : NULL;
   if (!txt) return KS_OK;
   ks_error je;
@@ -299,7 +301,7 @@ static ks_status parse_metrics_meta(ks__load_ctx *c, const ks_meta *meta) {
   return KS_OK;
 }
 
-static ks_status load_all(ks__load_ctx *c) {
+static KS_NODISCARD ks_status load_all(ks__load_ctx *c) {
   ks_status s = c->o.non_strict_model ? KS_OK : check_model_strict(c);
   if (!s) s = load_model(c);
   if (s || c->o.weights_only) return s ? s : note_weights_only(c);

@@ -16,7 +16,7 @@
  * Where the stored metric's class/args differ from the program's: *problem is
  * `why` then, NULL when compatible. @return KS_OK or KS_E_NOMEM.
  */
-static ks_status definition_problem(const ks_allocator *a, const ks__jv *me, const ks_metric *m, char *why,
+static KS_NODISCARD ks_status definition_problem(const ks_allocator *a, const ks__jv *me, const ks_metric *m, char *why,
                                     size_t cap, const char **problem) {
   *problem = NULL;
   const char *cls = ks__jv_string(ks__jv_get(me, "class"));
@@ -60,7 +60,7 @@ static stored_info stored_of(const ks__jv *me) {
   return si;
 }
 
-static ks_status restore_computed(ks__load_ctx *c, ks_metric *m, const char *path, int64_t count) {
+static KS_NODISCARD ks_status restore_computed(ks__load_ctx *c, ks_metric *m, const char *path, int64_t count) {
   char k[KS__KEY_MAX + 1];
   if (ks__key(k, path, "/" KS_KEY_METRIC_COMPUTED)) return ks__key_limit(c->err, path, "/" KS_KEY_METRIC_COMPUTED);
   const ks_tensor *t = ks_statedict_tensor(c->src, k);
@@ -70,7 +70,7 @@ static ks_status restore_computed(ks__load_ctx *c, ks_metric *m, const char *pat
   return s;
 }
 
-static ks_status fill(ks__load_ctx *c, ks_metric *m, const char *path, const ks__jv *me) {
+static KS_NODISCARD ks_status fill(ks__load_ctx *c, ks_metric *m, const char *path, const ks__jv *me) {
   char prefix[KS__KEY_MAX + 1];
   if (ks__key(prefix, path, "/" KS_KEY_METRIC_STATES)) return ks__key_limit(c->err, path, "/" KS_KEY_METRIC_STATES);
   stored_info si = stored_of(me);
@@ -100,7 +100,7 @@ static ks_status fill(ks__load_ctx *c, ks_metric *m, const char *path, const ks_
                   (long long)si.update_count);
 }
 
-static ks_status load_metric(ks__load_ctx *c, ks_metric *m, const char *path) {
+static KS_NODISCARD ks_status load_metric(ks__load_ctx *c, ks_metric *m, const char *path) {
   char prefix[KS__KEY_MAX + 1], why[KS_ERROR_MSG_MAX];
   if (ks__ignored(c, path)) {
     ks_metric_reset(m);
@@ -125,7 +125,7 @@ static ks_status load_metric(ks__load_ctx *c, ks_metric *m, const char *path) {
   return fill(c, m, path, me);
 }
 
-static ks_status load_collection(ks__load_ctx *c, ks_metric_collection *mc, const char *root) {
+static KS_NODISCARD ks_status load_collection(ks__load_ctx *c, ks_metric_collection *mc, const char *root) {
   size_t n = ks_metric_collection_count(mc);
   for (size_t i = 0; i < n; i++) {
     const char *name;
@@ -149,7 +149,7 @@ static int covered(const ks__load_ctx *c, const char *name) {
 }
 
 /* Metrics that keepsake.metrics names (exact paths) and the program does not define. */
-static ks_status note_extra_named(ks__load_ctx *c) {
+static KS_NODISCARD ks_status note_extra_named(ks__load_ctx *c) {
   const ks__jv *meta = c->metrics_meta;
   for (size_t i = 0; i < meta->len; i++) {
     const char *path = meta->keys[i];
@@ -161,7 +161,7 @@ static ks_status note_extra_named(ks__load_ctx *c) {
 }
 
 /* Checkpoint metrics the program does not define: skipped, as Composer does. */
-static ks_status note_extra(ks__load_ctx *c) {
+static KS_NODISCARD ks_status note_extra(ks__load_ctx *c) {
   size_t n = ks_statedict_count(c->src);
   ks_status s0 = c->metrics_meta ? note_extra_named(c) : KS_OK;
   if (s0) return s0;

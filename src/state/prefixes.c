@@ -62,7 +62,7 @@ static size_t prefix_len(const char *key, unsigned d) {
   return (size_t)(q - key);
 }
 
-static ks_status add(ks__prefixes *p, const char *s, size_t len) {
+static KS_NODISCARD ks_status add(ks__prefixes *p, const char *s, size_t len) {
   uint64_t h = ks__hash(s, len);
   if (ks__hindex_find(&p->index, s, len, h, &pfx_ops, p) >= 0) return KS_OK;
   ks_status st = ks__grow(&p->alloc, (void **)&p->items, &p->cap, p->count + 1, sizeof *p->items);
@@ -74,7 +74,7 @@ static ks_status add(ks__prefixes *p, const char *s, size_t len) {
 }
 
 /* Keys of one component are usually adjacent, so a prefix equal to the last one is skipped unhashed. */
-static ks_status index_depth(ks__prefixes *p, unsigned d) {
+static KS_NODISCARD ks_status index_depth(ks__prefixes *p, unsigned d) {
   size_t n = ks_statedict_count(p->sd), last_len = 0;
   const char *last = NULL;
   for (size_t i = 0; i < n; i++) {

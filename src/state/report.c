@@ -54,7 +54,7 @@ void ks_load_report_free(ks_load_report *r) {
   ks__free(&r->alloc, r);
 }
 
-static ks_status grow(ks_load_report *r) {
+static KS_NODISCARD ks_status grow(ks_load_report *r) {
   ks_status s = ks__grow(&r->alloc, &r->items, &r->cap, r->count + 1, sizeof *r->items);
   if (!s) s = ks__grow(&r->alloc, &r->hashes, &r->cap_hashes, r->count + 1, sizeof *r->hashes);
   if (!s) s = ks__hindex_reserve(&r->index, &r->alloc, r->count + 1, r->count, &report_ops, r);
@@ -65,7 +65,8 @@ static long find_path(const ks_load_report *r, const char *path, size_t len, uin
   return ks__hindex_find(&r->index, path, len, h, &report_ops, r);
 }
 
-ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason, ks_error *err) {
+ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason,
+                             ks_error *err) {
   if (!r) return KS_OK; /* a NULL report means the caller does not want one */
   if (!path || !reason) return ks__err_at(err, KS_E_INVALID, NULL, path, -1, "ks_load_report_add: NULL path or reason");
   ks_status s = grow(r);

@@ -13,7 +13,7 @@
 #include "core/json.h"
 #include "state/state_internal.h"
 
-static ks_status put_component(const st_comp *c, ks_statedict *dst, ks_error *err) {
+static KS_NODISCARD ks_status put_component(const st_comp *c, ks_statedict *dst, ks_error *err) {
   char p[KS__KEY_MAX + 1];
   if (ks__comp_prefix(c, p)) return ks__err(err, KS_E_LIMIT, "component name too long: %s", c->name);
   switch (c->kind) {
@@ -32,7 +32,7 @@ static ks_status put_component(const st_comp *c, ks_statedict *dst, ks_error *er
   return KS_E_INVALID;
 }
 
-static ks_status put_kind(const ks_state *st, st_kind kind, ks_statedict *dst, ks_error *err) {
+static KS_NODISCARD ks_status put_kind(const ks_state *st, st_kind kind, ks_statedict *dst, ks_error *err) {
   for (size_t i = 0; i < st->n_comps; i++) {
     if (st->comps[i].kind != kind) continue;
     ks_status s = put_component(&st->comps[i], dst, err);
@@ -50,14 +50,31 @@ static ks__jv *metric_args(const ks_allocator *a, const ks_metric *m) {
   return s ? ks__jv_object(a) : args;
 }
 
-/* mj[path] = {"class":..., "args":{...}, "schema_version":N, "update_count":N} */
-static ks_status put_metric_json(const ks_allocator *a, const ks_metric *m, const char *path, ks__jv *mj) {
+/* The names of m's list ("cat") states, or NULL (none, or out of memory: *s says which). A reader
+ * needs no metric catalogue to hand torchmetrics its lists back (FORMAT.md §10). */
+static ks__jv *list_states(const ks_allocator *a, const ks_metric *m, ks_status *s) {
+  ks__jv *lists = NULL;
+  for (size_t i = 0; !*s && i < ks_metric_state_count(m); i++) {
+    const char *name;
+    ks_reduce r;
+    if (ks_metric_state_info(m, i, &name, &r, NULL) || r != KS_REDUCE_CAT) continue;
+    if (!lists && !(lists = ks__jv_array(a))) *s = KS_E_NOMEM;
+    if (!*s) *s = ks__jv_push(a, lists, ks__jv_str(a, name));
+  }
+  if (*s) ks__jv_free(a, lists), lists = NULL;
+  return lists;
+}
+
+/* mj[path] = {"class":..., "args":{...}, "schema_version":N, "update_count":N[, "lists":[...]]} */
+static KS_NODISCARD ks_status put_metric_json(const ks_allocator *a, const ks_metric *m, const char *path, ks__jv *mj) {
   ks__jv *one = ks__jv_object(a);
   ks_status s = one ? KS_OK : KS_E_NOMEM;
   if (!s) s = ks__jv_set(a, one, "class", ks__jv_str(a, ks_metric_class(m)));
   if (!s) s = ks__jv_set(a, one, "args", metric_args(a, m));
   if (!s) s = ks__jv_set(a, one, "schema_version", ks__jv_int(a, ks_metric_schema_version(m)));
   if (!s) s = ks__jv_set(a, one, "update_count", ks__jv_int(a, ks_metric_update_count(m)));
+  ks__jv *lists = s ? NULL : list_states(a, m, &s);
+  if (lists) s = ks__jv_set(a, one, "lists", lists);
   if (s) {
     ks__jv_free(a, one);
     return s;
@@ -65,7 +82,8 @@ static ks_status put_metric_json(const ks_allocator *a, const ks_metric *m, cons
   return ks__jv_set(a, mj, path, one);
 }
 
-static ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *dst, ks__jv *mj, ks_error *err) {
+static KS_NODISCARD ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *dst, ks__jv *mj,
+                                         ks_error *err) {
   char k[KS__KEY_MAX + 1];
   if (ks__key(k, path, "/" KS_KEY_METRIC_STATES)) return ks__key_limit(err, path, "/" KS_KEY_METRIC_STATES);
   ks_status s = ks_metric_to_state_dict(m, dst, k, err);
@@ -78,8 +96,8 @@ static ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *
   return s ? ks__err(err, s, "out of memory") : KS_OK;
 }
 
-static ks_status put_collection(const ks_metric_collection *c, const char *root, ks_statedict *dst, ks__jv *mj,
-                                ks_error *err) {
+static KS_NODISCARD ks_status put_collection(const ks_metric_collection *c, const char *root, ks_statedict *dst,
+                                             ks__jv *mj, ks_error *err) {
   for (size_t i = 0; c && i < ks_metric_collection_count(c); i++) {
     const char *name;
     const ks_metric *m = ks_metric_collection_at(c, i, &name);
@@ -91,7 +109,7 @@ static ks_status put_collection(const ks_metric_collection *c, const char *root,
   return KS_OK;
 }
 
-static ks_status put_metrics(const ks_state *st, ks_statedict *dst, ks__jv *mj, ks_error *err) {
+static KS_NODISCARD ks_status put_metrics(const ks_state *st, ks_statedict *dst, ks__jv *mj, ks_error *err) {
   ks_status s = put_collection(st->train, KS_KEY_TRAIN_METRICS, dst, mj, err);
   for (size_t i = 0; i < st->n_evals && !s; i++) {
     char root[KS__KEY_MAX + 1];
@@ -102,14 +120,14 @@ static ks_status put_metrics(const ks_state *st, ks_statedict *dst, ks__jv *mj, 
   return s;
 }
 
-static ks_status put_rest(const ks_state *st, ks_statedict *dst) {
+static KS_NODISCARD ks_status put_rest(const ks_state *st, ks_statedict *dst) {
   ks_status s = ks_statedict_set_int(dst, KS_KEY_RANK_ZERO_SEED, st->rank_zero_seed, NULL);
   if (!s) s = ks_statedict_set_string(dst, KS_KEY_RUN_NAME, st->run_name, NULL);
   if (!s && st->rng) s = ks_rng_to_state_dict(st->rng, dst, "rng/0/", NULL);
   return s;
 }
 
-static ks_status put_meta(const ks_allocator *a, ks__jv *mj, ks_meta *meta, ks_error *err) {
+static KS_NODISCARD ks_status put_meta(const ks_allocator *a, ks__jv *mj, ks_meta *meta, ks_error *err) {
   char *metrics = ks__jv_dump(a, mj, true);
   if (!metrics) return ks__err(err, KS_E_NOMEM, "out of memory");
   ks_status s = ks_meta_set(meta, KS_META_METRICS, metrics, err);
@@ -133,6 +151,7 @@ ks_status ks_state_to_state_dict(const ks_state *st, ks_statedict *dst, ks_meta 
   if (!s) s = put_metrics(st, dst, mj, err);
   if (!s) s = put_rest(st, dst);
   if (!s && meta) s = put_meta(a, mj, meta, err);
+  if (!s && meta) s = ks__state_structure(st, dst, meta, err);
   ks__jv_free(a, mj);
   if (s && err && err->code == KS_OK) ks__err(err, s, "cannot flatten the training state");
   return s;

@@ -78,7 +78,7 @@ static int valid_tensor_name(const char *name) {
   return name[0] != '/' && name[n - 1] != '/' && !strstr(name, "//");
 }
 
-static ks_status add_comp(ks_state *st, const st_comp *c, ks_error *err) {
+static KS_NODISCARD ks_status add_comp(ks_state *st, const st_comp *c, ks_error *err) {
   if (!st) return ks__err_at(err, KS_E_INVALID, NULL, c->name, -1, "NULL state");
   ks_status s = ks_name_check(c->name, err);
   if (s) return s;
@@ -168,8 +168,8 @@ static void free_evals(const ks_allocator *a, st_eval *ev, size_t n) {
   ks__free(a, ev);
 }
 
-static ks_status build_evals(ks_state *st, ks_metrics_factory factory, void *ctx, const char *const *labels,
-                             size_t n, st_eval **out, ks_error *err) {
+static KS_NODISCARD ks_status build_evals(ks_state *st, ks_metrics_factory factory, void *ctx,
+                                          const char *const *labels, size_t n, st_eval **out, ks_error *err) {
   size_t bytes;
   if (!ks__mul_size(n ? n : 1, sizeof(st_eval), &bytes)) return KS_E_LIMIT;
   st_eval *ev = ks__calloc(&st->alloc, 1, bytes);
@@ -183,6 +183,8 @@ static ks_status build_evals(ks_state *st, ks_metrics_factory factory, void *ctx
     if (!s) ev[i].label = ks__strdup(&st->alloc, labels[i]);
     if (!s && !ev[i].label) s = ks__err(err, KS_E_NOMEM, "out of memory");
     if (!s) s = factory(ctx, labels[i], &st->alloc, &ev[i].metrics, err);
+    /* A failing factory has freed what it built (state.h): its *out is not ours to free. */
+    if (s) ev[i].metrics = NULL;
   }
   if (s) {
     free_evals(&st->alloc, ev, n);

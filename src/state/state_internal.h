@@ -52,6 +52,10 @@ struct ks_state {
 
 /* Key prefix of a component ("state/optimizers/AdamW/"). @return KS_OK or KS_E_LIMIT. */
 KS_NODISCARD ks_status ks__comp_prefix(const st_comp *c, char *buf);
+/* Records in meta the torch structure document (KS_TORCH_STRUCTURE_META) of sd, the flattened
+ * state st: which folders of its optimizers, schedulers and RNGs are lists, tuples or int-keyed
+ * dicts (structure.c). Nothing is recorded when every folder is a str-keyed dict. */
+KS_NODISCARD ks_status ks__state_structure(const ks_state *st, const ks_statedict *sd, ks_meta *meta, ks_error *err);
 /* The component whose key prefix is `key` (see ks__comp_prefix), or NULL. */
 const st_comp *ks__comp_find(const ks_state *st, const char *key);
 
@@ -77,7 +81,8 @@ typedef struct ks__load_ctx {
 } ks__load_ctx;
 
 /* Adds a report item with a formatted reason. @return KS_OK or KS_E_NOMEM. */
-KS_NODISCARD ks_status ks__note(ks__load_ctx *c, ks_load_kind kind, const char *path, const char *fmt, ...) KS__PRINTF(4, 5);
+KS_NODISCARD ks_status ks__note(ks__load_ctx *c, ks_load_kind kind, const char *path, const char *fmt, ...)
+    KS__PRINTF(4, 5);
 /* *found = some key of the checkpoint starts with prefix (ends in '/'). @return KS_OK or an error in c->err. */
 KS_NODISCARD ks_status ks__has_prefix(ks__load_ctx *c, const char *prefix, int *found);
 /* Nonzero when path (or a '/'-prefix of it) matches an ignore glob. */

@@ -54,7 +54,7 @@ typedef struct norm {
   ks__jv *list;
 } norm;
 
-static ks_status nomem(ks_error *err) { return ks__err(err, KS_E_NOMEM, "composer: out of memory"); }
+static KS_NODISCARD ks_status nomem(ks_error *err) { return ks__err(err, KS_E_NOMEM, "composer: out of memory"); }
 
 static int starts(const char *s, const char *p) { return !strncmp(s, p, strlen(p)); }
 
@@ -102,7 +102,7 @@ static size_t root_len(const norm *nm, const char *name, int *pickled) {
   }
 }
 
-static ks_status add_metric(norm *nm, const char *root, int pickled, size_t *idx) {
+static KS_NODISCARD ks_status add_metric(norm *nm, const char *root, int pickled, size_t *idx) {
   if (nm->n == nm->cap) {
     size_t ncap = nm->cap ? nm->cap * 2 : 8;
     metric *m = ks__realloc(nm->a, nm->m, ncap * sizeof *m);
@@ -124,7 +124,7 @@ static ks_status add_metric(norm *nm, const char *root, int pickled, size_t *idx
 }
 
 /* Finds every metric and chains each entry to the metric it belongs to. */
-static ks_status collect(norm *nm) {
+static KS_NODISCARD ks_status collect(norm *nm) {
   size_t count = ks_statedict_count(nm->flat);
   nm->owner = ks__calloc(nm->a, count + 1, sizeof *nm->owner);
   nm->next = ks__calloc(nm->a, count + 1, sizeof *nm->next);
@@ -160,7 +160,7 @@ static int out_name(const metric *m, const char *src, char *buf, size_t cap) {
   return join(buf, cap, m->out, m->out_len, src + m->len);
 }
 
-static ks_status put(norm *nm, const char *name, const ks_entry *e, ks_take take) {
+static KS_NODISCARD ks_status put(norm *nm, const char *name, const ks_entry *e, ks_take take) {
   ks_status st = ks_statedict_set_entry(nm->out, name, e, take, NULL);
   return st ? ks__err_at(nm->err, st, NULL, name, -1, "composer: cannot add entry") : KS_OK;
 }
@@ -177,16 +177,17 @@ static int component(const char *rel, const char *prefix, char *buf, size_t cap)
 }
 
 /* Appends the state name s once. */
-static ks_status add_state(norm *nm, const metric *m, const char *s, ks__jv *names) {
+static KS_NODISCARD ks_status add_state(norm *nm, const metric *m, const char *s, ks__jv *names) {
   char key[KS_MAX_NAME + 1];
   ks_entry e;
   if (!join(key, sizeof key, m->root, m->len, s) || ks_statedict_get(nm->seen, key, &e) == KS_OK) return KS_OK;
-  if (ks_statedict_set_null(nm->seen, key, NULL) || ks__jv_push(nm->a, names, ks__jv_str(nm->a, s))) return nomem(nm->err);
+  if (ks_statedict_set_null(nm->seen, key, NULL) || ks__jv_push(nm->a, names, ks__jv_str(nm->a, s)))
+    return nomem(nm->err);
   return KS_OK;
 }
 
 /* State names: keys under <root>_persistent/ and <root>_defaults/ (pickled) or <root>state_dict/. */
-static ks_status state_names(norm *nm, const metric *m, ks__jv *names) {
+static KS_NODISCARD ks_status state_names(norm *nm, const metric *m, ks__jv *names) {
   const char *p1 = m->pickled ? "_persistent/" : STATES, *p2 = m->pickled ? "_defaults/" : STATES;
   char buf[KS_MAX_NAME + 1];
   ks_status st = KS_OK;
@@ -197,7 +198,8 @@ static ks_status state_names(norm *nm, const metric *m, ks__jv *names) {
   return st;
 }
 
-static ks_status cat_shape(norm *nm, const char *base, ks_dtype *dt, int *rank, int64_t *shape, size_t *count) {
+static KS_NODISCARD ks_status cat_shape(norm *nm, const char *base, ks_dtype *dt, int *rank, int64_t *shape,
+                                        size_t *count) {
   char key[KS_MAX_NAME + 32];
   *count = 0;
   shape[0] = 0;
@@ -211,18 +213,20 @@ static ks_status cat_shape(norm *nm, const char *base, ks_dtype *dt, int *rank, 
       *dt = t->dtype, *rank = r;
       for (int i = 1; i < r; i++) shape[i] = t->shape[i];
     }
-    if (t->dtype != *dt) return ks__err_at(nm->err, KS_E_DTYPE, NULL, key, -1, "composer: list state items differ in dtype");
+    if (t->dtype != *dt)
+      return ks__err_at(nm->err, KS_E_DTYPE, NULL, key, -1, "composer: list state items differ in dtype");
     int same = r == *rank; /* a lower rank after a higher one would be copied into too small a tensor */
     for (int i = 1; same && i < r; i++) same = t->shape[i] == shape[i];
     if (!same)
       return ks__err_at(nm->err, KS_E_SHAPE, NULL, key, -1, "composer: list state items differ in shape");
-    if (d0 > INT64_MAX - shape[0]) return ks__err_at(nm->err, KS_E_LIMIT, NULL, key, -1, "composer: list state too long");
+    if (d0 > INT64_MAX - shape[0])
+      return ks__err_at(nm->err, KS_E_LIMIT, NULL, key, -1, "composer: list state too long");
     shape[0] += d0;
   }
 }
 
 /* A list state (torchmetrics `cat` reduction): items <base>/0, /1... joined along dim 0 into dst. */
-static ks_status cat_state(norm *nm, const char *base, const char *dst, size_t *count) {
+static KS_NODISCARD ks_status cat_state(norm *nm, const char *base, const char *dst, size_t *count) {
   ks_dtype dt = KS_F32;
   int rank = 1;
   int64_t shape[KS_MAX_RANK] = {0};
@@ -248,18 +252,19 @@ static ks_status cat_state(norm *nm, const char *base, const char *dst, size_t *
   return KS_OK;
 }
 
-static ks_status emit_state(norm *nm, const metric *m, const char *s) {
+static KS_NODISCARD ks_status emit_state(norm *nm, const metric *m, const char *s) {
   char src[KS_MAX_NAME + 1], dst[KS_MAX_NAME + 1];
   ks_entry e;
   size_t count;
-  if (!join(src, sizeof src, m->root, m->len, s) || snprintf(dst, sizeof dst, "%s%s%s", m->out, STATES, s) > KS_MAX_NAME)
+  if (!join(src, sizeof src, m->root, m->len, s) ||
+      snprintf(dst, sizeof dst, "%s%s%s", m->out, STATES, s) > KS_MAX_NAME)
     return ks__err_at(nm->err, KS_E_LIMIT, NULL, m->root, -1, "composer: state name too long");
   if (ks_statedict_get(nm->flat, src, &e) == KS_OK) return put(nm, dst, &e, KS_COPY);
   return cat_state(nm, src, dst, &count);
 }
 
 /* `_computed`: the value itself, or the sub-keys of a structured result; None when absent. */
-static ks_status emit_computed(norm *nm, const metric *m) {
+static KS_NODISCARD ks_status emit_computed(norm *nm, const metric *m) {
   size_t klen = strlen(COMPUTED);
   int found = 0;
   for (size_t i = m->first; i != NONE; i = nm->next[i]) {
@@ -267,8 +272,9 @@ static ks_status emit_computed(norm *nm, const metric *m) {
     const char *rel = e.name + m->len;
     if (strncmp(rel, COMPUTED, klen) || (rel[klen] && rel[klen] != '/')) continue;
     char dst[KS_MAX_NAME + 1];
-    ks_status st = out_name(m, e.name, dst, sizeof dst) ? put(nm, dst, &e, KS_COPY)
-                                                       : ks__err_at(nm->err, KS_E_LIMIT, NULL, e.name, -1, "composer: name too long");
+    ks_status st = out_name(m, e.name, dst, sizeof dst)
+                       ? put(nm, dst, &e, KS_COPY)
+                       : ks__err_at(nm->err, KS_E_LIMIT, NULL, e.name, -1, "composer: name too long");
     if (st) return st;
     found = 1;
   }
@@ -305,7 +311,7 @@ static ks__jv *scalar_json(const ks_allocator *a, const ks_entry *e) {
 }
 
 /* Public scalar attributes of a pickled metric: its constructor arguments in practice. */
-static ks_status attrs_json(norm *nm, const metric *m, ks__jv *attrs) {
+static KS_NODISCARD ks_status attrs_json(norm *nm, const metric *m, ks__jv *attrs) {
   for (size_t i = m->first; i != NONE; i = nm->next[i]) {
     ks_entry e = at(nm, i);
     const char *attr = e.name + m->len;
@@ -378,7 +384,7 @@ static int was_list(norm *nm, const metric *m, const char *s) {
 
 /* "lists": the states that were lists (joined along dim 0 here), so that an export can write them
    back as lists; left out when there are none. */
-static ks_status list_names(norm *nm, const metric *m, const ks__jv *names, ks__jv *info) {
+static KS_NODISCARD ks_status list_names(norm *nm, const metric *m, const ks__jv *names, ks__jv *info) {
   ks__jv *lists = NULL;
   for (size_t i = 0; i < names->len; i++) {
     const char *s = ks__jv_string(names->items[i]);
@@ -390,7 +396,7 @@ static ks_status list_names(norm *nm, const metric *m, const ks__jv *names, ks__
 }
 
 /* Describes the metric; a pickled one also has its states and _computed written. */
-static ks_status emit_metric(norm *nm, metric *m) {
+static KS_NODISCARD ks_status emit_metric(norm *nm, metric *m) {
   const ks_allocator *a = nm->a;
   ks__jv *states = ks__jv_array(a);
   if (!states) return nomem(nm->err);
@@ -431,14 +437,15 @@ static int64_t list_item(const char *rel, size_t *base_len) {
  * of a list state, joined into state_dict/<state> when the first is met.
  * *done is set when e was one of the joined items.
  */
-static ks_status join_item(norm *nm, const metric *m, const ks_entry *e, int *done) {
+static KS_NODISCARD ks_status join_item(norm *nm, const metric *m, const ks_entry *e, int *done) {
   size_t blen;
   int64_t item = e->kind == KS_VAL_TENSOR ? list_item(e->name + m->len, &blen) : -1;
   char base[KS_MAX_NAME + 1], first[KS_MAX_NAME + 8];
   ks_entry je;
   *done = 0;
   char out[KS_MAX_NAME + 1];
-  if (item < 0 || !join(base, sizeof base, e->name, m->len + blen, "") || !out_name(m, base, out, sizeof out)) return KS_OK;
+  if (item < 0 || !join(base, sizeof base, e->name, m->len + blen, "") || !out_name(m, base, out, sizeof out))
+    return KS_OK;
   if (ks_statedict_get(nm->joined, base, &je) == KS_OK) return *done = item < je.i, KS_OK;
   /* Only a run from /0 is a list, and never over an entry of the same name. */
   if (!join(first, sizeof first, base, strlen(base), "/0") || !ks_statedict_tensor(nm->flat, first) ||
@@ -451,7 +458,7 @@ static ks_status join_item(norm *nm, const metric *m, const ks_entry *e, int *do
   return st;
 }
 
-static ks_status run(norm *nm) {
+static KS_NODISCARD ks_status run(norm *nm) {
   ks_status st = collect(nm);
   ks_entry e;
   for (size_t i = 0; !st && ks_statedict_at(nm->flat, i, &e) == KS_OK; i++) {
@@ -468,7 +475,7 @@ static ks_status run(norm *nm) {
   return st;
 }
 
-static ks_status finish_json(norm *nm, const char *layout, char **out) {
+static KS_NODISCARD ks_status finish_json(norm *nm, const char *layout, char **out) {
   const ks_allocator *a = nm->a;
   ks__jv *doc = ks__jv_object(a);
   ks_status s = doc ? KS_OK : KS_E_NOMEM;
@@ -498,7 +505,8 @@ static void norm_free(norm *nm) {
 
 ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, uint64_t *join_budget,
                                         ks_statedict **out, char **metrics_json, ks_error *err) {
-  if (!flat || !out || (take != KS_COPY && take != KS_BORROW)) return ks__err(err, KS_E_INVALID, "composer: bad argument");
+  if (!flat || !out || (take != KS_COPY && take != KS_BORROW))
+    return ks__err(err, KS_E_INVALID, "composer: bad argument");
   norm nm = {.flat = flat, .take = take, .err = err, .a = ks_statedict_allocator(flat), .join_left = join_budget};
   nm.list = ks__jv_array(nm.a);
   ks_status st = nm.list && !ks_statedict_create(nm.a, &nm.out, err) && !ks_statedict_create(nm.a, &nm.index, err) &&

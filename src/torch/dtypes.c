@@ -30,7 +30,9 @@ static const struct {
     {"QUInt4x2Storage", "quint4x2"},      {"QUInt2x4Storage", "quint2x4"},
 };
 
-int ks__pk_torch_dtype(const char *name, ks_dtype *dt) {
+/* torch dtypes (dtypes.c): `torch.<name>` globals, _rebuild_tensor_v3, and the dtype an
+ * unsupported typed storage holds ("complex64" for ComplexFloatStorage; NULL if none). */
+static int torch_dtype_of(const char *name, ks_dtype *dt) {
   for (size_t i = 0; i < sizeof torch_dtypes / sizeof torch_dtypes[0]; i++)
     if (!strcmp(name, torch_dtypes[i].name)) {
       *dt = torch_dtypes[i].dt;
@@ -51,21 +53,23 @@ const char *ks__pk_storage_dtype_text(const char *storage_class) {
   return NULL;
 }
 
-static ks_status dims(const ks__pk_node *seq, int64_t *d, int *rank, int64_t off, ks_error *err) {
+static KS_NODISCARD ks_status dims(const ks__pk_node *seq, int64_t *d, int *rank, int64_t off, ks_error *err) {
   if (!seq || (seq->kind != PK_TUPLE && seq->kind != PK_LIST))
     return ks__err_at(err, KS_E_FORMAT, NULL, NULL, off, "pickle: tensor size/stride is not a tuple");
   if (seq->u.seq.n > KS_MAX_RANK)
-    return ks__err_at(err, KS_E_LIMIT, NULL, NULL, off, "pickle: tensor rank %zu exceeds %d", seq->u.seq.n, KS_MAX_RANK);
+    return ks__err_at(err, KS_E_LIMIT, NULL, NULL, off, "pickle: tensor rank %zu exceeds %d", seq->u.seq.n,
+                      KS_MAX_RANK);
   for (size_t i = 0; i < seq->u.seq.n; i++) {
     if (seq->u.seq.v[i]->kind != PK_INT || seq->u.seq.v[i]->u.i < 0)
-      return ks__err_at(err, KS_E_FORMAT, NULL, NULL, off, "pickle: tensor size/stride entries must be non-negative ints");
+      return ks__err_at(err, KS_E_FORMAT, NULL, NULL, off,
+                        "pickle: tensor size/stride entries must be non-negative ints");
     d[i] = seq->u.seq.v[i]->u.i;
   }
   *rank = (int)seq->u.seq.n;
   return KS_OK;
 }
 
-static ks_status unsupported(ks_error *err, int64_t off, const char *name) {
+static KS_NODISCARD ks_status unsupported(ks_error *err, int64_t off, const char *name) {
   return ks__err_at(err, KS_E_DTYPE, NULL, NULL, off,
                     "pickle: tensor of dtype torch.%s: keepsake has no such dtype (it holds bool, "
                     "(u)int8-64, float16/32/64, bfloat16, float8_e4m3fn and float8_e5m2)", name);
@@ -81,7 +85,8 @@ ks_status ks__pk_ctor_tensor_v3(ks__pk_arena *ar, const ks__pk_limits *lim, ks__
                       "requires_grad, hooks, dtype)");
   const ks__pk_node *stor = args->u.seq.v[0], *dtn = args->u.seq.v[6];
   ks_dtype dt;
-  if (strcmp(dtn->u.g.module, "torch") || !ks__pk_torch_dtype(dtn->u.g.name, &dt)) return unsupported(err, off, dtn->u.g.name);
+  if (strcmp(dtn->u.g.module, "torch") || !torch_dtype_of(dtn->u.g.name, &dt))
+    return unsupported(err, off, dtn->u.g.name);
   /* An UntypedStorage counts bytes; a typed one (older writers) its own elements. */
   uint64_t bytes = stor->u.st.numel * ks_dtype_size(stor->u.st.dtype);
   int64_t shape[KS_MAX_RANK], stride[KS_MAX_RANK];

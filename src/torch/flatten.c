@@ -26,14 +26,14 @@ typedef struct flat {
   char path[KS_MAX_NAME + 2];
 } flat;
 
-static ks_status visit(flat *f, const ks__pk_node *n, size_t depth);
+static KS_NODISCARD ks_status visit(flat *f, const ks__pk_node *n, size_t depth);
 
-static ks_status too_long(flat *f) {
+static KS_NODISCARD ks_status too_long(flat *f) {
   return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: key longer than %d bytes", KS_MAX_NAME);
 }
 
 /* Appends one component, percent-escaping '/' and '%' so that a key's own slashes stay its own. */
-static ks_status push_comp(flat *f, const char *s, size_t n, size_t *saved) {
+static KS_NODISCARD ks_status push_comp(flat *f, const char *s, size_t n, size_t *saved) {
   *saved = f->len;
   size_t need = f->len + (f->len ? 1 : 0) + ks__torch_escaped_len(s, n);
   if (need > KS_MAX_NAME) return too_long(f);
@@ -48,7 +48,8 @@ static void pop_comp(flat *f, size_t saved) {
   f->path[saved] = 0;
 }
 
-static ks_status key_text(flat *f, const ks__pk_node *k, char *buf, size_t cap, const char **s, size_t *n) {
+static KS_NODISCARD ks_status key_text(flat *f, const ks__pk_node *k, char *buf, size_t cap, const char **s,
+                                       size_t *n) {
   switch (k->kind) {
     case PK_STR: *s = k->u.s.p, *n = k->u.s.n; return KS_OK;
     case PK_INT: *n = (size_t)snprintf(buf, cap, "%" PRId64, k->u.i); break;
@@ -68,7 +69,7 @@ static ks_status key_text(flat *f, const ks__pk_node *k, char *buf, size_t cap, 
   return KS_OK;
 }
 
-static ks_status visit_named(flat *f, const char *s, size_t n, const ks__pk_node *v, size_t depth) {
+static KS_NODISCARD ks_status visit_named(flat *f, const char *s, size_t n, const ks__pk_node *v, size_t depth) {
   size_t saved;
   ks_status st = push_comp(f, s, n, &saved);
   if (!st) st = visit(f, v, depth + 1);
@@ -76,7 +77,7 @@ static ks_status visit_named(flat *f, const char *s, size_t n, const ks__pk_node
   return st;
 }
 
-static ks_status visit_seq(flat *f, const ks__pk_seq *seq, size_t depth) {
+static KS_NODISCARD ks_status visit_seq(flat *f, const ks__pk_seq *seq, size_t depth) {
   char buf[24];
   for (size_t i = 0; i < seq->n; i++) {
     int n = snprintf(buf, sizeof buf, "%zu", i);
@@ -103,7 +104,7 @@ static int cmp_slot(const void *a, const void *b) {
 
 /* Two keys of one dict that print alike (1 and "1", or a repeated key in a hostile pickle)
    would merge two values or folders into one name: refused. */
-static ks_status distinct_keys(flat *f, const ks__pk_seq *seq) {
+static KS_NODISCARD ks_status distinct_keys(flat *f, const ks__pk_seq *seq) {
   size_t n = seq->n / 2, bytes;
   if (n < 2) return KS_OK;
   const ks_allocator *a = ks_statedict_allocator(f->sd);
@@ -125,7 +126,7 @@ static ks_status distinct_keys(flat *f, const ks__pk_seq *seq) {
   return st;
 }
 
-static ks_status visit_dict(flat *f, const ks__pk_seq *seq, size_t depth) {
+static KS_NODISCARD ks_status visit_dict(flat *f, const ks__pk_seq *seq, size_t depth) {
   char buf[40];
   ks_status dst = distinct_keys(f, seq);
   if (dst) return dst;
@@ -133,27 +134,28 @@ static ks_status visit_dict(flat *f, const ks__pk_seq *seq, size_t depth) {
     const char *s = NULL;
     size_t n = 0;
     ks_status st = key_text(f, seq->v[i], buf, sizeof buf, &s, &n);
-    if (!st && f->shape && seq->v[i]->kind != PK_STR) st = ks__structure_key(f->shape, f->path, seq->v[i], s, n, f->err);
+    if (!st && f->shape && seq->v[i]->kind != PK_STR)
+      st = ks__structure_key(f->shape, f->path, seq->v[i], s, n, f->err);
     if (!st) st = visit_named(f, s, n, seq->v[i + 1], depth);
     if (st) return st;
   }
   return KS_OK;
 }
 
-static ks_status check(flat *f, ks_status st) {
+static KS_NODISCARD ks_status check(flat *f, ks_status st) {
   if (st == KS_OK) return KS_OK;
   return ks__err_at(f->err, st, NULL, f->path, -1, "torch: cannot add entry: %s", ks_strerror(st));
 }
 
 /* A second value at a name already taken would replace the first: refuse instead. */
-static ks_status claim(flat *f) {
+static KS_NODISCARD ks_status claim(flat *f) {
   ks_entry e;
   if (ks_statedict_get(f->sd, f->path, &e) != KS_OK) return KS_OK;
   return ks__err_at(f->err, KS_E_EXISTS, NULL, f->path, -1,
                     "torch: two values flatten to the name '%s' (keys that print alike, e.g. 1 and '1')", f->path);
 }
 
-static ks_status add_class(flat *f, const ks__pk_node *cls) {
+static KS_NODISCARD ks_status add_class(flat *f, const ks__pk_node *cls) {
   char name[512];
   int w = cls && cls->kind == PK_GLOBAL ? snprintf(name, sizeof name, "%s.%s", cls->u.g.module, cls->u.g.name)
                                         : snprintf(name, sizeof name, "?");
@@ -169,7 +171,7 @@ static ks_status add_class(flat *f, const ks__pk_node *cls) {
   return st;
 }
 
-static ks_status visit_object(flat *f, const ks__pk_node *o, size_t depth) {
+static KS_NODISCARD ks_status visit_object(flat *f, const ks__pk_node *o, size_t depth) {
   const ks__pk_node *state = o->u.obj.state, *items = o->u.obj.items, *args = o->u.obj.args;
   ks_status st = add_class(f, o->u.obj.cls);
   if (!st && state && state->kind == PK_DICT) st = visit_dict(f, &state->u.seq, depth);
@@ -178,7 +180,8 @@ static ks_status visit_object(flat *f, const ks__pk_node *o, size_t depth) {
       if (state->u.seq.v[i]->kind == PK_DICT) st = visit_dict(f, &state->u.seq.v[i]->u.seq, depth);
   } else if (!st && state)
     st = visit_named(f, "__state__", 9, state, depth);
-  if (!st && items) st = items->kind == PK_DICT ? visit_dict(f, &items->u.seq, depth) : visit_seq(f, &items->u.seq, depth);
+  if (!st && items)
+    st = items->kind == PK_DICT ? visit_dict(f, &items->u.seq, depth) : visit_seq(f, &items->u.seq, depth);
   /* A value object rebuilt from its arguments alone (datetime.timedelta(days, seconds, us),
      an enum member): the arguments are its value. */
   if (!st && !state && !items && args && args->kind == PK_TUPLE && args->u.seq.n)
@@ -187,7 +190,7 @@ static ks_status visit_object(flat *f, const ks__pk_node *o, size_t depth) {
 }
 
 /* The decimal text the pickle machine made once (every reference shares it). */
-static ks_status bigint_text(flat *f, const ks__pk_node *n) {
+static KS_NODISCARD ks_status bigint_text(flat *f, const ks__pk_node *n) {
   if (!n->u.s.p)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: integer of %zu bytes is longer than %d",
                       n->u.s.n, KS__PK_BIGINT_MAX);
@@ -196,7 +199,7 @@ static ks_status bigint_text(flat *f, const ks__pk_node *n) {
 
 /* Shared references are copied once per path: the total of names, tensors, bytes and strings
    is bounded against the input's size. */
-static ks_status spend(flat *f, uint64_t n) {
+static KS_NODISCARD ks_status spend(flat *f, uint64_t n) {
   if (n <= f->lim->max_output_bytes && f->bytes <= f->lim->max_output_bytes - n) {
     f->bytes += n;
     return KS_OK;
@@ -206,13 +209,13 @@ static ks_status spend(flat *f, uint64_t n) {
                     "a value shared by many paths is copied once per path)", f->lim->max_output_bytes);
 }
 
-static ks_status add_tensor(flat *f, const ks_tensor *t) {
+static KS_NODISCARD ks_status add_tensor(flat *f, const ks_tensor *t) {
   ks_take take = t->ownership == KS_BORROWED ? KS_COPY : KS_MAPPED_VIEW;
   ks_status st = spend(f, t->nbytes);
   return st ? st : check(f, ks_statedict_set_tensor(f->sd, f->path, t, take, NULL));
 }
 
-static ks_status add_bytes(flat *f, const ks__pk_node *n) {
+static KS_NODISCARD ks_status add_bytes(flat *f, const ks__pk_node *n) {
   ks_tensor t;
   int64_t len = (int64_t)n->u.s.n;
   ks_status st = spend(f, n->u.s.n);
@@ -222,7 +225,7 @@ static ks_status add_bytes(flat *f, const ks__pk_node *n) {
   return check(f, st);
 }
 
-static ks_status add_storage(flat *f, const ks__pk_node *n) {
+static KS_NODISCARD ks_status add_storage(flat *f, const ks__pk_node *n) {
   ks_tensor t;
   int64_t len = (int64_t)n->u.st.numel;
   ks_status st = ks_tensor_init(&t, n->u.st.dtype, 1, &len, len ? (void *)(uintptr_t)n->u.st.data : NULL);
@@ -231,12 +234,12 @@ static ks_status add_storage(flat *f, const ks__pk_node *n) {
   return add_tensor(f, &t);
 }
 
-static ks_status leaf(flat *f, const ks__pk_node *n) {
+static KS_NODISCARD ks_status leaf(flat *f, const ks__pk_node *n) {
   if (f->entries++ >= f->lim->max_entries)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: more than %zu entries", f->lim->max_entries);
   if (f->len == 0) { /* a bare value at the root (a tensor saved alone) */
-    push_comp(f, "value", 5, &(size_t){0});
-    ks_status st = f->shape ? ks__structure_bare_value(f->shape, f->err) : KS_OK;
+    ks_status st = push_comp(f, "value", 5, &(size_t){0}); /* at the root: it always fits */
+    if (!st && f->shape) st = ks__structure_bare_value(f->shape, f->err);
     if (st) return st;
   }
   if (n->kind <= PK_BYTES || n->kind == PK_TENSOR || n->kind == PK_STORAGE) {
@@ -258,9 +261,10 @@ static ks_status leaf(flat *f, const ks__pk_node *n) {
   }
 }
 
-static ks_status visit(flat *f, const ks__pk_node *n, size_t depth) {
+static KS_NODISCARD ks_status visit(flat *f, const ks__pk_node *n, size_t depth) {
   if (depth > f->lim->max_depth)
-    return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: nesting deeper than %zu (or a cycle)", f->lim->max_depth);
+    return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: nesting deeper than %zu (or a cycle)",
+                      f->lim->max_depth);
   /* Shared references make a small DAG of containers without leaves visit exponentially many paths. */
   bool container = n->kind == PK_DICT || n->kind == PK_TUPLE || n->kind == PK_LIST || n->kind == PK_SET ||
                    n->kind == PK_OBJECT;

@@ -8,7 +8,8 @@ typedef struct storage_ctx {
   int verify;
 } storage_ctx;
 
-static ks_status read_storage(void *ctx, const char *key, const uint8_t **data, size_t *len, ks_error *err) {
+static KS_NODISCARD ks_status read_storage(void *ctx, const char *key, const uint8_t **data, size_t *len,
+                                           ks_error *err) {
   const storage_ctx *sc = ctx;
   return ks__zip_read(sc->zip, key, sc->verify, data, len, err);
 }
@@ -21,7 +22,7 @@ static void release_arena(void *p) {
 }
 
 /* torch records its byte order since 1.12; big-endian archives are refused. */
-static ks_status check_byteorder(const ks__zip *z, ks_error *err) {
+static KS_NODISCARD ks_status check_byteorder(const ks__zip *z, ks_error *err) {
   const uint8_t *p;
   size_t n;
   if (ks__zip_read(z, "byteorder", 0, &p, &n, NULL) != KS_OK) return KS_OK;
@@ -30,7 +31,7 @@ static ks_status check_byteorder(const ks__zip *z, ks_error *err) {
   return KS_OK;
 }
 
-static ks_status run(ks__pk_arena *ar, const ks_torch_read_opts *opts, size_t file_len, ks_statedict *sd,
+static KS_NODISCARD ks_status run(ks__pk_arena *ar, const ks_torch_read_opts *opts, size_t file_len, ks_statedict *sd,
                      ks__structure *shape, ks_error *err) {
   const uint8_t *pkl;
   size_t n;
@@ -50,7 +51,7 @@ static ks_status run(ks__pk_arena *ar, const ks_torch_read_opts *opts, size_t fi
 }
 
 /* Takes ownership of z in every case. */
-static ks_status load_zip(ks__zip *z, size_t file_len, const ks_torch_read_opts *opts, ks_statedict **out,
+static KS_NODISCARD ks_status load_zip(ks__zip *z, size_t file_len, const ks_torch_read_opts *opts, ks_statedict **out,
                           char **structure, ks_error *err) {
   const ks_allocator *a = opts ? opts->alloc : NULL;
   ks__pk_arena *ar = ks__malloc(a, sizeof *ar);
@@ -89,7 +90,7 @@ int ks_torch_is_legacy(const void *buf, size_t len) {
   return p && len >= 14 && p[0] == 0x80 && !memcmp(p + 2, magic, sizeof magic);
 }
 
-static ks_status legacy_refused(ks_error *err) {
+static KS_NODISCARD ks_status legacy_refused(ks_error *err) {
   return ks__err(err, KS_E_UNSUPPORTED,
                  "torch: legacy torch.save format (_use_new_zipfile_serialization=False) is not read; "
                  "load it in Python and torch.save it again with the default zip format");

@@ -5,7 +5,7 @@
  */
 #include "torch/torch_internal.h"
 
-static ks_status bad(ks_error *err, int64_t off, const char *what) {
+static KS_NODISCARD ks_status bad(ks_error *err, int64_t off, const char *what) {
   return ks__err_at(err, KS_E_FORMAT, NULL, NULL, off, "pickle: numpy: %s", what);
 }
 
@@ -70,8 +70,9 @@ static void swap_bytes(uint8_t *p, size_t n, size_t esize) {
 }
 
 /* Points t at raw little-endian row-major bytes, copying when they need reordering. */
-static ks_status fill(ks__pk_arena *ar, const ks__pk_limits *lim, const ks__pk_node *dtn, const ks__pk_node *raw,
-                      int fortran, int rank, const int64_t *shape, int64_t off, ks_tensor *t, ks_error *err) {
+static KS_NODISCARD ks_status fill(ks__pk_arena *ar, const ks__pk_limits *lim, const ks__pk_node *dtn,
+                                   const ks__pk_node *raw, int fortran, int rank, const int64_t *shape, int64_t off,
+                                   ks_tensor *t, ks_error *err) {
   ks_dtype dt = dtn->u.npd.dtype;
   int64_t stride[KS_MAX_RANK], s = 1;
   size_t nbytes;
@@ -98,7 +99,8 @@ ks_status ks__pk_np_array_build(ks__pk_arena *ar, const ks__pk_limits *lim, ks__
                     *fortran = item(state, 3, PK_BOOL), *raw = item(state, 4, PK_BYTES);
   if (!shape || !dtn || !raw) return KS_OK; /* object arrays and the like stay inert */
   int64_t dims[KS_MAX_RANK];
-  if (shape->u.seq.n > KS_MAX_RANK) return ks__err_at(err, KS_E_LIMIT, NULL, NULL, off, "pickle: numpy array rank too high");
+  if (shape->u.seq.n > KS_MAX_RANK)
+    return ks__err_at(err, KS_E_LIMIT, NULL, NULL, off, "pickle: numpy array rank too high");
   for (size_t i = 0; i < shape->u.seq.n; i++) {
     const ks__pk_node *d = shape->u.seq.v[i];
     if (d->kind != PK_INT || d->u.i < 0) return bad(err, off, "array shape must hold non-negative ints");

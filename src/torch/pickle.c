@@ -44,12 +44,14 @@ KS__PRINTF(3, 4) static ks_status fail(vm_t *vm, ks_status code, const char *fmt
   return ks__err_at(vm->err, code, NULL, NULL, vm->op_off, "pickle: %s", msg);
 }
 
-static ks_status nomem(vm_t *vm) { return fail(vm, KS_E_NOMEM, "out of memory"); }
-static ks_status truncated(vm_t *vm) { return fail(vm, KS_E_FORMAT, "truncated operand of opcode 0x%02x", *(vm->c.base + vm->op_off)); }
+static KS_NODISCARD ks_status nomem(vm_t *vm) { return fail(vm, KS_E_NOMEM, "out of memory"); }
+static KS_NODISCARD ks_status truncated(vm_t *vm) {
+  return fail(vm, KS_E_FORMAT, "truncated operand of opcode 0x%02x", *(vm->c.base + vm->op_off));
+}
 
 static size_t floor_sp(const vm_t *vm) { return vm->nm ? vm->marks[vm->nm - 1] : 0; }
 
-static ks_status grow(vm_t *vm, void **arr, size_t *cap, size_t need, size_t elem) {
+static KS_NODISCARD ks_status grow(vm_t *vm, void **arr, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return KS_OK;
   if (need > vm->lim->max_stack) return fail(vm, KS_E_LIMIT, "stack deeper than %zu", vm->lim->max_stack);
   ks_status s = ks__grow(&vm->ar->alloc, arr, cap, need, elem);
@@ -57,7 +59,7 @@ static ks_status grow(vm_t *vm, void **arr, size_t *cap, size_t need, size_t ele
   return s ? nomem(vm) : KS_OK;
 }
 
-static ks_status push(vm_t *vm, ks__pk_node *n) {
+static KS_NODISCARD ks_status push(vm_t *vm, ks__pk_node *n) {
   if (!n) return nomem(vm);
   ks_status st = grow(vm, (void **)&vm->stack, &vm->scap, vm->sp + 1, sizeof *vm->stack);
   if (st) return st;
@@ -65,30 +67,30 @@ static ks_status push(vm_t *vm, ks__pk_node *n) {
   return KS_OK;
 }
 
-static ks_status pop(vm_t *vm, ks__pk_node **out) {
+static KS_NODISCARD ks_status pop(vm_t *vm, ks__pk_node **out) {
   if (vm->sp <= floor_sp(vm)) return fail(vm, KS_E_FORMAT, "stack underflow");
   *out = vm->stack[--vm->sp];
   return KS_OK;
 }
 
-static ks_status top(vm_t *vm, ks__pk_node **out) {
+static KS_NODISCARD ks_status top(vm_t *vm, ks__pk_node **out) {
   if (vm->sp <= floor_sp(vm)) return fail(vm, KS_E_FORMAT, "stack underflow");
   *out = vm->stack[vm->sp - 1];
   return KS_OK;
 }
 
 /* Pops back to the last MARK; the items are stack[*start .. vm->sp). */
-static ks_status pop_mark(vm_t *vm, size_t *start) {
+static KS_NODISCARD ks_status pop_mark(vm_t *vm, size_t *start) {
   if (!vm->nm) return fail(vm, KS_E_FORMAT, "no MARK to pop");
   *start = vm->marks[--vm->nm];
   return KS_OK;
 }
 
-static ks_status take(vm_t *vm, size_t n, const uint8_t **p) {
+static KS_NODISCARD ks_status take(vm_t *vm, size_t n, const uint8_t **p) {
   return ks__take(&vm->c, n, p) ? KS_OK : truncated(vm);
 }
 
-static ks_status read_line(vm_t *vm, const char **s, size_t *n) {
+static KS_NODISCARD ks_status read_line(vm_t *vm, const char **s, size_t *n) {
   const uint8_t *start = vm->c.base + vm->c.pos;
   size_t left = ks__cursor_left(&vm->c), lim = left < MAX_LINE ? left : MAX_LINE;
   const uint8_t *nl = memchr(start, '\n', lim);
@@ -99,7 +101,7 @@ static ks_status read_line(vm_t *vm, const char **s, size_t *n) {
   return KS_OK;
 }
 
-static ks_status parse_decimal(vm_t *vm, const char *s, size_t n, int64_t *v) {
+static KS_NODISCARD ks_status parse_decimal(vm_t *vm, const char *s, size_t n, int64_t *v) {
   char buf[32];
   if (n == 0 || n >= sizeof buf) return fail(vm, KS_E_FORMAT, "bad decimal operand");
   memcpy(buf, s, n);
@@ -114,19 +116,19 @@ static ks_status parse_decimal(vm_t *vm, const char *s, size_t n, int64_t *v) {
 
 /* ---- scalars ---- */
 
-static ks_status push_int(vm_t *vm, int64_t v) {
+static KS_NODISCARD ks_status push_int(vm_t *vm, int64_t v) {
   ks__pk_node *n = ks__pk_new(vm->ar, PK_INT);
   if (n) n->u.i = v;
   return push(vm, n);
 }
 
-static ks_status op_const(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_const(vm_t *vm, uint8_t op) {
   ks__pk_node *n = ks__pk_new(vm->ar, op == 'N' ? PK_NONE : PK_BOOL);
   if (n) n->u.i = op == 0x88;
   return push(vm, n);
 }
 
-static ks_status op_binint(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_binint(vm_t *vm, uint8_t op) {
   const uint8_t *p = NULL;
   size_t n = op == 'K' ? 1 : op == 'M' ? 2 : 4;
   ks_status st = take(vm, n, &p);
@@ -135,7 +137,7 @@ static ks_status op_binint(vm_t *vm, uint8_t op) {
   return push_int(vm, v);
 }
 
-static ks_status op_long(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_long(vm_t *vm, uint8_t op) {
   const uint8_t *p = NULL;
   size_t n;
   ks_status st = take(vm, op == 0x8a ? 1 : 4, &p);
@@ -151,7 +153,7 @@ static ks_status op_long(vm_t *vm, uint8_t op) {
   return push_int(vm, (int64_t)u);
 }
 
-static ks_status op_int_text(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_int_text(vm_t *vm, uint8_t op) {
   (void)op;
   const char *s = NULL;
   size_t n = 0;
@@ -163,7 +165,7 @@ static ks_status op_int_text(vm_t *vm, uint8_t op) {
   return push_int(vm, v);
 }
 
-static ks_status op_binfloat(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_binfloat(vm_t *vm, uint8_t op) {
   (void)op;
   const uint8_t *p = NULL;
   ks_status st = take(vm, 8, &p);
@@ -177,16 +179,17 @@ static ks_status op_binfloat(vm_t *vm, uint8_t op) {
 
 /* ---- strings and bytes ---- */
 
-static ks_status read_len(vm_t *vm, size_t width, uint64_t *n) {
+static KS_NODISCARD ks_status read_len(vm_t *vm, size_t width, uint64_t *n) {
   const uint8_t *p = NULL;
   ks_status st = take(vm, width, &p);
   if (st) return st;
   *n = width == 1 ? p[0] : width == 4 ? ks__le32(p) : ks__le64(p);
-  if (*n > vm->lim->max_string) return fail(vm, KS_E_LIMIT, "string of %llu bytes exceeds the limit", (unsigned long long)*n);
+  if (*n > vm->lim->max_string)
+    return fail(vm, KS_E_LIMIT, "string of %llu bytes exceeds the limit", (unsigned long long)*n);
   return KS_OK;
 }
 
-static ks_status op_string(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_string(vm_t *vm, uint8_t op) {
   size_t width = (op == 0x8c || op == 'U' || op == 'C') ? 1 : (op == 0x8d || op == 0x8e || op == 0x96) ? 8 : 4;
   uint64_t n = 0;
   const uint8_t *p = NULL;
@@ -204,7 +207,7 @@ static ks_status op_string(vm_t *vm, uint8_t op) {
 
 /* ---- containers ---- */
 
-static ks_status make_seq(vm_t *vm, ks__pk_kind kind, size_t start) {
+static KS_NODISCARD ks_status make_seq(vm_t *vm, ks__pk_kind kind, size_t start) {
   ks__pk_node *n = ks__pk_new(vm->ar, kind);
   if (!n) return nomem(vm);
   for (size_t i = start; i < vm->sp; i++)
@@ -213,12 +216,12 @@ static ks_status make_seq(vm_t *vm, ks__pk_kind kind, size_t start) {
   return push(vm, n);
 }
 
-static ks_status op_empty(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_empty(vm_t *vm, uint8_t op) {
   ks__pk_kind k = op == ')' ? PK_TUPLE : op == ']' ? PK_LIST : op == '}' ? PK_DICT : PK_SET;
   return push(vm, ks__pk_new(vm->ar, k));
 }
 
-static ks_status op_mark_seq(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_mark_seq(vm_t *vm, uint8_t op) {
   size_t start = 0;
   ks_status st = pop_mark(vm, &start);
   if (st) return st;
@@ -227,14 +230,14 @@ static ks_status op_mark_seq(vm_t *vm, uint8_t op) {
   return make_seq(vm, k, start);
 }
 
-static ks_status op_tuple_n(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_tuple_n(vm_t *vm, uint8_t op) {
   size_t n = (size_t)(op - 0x84);
   if (vm->sp < floor_sp(vm) + n) return fail(vm, KS_E_FORMAT, "stack underflow");
   return make_seq(vm, PK_TUPLE, vm->sp - n);
 }
 
 /* The container items go into: a list/set/dict itself, or an inert object's item list. */
-static ks_status target_seq(vm_t *vm, ks__pk_node *t, int pairs, ks__pk_seq **out) {
+static KS_NODISCARD ks_status target_seq(vm_t *vm, ks__pk_node *t, int pairs, ks__pk_seq **out) {
   if (t->kind == PK_OBJECT) {
     if (!t->u.obj.items && !(t->u.obj.items = ks__pk_new(vm->ar, pairs ? PK_DICT : PK_LIST))) return nomem(vm);
     t = t->u.obj.items;
@@ -246,7 +249,7 @@ static ks_status target_seq(vm_t *vm, ks__pk_node *t, int pairs, ks__pk_seq **ou
 }
 
 /* APPEND(S), SETITEM(S), ADDITEMS: items stack[start..sp) go into stack[start-1]. */
-static ks_status add_items(vm_t *vm, size_t start, int pairs) {
+static KS_NODISCARD ks_status add_items(vm_t *vm, size_t start, int pairs) {
   if (start == 0 || start - 1 < floor_sp(vm)) return fail(vm, KS_E_FORMAT, "no container below the items");
   if (pairs && (vm->sp - start) % 2) return fail(vm, KS_E_FORMAT, "SETITEMS with an odd number of items");
   ks__pk_seq *seq = NULL;
@@ -258,7 +261,7 @@ static ks_status add_items(vm_t *vm, size_t start, int pairs) {
   return KS_OK;
 }
 
-static ks_status op_add(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_add(vm_t *vm, uint8_t op) {
   size_t n = op == 'a' ? 1 : 2;
   if (op == 'a' || op == 's') {
     if (vm->sp < floor_sp(vm) + n) return fail(vm, KS_E_FORMAT, "stack underflow");
@@ -270,7 +273,7 @@ static ks_status op_add(vm_t *vm, uint8_t op) {
   return add_items(vm, start, op == 'u');
 }
 
-static ks_status op_stack(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_stack(vm_t *vm, uint8_t op) {
   ks__pk_node *n = NULL;
   size_t start = 0;
   if (op == '(') {
@@ -293,7 +296,7 @@ static ks_status op_stack(vm_t *vm, uint8_t op) {
 
 /* ---- memo ---- */
 
-static ks_status memo_put(vm_t *vm, uint64_t idx) {
+static KS_NODISCARD ks_status memo_put(vm_t *vm, uint64_t idx) {
   ks__pk_node *n = NULL;
   ks_status st = top(vm, &n);
   if (st) return st;
@@ -314,7 +317,7 @@ static ks_status memo_put(vm_t *vm, uint64_t idx) {
   return KS_OK;
 }
 
-static ks_status op_memo(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_memo(vm_t *vm, uint8_t op) {
   const uint8_t *p = NULL;
   const char *s = NULL;
   size_t n = 0;
@@ -330,7 +333,8 @@ static ks_status op_memo(vm_t *vm, uint8_t op) {
   }
   if (st) return st;
   if (op == 'q' || op == 'r' || op == 'p' || op == 0x94) return memo_put(vm, idx);
-  if (idx >= vm->memo_cap || !vm->memo[idx]) return fail(vm, KS_E_FORMAT, "memo key %llu is not set", (unsigned long long)idx);
+  if (idx >= vm->memo_cap || !vm->memo[idx])
+    return fail(vm, KS_E_FORMAT, "memo key %llu is not set", (unsigned long long)idx);
   return push(vm, vm->memo[idx]);
 }
 
@@ -343,7 +347,7 @@ static int valid_ident(const char *s, size_t n) {
   return 1;
 }
 
-static ks_status op_global(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_global(vm_t *vm, uint8_t op) {
   const char *m = NULL, *nm = NULL;
   size_t ml = 0, nl = 0;
   ks_status st;
@@ -359,7 +363,7 @@ static ks_status op_global(vm_t *vm, uint8_t op) {
   return push(vm, ks__pk_new_global(vm->ar, m, ml, nm, nl));
 }
 
-static ks_status op_reduce(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_reduce(vm_t *vm, uint8_t op) {
   ks__pk_node *fn = NULL, *args = NULL, *kwargs = NULL, *out = NULL;
   ks_status st;
   if (op == 0x92 && (st = pop(vm, &kwargs))) return st;
@@ -368,7 +372,7 @@ static ks_status op_reduce(vm_t *vm, uint8_t op) {
   return push(vm, out);
 }
 
-static ks_status op_build(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_build(vm_t *vm, uint8_t op) {
   (void)op;
   ks__pk_node *state = NULL, *obj = NULL;
   ks_status st;
@@ -376,7 +380,7 @@ static ks_status op_build(vm_t *vm, uint8_t op) {
   return ks__pk_build(vm->ar, vm->lim, obj, state, vm->op_off, vm->err);
 }
 
-static ks_status op_persid(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_persid(vm_t *vm, uint8_t op) {
   (void)op;
   ks__pk_node *pid = NULL, *out = NULL;
   ks_status st;
@@ -385,7 +389,7 @@ static ks_status op_persid(vm_t *vm, uint8_t op) {
   return push(vm, out);
 }
 
-static ks_status op_proto(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_proto(vm_t *vm, uint8_t op) {
   const uint8_t *p = NULL;
   ks_status st = take(vm, op == 0x80 ? 1 : 8, &p);
   if (st) return st;
@@ -393,7 +397,7 @@ static ks_status op_proto(vm_t *vm, uint8_t op) {
   return KS_OK;
 }
 
-static ks_status op_stop(vm_t *vm, uint8_t op) {
+static KS_NODISCARD ks_status op_stop(vm_t *vm, uint8_t op) {
   (void)op;
   return pop(vm, &vm->result);
 }
@@ -422,7 +426,7 @@ static op_fn opcode(uint8_t op) {
   }
 }
 
-static ks_status run_loop(vm_t *vm) {
+static KS_NODISCARD ks_status run_loop(vm_t *vm) {
   while (!vm->result) {
     uint8_t op;
     vm->op_off = (int64_t)vm->c.pos;

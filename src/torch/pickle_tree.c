@@ -132,7 +132,8 @@ ks__pk_node *ks__pk_new_bigint(ks__pk_arena *ar, const uint8_t *le, size_t n) {
   size_t nd = to_base1e9(le, n, &neg, limbs, digits), len = 0;
   if (neg) text[len++] = '-';
   if (nd == 0) text[len++] = '0';
-  for (size_t i = nd; i-- > 0;) len += (size_t)snprintf(text + len, 11, i + 1 == nd ? "%u" : "%09u", (unsigned)digits[i]);
+  for (size_t i = nd; i-- > 0;)
+    len += (size_t)snprintf(text + len, 11, i + 1 == nd ? "%u" : "%09u", (unsigned)digits[i]);
   text[len] = 0;
   ks__free(&ar->alloc, limbs);
   node->u.s.p = text;

@@ -10,7 +10,7 @@ typedef struct membuf {
   size_t n, cap;
 } membuf;
 
-static ks_status mem_write(void *ctx, const void *p, size_t n) {
+static KS_NODISCARD ks_status mem_write(void *ctx, const void *p, size_t n) {
   membuf *m = ctx;
   size_t need;
   if (!ks__add_size(m->n, n, &need)) return KS_E_LIMIT;
@@ -21,8 +21,8 @@ static ks_status mem_write(void *ctx, const void *p, size_t n) {
   return KS_OK;
 }
 
-static ks_status save_buffer(const ks_statedict *sd, const ks_torch_write_opts *opts, int force_zip64, void **out,
-                             size_t *out_len, ks_error *err) {
+static KS_NODISCARD ks_status save_buffer(const ks_statedict *sd, const ks_torch_write_opts *opts, int force_zip64,
+                                          void **out, size_t *out_len, ks_error *err) {
   if (!sd || !out || !out_len) return ks__err(err, KS_E_INVALID, "torch: NULL argument");
   ks_error_clear(err);
   KS__TAKE_OPTS(ks_torch_write_opts, opts, KS__V1_SIZE(ks_torch_write_opts, io), err);
@@ -54,7 +54,7 @@ typedef struct file_sink {
   ks_error io_err;
 } file_sink;
 
-static ks_status file_write(void *ctx, const void *p, size_t n) {
+static KS_NODISCARD ks_status file_write(void *ctx, const void *p, size_t n) {
   file_sink *f = ctx;
   return ks__durable_write(&f->out, p, n);
 }

@@ -43,9 +43,13 @@ typedef struct writer {
   size_t nst, capst;
   wnode **slots;      /* open-addressing table of every node by (parent, component) */
   size_t nslots, used;
+  /* Sequence items that no entry or record backs (written as None), left for the whole file:
+   * one budget for all lists, so the pickle stays linear in the input however many lists
+   * the structure document records. */
+  size_t holes_left;
 } writer;
 
-static ks_status nomem(writer *wr) { return ks__err(wr->err, KS_E_NOMEM, "torch: out of memory"); }
+static KS_NODISCARD ks_status nomem(writer *wr) { return ks__err(wr->err, KS_E_NOMEM, "torch: out of memory"); }
 
 /* ---- name tree ---- */
 
@@ -123,14 +127,11 @@ static wnode *child(writer *wr, wnode *parent, const char *name, size_t nlen, in
 
 /* What the reader will call this component when it reads the file back. */
 static size_t reread_len(const writer *wr, const char *s, size_t n) {
-  if (!wr->structure) return ks__torch_escaped_len(s, n);
-  char buf[KS_MAX_NAME + 1];
-  size_t m = ks__torch_unescape(s, n, buf);
-  return ks__torch_escaped_len(buf, m);
+  return wr->structure ? ks__torch_reread_len(s, n) : ks__torch_escaped_len(s, n);
 }
 
 /* The file must never hold what ks_torch_load refuses by default. */
-static ks_status reader_limits(writer *wr, const char *name, size_t depth, size_t len) {
+static KS_NODISCARD ks_status reader_limits(writer *wr, const char *name, size_t depth, size_t len) {
   if (depth > KS__TORCH_MAX_DEPTH) {
     depth = 1;
     for (const char *c = name; *c; c++) depth += *c == '/';
@@ -146,7 +147,7 @@ static ks_status reader_limits(writer *wr, const char *name, size_t depth, size_
 }
 
 /* Inserts a value (idx >= 0) or a folder (idx < 0) at name; "" is the root folder. */
-static ks_status insert(writer *wr, wnode *root, const char *name, long idx, const ks__jv *spec) {
+static KS_NODISCARD ks_status insert(writer *wr, wnode *root, const char *name, long idx, const ks__jv *spec) {
   wnode *cur = root;
   size_t depth = 0, len = 0;
   for (const char *s = name; *name;) {
@@ -233,7 +234,7 @@ static void put_dims(writer *wr, int rank, const int64_t *d) {
 
 /* ---- values ---- */
 
-static ks_status storage_dtype(writer *wr, const char *name, ks_dtype dt, ks_dtype *out) {
+static KS_NODISCARD ks_status storage_dtype(writer *wr, const char *name, ks_dtype dt, ks_dtype *out) {
   *out = dt;
   if (wr->compat != KS_TORCH_COMPAT_1_13) return KS_OK;
   switch (dt) {
@@ -242,19 +243,20 @@ static ks_status storage_dtype(writer *wr, const char *name, ks_dtype dt, ks_dty
     case KS_U64: *out = KS_I64; return KS_OK;
     case KS_F8_E4M3:
     case KS_F8_E5M2:
-      return ks__err_at(wr->err, KS_E_DTYPE, NULL, name, -1, "torch: %s has no storage type in torch 1.13", ks_dtype_name(dt));
+      return ks__err_at(wr->err, KS_E_DTYPE, NULL, name, -1, "torch: %s has no storage type in torch 1.13",
+                        ks_dtype_name(dt));
     default: return KS_OK;
   }
 }
 
-static ks_status add_storage(writer *wr, const ks_tensor *t, double f, ks_dtype dt) {
+static KS_NODISCARD ks_status add_storage(writer *wr, const ks_tensor *t, double f, ks_dtype dt) {
   if (ks__grow(wr->a, &wr->st, &wr->capst, wr->nst + 1, sizeof *wr->st))
     return ks__err(wr->err, KS_E_NOMEM, "torch: out of memory");
   wr->st[wr->nst++] = (wstorage){t, f, dt};
   return KS_OK;
 }
 
-static ks_status put_tensor(writer *wr, const char *name, const ks_tensor *t, double f) {
+static KS_NODISCARD ks_status put_tensor(writer *wr, const char *name, const ks_tensor *t, double f) {
   ks_dtype dt = KS_F64;
   int rank = t ? t->rank : 0;
   const int64_t *shape = t ? t->shape : NULL;
@@ -292,7 +294,7 @@ static ks_status put_tensor(writer *wr, const char *name, const ks_tensor *t, do
   return KS_OK;
 }
 
-static ks_status put_leaf(writer *wr, long idx) {
+static KS_NODISCARD ks_status put_leaf(writer *wr, long idx) {
   ks_entry e;
   if (ks_statedict_at(wr->sd, (size_t)idx, &e)) return ks__err(wr->err, KS_E_NOTFOUND, "torch: entry %ld is gone", idx);
   switch (e.kind) {
@@ -314,7 +316,7 @@ static ks_status put_leaf(writer *wr, long idx) {
   return KS_OK;
 }
 
-static ks_status put_node(writer *wr, const wnode *w);
+static KS_NODISCARD ks_status put_node(writer *wr, const wnode *w);
 
 /* A str key: the component itself, unescaped when the names come from a torch import. */
 static void put_key(writer *wr, const wnode *w, const ks__jv *keys) {
@@ -335,7 +337,7 @@ static void put_key(writer *wr, const wnode *w, const ks__jv *keys) {
   }
 }
 
-static ks_status put_dict(writer *wr, const wnode *w) {
+static KS_NODISCARD ks_status put_dict(writer *wr, const wnode *w) {
   const ks__jv *keys = w->spec ? ks__jv_get(w->spec, "keys") : NULL;
   op(wr, '}');
   for (size_t i = 0; i < w->n; i++) {
@@ -349,7 +351,7 @@ static ks_status put_dict(writer *wr, const wnode *w) {
 }
 
 /* Items of a list, tuple or set folder by index; indices it lacks (ignored entries) are None. */
-static ks_status seq_items(writer *wr, const wnode *w, const char *kind, wnode ***out, size_t *len) {
+static KS_NODISCARD ks_status seq_items(writer *wr, const wnode *w, const char *kind, wnode ***out, size_t *len) {
   int64_t rec_len = 0;
   size_t n = ks__jv_is_int(ks__jv_get(w->spec, "len"), &rec_len) && rec_len >= 0 ? (size_t)rec_len : 0;
   /* Every item is an entry, a recorded container, or a value that flattened to nothing. */
@@ -363,10 +365,18 @@ static ks_status seq_items(writer *wr, const wnode *w, const char *kind, wnode *
     comp[cl] = 0;
     unsigned long long ix = strtoull(comp, &end, 10);
     if (!cl || *end || cl != w->kids[i]->nlen || (comp[0] == '0' && cl > 1) || comp[0] == '-' || ix >= (1ull << 40))
-      return ks__err_at(wr->err, KS_E_INVALID, NULL, w->name, -1, "torch: '%.*s' is a %s but holds '%.*s', not an index",
-                        (int)w->nlen, w->name, kind, (int)w->kids[i]->nlen, w->kids[i]->name);
+      return ks__err_at(wr->err, KS_E_INVALID, NULL, w->name, -1,
+                        "torch: '%.*s' is a %s but holds '%.*s', not an index", (int)w->nlen, w->name, kind,
+                        (int)w->kids[i]->nlen, w->kids[i]->name);
     if ((size_t)ix >= n) n = (size_t)ix + 1;
   }
+  if (n - w->n > wr->holes_left)
+    return ks__err_at(wr->err, KS_E_LIMIT, NULL, w->name, -1,
+                      "torch: the structure's lists hold more empty items than the file's %zu entries and %zu records "
+                      "allow (%zu left, '%.*s' asks for %zu)",
+                      ks_statedict_count(wr->sd), wr->containers ? wr->containers->len : 0, wr->holes_left,
+                      (int)(w->nlen > 200 ? 200 : w->nlen), w->name, n - w->n);
+  wr->holes_left -= n - w->n;
   wnode **items = ks__calloc(wr->a, n ? n : 1, sizeof *items);
   if (!items) return nomem(wr);
   for (size_t i = 0; i < w->n; i++) items[strtoull(w->kids[i]->name, NULL, 10)] = w->kids[i];
@@ -375,7 +385,7 @@ static ks_status seq_items(writer *wr, const wnode *w, const char *kind, wnode *
   return KS_OK;
 }
 
-static ks_status put_seq(writer *wr, const wnode *w, const char *kind) {
+static KS_NODISCARD ks_status put_seq(writer *wr, const wnode *w, const char *kind) {
   wnode **items = NULL;
   size_t n = 0;
   ks_status st = seq_items(wr, w, kind, &items, &n);
@@ -396,7 +406,7 @@ static ks_status put_seq(writer *wr, const wnode *w, const char *kind) {
   return st;
 }
 
-static ks_status put_node(writer *wr, const wnode *w) {
+static KS_NODISCARD ks_status put_node(writer *wr, const wnode *w) {
   if (w->entry >= 0) return put_leaf(wr, w->entry);
   const char *kind = w->spec ? ks__jv_string(ks__jv_get(w->spec, "kind")) : NULL;
   if (kind && !strcmp(kind, "value") && w->n == 1 && w->kids[0]->entry >= 0 && w->kids[0]->nlen == 5 &&
@@ -407,18 +417,19 @@ static ks_status put_node(writer *wr, const wnode *w) {
 }
 
 /* Folders the structure document records; those without entries (empty containers) are created. */
-static ks_status insert_structure(writer *wr, wnode *root) {
+static KS_NODISCARD ks_status insert_structure(writer *wr, wnode *root) {
   for (size_t i = 0; wr->containers && i < wr->containers->len; i++) {
     const char *path = wr->containers->keys[i];
     const ks__jv *spec = wr->containers->items[i];
-    if (!ks__jv_is(spec, KS__JV_OBJECT)) return ks__err_at(wr->err, KS_E_INVALID, NULL, path, -1, "torch: structure record is not an object");
+    if (!ks__jv_is(spec, KS__JV_OBJECT))
+      return ks__err_at(wr->err, KS_E_INVALID, NULL, path, -1, "torch: structure record is not an object");
     ks_status st = insert(wr, root, path, -1, spec);
     if (st) return st;
   }
   return KS_OK;
 }
 
-static ks_status parse_structure(writer *wr, const char *text) {
+static KS_NODISCARD ks_status parse_structure(writer *wr, const char *text) {
   if (!text) return KS_OK;
   ks_error jerr;
   ks_status s = ks__jv_parse(wr->a, text, strlen(text), "structure", &wr->structure, &jerr);
@@ -431,7 +442,7 @@ static ks_status parse_structure(writer *wr, const char *text) {
   return KS_OK;
 }
 
-static ks_status build_pickle(writer *wr) {
+static KS_NODISCARD ks_status build_pickle(writer *wr) {
   wnode *root = ks__calloc(wr->a, 1, sizeof *root);
   if (!root) return nomem(wr);
   root->entry = -1;
@@ -439,6 +450,7 @@ static ks_status build_pickle(writer *wr) {
   ks_entry e;
   for (size_t i = 0; !st && ks_statedict_at(wr->sd, i, &e) == KS_OK; i++) st = insert(wr, root, e.name, (long)i, NULL);
   if (!st && wr->containers) st = insert_structure(wr, root);
+  wr->holes_left = ks_statedict_count(wr->sd) + (wr->containers ? wr->containers->len : 0) + ((size_t)1 << 16);
   if (!st) {
     op(wr, 0x80);
     op(wr, 2);
@@ -453,7 +465,7 @@ static ks_status build_pickle(writer *wr) {
 /* ---- archive ---- */
 
 /* Storage bytes as torch expects them, widening U16/U32/U64 (U64 must fit in I64). */
-static ks_status storage_bytes(writer *wr, const wstorage *s, const void **data, size_t *n, void **owned) {
+static KS_NODISCARD ks_status storage_bytes(writer *wr, const wstorage *s, const void **data, size_t *n, void **owned) {
   *owned = NULL;
   if (!s->t) {
     *data = &s->f;
@@ -465,7 +477,8 @@ static ks_status storage_bytes(writer *wr, const wstorage *s, const void **data,
   if (s->dtype == s->t->dtype) return KS_OK;
   uint64_t numel = ks_tensor_numel(s->t);
   size_t bytes;
-  if (!ks__mul_size((size_t)numel, ks_dtype_size(s->dtype), &bytes)) return ks__err(wr->err, KS_E_LIMIT, "torch: tensor too large");
+  if (!ks__mul_size((size_t)numel, ks_dtype_size(s->dtype), &bytes))
+    return ks__err(wr->err, KS_E_LIMIT, "torch: tensor too large");
   for (uint64_t i = 0; s->t->dtype == KS_U64 && i < numel; i++)
     if (((const uint64_t *)s->t->data)[i] > (uint64_t)INT64_MAX)
       return ks__err(wr->err, KS_E_DTYPE, "torch: U64 value does not fit in torch's int64");
@@ -478,7 +491,8 @@ static ks_status storage_bytes(writer *wr, const wstorage *s, const void **data,
   return KS_OK;
 }
 
-static ks_status add_record(writer *wr, ks__zw *z, const char *root, const char *rel, const void *p, size_t n) {
+static KS_NODISCARD ks_status add_record(writer *wr, ks__zw *z, const char *root, const char *rel, const void *p,
+                                         size_t n) {
   char name[512];
   int w = snprintf(name, sizeof name, "%s/%s", root, rel);
   if (w < 0 || (size_t)w >= sizeof name)
@@ -487,7 +501,7 @@ static ks_status add_record(writer *wr, ks__zw *z, const char *root, const char 
   return ks__zw_add(z, name, p, n, wr->err);
 }
 
-static ks_status write_archive(writer *wr, const char *root, ks__zw *z) {
+static KS_NODISCARD ks_status write_archive(writer *wr, const char *root, ks__zw *z) {
   ks_status st = add_record(wr, z, root, "data.pkl", wr->p, wr->n);
   if (!st) st = add_record(wr, z, root, ".format_version", "1", 1);
   if (!st) st = add_record(wr, z, root, ".storage_alignment", "64", 2);
@@ -509,7 +523,8 @@ static ks_status write_archive(writer *wr, const char *root, ks__zw *z) {
 ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, int force_zip64, ks__zw_write_fn fn,
                        void *ctx, ks_error *err) {
   const char *root = opts && opts->root ? opts->root : "archive";
-  if (!*root || strlen(root) > 200 || strchr(root, '/')) return ks__err(err, KS_E_INVALID, "torch: bad archive folder name");
+  if (!*root || strlen(root) > 200 || strchr(root, '/'))
+    return ks__err(err, KS_E_INVALID, "torch: bad archive folder name");
   writer wr = {0};
   wr.a = ks__alloc_or_default(opts ? opts->alloc : NULL);
   wr.sd = sd;

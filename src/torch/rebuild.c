@@ -11,11 +11,11 @@
 typedef ks_status (*ctor_fn)(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args,
                              int64_t off, ks__pk_node **out, ks_error *err);
 
-static ks_status bad(ks_error *err, int64_t off, const char *what) {
+static KS_NODISCARD ks_status bad(ks_error *err, int64_t off, const char *what) {
   return ks__err_at(err, KS_E_FORMAT, NULL, NULL, off, "pickle: %s", what);
 }
 
-static ks_status nomem(ks_error *err) { return ks__err(err, KS_E_NOMEM, "pickle: out of memory"); }
+static KS_NODISCARD ks_status nomem(ks_error *err) { return ks__err(err, KS_E_NOMEM, "pickle: out of memory"); }
 
 static ks__pk_node *arg(const ks__pk_node *args, size_t i, ks__pk_kind kind) {
   if (!args || (args->kind != PK_TUPLE && args->kind != PK_LIST) || i >= args->u.seq.n) return NULL;
@@ -37,7 +37,8 @@ static const struct {
     {"BoolStorage", KS_BOOL}, {"UntypedStorage", KS_U8},
 };
 
-int ks__pk_storage_dtype(const char *name, ks_dtype *dt) {
+/* torch.<X>Storage class name -> dtype. */
+static int storage_dtype(const char *name, ks_dtype *dt) {
   for (size_t i = 0; i < sizeof storages / sizeof storages[0]; i++)
     if (!strcmp(name, storages[i].name)) {
       *dt = storages[i].dt;
@@ -61,11 +62,12 @@ ks_status ks__pk_persid(ks__pk_arena *ar, ks__pk_node *pid, ks__pk_storage_fn st
     return bad(err, off, "persistent id is not ('storage', class, key, location, numel)");
   const char *dtype_text = strcmp(cls->u.g.module, "torch") ? NULL : ks__pk_storage_dtype_text(cls->u.g.name);
   if (dtype_text)
-    return ks__err_at(err, KS_E_DTYPE, NULL, key->u.s.p, off, "pickle: tensor of dtype torch.%s (torch.%s): keepsake has no such dtype",
-                      dtype_text, cls->u.g.name);
+    return ks__err_at(err, KS_E_DTYPE, NULL, key->u.s.p, off,
+                      "pickle: tensor of dtype torch.%s (torch.%s): keepsake has no such dtype", dtype_text,
+                      cls->u.g.name);
   bool untyped = !strcmp(cls->u.g.module, "torch.storage") && !strcmp(cls->u.g.name, "UntypedStorage");
   if (untyped) dt = KS_U8; /* torch >= 2.3, for the dtypes _rebuild_tensor_v3 names */
-  else if (strcmp(cls->u.g.module, "torch") || !ks__pk_storage_dtype(cls->u.g.name, &dt))
+  else if (strcmp(cls->u.g.module, "torch") || !storage_dtype(cls->u.g.name, &dt))
     return ks__err_at(err, KS_E_DTYPE, NULL, key->u.s.p, off, "pickle: unknown storage class %s.%s",
                       cls->u.g.module, cls->u.g.name);
   if (!storage) return bad(err, off, "storage reference outside a torch archive");
@@ -82,8 +84,9 @@ ks_status ks__pk_persid(ks__pk_arena *ar, ks__pk_node *pid, ks__pk_storage_fn st
     return ks__err_at(err, KS_E_LIMIT, NULL, rel, off, "pickle: storage of %lld %s elements overflows 64-bit bytes",
                       (long long)numel->u.i, ks_dtype_name(dt));
   if (need > len)
-    return ks__err_at(err, KS_E_FORMAT, NULL, rel, off, "pickle: storage of %lld elements needs %llu bytes, entry has %zu",
-                      (long long)numel->u.i, (unsigned long long)need, len);
+    return ks__err_at(err, KS_E_FORMAT, NULL, rel, off,
+                      "pickle: storage of %lld elements needs %llu bytes, entry has %zu", (long long)numel->u.i,
+                      (unsigned long long)need, len);
   ks__pk_node *n = ks__pk_new(ar, PK_STORAGE);
   if (!n) return nomem(err);
   n->u.st.dtype = dt;
@@ -93,10 +96,12 @@ ks_status ks__pk_persid(ks__pk_arena *ar, ks__pk_node *pid, ks__pk_storage_fn st
   return KS_OK;
 }
 
-static ks_status read_dims(const ks__pk_node *seq, int64_t *dims, int *rank, int64_t off, ks_error *err) {
-  if (!seq || (seq->kind != PK_TUPLE && seq->kind != PK_LIST)) return bad(err, off, "tensor size/stride is not a tuple");
+static KS_NODISCARD ks_status read_dims(const ks__pk_node *seq, int64_t *dims, int *rank, int64_t off, ks_error *err) {
+  if (!seq || (seq->kind != PK_TUPLE && seq->kind != PK_LIST))
+    return bad(err, off, "tensor size/stride is not a tuple");
   if (seq->u.seq.n > KS_MAX_RANK)
-    return ks__err_at(err, KS_E_LIMIT, NULL, NULL, off, "pickle: tensor rank %zu exceeds %d", seq->u.seq.n, KS_MAX_RANK);
+    return ks__err_at(err, KS_E_LIMIT, NULL, NULL, off, "pickle: tensor rank %zu exceeds %d", seq->u.seq.n,
+                      KS_MAX_RANK);
   for (size_t i = 0; i < seq->u.seq.n; i++) {
     const ks__pk_node *d = seq->u.seq.v[i];
     if (d->kind != PK_INT || d->u.i < 0) return bad(err, off, "tensor size/stride entries must be non-negative ints");
@@ -106,7 +111,7 @@ static ks_status read_dims(const ks__pk_node *seq, int64_t *dims, int *rank, int
   return KS_OK;
 }
 
-void ks__pk_strided_copy(uint8_t *dst, const uint8_t *src, size_t esize, int rank, const int64_t *shape,
+static void strided_copy(uint8_t *dst, const uint8_t *src, size_t esize, int rank, const int64_t *shape,
                          const int64_t *stride) {
   int64_t idx[KS_MAX_RANK] = {0};
   uint64_t numel = 1, pos = 0;
@@ -169,12 +174,12 @@ ks_status ks__pk_view(ks__pk_arena *ar, const ks__pk_limits *lim, ks_dtype dt, c
                       (unsigned long long)lim->max_view_bytes, nbytes, (unsigned long long)ar->buf_bytes);
   uint8_t *dst = ks__pk_buffer(ar, nbytes);
   if (!dst) return nomem(err);
-  ks__pk_strided_copy(dst, src, esize, rank, shape, stride);
+  strided_copy(dst, src, esize, rank, shape, stride);
   t->data = dst;
   return KS_OK;
 }
 
-static ks_status ctor_tensor(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+static KS_NODISCARD ks_status ctor_tensor(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                              ks__pk_node **out, ks_error *err) {
   ks__pk_node *stor = arg(args, 0, PK_STORAGE), *offset = arg(args, 1, PK_INT);
   int64_t shape[KS_MAX_RANK], stride[KS_MAX_RANK];
@@ -192,7 +197,7 @@ static ks_status ctor_tensor(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_
                      rank, shape, stride, off, &n->u.t, err);
 }
 
-static ks_status ctor_parameter(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args,
+static KS_NODISCARD ks_status ctor_parameter(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args,
                                 int64_t off, ks__pk_node **out, ks_error *err) {
   (void)ar, (void)lim;
   if (!(*out = arg(args, 0, PK_TENSOR))) return bad(err, off, "_rebuild_parameter without a tensor");
@@ -202,7 +207,7 @@ static ks_status ctor_parameter(ks__pk_arena *ar, const ks__pk_limits *lim, ks__
 /* _rebuild_from_type_v2(func, type, args, state) = func(*args). Nested ones (func is
  * _rebuild_from_type_v2 again) are unwrapped in a loop: a pickle can nest them
  * arbitrarily deep, and recursing once per level would overflow the C stack. */
-static ks_status ctor_from_type(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args,
+static KS_NODISCARD ks_status ctor_from_type(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args,
                                 int64_t off, ks__pk_node **out, ks_error *err) {
   ks__pk_node *fn = arg(args, 0, PK_GLOBAL), *inner = arg(args, 2, PK_TUPLE);
   if (!fn || !inner) return KS_OK; /* leave inert */
@@ -223,7 +228,7 @@ static ks_status ctor_from_type(ks__pk_arena *ar, const ks__pk_limits *lim, ks__
   return ks__pk_reduce(ar, lim, fn, inner, off, out, err);
 }
 
-static ks_status ctor_odict(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+static KS_NODISCARD ks_status ctor_odict(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                             ks__pk_node **out, ks_error *err) {
   (void)lim, (void)off;
   ks__pk_node *pairs = nargs(args) ? args->u.seq.v[0] : NULL;
@@ -239,7 +244,7 @@ static ks_status ctor_odict(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_n
   return KS_OK;
 }
 
-static ks_status ctor_set(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+static KS_NODISCARD ks_status ctor_set(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                           ks__pk_node **out, ks_error *err) {
   (void)lim, (void)off;
   ks__pk_node *items = nargs(args) ? args->u.seq.v[0] : NULL;
@@ -252,7 +257,7 @@ static ks_status ctor_set(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_nod
   return KS_OK;
 }
 
-static ks_status ctor_device(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+static KS_NODISCARD ks_status ctor_device(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                              ks__pk_node **out, ks_error *err) {
   (void)lim, (void)off;
   ks__pk_node *type = arg(args, 0, PK_STR), *index = arg(args, 1, PK_INT);
@@ -265,7 +270,7 @@ static ks_status ctor_device(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_
 }
 
 /* _codecs.encode(text, 'latin1'): how protocol 2 carries Python 3 bytes. */
-static ks_status ctor_encode(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+static KS_NODISCARD ks_status ctor_encode(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                              ks__pk_node **out, ks_error *err) {
   (void)lim;
   ks__pk_node *text = arg(args, 0, PK_STR), *enc = arg(args, 1, PK_STR);
@@ -299,7 +304,7 @@ static ks_status ctor_encode(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_
   return KS_OK;
 }
 
-static ks_status ctor_size(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
+static KS_NODISCARD ks_status ctor_size(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                            ks__pk_node **out, ks_error *err) {
   (void)lim, (void)off, (void)err, (void)ar;
   ks__pk_node *dims = nargs(args) ? args->u.seq.v[0] : NULL;
@@ -351,7 +356,7 @@ ks_status ks__pk_reduce(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node 
   return KS_OK;
 }
 
-static ks_status merge_state(ks__pk_arena *ar, ks__pk_node *obj, ks__pk_node *state, ks_error *err) {
+static KS_NODISCARD ks_status merge_state(ks__pk_arena *ar, ks__pk_node *obj, ks__pk_node *state, ks_error *err) {
   ks__pk_node *old = obj->u.obj.state;
   if (!old || old->kind != PK_DICT || state->kind != PK_DICT) {
     obj->u.obj.state = state;

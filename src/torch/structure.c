@@ -41,6 +41,19 @@ size_t ks__torch_escape(const char *s, size_t n, char *dst) {
   return k;
 }
 
+size_t ks__torch_reread_len(const char *s, size_t n) {
+  size_t out = 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (c == '%' && i + 2 < n && s[i + 1] == '2' && (s[i + 2] == 'F' || s[i + 2] == '5')) {
+      c = s[i + 2] == 'F' ? '/' : '%';
+      i += 2;
+    }
+    out += (c == '/' || c == '%') ? 3 : 1;
+  }
+  return out;
+}
+
 size_t ks__torch_unescape(const char *s, size_t n, char *dst) {
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
@@ -117,7 +130,7 @@ void ks__structure_free(ks__structure *s) {
 }
 
 /* obj[key] = v (taken in every case). */
-static ks_status set_new(const ks__structure *s, ks_error *err, ks__jv *obj, const char *key, ks__jv *v) {
+static KS_NODISCARD ks_status set_new(const ks__structure *s, ks_error *err, ks__jv *obj, const char *key, ks__jv *v) {
   if (!ks__utf8_valid((const uint8_t *)key, strlen(key))) {
     ks__jv_free(s->a, v);
     return ks__err_at(err, KS_E_VALUE, NULL, key, -1, "torch: a key on this path is not valid UTF-8");

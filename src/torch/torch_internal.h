@@ -34,7 +34,8 @@ typedef struct ks__zip_entry {
 typedef struct ks__zip ks__zip;
 KS_NODISCARD ks_status ks__zip_open_buffer(const void *buf, size_t len, const ks_allocator *a, ks__zip **out,
                               ks_error *err);
-KS_NODISCARD ks_status ks__zip_open_path(const char *path, const ks_io *io, const ks_allocator *a, ks__zip **out, ks_error *err);
+KS_NODISCARD ks_status ks__zip_open_path(const char *path, const ks_io *io, const ks_allocator *a, ks__zip **out,
+                                         ks_error *err);
 void ks__zip_free(ks__zip *z);
 /* Root folder of the archive including its trailing '/', e.g. "archive/". */
 const char *ks__zip_root(const ks__zip *z);
@@ -49,15 +50,16 @@ KS_NODISCARD ks_status ks__zip_read(const ks__zip *z, const char *rel, int verif
 /* ---- zip writer (zip_writer.c): stored entries, data aligned to 64 bytes ---- */
 typedef ks_status (*ks__zw_write_fn)(void *ctx, const void *p, size_t n);
 typedef struct ks__zw ks__zw;
-KS_NODISCARD ks_status ks__zw_create(const ks_allocator *a, ks__zw_write_fn write, void *ctx, int force_zip64, ks__zw **out);
+KS_NODISCARD ks_status ks__zw_create(const ks_allocator *a, ks__zw_write_fn write, void *ctx, int force_zip64,
+                                     ks__zw **out);
 /* Appends one stored entry (CRC32 computed here). */
 KS_NODISCARD ks_status ks__zw_add(ks__zw *z, const char *name, const void *data, size_t n, ks_error *err);
 /* Writes the central directory (and zip64 records when needed). */
 KS_NODISCARD ks_status ks__zw_finish(ks__zw *z, ks_error *err);
 void ks__zw_free(ks__zw *z);
 /* Writes sd as a torch archive through fn (pt_writer.c); force_zip64 writes zip64 records even when small. */
-KS_NODISCARD ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, int force_zip64, ks__zw_write_fn fn,
-                       void *ctx, ks_error *err);
+KS_NODISCARD ks_status ks__pt_write(const ks_statedict *sd, const ks_torch_write_opts *opts, int force_zip64,
+                                    ks__zw_write_fn fn, void *ctx, ks_error *err);
 /* ks_torch_save_buffer with zip64 records forced (tests of the zip64 path; not exported). */
 KS_NODISCARD ks_status ks__torch_save_buffer_zip64(const ks_statedict *sd, const ks_torch_write_opts *opts, void **out,
                                       size_t *out_len, ks_error *err);
@@ -67,16 +69,17 @@ typedef enum ks__pk_kind {
   PK_NONE,
   PK_BOOL,
   PK_INT,
-  PK_BIGINT,  /* s: its decimal text, made once when read (NULL when longer than KS__PK_BIGINT_MAX bytes; n = byte length) */
+  PK_BIGINT, /* s: its decimal text, made once when read (NULL when longer than KS__PK_BIGINT_MAX bytes; n = byte
+                length) */
   PK_FLOAT,
-  PK_STR,     /* bytes: UTF-8, NUL-terminated */
+  PK_STR, /* bytes: UTF-8, NUL-terminated */
   PK_BYTES,
   PK_TUPLE,
   PK_LIST,
   PK_SET,
-  PK_DICT,    /* seq holds key0, value0, key1, value1... */
-  PK_GLOBAL,  /* an unresolved reference module.name: never imported */
-  PK_OBJECT,  /* inert result of REDUCE/NEWOBJ on an unknown callable */
+  PK_DICT,   /* seq holds key0, value0, key1, value1... */
+  PK_GLOBAL, /* an unresolved reference module.name: never imported */
+  PK_OBJECT, /* inert result of REDUCE/NEWOBJ on an unknown callable */
   PK_STORAGE,
   PK_TENSOR,
   PK_NPDTYPE
@@ -184,8 +187,6 @@ KS_NODISCARD ks_status ks__pk_persid(ks__pk_arena *ar, ks__pk_node *pid, ks__pk_
 KS_NODISCARD ks_status ks__pk_view(ks__pk_arena *ar, const ks__pk_limits *lim, ks_dtype dt, const uint8_t *base,
                       uint64_t base_numel, uint64_t offset, int rank, const int64_t *shape,
                       const int64_t *stride, int64_t off, ks_tensor *t, ks_error *err);
-void ks__pk_strided_copy(uint8_t *dst, const uint8_t *src, size_t esize, int rank, const int64_t *shape,
-                         const int64_t *stride);
 /* numpy (numpy.c): dtype and scalar constructors, BUILD of dtypes and arrays. */
 KS_NODISCARD ks_status ks__pk_np_dtype(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                           ks__pk_node **out, ks_error *err);
@@ -194,15 +195,10 @@ KS_NODISCARD ks_status ks__pk_np_scalar(ks__pk_arena *ar, const ks__pk_limits *l
 KS_NODISCARD ks_status ks__pk_np_dtype_build(ks__pk_node *dt, const ks__pk_node *state, int64_t off, ks_error *err);
 KS_NODISCARD ks_status ks__pk_np_array_build(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *obj,
                                 const ks__pk_node *state, int64_t off, ks_error *err);
-/* torch dtypes (dtypes.c): `torch.<name>` globals, _rebuild_tensor_v3, and the dtype an
- * unsupported typed storage holds ("complex64" for ComplexFloatStorage; NULL if none). */
-int ks__pk_torch_dtype(const char *name, ks_dtype *dt);
 const char *ks__pk_torch_dtype_name(ks_dtype dt);
 const char *ks__pk_storage_dtype_text(const char *storage_class);
 KS_NODISCARD ks_status ks__pk_ctor_tensor_v3(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                                 ks__pk_node **out, ks_error *err);
-/* torch.<X>Storage class name -> dtype. */
-int ks__pk_storage_dtype(const char *name, ks_dtype *dt);
 const char *ks__pk_storage_name(ks_dtype dt);
 
 /* ---- structure of flattened values (structure.c) ---- */
@@ -214,8 +210,8 @@ void ks__structure_free(ks__structure *s);
 /* Records the container n found at path (lists, tuples, sets, empty dicts). */
 KS_NODISCARD ks_status ks__structure_container(ks__structure *s, const char *path, const ks__pk_node *n, ks_error *err);
 /* Records that the dict at path has the non-str key `key`, printed as text[0..n). */
-KS_NODISCARD ks_status ks__structure_key(ks__structure *s, const char *path, const ks__pk_node *key, const char *text, size_t n,
-                            ks_error *err);
+KS_NODISCARD ks_status ks__structure_key(ks__structure *s, const char *path, const ks__pk_node *key, const char *text,
+                                         size_t n, ks_error *err);
 /* Records that the file holds one bare value, flattened as the entry "value". */
 KS_NODISCARD ks_status ks__structure_bare_value(ks__structure *s, ks_error *err);
 KS_NODISCARD ks_status ks__structure_dump(const ks__structure *s, const ks_allocator *a, char **out, ks_error *err);
@@ -223,6 +219,9 @@ KS_NODISCARD ks_status ks__structure_dump(const ks__structure *s, const ks_alloc
 size_t ks__torch_escaped_len(const char *s, size_t n);
 size_t ks__torch_escape(const char *s, size_t n, char *dst);
 size_t ks__torch_unescape(const char *s, size_t n, char *dst);
+/* ks__torch_escaped_len of what ks__torch_unescape makes of s[0..n), without a buffer: the
+ * component may be any length (untrusted structure records), so nothing is copied. */
+size_t ks__torch_reread_len(const char *s, size_t n);
 /* KS_E_EXISTS when a name is both a value and the folder of another. */
 KS_NODISCARD ks_status ks__torch_names_prefix_free(const ks_statedict *sd, ks_error *err);
 

@@ -37,7 +37,7 @@ typedef struct cd_info {
   size_t eocd_pos;
 } cd_info;
 
-static ks_status fmt(ks_error *err, int64_t off, const char *what) {
+static KS_NODISCARD ks_status fmt(ks_error *err, int64_t off, const char *what) {
   return ks__err_at(err, KS_E_FORMAT, NULL, NULL, off, "zip: %s", what);
 }
 
@@ -52,7 +52,7 @@ static int find_eocd(const uint8_t *d, size_t len, size_t *pos) {
   return 0;
 }
 
-static ks_status read_eocd64(const ks__zip *z, size_t eocd, cd_info *ci, ks_error *err) {
+static KS_NODISCARD ks_status read_eocd64(const ks__zip *z, size_t eocd, cd_info *ci, ks_error *err) {
   ks__cursor c;
   uint32_t sig, disk, total_disks;
   uint64_t off64, rec_size;
@@ -73,7 +73,7 @@ static ks_status read_eocd64(const ks__zip *z, size_t eocd, cd_info *ci, ks_erro
   return KS_OK;
 }
 
-static ks_status read_eocd(const ks__zip *z, cd_info *ci, ks_error *err) {
+static KS_NODISCARD ks_status read_eocd(const ks__zip *z, cd_info *ci, ks_error *err) {
   size_t p;
   if (!find_eocd(z->data, z->len, &p)) return fmt(err, -1, "no end of central directory record (not a zip)");
   const uint8_t *e = z->data + p;
@@ -94,7 +94,7 @@ static ks_status read_eocd(const ks__zip *z, cd_info *ci, ks_error *err) {
 }
 
 /* Applies the zip64 extra field: replaces each 0xFFFFFFFF field, in the fixed order. */
-static ks_status apply_zip64(const uint8_t *x, size_t xlen, uint64_t *usize, uint64_t *csize,
+static KS_NODISCARD ks_status apply_zip64(const uint8_t *x, size_t xlen, uint64_t *usize, uint64_t *csize,
                              uint64_t *lho, int64_t off, ks_error *err) {
   ks__cursor c;
   ks__cursor_init(&c, x, xlen);
@@ -115,7 +115,7 @@ static ks_status apply_zip64(const uint8_t *x, size_t xlen, uint64_t *usize, uin
   return KS_OK;
 }
 
-static ks_status locate_data(const ks__zip *z, ks__zip_entry *e, uint64_t lho, uint64_t csize,
+static KS_NODISCARD ks_status locate_data(const ks__zip *z, ks__zip_entry *e, uint64_t lho, uint64_t csize,
                              ks_error *err) {
   ks__cursor c;
   const uint8_t *h;
@@ -129,7 +129,7 @@ static ks_status locate_data(const ks__zip *z, ks__zip_entry *e, uint64_t lho, u
   return KS_OK;
 }
 
-static ks_status read_central(ks__zip *z, ks__cursor *c, char **names, ks__zip_entry *e, ks_error *err) {
+static KS_NODISCARD ks_status read_central(ks__zip *z, ks__cursor *c, char **names, ks__zip_entry *e, ks_error *err) {
   const uint8_t *h, *name, *extra, *comment;
   int64_t off = (int64_t)c->pos;
   if (!ks__take(c, CENTRAL_MIN, &h) || ks__le32(h) != SIG_CENTRAL) return fmt(err, off, "bad central directory header");
@@ -158,7 +158,7 @@ static int cmp_entry(const void *a, const void *b) {
   return strcmp(((const ks__zip_entry *)a)->name, ((const ks__zip_entry *)b)->name);
 }
 
-static ks_status set_root(ks__zip *z, ks_error *err) {
+static KS_NODISCARD ks_status set_root(ks__zip *z, ks_error *err) {
   const char *first = z->count ? z->entries[0].name : "";
   const char *slash = strchr(first, '/');
   size_t n = slash ? (size_t)(slash - first) + 1 : 0;
@@ -166,7 +166,7 @@ static ks_status set_root(ks__zip *z, ks_error *err) {
   return z->root ? KS_OK : ks__err(err, KS_E_NOMEM, "zip: out of memory");
 }
 
-static ks_status read_directory(ks__zip *z, ks_error *err) {
+static KS_NODISCARD ks_status read_directory(ks__zip *z, ks_error *err) {
   cd_info ci = {0};
   ks_status st = read_eocd(z, &ci, err);
   if (st) return st;
@@ -192,7 +192,7 @@ static ks_status read_directory(ks__zip *z, ks_error *err) {
   return KS_OK;
 }
 
-static ks_status zip_new(const ks_allocator *a, ks__zip **out, ks_error *err) {
+static KS_NODISCARD ks_status zip_new(const ks_allocator *a, ks__zip **out, ks_error *err) {
   *out = ks__calloc(a, 1, sizeof(ks__zip));
   if (!*out) return ks__err(err, KS_E_NOMEM, "zip: out of memory");
   (*out)->alloc = *ks__alloc_or_default(a);
@@ -216,7 +216,8 @@ ks_status ks__zip_open_buffer(const void *buf, size_t len, const ks_allocator *a
 
 /* The whole file, mapped (or read, by a table that cannot map) by the core mapper; an empty
    file is not a zip (a format error). */
-static ks_status map_file(const char *path, const ks_io *io, const ks_allocator *a, ks__fmap *m, ks_error *err) {
+static KS_NODISCARD ks_status map_file(const char *path, const ks_io *io, const ks_allocator *a, ks__fmap *m,
+                                       ks_error *err) {
   ks_status st = ks__fmap_open(m, path, io, false, 1, a, err);
   if (st) return st;
   if (m->size == 0) {
@@ -278,7 +279,8 @@ ks_status ks__zip_read(const ks__zip *z, const char *rel, int verify_crc, const 
                        size_t *len, ks_error *err) {
   const ks__zip_entry *e = find(z, rel);
   if (!e) return ks__err_at(err, KS_E_NOTFOUND, NULL, rel, -1, "zip: no entry '%s%s'", z->root, rel);
-  if (e->flags & 1) return ks__err_at(err, KS_E_UNSUPPORTED, NULL, e->name, (int64_t)e->data_off, "zip: entry is encrypted");
+  if (e->flags & 1)
+    return ks__err_at(err, KS_E_UNSUPPORTED, NULL, e->name, (int64_t)e->data_off, "zip: entry is encrypted");
   if (e->method != 0)
     return ks__err_at(err, KS_E_UNSUPPORTED, NULL, e->name, (int64_t)e->data_off,
                       "zip: entry is compressed (method %u); torch.save archives store entries uncompressed",

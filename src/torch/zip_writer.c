@@ -45,14 +45,14 @@ void ks__zw_free(ks__zw *z) {
   ks__free(&a, z);
 }
 
-static ks_status emit(ks__zw *z, const void *p, size_t n, ks_error *err) {
+static KS_NODISCARD ks_status emit(ks__zw *z, const void *p, size_t n, ks_error *err) {
   ks_status st = n ? z->write(z->ctx, p, n) : KS_OK;
   if (st) return ks__err(err, st, "zip: write failed at byte %llu", (unsigned long long)z->pos);
   z->pos += n;
   return KS_OK;
 }
 
-static ks_status record(ks__zw *z, const char *name, uint64_t size, uint32_t crc, ks_error *err) {
+static KS_NODISCARD ks_status record(ks__zw *z, const char *name, uint64_t size, uint32_t crc, ks_error *err) {
   ks_status g = ks__grow(&z->alloc, &z->e, &z->cap, z->n + 1, sizeof *z->e);
   if (g) return ks__err(err, g, g == KS_E_LIMIT ? "zip: too many entries" : "zip: out of memory");
   char *copy = ks__strdup(&z->alloc, name);
@@ -94,7 +94,7 @@ ks_status ks__zw_add(ks__zw *z, const char *name, const void *data, size_t n, ks
   return emit(z, data, n, err);
 }
 
-static ks_status central(ks__zw *z, const zw_entry *e, ks_error *err) {
+static KS_NODISCARD ks_status central(ks__zw *z, const zw_entry *e, ks_error *err) {
   uint8_t h[46], x[28];
   size_t nlen = strlen(e->name), xl = 4;
   int big_size = z->force64 || e->size >= U32_MAX_FIELD, big_off = z->force64 || e->lho >= U32_MAX_FIELD;
@@ -119,7 +119,7 @@ static ks_status central(ks__zw *z, const zw_entry *e, ks_error *err) {
   return st;
 }
 
-static ks_status zip64_end(ks__zw *z, uint64_t cd_off, uint64_t cd_size, ks_error *err) {
+static KS_NODISCARD ks_status zip64_end(ks__zw *z, uint64_t cd_off, uint64_t cd_size, ks_error *err) {
   uint8_t r[56 + 20];
   uint64_t at = z->pos;
   ks__put_le32(r, 0x06064b50u);

@@ -33,7 +33,7 @@ struct ks_optimizer {
   size_t count, cap;
 };
 
-static ks_status create(const ks_allocator *alloc, opt_kind kind, double lr, ks_optimizer **out) {
+static KS_NODISCARD ks_status create(const ks_allocator *alloc, opt_kind kind, double lr, ks_optimizer **out) {
   if (!out || !(lr >= 0)) return KS_E_INVALID;
   ks_optimizer *o = ks__calloc(alloc, 1, sizeof *o);
   if (!o) return KS_E_NOMEM;
@@ -44,7 +44,8 @@ static ks_status create(const ks_allocator *alloc, opt_kind kind, double lr, ks_
   return KS_OK;
 }
 
-ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *alloc, ks_optimizer **out, ks_error *err) {
+ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *alloc, ks_optimizer **out,
+                                  ks_error *err) {
   if (!opts || !out) return ks__err(err, KS_E_INVALID, "SGD: NULL options or out");
   if (opts->momentum < 0 || opts->weight_decay < 0)
     return ks__err(err, KS_E_INVALID, "SGD: momentum %g and weight_decay %g must be >= 0", opts->momentum,
@@ -61,7 +62,8 @@ ks_status ks_optimizer_create_sgd(const ks_sgd_opts *opts, const ks_allocator *a
   return KS_OK;
 }
 
-ks_status ks_optimizer_create_adamw(const ks_adamw_opts *opts, const ks_allocator *alloc, ks_optimizer **out, ks_error *err) {
+ks_status ks_optimizer_create_adamw(const ks_adamw_opts *opts, const ks_allocator *alloc, ks_optimizer **out,
+                                    ks_error *err) {
   if (!opts || !out) return ks__err(err, KS_E_INVALID, "AdamW: NULL options or out");
   if (!(opts->beta1 >= 0 && opts->beta1 < 1) || !(opts->beta2 >= 0 && opts->beta2 < 1) || !(opts->eps >= 0) ||
       !(opts->weight_decay >= 0))
@@ -86,7 +88,7 @@ void ks_optimizer_free(ks_optimizer *o) {
   ks__free(&o->alloc, o);
 }
 
-static ks_status alloc_state(ks_optimizer *o, opt_param *p) {
+static KS_NODISCARD ks_status alloc_state(ks_optimizer *o, opt_param *p) {
   size_t bytes;
   if (!ks__mul_size(p->n ? p->n : 1, sizeof(float), &bytes)) return KS_E_LIMIT;
   p->m = ks__calloc(&o->alloc, 1, bytes);
@@ -101,7 +103,8 @@ static ks_status alloc_state(ks_optimizer *o, opt_param *p) {
 
 ks_status ks_optimizer_add_param(ks_optimizer *o, float *param, const float *grad, int rank,
                                  const int64_t *shape, ks_error *err) {
-  if (!o || !param || !grad) return ks__err(err, KS_E_INVALID, "optimizer param %zu: NULL optimizer, param or grad", o ? o->count : 0);
+  if (!o || !param || !grad)
+    return ks__err(err, KS_E_INVALID, "optimizer param %zu: NULL optimizer, param or grad", o ? o->count : 0);
   opt_param p = {.p = param, .g = grad, .rank = rank};
   uint64_t numel;
   ks_status s = ks_shape_size(KS_F32, rank, shape, &numel, NULL);
@@ -164,7 +167,7 @@ size_t ks_optimizer_param_count(const ks_optimizer *o) { return o ? o->count : 0
 
 /* ---- state dict ---- */
 
-static ks_status put_buffer(ks_statedict *dst, const char *prefix, size_t i, const char *what,
+static KS_NODISCARD ks_status put_buffer(ks_statedict *dst, const char *prefix, size_t i, const char *what,
                             const opt_param *p, const float *data, ks_error *err) {
   char k[KS__KEY_MAX + 1];
   if (ks__keyf(k, prefix, "state/%zu/%s", i, what)) return ks__key_limit(err, prefix, what);
@@ -179,7 +182,7 @@ static ks_status put_buffer(ks_statedict *dst, const char *prefix, size_t i, con
   return KS_OK;
 }
 
-static ks_status put_step(ks_statedict *dst, const char *prefix, size_t i, float step, ks_error *err) {
+static KS_NODISCARD ks_status put_step(ks_statedict *dst, const char *prefix, size_t i, float step, ks_error *err) {
   char k[KS__KEY_MAX + 1];
   if (ks__keyf(k, prefix, "state/%zu/step", i)) return ks__key_limit(err, prefix, "state/N/step");
   void *out;
@@ -192,7 +195,7 @@ static ks_status put_step(ks_statedict *dst, const char *prefix, size_t i, float
 }
 
 /* torch has no per-param state until the first step; neither do we in the file. */
-static ks_status put_state(const ks_optimizer *o, ks_statedict *dst, const char *prefix, ks_error *err) {
+static KS_NODISCARD ks_status put_state(const ks_optimizer *o, ks_statedict *dst, const char *prefix, ks_error *err) {
   ks_status s = KS_OK;
   for (size_t i = 0; i < o->count && !s; i++) {
     const opt_param *p = &o->params[i];
@@ -207,19 +210,19 @@ static ks_status put_state(const ks_optimizer *o, ks_statedict *dst, const char 
   return s;
 }
 
-static ks_status put_null(ks_statedict *dst, const char *prefix, const char *name, ks_error *err) {
+static KS_NODISCARD ks_status put_null(ks_statedict *dst, const char *prefix, const char *name, ks_error *err) {
   char k[KS__KEY_MAX + 1];
   ks_status s = ks__key_err(k, prefix, name, err);
   return s ? s : ks_statedict_set_null(dst, k, err);
 }
 
-static ks_status put_bool(ks_statedict *dst, const char *prefix, const char *name, int v, ks_error *err) {
+static KS_NODISCARD ks_status put_bool(ks_statedict *dst, const char *prefix, const char *name, int v, ks_error *err) {
   char k[KS__KEY_MAX + 1];
   ks_status s = ks__key_err(k, prefix, name, err);
   return s ? s : ks_statedict_set_bool(dst, k, v, err);
 }
 
-static ks_status put_groups(const ks_optimizer *o, ks_statedict *dst, const char *gp, ks_error *err) {
+static KS_NODISCARD ks_status put_groups(const ks_optimizer *o, ks_statedict *dst, const char *gp, ks_error *err) {
   ks_status s = ks__put_float(dst, gp, "lr", o->lr, err);
   if (o->kind == OPT_ADAMW) {
     if (!s) s = ks__put_float(dst, gp, "betas/0", o->beta1, err);
@@ -256,7 +259,7 @@ ks_status ks_optimizer_to_state_dict(const ks_optimizer *o, ks_statedict *dst, c
 }
 
 /* Checks one stored buffer against the parameter: F32, or a type that widens to it. */
-static ks_status check_buffer(const ks_statedict *src, const char *prefix, size_t i, const char *what,
+static KS_NODISCARD ks_status check_buffer(const ks_statedict *src, const char *prefix, size_t i, const char *what,
                               const opt_param *p, const ks_tensor **out, ks_error *err) {
   char k[KS__KEY_MAX + 1];
   if (ks__keyf(k, prefix, "state/%zu/%s", i, what)) return ks__err(err, KS_E_LIMIT, "key too long");
@@ -278,8 +281,8 @@ typedef struct loaded_params {
   int64_t nesterov;
 } loaded_params;
 
-static ks_status read_groups(const ks_optimizer *o, const ks_statedict *src, const char *gp, loaded_params *lp,
-                             ks_error *err) {
+static KS_NODISCARD ks_status read_groups(const ks_optimizer *o, const ks_statedict *src, const char *gp,
+                                          loaded_params *lp, ks_error *err) {
   ks_status s = ks__get_float(src, gp, "lr", &lp->lr, err);
   if (!s) s = ks__get_float(src, gp, "weight_decay", &lp->weight_decay, err);
   if (o->kind == OPT_ADAMW) {
@@ -303,7 +306,9 @@ static ks_status read_groups(const ks_optimizer *o, const ks_statedict *src, con
 }
 
 /* check_buffer accepted t, so its dtype widens to F32 and the conversion succeeds. */
-static ks_status copy_in(float *dst, const ks_tensor *t, size_t n) { return ks_dtype_convert(KS_F32, dst, t->dtype, t->data, n); }
+static KS_NODISCARD ks_status copy_in(float *dst, const ks_tensor *t, size_t n) {
+  return ks_dtype_convert(KS_F32, dst, t->dtype, t->data, n);
+}
 
 ks_status ks_optimizer_load_state_dict(ks_optimizer *o, const ks_statedict *src, const char *prefix,
                                        ks_error *err) {

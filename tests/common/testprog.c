@@ -10,7 +10,8 @@ static ks_status factory(void *ctx, const char *label, const ks_allocator *a, ks
   ks_metric *m = NULL;
   ks_status s = ks_metric_collection_create(a, out, NULL);
   if (!s && label) s = ks_metric_create("MeanMetric", "{}", a, &m, err);
-  if (!s && label) s = ks_metric_collection_add(*out, "MeanMetric", m, NULL);
+  if (!s && label && (s = ks_metric_collection_add(*out, "MeanMetric", m, NULL)) != KS_OK) ks_metric_free(m);
+  if (s) ks_metric_collection_free(*out), *out = NULL;
   return s;
 }
 

@@ -41,7 +41,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *labels[] = {"eval"};
     ks_load_opts lo = {0};
     lo.non_strict_model = 1;
-    if (ks_state_create("fuzz", 0, NULL, &st, NULL) == KS_OK && ks_state_build_metrics(st, factory, NULL, labels, 1, NULL) == KS_OK)
+    if (ks_state_create("fuzz", 0, NULL, &st, NULL) == KS_OK &&
+        ks_state_build_metrics(st, factory, NULL, labels, 1, NULL) == KS_OK)
       if (ks_state_load_state_dict(st, sd, meta, &lo, NULL, NULL)) {
         /* Fuzzing: refusing the input is an expected outcome; only crashes and leaks matter. */
       }

@@ -17,7 +17,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ks_entry e;
     uint64_t sum = 0;
     for (size_t i = 0; ks_statedict_at(sd, i, &e) == KS_OK; i++) /* touch every byte we return */
-      for (size_t k = 0; e.kind == KS_VAL_TENSOR && k < e.tensor.nbytes; k++) sum += ((const uint8_t *)e.tensor.data)[k];
+      for (size_t k = 0; e.kind == KS_VAL_TENSOR && k < e.tensor.nbytes; k++)
+        sum += ((const uint8_t *)e.tensor.data)[k];
     (void)sum;
     ks_statedict *norm = NULL;
     char *json = NULL;

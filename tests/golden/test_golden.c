@@ -157,6 +157,7 @@ static ks_status legacy_factory(void *ctx, const char *label, const ks_allocator
     st = ks_metric_create(names[i], NULL, alloc, &m, err);
     if (!st && (st = ks_metric_collection_add(*out, names[i], m, NULL)) != KS_OK) ks_metric_free(m);
   }
+  if (st) ks_metric_collection_free(*out), *out = NULL;
   return st;
 }
 

@@ -45,6 +45,7 @@ static ks_status metrics_factory(void *ctx, const char *label, const ks_allocato
     st = ks_metric_create(cls[i][0], cls[i][1], a, &m, err);
     if (!st && (st = ks_metric_collection_add(*out, cls[i][0], m, NULL))) ks_metric_free(m);
   }
+  if (st) ks_metric_collection_free(*out), *out = NULL;
   return st;
 }
 

@@ -156,13 +156,15 @@ static void check_per_rank(prog *p, int r, int m, int n) {
   ks_rng want;
   expected_rng(src, &want);
   MT_CHECK(!memcmp(&want, &p->rng, sizeof want), "rank %d: rng is not saved rank %d's", r, src);
-  MT_CHECK(p->ds.sample_in_epoch == 100 + src && p->ds.shuffle_seed == 7, "rank %d: data position is not rank %d's", r, src);
+  MT_CHECK(p->ds.sample_in_epoch == 100 + src && p->ds.shuffle_seed == 7, "rank %d: data position is not rank %d's", r,
+           src);
   if (m != n) return;
   /* Same world size: this rank's own local metric states, bit for bit. */
   ks_metric_collection *own;
   MT_OK(golden_catalogue_factory(NULL, NULL, NULL, &own, NULL), NULL);
   feed_local(own, r, n);
-  MT_CHECK(mt_states_hash(ks_state_train_metrics(p->st)) == mt_states_hash(own), "rank %d: local metric states differ", r);
+  MT_CHECK(mt_states_hash(ks_state_train_metrics(p->st)) == mt_states_hash(own), "rank %d: local metric states differ",
+           r);
   ks_metric_collection_free(own);
 }
 
@@ -251,8 +253,8 @@ static void expect_cli(const char *cmd, const char *dir, int status, const char 
   char line[2048], *out = NULL;
   snprintf(line, sizeof line, "%s %s %s", KS_CLI_PATH, cmd, dir);
   int rc = ks_test_run(line, &out);
-  MT_CHECK(rc == status && out && strstr(out, needle), "%s: exit %d (want %d), '%s' not in: %s", line, rc, status, needle,
-           out ? out : "");
+  MT_CHECK(rc == status && out && strstr(out, needle), "%s: exit %d (want %d), '%s' not in: %s", line, rc, status,
+           needle, out ? out : "");
   free(out);
 }
 
@@ -317,8 +319,8 @@ static void test_faults(const char *root) {
     static const ks_status want[3] = {KS_E_CHECKSUM, KS_E_FORMAT, KS_E_NOTFOUND};
     static const char *const what[3] = {"corrupt", "truncated", "missing"};
     expect_agreed(st, want[kind], &err, needle);
-    MT_CHECK(strstr(err.message, what[kind]) && strstr(err.file, fname), "error does not name the file: %s %s", err.file,
-             err.message);
+    MT_CHECK(strstr(err.message, what[kind]) && strstr(err.file, fname), "error does not name the file: %s %s",
+             err.file, err.message);
     prog_free(&q);
     if (mt_rank == 0) expect_cli("verify", bad, 1, needle);
     if (mt_rank == 0 && kind == 0) {

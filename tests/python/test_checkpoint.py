@@ -171,4 +171,4 @@ def test_report_object(tmp_path):
     assert r.find("state/model").kind == "loaded" and r.find("state/model").reason == "9 tensors"
     text = str(r)
     assert "missing    state/schedulers/CosineAnnealingLR" in text
-    assert text.splitlines()[-1].startswith("load report: 2 loaded") and "1 missing" in text
+    assert text.splitlines()[-1].startswith("  summary: 2 loaded") and "1 missing" in text

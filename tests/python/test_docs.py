@@ -13,4 +13,16 @@ def test_worked_example_runs(tmp_path, monkeypatch, capsys):
     exec(compile(code, "docs/PYTHON.md", "exec"), {"__name__": "example"})
     assert (tmp_path / "run.keepsake").exists()
     out = capsys.readouterr().out
-    assert "load report:" in out and "0 mismatched" in out
+    assert "  summary: " in out and "0 mismatched" in out
+
+
+def test_manager_example_runs(tmp_path, monkeypatch, capsys):
+    text = open(os.path.join(SRC, "docs", "PYTHON.md"), encoding="utf-8").read()
+    section = text.split("## The checkpoint manager", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/PYTHON.md", "exec"), {"__name__": "example"})
+    files = eval(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "ep0-ba40.keepsake" in files and 2 <= len(files) <= 3  # keep_last 2 plus the best one
+    exec(compile(code, "docs/PYTHON.md", "exec"), {"__name__": "example"})  # again: it resumes
+    assert "loaded" in capsys.readouterr().out

@@ -41,6 +41,7 @@ def expect_clean(fn, *args, **kw):
 
 def tensor_loaders(path):
     expect_clean(kt.load_file, path, verify=True)
+    expect_clean(kt.load_file, path, backend="read")
     expect_clean(kn.load_file, path)
 
     def lazy():
@@ -65,6 +66,7 @@ def checkpoint_loaders(path, tmp):
     except ImportError:
         pass
     expect_clean(keepsake.convert, path, os.path.join(tmp, "out.pt"))
+    expect_clean(keepsake.compute_metrics, path)  # metric records of the file rebuilt in C
 
 
 def pt_loaders(path, tmp):
@@ -154,11 +156,13 @@ def test_mutated_pt_files(tmp_path, fixture):
 def test_not_regular_files(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    for fn in (kt.load_file, kt.load_pt, keepsake.verify):
+    for fn in (kt.load_file, kt.load_pt, keepsake.verify, keepsake.compute_metrics,
+               lambda p: kt.load_file(p, backend="read")):
         e = expect_clean(fn, str(fifo))
         assert e is not None
-    e = expect_clean(kt.load_file, str(tmp_path))
-    assert e is not None and isinstance(e, keepsake.IOError_)
+    for backend in ("mmap", "read"):
+        e = expect_clean(kt.load_file, str(tmp_path), backend=backend)
+        assert e is not None and isinstance(e, keepsake.IOError_)
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
     assert isinstance(expect_clean(kt.load_file, str(empty)), keepsake.FormatError)

@@ -30,7 +30,8 @@ static void buckets_faults_and_log(void **state) {
                                          "\"status\":503,\"times\":1}]"),
                    0);
   char cmd[1024], *out = NULL;
-  snprintf(cmd, sizeof cmd, "curl -s -o /dev/null -w '%%{http_code}' '%s/c-helper'", ks_test_remote("KS_TEST_PROXY_HTTP"));
+  snprintf(cmd, sizeof cmd, "curl -s -o /dev/null -w '%%{http_code}' '%s/c-helper'",
+           ks_test_remote("KS_TEST_PROXY_HTTP"));
   assert_int_equal(ks_test_run(cmd, &out), 0);
   assert_string_equal(out, "503"); /* the rule applies once */
   free(out);

@@ -2,7 +2,7 @@
 # The CLI and the demo on storage URLs, against the test servers (fixture remote_servers):
 #   keepsake-digits --run-dir s3://bucket/run, killed (SIGKILL) mid-run with no local state at all,
 #   autoresumes from S3 to a final checkpoint identical to an uninterrupted run's;
-#   keepsake verify / inspect / diff / convert on s3:// and http:// URLs.
+#   keepsake verify / inspect / diff / convert on s3:// and http:// URLs, `latest` (a pointer) included.
 # usage: cli_remote.sh KEEPSAKE_CLI KEEPSAKE_DIGITS REMOTE_ENV_SH
 set -u
 CLI=$1
@@ -48,6 +48,10 @@ latest=$(ks_s3 GET "$B/ref/latest")
 # verify, inspect, diff over S3 and HTTP
 expect 0 "OK (keepsake format" -- "$CLI" verify "s3://$B/ref/$latest"
 expect 1 "HTTP 404" -- "$CLI" verify "s3://$B/ref/no-such.keepsake"
+# latest is a pointer object: verify, inspect and diff follow it as a local `latest` symlink is followed
+expect 0 "OK (keepsake format" -- "$CLI" verify "s3://$B/ref/latest"
+expect 0 "tensors" -- "$CLI" inspect "s3://$B/ref/latest"
+expect 0 "identical" -- "$CLI" diff "s3://$B/ref/latest" "s3://$B/ref/$latest"
 ks_s3 GET "$B/ref/$latest" -o "$KS_TEST_HTTP_ROOT/cli.keepsake" || die_case "download failed"
 expect 0 "tensors" -- "$CLI" inspect "$KS_TEST_HTTP_URL/cli.keepsake"
 expect 0 "identical" -- "$CLI" diff "$KS_TEST_HTTP_URL/cli.keepsake" "s3://$B/ref/$latest"

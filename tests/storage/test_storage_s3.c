@@ -443,6 +443,79 @@ static void manager_keep_latest_autoresume(void **state) {
   ks_storage_free(st);
 }
 
+/* A pointer object put the way the manager writes `latest`: staged by symlink_fn, uploaded by rename_fn. */
+static void put_pointer(const ks_io *io, const char *path, const char *target) {
+  char tmp[512];
+  const char *slash = strrchr(path, '/');
+  snprintf(tmp, sizeof tmp, "%.*s.%s.tmp", (int)(slash - path + 1), path, slash + 1);
+  assert_int_equal(io->symlink_fn(io->ctx, target, tmp), 0);
+  assert_int_equal(io->rename_fn(io->ctx, tmp, path), 0);
+}
+
+/* `latest` on S3 is a pointer object: opening it (the reader, ks_load, the CLI) opens what it names,
+   as open(2) follows a local `latest` symlink; stat still shows the pointer. */
+static void latest_pointer_is_followed(void **state) {
+  (void)state;
+  ks_storage *st = open_s3("ks-latest", "run", 0, 0);
+  const ks_io *io = ks_storage_io(st);
+  ks_ckpt_manager *m = manager(st, 0);
+  prog p;
+  prog_init(&p);
+  ks_error e;
+  for (int64_t b = 10; b <= 20; b += 10) {
+    prog_step(&p, b);
+    assert_int_equal(ks_ckpt_manager_save(m, p.st, NULL, &e), KS_OK);
+  }
+  ks_ckpt_manager_free(m);
+  ks_state_free(p.st);
+  latest_is(io, "ba20.keepsake");
+  ks_io_stat s;
+  assert_int_equal(io->stat_fn(io->ctx, "run/latest", &s), 0);
+  assert_int_equal(s.kind, KS_IO_LINK);
+
+  /* the bytes read through `latest` are the checkpoint's */
+  size_t n1 = 0, n2 = 0;
+  int rc1, rc2;
+  uint8_t *a = get(io, "run/latest", &n1, &rc1), *b = get(io, "run/ba20.keepsake", &n2, &rc2);
+  assert_int_equal(rc1, 0);
+  assert_int_equal(rc2, 0);
+  assert_true(n1 > 100 && n1 == n2 && !memcmp(a, b, n1));
+  free(a);
+  free(b);
+
+  /* the library's reader and ks_load (lazy, checksums verified) open it */
+  ks_read_opts ro = KS_OPTS_INIT(ks_read_opts);
+  ro.io = io;
+  ro.verify_checksums = 1;
+  ks_reader *r = NULL;
+  if (ks_reader_open("run/latest", &ro, &r, &e)) fail_msg("ks_reader_open(latest): %s", e.message);
+  ks_reader_free(r);
+  ro.mode = KS_READ_LAZY;
+  ks_statedict *sd = NULL;
+  ks_meta *meta = NULL;
+  if (ks_load("run/latest", &ro, &sd, &meta, &e)) fail_msg("ks_load(latest): %s", e.message);
+  assert_true(ks_statedict_count(sd) > 0);
+  ks_statedict_free(sd);
+  ks_meta_free(meta);
+
+  /* a pointer to a pointer is followed too; a loop is ELOOP; a dangling one ENOENT */
+  put_pointer(io, "run/alias", "latest");
+  a = get(io, "run/alias", &n1, &rc1);
+  assert_int_equal(rc1, 0);
+  assert_int_equal(n1, n2);
+  free(a);
+  put_pointer(io, "run/loop", "loop");
+  int fd;
+  uint64_t size;
+  assert_int_equal(io->open_fn(io->ctx, "run/loop", &fd, &size), ELOOP);
+  char msg[512];
+  assert_true(ks_storage_last_error(st, msg, sizeof msg) > 0);
+  assert_non_null(strstr(msg, "more than 8 pointers"));
+  put_pointer(io, "run/dangling", "nothere.keepsake");
+  assert_int_equal(io->open_fn(io->ctx, "run/dangling", &fd, &size), ENOENT);
+  ks_storage_free(st);
+}
+
 /* ---- faults through the proxy ---- */
 
 static void retries_after_503_and_drops(void **state) {
@@ -567,6 +640,7 @@ int main(void) {
       cmocka_unit_test(save_then_read_s3_and_http),
       cmocka_unit_test(multipart_parallel_identical),
       cmocka_unit_test(manager_keep_latest_autoresume),
+      cmocka_unit_test(latest_pointer_is_followed),
       cmocka_unit_test(retries_after_503_and_drops),
       cmocka_unit_test(persistent_fault_single_put),
       cmocka_unit_test(persistent_fault_multipart),

@@ -217,8 +217,12 @@ static void diff_summarises_checkpoints_component_by_component(void **state) {
   float *wa, *wb, *ma, *mb;
   assert_int_equal(ks_statedict_new_tensor(a, "state/model/fc.weight", KS_F32, 1, shape, (void **)&wa, NULL), KS_OK);
   assert_int_equal(ks_statedict_new_tensor(b, "state/model/fc.weight", KS_F32, 1, shape, (void **)&wb, NULL), KS_OK);
-  assert_int_equal(ks_statedict_new_tensor(a, "state/optimizers/AdamW/state/0/exp_avg", KS_F32, 1, shape, (void **)&ma, NULL), KS_OK);
-  assert_int_equal(ks_statedict_new_tensor(b, "state/optimizers/AdamW/state/0/exp_avg", KS_F32, 1, shape, (void **)&mb, NULL), KS_OK);
+  assert_int_equal(
+      ks_statedict_new_tensor(a, "state/optimizers/AdamW/state/0/exp_avg", KS_F32, 1, shape, (void **)&ma, NULL),
+      KS_OK);
+  assert_int_equal(
+      ks_statedict_new_tensor(b, "state/optimizers/AdamW/state/0/exp_avg", KS_F32, 1, shape, (void **)&mb, NULL),
+      KS_OK);
   assert_int_equal(ks_statedict_set_int(a, "state/timestamp/Timestamp/batch", 10, NULL), KS_OK);
   assert_int_equal(ks_statedict_set_int(b, "state/timestamp/Timestamp/batch", 10, NULL), KS_OK);
   wb[1] = 1.0f; /* only the model differs */

@@ -103,7 +103,9 @@ static int shape_of(const json_t *e, int64_t *shape) {
   return rank;
 }
 
-static double scalar(const prog *p, const char *key) { return json_number_value(json_object_get(entry(p, key), "scalar")); }
+static double scalar(const prog *p, const char *key) {
+  return json_number_value(json_object_get(entry(p, key), "scalar"));
+}
 
 /* ---- the program ---- */
 
@@ -536,7 +538,8 @@ static void same_bytes(const char *a, const char *b, const char *what) {
 /* One input: `keepsake convert`, ks_convert and ks_torch_import + ks_save give the same bytes and the
    same load report; `keepsake convert` and ks_convert the same .pt. */
 static void same_as_cli(const char *dir, const char *in, const char *stem) {
-  char *a = ks_test_path(dir, "cli.keepsake"), *b = ks_test_path(dir, "lib.keepsake"), *c = ks_test_path(dir, "conv.keepsake");
+  char *a = ks_test_path(dir, "cli.keepsake"), *b = ks_test_path(dir, "lib.keepsake"),
+       *c = ks_test_path(dir, "conv.keepsake");
   char *pa = ks_test_path(dir, "cli.pt"), *pc = ks_test_path(dir, "conv.pt");
   int rc = cli("convert", in, a), prc = cli("convert", in, pa);
   ks_statedict *sd = NULL;

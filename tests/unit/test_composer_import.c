@@ -66,7 +66,8 @@ static const char *meta_class(const json_t *j, const char *path) {
 }
 
 /* A fresh metric filled from the imported states of `path` (no cached result). */
-static ks_metric *fresh(const char *cls, const char *args, const ks_statedict *sd, const json_t *meta, const char *path) {
+static ks_metric *fresh(const char *cls, const char *args, const ks_statedict *sd, const json_t *meta,
+                        const char *path) {
   ks_metric *m;
   ks_error err;
   ok(ks_metric_create(cls, args, NULL, &m, &err), &err, cls);
@@ -101,7 +102,8 @@ static const real_metric k_real[] = {
     {"state/eval_metrics/eval/MulticlassConfusionMatrix", "MulticlassConfusionMatrix", "{\"num_classes\":3}"},
     {"state/eval_metrics/eval/MeanMetric", "MeanMetric", "{}"},
     {"state/eval_metrics/eval/BinaryAUROC", "BinaryAUROC", "{}"},
-    {"state/eval_metrics/val/holdout/MulticlassAccuracy", "MulticlassAccuracy", "{\"num_classes\":3,\"average\":\"micro\"}"},
+    {"state/eval_metrics/val/holdout/MulticlassAccuracy", "MulticlassAccuracy",
+     "{\"num_classes\":3,\"average\":\"micro\"}"},
     {"state/eval_metrics/val/holdout/MulticlassConfusionMatrix", "MulticlassConfusionMatrix", "{\"num_classes\":3}"},
     {"state/eval_metrics/val/holdout/MeanMetric", "MeanMetric", "{}"},
     {"state/eval_metrics/val/holdout/BinaryAUROC", "BinaryAUROC", "{}"},
@@ -151,7 +153,8 @@ static void check_compute(const real_metric *rm, const ks_statedict *sd, const j
   assert_int_equal((size_t)ks_tensor_numel(t), json_array_size(want));
   for (size_t i = 0; i < json_array_size(want); i++) {
     double got = ks_dtype_get_f64(t->dtype, t->data, i), w = json_number_value(json_array_get(want, i));
-    if (!(fabs(got - w) <= 1e-6 * fmax(1.0, fabs(w)))) fail_msg("%s[%zu]: got %.9g, torchmetrics %.9g", rm->path, i, got, w);
+    if (!(fabs(got - w) <= 1e-6 * fmax(1.0, fabs(w))))
+      fail_msg("%s[%zu]: got %.9g, torchmetrics %.9g", rm->path, i, got, w);
   }
   ks_metric_free(m);
 }
@@ -525,7 +528,8 @@ static void many_metrics_import(void **s) {
   for (int i = 0; i < MANY; i++) {
     char k[128];
 #define KEY(x) (snprintf(k, sizeof k, "state/eval_metrics/l%d/Mean%d/%s", i % 80, i, x), k)
-    assert_int_equal(ks_statedict_set_string(flat, KEY("__class__"), "torchmetrics.aggregation.MeanMetric", NULL), KS_OK);
+    assert_int_equal(ks_statedict_set_string(flat, KEY("__class__"), "torchmetrics.aggregation.MeanMetric", NULL),
+                     KS_OK);
     assert_int_equal(ks_statedict_set_string(flat, KEY("nan_strategy"), "warn", NULL), KS_OK);
     assert_int_equal(ks_statedict_set_tensor(flat, KEY("_defaults/mean_value"), &t, KS_COPY, NULL), KS_OK);
     assert_int_equal(ks_statedict_set_tensor(flat, KEY("_defaults/weight"), &t, KS_COPY, NULL), KS_OK);

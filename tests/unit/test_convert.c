@@ -165,6 +165,69 @@ static void an_empty_cat_state_exports_as_an_empty_list(void **s) {
   free(dir);
 }
 
+/* Writes a keepsake file with one tensor entry and the given structure document. */
+static void write_structure_file(const char *path, const char *structure) {
+  ks_statedict *sd;
+  ks_meta *meta;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, &meta, NULL), KS_OK);
+  int64_t shape[1] = {2};
+  float *data = NULL;
+  assert_int_equal(ks_statedict_new_tensor(sd, "w", KS_F32, 1, shape, (void **)&data, NULL), KS_OK);
+  data[0] = 1, data[1] = 2;
+  assert_int_equal(ks_meta_set(meta, KS_TORCH_STRUCTURE_META, structure, NULL), KS_OK);
+  ks_error err;
+  if (ks_save(path, sd, meta, NULL, &err)) fail_msg("%s", err.message);
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+}
+
+/* A structure record whose name component is longer than any name (it once overflowed a stack
+ * buffer while the writer measured what the reader would call it) is refused as too long. */
+static void an_overlong_structure_component_is_refused(void **s) {
+  (void)s;
+  char *dir = ks_test_tmpdir("convert-longname");
+  char *in = ks_test_path(dir, "in.keepsake"), *out = ks_test_path(dir, "out.pt");
+  size_t n = 4 * KS_MAX_NAME;
+  char *doc = malloc(n + 128);
+  assert_non_null(doc);
+  int k = snprintf(doc, 64, "{\"version\":1,\"containers\":{\"x/");
+  for (size_t i = 0; i < n; i++) doc[(size_t)k + i] = i % 7 ? 'a' : '%'; /* '%' escapes too: 3x on reread */
+  snprintf(doc + (size_t)k + n, 64, "\":{\"kind\":\"list\",\"len\":0}}}");
+  write_structure_file(in, doc);
+  ks_error err;
+  assert_int_equal(convert(in, out, NULL, NULL, &err), KS_E_LIMIT);
+  assert_non_null(strstr(err.message, "longer than"));
+  assert_int_not_equal(access(out, F_OK), 0);
+  free(doc), free(in), free(out);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
+/* Many lists that each stay under the per-list cap must not add up to an output out of all
+ * proportion to the input: empty items have one budget for the whole file. */
+static void list_items_have_one_budget_for_the_file(void **s) {
+  (void)s;
+  char *dir = ks_test_tmpdir("convert-amplify");
+  char *in = ks_test_path(dir, "in.keepsake"), *out = ks_test_path(dir, "out.pt");
+  const size_t lists = 1000;
+  size_t cap = 64 + lists * 64, len = 0;
+  char *doc = malloc(cap);
+  assert_non_null(doc);
+  len += (size_t)snprintf(doc, cap, "{\"version\":1,\"containers\":{");
+  for (size_t i = 0; i < lists; i++)
+    len += (size_t)snprintf(doc + len, cap - len, "%s\"l%zu\":{\"kind\":\"list\",\"len\":60000}", i ? "," : "", i);
+  snprintf(doc + len, cap - len, "}}");
+  write_structure_file(in, doc); /* about 40 KB of records asking for 60 million items */
+  ks_error err;
+  assert_int_equal(convert(in, out, NULL, NULL, &err), KS_E_LIMIT);
+  assert_non_null(strstr(err.message, "empty items"));
+  assert_int_not_equal(access(out, F_OK), 0);
+  free(doc), free(in), free(out);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
 /* Arguments from the file that ask for a huge state are refused before anything is built. */
 static void metric_args_from_the_file_are_bounded(void **s) {
   (void)s;
@@ -360,6 +423,8 @@ int main(void) {
       cmocka_unit_test(lists_survive_the_round_trip),
       cmocka_unit_test(an_empty_cat_state_exports_as_an_empty_list),
       cmocka_unit_test(metric_args_from_the_file_are_bounded),
+      cmocka_unit_test(an_overlong_structure_component_is_refused),
+      cmocka_unit_test(list_items_have_one_budget_for_the_file),
       cmocka_unit_test(salvage_warnings_come_back_in_the_report),
       cmocka_unit_test(outputs_that_are_not_regular_files_are_refused),
       cmocka_unit_test(ignored_cat_states_leave_no_record),

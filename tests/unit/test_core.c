@@ -179,7 +179,8 @@ static ks_status build_dict(const ks_allocator *a) {
   int64_t shape[1] = {4};
   for (int i = 0; i < 40 && !st; i++) {
     snprintf(name, sizeof name, "k/%d", i);
-    st = i % 2 ? ks_statedict_set_string(sd, name, "v", NULL) : ks_statedict_new_tensor(sd, name, KS_F32, 1, shape, NULL, NULL);
+    st = i % 2 ? ks_statedict_set_string(sd, name, "v", NULL)
+               : ks_statedict_new_tensor(sd, name, KS_F32, 1, shape, NULL, NULL);
   }
   if (!st) st = ks_statedict_remove(sd, "k/3");
   if (!st) st = ks_statedict_set_int(sd, "k/0", 1, NULL); /* replaces a tensor */

@@ -348,7 +348,8 @@ static void fail_every_step(int async) {
     run_saves(run, &c.io, async, 0, &r);
     assert_true(c.failed_op >= 0);
     seen[c.failed_op]++;
-    if (r.first_error == KS_OK) fail_msg("step %ld (op %d) failed with errno %d, but no call reported it", k, c.failed_op, c.fail_errno);
+    if (r.first_error == KS_OK)
+      fail_msg("step %ld (op %d) failed with errno %d, but no call reported it", k, c.failed_op, c.fail_errno);
     assert_int_equal(c.model_error, 0);
     check_images(&c, root, &o, k, 1, &t); /* what a crash right after the failure would leave (durable image) */
     /* The process goes on: the live directory, then one more save, which must succeed. */

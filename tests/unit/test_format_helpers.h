@@ -68,7 +68,8 @@ static inline ks_status fmt_open_status(const uint8_t *b, size_t len, ks_read_mo
   fmt_mem_file m = {b, len};
   ks_io io = fmt_mem_io(&m);
   if (mode == KS_READ_LAZY) o.io = &io;
-  ks_status st = mode == KS_READ_LAZY ? ks_reader_open("<buffer>", &o, &r, err) : ks_reader_open_buffer(b, len, &o, &r, err);
+  ks_status st =
+      mode == KS_READ_LAZY ? ks_reader_open("<buffer>", &o, &r, err) : ks_reader_open_buffer(b, len, &o, &r, err);
   ks_reader_free(r);
   return st;
 }

@@ -459,9 +459,10 @@ static void test_alloc_failure_sweep(void **state) {
 /* Hostile files give the same status in lazy mode as in copy mode. */
 static void test_hostile_headers_same_errors(void **state) {
   fixture *fx = *state;
-  static const char *headers[] = {"{", "[]", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,9]}}",
-                                  "{\"a\":{\"dtype\":\"Q9\",\"shape\":[1],\"data_offsets\":[0,4]}}",
-                                  "{\"__metadata__\":{\"keepsake.format\":\"keepsake\",\"keepsake.format_version\":\"9\"}}"};
+  static const char *headers[] = {
+      "{", "[]", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,9]}}",
+      "{\"a\":{\"dtype\":\"Q9\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+      "{\"__metadata__\":{\"keepsake.format\":\"keepsake\",\"keepsake.format_version\":\"9\"}}"};
   char *p = ks_test_path(fx->dir, "hostile.bin");
   uint8_t data[8] = {0};
   for (size_t k = 0; k < sizeof headers / sizeof *headers + 4; k++) {

@@ -38,7 +38,8 @@ static void save_corpus(const char *name, const uint8_t *b, size_t len) {
   free(p);
 }
 
-/* Opens `b` in every mode (lazy through a table over the bytes); each must fail with `want`, naming `key` (or no key) and containing `msg`. */
+/* Opens `b` in every mode (lazy through a table over the bytes); each must fail with `want`, naming `key` (or no key)
+ * and containing `msg`. */
 static void expect_reject(const char *name, const uint8_t *b, size_t len, ks_status want, const char *key,
                           const char *msg) {
   save_corpus(name, b, len);
@@ -76,7 +77,8 @@ static void expect_accept(const char *name, const char *header, size_t dlen, siz
   free(b);
 }
 
-#define T(name, dt, shape, b, e) "\"" name "\":{\"dtype\":\"" dt "\",\"shape\":" shape ",\"data_offsets\":[" #b "," #e "]}"
+#define T(name, dt, shape, b, e)                                                                                       \
+  "\"" name "\":{\"dtype\":\"" dt "\",\"shape\":" shape ",\"data_offsets\":[" #b "," #e "]}"
 
 static void reader_rejects_header_length_past_eof(void **state) {
   (void)state;
@@ -220,11 +222,11 @@ static void reader_accepts_edge_cases_of_the_spec(void **state) {
   expect_accept("valid_empty_and_0d",
                 "{" T("e", "F32", "[0,3]", 0, 0) "," T("s", "F64", "[]", 0, 8) "," T("e2", "U8", "[5,0]", 8, 8) "}",
                 8, 3);
-  expect_accept("valid_unknown_fields",
-                "{\"a\":{\"x\":{\"y\":[1,-2.5e3,true,null,\"s\"]},\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[0,2]}}",
-                2, 1);
-  expect_accept("valid_escaped_name", "{\"caf\\u00e9\\ud83d\\ude00\\n\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
-                1);
+  expect_accept(
+      "valid_unknown_fields",
+      "{\"a\":{\"x\":{\"y\":[1,-2.5e3,true,null,\"s\"]},\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, 1);
+  expect_accept("valid_escaped_name",
+                "{\"caf\\u00e9\\ud83d\\ude00\\n\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, 1);
   size_t len;
   uint8_t *b = fmt_build("{\"caf\\u00e9\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "x", 1, &len);
   ks_reader *r;

@@ -68,7 +68,9 @@ static ks_statedict *every_kind_dict(void) {
   assert_int_equal(ks_statedict_set_float(sd, "s/ninf", -INFINITY, NULL), KS_OK);
   assert_int_equal(ks_statedict_set_bool(sd, "s/yes", 1, NULL), KS_OK);
   assert_int_equal(ks_statedict_set_bool(sd, "s/no", 0, NULL), KS_OK);
-  assert_int_equal(ks_statedict_set_string(sd, "s/str", "quote\" backslash\\ newline\n tab\t ctl\x01 \xc3\xa9\xe2\x82\xac", NULL), KS_OK);
+  assert_int_equal(
+      ks_statedict_set_string(sd, "s/str", "quote\" backslash\\ newline\n tab\t ctl\x01 \xc3\xa9\xe2\x82\xac", NULL),
+      KS_OK);
   assert_int_equal(ks_statedict_set_string(sd, "s/empty_str", "", NULL), KS_OK);
   assert_int_equal(ks_statedict_set_null(sd, "s/none", NULL), KS_OK);
   return sd;

@@ -72,7 +72,8 @@ static void version_1_table_drives_the_manager(void **state) {
   ks_ckpt_opts co = {.run_dir = run, .save_interval = "1ba", .keep = 1, .io = io};
   ks_ckpt_manager *m = NULL;
   assert_int_equal(ks_ckpt_manager_create(&co, &m, NULL), KS_OK); /* mkdir -p by the POSIX backend ... */
-  assert_int_equal(v1_dir_syncs, 3); /* ... and the new entries made durable by the table: a, b and run in their parents */
+  assert_int_equal(v1_dir_syncs,
+                   3); /* ... and the new entries made durable by the table: a, b and run in their parents */
   float w[2] = {1, 2};
   int64_t shape[1] = {2};
   ks_timestamp ts;

@@ -40,7 +40,9 @@ static void prog_step(prog *p, int64_t b, double v) {
 
 static void prog_free(prog *p) { ks_state_free(p->st); }
 
-static void name_of(int64_t b, char *buf, size_t cap) { snprintf(buf, cap, "ep%lld-ba%lld.keepsake", (long long)(b / 10), (long long)b); }
+static void name_of(int64_t b, char *buf, size_t cap) {
+  snprintf(buf, cap, "ep%lld-ba%lld.keepsake", (long long)(b / 10), (long long)b);
+}
 
 static int has(const char *dir, int64_t b) {
   char n[64];
@@ -77,8 +79,13 @@ static void check_oracle(const char *dir, const oracle *o) {
 }
 
 static ks_ckpt_manager *make_mgr(const char *dir, int keep, int keep_best) {
-  ks_ckpt_opts co = {.run_dir = dir, .save_interval = "10ba", .keep = keep, .io = ks_test_io_nosync(), .keep_best = keep_best,
-                     .best_metric = "eval/MeanMetric", .best_mode = KS_BEST_MAX};
+  ks_ckpt_opts co = {.run_dir = dir,
+                     .save_interval = "10ba",
+                     .keep = keep,
+                     .io = ks_test_io_nosync(),
+                     .keep_best = keep_best,
+                     .best_metric = "eval/MeanMetric",
+                     .best_mode = KS_BEST_MAX};
   ks_ckpt_manager *m = NULL;
   assert_int_equal(ks_ckpt_manager_create(&co, &m, NULL), KS_OK);
   return m;
@@ -395,7 +402,8 @@ static void manager_free_finishes_a_save_in_flight(void **state) {
   char target[256] = {0};
   assert_true(readlink(latest, target, sizeof target - 1) > 0);
   assert_string_equal(target, "ep1-ba10.keepsake");
-  assert_int_equal(ks_test_dir_entries(dir), 2); /* the checkpoint and latest: no temp file */
+  /* the checkpoint, latest and the run directory's lock file (.keepsake.lock): no temp file */
+  assert_int_equal(ks_test_dir_entries(dir), 3);
   free(latest);
   gate_free(&g);
   prog_free(&p);

@@ -34,8 +34,15 @@ static const char *real(const char *p, char *buf) {
   return buf;
 }
 #define P (ks_io_posix())
-static int r_create(void *c, const char *p, int *fd) { char b[4096]; (void)c; return P->create_fn(NULL, real(p, b), fd); }
-static int r_write(void *c, int fd, const void *buf, size_t n, size_t *w) { (void)c; return P->write_fn(NULL, fd, buf, n, w); }
+static int r_create(void *c, const char *p, int *fd) {
+  char b[4096];
+  (void)c;
+  return P->create_fn(NULL, real(p, b), fd);
+}
+static int r_write(void *c, int fd, const void *buf, size_t n, size_t *w) {
+  (void)c;
+  return P->write_fn(NULL, fd, buf, n, w);
+}
 static int r_fsync(void *c, int fd) { (void)c, (void)fd; return 0; }
 static int r_close(void *c, int fd) { (void)c; return P->close_fn(NULL, fd); }
 static int r_rename(void *c, const char *a, const char *b) {
@@ -45,21 +52,33 @@ static int r_rename(void *c, const char *a, const char *b) {
 }
 static int r_unlink(void *c, const char *p) { char b[4096]; (void)c; return P->unlink_fn(NULL, real(p, b)); }
 static int r_fsync_dir(void *c, const char *p) { (void)c, (void)p; return 0; }
-static int r_open(void *c, const char *p, int *fd, uint64_t *n) { char b[4096]; (void)c; return P->open_fn(NULL, real(p, b), fd, n); }
+static int r_open(void *c, const char *p, int *fd, uint64_t *n) {
+  char b[4096];
+  (void)c;
+  return P->open_fn(NULL, real(p, b), fd, n);
+}
 static int r_read(void *c, int fd, void *buf, size_t n, uint64_t off, size_t *got) {
   (void)c;
   return P->read_fn(NULL, fd, buf, n, off, got);
 }
 static int r_map(void *c, int fd, uint64_t n, const void **a) { (void)c; return P->map_fn(NULL, fd, n, a); }
 static int r_unmap(void *c, const void *a, uint64_t n) { (void)c; return P->unmap_fn(NULL, a, n); }
-static int r_stat(void *c, const char *p, ks_io_stat *st) { char b[4096]; (void)c; return P->stat_fn(NULL, real(p, b), st); }
+static int r_stat(void *c, const char *p, ks_io_stat *st) {
+  char b[4096];
+  (void)c;
+  return P->stat_fn(NULL, real(p, b), st);
+}
 static int r_list(void *c, const char *d, const char *pre, ks_io_list_cb cb, void *cc) {
   char b[4096];
   (void)c;
   return P->list_fn(NULL, real(d, b), pre, cb, cc);
 }
 static int r_mkdir(void *c, const char *p) { char b[4096]; (void)c; return P->mkdir_fn(NULL, real(p, b)); }
-static int r_symlink(void *c, const char *t, const char *p) { char b[4096]; (void)c; return P->symlink_fn(NULL, t, real(p, b)); }
+static int r_symlink(void *c, const char *t, const char *p) {
+  char b[4096];
+  (void)c;
+  return P->symlink_fn(NULL, t, real(p, b));
+}
 static int r_readlink(void *c, const char *p, char *buf, size_t cap, size_t *len) {
   char b[4096];
   (void)c;
@@ -86,7 +105,8 @@ static ks_status factory(void *ctx, const char *label, const ks_allocator *a, ks
   ks_metric *m = NULL;
   ks_status s = ks_metric_collection_create(a, out, err);
   if (!s) s = ks_metric_create("SumMetric", NULL, a, &m, err);
-  if (!s) s = ks_metric_collection_add(*out, "S", m, err);
+  if (!s && (s = ks_metric_collection_add(*out, "S", m, err)) != KS_OK) ks_metric_free(m);
+  if (s) ks_metric_collection_free(*out), *out = NULL;
   return s;
 }
 

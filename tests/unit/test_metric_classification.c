@@ -153,7 +153,8 @@ static void multiclass_auroc_softmaxes_logits(void **st) {
   float logits[3 * 3] = {5, 0, 0, 0, 5, 0, 0, 0, 5}, probs[3 * 3];
   for (int i = 0; i < 9; i++) probs[i] = logits[i] > 0 ? 0.98f : 0.01f;
   int64_t t[3] = {0, 1, 2};
-  ks_metric *a = mt_make("MulticlassAUROC", "{\"num_classes\":3}"), *b = mt_make("MulticlassAUROC", "{\"num_classes\":3}");
+  ks_metric *a = mt_make("MulticlassAUROC", "{\"num_classes\":3}"),
+            *b = mt_make("MulticlassAUROC", "{\"num_classes\":3}");
   mt_update2(a, mt_tensor(KS_F32, logits, 2, 3, 3), I64V(t));
   mt_update2(b, mt_tensor(KS_F32, probs, 2, 3, 3), I64V(t));
   assert_true(mt_close(mt_value(a, 0), 1.0));

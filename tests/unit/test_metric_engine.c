@@ -187,7 +187,8 @@ static void create_rejects_bad_classes_and_arguments(void **st) {
 
 static void create_accepts_and_ignores_base_class_options(void **st) {
   (void)st;
-  ks_metric *m = mt_make("MulticlassAccuracy", "{\"num_classes\":3,\"validate_args\":false,\"dist_sync_on_step\":true}");
+  ks_metric *m =
+      mt_make("MulticlassAccuracy", "{\"num_classes\":3,\"validate_args\":false,\"dist_sync_on_step\":true}");
   assert_string_equal(ks_metric_args_json(m),
                       "{\"average\":\"macro\",\"ignore_index\":null,\"multidim_average\":\"global\",\"num_classes\":3,"
                       "\"top_k\":1}");
@@ -252,8 +253,10 @@ static void load_reshapes_mse_and_mae_sums(void **st) {
   assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   ks_tensor old_sum = mt_tensor(KS_F32, &s, 0, 0, 0), vec_sum = mt_tensor(KS_F32, &s, 1, 1, 0);
   ks_tensor total = mt_tensor(KS_I64, &n, 0, 0, 0);
-  assert_int_equal(ks_statedict_set_tensor(sd, "sum_squared_error", &old_sum, KS_COPY, NULL), KS_OK); /* () before 1.x */
-  assert_int_equal(ks_statedict_set_tensor(sd, "sum_abs_error", &old_sum, KS_COPY, NULL), KS_OK);     /* () before 1.5, (1,) since */
+  assert_int_equal(ks_statedict_set_tensor(sd, "sum_squared_error", &old_sum, KS_COPY, NULL),
+                   KS_OK); /* () before 1.x */
+  assert_int_equal(ks_statedict_set_tensor(sd, "sum_abs_error", &old_sum, KS_COPY, NULL),
+                   KS_OK); /* () before 1.5, (1,) since */
   assert_int_equal(ks_statedict_set_tensor(sd, "total", &total, KS_COPY, NULL), KS_OK);
   int mig = 0;
   assert_int_equal(ks_metric_load_state_dict(mse, sd, "", 1, 0, &mig, NULL, NULL), KS_OK);

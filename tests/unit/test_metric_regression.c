@@ -23,7 +23,8 @@ static void nan_strategy_error_rejects_and_number_replaces(void **st) {
   (void)st;
   float v[2] = {1, NAN};
   ks_tensor t = F32V(v);
-  ks_metric *e = mt_make("SumMetric", "{\"nan_strategy\":\"error\"}"), *r = mt_make("SumMetric", "{\"nan_strategy\":5}");
+  ks_metric *e = mt_make("SumMetric", "{\"nan_strategy\":\"error\"}"),
+            *r = mt_make("SumMetric", "{\"nan_strategy\":5}");
   mt_rejects(e, &t, 1, KS_E_VALUE);
   mt_update(r, &t, 1);
   assert_true(mt_value(r, 0) == 6.0);

@@ -70,7 +70,8 @@ static void check_topk_row(const float *row, size_t C, size_t k, const size_t *w
   for (size_t c = 0; c < C; c++) {
     int in = 0;
     for (size_t j = 0; j < k; j++) in |= want[j] == c;
-    if (((int64_t *)tp.data)[c] != in) fail_msg("C=%zu k=%zu: class %zu %s torch's top k", C, k, c, in ? "is in" : "is not in");
+    if (((int64_t *)tp.data)[c] != in)
+      fail_msg("C=%zu k=%zu: class %zu %s torch's top k", C, k, c, in ? "is in" : "is not in");
     int64_t misses = c == want[0] ? (int64_t)(C - k) : 0;
     if (((int64_t *)fp.data)[c] != misses) fail_msg("C=%zu k=%zu: torch's first index is %zu", C, k, want[0]);
   }
@@ -149,7 +150,8 @@ static void top_k_rejects_bad_targets_unchanged(void **st) {
 
 /* ---- R2Score's ()-shaped sums (torchmetrics >= 1.5) and MeanAbsoluteError's (1,) sum ---- */
 
-static ks_statedict *r2_states(int rank, int64_t n, const float *sq, const float *sum, const float *res, int64_t total) {
+static ks_statedict *r2_states(int rank, int64_t n, const float *sq, const float *sum, const float *res,
+                               int64_t total) {
   ks_statedict *sd;
   assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   const float *v[3] = {sq, sum, res};

@@ -256,8 +256,10 @@ static void malformed_indexes_are_refused(void **s) {
       {"not json", KS_E_FORMAT},
       {"{}", KS_E_FORMAT},
       {"{\"weight_map\":{},\"keepsake\":{\"format\":\"other\",\"version\":1}}", KS_E_FORMAT},
-      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":2,\"world_size\":1}}", KS_E_VERSION},
-      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":1,\"world_size\":0}}", KS_E_FORMAT},
+      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":2,\"world_size\":1}}",
+       KS_E_VERSION},
+      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":1,\"world_size\":0}}",
+       KS_E_FORMAT},
       {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":1,\"world_size\":1,"
        "\"timestamp\":null,\"files\":[{\"rank\":0,\"file\":\"../x\",\"size\":1,\"xxh3\":\"0000000000000000\"}]}}",
        KS_E_FORMAT},
@@ -281,7 +283,8 @@ static void malformed_indexes_are_refused(void **s) {
     ks_shard_index *idx = NULL;
     ks_error err;
     ks_status st = ks_shard_index_read(root, NULL, &idx, &err);
-    if (st != cases[i].want) fail_msg("case %zu: %s, want %s (%s)", i, ks_status_name(st), ks_status_name(cases[i].want), err.message);
+    if (st != cases[i].want)
+      fail_msg("case %zu: %s, want %s (%s)", i, ks_status_name(st), ks_status_name(cases[i].want), err.message);
     ks_shard_index_free(idx);
   }
   ks_test_rmtree(root);

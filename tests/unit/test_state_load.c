@@ -284,7 +284,8 @@ static void changed_num_classes_without_metadata_is_caught_by_shape(void **s) {
   assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, drop_meta), KS_OK);
   assert_int_equal(kind_of(rep, "state/train_metrics/MulticlassAccuracy"), KS_LOAD_MISMATCHED);
-  assert_int_equal(ks_metric_update_count(ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassAccuracy")), 0);
+  assert_int_equal(ks_metric_update_count(ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassAccuracy")),
+                   0);
   ks_load_report_free(rep);
   prog_free(&a);
   prog_free(&b);
@@ -317,7 +318,8 @@ static void f16_stored_states_are_widened_and_narrowing_is_refused(void **s) {
   assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, to_f16), KS_OK);
   assert_int_equal(kind_of(rep, "state/train_metrics/Loss"), KS_LOAD_CONVERTED);
   ks_tensor cur;
-  assert_int_equal(ks_metric_state_info(ks_metric_collection_get(ks_state_train_metrics(b.st), "Loss"), 0, NULL, NULL, &cur), KS_OK);
+  assert_int_equal(
+      ks_metric_state_info(ks_metric_collection_get(ks_state_train_metrics(b.st), "Loss"), 0, NULL, NULL, &cur), KS_OK);
   assert_int_equal(cur.dtype, KS_F32); /* the declared dtype is kept */
   assert_true(metric_value(b.st, "Loss") == 2.5);
   ks_load_report_clear(rep);
@@ -373,7 +375,8 @@ static void weights_only_loads_the_model_alone(void **s) {
   assert_int_equal(transfer(&a, &b, &o, rep, NULL, NULL, NULL), KS_OK);
   assert_memory_equal(a.w, b.w, sizeof a.w);
   assert_int_equal(b.ts.batch, 0);
-  assert_int_equal(ks_metric_update_count(ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassAccuracy")), 0);
+  assert_int_equal(ks_metric_update_count(ks_metric_collection_get(ks_state_train_metrics(b.st), "MulticlassAccuracy")),
+                   0);
   assert_int_equal(kind_of(rep, "state/model"), KS_LOAD_LOADED);
   assert_int_equal(kind_of(rep, "state/optimizers/AdamW"), KS_LOAD_SKIPPED);
   assert_int_equal(kind_of(rep, "state/train_metrics"), KS_LOAD_SKIPPED);

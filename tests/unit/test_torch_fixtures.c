@@ -42,7 +42,8 @@ static int tensor_matches(const char *key, const ks_entry *e, const json_t *spec
   }
   if ((size_t)t->rank != json_array_size(shape)) return fprintf(stderr, "%s: rank differs\n", key), 0;
   for (int d = 0; d < t->rank; d++)
-    if (t->shape[d] != json_integer_value(json_array_get(shape, (size_t)d))) return fprintf(stderr, "%s: shape\n", key), 0;
+    if (t->shape[d] != json_integer_value(json_array_get(shape, (size_t)d)))
+      return fprintf(stderr, "%s: shape\n", key), 0;
   if (ks_tensor_numel(t) != json_array_size(data)) return fprintf(stderr, "%s: numel differs\n", key), 0;
   for (size_t i = 0; i < json_array_size(data); i++)
     if (!value_matches(t, i, json_array_get(data, i))) return fprintf(stderr, "%s[%zu] differs\n", key, i), 0;
@@ -113,7 +114,8 @@ static void check_torch213_fixture(const char *dir, const char *name) {
   ks_status st = ks_torch_load_with_structure(pt, NULL, &sd, &structure, &err);
   const char *error = json_string_value(json_object_get(want, "error"));
   if (error) {
-    if (st == KS_OK || strcmp(ks_status_name(st), error) || !strstr(err.message, json_string_value(json_object_get(want, "message"))))
+    if (st == KS_OK || strcmp(ks_status_name(st), error) ||
+        !strstr(err.message, json_string_value(json_object_get(want, "message"))))
       fail_msg("%s: expected %s, got %s: %s", name, error, ks_status_name(st), err.message);
     assert_null(sd);
   } else {

@@ -60,7 +60,8 @@ static ks_status fake_storage(void *ctx, const char *key, const uint8_t **data, 
 /* _rebuild_tensor_v2(storage "0" of `numel` `cls`, 0, shape, stride, False, {}) */
 static void tensor(prog *g, const char *cls, int64_t numel, int rank, const int64_t *shape, const int64_t *stride) {
   op(g, "ctorch._utils\n_rebuild_tensor_v2\n(");
-  op(g, "("), str(g, "storage"), op(g, "ctorch\n"), op(g, cls), op(g, "\n"), str(g, "0"), str(g, "cpu"), int64(g, numel);
+  op(g, "("), str(g, "storage"), op(g, "ctorch\n"), op(g, cls), op(g, "\n"), str(g, "0"), str(g, "cpu"),
+      int64(g, numel);
   op(g, "tQ"), int64(g, 0);
   op(g, "(");
   for (int i = 0; i < rank; i++) int64(g, shape[i]);

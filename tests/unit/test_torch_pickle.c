@@ -106,8 +106,11 @@ static void shared_storage_views_are_materialised(void **s) {
   /* {'t': _rebuild_tensor_v2(storage0, 1, (2, 2), (1, 2), False, OrderedDict())}: a transposed view */
   static const char prog[] = "\x80\x02}X\x01\x00\x00\x00t"
                              "ctorch._utils\n_rebuild_tensor_v2\n"
-                             "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x06tQ"
-                             "K\x01K\x02K\x02\x86K\x01K\x02\x86\x89" "ccollections\nOrderedDict\n)RtRs.";
+                             "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"
+                             "0X\x03\x00\x00\x00"
+                             "cpuK\x06tQ"
+                             "K\x01K\x02K\x02\x86K\x01K\x02\x86\x89"
+                             "ccollections\nOrderedDict\n)RtRs.";
   ks_statedict *sd;
   ks_error err;
   assert_int_equal(RUN(prog, &sd, &err), KS_OK);
@@ -122,8 +125,11 @@ static void view_past_the_storage_end_is_refused(void **s) {
   (void)s;
   static const char prog[] = "\x80\x02}X\x01\x00\x00\x00t"
                              "ctorch._utils\n_rebuild_tensor_v2\n"
-                             "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x06tQ"
-                             "K\x03K\x04\x85K\x01\x85\x89" "ccollections\nOrderedDict\n)RtRs.";
+                             "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"
+                             "0X\x03\x00\x00\x00"
+                             "cpuK\x06tQ"
+                             "K\x03K\x04\x85K\x01\x85\x89"
+                             "ccollections\nOrderedDict\n)RtRs.";
   ks_statedict *sd;
   ks_error err;
   assert_int_equal(RUN(prog, &sd, &err), KS_E_FORMAT);
@@ -135,8 +141,11 @@ static void zero_stride_views_are_bounded_by_the_view_limit(void **s) {
   /* size (2**30,), stride (0,): 4 GiB from one float */
   static const char prog[] = "\x80\x02}X\x01\x00\x00\x00t"
                              "ctorch._utils\n_rebuild_tensor_v2\n"
-                             "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x06tQ"
-                             "K\x00J\x00\x00\x00\x40\x85K\x00\x85\x89" "ccollections\nOrderedDict\n)RtRs.";
+                             "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"
+                             "0X\x03\x00\x00\x00"
+                             "cpuK\x06tQ"
+                             "K\x00J\x00\x00\x00\x40\x85K\x00\x85\x89"
+                             "ccollections\nOrderedDict\n)RtRs.";
   ks_statedict *sd;
   ks_error err;
   assert_int_equal(RUN(prog, &sd, &err), KS_E_LIMIT);
@@ -251,8 +260,11 @@ static void every_prefix_of_a_program_fails_cleanly(void **s) {
   (void)s;
   static const char prog[] = "\x80\x02}X\x01\x00\x00\x00t"
                              "ctorch._utils\n_rebuild_tensor_v2\n"
-                             "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x06tQ"
-                             "K\x01K\x02K\x02\x86K\x01K\x02\x86\x89" "ccollections\nOrderedDict\n)RtRs.";
+                             "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"
+                             "0X\x03\x00\x00\x00"
+                             "cpuK\x06tQ"
+                             "K\x01K\x02K\x02\x86K\x01K\x02\x86\x89"
+                             "ccollections\nOrderedDict\n)RtRs.";
   for (size_t n = 0; n + 1 < sizeof prog - 1; n++) {
     char *copy = malloc(n + 1);
     memcpy(copy, prog, n);

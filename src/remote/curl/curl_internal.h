@@ -13,6 +13,8 @@
 #define KS__LIST_BODY_MAX ((size_t)8 << 20)  /* one ListObjectsV2 page */
 #define KS__POINTER_MAX ((size_t)4096)       /* a pointer object's content */
 #define KS__POOL_MAX 16                      /* idle easy handles kept for connection reuse */
+#define KS__OBJECT_MAX ((uint64_t)5 << 40)   /* S3's largest object: a bigger size is a hostile answer */
+#define KS__POINTER_HOPS 8                   /* pointers followed in a row by open_fn, else ELOOP */
 
 /* One handle of the table: an object being staged (create_fn / symlink_fn) or one opened for reading. */
 typedef struct ks__slot {
@@ -37,6 +39,8 @@ struct ks__remote {
   char *token_hdr;       /* "x-amz-security-token: ..." or NULL */
   unsigned max_retries, retry_base_ms, parallel;
   long timeout_ms, connect_timeout_ms;
+  long deadline_ms;      /* one operation's overall limit; negative: none */
+  uint64_t list_pages, list_keys, list_bytes; /* one listing's budget */
   uint64_t threshold, part_size;
   pthread_mutex_t lock;  /* slots, the handle pool and last_err */
   ks__slot **slots;
@@ -44,6 +48,7 @@ struct ks__remote {
   CURL *pool[KS__POOL_MAX];
   size_t npool;
   char last_err[1024];
+  ks_status last_status; /* the class of last_err: KS_E_NET, KS_E_LIMIT or KS_E_IO */
 };
 
 /* One request. Bodies are in memory; a GET either fills dst (dst_cap bytes at most) or grows body up to max_body. */
@@ -57,6 +62,7 @@ typedef struct ks__req {
   uint8_t *dst;
   size_t dst_cap;
   size_t max_body;
+  uint64_t deadline; /* CLOCK_MONOTONIC ns when the operation must end; 0: ks__remote_deadline() now */
 } ks__req;
 
 typedef struct ks__resp {
@@ -65,11 +71,14 @@ typedef struct ks__resp {
   size_t len, cap, max;
   uint8_t *dst;
   size_t dst_cap, dst_len;
-  int overflow;  /* more bytes than dst or max allowed */
+  int overflow;  /* more bytes than dst or max allowed (a body, or a Content-Length announcing one) */
+  int nobody;    /* HEAD: Content-Length is the object's size, not a body to come */
   uint64_t content_length;
   int has_length;
   uint64_t range_total;
   int has_range_total;
+  uint64_t range_first, range_last; /* Content-Range: bytes first-last/total */
+  int has_range_span;
   int pointer;   /* x-amz-meta-keepsake-pointer present */
   char etag[256];
   const ks_allocator *alloc;
@@ -79,8 +88,12 @@ typedef struct ks__resp {
  * A 404 is returned as ENOENT without being recorded when quiet_404. */
 int ks__http_do(ks__remote *r, const ks__req *q, ks__resp *p, int quiet_404);
 void ks__resp_free(ks__resp *p);
-/* Records the detail of a failure (printf-like) as the remote's last error. */
+/* Records the detail of a failure (printf-like) as the remote's last error, of class KS_E_IO. */
 void ks__remote_fail(ks__remote *r, const char *fmt, ...) KS__PRINTF(2, 3);
+/* The same with its class: KS_E_NET (deadline, network) or KS_E_LIMIT (a budget or cap). */
+void ks__remote_fail_as(ks__remote *r, ks_status cls, const char *fmt, ...) KS__PRINTF(3, 4);
+/* When an operation starting now must end (CLOCK_MONOTONIC ns; UINT64_MAX: no deadline). */
+uint64_t ks__remote_deadline(const ks__remote *r);
 /* Runs job(ctx, i) for i in [0, n) on up to r->parallel threads; the first nonzero result stops the rest. */
 int ks__remote_parallel(ks__remote *r, size_t n, int (*job)(void *ctx, size_t i), void *ctx);
 

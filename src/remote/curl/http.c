@@ -5,6 +5,7 @@
  * every function is thread safe.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,15 +26,56 @@ int ks__curl_init_once(void) {
   return curl_init_rc == CURLE_OK ? 0 : EIO;
 }
 
-void ks__remote_fail(ks__remote *r, const char *fmt, ...) {
+static void record(ks__remote *r, ks_status cls, const char *fmt, va_list ap) {
   char msg[sizeof r->last_err];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
   pthread_mutex_lock(&r->lock);
   memcpy(r->last_err, msg, sizeof msg);
+  r->last_status = cls;
   pthread_mutex_unlock(&r->lock);
+}
+
+void ks__remote_fail(ks__remote *r, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  record(r, KS_E_IO, fmt, ap);
+  va_end(ap);
+}
+
+void ks__remote_fail_as(ks__remote *r, ks_status cls, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  record(r, cls, fmt, ap);
+  va_end(ap);
+}
+
+ks_status ks__remote_last_status(const ks__remote *r, char *buf, size_t cap) {
+  ks__remote *m = (ks__remote *)(uintptr_t)r; /* the lock is the only thing touched */
+  pthread_mutex_lock(&m->lock);
+  ks_status s = m->last_err[0] ? m->last_status : KS_OK;
+  if (buf && cap) snprintf(buf, cap, "%s", m->last_err);
+  pthread_mutex_unlock(&m->lock);
+  return s;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t ks__remote_deadline(const ks__remote *r) {
+  if (r->deadline_ms < 0) return UINT64_MAX;
+  return now_ns() + (uint64_t)r->deadline_ms * 1000000u; /* deadline_ms is capped at open: no overflow */
+}
+
+/* Milliseconds left before dl (at least 1 while any is left), 0 once it passed, LONG_MAX without one. */
+static long ms_left(uint64_t dl) {
+  if (dl == UINT64_MAX) return LONG_MAX;
+  uint64_t now = now_ns();
+  if (now >= dl) return 0;
+  uint64_t ms = (dl - now + 999999u) / 1000000u;
+  return ms > (uint64_t)LONG_MAX ? LONG_MAX : (long)ms;
 }
 
 size_t ks__remote_last_error(const ks__remote *r, char *buf, size_t cap) {
@@ -139,6 +181,26 @@ static uint64_t parse_u64(const char *v, size_t n, int *ok) {
   return x;
 }
 
+/* A 2xx answer whose Content-Length is more than the caller's buffer or the body's cap. */
+static int announces_too_much(ks__resp *p) {
+  if (p->nobody || p->status / 100 != 2 || !p->has_length) return 0;
+  uint64_t cap = p->dst ? p->dst_cap : p->max;
+  if (p->content_length <= cap) return 0;
+  p->overflow = 1;
+  return 1;
+}
+
+/* "bytes first-last" of a Content-Range (before its '/'). */
+static void parse_span(ks__resp *p, const char *v, size_t n) {
+  int ok1 = 0, ok2 = 0;
+  if (n < 6 || strncmp(v, "bytes ", 6)) return;
+  const char *dash = memchr(v + 6, '-', n - 6);
+  if (!dash) return;
+  p->range_first = parse_u64(v + 6, (size_t)(dash - v - 6), &ok1);
+  p->range_last = parse_u64(dash + 1, (size_t)(v + n - dash - 1), &ok2);
+  p->has_range_span = ok1 && ok2;
+}
+
 static size_t on_header(char *d, size_t sz, size_t nm, void *ctx) {
   ks__resp *p = ctx;
   size_t n = sz * nm;
@@ -147,14 +209,16 @@ static size_t on_header(char *d, size_t sz, size_t nm, void *ctx) {
   int ok;
   if (n > 5 && !strncmp(d, "HTTP/", 5)) { /* a new response (after 100 Continue or a redirect) */
     p->status = strtol(memchr(d, ' ', n) ? (char *)memchr(d, ' ', n) + 1 : d, NULL, 10);
-    p->has_length = p->has_range_total = p->pointer = 0;
+    p->has_length = p->has_range_total = p->has_range_span = p->pointer = 0;
     p->etag[0] = '\0';
   } else if (hdr_is(d, n, "Content-Length", &v, &vl)) {
     p->content_length = parse_u64(v, vl, &ok);
     p->has_length = ok;
+    if (announces_too_much(p)) return 0; /* refused before any byte of it: curl ends with a write error */
   } else if (hdr_is(d, n, "Content-Range", &v, &vl)) { /* bytes a-b/total */
     const char *slash = memchr(v, '/', vl);
     if (slash) p->range_total = parse_u64(slash + 1, vl - (size_t)(slash + 1 - v), &ok), p->has_range_total = ok;
+    parse_span(p, v, slash ? (size_t)(slash - v) : vl);
   } else if (hdr_is(d, n, "ETag", &v, &vl)) {
     snprintf(p->etag, sizeof p->etag, "%.*s", (int)vl, v);
   } else if (hdr_is(d, n, "x-amz-meta-keepsake-pointer", &v, &vl)) {
@@ -219,7 +283,8 @@ static void set_method(CURL *h, const ks__req *q, upload *u) {
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, q->method);
 }
 
-static void set_common(ks__remote *r, CURL *h, const ks__req *q, ks__resp *p, struct curl_slist *hdrs, char *ebuf) {
+static void set_common(ks__remote *r, CURL *h, const ks__req *q, ks__resp *p, struct curl_slist *hdrs, char *ebuf,
+                       long left_ms) {
   curl_easy_setopt(h, CURLOPT_URL, q->url);
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
@@ -229,7 +294,10 @@ static void set_common(ks__remote *r, CURL *h, const ks__req *q, ks__resp *p, st
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, ebuf);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L); /* threads: no SIGALRM for DNS timeouts */
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, r->connect_timeout_ms);
-  if (r->timeout_ms > 0) curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, r->timeout_ms);
+  /* The attempt ends by the request timeout or by what is left of the operation's deadline, whichever
+     comes first: the low-speed limit alone never ends a server that trickles a byte now and then. */
+  long limit = r->timeout_ms > 0 && r->timeout_ms < left_ms ? r->timeout_ms : left_ms;
+  if (limit != LONG_MAX) curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, limit);
   /* A stalled transfer (no byte for 30 s, or the request timeout if shorter) is a timeout, retried. */
   long stall = r->timeout_ms > 0 && r->timeout_ms < 30000 ? (r->timeout_ms + 999) / 1000 : 30;
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
@@ -291,25 +359,29 @@ static void describe(const ks__resp *p, char *out, size_t cap) {
   else snprintf(out, cap, "HTTP %ld", p->status);
 }
 
-/* Exponential backoff with jitter: base * 2^attempt, scaled by a random factor in [0.5, 1.5). */
-static void backoff(ks__remote *r, unsigned attempt, uint64_t *seed) {
+/* Exponential backoff with jitter: base * 2^attempt, scaled by a random factor in [0.5, 1.5), never
+   past the deadline. 0 when the deadline leaves no time for another attempt. */
+static int backoff(ks__remote *r, unsigned attempt, uint64_t *seed, uint64_t dl) {
   uint64_t ms = (uint64_t)r->retry_base_ms << (attempt < 16 ? attempt : 16);
   *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
   ms = ms / 2 + (ms ? (*seed >> 33) % ms : 0);
+  long left = ms_left(dl);
+  if ((uint64_t)left <= ms) return 0;
   struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
+  return 1;
 }
 
 static CURLcode attempt_once(ks__remote *r, CURL *h, const ks__req *q, ks__resp *p, struct curl_slist *hdrs,
-                             char *ebuf) {
+                             char *ebuf, long left_ms) {
   upload u = {q->body, q->body_len, 0};
   p->status = 0;
   p->len = p->dst_len = 0;
-  p->overflow = p->has_length = p->has_range_total = p->pointer = 0;
+  p->overflow = p->has_length = p->has_range_total = p->has_range_span = p->pointer = 0;
   p->etag[0] = ebuf[0] = '\0';
   curl_easy_reset(h);
-  set_common(r, h, q, p, hdrs, ebuf);
+  set_common(r, h, q, p, hdrs, ebuf, left_ms);
   set_method(h, q, &u);
   CURLcode c = curl_easy_perform(h);
   /* A 2xx ranged read that ended short of what Content-Length announced: curl reports PARTIAL_FILE. */
@@ -318,9 +390,51 @@ static CURLcode attempt_once(ks__remote *r, CURL *h, const ks__req *q, ks__resp 
   return c;
 }
 
+/* The errno and the message of a failed transfer (c != CURLE_OK); the class goes to *cls. */
+static int transfer_failure(const ks__resp *p, CURLcode c, const char *ebuf, char *what, size_t cap, ks_status *cls) {
+  if (p->overflow) {
+    size_t limit = p->dst ? p->dst_cap : p->max;
+    if (p->has_length && p->content_length > limit)
+      snprintf(what, cap, "Content-Length %llu exceeds the %zu bytes %s", (unsigned long long)p->content_length,
+               limit, p->dst ? "asked" : "allowed for this answer");
+    else
+      snprintf(what, cap, "answer longer than the %zu bytes %s", limit, p->dst ? "asked" : "allowed for this answer");
+    *cls = KS_E_LIMIT;
+    return EFBIG;
+  }
+  snprintf(what, cap, "%s", ebuf[0] ? ebuf : curl_easy_strerror(c));
+  *cls = KS_E_NET;
+  return errno_of_curl(c);
+}
+
+/* Records the failure of q (unless a quiet 404) and returns its errno. */
+static int fail_request(ks__remote *r, const ks__req *q, const ks__resp *p, CURLcode c, const char *ebuf,
+                        unsigned tries, int expired, int quiet_404) {
+  char what[700], last[720] = "";
+  ks_status cls = KS_E_IO;
+  int e;
+  if (c != CURLE_OK) {
+    e = transfer_failure(p, c, ebuf, what, sizeof what, &cls);
+  } else {
+    describe(p, what, sizeof what);
+    e = errno_of_status(p->status);
+  }
+  if (expired) { /* what the last attempt got is still worth saying (a 503 the deadline cut short) */
+    if (p->status || c != CURLE_OK) snprintf(last, sizeof last, " (last attempt: %s)", what);
+    snprintf(what, sizeof what, "deadline of %ld ms (ks_storage_opts.deadline_ms) exceeded", r->deadline_ms);
+    cls = KS_E_NET;
+    e = ETIMEDOUT;
+  }
+  if (!(quiet_404 && e == ENOENT))
+    ks__remote_fail_as(r, cls, "%s %s: %s%s%.0u%s%s", q->method, q->url, what, tries ? " after " : "", tries,
+                       tries ? (tries == 1 ? " retry" : " retries") : "", last);
+  return e;
+}
+
 int ks__http_do(ks__remote *r, const ks__req *q, ks__resp *p, int quiet_404) {
   *p = (ks__resp){.alloc = &r->alloc, .max = q->max_body ? q->max_body : KS__ERR_BODY_MAX, .dst = q->dst,
-                  .dst_cap = q->dst_cap};
+                  .dst_cap = q->dst_cap, .nobody = !strcmp(q->method, "HEAD")};
+  uint64_t dl = q->deadline ? q->deadline : ks__remote_deadline(r);
   CURL *h = handle_get(r);
   struct curl_slist *hdrs = build_headers(r, q);
   if (!h || !hdrs) {
@@ -329,31 +443,29 @@ int ks__http_do(ks__remote *r, const ks__req *q, ks__resp *p, int quiet_404) {
     ks__remote_fail(r, "%s %s: out of memory", q->method, q->url);
     return ENOMEM;
   }
-  char ebuf[CURL_ERROR_SIZE];
+  char ebuf[CURL_ERROR_SIZE] = "";
   uint64_t seed = (uint64_t)(uintptr_t)p ^ (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
   CURLcode c = CURLE_OK;
   unsigned tries = 0;
+  int expired = 0;
   for (;; tries++) {
-    c = attempt_once(r, h, q, p, hdrs, ebuf);
-    if (!retryable(c, p->status, p) || tries >= r->max_retries) break;
-    backoff(r, tries, &seed);
+    long left = ms_left(dl);
+    if (left == 0) { /* a listing's later page, or a retry after the backoff: no time is left */
+      expired = 1;
+      break;
+    }
+    c = attempt_once(r, h, q, p, hdrs, ebuf, left);
+    if (c == CURLE_OPERATION_TIMEDOUT && ms_left(dl) <= 1) expired = 1; /* curl's timer may fire a hair early */
+    if (expired || !retryable(c, p->status, p) || tries >= r->max_retries) break;
+    if (!backoff(r, tries, &seed, dl)) {
+      expired = 1;
+      break;
+    }
   }
   curl_slist_free_all(hdrs);
   handle_put(r, h);
-  if (c == CURLE_OK && p->status / 100 == 2) return 0;
-  char what[700];
-  int e;
-  if (c != CURLE_OK) {
-    snprintf(what, sizeof what, "%s", p->overflow ? "response larger than expected" : ebuf[0] ? ebuf : curl_easy_strerror(c));
-    e = p->overflow ? EFBIG : errno_of_curl(c);
-  } else {
-    describe(p, what, sizeof what);
-    e = errno_of_status(p->status);
-  }
-  if (!(quiet_404 && e == ENOENT))
-    ks__remote_fail(r, "%s %s: %s%s%.0u%s", q->method, q->url, what, tries ? " after " : "", tries,
-                    tries ? (tries == 1 ? " retry" : " retries") : "");
-  return e;
+  if (!expired && c == CURLE_OK && p->status / 100 == 2) return 0;
+  return fail_request(r, q, p, c, ebuf, tries, expired, quiet_404);
 }
 
 typedef struct par {

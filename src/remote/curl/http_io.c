@@ -5,18 +5,28 @@
 
 #include "remote/curl/curl_internal.h"
 
+/* A size no store holds (above S3's 5 TiB): a hostile answer, refused before anything is sized by it. */
+static int size_cap(ks__remote *r, const char *url, uint64_t size) {
+  if (size <= KS__OBJECT_MAX) return 0;
+  ks__remote_fail_as(r, KS_E_LIMIT, "HEAD %s: size %llu exceeds the largest object size (5 TiB)", url,
+                     (unsigned long long)size);
+  return EFBIG;
+}
+
 /* The size from HEAD; a server that sends none is asked for byte 0 (Content-Range: bytes 0-0/total). */
 static int probe_size(ks__remote *r, const char *url, uint64_t *size) {
-  ks__req q = {.method = "HEAD", .url = url};
+  uint64_t dl = ks__remote_deadline(r); /* one deadline for the HEAD and the GET after it */
+  ks__req q = {.method = "HEAD", .url = url, .deadline = dl};
   ks__resp p;
   int rc = ks__http_do(r, &q, &p, 0);
   int have = !rc && p.has_length;
   *size = p.content_length;
   ks__resp_free(&p);
-  if (rc || have) return rc;
+  if (rc || have) return rc ? rc : size_cap(r, url, *size);
   uint8_t byte;
   const char *h[] = {"Range: bytes=0-0"};
-  ks__req g = {.method = "GET", .url = url, .headers = h, .n_headers = 1, .dst = &byte, .dst_cap = 1};
+  ks__req g = {.method = "GET", .url = url, .headers = h, .n_headers = 1, .dst = &byte, .dst_cap = 1,
+               .deadline = dl};
   rc = ks__http_do(r, &g, &p, 0);
   if (!rc && !p.has_range_total) {
     ks__remote_fail(r, "GET %s: the server gives neither Content-Length nor Content-Range", url);
@@ -24,7 +34,7 @@ static int probe_size(ks__remote *r, const char *url, uint64_t *size) {
   }
   *size = p.range_total;
   ks__resp_free(&p);
-  return rc;
+  return rc ? rc : size_cap(r, url, *size);
 }
 
 static int http_open(void *ctx, const char *path, int *fd, uint64_t *size) {
@@ -52,7 +62,10 @@ static int http_stat(void *ctx, const char *path, ks_io_stat *st) {
 }
 
 static int ro_create(void *c, const char *p, int *fd) { (void)c, (void)p, (void)fd; return EROFS; }
-static int ro_write(void *c, int fd, const void *b, size_t n, size_t *w) { (void)c, (void)fd, (void)b, (void)n, (void)w; return EROFS; }
+static int ro_write(void *c, int fd, const void *b, size_t n, size_t *w) {
+  (void)c, (void)fd, (void)b, (void)n, (void)w;
+  return EROFS;
+}
 static int ro_fd(void *c, int fd) { (void)c, (void)fd; return EROFS; }
 static int ro_two(void *c, const char *a, const char *b) { (void)c, (void)a, (void)b; return EROFS; }
 static int ro_one(void *c, const char *a) { (void)c, (void)a; return EROFS; }

@@ -61,7 +61,8 @@ static int create(ks__remote *r, const char *url, char **upload_id_enc) {
   int rc = post(r, u, NULL, &p);
   size_t pos = 0, vl;
   const char *v;
-  if (!rc && (ks__xml_next((const char *)p.body, p.len, &pos, "UploadId", &v, &vl) || ks__xml_text(v, vl, id, sizeof id))) {
+  if (!rc &&
+      (ks__xml_next((const char *)p.body, p.len, &pos, "UploadId", &v, &vl) || ks__xml_text(v, vl, id, sizeof id))) {
     ks__remote_fail(r, "POST %s: no UploadId in the answer", u);
     rc = EIO;
   }
@@ -108,7 +109,8 @@ static int finish(ks__remote *r, const mpu *m, size_t parts) {
 /* Best effort, with the transport's retries; the first failure is what the caller reports. */
 static void abort_upload(ks__remote *r, const char *url, const char *id_enc) {
   char saved[sizeof r->last_err];
-  ks__remote_last_error(r, saved, sizeof saved);
+  ks_status cls = ks__remote_last_status(r, saved, sizeof saved); /* kept: a deadline stays KS_E_NET */
+  if (cls == KS_OK) cls = KS_E_IO;
   size_t ul = strlen(url) + strlen(id_enc) + 16;
   char *u = ks__malloc(&r->alloc, ul);
   if (u) {
@@ -117,8 +119,8 @@ static void abort_upload(ks__remote *r, const char *url, const char *id_enc) {
     ks__resp p;
     int rc = ks__http_do(r, &q, &p, 1);
     ks__resp_free(&p);
-    if (rc) ks__remote_fail(r, "%s; abort of the multipart upload failed too (%s)", saved, strerror(rc));
-    else ks__remote_fail(r, "%s (multipart upload aborted)", saved);
+    if (rc) ks__remote_fail_as(r, cls, "%s; abort of the multipart upload failed too (%s)", saved, strerror(rc));
+    else ks__remote_fail_as(r, cls, "%s (multipart upload aborted)", saved);
     ks__free(&r->alloc, u);
   }
 }

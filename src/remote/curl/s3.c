@@ -14,6 +14,11 @@
 
 #define DEFAULT_THRESHOLD ((uint64_t)64 << 20)
 #define DEFAULT_PART ((uint64_t)16 << 20)
+#define DEFAULT_DEADLINE_MS 300000L            /* one operation (a request and its retries, a listing) */
+#define DEADLINE_MAX_MS (30L * 24 * 3600 * 1000) /* a month: "no deadline" in all but name */
+#define DEFAULT_LIST_PAGES ((uint64_t)10000)   /* 10^7 keys at S3's 1000 a page */
+#define DEFAULT_LIST_KEYS ((uint64_t)1000000)  /* far more checkpoints than a run directory holds */
+#define DEFAULT_LIST_BYTES ((uint64_t)1 << 30) /* 1 GiB of XML (about 3M keys) */
 
 int ks__s3_key(ks__remote *r, const char *path, char **key) {
   (void)r;
@@ -180,7 +185,7 @@ static int s3_symlink(void *ctx, const char *target, const char *path) {
   return rc;
 }
 
-static ks_status parse_location(ks__remote *r, const char *rest, ks_error *err) {
+static KS_NODISCARD ks_status parse_location(ks__remote *r, const char *rest, ks_error *err) {
   const char *slash = strchr(rest, '/');
   size_t bl = slash ? (size_t)(slash - rest) : strlen(rest);
   if (bl < 3 || bl > 63) return ks__err(err, KS_E_INVALID, "s3://%s: bucket name must have 3 to 63 characters", rest);
@@ -198,7 +203,7 @@ static ks_status parse_location(ks__remote *r, const char *rest, ks_error *err) 
 }
 
 /* The base URL: endpoint/bucket (path style) or scheme://bucket.host (virtual host). */
-static ks_status make_base(ks__remote *r, const ks_storage_opts *o, const char *region, ks_error *err) {
+static KS_NODISCARD ks_status make_base(ks__remote *r, const ks_storage_opts *o, const char *region, ks_error *err) {
   const char *ep = o->endpoint ? o->endpoint : getenv("AWS_ENDPOINT_URL");
   char dflt[256];
   int path_style = o->path_style > 0 || (o->path_style == 0 && ep && *ep);
@@ -214,11 +219,13 @@ static ks_status make_base(ks__remote *r, const ks_storage_opts *o, const char *
   size_t n = el + strlen(r->bucket) + 4;
   if (!(r->base = ks__malloc(&r->alloc, n))) return ks__err(err, KS_E_NOMEM, "out of memory");
   if (path_style) snprintf(r->base, n, "%.*s/%s", (int)el, ep, r->bucket);
-  else snprintf(r->base, n, "%.*s%s.%.*s", (int)(host + 3 - ep), ep, r->bucket, (int)(el - (size_t)(host + 3 - ep)), host + 3);
+  else
+    snprintf(r->base, n, "%.*s%s.%.*s", (int)(host + 3 - ep), ep, r->bucket, (int)(el - (size_t)(host + 3 - ep)),
+             host + 3);
   return KS_OK;
 }
 
-static ks_status credentials(ks__remote *r, const char *region, ks_error *err) {
+static KS_NODISCARD ks_status credentials(ks__remote *r, const char *region, ks_error *err) {
   const char *id = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY"),
              *token = getenv("AWS_SESSION_TOKEN");
   snprintf(r->sigv4, sizeof r->sigv4, "aws:amz:%s:s3", region);
@@ -251,6 +258,11 @@ ks_status ks__remote_new(ks_storage *st, const ks_storage_opts *o, int s3, ks_er
   r->threshold = o->multipart_threshold ? o->multipart_threshold : DEFAULT_THRESHOLD;
   r->part_size = o->part_size ? o->part_size : DEFAULT_PART;
   r->parallel = o->parallel ? (o->parallel > 64 ? 64 : o->parallel) : 4;
+  r->deadline_ms = o->deadline_ms == 0 ? DEFAULT_DEADLINE_MS : o->deadline_ms < 0 ? -1 : o->deadline_ms;
+  if (r->deadline_ms > DEADLINE_MAX_MS) r->deadline_ms = DEADLINE_MAX_MS; /* no overflow in ns arithmetic */
+  r->list_pages = o->list_max_pages ? o->list_max_pages : DEFAULT_LIST_PAGES;
+  r->list_keys = o->list_max_keys ? o->list_max_keys : DEFAULT_LIST_KEYS;
+  r->list_bytes = o->list_max_bytes ? o->list_max_bytes : DEFAULT_LIST_BYTES;
   st->remote = r;
   return KS_OK;
 }

@@ -5,7 +5,6 @@
 
 #include "remote/curl/curl_internal.h"
 
-#define LIST_PAGES_MAX 100000 /* 10^8 keys: a listing that never ends is an error, not a hang */
 
 int ks__remote_open_url(ks__remote *r, char *url, uint64_t size, int *fd) {
   ks__slot *s;
@@ -20,30 +19,101 @@ int ks__remote_open_url(ks__remote *r, char *url, uint64_t size, int *fd) {
   return 0;
 }
 
-/* HEAD of url: 0 with *p filled (the caller frees it), or an errno value. */
-static int head(ks__remote *r, const char *url, ks__resp *p, int quiet) {
-  ks__req q = {.method = "HEAD", .url = url};
+/* HEAD of url: 0 with *p filled (the caller frees it), or an errno value. dl: the operation's deadline (0: now). */
+static int head(ks__remote *r, const char *url, ks__resp *p, int quiet, uint64_t dl) {
+  ks__req q = {.method = "HEAD", .url = url, .deadline = dl};
   return ks__http_do(r, &q, p, quiet);
+}
+
+/* The object's size from a HEAD answer: present, and no more than S3's largest object. */
+static int object_size(ks__remote *r, const char *url, const ks__resp *p, uint64_t *size) {
+  if (!p->has_length) {
+    ks__remote_fail(r, "HEAD %s: no Content-Length", url);
+    return EIO;
+  }
+  if (p->content_length > KS__OBJECT_MAX) {
+    ks__remote_fail_as(r, KS_E_LIMIT, "HEAD %s: Content-Length %llu exceeds the largest object size (5 TiB)", url,
+                       (unsigned long long)p->content_length);
+    return EFBIG;
+  }
+  *size = p->content_length;
+  return 0;
+}
+
+/* The pointer object at url: its target into buf (cap bytes, NUL-terminated). */
+static int get_pointer(ks__remote *r, const char *url, char *buf, size_t cap, size_t *len, uint64_t dl) {
+  ks__req q = {.method = "GET", .url = url, .max_body = KS__POINTER_MAX, .deadline = dl};
+  ks__resp p;
+  int rc = ks__http_do(r, &q, &p, 0);
+  if (!rc && !p.pointer) rc = EINVAL; /* not a pointer object: like readlink(2) of a regular file */
+  if (!rc && p.len >= cap) rc = ENAMETOOLONG;
+  if (!rc && (p.len == 0 || memchr(p.body, '\0', p.len) || memchr(p.body, '/', p.len))) {
+    ks__remote_fail(r, "GET %s: not a valid pointer (empty, or a NUL or '/' in the target)", url);
+    rc = EINVAL;
+  }
+  if (!rc) {
+    memcpy(buf, p.body, p.len);
+    buf[p.len] = '\0';
+    *len = p.len;
+  }
+  ks__resp_free(&p);
+  return rc;
+}
+
+/* The path a pointer at `path` names: its target, relative to the pointer's own prefix. */
+static int pointer_target(ks__remote *r, const char *path, const char *target, char **out) {
+  const char *slash = strrchr(path, '/');
+  size_t dl = slash ? (size_t)(slash - path) + 1 : 0, n = dl + strlen(target) + 1;
+  if (!(*out = ks__malloc(&r->alloc, n))) return ENOMEM;
+  snprintf(*out, n, "%.*s%s", (int)dl, path, target);
+  return 0;
+}
+
+/* HEAD of path, following pointer objects (as open(2) follows symbolic links): *url, *p of the object. */
+static int head_following(ks__remote *r, const char *path, char **url, ks__resp *p) {
+  uint64_t dl = ks__remote_deadline(r); /* one deadline for the pointers and the object */
+  *p = (ks__resp){0};
+  char *cur = ks__strdup(&r->alloc, path), target[KS__POINTER_MAX + 1];
+  int rc = cur ? 0 : ENOMEM;
+  for (unsigned hops = 0; !rc; hops++) {
+    size_t tl;
+    char *next = NULL;
+    if ((rc = ks__s3_url(r, cur, NULL, url)) != 0) break;
+    rc = head(r, *url, p, 0, dl);
+    if (rc || !p->pointer) break;
+    ks__resp_free(p);
+    if (hops == KS__POINTER_HOPS) {
+      ks__remote_fail_as(r, KS_E_LIMIT, "HEAD %s: more than %d pointers in a row (a loop?)", *url, KS__POINTER_HOPS);
+      rc = ELOOP;
+    }
+    if (!rc) rc = get_pointer(r, *url, target, sizeof target, &tl, dl);
+    if (!rc) rc = pointer_target(r, cur, target, &next);
+    ks__free(&r->alloc, *url);
+    *url = NULL;
+    ks__free(&r->alloc, cur);
+    cur = next;
+  }
+  ks__free(&r->alloc, cur);
+  if (rc) {
+    ks__resp_free(p);
+    ks__free(&r->alloc, *url);
+    *url = NULL;
+  }
+  return rc;
 }
 
 int ks__s3_open_fn(void *ctx, const char *path, int *fd, uint64_t *size) {
   ks__remote *r = ctx;
   char *url = NULL;
-  int rc = ks__s3_url(r, path, NULL, &url);
-  if (rc) return rc;
   ks__resp p;
-  rc = head(r, url, &p, 0);
-  if (!rc && !p.has_length) {
-    ks__remote_fail(r, "HEAD %s: no Content-Length", url);
-    rc = EIO;
-  }
+  int rc = head_following(r, path, &url, &p);
+  if (!rc) rc = object_size(r, url, &p, size);
   ks__resp_free(&p);
   if (rc) {
     ks__free(&r->alloc, url);
     return rc;
   }
-  *size = p.content_length;
-  return ks__remote_open_url(r, url, p.content_length, fd);
+  return ks__remote_open_url(r, url, *size, fd);
 }
 
 typedef struct ranged {
@@ -62,6 +132,13 @@ static int get_range(ks__remote *r, const char *url, uint8_t *buf, uint64_t off,
   ks__req q = {.method = "GET", .url = url, .headers = h, .n_headers = 1, .dst = buf, .dst_cap = n};
   ks__resp p;
   int rc = ks__http_do(r, &q, &p, 0);
+  /* bytes of another range than the one asked (a 200 is the whole object: right only from byte 0) */
+  if (!rc && ((p.status == 206 && (!p.has_range_span || p.range_first != off || p.range_last != off + n - 1)) ||
+              (p.status != 206 && off != 0))) {
+    ks__remote_fail(r, "GET %s (%s): HTTP %ld with bytes %llu-%llu, not the range asked", url, range + 7, p.status,
+                    (unsigned long long)p.range_first, (unsigned long long)p.range_last);
+    rc = EIO;
+  }
   if (!rc && p.dst_len != n) {
     ks__remote_fail(r, "GET %s (%s): %zu bytes instead of %zu", url, range + 7, p.dst_len, n);
     rc = EIO;
@@ -87,7 +164,8 @@ int ks__remote_read_fn(void *ctx, int fd, void *buf, size_t n, uint64_t off, siz
   size_t chunk = r->part_size > SIZE_MAX ? SIZE_MAX : (size_t)r->part_size;
   ranged g = {r, s->path, buf, off, n, chunk};
   size_t jobs = n / chunk + (n % chunk != 0);
-  int rc = jobs > 1 && r->parallel > 1 ? ks__remote_parallel(r, jobs, range_job, &g) : get_range(r, s->path, buf, off, n);
+  int rc =
+      jobs > 1 && r->parallel > 1 ? ks__remote_parallel(r, jobs, range_job, &g) : get_range(r, s->path, buf, off, n);
   if (!rc) *got = n;
   return rc;
 }
@@ -98,7 +176,16 @@ typedef struct lister {
   ks_io_list_cb cb;
   void *cb_ctx;
   int count_only, found;
+  const char *keyprefix, *url; /* for the messages: what is listed, the page being read */
+  uint64_t pages, keys, bytes; /* spent of the listing's budget (ks_storage_opts.list_max_*) */
 } lister;
+
+/* Fails a listing that went past one of its budgets: EOVERFLOW, naming the location, the URL and the limit. */
+static int over_budget(lister *l, uint64_t limit, const char *what, const char *opt) {
+  ks__remote_fail_as(l->r, KS_E_LIMIT, "listing s3://%s/%s (GET %s): more than %llu %s (ks_storage_opts.%s)",
+                     l->r->bucket, l->keyprefix, l->url, (unsigned long long)limit, what, opt);
+  return EOVERFLOW;
+}
 
 /* Calls the callback for each <Contents><Key> and <CommonPrefixes><Prefix> of one page. */
 static int list_page(lister *l, const char *x, size_t n) {
@@ -112,6 +199,7 @@ static int list_page(lister *l, const char *x, size_t n) {
     while (!ks__xml_next(x, n, &pos, kinds[k].block, &b, &bl)) {
       size_t ip = 0, vl;
       const char *v;
+      if (++l->keys > l->r->list_keys) return over_budget(l, l->r->list_keys, "entries", "list_max_keys");
       if (ks__xml_next(b, bl, &ip, kinds[k].tag, &v, &vl) || ks__xml_text(v, vl, name, sizeof name)) return EIO;
       if (strncmp(name, l->strip, sl)) continue;
       char *rel = name + sl;
@@ -144,10 +232,13 @@ static int list_query(ks__remote *r, const char *token, const char *prefix, int 
   return rc;
 }
 
+/* Every page of a listing, within one deadline and the budgets of pages, entries and bytes. */
 static int list_pages(ks__remote *r, const char *keyprefix, lister *l) {
   char token[1024] = "";
   int rc = 0;
-  for (size_t page = 0; page < LIST_PAGES_MAX; page++) {
+  uint64_t dl = ks__remote_deadline(r);
+  l->keyprefix = keyprefix;
+  for (;;) {
     char *q = NULL, *url = NULL;
     rc = list_query(r, token[0] ? token : NULL, keyprefix, l->count_only, &q);
     size_t n = rc ? 0 : strlen(r->base) + strlen(q) + 4;
@@ -155,12 +246,20 @@ static int list_pages(ks__remote *r, const char *keyprefix, lister *l) {
     if (!rc) snprintf(url, n, "%s/?%s", r->base, q);
     ks__free(&r->alloc, q);
     if (rc) return rc;
-    ks__req rq = {.method = "GET", .url = url, .max_body = KS__LIST_BODY_MAX};
+    l->url = url;
+    if (l->pages++ >= r->list_pages) {
+      rc = over_budget(l, r->list_pages, "pages", "list_max_pages");
+      ks__free(&r->alloc, url);
+      return rc;
+    }
+    ks__req rq = {.method = "GET", .url = url, .max_body = KS__LIST_BODY_MAX, .deadline = dl};
     ks__resp p;
     rc = ks__http_do(r, &rq, &p, 0);
     const char *x = p.body ? (const char *)p.body : "";
     size_t pos = 0, vl;
     const char *v;
+    l->bytes += p.len;
+    if (!rc && l->bytes > r->list_bytes) rc = over_budget(l, r->list_bytes, "bytes", "list_max_bytes");
     if (!rc) rc = list_page(l, x, p.len);
     int more = !rc && !l->count_only && !ks__xml_next(x, p.len, &pos, "IsTruncated", &v, &vl) && vl == 4 &&
                !memcmp(v, "true", 4);
@@ -174,8 +273,6 @@ static int list_pages(ks__remote *r, const char *keyprefix, lister *l) {
     ks__free(&r->alloc, url);
     if (rc || !more) return rc;
   }
-  ks__remote_fail(r, "listing %s: more than %d pages", keyprefix, LIST_PAGES_MAX);
-  return EIO;
 }
 
 static int list_dir(ks__remote *r, const char *dir, const char *prefix, lister *l) {
@@ -215,7 +312,7 @@ int ks__s3_stat_fn(void *ctx, const char *path, ks_io_stat *st) {
   }
   if ((rc = ks__s3_url(r, path, NULL, &url)) != 0) return rc;
   ks__resp p;
-  rc = head(r, url, &p, 1);
+  rc = head(r, url, &p, 1, 0);
   ks__free(&r->alloc, url);
   if (!rc) *st = (ks_io_stat){p.pointer ? KS_IO_LINK : KS_IO_FILE, p.content_length};
   ks__resp_free(&p);
@@ -232,21 +329,7 @@ int ks__s3_readlink_fn(void *ctx, const char *path, char *buf, size_t cap, size_
   char *url = NULL;
   int rc = ks__s3_url(r, path, NULL, &url);
   if (rc) return rc;
-  ks__req q = {.method = "GET", .url = url, .max_body = KS__POINTER_MAX};
-  ks__resp p;
-  rc = ks__http_do(r, &q, &p, 0);
-  if (!rc && !p.pointer) rc = EINVAL; /* not a pointer object: like readlink(2) of a regular file */
-  if (!rc && p.len >= cap) rc = ENAMETOOLONG;
-  if (!rc && (p.len == 0 || memchr(p.body, '\0', p.len) || memchr(p.body, '/', p.len))) {
-    ks__remote_fail(r, "GET %s: not a valid pointer (empty, or a NUL or '/' in the target)", url);
-    rc = EINVAL;
-  }
-  if (!rc) {
-    memcpy(buf, p.body, p.len);
-    buf[p.len] = '\0';
-    *len = p.len;
-  }
-  ks__resp_free(&p);
+  rc = get_pointer(r, url, buf, cap, len, 0);
   ks__free(&r->alloc, url);
   return rc;
 }

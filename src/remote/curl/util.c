@@ -46,7 +46,9 @@ static int entity(const char *v, size_t n, size_t *used, char *c) {
   unsigned x = 0;
   size_t i = hex ? 3 : 2;
   for (; i < n && i < 8 && v[i] != ';'; i++) {
-    int d = v[i] >= '0' && v[i] <= '9' ? v[i] - '0' : hex && (v[i] | 32) >= 'a' && (v[i] | 32) <= 'f' ? (v[i] | 32) - 'a' + 10 : -1;
+    int d = v[i] >= '0' && v[i] <= '9'                        ? v[i] - '0'
+            : hex && (v[i] | 32) >= 'a' && (v[i] | 32) <= 'f' ? (v[i] | 32) - 'a' + 10
+                                                              : -1;
     if (d < 0) return -1;
     x = x * (unsigned)base + (unsigned)d;
   }
@@ -127,7 +129,8 @@ ks__slot *ks__slot_take_staged(ks__remote *r, const char *path, int closed_only)
   ks__slot *s = NULL;
   pthread_mutex_lock(&r->lock);
   for (size_t i = 0; i < r->nslots && !s; i++)
-    if (r->slots[i] && !r->slots[i]->reading && (r->slots[i]->closed || !closed_only) && !strcmp(r->slots[i]->path, path)) {
+    if (r->slots[i] && !r->slots[i]->reading && (r->slots[i]->closed || !closed_only) &&
+        !strcmp(r->slots[i]->path, path)) {
       s = r->slots[i];
       r->slots[i] = NULL;
     }

@@ -1,0 +1,180 @@
+"""keepsake.CheckpointManager: the C checkpoint manager for a PyTorch training loop.
+
+Every decision is the C library's (``ks_ckpt_manager``, docs/DESIGN.md): when to save (every N
+batches or epochs, every S seconds, a preemption signal), file names and ``latest``, the
+retention policies (keep the latest N, the best N by a metric stored in each checkpoint, every
+N-th, one per time period), the run directory's lock, which checkpoint autoresume takes (the
+newest that fully verifies; corrupt ones are set aside) and background saves (the state is copied
+before ``save(blocking=False)`` returns; the write, ``latest`` and retention run on the library's
+thread, without the GIL). This module only flattens the program's objects, as
+``save_checkpoint`` does, and fills them back with ``load_checkpoint``.
+"""
+from __future__ import annotations
+
+import signal as _signal
+import sys
+from typing import Any, Mapping, Optional, Sequence
+
+from . import _errors, _metrics, _state, _tree
+from . import _native_api as _n
+from ._paths import PathLike, fspath
+from ._report import LoadReport, Timestamp
+
+#: Exit status of a run that saved on preemption and stopped ("try again", as the C demo uses).
+EXIT_PREEMPTED = 75
+
+
+class Preempted(SystemExit):
+    """Raised by :meth:`CheckpointManager.step` after the preemption save is durable.
+
+    A ``SystemExit`` with code 75: uncaught, the process exits with that status, which a
+    scheduler can read as "requeue me"; catch it to clean up first. ``path`` is the checkpoint.
+    """
+
+    def __init__(self, path: str, signum: int) -> None:
+        super().__init__(EXIT_PREEMPTED)
+        self.path, self.signum = path, signum
+
+
+class CheckpointManager:
+    """Saves a training run's checkpoints into a run directory and resumes from them.
+
+    Args:
+        run_dir: a directory, or an ``s3://bucket/prefix`` location (when the package has libcurl).
+        model, optimizers, schedulers, train_metrics, eval_metrics, timestamp, dataset_state,
+            callbacks, extra, rng: the components, as :func:`keepsake.torch.save_checkpoint` takes
+            them. ``timestamp`` (a :class:`keepsake.Timestamp`) names the files and drives the triggers.
+        save_every: ``"50ba"`` (every 50 batches) or ``"1ep"``; ``save_every_seconds`` adds a clock.
+        keep_last: keep the N newest (0 keeps all). ``keep_best``, ``best_metric``
+            (``"train_metrics/acc"``, ``"eval_metrics/val/acc"``, ``"eval/acc"``) and ``best_mode``
+            (``"max"``/``"min"``): keep the N best by the value stored in each checkpoint.
+            ``keep_every`` (``"5ep"``) and ``keep_period_seconds`` keep more. The policies combine.
+        filename: the name template (``{epoch}``, ``{batch}``, ``{sample}``).
+        async_save: :meth:`step` saves in the background (``save(blocking=False)``).
+        on_save_error: ``"raise"`` (stop) or ``"warn"``: a failed save from :meth:`step` is
+            reported on stderr and the next trigger tries again.
+        preemption_signals: signals that ask for a save at the next :meth:`step`, which then
+            raises :class:`Preempted` (``()`` installs none).
+        lock: ``"auto"`` (lock the run directory where the storage can), ``"require"``, ``"off"``.
+        upload_to: save locally, then upload each checkpoint there (``s3://...``).
+    """
+
+    def __init__(self, run_dir: PathLike, *, model: Any = None, optimizers: Any = None, schedulers: Any = None,
+                 train_metrics: Any = None, eval_metrics: Any = None, timestamp: Optional[Timestamp] = None,
+                 dataset_state: Any = None, callbacks: Any = None, extra: Optional[Mapping[str, Any]] = None,
+                 rng: bool = True, run_name: str = "", rank_zero_seed: int = 0,
+                 save_every: Optional[str] = None, save_every_seconds: float = 0.0, filename: Optional[str] = None,
+                 keep_last: int = 0, keep_best: int = 0, best_metric: Optional[str] = None, best_mode: str = "max",
+                 keep_every: Optional[str] = None, keep_period_seconds: float = 0.0, async_save: bool = False,
+                 on_save_error: str = "raise", preemption_signals: Sequence[int] = (_signal.SIGTERM, _signal.SIGUSR1),
+                 lock: str = "auto", upload_to: Optional[PathLike] = None, upload_retention: bool = False,
+                 retention_log: bool = False) -> None:
+        if on_save_error not in ("raise", "warn"):
+            raise ValueError("on_save_error: 'raise' or 'warn'")
+        self.components = dict(model=model, optimizers=optimizers, schedulers=schedulers,
+                               train_metrics=train_metrics, eval_metrics=eval_metrics, dataset_state=dataset_state,
+                               callbacks=callbacks)
+        self.timestamp = timestamp if timestamp is not None else Timestamp()
+        self.extra, self.rng, self.run_name, self.rank_zero_seed = extra, rng, run_name, rank_zero_seed
+        self.async_save, self.on_save_error = async_save, on_save_error
+        self.last_report: Optional[LoadReport] = None
+        self.last_saved: Optional[str] = None
+        self.save_errors = 0
+        self._native = _n.Manager(fspath(run_dir), save_interval=save_every, filename=filename, keep=keep_last,
+                                  keep_best=keep_best, best_metric=best_metric, best_mode=best_mode,
+                                  keep_every=keep_every, keep_period_seconds=keep_period_seconds,
+                                  save_every_seconds=save_every_seconds, lock=lock,
+                                  upload_to=fspath(upload_to) if upload_to is not None else None,
+                                  upload_retention=upload_retention, retention_log=retention_log)
+        if preemption_signals:
+            _n.preemption_install(list(preemption_signals))
+
+    # ---- the context-manager protocol ----
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def run_dir(self) -> str:
+        return self._native.path
+
+    def _ts(self) -> dict:
+        return self.timestamp.state_dict() if hasattr(self.timestamp, "state_dict") else dict(self.timestamp)
+
+    # ---- saving ----
+
+    def save(self, blocking: bool = True) -> str:
+        """Saves a checkpoint now; returns its path.
+
+        ``blocking=False`` returns once every tensor, optimizer state and metric state has been
+        copied: training may change them at once. The write, ``latest`` and retention follow on
+        the library's thread with the same durability and order as a blocking save; its error is
+        raised by the next call (``save``, ``step``, ``wait``, ``close``), never swallowed.
+        """
+        c = self.components
+        fl, descs = _state.checkpoint_entries(c["model"], c["optimizers"], c["schedulers"], c["train_metrics"],
+                                              c["eval_metrics"], self.timestamp, self.rng, self.extra,
+                                              c["dataset_state"], c["callbacks"], self.run_name, self.rank_zero_seed)
+        meta = {"keepsake.state": '{"layout_version":1}'}
+        if fl.kinds:
+            meta[_tree.PYTREE_KEY] = fl.kinds_json()
+        path = self._native.save(fl.entries, meta, _metrics.metrics_meta(descs), self._ts(), blocking)
+        del fl  # the tensors may go: the library has copied (or written) them
+        self.last_saved = path
+        return path
+
+    def step(self, epoch_end: bool = False) -> Optional[str]:
+        """Call at each batch end (and with ``epoch_end=True`` at each epoch end), after the
+        timestamp counts it. Saves when a trigger says so; after a preemption signal, saves,
+        waits until it is durable and raises :class:`Preempted`. Returns the path saved, or None.
+        """
+        signum = _n.preemption_signal()
+        if signum and not epoch_end:
+            path = self.save(blocking=True)
+            self.wait()
+            raise Preempted(path, signum)
+        if not self._native.should_save(self._ts(), epoch_end):
+            return None
+        try:
+            return self.save(blocking=not self.async_save)
+        except _errors.KeepsakeError as e:
+            if self.on_save_error == "raise":
+                raise
+            self.save_errors += 1
+            print(f"keepsake: warning: checkpoint save failed, training goes on: {e}", file=sys.stderr)
+            return None
+
+    def wait(self) -> None:
+        """Waits for a background save; raises its error."""
+        self._native.wait()
+
+    def close(self) -> None:
+        """Finishes a save in flight (raising its error), then releases the run directory."""
+        self._native.close()
+
+    # ---- resuming ----
+
+    def autoresume(self, **load_kw: Any) -> bool:
+        """Fills the components from the newest checkpoint that fully verifies.
+
+        Corrupt or partial checkpoints are skipped with a warning and set aside (``.corrupt``).
+        Returns False when there is none. ``self.last_report`` is the :class:`LoadReport`;
+        ``load_kw`` goes to :func:`keepsake.torch.load_checkpoint` (``strict``, ``ignore``, ...).
+        """
+        path, self.skipped = self._native.resume_path()
+        if path is None:
+            return False
+        c = self.components
+        self.last_report = _state.load_checkpoint(path, model=c["model"], optimizers=c["optimizers"],
+                                                  schedulers=c["schedulers"], train_metrics=c["train_metrics"],
+                                                  eval_metrics=c["eval_metrics"], timestamp=self.timestamp,
+                                                  rng=self.rng, dataset_state=c["dataset_state"],
+                                                  callbacks=c["callbacks"], **load_kw)
+        if self.extra is not None and self.last_report.extra:
+            self.extra.clear() if hasattr(self.extra, "clear") else None
+            if hasattr(self.extra, "update"):
+                self.extra.update(self.last_report.extra)
+        return True

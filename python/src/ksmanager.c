@@ -1,0 +1,326 @@
+/*
+ * keepsake._keepsake.Manager: the C checkpoint manager (ks_ckpt_manager) for Python programs.
+ * Every rule is the library's: file names, `latest`, the retention policies, the run directory
+ * lock, the save triggers, autoresume's choice of the newest checkpoint that verifies (corrupt
+ * ones set aside), background saves (the state is copied before save() returns, the write runs
+ * on the library's thread) and storage locations. Python flattens the program's objects into
+ * entries, as for save_file, and fills them back with load_checkpoint from the path autoresume
+ * returns.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ksext.h"
+
+typedef struct {
+  PyObject_HEAD
+  ks_ckpt_manager *m;
+  ks_storage *store, *upload;
+  int busy; /* a call is running with the GIL released: refuse a second one and close() */
+} ksp_Manager;
+
+static PyObject *closed_error(void) { return ksp_raisef(KS_E_STATE, "the checkpoint manager is closed"); }
+
+static int usable(ksp_Manager *self) {
+  if (!self->m) return closed_error(), 0;
+  if (self->busy) return ksp_raisef(KS_E_STATE, "the checkpoint manager is busy in another thread"), 0;
+  return 1;
+}
+
+static void release(ksp_Manager *self) {
+  ks_ckpt_manager_free(self->m); /* finishes a save in flight, then drops the run directory's lock */
+  ks_storage_free(self->store);
+  ks_storage_free(self->upload);
+  self->m = NULL, self->store = self->upload = NULL;
+}
+
+static void Manager_dealloc(ksp_Manager *self) {
+  if (self->m) {
+    Py_BEGIN_ALLOW_THREADS release(self);
+    Py_END_ALLOW_THREADS
+  }
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A ks_timestamp from a dict of Timestamp fields (missing ones are 0). 0, or -1 with an exception. */
+static int timestamp_from(PyObject *d, ks_timestamp *ts) {
+  ks_timestamp_init(ts);
+  if (d == Py_None) return 0;
+  if (!PyDict_Check(d)) return PyErr_SetString(PyExc_TypeError, "timestamp: expected a dict of fields"), -1;
+  struct {
+    const char *name;
+    int64_t *i;
+    double *f;
+  } fields[] = {{"epoch", &ts->epoch, NULL},
+                {"batch", &ts->batch, NULL},
+                {"sample", &ts->sample, NULL},
+                {"token", &ts->token, NULL},
+                {"batch_in_epoch", &ts->batch_in_epoch, NULL},
+                {"sample_in_epoch", &ts->sample_in_epoch, NULL},
+                {"token_in_epoch", &ts->token_in_epoch, NULL},
+                {"total_wct", NULL, &ts->total_wct},
+                {"epoch_wct", NULL, &ts->epoch_wct},
+                {"batch_wct", NULL, &ts->batch_wct}};
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    PyObject *v = PyDict_GetItemString(d, fields[i].name); /* borrowed */
+    if (!v) continue;
+    if (fields[i].i) {
+      long long x = PyLong_AsLongLong(v);
+      if (x == -1 && PyErr_Occurred()) return -1;
+      *fields[i].i = (int64_t)x;
+    } else {
+      double x = PyFloat_AsDouble(v);
+      if (x == -1.0 && PyErr_Occurred()) return -1;
+      *fields[i].f = x;
+    }
+  }
+  return 0;
+}
+
+static int enum_arg(const char *what, const char *v, const char *const *names, int n, int *out) {
+  for (int i = 0; v && i < n; i++)
+    if (!strcmp(v, names[i])) return *out = i, 0;
+  if (!v) return 0;
+  PyErr_Format(PyExc_ValueError, "%s: '%s' is not one of the choices", what, v);
+  return -1;
+}
+
+static int open_store(PyObject *loc, ks_storage **out) {
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st = ks_storage_open(PyBytes_AS_STRING(loc), NULL, out, &err);
+  if (st) ksp_raise(st, &err);
+  return st ? -1 : 0;
+}
+
+static int Manager_init(ksp_Manager *self, PyObject *args, PyObject *kw) {
+  static char *names[] = {"run_dir", "save_interval", "filename", "keep", "keep_best", "best_metric", "best_mode",
+                          "keep_every", "keep_period_seconds", "save_every_seconds", "async_busy", "lock",
+                          "upload_to", "upload_retention", "retention_log", NULL};
+  PyObject *run_dir, *upload_to = Py_None;
+  const char *interval = NULL, *filename = NULL, *best_metric = NULL, *best_mode = NULL, *keep_every = NULL;
+  const char *busy = NULL, *lock = NULL;
+  int keep = 0, keep_best = 0, upload_retention = 0, retention_log = 0;
+  double period = 0, every_s = 0;
+  if (self->m || self->busy) return ksp_raisef(KS_E_STATE, "Manager is already initialised"), -1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|zziizzzddzzOpp", names, PyUnicode_FSConverter, &run_dir, &interval,
+                                   &filename, &keep, &keep_best, &best_metric, &best_mode, &keep_every, &period,
+                                   &every_s, &busy, &lock, &upload_to, &upload_retention, &retention_log))
+    return -1;
+  static const char *const modes[] = {"max", "min"}, *const busies[] = {"wait", "fail"},
+                           *const locks[] = {"auto", "require", "off"};
+  int mode = 0, busy_mode = 0, lock_mode = 0;
+  PyObject *up = NULL;
+  int rc = enum_arg("best_mode", best_mode, modes, 2, &mode) || enum_arg("async_busy", busy, busies, 2, &busy_mode) ||
+           enum_arg("lock", lock, locks, 3, &lock_mode);
+  if (!rc && upload_to != Py_None && !PyUnicode_FSConverter(upload_to, &up)) rc = -1;
+  if (!rc) rc = open_store(run_dir, &self->store);
+  if (!rc && up) rc = open_store(up, &self->upload);
+  Py_DECREF(run_dir);
+  Py_XDECREF(up);
+  if (rc) return release(self), -1;
+  ks_ckpt_opts co = {.run_dir = ks_storage_path(self->store),
+                     .io = ks_storage_io(self->store),
+                     .save_interval = interval,
+                     .filename = filename,
+                     .keep = keep,
+                     .keep_best = keep_best,
+                     .best_metric = best_metric,
+                     .best_mode = mode ? KS_BEST_MIN : KS_BEST_MAX,
+                     .keep_every = keep_every,
+                     .keep_period_seconds = period,
+                     .save_every_seconds = every_s,
+                     .async_busy = busy_mode ? KS_ASYNC_FAIL_BUSY : KS_ASYNC_WAIT,
+                     .retention_log = retention_log ? stdout : NULL,
+                     .lock = lock_mode == 1   ? KS_CKPT_LOCK_REQUIRE
+                             : lock_mode == 2 ? KS_CKPT_LOCK_OFF
+                                              : KS_CKPT_LOCK_AUTO};
+  if (self->upload) {
+    co.upload_io = ks_storage_io(self->upload);
+    co.upload_dir = ks_storage_path(self->upload);
+    co.upload_retention = upload_retention;
+  }
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_create(&co, &self->m, &err);
+  Py_END_ALLOW_THREADS
+  if (st) {
+    release(self);
+    ksp_raise(st, &err);
+    return -1;
+  }
+  return 0;
+}
+
+static PyObject *Manager_should_save(ksp_Manager *self, PyObject *args) {
+  PyObject *ts_d;
+  int epoch_end = 0;
+  if (!PyArg_ParseTuple(args, "O|p", &ts_d, &epoch_end) || !usable(self)) return NULL;
+  ks_timestamp ts;
+  if (timestamp_from(ts_d, &ts)) return NULL;
+  return PyBool_FromLong(ks_ckpt_manager_should_save(self->m, &ts, epoch_end));
+}
+
+static PyObject *Manager_save(ksp_Manager *self, PyObject *args, PyObject *kw) {
+  static char *names[] = {"entries", "metadata", "metrics", "timestamp", "blocking", NULL};
+  PyObject *entries, *metadata = Py_None, *ts_d = Py_None;
+  const char *metrics = NULL;
+  int blocking = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OzOp", names, &entries, &metadata, &metrics, &ts_d, &blocking) ||
+      !usable(self))
+    return NULL;
+  ks_timestamp ts;
+  ks_statedict *sd;
+  ks_meta *meta;
+  if (timestamp_from(ts_d, &ts) || ksp_save_prepare(entries, metadata, metrics, &sd, &meta)) return NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *saved = NULL;
+  /* The entries list holds every tensor alive for the whole call: the GIL may go, even for the
+   * copy of a background save (done before save_dict returns). */
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_save_dict(self->m, sd, meta, &ts, !blocking, &saved, &err);
+  if (!st && blocking) st = ks_ckpt_manager_wait(self->m, &err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  if (st) return ksp_raise(st, &err);
+  return PyUnicode_DecodeFSDefault(saved);
+}
+
+static PyObject *Manager_wait(ksp_Manager *self, PyObject *unused) {
+  (void)unused;
+  if (!usable(self)) return NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_wait(self->m, &err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  if (st) return ksp_raise(st, &err);
+  Py_RETURN_NONE;
+}
+
+/* Where to resume from: the newest checkpoint that fully verifies (the library's choice; corrupt
+ * ones are set aside with a warning), loaded into an empty state so nothing of the program is
+ * touched here; Python then fills its objects from the path. */
+static KS_NODISCARD ks_status resume_path(ks_ckpt_manager *m, const char **path, ks_error *err) {
+  ks_state *st = NULL;
+  ks_load_report *rep = NULL;
+  int resumed = 0;
+  *path = NULL;
+  ks_status s = ks_state_create("", 0, NULL, &st, err);
+  if (!s) s = ks_load_report_create(NULL, &rep, err);
+  ks_load_opts o = {.non_strict_model = 1};
+  if (!s) s = ks_ckpt_manager_autoresume(m, st, &o, rep, &resumed, path, err);
+  if (!resumed) *path = NULL;
+  ks_load_report_free(rep);
+  ks_state_free(st);
+  return s;
+}
+
+static PyObject *Manager_resume_path(ksp_Manager *self, PyObject *unused) {
+  (void)unused;
+  if (!usable(self)) return NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *path = NULL;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS st = resume_path(self->m, &path, &err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  if (st) return ksp_raise(st, &err);
+  size_t skipped = ks_ckpt_manager_skipped(self->m);
+  if (!path) return Py_BuildValue("(On)", Py_None, (Py_ssize_t)skipped);
+  return Py_BuildValue("(Nn)", PyUnicode_DecodeFSDefault(path), (Py_ssize_t)skipped);
+}
+
+static PyObject *Manager_close(ksp_Manager *self, PyObject *unused) {
+  (void)unused;
+  if (self->busy) return ksp_raisef(KS_E_STATE, "the checkpoint manager is busy in another thread");
+  if (!self->m) Py_RETURN_NONE;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_wait(self->m, &err); /* its error is the caller's to see */
+  release(self);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  if (st) return ksp_raise(st, &err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Manager_storage_path(ksp_Manager *self, void *closure) {
+  (void)closure;
+  if (!self->store) return closed_error();
+  return PyUnicode_DecodeFSDefault(ks_storage_path(self->store));
+}
+
+static PyMethodDef Manager_methods[] = {
+    {"should_save", (PyCFunction)Manager_should_save, METH_VARARGS,
+     "should_save(timestamp, epoch_end=False)\n--\n\nks_ckpt_manager_should_save: the interval, the clock or a "
+     "preemption signal says save now."},
+    {"save", (PyCFunction)(void (*)(void))Manager_save, METH_VARARGS | METH_KEYWORDS,
+     "save(entries, metadata=None, metrics=None, timestamp=None, blocking=True)\n--\n\n"
+     "Saves entries (as save_file takes them) under the templated name, then latest and retention; "
+     "blocking=False returns once they are copied. Returns the path."},
+    {"wait", (PyCFunction)Manager_wait, METH_NOARGS, "wait()\n--\n\nWaits for a background save; raises its error."},
+    {"resume_path", (PyCFunction)Manager_resume_path, METH_NOARGS,
+     "resume_path()\n--\n\n(path of the newest checkpoint that verifies, or None; checkpoints set aside)."},
+    {"close", (PyCFunction)Manager_close, METH_NOARGS,
+     "close()\n--\n\nFinishes a save in flight, releases the run directory's lock."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Manager_getset[] = {
+    {"path", (getter)Manager_storage_path, NULL, "the run directory, as the storage location names it", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+PyTypeObject ksp_ManagerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "keepsake._keepsake.Manager",
+    .tp_basicsize = sizeof(ksp_Manager),
+    .tp_dealloc = (destructor)Manager_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Manager(run_dir, save_interval=None, ...)\n--\n\nThe C checkpoint manager (use "
+              "keepsake.CheckpointManager).",
+    .tp_methods = Manager_methods,
+    .tp_getset = Manager_getset,
+    .tp_init = (initproc)Manager_init,
+    .tp_new = PyType_GenericNew,
+};
+
+PyObject *ksp_preemption_install(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *seq;
+  if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
+  PyObject *fast = PySequence_Fast(seq, "preemption_install: expected a sequence of signal numbers");
+  if (!fast) return NULL;
+  int sigs[16];
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  if (n < 1 || n > 16) {
+    Py_DECREF(fast);
+    return ksp_raisef(KS_E_INVALID, "preemption_install: give 1 to 16 signals");
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+    if (v == -1 && PyErr_Occurred()) return Py_DECREF(fast), NULL;
+    sigs[i] = (int)v;
+  }
+  Py_DECREF(fast);
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st = ks_preemption_install(sigs, (size_t)n, &err);
+  if (st) return ksp_raise(st, &err);
+  Py_RETURN_NONE;
+}
+
+PyObject *ksp_preemption_signal(PyObject *self, PyObject *unused) {
+  (void)self, (void)unused;
+  return PyLong_FromLong(ks_preemption_signal());
+}

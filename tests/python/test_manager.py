@@ -1,0 +1,237 @@
+"""keepsake.CheckpointManager: the C checkpoint manager from a PyTorch training loop.
+
+Triggers, retention, autoresume past a corrupt newest checkpoint, the run directory lock,
+background saves that snapshot the state, the save-failure policy, preemption by SIGTERM and a
+SIGKILL during a background write.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torchmetrics as tm
+
+import keepsake
+import keepsake.torch as kt
+
+
+def make_run(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    return model, opt, tm.MeanMetric(), keepsake.Timestamp()
+
+
+def train_batch(model, opt, metric, ts, value):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    metric.update(value)
+    metric.compute()
+    ts.batch += 1
+    ts.batch_in_epoch += 1
+    ts.sample += 8
+
+
+def names(d):
+    return sorted(n for n in os.listdir(d) if n.endswith(".keepsake"))
+
+
+def test_batch_trigger_and_keep_last(tmp_path):
+    model, opt, m, ts = make_run()
+    with keepsake.CheckpointManager(tmp_path, model=model, optimizers=opt, train_metrics={"m": m}, timestamp=ts,
+                                    save_every="3ba", keep_last=2) as mgr:
+        saved = []
+        for b in range(10):
+            train_batch(model, opt, m, ts, 1.0)
+            p = mgr.step()
+            if p:
+                saved.append(os.path.basename(p))
+    assert saved == ["ep0-ba3.keepsake", "ep0-ba6.keepsake", "ep0-ba9.keepsake"]
+    assert names(tmp_path) == ["ep0-ba6.keepsake", "ep0-ba9.keepsake"]
+    assert os.readlink(tmp_path / "latest") == "ep0-ba9.keepsake"
+
+
+def test_epoch_and_clock_triggers(tmp_path):
+    model, opt, m, ts = make_run()
+    with keepsake.CheckpointManager(tmp_path / "ep", model=model, timestamp=ts, save_every="2ep") as mgr:
+        for e in range(4):
+            train_batch(model, opt, m, ts, 1.0)
+            assert mgr.step() is None  # a batch end never satisfies an epoch interval
+            ts.epoch += 1
+            ts.batch_in_epoch = 0
+            mgr.step(epoch_end=True)
+    assert names(tmp_path / "ep") == ["ep2-ba2.keepsake", "ep4-ba4.keepsake"]
+    with keepsake.CheckpointManager(tmp_path / "clock", model=model, timestamp=ts, save_every="1000ba",
+                                    save_every_seconds=0.2) as mgr:
+        assert mgr.step() is None
+        time.sleep(0.25)
+        assert mgr.step() is not None
+
+
+def test_keep_best_survives_a_resume_and_a_new_run_directory(tmp_path):
+    vals = [0.5, 0.9, 0.2, 0.95, 0.1, 0.3]
+    model, opt, m, ts = make_run()
+    run = tmp_path / "run"
+
+    def manager(path):
+        return keepsake.CheckpointManager(path, model=model, optimizers=opt, train_metrics={"m": m}, timestamp=ts,
+                                          save_every="1ba", keep_last=1, keep_best=2,
+                                          best_metric="train_metrics/m", best_mode="max")
+    mgr = manager(run)
+    for i, v in enumerate(vals):
+        if i == 3:  # a resume: a new manager, nothing carried over but the files
+            mgr.close()
+            mgr = manager(run)
+        m.reset()
+        train_batch(model, opt, m, ts, v)
+        mgr.step()
+    mgr.close()
+    # kept: the newest (batch 6) and the two best by the stored value (0.95 at 4, 0.9 at 2)
+    assert names(run) == ["ep0-ba2.keepsake", "ep0-ba4.keepsake", "ep0-ba6.keepsake"]
+
+
+def test_autoresume_skips_a_corrupt_newest_and_restores_everything(tmp_path):
+    model, opt, m, ts = make_run()
+    with keepsake.CheckpointManager(tmp_path, model=model, optimizers=opt, train_metrics={"m": m}, timestamp=ts,
+                                    save_every="2ba") as mgr:
+        for b in range(4):
+            train_batch(model, opt, m, ts, float(b))
+            if mgr.step() and b == 1:
+                good = ({k: v.clone() for k, v in model.state_dict().items()}, m.compute().clone())
+    newest = tmp_path / "ep0-ba4.keepsake"
+    data = bytearray(newest.read_bytes())
+    data[-3] ^= 0x40
+    newest.write_bytes(bytes(data))
+    m2, o2, me2, ts2 = make_run(seed=1)
+    with keepsake.CheckpointManager(tmp_path, model=m2, optimizers=o2, train_metrics={"m": me2},
+                                    timestamp=ts2) as mgr:
+        assert mgr.autoresume() is True
+        assert mgr.skipped == 1
+    assert ts2.batch == 2
+    assert all(torch.equal(v, m2.state_dict()[k]) for k, v in good[0].items())
+    assert torch.equal(me2.compute(), good[1])
+    assert (tmp_path / "ep0-ba4.keepsake.corrupt").exists() and not newest.exists()
+    assert len(o2.state) == 2  # AdamW moments came back for both parameters
+
+
+def test_nothing_to_resume(tmp_path):
+    model, _, _, ts = make_run()
+    with keepsake.CheckpointManager(tmp_path, model=model, timestamp=ts) as mgr:
+        assert mgr.autoresume() is False
+
+
+def test_a_second_manager_is_refused_and_deletes_nothing(tmp_path):
+    model, opt, m, ts = make_run()
+    a = keepsake.CheckpointManager(tmp_path, model=model, timestamp=ts, save_every="1ba", keep_last=1)
+    train_batch(model, opt, m, ts, 1.0)
+    a.step()
+    before = names(tmp_path)
+    with pytest.raises(keepsake.LockedError) as e:
+        keepsake.CheckpointManager(tmp_path, model=model, timestamp=ts, keep_last=1)
+    assert f"pid {os.getpid()} on host" in str(e.value)
+    assert names(tmp_path) == before
+    a.close()
+    keepsake.CheckpointManager(tmp_path, model=model).close()  # free again once closed
+
+
+def test_background_save_snapshots_the_state(tmp_path):
+    """Tensors, optimizer state and metric states changed right after save(blocking=False)
+    returns do not reach the file."""
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 256)).sum().backward()
+    opt.step()
+    m = tm.SumMetric()
+    m.update(torch.tensor(3.0))
+    ts = keepsake.Timestamp(batch=7)
+    with keepsake.CheckpointManager(tmp_path, model=model, optimizers=opt, train_metrics={"m": m},
+                                    timestamp=ts) as mgr:
+        want_w = model.weight.detach().clone()
+        want_avg = opt.state[model.weight]["exp_avg"].clone()
+        path = mgr.save(blocking=False)
+        with torch.no_grad():  # at once, while the write may still run
+            model.weight.fill_(-1.0)
+            opt.state[model.weight]["exp_avg"].fill_(-2.0)
+        m.update(torch.tensor(100.0))
+        ts.batch = 99
+        mgr.wait()
+    sd = kt.load_file(path, backend="read", verify=True)
+    assert torch.equal(sd["state/model/weight"], want_w)
+    assert torch.equal(sd["state/optimizers/AdamW/state/0/exp_avg"], want_avg)
+    assert float(sd["state/train_metrics/m/state_dict/sum_value"]) == 3.0
+    assert os.path.basename(path) == "ep0-ba7.keepsake"
+
+
+def test_save_failure_policies(tmp_path):
+    model, opt, m, ts = make_run()
+    (tmp_path / "ep0-ba1.keepsake").mkdir()  # the first save's destination is a directory: it fails
+    with keepsake.CheckpointManager(tmp_path, model=model, timestamp=ts, save_every="1ba",
+                                    on_save_error="warn") as mgr:
+        train_batch(model, opt, m, ts, 1.0)
+        assert mgr.step() is None and mgr.save_errors == 1  # reported, training goes on
+        train_batch(model, opt, m, ts, 1.0)
+        assert mgr.step().endswith("ep0-ba2.keepsake")  # the next trigger saves
+    ts.batch = 0
+    with keepsake.CheckpointManager(tmp_path, model=model, timestamp=ts, save_every="1ba") as mgr:
+        train_batch(model, opt, m, ts, 1.0)
+        with pytest.raises(keepsake.InvalidError):
+            mgr.step()
+
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys, time, torch, keepsake
+    model = torch.nn.Linear(512, 512)
+    ts = keepsake.Timestamp()
+    mgr = keepsake.CheckpointManager(sys.argv[1], model=model, timestamp=ts, save_every=sys.argv[2],
+                                     async_save=True, keep_last=3)
+    print("ready", flush=True)
+    while True:
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        ts.batch += 1
+        mgr.step()
+        time.sleep(0.002)
+""")
+
+
+def run_child(run, every):
+    p = subprocess.Popen([sys.executable, "-c", CHILD, str(run), every], stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"ready"
+    return p
+
+
+def test_sigterm_saves_at_the_next_step_and_exits_75(tmp_path):
+    p = run_child(tmp_path, "1000000ba")
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == keepsake.EXIT_PREEMPTED
+    (ck,) = names(tmp_path)
+    keepsake.verify(tmp_path / ck)
+    assert os.readlink(tmp_path / "latest") == ck
+    assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []
+
+
+def test_sigkill_during_background_writes_loses_nothing_committed(tmp_path):
+    for trial in range(3):
+        run = tmp_path / f"r{trial}"
+        p = run_child(run, "5ba")
+        time.sleep(0.4 + 0.15 * trial)
+        p.kill()
+        p.wait()
+        kept = names(run)
+        assert kept, "nothing was committed before the kill (the test proves nothing)"
+        for n in kept:
+            keepsake.verify(run / n)  # every file under a checkpoint name is complete
+        latest = os.readlink(run / "latest")
+        assert latest in kept
+        model = torch.nn.Linear(512, 512)
+        ts = keepsake.Timestamp()
+        with keepsake.CheckpointManager(run, model=model, timestamp=ts) as mgr:  # the dead run's lock is gone
+            assert mgr.autoresume()
+        assert f"ep0-ba{ts.batch}.keepsake" == max(kept, key=lambda n: int(n.split("ba")[1].split(".")[0]))
