@@ -38,7 +38,7 @@ def named_metrics(obj: Any) -> List[Tuple[str, Any]]:
         return []
     if is_metric(obj):
         return [(type(obj).__name__, obj)]
-    if type(obj).__name__ == "MetricCollection":
+    if type(obj).__name__ == "MetricCollection" or (is_collection(obj) and hasattr(obj, "keys")):
         try:
             return list(obj.items(keep_base=True, copy_state=False))
         except TypeError:  # older torchmetrics
@@ -109,13 +109,45 @@ def _cat(v: list):
     return torch.cat([x.detach() for x in items], dim=0)
 
 
-def add_metric(fl: _tree.Flattener, path: str, m: Any) -> None:
-    """Adds every state of `m` and its ``_computed`` under `path`."""
+# Plain attributes of torchmetrics wrappers that their compute() needs besides the states
+# (Running* hands _num_vals_seen to its base metric as the update count). Tensor attributes
+# that are not states (MinMaxMetric's min_val and max_val) are kept too: see _tensor_attrs.
+WRAPPER_ATTRS = ("_num_vals_seen",)
+_NOT_ATTRS = ("_computed", "_forward_cache")
+
+
+def _tensor_attrs(m: Any) -> List[str]:
+    """A metric's tensor attributes that are not states: what wrappers keep between computes."""
+    import torch
+    return sorted(k for k, v in vars(m).items()
+                  if isinstance(v, torch.Tensor) and k not in m._defaults and k not in _NOT_ATTRS)
+
+
+def inner_metrics(m: Any) -> List[Tuple[str, Any]]:
+    """The metrics inside a wrapper (MinMaxMetric's base, MultitaskWrapper's tasks, the two
+    sides of ``m1 + m2``, ...), by dotted module name, at every depth; [] for a plain metric."""
+    return [(n, sub) for n, sub in m.named_modules() if n and is_metric(sub)]
+
+
+def _add_states(fl: _tree.Flattener, path: str, m: Any) -> None:
     for state in m._defaults:
         v = getattr(m, state)
         fl.add(f"{path}/state_dict/{state}", _cat(v) if isinstance(v, list) else v)
-    computed = getattr(m, "_computed", None)
-    fl.add(f"{path}/_computed", computed)
+    fl.add(f"{path}/_computed", getattr(m, "_computed", None))
+    for a in WRAPPER_ATTRS:
+        if isinstance(getattr(m, a, None), int):
+            fl.add(f"{path}/attrs/{a}", int(getattr(m, a)))
+    for a in _tensor_attrs(m):
+        fl.add(f"{path}/attrs/{a}", getattr(m, a))
+
+
+def add_metric(fl: _tree.Flattener, path: str, m: Any) -> None:
+    """Adds every state of `m` and its ``_computed`` under `path`; a wrapper's inner metrics go
+    under ``<path>/inner/<module name>/`` the same way, with their update counts."""
+    _add_states(fl, path, m)
+    for name, sub in inner_metrics(m):
+        _add_states(fl, f"{path}/inner/{name}", sub)
+        fl.add(f"{path}/inner/{name}/update_count", int(sub._update_count))
 
 
 def metrics_meta(descs: List[Dict[str, Any]]) -> Optional[str]:
@@ -189,6 +221,21 @@ def _computed(items: Dict[str, Any], kinds: Dict[str, Any], path: str) -> Any:
     return None
 
 
+def _stage_states(m: Any, prefix: str, items: Dict[str, Any], schema: int, allow_narrowing: bool,
+                  flags: Dict[str, bool]) -> Dict[str, Any]:
+    """The value of every state of `m` from the entries under `prefix`; _Refused if one does not fit."""
+    values = {}
+    for state in m._defaults:
+        key = f"{prefix}state_dict/{state}"
+        if key not in items and schema == 1 and state in _AGG_V1 and f"{prefix}state_dict/value" in items:
+            key = f"{prefix}state_dict/value"
+            flags["migrated"] = True
+        if key not in items:
+            raise _Refused(f"state '{state}' is not in the checkpoint")
+        values[state] = _state_value(m, state, items[key], allow_narrowing, flags)
+    return values
+
+
 def load_metric(m: Any, name: str, path: str, items: Dict[str, Any], meta: Dict[str, Any], kinds: Dict[str, Any],
                 report: LoadReport, allow_narrowing: bool) -> None:
     """Fills one program metric from the file by state name (see docs/DESIGN.md "Load semantics")."""
@@ -212,23 +259,36 @@ def load_metric(m: Any, name: str, path: str, items: Dict[str, Any], meta: Dict[
             return
     schema = info.get("schema_version", 2)
     flags = {"migrated": False, "converted": False}
-    values = {}
+    staged = []  # (metric, path, {state: value}): nothing is set before every one is accepted
     try:
-        for state in m._defaults:
-            key = f"{prefix}state_dict/{state}"
-            if key not in items and schema == 1 and state in _AGG_V1 and f"{prefix}state_dict/value" in items:
-                key = f"{prefix}state_dict/value"
-                flags["migrated"] = True
-            if key not in items:
-                raise _Refused(f"state '{state}' is not in the checkpoint")
-            values[state] = _state_value(m, state, items[key], allow_narrowing, flags)
+        staged.append((m, path, _stage_states(m, prefix, items, schema, allow_narrowing, flags)))
+        for iname, sub in inner_metrics(m):
+            ipath = f"{path}/inner/{iname}"
+            if not _tree.entries_under(items, ipath + "/"):
+                raise _Refused(f"inner metric '{iname}' is not in the checkpoint")
+            try:
+                staged.append((sub, ipath, _stage_states(sub, ipath + "/", items, 2, allow_narrowing, flags)))
+            except _Refused as e:
+                raise _Refused(f"inner metric '{iname}': {e}") from e
     except _Refused as e:
         m.reset()
         report.add("mismatched", path, f"{e}: reset")
         return
-    for state, v in values.items():
-        setattr(m, state, v)
-    m._computed = _computed(items, kinds, path)
+    for metric, mpath, values in staged:
+        for state, v in values.items():
+            setattr(metric, state, v)
+        metric._computed = _computed(items, kinds, mpath)
+        for a in WRAPPER_ATTRS:
+            v = items.get(f"{mpath}/attrs/{a}")
+            if isinstance(v, int) and isinstance(getattr(metric, a, None), int):
+                setattr(metric, a, v)
+        for a in _tensor_attrs(metric):
+            v, mine = items.get(f"{mpath}/attrs/{a}"), getattr(metric, a)
+            if hasattr(v, "shape") and tuple(v.shape) == tuple(mine.shape) and v.dtype == mine.dtype:
+                setattr(metric, a, v.clone().to(mine.device))
+        if metric is not m:
+            c = items.get(f"{mpath}/update_count")
+            metric._update_count = c if isinstance(c, int) and c >= 0 else 1
     count = info.get("update_count")
     m._update_count = int(count) if isinstance(count, int) and count >= 0 else 1
     kind = "migrated" if flags["migrated"] else "converted" if flags["converted"] else "loaded"

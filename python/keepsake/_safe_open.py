@@ -84,7 +84,11 @@ class safe_open:  # noqa: N801 - safetensors' name
         return self._reader
 
     def keys(self) -> List[str]:
-        """Tensor names, in file order (the order keepsake saved them in)."""
+        """Tensor names, sorted, as safetensors' ``safe_open(...).keys()`` returns them."""
+        return sorted(self._r().keys())
+
+    def file_keys(self) -> List[str]:
+        """Tensor names in the header's order (the order keepsake saved them in)."""
         return self._r().keys()
 
     def offset_keys(self) -> List[str]:

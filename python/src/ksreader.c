@@ -10,10 +10,10 @@
  *    A mapping promises the file's pages only while nobody truncates the file:
  *    touching a view past a new end raises SIGBUS (format.h, "What the mapped
  *    mode promises").
- *  - "read": the library reads the whole file into memory the reader owns
- *    (ks_reader_open in KS_READ_COPY mode, through read()); nothing is mapped, so
- *    a file truncated or rewritten while it is read gives an error, never a
- *    signal, and the tensors never change afterwards.
+ *  - "read": the whole file is read into memory the reader owns (the
+ *    library's POSIX table: open_fn, read_fn); nothing is mapped, so a file
+ *    truncated or rewritten while it is read gives an error, never a signal,
+ *    and the tensors never change afterwards.
  * The Reader exports the file's bytes (the mapping or the copy) through the
  * buffer protocol; every consumer holds a reference, so the memory lives as long
  * as the last tensor over it.
@@ -33,7 +33,7 @@ typedef struct {
   ks_reader *r;
   void *map;     /* our mapping of the file, or NULL */
   size_t map_len;
-  char *heap;    /* a copy of bytes given in memory, or NULL */
+  char *heap;    /* our copy of the bytes (data=, or the "read" backend), malloc'd, or NULL */
   uint8_t *base; /* start of the file's bytes (ours, or the reader's copy in "read" mode) */
   size_t len;
   PyObject *path;   /* str, for Python (surrogate-escaped like os.fsdecode) */
@@ -65,7 +65,7 @@ static KS_NODISCARD ks_status map_file(ksp_Reader *self, const char *path, ks_er
     errno = EINVAL;
     st = fail_io(err, path, "not a regular file");
   } else if (sb.st_size == 0) {
-    self->heap = PyMem_Malloc(1); /* an empty file: the reader reports it as truncated */
+    self->heap = malloc(1); /* an empty file: the reader reports it as truncated (no GIL: not PyMem) */
     self->base = (uint8_t *)self->heap;
     if (!self->heap) st = KS_E_NOMEM;
   } else {
@@ -85,7 +85,7 @@ static KS_NODISCARD ks_status map_file(ksp_Reader *self, const char *path, ks_er
 static KS_NODISCARD ks_status copy_bytes(ksp_Reader *self, PyObject *src) {
   Py_buffer view;
   if (PyObject_GetBuffer(src, &view, PyBUF_SIMPLE) < 0) return KS_E_INVALID;
-  self->heap = PyMem_Malloc(view.len ? (size_t)view.len : 1);
+  self->heap = malloc(view.len ? (size_t)view.len : 1);
   if (self->heap) memcpy(self->heap, view.buf, (size_t)view.len);
   self->base = (uint8_t *)self->heap;
   self->len = (size_t)view.len;
@@ -94,49 +94,43 @@ static KS_NODISCARD ks_status copy_bytes(ksp_Reader *self, PyObject *src) {
 }
 
 /*
- * "read" backend: the library's copying mode. KS_READ_COPY holds one heap copy of
- * the whole file (format.h), so every tensor lies at its file offset from the
- * copy's start; that start is not part of the public API, so it is derived from
- * tensor 0 and checked against every tensor (a reader laid out otherwise is
- * refused, never exported wrong). A file without tensors exports nothing.
+ * "read" backend: the whole file read into memory the reader owns, through the library's POSIX
+ * table (open_fn, then read_fn until the size open_fn gave), never mapped. The bytes are then
+ * validated and served exactly as a mapping's are. A file that shrinks while it is read gives
+ * KS_E_IO ("changed while it was read"), never a signal.
  */
-static KS_NODISCARD ks_status open_copy(ksp_Reader *self, const char *path, int verify, ks_reader **out,
-                                        ks_error *err) {
-  ks_read_opts o = {.mode = KS_READ_COPY, .verify_checksums = verify};
-  ks_reader *r = NULL;
-  ks_status st = ks_reader_open(path, &o, &r, err);
-  if (st) return st;
-  size_t n = ks_reader_count(r);
-  uint64_t size = ks_reader_file_size(r);
-  uintptr_t base = 0;
-  for (size_t i = 0; i < n; i++) {
-    ks_tensor v;
-    ks_tensor_info info;
-    if (ks_reader_tensor_at(r, i, NULL, &v) || ks_reader_tensor_info(r, i, &info) ||
-        info.end > size || info.begin > (uint64_t)(uintptr_t)v.data) {
-      base = 0;
-      break;
-    }
-    uintptr_t b = (uintptr_t)v.data - (uintptr_t)info.begin;
-    if (i && b != base) {
-      base = 0;
-      break;
-    }
-    base = b;
+static KS_NODISCARD ks_status read_copy(ksp_Reader *self, const char *path, ks_error *err) {
+  const ks_io *io = ks_io_posix();
+  int fd = -1;
+  uint64_t size = 0;
+  int rc = io->open_fn(io->ctx, path, &fd, &size);
+  if (rc) return errno = rc, fail_io(err, path, "cannot open file");
+  ks_status st = size > (uint64_t)(SIZE_MAX - 1) ? KS_E_LIMIT : KS_OK;
+  self->heap = st ? NULL : malloc(size ? (size_t)size : 1); /* no GIL here: not PyMem */
+  if (!st && !self->heap) st = KS_E_NOMEM;
+  size_t off = 0;
+  while (!st && off < size) {
+    size_t got = 0;
+    rc = io->read_fn(io->ctx, fd, self->heap + off, (size_t)size - off, off, &got);
+    if (rc) st = (errno = rc, fail_io(err, path, "cannot read file"));
+    else if (!got) st = (errno = EIO, fail_io(err, path, "file shrank while it was read"));
+    off += got;
   }
-  if (n && !base) {
-    ks_reader_free(r);
+  (void)io->close_fn(io->ctx, fd);
+  if (st == KS_E_LIMIT) {
     ks_error_clear(err);
-    err->code = KS_E_UNSUPPORTED;
+    err->code = st;
     snprintf(err->file, sizeof err->file, "%s", path);
-    snprintf(err->message, sizeof err->message, "the reader's copy of the file is not one block");
-    return KS_E_UNSUPPORTED;
+    snprintf(err->message, sizeof err->message, "file of %llu bytes does not fit in memory", (unsigned long long)size);
   }
-  static uint8_t empty[1];
-  self->base = n ? (uint8_t *)base : empty;
-  self->len = n ? (size_t)size : 0;
-  *out = r;
-  return KS_OK;
+  if (st == KS_E_NOMEM) {
+    ks_error_clear(err);
+    err->code = st;
+    snprintf(err->message, sizeof err->message, "out of memory for a copy of %llu bytes", (unsigned long long)size);
+  }
+  self->base = (uint8_t *)self->heap;
+  self->len = (size_t)size;
+  return st;
 }
 
 static int reader_init(ksp_Reader *self, PyObject *args, PyObject *kw) {
@@ -174,7 +168,7 @@ static int reader_init(ksp_Reader *self, PyObject *args, PyObject *kw) {
     const char *p = PyBytes_AS_STRING(fs);
     self->opening = 1;
     if (copy) {
-      Py_BEGIN_ALLOW_THREADS st = open_copy(self, p, verify, &r, &err);
+      Py_BEGIN_ALLOW_THREADS st = read_copy(self, p, &err);
       Py_END_ALLOW_THREADS
     } else {
       Py_BEGIN_ALLOW_THREADS st = map_file(self, p, &err);
@@ -208,7 +202,7 @@ static int reader_init(ksp_Reader *self, PyObject *args, PyObject *kw) {
 static void reader_dealloc(ksp_Reader *self) {
   ks_reader_free(self->r);
   if (self->map) munmap(self->map, self->map_len);
-  PyMem_Free(self->heap);
+  free(self->heap);
   Py_XDECREF(self->path);
   Py_XDECREF(self->fspath);
   Py_TYPE(self)->tp_free((PyObject *)self);
