@@ -129,25 +129,84 @@ def inner_metrics(m: Any) -> List[Tuple[str, Any]]:
     return [(n, sub) for n, sub in m.named_modules() if n and is_metric(sub)]
 
 
-def _add_states(fl: _tree.Flattener, path: str, m: Any) -> None:
-    for state in m._defaults:
-        v = getattr(m, state)
-        fl.add(f"{path}/state_dict/{state}", _cat(v) if isinstance(v, list) else v)
-    fl.add(f"{path}/_computed", getattr(m, "_computed", None))
-    for a in WRAPPER_ATTRS:
-        if isinstance(getattr(m, a, None), int):
-            fl.add(f"{path}/attrs/{a}", int(getattr(m, a)))
-    for a in _tensor_attrs(m):
-        fl.add(f"{path}/attrs/{a}", getattr(m, a))
+def _clone(v: Any) -> Any:
+    if hasattr(v, "detach"):
+        return v.detach().clone()
+    if isinstance(v, dict):
+        return {k: _clone(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_clone(x) for x in v)
+    return v
 
 
-def add_metric(fl: _tree.Flattener, path: str, m: Any) -> None:
+def _states_of(m: Any, copy: bool) -> Dict[str, Any]:
+    """What one metric holds: states (list states joined), _computed and kept attributes."""
+    c = _clone if copy else (lambda v: v)
+    out: Dict[str, Any] = {"state_dict": {s: c(_cat(v) if isinstance(v, list) else v)
+                                          for s, v in ((s, getattr(m, s)) for s in m._defaults)},
+                           "_computed": c(getattr(m, "_computed", None))}
+    attrs = {a: int(getattr(m, a)) for a in WRAPPER_ATTRS if isinstance(getattr(m, a, None), int)}
+    attrs.update({a: c(getattr(m, a)) for a in _tensor_attrs(m)})
+    if attrs:
+        out["attrs"] = attrs
+    return out
+
+
+def snapshot(m: Any, name: str, path: str, copy: bool = True) -> Dict[str, Any]:
+    """A metric as plain tensors and containers (what torch.load(weights_only=True) accepts):
+    its states, _computed, kept attributes, update count, every inner metric of a wrapper, and
+    the description keepsake.metrics is made from. ``copy`` clones every tensor, so the snapshot
+    is the metric at this moment whatever the metric does next (a background save)."""
+    snap = _states_of(m, copy)
+    snap["update_count"] = int(m._update_count)
+    inner = {n: dict(_states_of(sub, copy), update_count=int(sub._update_count)) for n, sub in inner_metrics(m)}
+    if inner:
+        snap["inner"] = inner
+    snap["describe"] = describe(path, name, m)
+    return snap
+
+
+def _add_snapshot_states(fl: _tree.Flattener, path: str, part: Dict[str, Any]) -> None:
+    for state, v in part["state_dict"].items():
+        fl.add(f"{path}/state_dict/{state}", v)
+    fl.add(f"{path}/_computed", part["_computed"])
+    for a, v in part.get("attrs", {}).items():
+        fl.add(f"{path}/attrs/{a}", v)
+
+
+def add_snapshot(fl: _tree.Flattener, path: str, snap: Dict[str, Any]) -> Dict[str, Any]:
+    """Adds a snapshot's entries under `path` (the layout of add_metric); returns its description."""
+    _add_snapshot_states(fl, path, snap)
+    for name, part in snap.get("inner", {}).items():
+        _add_snapshot_states(fl, f"{path}/inner/{name}", part)
+        fl.add(f"{path}/inner/{name}/update_count", int(part["update_count"]))
+    return dict(snap["describe"], path=path)
+
+
+def add_metric(fl: _tree.Flattener, path: str, name: str, m: Any) -> Dict[str, Any]:
     """Adds every state of `m` and its ``_computed`` under `path`; a wrapper's inner metrics go
-    under ``<path>/inner/<module name>/`` the same way, with their update counts."""
-    _add_states(fl, path, m)
-    for name, sub in inner_metrics(m):
-        _add_states(fl, f"{path}/inner/{name}", sub)
-        fl.add(f"{path}/inner/{name}/update_count", int(sub._update_count))
+    under ``<path>/inner/<module name>/`` the same way, with their update counts. Returns the
+    metric's description (for keepsake.metrics)."""
+    return add_snapshot(fl, path, snapshot(m, name, path, copy=False))
+
+
+def snapshot_items(path: str, snap: Dict[str, Any]) -> Dict[str, Any]:
+    """The flat entries a snapshot stands for (as a keepsake file holds them), for load_metric."""
+    items: Dict[str, Any] = {}
+
+    def part(p: str, d: Dict[str, Any]) -> None:
+        for s, v in d.get("state_dict", {}).items():
+            items[f"{p}/state_dict/{s}"] = v
+        for a, v in d.get("attrs", {}).items():
+            items[f"{p}/attrs/{a}"] = v
+        if not isinstance(d.get("_computed"), (dict, list, tuple)):
+            items[f"{p}/_computed"] = d.get("_computed")
+
+    part(path, snap)
+    for n, d in snap.get("inner", {}).items():
+        part(f"{path}/inner/{n}", d)
+        items[f"{path}/inner/{n}/update_count"] = d.get("update_count")
+    return items
 
 
 def metrics_meta(descs: List[Dict[str, Any]]) -> Optional[str]:

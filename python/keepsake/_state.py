@@ -79,8 +79,7 @@ def checkpoint_entries(model: Any = None, optimizers: Any = None, schedulers: An
                                                           for lab, ms in _eval_groups(eval_metrics)]
     for root, ms in groups:
         for name, m in _metrics.named_metrics(ms):
-            _metrics.add_metric(fl, root + name, m)
-            descs.append(_metrics.describe(root + name, name, m))
+            descs.append(_metrics.add_metric(fl, root + name, name, m))
     if extra:
         for k, v in extra.items():
             fl.add(f"state/extra/{k}", v)

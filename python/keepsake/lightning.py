@@ -12,6 +12,10 @@ written with the C library's atomic, durable save - the model's ``state_dict`` u
 rest of Lightning's dict under ``lightning/`` - and comes back exactly (dicts, lists, tuples, int
 keys, empty containers). No pickle is written or read.
 
+Importing this module also lets ``LightningModule.load_from_checkpoint(path)`` (Lightning's
+``pl_load``) read keepsake checkpoints, hyperparameters included; other files go to Lightning's
+own loader unchanged.
+
 torchmetrics states are not in a LightningModule's ``state_dict`` (they are not persistent), so a
 resumed run would start its metrics from zero. :class:`KeepsakeMetrics` adds every torchmetrics
 ``Metric`` of the module to the checkpoint (``state/train_metrics/<module path>``, with
@@ -80,8 +84,10 @@ class KeepsakeCheckpointIO(CheckpointIO):
         for k, v in (checkpoint.get("state_dict") or {}).items():
             fl.add(MODEL + k, v)
         for name, m in (checkpoint.get(METRICS_KEY) or {}).items():
-            _metrics.add_metric(fl, METRICS + name, m)
-            descs.append(_metrics.describe(METRICS + name, name, m))
+            # KeepsakeMetrics hands snapshots (plain tensors, taken when the dict was built);
+            # a live Metric put there by other code is snapshotted here.
+            snap = m if isinstance(m, dict) else _metrics.snapshot(m, name, METRICS + name, copy=False)
+            descs.append(_metrics.add_snapshot(fl, METRICS + name, snap))
         rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", METRICS_KEY)}
         fl.add(REST.rstrip("/"), rest)
         meta = {_tree.PYTREE_KEY: fl.kinds_json(), "keepsake.lightning": json.dumps({"layout_version": 1})}
@@ -128,6 +134,68 @@ class KeepsakeCheckpointIO(CheckpointIO):
             pass
 
 
+def _snapshots_into(saved: Dict[str, Any], mine: Dict[str, Any], allow_narrowing: bool) -> LoadReport:
+    """Fills the module's metrics from snapshots by the same rules as from a keepsake file."""
+    items: Dict[str, Any] = {}
+    descs = []
+    for name, snap in saved.items():
+        if isinstance(snap, dict) and "state_dict" in snap and isinstance(snap.get("describe"), dict):
+            items.update(_metrics.snapshot_items(METRICS + name, snap))
+            descs.append(dict(snap["describe"], path=METRICS + name))
+    meta = json.loads(_n.metric_info(json.dumps({"metrics": descs}))) if descs else {}
+    report = LoadReport()
+    for name, m in mine.items():
+        _metrics.load_metric(m, name, METRICS + name, items, meta, {}, report, allow_narrowing)
+        snap = saved.get(name)
+        item = report.find(METRICS + name)
+        if isinstance(snap, dict) and item is not None and item.kind in ("loaded", "migrated", "converted"):
+            m._computed = _metrics._clone(snap.get("_computed"))  # nested results too, as saved
+            for iname, sub in _metrics.inner_metrics(m):
+                sub._computed = _metrics._clone(snap.get("inner", {}).get(iname, {}).get("_computed"))
+    return report
+
+
+def is_keepsake_file(path: Any) -> bool:
+    """Whether `path` is a local keepsake / safetensors file (an 8-byte header length, then '{')."""
+    try:
+        with open(fspath(path), "rb") as f:
+            head = f.read(9)
+    except (OSError, TypeError, ValueError):
+        return False
+    return len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") < (1 << 40)
+
+
+def _install_pl_load() -> None:
+    """Teaches Lightning's checkpoint loader (``pl_load``: ``LightningModule.load_from_checkpoint``,
+    ``LightningDataModule.load_from_checkpoint`` and anything else that reads a checkpoint without
+    the Trainer's CheckpointIO) to read keepsake files, through :class:`KeepsakeCheckpointIO`.
+    Any other file goes to Lightning's own loader unchanged."""
+    targets = []
+    for mod_name in ("lightning.fabric.utilities.cloud_io", "lightning.pytorch.core.saving",
+                     "lightning_fabric.utilities.cloud_io", "pytorch_lightning.core.saving"):
+        try:
+            mod = __import__(mod_name, fromlist=["_"])
+        except ImportError:
+            continue
+        attr = "_load" if mod_name.endswith("cloud_io") else "pl_load"
+        if hasattr(mod, attr) and not getattr(getattr(mod, attr), "_keepsake", False):
+            targets.append((mod, attr))
+    for mod, attr in targets:
+        original = getattr(mod, attr)
+
+        def load(path_or_url: Any, map_location: Any = None, weights_only: Optional[bool] = None,
+                 _original: Any = original) -> Any:
+            if isinstance(path_or_url, (str, os.PathLike)) and is_keepsake_file(path_or_url):
+                return KeepsakeCheckpointIO().load_checkpoint(path_or_url, map_location=map_location)
+            return _original(path_or_url, map_location=map_location, weights_only=weights_only)
+
+        load._keepsake = True  # type: ignore[attr-defined]
+        setattr(mod, attr, load)
+
+
+_install_pl_load()
+
+
 def module_metrics(pl_module: Any) -> Dict[str, Any]:
     """Every torchmetrics Metric of a module, by module path (``train_acc``, ``metrics.MulticlassAccuracy``)."""
     return {name: m for name, m in pl_module.named_modules() if name and _metrics.is_metric(m)}
@@ -137,9 +205,11 @@ class KeepsakeMetrics(Callback):
     """Saves every torchmetrics ``Metric`` of the LightningModule in the checkpoint and restores it.
 
     States, ``_computed`` and the update count come back, so a run resumed mid-epoch computes the
-    same epoch value as an uninterrupted one. Works with :class:`KeepsakeCheckpointIO` (which
-    stores them in keepsake's metric layout); with another CheckpointIO the metric objects are
-    saved as that plugin saves objects.
+    same epoch value as an uninterrupted one. The checkpoint dict gets a snapshot of each metric,
+    taken when the dict is built (so an ``AsyncCheckpointIO`` writes the states of that moment),
+    made of plain tensors and containers: :class:`KeepsakeCheckpointIO` stores it in keepsake's
+    metric layout, and any other CheckpointIO (Lightning's default ``TorchCheckpointIO``
+    included) stores it as it stores tensors, which ``torch.load(weights_only=True)`` reads.
     """
 
     def __init__(self, allow_narrowing: bool = False) -> None:
@@ -147,17 +217,16 @@ class KeepsakeMetrics(Callback):
         self.last_report: Optional[LoadReport] = None
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
-        checkpoint[METRICS_KEY] = module_metrics(pl_module)
+        # Snapshots, not the Metric objects: copies taken now (an AsyncCheckpointIO writes them
+        # later, while training goes on) made of plain tensors and containers, which any
+        # CheckpointIO stores and torch.load(weights_only=True) reads back.
+        checkpoint[METRICS_KEY] = {name: _metrics.snapshot(m, name, METRICS + name)
+                                   for name, m in module_metrics(pl_module).items()}
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
         saved = checkpoint.get(METRICS_KEY)
         mine = module_metrics(pl_module)
         if isinstance(saved, _MetricStates):
             self.last_report = saved.load_into(mine, self.allow_narrowing)
-        elif isinstance(saved, dict):  # metric objects, as another CheckpointIO returns them
-            for name, m in mine.items():
-                if name in saved:
-                    src = saved[name]
-                    for s in m._defaults:
-                        setattr(m, s, getattr(src, s))
-                    m._computed, m._update_count = src._computed, src._update_count
+        elif isinstance(saved, dict):  # snapshots, as another CheckpointIO gives them back
+            self.last_report = _snapshots_into(saved, mine, self.allow_narrowing)

@@ -83,10 +83,22 @@ class StopAt(pl.Callback):
             trainer.should_stop = True  # the run ends here; only the checkpoint above carries on
 
 
-def trainer(tmp_path, callbacks=()):
+def checkpoint_io(kind):
+    """keepsake's CheckpointIO, Lightning's default (TorchCheckpointIO: None), or keepsake's behind
+    Lightning's AsyncCheckpointIO (the write on a thread, after training has moved on)."""
+    if kind == "keepsake":
+        return KeepsakeCheckpointIO(fsync=False)
+    if kind == "async":
+        from lightning.pytorch.plugins.io import AsyncCheckpointIO
+        return AsyncCheckpointIO(KeepsakeCheckpointIO(fsync=False))
+    return None
+
+
+def trainer(tmp_path, callbacks=(), io="keepsake"):
+    plugin = checkpoint_io(io)
     return pl.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      plugins=[KeepsakeCheckpointIO(fsync=False)], callbacks=[KeepsakeMetrics(), *callbacks],
+                      plugins=[plugin] if plugin else [], callbacks=[KeepsakeMetrics(), *callbacks],
                       default_root_dir=str(tmp_path))
 
 
@@ -101,24 +113,28 @@ def metric_states(m):
     return out
 
 
-def test_resume_mid_epoch_equals_uninterrupted(tmp_path):
+@pytest.mark.parametrize("io", ["keepsake", "torch", "async"])
+def test_resume_mid_epoch_equals_uninterrupted(tmp_path, io):
     ref = Tiny()
     trainer(tmp_path / "ref").fit(ref)
 
     ckpt = str(tmp_path / "mid.keepsake")
     first = Tiny()
-    t1 = trainer(tmp_path / "a", [StopAt(ckpt)])
+    t1 = trainer(tmp_path / "a", [StopAt(ckpt)], io=io)
     t1.fit(first)
     assert t1.global_step == STOP_AT
     assert os.path.exists(ckpt)
-    # the file is an ordinary keepsake checkpoint
-    with keepsake.safe_open(ckpt, framework="pt") as f:
-        assert "state/model/net.0.weight" in f.keys()
-        assert "state/train_metrics/losses/state_dict/value" in f.keys()
-    keepsake.verify(ckpt)
+    if io == "torch":  # Lightning's own format: metric snapshots are plain tensors weights_only reads
+        plain = torch.load(ckpt, weights_only=True)
+        assert plain["keepsake_metrics"]["losses"]["update_count"] == STOP_AT
+    else:  # the file is an ordinary keepsake checkpoint
+        with keepsake.safe_open(ckpt, framework="pt") as f:
+            assert "state/model/net.0.weight" in f.keys()
+            assert "state/train_metrics/losses/state_dict/value" in f.keys()
+        keepsake.verify(ckpt)
 
     resumed = Tiny()
-    t2 = trainer(tmp_path / "b")
+    t2 = trainer(tmp_path / "b", io=io)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*compute.*before.*update.*")
         t2.fit(resumed, ckpt_path=ckpt)
@@ -167,3 +183,51 @@ def test_checkpoint_dict_round_trip(tmp_path):
     assert back["hparams"] == ck["hparams"]
     io.remove_checkpoint(p)
     assert not p.exists()
+
+
+def test_metric_states_are_those_of_the_moment_the_checkpoint_dict_was_built(tmp_path):
+    """An AsyncCheckpointIO writes the dict later, while training goes on: the metric states in
+    the file must be those of the save, not of the write."""
+    m = Tiny()
+    m.acc.update(torch.randn(8, 3), torch.randint(0, 3, (8,)))
+    want = {k: v.clone() for k, v in ((s, getattr(m.acc, s)) for s in m.acc._defaults)}
+    ck = {"state_dict": m.state_dict()}
+    KeepsakeMetrics().on_save_checkpoint(None, m, ck)
+    for _ in range(3):  # training moves on before the background write happens
+        m.acc.update(torch.randn(8, 3), torch.randint(0, 3, (8,)))
+    p = tmp_path / "later.keepsake"
+    KeepsakeCheckpointIO(fsync=False).save_checkpoint(ck, p)
+    import keepsake.torch as kt
+    sd = kt.load_file(p)
+    for s, v in want.items():
+        assert torch.equal(sd[f"state/train_metrics/acc/state_dict/{s}"], v), s
+
+
+class WithHparams(pl.LightningModule):
+    def __init__(self, hidden=16, lr=0.05, name="tiny"):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Linear(5, hidden)
+
+    def training_step(self, batch, i):
+        return self.net(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+def test_load_from_checkpoint_reads_a_keepsake_ckpt_with_its_hyperparameters(tmp_path):
+    m = WithHparams(hidden=7, lr=0.25, name="seven")
+    t = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, plugins=[KeepsakeCheckpointIO(fsync=False)],
+                   default_root_dir=str(tmp_path))
+    x = torch.randn(16, 5)
+    t.fit(m, torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x), batch_size=4))
+    path = tmp_path / "m.ckpt"
+    t.save_checkpoint(path)
+    keepsake.verify(path)  # a keepsake file, not a pickle
+    back = WithHparams.load_from_checkpoint(path)  # Lightning's documented way
+    assert back.hparams.hidden == 7 and back.hparams.lr == 0.25 and back.hparams.name == "seven"
+    assert torch.equal(back.net.weight, m.net.weight)
+    back2 = WithHparams.load_from_checkpoint(str(path), map_location="cpu", lr=0.5)  # overrides still work
+    assert back2.hparams.lr == 0.5
