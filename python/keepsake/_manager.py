@@ -80,7 +80,11 @@ class CheckpointManager:
         self.last_report: Optional[LoadReport] = None
         self.last_saved: Optional[str] = None
         self.save_errors = 0
-        self._native = _n.Manager(fspath(run_dir), save_interval=save_every, filename=filename, keep=keep_last,
+        loc = fspath(run_dir)
+        # s3:// and http(s):// run directories: the library's paths there are keys of the store;
+        # Python names checkpoints by URL, which every keepsake function takes.
+        self._url = loc.rstrip("/") if ("://" in loc and not loc.startswith("file://")) else None
+        self._native = _n.Manager(loc, save_interval=save_every, filename=filename, keep=keep_last,
                                   keep_best=keep_best, best_metric=best_metric, best_mode=best_mode,
                                   keep_every=keep_every, keep_period_seconds=keep_period_seconds,
                                   save_every_seconds=save_every_seconds, lock=lock,
@@ -121,10 +125,14 @@ class CheckpointManager:
         meta = {"keepsake.state": '{"layout_version":1}'}
         if fl.kinds:
             meta[_tree.PYTREE_KEY] = fl.kinds_json()
-        path = self._native.save(fl.entries, meta, _metrics.metrics_meta(descs), self._ts(), blocking)
+        path = self._location(self._native.save(fl.entries, meta, _metrics.metrics_meta(descs), self._ts(),
+                                                blocking))
         del fl  # the tensors may go: the library has copied (or written) them
         self.last_saved = path
         return path
+
+    def _location(self, path: str) -> str:
+        return f"{self._url}/{path.rsplit('/', 1)[-1]}" if self._url else path
 
     def step(self, epoch_end: bool = False) -> Optional[str]:
         """Call at each batch end (and with ``epoch_end=True`` at each epoch end), after the
@@ -167,6 +175,7 @@ class CheckpointManager:
         path, self.skipped = self._native.resume_path()
         if path is None:
             return False
+        path = self._location(path)
         c = self.components
         self.last_report = _state.load_checkpoint(path, model=c["model"], optimizers=c["optimizers"],
                                                   schedulers=c["schedulers"], train_metrics=c["train_metrics"],

@@ -53,6 +53,16 @@ KS_NODISCARD ks_status ksp_metrics_meta(const char *desc, const ks_statedict *sd
  */
 int ksp_save_prepare(PyObject *entries, PyObject *metadata, const char *metrics, ks_statedict **sd, ks_meta **meta);
 
+/* Nonzero when `loc` names a remote location (s3://, http(s)://; not a path or file://). */
+int ksp_is_remote(const char *loc);
+/*
+ * The table and path for a location (ksstorage.c): a local one keeps `local_io` and its own
+ * path (file:// stripped); a remote one opens the storage layer (*st, to free with
+ * ks_storage_free after the last use of *io and *path). No GIL needed.
+ */
+KS_NODISCARD ks_status ksp_location(const char *loc, const ks_io *local_io, ks_storage **st, const ks_io **io,
+                                    const char **path, ks_error *err);
+
 /* Module functions, by file. */
 extern PyTypeObject ksp_ReaderType;
 extern PyTypeObject ksp_ManagerType;

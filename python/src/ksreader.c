@@ -99,8 +99,7 @@ static KS_NODISCARD ks_status copy_bytes(ksp_Reader *self, PyObject *src) {
  * validated and served exactly as a mapping's are. A file that shrinks while it is read gives
  * KS_E_IO ("changed while it was read"), never a signal.
  */
-static KS_NODISCARD ks_status read_copy(ksp_Reader *self, const char *path, ks_error *err) {
-  const ks_io *io = ks_io_posix();
+static KS_NODISCARD ks_status read_copy(ksp_Reader *self, const char *path, const ks_io *io, ks_error *err) {
   int fd = -1;
   uint64_t size = 0;
   int rc = io->open_fn(io->ctx, path, &fd, &size);
@@ -130,6 +129,17 @@ static KS_NODISCARD ks_status read_copy(ksp_Reader *self, const char *path, ks_e
   }
   self->base = (uint8_t *)self->heap;
   self->len = (size_t)size;
+  return st;
+}
+
+/* read_copy of a location: a path through ks_io_posix(), s3:// or http(s):// through the storage layer. */
+static KS_NODISCARD ks_status remote_or_local_copy(ksp_Reader *self, const char *loc, ks_error *err) {
+  ks_storage *store = NULL;
+  const ks_io *io = NULL;
+  const char *path = NULL;
+  ks_status st = ksp_location(loc, ks_io_posix(), &store, &io, &path, err);
+  if (!st) st = read_copy(self, path, io, err);
+  ks_storage_free(store);
   return st;
 }
 
@@ -167,8 +177,8 @@ static int reader_init(ksp_Reader *self, PyObject *args, PyObject *kw) {
     if (!PyUnicode_FSConverter(src, &fs)) return -1;
     const char *p = PyBytes_AS_STRING(fs);
     self->opening = 1;
-    if (copy) {
-      Py_BEGIN_ALLOW_THREADS st = read_copy(self, p, &err);
+    if (copy || ksp_is_remote(p)) { /* a remote object is always read: nothing to map */
+      Py_BEGIN_ALLOW_THREADS st = remote_or_local_copy(self, p, &err);
       Py_END_ALLOW_THREADS
     } else {
       Py_BEGIN_ALLOW_THREADS st = map_file(self, p, &err);

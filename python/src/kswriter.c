@@ -139,12 +139,16 @@ PyObject *ksp_save_file(PyObject *self, PyObject *args, PyObject *kw) {
     return NULL;
   }
   ks_io io;
-  ks_save_opts o = {.io = ksp_io_posix(fsync, &io)};
+  ks_save_opts o = {0};
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
-  const char *p = PyBytes_AS_STRING(path);
-  Py_BEGIN_ALLOW_THREADS st = ks_save(p, sd, meta, &o, &err);
+  const char *p = PyBytes_AS_STRING(path), *where = NULL;
+  ks_storage *store = NULL;
+  const ks_io *local = ksp_io_posix(fsync, &io);
+  Py_BEGIN_ALLOW_THREADS st = ksp_location(p, local, &store, &o.io, &where, &err);
+  if (!st) st = ks_save(where, sd, meta, &o, &err);
+  ks_storage_free(store);
   Py_END_ALLOW_THREADS
   ks_meta_free(meta);
   ks_statedict_free(sd);
