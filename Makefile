@@ -38,7 +38,8 @@ bench: build
 	@scripts/bench $(BUILD)
 	@# The Python package against safetensors and torch.save, when the build made it (optional).
 	@py=$${KS_VENV:-.venv}/bin/python; if [ -d $(BUILD)/python-pkg/keepsake ] && [ -x $$py ]; then \
-	  echo "== python_bench"; PYTHONPATH=$(BUILD)/python-pkg $$py bench/python_bench.py; fi
+	  echo "== python_bench"; PYTHONPATH=$(BUILD)/python-pkg $$py bench/python_bench.py; \
+	  echo "== python_manager_bench"; PYTHONPATH=$(BUILD)/python-pkg $$py bench/python_manager_bench.py; fi
 
 FUZZ_TARGETS := $(notdir $(basename $(wildcard tests/fuzz/fuzz_*.c)))
 

@@ -11,8 +11,10 @@ thread, without the GIL). This module only flattens the program's objects, as
 """
 from __future__ import annotations
 
+import atexit
 import signal as _signal
 import sys
+import weakref
 from typing import Any, Mapping, Optional, Sequence
 
 from . import _errors, _metrics, _state, _tree
@@ -22,6 +24,19 @@ from ._report import LoadReport, Timestamp
 
 #: Exit status of a run that saved on preemption and stopped ("try again", as the C demo uses).
 EXIT_PREEMPTED = 75
+
+# Managers still open at interpreter exit: their background save is finished (committed, or its
+# temporary file removed) before the process ends, which module teardown alone does not promise.
+_open: "weakref.WeakSet[CheckpointManager]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for mgr in list(_open):
+        try:
+            mgr.close()
+        except Exception as e:  # noqa: BLE001 - an exiting process can only report it
+            print(f"keepsake: warning: at exit, a background save failed: {e}", file=sys.stderr)
 
 
 class Preempted(SystemExit):
@@ -92,6 +107,7 @@ class CheckpointManager:
                                   upload_retention=upload_retention, retention_log=retention_log)
         if preemption_signals:
             _n.preemption_install(list(preemption_signals))
+        _open.add(self)
 
     # ---- the context-manager protocol ----
 
@@ -160,7 +176,9 @@ class CheckpointManager:
         self._native.wait()
 
     def close(self) -> None:
-        """Finishes a save in flight (raising its error), then releases the run directory."""
+        """Finishes a save in flight (raising its error), then releases the run directory.
+        Managers left open are closed at interpreter exit."""
+        _open.discard(self)
         self._native.close()
 
     # ---- resuming ----

@@ -235,3 +235,17 @@ def test_sigkill_during_background_writes_loses_nothing_committed(tmp_path):
         with keepsake.CheckpointManager(run, model=model, timestamp=ts) as mgr:  # the dead run's lock is gone
             assert mgr.autoresume()
         assert f"ep0-ba{ts.batch}.keepsake" == max(kept, key=lambda n: int(n.split("ba")[1].split(".")[0]))
+
+
+def test_interpreter_exit_finishes_a_background_save(tmp_path):
+    code = textwrap.dedent("""
+        import sys, torch, keepsake
+        model = torch.nn.Linear(2048, 2048)
+        mgr = keepsake.CheckpointManager(sys.argv[1], model=model, timestamp=keepsake.Timestamp(batch=3))
+        mgr.save(blocking=False)  # then exit at once, never closing the manager
+    """)
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True)
+    assert names(tmp_path) == ["ep0-ba3.keepsake"]
+    keepsake.verify(tmp_path / "ep0-ba3.keepsake")
+    assert os.readlink(tmp_path / "latest") == "ep0-ba3.keepsake"
+    assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []

@@ -1,0 +1,122 @@
+"""keepsake.CheckpointManager's background saves and load_checkpoint's verification, measured
+against baselines taken in the same run.
+
+usage: python_manager_bench.py [--gib G] [--dir DIR]
+Run by `make bench` when the package was built. Prints best-of-N times and ratios:
+  - blocked: how long save(blocking=False) holds the training loop, against a torch memcpy of
+    the same tensors into preallocated buffers (ratio = keepsake / memcpy; lower is better);
+  - background write: bytes per second of the background write (the file, fsync, rename,
+    latest), against raw write + fsync of the same bytes from Python (ratio = keepsake / raw);
+  - loop: a training loop that saves in the background every few steps, against the same loop
+    with no saves (ratio = with / without; lower is better);
+  - verify: load_checkpoint with verify=True (every checksum first) against verify=False.
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import torch
+
+import keepsake
+import keepsake.torch as kt
+
+
+def state(gib):
+    """A model of 64 MiB tensors adding up to `gib` GiB."""
+    n = max(1, int(gib * 16))
+    m = torch.nn.Module()
+    for i in range(n):
+        m.register_parameter(f"w{i}", torch.nn.Parameter(torch.randn(4096, 4096)))
+    return m
+
+
+def best(fn, reps=3):
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        t.append(time.perf_counter() - t0)
+    return min(t)
+
+
+def raw_write(path, tensors):
+    with open(path, "wb") as f:
+        for t in tensors:
+            f.write(memoryview(t.numpy()).cast("B"))
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(os.path.dirname(path), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--dir", default=None)
+    a = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="ks-mgr-bench-", dir=a.dir)
+    try:
+        model = state(a.gib)
+        tensors = [p.detach() for p in model.parameters()]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        print(f"state: {len(tensors)} tensors, {nbytes / 2**30:.2f} GiB, in {root}")
+
+        bufs = [torch.empty_like(t) for t in tensors]
+        memcpy = best(lambda: [b.copy_(t) for b, t in zip(bufs, tensors)])
+        del bufs
+
+        ts = keepsake.Timestamp()
+        blocked, written = [], []
+        with keepsake.CheckpointManager(os.path.join(root, "run"), model=model, timestamp=ts, keep_last=1,
+                                        rng=False, preemption_signals=()) as mgr:
+            for i in range(3):
+                ts.batch += 1
+                t0 = time.perf_counter()
+                mgr.save(blocking=False)
+                t1 = time.perf_counter()
+                mgr.wait()
+                blocked.append(t1 - t0)
+                written.append(time.perf_counter() - t1)
+        raw = best(lambda: raw_write(os.path.join(root, "raw.bin"), tensors))
+        os.remove(os.path.join(root, "raw.bin"))
+        print(f"blocked by save(blocking=False): {min(blocked):.3f} s   torch memcpy into buffers: {memcpy:.3f} s"
+              f"   ratio {min(blocked) / memcpy:.2f}x (goal <= 1.2x)")
+        bg = min(b + w for b, w in zip(blocked, written))
+        print(f"background write (snapshot to durable + latest): {nbytes / bg / 2**30:.2f} GiB/s   raw write+fsync: "
+              f"{nbytes / raw / 2**30:.2f} GiB/s   ratio {raw / bg:.2f}x (goal >= 0.8x)")
+
+        # A loop of "training steps" (a matmul per tensor group) with a background save every 8 steps.
+        x = torch.randn(512, 4096)
+
+        def loop(save_every):
+            t = keepsake.Timestamp()
+            with keepsake.CheckpointManager(os.path.join(root, f"loop{save_every}"), model=model, timestamp=t,
+                                            save_every=f"{save_every}ba", keep_last=1, async_save=True, rng=False,
+                                            preemption_signals=()) as m:
+                for _ in range(24):
+                    for w in tensors[:4]:
+                        x @ w
+                    t.batch += 1
+                    m.step()
+        plain = best(lambda: loop(10**9), 2)
+        saving = best(lambda: loop(8), 2)
+        print(f"loop with background saves every 8 steps: {saving:.2f} s   without saves: {plain:.2f} s   "
+              f"ratio {saving / plain:.2f}x (goal <= 1.1x)")
+
+        path = os.path.join(root, "ck.keepsake")
+        kt.save_checkpoint(path, model=model, rng=False, fsync=False)
+        with_v = best(lambda: kt.load_checkpoint(path, model=model, rng=False, verify=True), 2)
+        without = best(lambda: kt.load_checkpoint(path, model=model, rng=False, verify=False), 2)
+        print(f"load_checkpoint verify=True: {with_v:.3f} s   verify=False: {without:.3f} s   "
+              f"cost of verifying {with_v / without:.2f}x")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
