@@ -134,24 +134,6 @@ char *ks__shard_join(const ks_allocator *a, const char *dir, const char *name) {
   return p;
 }
 
-ks_status ks__shard_hash_file(const char *path, ks_shard_file_info *info, ks_error *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot open to hash: %s", strerror(errno));
-  struct stat sb;
-  ks_status st = fstat(fd, &sb) ? ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot stat") : KS_OK;
-  void *p = NULL;
-  size_t n = st ? 0 : (size_t)sb.st_size;
-  if (!st && n && (p = mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED)
-    st = ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot map to hash: %s", strerror(errno));
-  if (!st) {
-    info->size = (uint64_t)n;
-    info->checksum = ks_checksum(n ? p : "", n);
-  }
-  if (p && p != MAP_FAILED) munmap(p, n);
-  close(fd);
-  return st;
-}
-
 static int64_t scalar_int(const ks_statedict *sd, const char *name, int *ok) {
   ks_entry e;
   if (ks_statedict_get(sd, name, &e) || e.kind != KS_VAL_INT) {

@@ -83,8 +83,6 @@ KS_NODISCARD ks_status ks__shard_check_sizes(const char *dir, const ks_shard_ind
 
 /* "dir/name" through the allocator; NULL when out of memory. */
 char *ks__shard_join(const ks_allocator *a, const char *dir, const char *name);
-/* XXH3-64 and size of a whole file (mapped, read once). */
-KS_NODISCARD ks_status ks__shard_hash_file(const char *path, ks_shard_file_info *info, ks_error *err);
 /* The timestamp counters of a state dict (has = 0 when there is none). */
 void ks__shard_ts_of(const ks_statedict *sd, ks__shard_ts *ts);
 /* The timestamp as JSON (null when there is none); NULL when out of memory. */

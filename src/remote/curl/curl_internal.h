@@ -118,8 +118,6 @@ int ks__slot_append(ks__remote *r, ks__slot *s, const void *buf, size_t n);
 int ks__s3_url(ks__remote *r, const char *path, const char *query, char **url);
 /* The key (unencoded) of a library path, into a new string. */
 int ks__s3_key(ks__remote *r, const char *path, char **key);
-/* Uploads data as the object at `path` (multipart above the threshold). pointer: mark it as a pointer object. */
-int ks__s3_upload(ks__remote *r, const char *path, const uint8_t *data, size_t len, int pointer);
 int ks__s3_multipart(ks__remote *r, const char *url, const uint8_t *data, size_t len);
 /* Percent-encodes s (S3 rules; '/' kept when keep_slash) appending to a new string *out. */
 int ks__url_encode(const ks_allocator *a, const char *s, int keep_slash, char **out);
@@ -127,7 +125,6 @@ int ks__url_encode(const ks_allocator *a, const char *s, int keep_slash, char **
 int ks__curl_init_once(void);
 /* The remote object of st (st->remote) with the options applied; no request made. */
 KS_NODISCARD ks_status ks__remote_new(ks_storage *st, const ks_storage_opts *o, int s3, ks_error *err);
-int ks__s3_delete(ks__remote *r, const char *path);
 
 /* ---- table functions shared or defined outside s3.c (ctx = ks__remote) ---- */
 int ks__s3_open_fn(void *ctx, const char *path, int *fd, uint64_t *size);

@@ -64,7 +64,8 @@ static int put_object(ks__remote *r, const char *url, const uint8_t *data, size_
   return rc;
 }
 
-int ks__s3_upload(ks__remote *r, const char *path, const uint8_t *data, size_t len, int pointer) {
+/* Uploads data as the object at `path` (multipart above the threshold). pointer: mark it as a pointer object. */
+static int s3_upload(ks__remote *r, const char *path, const uint8_t *data, size_t len, int pointer) {
   char *url = NULL;
   int rc = ks__s3_url(r, path, NULL, &url);
   if (rc) return rc;
@@ -110,6 +111,19 @@ static int s3_close(void *ctx, int fd) {
   return 0;
 }
 
+/* Deletes the object at `path`. */
+static int s3_delete(ks__remote *r, const char *path) {
+  char *url = NULL;
+  int rc = ks__s3_url(r, path, NULL, &url);
+  if (rc) return rc;
+  ks__req q = {.method = "DELETE", .url = url};
+  ks__resp p;
+  rc = ks__http_do(r, &q, &p, 1);
+  ks__resp_free(&p);
+  ks__free(&r->alloc, url);
+  return rc;
+}
+
 /* A rename of a stored object (`.corrupt` aside): server-side copy, then delete. */
 static int copy_object(ks__remote *r, const char *from, const char *to) {
   char *url = NULL, *key = NULL, *enc = NULL, *src = NULL;
@@ -132,29 +146,18 @@ static int copy_object(ks__remote *r, const char *from, const char *to) {
   ks__free(&r->alloc, key);
   ks__free(&r->alloc, enc);
   ks__free(&r->alloc, src);
-  return rc ? rc : ks__s3_delete(r, from);
+  return rc ? rc : s3_delete(r, from);
 }
 
 static int s3_rename(void *ctx, const char *from, const char *to) {
   ks__remote *r = ctx;
   ks__slot *s = ks__slot_take_staged(r, from, 1);
   if (!s) return is_staging_name(from) ? ENOENT : copy_object(r, from, to);
-  int rc = ks__s3_upload(r, to, s->buf, s->len, s->is_link);
+  int rc = s3_upload(r, to, s->buf, s->len, s->is_link);
   ks__slot_free(r, s); /* uploaded or failed: the temporary file is gone either way, as after a failed rename */
   return rc;
 }
 
-int ks__s3_delete(ks__remote *r, const char *path) {
-  char *url = NULL;
-  int rc = ks__s3_url(r, path, NULL, &url);
-  if (rc) return rc;
-  ks__req q = {.method = "DELETE", .url = url};
-  ks__resp p;
-  rc = ks__http_do(r, &q, &p, 1);
-  ks__resp_free(&p);
-  ks__free(&r->alloc, url);
-  return rc;
-}
 
 static int s3_unlink(void *ctx, const char *path) {
   ks__remote *r = ctx;
@@ -163,7 +166,7 @@ static int s3_unlink(void *ctx, const char *path) {
     ks__slot_free(r, s);
     return 0;
   }
-  return is_staging_name(path) ? ENOENT : ks__s3_delete(r, path);
+  return is_staging_name(path) ? ENOENT : s3_delete(r, path);
 }
 
 static int s3_nothing(void *ctx, const char *path) {
