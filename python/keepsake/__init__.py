@@ -18,9 +18,9 @@ from typing import Any, Dict, Iterable, Tuple
 
 from . import _errors
 from . import _keepsake as _native
-from ._errors import (ChecksumError, DTypeError, ExistsError, FormatError, InvalidError, IOError_, KeepsakeError,
-                      LimitError, LockedError, MismatchError, NetError, NoMemoryError, NotDurableError, NotFoundError,
-                      ShapeError, StateError, UnsafeError, UnsupportedError, ValueError_, VersionError)
+from ._errors import (ChecksumError, DTypeError, ExistsError, FileNotFoundError_, FormatError, InvalidError, IOError_,
+                      KeepsakeError, LimitError, LockedError, MismatchError, NetError, NoMemoryError, NotDurableError,
+                      NotFoundError, ShapeError, StateError, UnsafeError, UnsupportedError, ValueError_, VersionError)
 from ._paths import PathLike, fspath
 from ._report import LoadItem, LoadReport, Timestamp
 from ._safe_open import TensorSlice, safe_open
@@ -32,7 +32,7 @@ __version__: str = _native.version
 FORMAT_VERSION: int = _native.format_version
 
 __all__ = [
-    "KeepsakeError", "NoMemoryError", "IOError_", "FormatError", "LimitError", "InvalidError", "NotFoundError",
+    "KeepsakeError", "NoMemoryError", "IOError_", "FileNotFoundError_", "FormatError", "LimitError", "InvalidError", "NotFoundError",
     "DTypeError", "ShapeError", "ChecksumError", "VersionError", "MismatchError", "UnsupportedError",
     "ExistsError", "StateError", "ValueError_", "UnsafeError", "NetError", "NotDurableError", "LockedError",
     "safe_open", "TensorSlice", "LoadReport", "LoadItem", "Timestamp",

@@ -75,6 +75,11 @@ NotDurableError = _make("NotDurableError", 18, "Saved, but the directory fsync f
 LockedError = _make("LockedError", 19, "Held by another process: a run directory another checkpoint manager "
                     "holds (KS_E_LOCKED).", (KeepsakeError, BlockingIOError))
 
+# A missing file: an IOError_ that is also Python's FileNotFoundError (what `except
+# FileNotFoundError:` around safetensors or open() catches).
+FileNotFoundError_ = _make("FileNotFoundError", 2, "No such file (KS_E_IO): also a builtin FileNotFoundError.",
+                           (IOError_, FileNotFoundError))
+
 ERRORS: Dict[int, Type[KeepsakeError]] = {
     c.status: c for c in (NoMemoryError, IOError_, FormatError, LimitError, InvalidError, NotFoundError,
                           DTypeError, ShapeError, ChecksumError, VersionError, MismatchError, UnsupportedError,
@@ -92,6 +97,8 @@ def _install(native) -> None:
         cls.status_name = _NAMES.get(code, cls.status_name)
     table: dict = dict(ERRORS)
     table["default"] = KeepsakeError
+    FileNotFoundError_.status_name = _NAMES.get(2, FileNotFoundError_.status_name)
+    table["ENOENT"] = FileNotFoundError_
     native._register_errors(table)
 
 

@@ -30,7 +30,15 @@ __all__ = ["save_file", "load_file", "save", "load", "save_checkpoint", "load_ch
 
 
 def _entries(tensors: Dict[str, Any]) -> tuple:
+    import torch
+    if not isinstance(tensors, dict):
+        raise TypeError(f"expected a dict of name -> tensor, not a {type(tensors).__name__}")
     keep: list = []
+    for k, v in tensors.items():  # what safetensors refuses, refused the same way, naming the key
+        if not isinstance(k, str):
+            raise TypeError(f"tensor names are str, not {type(k).__name__} ({k!r})")
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"'{k}' is a {type(v).__name__}, not a torch.Tensor (save_checkpoint stores any value)")
     entries = [_tensors.torch_entry(k, v, keep) for k, v in tensors.items()]
     return entries, keep
 

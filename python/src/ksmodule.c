@@ -1,4 +1,5 @@
 /* Module definition, errors and value conversions shared by the extension's files. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -21,9 +22,17 @@ static PyObject *error_class(ks_status st) {
   return cls ? cls : PyExc_RuntimeError;
 }
 
+/* A missing file is also Python's FileNotFoundError, which users catch: the I/O error's message
+ * carries the OS's reason (strerror, which the library's messages end with). */
+static PyObject *missing_file_class(ks_status st, const char *msg) {
+  if (st != KS_E_IO || !error_classes || !strstr(msg, strerror(ENOENT))) return NULL;
+  return PyDict_GetItemString(error_classes, "ENOENT"); /* borrowed, or NULL */
+}
+
 PyObject *ksp_raise(ks_status st, const ks_error *err) {
   const char *msg = err && err->message[0] ? err->message : ks_strerror(st);
-  PyObject *cls = error_class(st);
+  PyObject *cls = missing_file_class(st, msg);
+  if (!cls) cls = error_class(st);
   if (cls == PyExc_RuntimeError) return PyErr_Format(cls, "%s (%s)", ks_strerror(st), ks_status_name(st));
   /* Messages and keys quote input bytes, which need not be UTF-8: decode leniently. */
   PyObject *m = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "backslashreplace");

@@ -13,3 +13,22 @@ def test_safe_open_keys_are_sorted_as_safetensors_gives_them(tmp_path):
     with st_open(str(path), framework="pt") as ref, keepsake.safe_open(path, framework="pt") as f:
         assert f.keys() == list(ref.keys()) == ["alpha", "mid.a", "mid.b", "zeta"]
         assert f.file_keys() == ["zeta", "alpha", "mid.b", "mid.a"]  # the saved order stays available
+
+
+def test_a_missing_file_is_a_builtin_file_not_found_error(tmp_path):
+    import pytest
+    for fn in (kt.load_file, lambda p: keepsake.safe_open(p, framework="pt"), kt.load_checkpoint, keepsake.verify):
+        with pytest.raises(FileNotFoundError) as e:
+            fn(tmp_path / "nope.keepsake")
+        assert isinstance(e.value, keepsake.KeepsakeError) and "nope.keepsake" in str(e.value)
+    with pytest.raises(keepsake.IOError_) as e:  # other I/O errors stay IOError_ only
+        kt.load_file(tmp_path)
+    assert not isinstance(e.value, FileNotFoundError)
+
+
+def test_a_value_that_is_not_a_tensor_is_a_type_error_naming_its_key(tmp_path):
+    import pytest
+    with pytest.raises(TypeError, match="'scores' is a list"):
+        kt.save_file({"w": torch.ones(1), "scores": [1, 2]}, tmp_path / "x.keepsake")
+    with pytest.raises(TypeError, match="names are str"):
+        kt.save_file({3: torch.ones(1)}, tmp_path / "x.keepsake")
