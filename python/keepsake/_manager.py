@@ -72,6 +72,8 @@ class CheckpointManager:
             raises :class:`Preempted` (``()`` installs none).
         lock: ``"auto"`` (lock the run directory where the storage can), ``"require"``, ``"off"``.
         upload_to: save locally, then upload each checkpoint there (``s3://...``).
+        when_busy: a background save asked for while one is still in flight: ``"wait"`` for it
+            (default; at most one is ever in flight) or ``"fail"`` (StateError, nothing saved).
     """
 
     def __init__(self, run_dir: PathLike, *, model: Any = None, optimizers: Any = None, schedulers: Any = None,
@@ -83,7 +85,7 @@ class CheckpointManager:
                  keep_every: Optional[str] = None, keep_period_seconds: float = 0.0, async_save: bool = False,
                  on_save_error: str = "raise", preemption_signals: Sequence[int] = (_signal.SIGTERM, _signal.SIGUSR1),
                  lock: str = "auto", upload_to: Optional[PathLike] = None, upload_retention: bool = False,
-                 retention_log: bool = False) -> None:
+                 retention_log: bool = False, when_busy: str = "wait") -> None:
         if on_save_error not in ("raise", "warn"):
             raise ValueError("on_save_error: 'raise' or 'warn'")
         self.components = dict(model=model, optimizers=optimizers, schedulers=schedulers,
@@ -102,7 +104,7 @@ class CheckpointManager:
         self._native = _n.Manager(loc, save_interval=save_every, filename=filename, keep=keep_last,
                                   keep_best=keep_best, best_metric=best_metric, best_mode=best_mode,
                                   keep_every=keep_every, keep_period_seconds=keep_period_seconds,
-                                  save_every_seconds=save_every_seconds, lock=lock,
+                                  save_every_seconds=save_every_seconds, lock=lock, async_busy=when_busy,
                                   upload_to=fspath(upload_to) if upload_to is not None else None,
                                   upload_retention=upload_retention, retention_log=retention_log)
         if preemption_signals:

@@ -290,3 +290,27 @@ def test_a_full_disk_loses_nothing_saved(small_fs, blocking):
     keepsake.verify(run / "ep0-ba1.keepsake")
     assert os.readlink(run / "latest") == "ep0-ba1.keepsake"
     assert [n for n in os.listdir(run) if ".tmp-" in n] == []
+
+
+def test_one_background_save_in_flight_and_the_busy_policy(tmp_path):
+    model = torch.nn.Linear(2048, 2048)  # 16 MiB: the first write is still running when the second comes
+    ts = keepsake.Timestamp(batch=1)
+    with keepsake.CheckpointManager(tmp_path / "fail", model=model, timestamp=ts, when_busy="fail") as mgr:
+        mgr.save(blocking=False)
+        refused = 0
+        for _ in range(50):  # a second one while the first is in flight is refused, never queued
+            try:
+                ts.batch += 1
+                mgr.save(blocking=False)
+                break
+            except keepsake.StateError:
+                refused += 1
+        mgr.wait()
+    assert refused >= 1
+    with keepsake.CheckpointManager(tmp_path / "wait", model=model, timestamp=ts) as mgr:
+        for _ in range(3):
+            ts.batch += 1
+            mgr.save(blocking=False)  # waits for the previous one: all three land
+    assert len(names(tmp_path / "wait")) == 3
+    with pytest.raises(ValueError):
+        keepsake.CheckpointManager(tmp_path / "bad", model=model, when_busy="queue")
