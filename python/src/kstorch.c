@@ -120,7 +120,14 @@ PyObject *ksp_convert(PyObject *self, PyObject *args, PyObject *kw) {
     ks_error_clear(&err);
     ks_convert_report *rep = NULL;
     ks_status st;
-    Py_BEGIN_ALLOW_THREADS st = ks_convert(PyBytes_AS_STRING(in), PyBytes_AS_STRING(out), &o, &rep, &err);
+    ks_storage *src = NULL, *dst = NULL;
+    const char *src_path = NULL, *dst_path = NULL;
+    /* Either side may be a storage location (s3://, http(s):// for the input): its table and path. */
+    Py_BEGIN_ALLOW_THREADS st = ksp_location(PyBytes_AS_STRING(in), NULL, &src, &o.in_io, &src_path, &err);
+    if (!st) st = ksp_location(PyBytes_AS_STRING(out), NULL, &dst, &o.io, &dst_path, &err);
+    if (!st) st = ks_convert(src_path, dst_path, &o, &rep, &err);
+    ks_storage_free(src);
+    ks_storage_free(dst);
     Py_END_ALLOW_THREADS
     if (warn_salvaged(rep)) result = NULL;
     else result = st ? ksp_raise(st, &err)

@@ -71,3 +71,16 @@ def test_manager_on_s3_keeps_the_last_and_autoresumes(bucket):
     with keepsake.CheckpointManager(run, model=fresh, timestamp=ts2) as mgr:
         assert mgr.autoresume()
     assert ts2.batch == 8 and torch.equal(fresh.weight, model.weight)
+
+
+def test_convert_between_s3_and_local(bucket, tmp_path):
+    model = torch.nn.Linear(3, 2)
+    src = f"s3://{bucket}/conv/ck.keepsake"
+    kt.save_checkpoint(src, model=model, rng=False)
+    kept, ignored = keepsake.convert(src, tmp_path / "ck.pt")  # an S3 input, a local .pt output
+    assert kept > 0 and ignored == 0
+    back = torch.load(tmp_path / "ck.pt")
+    assert torch.equal(back["state"]["model"]["weight"], model.weight.detach())
+    keepsake.convert(tmp_path / "ck.pt", f"s3://{bucket}/conv/again.keepsake")  # and a local input to S3
+    assert torch.equal(kt.load_file(f"s3://{bucket}/conv/again.keepsake")["state/model/weight"],
+                       model.weight.detach())
