@@ -220,25 +220,15 @@ def program_args(path: str, name: str, m: Any) -> Dict[str, Any]:
 
 # ---- loading ----
 
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
-_WIDEN = {
-    "bool": {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"},
-    "uint8": {"int16", "int32", "int64", "uint16", "uint32", "uint64", "float16", "bfloat16", "float32", "float64"},
-    "int8": {"int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"},
-    "int16": {"int32", "int64", "float32", "float64"},
-    "uint16": {"int32", "int64", "uint32", "uint64", "float32", "float64"},
-    "int32": {"int64", "float64"},
-    "uint32": {"int64", "uint64", "float64"},
-    "float16": {"float32", "float64"},
-    "bfloat16": {"float32", "float64"},
-    "float32": {"float64"},
-}
-
-
 def widens(src: Any, dst: Any) -> bool:
-    """Whether every value of dtype `src` is exactly representable in `dst`."""
-    s, d = str(src).replace("torch.", ""), str(dst).replace("torch.", "")
-    return s == d or d in _WIDEN.get(s, set())
+    """Whether every value of torch dtype `src` is exactly representable in `dst`: the C
+    library's rule (ks_dtype_widens_to), not a second table here."""
+    from ._tensors import torch_maps
+    codes = torch_maps()[0]
+    s, d = codes.get(src), codes.get(dst)
+    if s is None or d is None:  # a dtype keepsake does not store (complex, ...): only itself
+        return src == dst
+    return bool(_n.dtype_widens(s, d))
 
 
 class _Refused(Exception):

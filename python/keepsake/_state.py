@@ -6,7 +6,6 @@ The key layout and the load semantics are the C library's (docs/DESIGN.md, "Key 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _errors, _metrics, _rng, _tensors, _tree
@@ -132,11 +131,6 @@ def save_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
 
 # ---- loading ----
 
-def _glob_re(glob: str) -> "re.Pattern[str]":
-    body = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
-    return re.compile(f"(?s:{body})(?:/.*)?\\Z")
-
-
 def _read(path: str, verify: bool, ignore: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, str], List[str]]:
     # Copied into memory, never mapped: every value is copied into the program's objects anyway,
     # and a file that another program truncates meanwhile must give an error, not SIGBUS.
@@ -146,9 +140,8 @@ def _read(path: str, verify: bool, ignore: Sequence[str]) -> Tuple[Dict[str, Any
     meta = reader.metadata(True)
     ignored: List[str] = []
     if ignore:
-        pats = [_glob_re(g) for g in ignore]
-        for k in list(items):
-            if any(p.match(k) for p in pats):
+        for k in list(items):  # the C library's glob (ks_path_match), as ks_convert's --ignore
+            if any(_n.path_match(g, k) for g in ignore):
                 del items[k]
                 ignored.append(k)
     return items, meta, ignored

@@ -186,7 +186,27 @@ ks_meta *ksp_meta_from(PyObject *dict) {
   return m;
 }
 
+/* The library's widening rule (ks_dtype_widens_to), so Python decides as C does. */
+static PyObject *dtype_widens(PyObject *self, PyObject *args) {
+  (void)self;
+  int from, to;
+  if (!PyArg_ParseTuple(args, "ii", &from, &to)) return NULL;
+  return PyBool_FromLong(ks_dtype_widens_to((ks_dtype)from, (ks_dtype)to));
+}
+
+/* The library's glob (ks_path_match): the ignore= of load_checkpoint is ks_convert's. */
+static PyObject *path_match(PyObject *self, PyObject *args) {
+  (void)self;
+  const char *glob, *path;
+  if (!PyArg_ParseTuple(args, "ss", &glob, &path)) return NULL;
+  return PyBool_FromLong(ks_path_match(glob, path));
+}
+
 static PyMethodDef methods[] = {
+    {"dtype_widens", dtype_widens, METH_VARARGS,
+     "dtype_widens(from_code, to_code)\n--\n\nks_dtype_widens_to: every value of `from` fits `to` exactly."},
+    {"path_match", path_match, METH_VARARGS,
+     "path_match(glob, path)\n--\n\nks_path_match: '*' any bytes ('/' included), '?' one, '/'-prefix aware."},
     {"_register_errors", register_errors, METH_O, "Registers the exception class of every status code."},
     {"status_names", status_names, METH_NOARGS, "{code: (name, description)} for every status code."},
     {"save_file", (PyCFunction)(void (*)(void))ksp_save_file, METH_VARARGS | METH_KEYWORDS,
