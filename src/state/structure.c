@@ -127,7 +127,8 @@ static KS_NODISCARD ks_status optimizer(const ks_allocator *a, ks__jv *c, const 
 static KS_NODISCARD ks_status scheduler(const ks_allocator *a, ks__jv *c, const ks_statedict *sd, const char *p) {
   size_t pl = strlen(p);
   ks_entry e;
-  ks_status s = KS_OK;
+  ks__jv *done = ks__jv_object(a); /* folders already looked at: each is scanned once, list or not */
+  ks_status s = done ? KS_OK : KS_E_NOMEM;
   for (size_t i = 0; !s && ks_statedict_at(sd, i, &e) == KS_OK; i++) {
     if (strncmp(e.name, p, pl)) continue;
     const char *slash = strchr(e.name + pl, '/');
@@ -136,8 +137,11 @@ static KS_NODISCARD ks_status scheduler(const ks_allocator *a, ks__jv *c, const 
     size_t n = (size_t)(slash - e.name);
     if (n > KS__KEY_MAX) continue;
     memcpy(f, e.name, n), f[n] = 0;
-    if (!ks__jv_get(c, f)) s = seq(a, c, sd, f, "list");
+    if (ks__jv_get(done, f)) continue;
+    s = ks__jv_set(a, done, f, ks__jv_bool(a, true));
+    if (!s) s = seq(a, c, sd, f, "list");
   }
+  ks__jv_free(a, done);
   return s;
 }
 
