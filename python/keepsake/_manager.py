@@ -15,7 +15,7 @@ import atexit
 import signal as _signal
 import sys
 import weakref
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, MutableMapping, Optional, Sequence
 
 from . import _errors, _metrics, _state, _tree
 from . import _native_api as _n
@@ -202,8 +202,7 @@ class CheckpointManager:
                                                   eval_metrics=c["eval_metrics"], timestamp=self.timestamp,
                                                   rng=self.rng, dataset_state=c["dataset_state"],
                                                   callbacks=c["callbacks"], **load_kw)
-        if self.extra is not None and self.last_report.extra:
-            self.extra.clear() if hasattr(self.extra, "clear") else None
-            if hasattr(self.extra, "update"):
-                self.extra.update(self.last_report.extra)
+        if isinstance(self.extra, MutableMapping) and self.last_report.extra:  # filled in place, as the rest
+            self.extra.clear()
+            self.extra.update(self.last_report.extra)
         return True
