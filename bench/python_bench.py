@@ -1,10 +1,22 @@
 """keepsake's Python package against safetensors 0.8 and torch.save/torch.load, side by side.
 
-usage: python_bench.py [--quick] [--dir DIR]
+usage: python_bench.py [--quick] [--reps N] [--slow-reps N] [--only NAME] [--dir DIR]
 Run by `make bench` when the package was built (build/python-pkg on PYTHONPATH). Prints best-of-N
-wall times and ratios (> 1.0x means keepsake is faster). Loads are timed warm (the file in the page
-cache) for every reader alike. Tensor-file saves are timed without fsync on both sides (safetensors
-does not fsync); checkpoint saves with an fsync on both sides (torch.save gets one too).
+wall times and ratios (> 1.0x means keepsake is faster). Every row times both sides in the same run.
+
+- Tensor files: GPT-2-small shapes (148 F32 tensors, 475 MiB), 256 x 4 MiB F32 and 100,000 tiny
+  tensors. `save_file` is timed twice: without fsync on both sides (keepsake's fsync=False against
+  safetensors' save_file, which never fsyncs), and durable on both sides (keepsake's default
+  against safetensors' save_file followed by os.fsync of the file and of its directory). Each
+  timed save writes a new file: the previous one is removed outside the timed region on both
+  sides, so neither side times the kernel freeing the replaced file's blocks.
+- Loads are timed warm (the file in the page cache) for every reader alike: load_file plus a read
+  of every byte (mmap on both sides), and a load into memory the tensors own (keepsake's
+  backend="read" against safetensors' backend="pread").
+- Checkpoints: save_checkpoint/load_checkpoint against torch.save (+ fsync of the file)/torch.load
+  + load_state_dict, on GPT-2-small with AdamW (stepped once) and on 100,000 entries (50,000
+  tiny parameters with SGD momentum; its load, about a minute a repetition on both sides, is the
+  best of --slow-reps).
 """
 import argparse
 import gc
@@ -25,9 +37,26 @@ except ImportError:  # the comparison needs it; keepsake's numbers alone are sti
     st = None
 
 
-def best(fn, reps):
+def gpt2_small_shapes():
+    """The 148 tensors of GPT-2 small (124M parameters) as Hugging Face saves it (475 MiB of F32)."""
+    d, ff, vocab, ctx = 768, 3072, 50257, 1024
+    shapes = [("wte.weight", (vocab, d)), ("wpe.weight", (ctx, d))]
+    for i in range(12):
+        p = f"h.{i}."
+        shapes += [(p + "ln_1.weight", (d,)), (p + "ln_1.bias", (d,)),
+                   (p + "attn.c_attn.weight", (d, 3 * d)), (p + "attn.c_attn.bias", (3 * d,)),
+                   (p + "attn.c_proj.weight", (d, d)), (p + "attn.c_proj.bias", (d,)),
+                   (p + "ln_2.weight", (d,)), (p + "ln_2.bias", (d,)),
+                   (p + "mlp.c_fc.weight", (d, ff)), (p + "mlp.c_fc.bias", (ff,)),
+                   (p + "mlp.c_proj.weight", (ff, d)), (p + "mlp.c_proj.bias", (d,))]
+    return shapes + [("ln_f.weight", (d,)), ("ln_f.bias", (d,))]
+
+
+def best(fn, reps, setup=None):
     times = []
     for _ in range(reps):
+        if setup:
+            setup()
         gc.collect()
         t0 = time.perf_counter()
         out = fn()
@@ -38,23 +67,62 @@ def best(fn, reps):
 
 def row(what, ks, other, other_name):
     ratio = other / ks if ks > 0 else float("inf")
-    print(f"  {what:<44} keepsake {ks * 1e3:9.1f} ms   {other_name} {other * 1e3:9.1f} ms   {ratio:6.2f}x")
+    print(f"  {what:<48} keepsake {ks * 1e3:9.1f} ms   {other_name} {other * 1e3:9.1f} ms   {ratio:6.2f}x",
+          flush=True)
     return ratio
 
 
+def remover(*paths):
+    def setup():
+        for p in paths:
+            if os.path.exists(p):
+                os.remove(p)
+    return setup
+
+
+def fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def st_save_durable(tensors, path):
+    """safetensors' save_file made durable the way keepsake's is: fsync of the file and of its directory."""
+    st.save_file(tensors, path)
+    fsync_path(path)
+    fsync_path(os.path.dirname(path) or ".")
+
+
+def read_all(tensors):
+    return sum(float(t.sum()) for t in tensors.values())
+
+
 def tensor_files(name, tensors, folder, reps):
-    print(f"\n{name}")
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    print(f"\n{name}: {len(tensors)} tensors, {nbytes / 2**20:.0f} MiB", flush=True)
     ks_path, st_path = os.path.join(folder, "t.keepsake"), os.path.join(folder, "t.safetensors")
     one = next(iter(tensors))
     res = {}
-    ks_save = best(lambda: kt.save_file(tensors, ks_path, fsync=False), reps)
+    ks_fast = best(lambda: kt.save_file(tensors, ks_path, fsync=False), reps, remover(ks_path))
     if st is None:
-        print(f"  save_file keepsake {ks_save * 1e3:.1f} ms (safetensors not installed)")
+        print(f"  save_file keepsake {ks_fast * 1e3:.1f} ms (safetensors not installed)")
         return res
-    st_save = best(lambda: st.save_file(tensors, st_path), reps)
-    res["save_file"] = row("save_file", ks_save, st_save, "safetensors")
+    res["save_file"] = row("save_file, no fsync on either side", ks_fast,
+                           best(lambda: st.save_file(tensors, st_path), reps, remover(st_path)), "safetensors")
+    res["save_file_durable"] = row("save_file, durable on both sides",
+                                   best(lambda: kt.save_file(tensors, ks_path), reps, remover(ks_path)),
+                                   best(lambda: st_save_durable(tensors, st_path), reps, remover(st_path)),
+                                   "safetensors")
     res["load_file"] = row("load_file", best(lambda: kt.load_file(ks_path), reps),
                            best(lambda: st.load_file(st_path), reps), "safetensors")
+    res["load_file_sum"] = row("load_file + read every byte (sum)",
+                               best(lambda: read_all(kt.load_file(ks_path)), reps),
+                               best(lambda: read_all(st.load_file(st_path)), reps), "safetensors")
+    res["load_copy"] = row("load into owned memory (read / pread)",
+                           best(lambda: kt.load_file(ks_path, backend="read"), reps),
+                           best(lambda: st.load_file(st_path, backend="pread"), reps), "safetensors")
 
     def ks_one():
         with keepsake.safe_open(ks_path, framework="pt") as f:
@@ -64,19 +132,15 @@ def tensor_files(name, tensors, folder, reps):
         with st_open(st_path, framework="pt") as f:
             return f.get_tensor(one)
     res["get_tensor"] = row("safe_open().get_tensor(one)", best(ks_one, reps), best(st_one, reps), "safetensors")
-    res["load_file_sum"] = row("load_file + read every byte (sum)",
-                               best(lambda: sum(float(t.sum()) for t in kt.load_file(ks_path).values()), reps),
-                               best(lambda: sum(float(t.sum()) for t in st.load_file(st_path).values()), reps),
-                               "safetensors")
     os.remove(ks_path)
     os.remove(st_path)
     return res
 
 
-class Flat(torch.nn.Module):
-    def __init__(self, n, elems):
+class Shapes(torch.nn.Module):
+    def __init__(self, shapes):
         super().__init__()
-        self.p = torch.nn.ParameterList([torch.nn.Parameter(torch.rand(elems)) for _ in range(n)])
+        self.p = torch.nn.ParameterList([torch.nn.Parameter(torch.rand(s)) for _, s in shapes])
 
 
 def torch_save_fsync(obj, path):
@@ -86,20 +150,24 @@ def torch_save_fsync(obj, path):
         os.fsync(f.fileno())
 
 
-def checkpoints(name, n_params, elems, momentum, folder, reps):
-    print(f"\n{name}")
-    model = Flat(n_params, elems)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9 if momentum else 0.0)
-    if momentum:
-        for p in model.parameters():
-            p.grad = torch.ones_like(p)
-        opt.step()
-    entries = len(model.state_dict()) + sum(len(s) for s in opt.state_dict()["state"].values())
-    print(f"  {entries} tensors, {sum(p.numel() for p in model.parameters()) * 4 * (2 if momentum else 1) / 2**20:.0f} MiB")
+def checkpoints(name, shapes, optimizer, folder, reps, load_reps=None):
+    print(f"\n{name}", flush=True)
+    model = Shapes(shapes)
+    opt = optimizer(model.parameters())
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    model.zero_grad(set_to_none=True)
+    sd_opt = opt.state_dict()
+    entries = len(model.state_dict()) + sum(len(s) for s in sd_opt["state"].values())
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    nbytes += sum(v.numel() * v.element_size() for s in sd_opt["state"].values() for v in s.values())
+    print(f"  {entries} entries, {nbytes / 2**20:.0f} MiB", flush=True)
     ks_path, pt_path = os.path.join(folder, "c.keepsake"), os.path.join(folder, "c.pt")
-    ks_save = best(lambda: kt.save_checkpoint(ks_path, model=model, optimizers=opt, rng=True), reps)
+    ks_save = best(lambda: kt.save_checkpoint(ks_path, model=model, optimizers=opt, rng=True), reps,
+                   remover(ks_path))
     pt_save = best(lambda: torch_save_fsync({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                             "rng": torch.get_rng_state()}, pt_path), reps)
+                                             "rng": torch.get_rng_state()}, pt_path), reps, remover(pt_path))
     res = {"save": row("save_checkpoint vs torch.save (+fsync)", ks_save, pt_save, "torch")}
 
     def pt_load():
@@ -109,8 +177,8 @@ def checkpoints(name, n_params, elems, momentum, folder, reps):
         torch.set_rng_state(ck["rng"])
 
     res["load"] = row("load_checkpoint vs torch.load + load_state_dict",
-                      best(lambda: kt.load_checkpoint(ks_path, model=model, optimizers=opt), reps), best(pt_load, reps),
-                      "torch")
+                      best(lambda: kt.load_checkpoint(ks_path, model=model, optimizers=opt), load_reps or reps),
+                      best(pt_load, load_reps or reps), "torch")
     os.remove(ks_path)
     os.remove(pt_path)
     return res
@@ -119,20 +187,37 @@ def checkpoints(name, n_params, elems, momentum, folder, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions per row; the best is printed")
+    ap.add_argument("--only", default="", help="run only the cases whose name contains this")
+    ap.add_argument("--slow-reps", type=int, default=2,
+                    help="repetitions of the 100,000-entry checkpoint load (about a minute each, both sides)")
     ap.add_argument("--dir", default=os.environ.get("KS_BENCH_TMP") or tempfile.gettempdir())
     a = ap.parse_args()
     torch.manual_seed(0)
-    print(f"keepsake {keepsake.__version__}, torch {torch.__version__}, python {sys.version.split()[0]}")
-    big_n, big_elems, small_n, reps = (16, 1 << 18, 2000, 2) if a.quick else (256, 1 << 20, 100_000, 3)
-    big = {f"t/{i}": torch.rand(big_elems) for i in range(big_n)}
-    tensor_files(f"{big_n} x {big_elems * 4 >> 20} MiB F32", big, a.dir, reps)
-    del big
-    small = {f"t/{i}": torch.rand(16) for i in range(small_n)}
-    tensor_files(f"{small_n} small tensors (16 x F32)", small, a.dir, reps)
-    del small
-    checkpoints(f"training state: {small_n // 2} parameters + SGD momentum", small_n // 2, 16, True, a.dir, reps)
-    checkpoints(f"training state: {big_n} x {big_elems * 4 >> 20} MiB parameters", big_n, big_elems, False, a.dir,
-                2)
+    print(f"keepsake {keepsake.__version__}, torch {torch.__version__}, python {sys.version.split()[0]}, "
+          f"best of {a.reps}, dir {a.dir}")
+    gpt2 = gpt2_small_shapes()
+    if a.quick:
+        gpt2 = [(n, tuple(max(1, d // 16) for d in s)) for n, s in gpt2]
+    big_n, big_elems, small_n = (16, 1 << 18, 2000) if a.quick else (256, 1 << 20, 100_000)
+    cases = [
+        ("GPT-2 small shapes", lambda: tensor_files("GPT-2 small shapes (F32)",
+                                                    {n: torch.rand(s) for n, s in gpt2}, a.dir, a.reps)),
+        ("4 MiB", lambda: tensor_files(f"{big_n} x {big_elems * 4 >> 20} MiB F32",
+                                       {f"t/{i}": torch.rand(big_elems) for i in range(big_n)}, a.dir, a.reps)),
+        ("small tensors", lambda: tensor_files(f"{small_n} small tensors (16 x F32)",
+                                               {f"t/{i}": torch.rand(16) for i in range(small_n)}, a.dir, a.reps)),
+        ("checkpoint GPT-2", lambda: checkpoints("checkpoint GPT-2 small + AdamW (stepped once)", gpt2,
+                                                 lambda ps: torch.optim.AdamW(ps, lr=1e-4), a.dir, a.reps)),
+        ("checkpoint 100,000", lambda: checkpoints(
+            f"checkpoint {small_n:,} entries: {small_n // 2:,} parameters + SGD momentum",
+            [(str(i), (16,)) for i in range(small_n // 2)],
+            lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), a.dir, a.reps, min(a.reps, a.slow_reps))),
+    ]
+    for name, run in cases:
+        if a.only in name:
+            run()
+            gc.collect()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@
  *     the import refuses with a message naming it) is a torch.save / Composer
  *     file, read by ks_torch_import_buffer (import.h); anything else is a
  *     keepsake or safetensors file, read by ks_load_buffer, whose metadata pairs
- *     are kept (but the writer's own keys).
+ *     are kept (but the writer's own keys). An IN that is a directory holding
+ *     `.metadata` (ks_torch_dcp_probe) is a torch.distributed.checkpoint, read
+ *     item by item by ks_dcp_import (import.h) instead, through opts->in_io.
  *  3. Integrity: every zip entry's CRC32, every keepsake checksum is checked. A
  *     mismatch fails with KS_E_CHECKSUM and nothing is written, unless
  *     opts->salvage: then each problem becomes a warning of the report and the

@@ -15,7 +15,8 @@
 
 KS_BEGIN_DECLS
 
-/** Element type. Values are stable (stored in no file, but kept fixed anyway). */
+/** Element type. Values are stable (stored in no file, but kept fixed anyway): new dtypes are
+ *  appended, and KS_DTYPE_COUNT grows with them. */
 typedef enum ks_dtype {
   KS_BOOL = 0,
   KS_U8 = 1,
@@ -32,13 +33,16 @@ typedef enum ks_dtype {
   KS_F64 = 12,
   KS_F8_E4M3 = 13,
   KS_F8_E5M2 = 14,
-  KS_DTYPE_COUNT = 15
+  KS_C64 = 15,         /**< complex64: an F32 real part, then an F32 imaginary part (8 bytes) */
+  KS_F8_E4M3FNUZ = 16, /**< FP8 E4M3 FNUZ: bias 8, max 240, no inf, no -0, NaN is 0x80 only */
+  KS_F8_E5M2FNUZ = 17, /**< FP8 E5M2 FNUZ: bias 16, max 57344, no inf, no -0, NaN is 0x80 only */
+  KS_DTYPE_COUNT = 18
 } ks_dtype;
 
 /** Size of one element in bytes; 0 for an invalid dtype. */
 size_t ks_dtype_size(ks_dtype dt);
 
-/** The safetensors name ("F32", "BF16", "F8_E4M3"...); "?" for an invalid dtype. */
+/** The safetensors name ("F32", "BF16", "F8_E4M3", "C64"...); "?" for an invalid dtype. */
 const char *ks_dtype_name(ks_dtype dt);
 
 /**
@@ -50,10 +54,18 @@ const char *ks_dtype_name(ks_dtype dt);
  */
 KS_NODISCARD ks_status ks_dtype_parse(const char *name, size_t len, ks_dtype *out);
 
-/** Nonzero when dt is a floating type (F16, BF16, F32, F64, F8_*). */
+/** Nonzero when dt is a real floating type (F16, BF16, F32, F64, F8_*). C64 is not: see
+ *  ks_dtype_is_complex. */
 int ks_dtype_is_float(ks_dtype dt);
 
-/** Nonzero when a value of `from` always fits in `to` exactly (a widening). */
+/** Nonzero when dt is a complex type (C64). */
+int ks_dtype_is_complex(ks_dtype dt);
+
+/**
+ * Nonzero when a value of `from` always fits in `to` exactly (a widening). Every dtype widens
+ * to itself. C64 widens to nothing else, and nothing else widens to C64 (ks_dtype_convert
+ * does not mix complex and real). F8_E4M3FNUZ and F8_E5M2FNUZ widen to F16, BF16, F32, F64.
+ */
 int ks_dtype_widens_to(ks_dtype from, ks_dtype to);
 
 /** IEEE binary16 <-> binary32, round to nearest even; NaN and inf preserved. */
@@ -69,7 +81,19 @@ float ks_f8e4m3_to_f32(uint8_t v);
 /** FP8 E5M2 (IEEE-like, with inf and NaN) <-> binary32, round to nearest even. */
 uint8_t ks_f32_to_f8e5m2(float f);
 float ks_f8e5m2_to_f32(uint8_t v);
+/** FP8 E4M3FNUZ and E5M2FNUZ <-> binary32, round to nearest even, as PyTorch converts them:
+ *  NaN, inf and values that round past the largest finite value (240, 57344) become 0x80
+ *  (NaN); -0.0, and negative values that round to zero, become 0x00. */
+uint8_t ks_f32_to_f8e4m3fnuz(float f);
+float ks_f8e4m3fnuz_to_f32(uint8_t v);
+uint8_t ks_f32_to_f8e5m2fnuz(float f);
+float ks_f8e5m2fnuz_to_f32(uint8_t v);
 
+/*
+ * Element access. A complex element (C64) has no single real value: ks_dtype_get_f64 returns
+ * NaN and ks_dtype_get_i64 0 for it, and the setters leave it unchanged. Read its two F32
+ * parts directly (or with ks_dtype_get_f64(KS_F32, data, 2 * i) and 2 * i + 1).
+ */
 /** Reads element `i` of a little-endian buffer of dtype dt as a double. */
 double ks_dtype_get_f64(ks_dtype dt, const void *data, size_t i);
 /** Reads element `i` as int64 (floats truncate toward zero, NaN gives 0). */
@@ -83,8 +107,9 @@ void ks_dtype_set_i64(ks_dtype dt, void *data, size_t i, int64_t v);
  * Converts n elements from src (dtype sdt) to dst (dtype ddt). Buffers must not
  * overlap unless ddt == sdt. Integer to integer conversions go through int64 so
  * they are exact where representable; anything involving floats goes through
- * double (F16/BF16/F8 round to nearest even).
- * @return KS_OK, or KS_E_DTYPE for an invalid dtype.
+ * double (F16/BF16/F8 round to nearest even). C64 converts only to C64 (a copy).
+ * @return KS_OK, or KS_E_DTYPE for an invalid dtype or a conversion between C64 and a real
+ *         dtype (nothing is written then).
  */
 KS_NODISCARD ks_status ks_dtype_convert(ks_dtype ddt, void *dst, ks_dtype sdt, const void *src, size_t n);
 

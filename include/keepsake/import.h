@@ -78,5 +78,22 @@ KS_NODISCARD ks_status ks_torch_import(const char *path, const ks_import_opts *o
 KS_NODISCARD ks_status ks_torch_import_buffer(const void *buf, size_t len, const ks_import_opts *opts,
                                               ks_statedict **out, ks_meta **meta, ks_error *err);
 
+/**
+ * Reads a torch.distributed.checkpoint directory (ks_torch_dcp_load, torch.h:
+ * nothing pickled is executed; a `.metadata` naming anything but DCP's own
+ * classes is refused) into a state dict and its metadata: the structure
+ * document (KS_TORCH_STRUCTURE_META) and KS_META_DCP_IMPORT, which records the DCP
+ * version, the counts read and the non-tensor objects left out (with why).
+ *
+ * @param dir  the checkpoint directory (holding `.metadata` and `*.distcp` files).
+ * @param opts NULL for defaults; only `read` is used (allocator, CRC checks, limits, io table).
+ * @param out  receives the dict; untouched on failure.
+ * @param meta receives the metadata (free with ks_meta_free); may be NULL.
+ * @param err  optional; names the file, DCP key and byte offset that failed.
+ * @return as ks_torch_dcp_load.
+ */
+KS_NODISCARD ks_status ks_dcp_import(const char *dir, const ks_import_opts *opts, ks_statedict **out, ks_meta **meta,
+                                     ks_error *err);
+
 KS_END_DECLS
 #endif

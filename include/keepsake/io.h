@@ -16,19 +16,26 @@
  *        mkdir_fn, symlink_fn and readlink_fn;
  *   - 3: also rmdir_fn (removing the directory of a sharded checkpoint);
  *   - 4: also caps (what the backend is and can do, KS_IO_CAP_*), lock_fn and
- *        unlock_fn (the checkpoint manager's exclusive lock on its run directory).
+ *        unlock_fn (the checkpoint manager's exclusive lock on its run directory);
+ *   - 5: also pwrite_fn (a write at an offset, with which ks_save hashes each
+ *        tensor as it writes it and then fills the checksums into the header it
+ *        wrote first, instead of reading all the data twice).
  * Rules, so the struct can grow without breaking programs already built:
  *   - members are only ever appended, each new group under a new version;
  *   - the library reads only the members the table's version has; an operation
  *     that a table's version lacks is done by ks_io_posix() (such a table was
- *     written before the operation went through ks_io);
+ *     written before the operation went through ks_io), except pwrite_fn: a
+ *     table older than version 5 is treated as having none (its handles need
+ *     not be file descriptors);
  *   - a table of a version newer than the library's KS_IO_VERSION is used as
  *     the newest version the library knows;
  *   - version 0 or a NULL member the table's version has is refused with
  *     KS_E_INVALID, except map_fn and unmap_fn, which may be NULL (the backend
  *     cannot map: the library reads instead), and rmdir_fn, which may be NULL
  *     (a store without directories: removing a prefix's last object removes it),
- *     and lock_fn and unlock_fn, which may both be NULL (no locks: see caps).
+ *     and lock_fn and unlock_fn, which may both be NULL (no locks: see caps),
+ *     and pwrite_fn, which may be NULL (the writers then hash the data in a pass
+ *     of its own before writing it; the file is byte for byte the same).
  * Always set `.version = KS_IO_VERSION` so a rebuilt program gets the current
  * layout. A table written from scratch has caps 0 (the library assumes nothing).
  *
@@ -39,7 +46,9 @@
  * *ks_io_posix() and replacing members is fine as long as paths keep naming
  * the same local files (a counter, a fault injector, fsync dropped); a table
  * whose paths live anywhere else must clear KS_IO_CAP_LOCAL (and set lock_fn,
- * unlock_fn and KS_IO_CAP_LOCK only for locks of its own).
+ * unlock_fn and KS_IO_CAP_LOCK only for locks of its own). A copy that changes
+ * what write_fn does with the bytes (rather than only failing, delaying or
+ * counting calls) must replace pwrite_fn to match, or set it to NULL.
  *
  * What bypasses the table. With KS_IO_CAP_LOCAL, and only then, the durable
  * writer also uses the path directly for three things the table has no
@@ -84,7 +93,7 @@
 KS_BEGIN_DECLS
 
 /** The version of ks_io this header describes. */
-#define KS_IO_VERSION 4u
+#define KS_IO_VERSION 5u
 
 /**
  * caps bits (version 4). KS_IO_CAP_LOCAL: paths name files of this machine's
@@ -120,10 +129,11 @@ typedef int (*ks_io_list_cb)(void *cb_ctx, const char *name, ks_io_kind kind);
 
 /**
  * The storage operations. A durable replace performs, in order: create_fn
- * (exclusive create of the temp file), write_fn (repeatedly), fsync_fn,
- * close_fn, rename_fn, fsync_dir_fn; unlink_fn removes the temp file after a
- * failure. The manager also creates its run directory (stat_fn, mkdir_fn,
- * fsync_dir_fn of the parent), points `latest` at a checkpoint (unlink_fn,
+ * (exclusive create of the temp file), write_fn (repeatedly), pwrite_fn (where
+ * set: once, the header's checksums, after the data), fsync_fn, close_fn,
+ * rename_fn, fsync_dir_fn; unlink_fn removes the temp file after a failure.
+ * The manager also creates its run directory (stat_fn, mkdir_fn, fsync_dir_fn
+ * of the parent), points `latest` at a checkpoint (unlink_fn,
  * symlink_fn, rename_fn, fsync_dir_fn), lists the run directory (list_fn,
  * stat_fn) and deletes checkpoints (unlink_fn; a sharded checkpoint's files,
  * then its directory with rmdir_fn).
@@ -190,6 +200,15 @@ typedef struct ks_io {
   int (*lock_fn)(void *ctx, const char *path, const char *owner, int *handle, char *holder, size_t cap);
   /** Releases a lock of lock_fn; the handle is gone even when an error is returned. */
   int (*unlock_fn)(void *ctx, int handle);
+  /* --- version 5 --- */
+  /**
+   * Writes up to n bytes at offset `off` of a handle of create_fn, within what
+   * write_fn has already written, without moving where write_fn appends;
+   * *written receives the count (may be short). May be NULL (a store that can
+   * only append, such as an upload): ks_save then hashes every tensor before
+   * writing the file instead of while writing it.
+   */
+  int (*pwrite_fn)(void *ctx, int fd, const void *buf, size_t n, uint64_t off, size_t *written);
 } ks_io;
 
 /**

@@ -57,4 +57,10 @@
 /** Inside a metric's folder: its cached compute() result, a tensor or null. */
 #define KS_KEY_METRIC_COMPUTED "_computed"
 
+/**
+ * What `keepsake convert` read from a torch.distributed.checkpoint directory (ks_torch_dcp_load's info
+ * document: DCP version, counts, and the non-tensor objects left out with the reason).
+ */
+#define KS_META_DCP_IMPORT "keepsake.dcp_import"
+
 #endif

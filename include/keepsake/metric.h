@@ -331,5 +331,63 @@ size_t ks_metric_collection_count(const ks_metric_collection *c);
 /** Metric at insertion position i (and its name in *name, if not NULL), or NULL when out of range. */
 ks_metric *ks_metric_collection_at(const ks_metric_collection *c, size_t i, const char **name);
 
+/* ---- Described metrics: a program's metric the catalogue need not implement ---- */
+
+/** ks_metric_describe_state flag: a cat state whose rows keep the dtype they were stored with. */
+#define KS_STATE_ANY_DTYPE 1u
+
+/**
+ * Creates a metric that only holds states: the description of a program's metric (any
+ * torchmetrics class, catalogue or not), so that the load engine (ks_state_load_state_dict,
+ * ks_metric_load_state_dict) decides what of a checkpoint fits it, and ks_metric_merge folds two
+ * of them by their declared reductions. It cannot update or compute (KS_E_UNSUPPORTED).
+ *
+ * @param class_name the program's class name (copied), compared with the one a checkpoint records.
+ * @param attrs_json the metric's attributes as JSON (see ks_metric_from_attributes), or NULL. When
+ *                   the class is in the catalogue and the attributes give its arguments, the
+ *                   metric carries those canonical arguments (ks_metric_args_json; otherwise NULL)
+ *                   and its states inherit the catalogue's legacy names and reshape rules.
+ * @return KS_OK, KS_E_INVALID (empty name), KS_E_NOMEM. Free *out with ks_metric_free.
+ */
+KS_NODISCARD ks_status ks_metric_describe(const char *class_name, const char *attrs_json, const ks_allocator *alloc,
+                                          ks_metric **out, ks_error *err);
+
+/**
+ * Declares the next state of a described metric: name (copied), reduction, dtype and shape (cat
+ * states: the row shape after dim 0, whose size is ignored; rows of any shape fit unless the
+ * catalogue class fixes them). `flags`: KS_STATE_ANY_DTYPE. The value starts at zero / no rows.
+ * @return KS_OK, KS_E_INVALID (not a described metric, bad shape, duplicate name), KS_E_LIMIT
+ *         (more than 32 states, name too long), KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_metric_describe_state(ks_metric *m, const char *name, ks_reduce reduce, ks_dtype dtype,
+                                                int rank, const int64_t *shape, unsigned flags, ks_error *err);
+
+/**
+ * Adds `inner` (a described metric, taken on success only) as the inner metric `name` of the
+ * described metric `m`: a torchmetrics wrapper's base metric, task or side. The load engine
+ * fills it from `<path>/inner/<name>/` with `m`, all or nothing; reset resets it with `m`.
+ * @return KS_OK, KS_E_INVALID, KS_E_EXISTS (name taken), KS_E_LIMIT (name), KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_metric_add_inner(ks_metric *m, const char *name, ks_metric *inner, ks_error *err);
+
+/** Number of inner metrics of `m` (0 for a catalogue metric). */
+size_t ks_metric_inner_count(const ks_metric *m);
+
+/** Inner metric i of `m` (and its name in *name, if not NULL), or NULL when out of range. */
+ks_metric *ks_metric_inner_at(const ks_metric *m, size_t i, const char **name);
+
+/**
+ * The metric every rank of a group computes alike from the n ranks' copies of one metric
+ * (parts[r] is rank r's): a clone of the last folded with ks_metric_merge down to the first, so
+ * sums are added in one fixed order and cat rows end up in rank order. Every rank that folds the
+ * same parts gets the same bits; the MPI sync (dist.h) and the bindings' syncs use this.
+ * @return KS_OK, KS_E_INVALID (n == 0, a NULL part), ks_metric_merge's errors. Free *out.
+ */
+KS_NODISCARD ks_status ks_metric_fold(const ks_metric *const *parts, size_t n, const ks_allocator *alloc,
+                                      ks_metric **out, ks_error *err);
+
+/** Nonzero when `m` was made by ks_metric_describe. */
+int ks_metric_is_described(const ks_metric *m);
+
 KS_END_DECLS
 #endif

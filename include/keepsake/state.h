@@ -132,6 +132,54 @@ KS_NODISCARD ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks
 KS_NODISCARD ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb, ks_error *err);
 /** Registers a dataset position saved as state/dataset_state/<name>/ (borrowed). */
 KS_NODISCARD ks_status ks_state_add_dataset(ks_state *st, const char *name, ks_dataset_state *ds, ks_error *err);
+
+/**
+ * The `keepsake.metrics` metadata entry for metrics a binding describes, as JSON text (*out,
+ * freed with the allocator's free; NULL alloc: free()). `description` is
+ * `{"metrics": [{"path", "class", "update_count", "attrs", "lists", "inner"}, ...]}`: `class`
+ * may carry its module (`torchmetrics.classification.MulticlassAccuracy`), `attrs` holds the
+ * metric's attributes (see ks_metric_from_attributes), `lists` names its list states, `inner`
+ * maps a wrapper's inner metrics to their classes (a load refuses other classes). Each record gets
+ * the short class name, the update count, the schema version of the states stored in `sd`
+ * under `<path>/state_dict/` (ks_metric_stored_schema_version), the lists, the inner classes and, for a
+ * catalogue class its attributes build, the canonical args (ks_metric_describe's rule).
+ * @return KS_OK, KS_E_INVALID / KS_E_FORMAT (description), KS_E_LIMIT (a path), KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_metric_records_json(const char *description, const ks_statedict *sd,
+                                              const ks_allocator *alloc, char **out, ks_error *err);
+
+/**
+ * Builds, as the program's metrics of `st`, the catalogue metrics that a file's
+ * `keepsake.metrics` (in `meta`; none: empty collections) records with a class and args: the
+ * train metrics and those of every eval label it names. Their states may allocate at most
+ * `budget` bytes in all (the arguments come from the file: KS_E_LIMIT beyond).
+ * @return KS_OK, KS_E_FORMAT (the entry is not a JSON object), KS_E_LIMIT, KS_E_INVALID, KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_state_build_recorded_metrics(ks_state *st, const ks_meta *meta, uint64_t budget,
+                                                       ks_error *err);
+/** Number of eval labels whose metrics the state holds. */
+size_t ks_state_eval_count(const ks_state *st);
+/** Eval label i (owned by the state), or NULL when out of range. */
+const char *ks_state_eval_label(const ks_state *st, size_t i);
+
+/** Where a component added with ks_state_add_component lives. */
+typedef enum ks_state_root {
+  KS_ROOT_OPTIMIZERS = 1,    /**< state/optimizers/<name>/ */
+  KS_ROOT_SCHEDULERS = 2,    /**< state/schedulers/<name>/ */
+  KS_ROOT_CALLBACKS = 3,     /**< state/callbacks/<name>/ (as ks_state_add_stateful) */
+  KS_ROOT_DATASET_STATE = 4, /**< state/dataset_state/<name>/ */
+  KS_ROOT_RNG = 5            /**< rng/<name>/ (name "0": the random generators of rank 0) */
+} ks_state_root;
+
+/**
+ * Registers a component of the program's own kind under `root` (the struct is copied): a
+ * binding's optimizer, scheduler, data position or random generators. The load engine decides
+ * for it as for the built-in kinds (ignored, missing, skipped, loaded or mismatched, strict or
+ * not) and calls cb->load_state_dict with its prefix only when the checkpoint has entries there.
+ * @return KS_OK, KS_E_INVALID (bad root, name or callbacks), KS_E_EXISTS, KS_E_LIMIT, KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_state_add_component(ks_state *st, ks_state_root root, const char *name,
+                                              const ks_stateful *cb, ks_error *err);
 /** The timestamp, saved as state/timestamp/Timestamp/ (borrowed; NULL unregisters). */
 void ks_state_set_timestamp(ks_state *st, ks_timestamp *ts);
 /** The registered timestamp (borrowed), or NULL when none is (or st is NULL). */
@@ -179,6 +227,9 @@ typedef struct ks_load_opts {
    *  verified against its checksum as it arrives. The autoresume of a manager reads
    *  through the manager's table when this is NULL. */
   const ks_io *io;
+  /** Appended in 0.5. Nonzero: the program loads no model (a binding's load without one), so the
+   *  file's state/model/ entries are left alone: neither checked (strict), loaded nor reported. */
+  int model_absent;
 } ks_load_opts;
 
 /**

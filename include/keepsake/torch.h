@@ -242,5 +242,59 @@ KS_NODISCARD ks_status ks_composer_normalize(const ks_statedict *flat, ks_take t
 KS_NODISCARD ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, uint64_t *join_budget,
                                         ks_statedict **out, char **metrics_json, ks_error *err);
 
+/* ---- torch.distributed.checkpoint (DCP) directories ---- */
+
+/**
+ * Nonzero when `dir` is a directory (or a link to one) holding a `.metadata`
+ * file: a checkpoint written by torch.distributed.checkpoint's FileSystemWriter.
+ * Only stats through io (NULL = ks_io_posix()); reads nothing.
+ */
+int ks_torch_dcp_probe(const char *dir, const ks_io *io);
+
+/**
+ * Reads a torch.distributed.checkpoint directory (FileSystemWriter,
+ * SerializationFormat.TORCH_SAVE, any number of ranks) into one flat state
+ * dict, without executing anything.
+ *
+ * `.metadata` is run on the same non-executing pickle machine as ks_torch_load
+ * and must name no global but DCP's metadata dataclasses, torch.Size, torch
+ * dtypes, layouts and memory formats, pathlib paths and OrderedDict: anything
+ * else (os.system, builtins.eval, ...) refuses the whole directory with
+ * KS_E_UNSAFE. Each tensor is assembled from its chunks (each a torch.save
+ * archive of one tensor at the (offset, length) `.metadata` records in a
+ * `.distcp` file of the directory, read with the table's ranged read, never
+ * mapped); the chunks must cover every element exactly once. Each non-tensor
+ * item (a torch.save archive of any value) is kept when it is plain data
+ * (None, bool, int, float, str, bytes, tensors, and lists, tuples, sets and
+ * dicts of them); other objects are left out and listed in *info. Entries are
+ * named as ks_torch_load names a torch.save file of the state dict that was
+ * saved: planner_data's paths ('/'-joined, list items by index), or the DCP
+ * key itself when the metadata has none.
+ *
+ * Bounds: `.metadata` at most 1 GiB and opts' pickle limits per pickle; items
+ * must lie inside their files and not overlap; the tensors together at most
+ * opts->max_output_bytes (default 4 * (bytes of `.metadata` and the `.distcp`
+ * files) + 64 MiB).
+ *
+ * @param dir       the checkpoint directory; only read.
+ * @param opts      NULL for defaults; alloc, verify_crc (every zip entry read), limits and io as for ks_torch_load.
+ * @param out       receives the dict; untouched on failure. Tensors are views into memory the dict owns.
+ * @param structure optional; receives the structure document (as ks_torch_load_with_structure). Free with
+ *                  ks_torch_free.
+ * @param info      optional; receives {"format": "torch.distributed.checkpoint", "version": <Metadata.version or
+ *                  null>, "tensors": n, "chunks": n, "objects": n, "skipped": {"<DCP key>": "<why>"}}. Free with
+ *                  ks_torch_free.
+ * @param err       optional; names the file (`.metadata` or the `.distcp`), the DCP key and the byte offset.
+ * @return KS_OK; KS_E_IO (a file cannot be opened or read), KS_E_UNSAFE (a global outside the list above),
+ *         KS_E_FORMAT (malformed metadata, a missing or overlapping item, chunks that do not cover a tensor
+ *         exactly once, an item that is not a torch.save archive, a file shorter than its items),
+ *         KS_E_UNSUPPORTED (SerializationFormat.SAFETENSORS, transform extensions such as compression, legacy
+ *         or big-endian archives), KS_E_DTYPE, KS_E_SHAPE (a chunk's tensor that is not the chunk's size),
+ *         KS_E_LIMIT, KS_E_EXISTS (two entries of one name), KS_E_CHECKSUM (verify_crc), KS_E_NOMEM.
+ * Thread safety: independent calls may run concurrently.
+ */
+KS_NODISCARD ks_status ks_torch_dcp_load(const char *dir, const ks_torch_read_opts *opts, ks_statedict **out,
+                                         char **structure, char **info, ks_error *err);
+
 KS_END_DECLS
 #endif

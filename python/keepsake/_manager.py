@@ -74,7 +74,17 @@ class CheckpointManager:
         upload_to: save locally, then upload each checkpoint there (``s3://...``).
         when_busy: a background save asked for while one is still in flight: ``"wait"`` for it
             (default; at most one is ever in flight) or ``"fail"`` (StateError, nothing saved).
+        distributed: True in a torch.distributed run: every rank constructs the manager, which
+            saves sharded checkpoint directories with DCP (a :class:`DistributedCheckpointManager`,
+            ``keepsake._dist_manager``; docs/PYTHON.md, "torch.distributed").
     """
+
+    def __new__(cls, *args: Any, distributed: bool = False, **kw: Any) -> "CheckpointManager":
+        if distributed:
+            from ._dist_manager import DistributedCheckpointManager
+            if not issubclass(cls, DistributedCheckpointManager):
+                cls = DistributedCheckpointManager
+        return super().__new__(cls)
 
     def __init__(self, run_dir: PathLike, *, model: Any = None, optimizers: Any = None, schedulers: Any = None,
                  train_metrics: Any = None, eval_metrics: Any = None, timestamp: Optional[Timestamp] = None,
@@ -85,7 +95,7 @@ class CheckpointManager:
                  keep_every: Optional[str] = None, keep_period_seconds: float = 0.0, async_save: bool = False,
                  on_save_error: str = "raise", preemption_signals: Sequence[int] = (_signal.SIGTERM, _signal.SIGUSR1),
                  lock: str = "auto", upload_to: Optional[PathLike] = None, upload_retention: bool = False,
-                 retention_log: bool = False, when_busy: str = "wait") -> None:
+                 retention_log: bool = False, when_busy: str = "wait", distributed: bool = False) -> None:
         if on_save_error not in ("raise", "warn"):
             raise ValueError("on_save_error: 'raise' or 'warn'")
         self.components = dict(model=model, optimizers=optimizers, schedulers=schedulers,

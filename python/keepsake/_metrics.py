@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _native_api as _n
-from . import _tree
+from . import _tensors, _tree
 from ._report import LoadReport
 
 # Constructor arguments the C catalogue takes that torchmetrics keeps as attributes.
 ARG_ATTRS = ("average", "ignore_index", "multidim_average", "nan_strategy", "normalize", "num_classes",
              "num_labels", "num_outputs", "squared", "threshold", "thresholds", "top_k")
-_AGG_V1 = ("mean_value", "sum_value", "max_value", "min_value")
 
 
 def is_metric(obj: Any) -> bool:
@@ -65,40 +63,17 @@ def _json_attr(v: Any) -> Any:
 
 def describe(path: str, name: str, m: Any) -> Dict[str, Any]:
     """The description the extension turns into keepsake.metrics for one metric."""
-    attrs = {}
-    for a in ARG_ATTRS:
-        if hasattr(m, a):
-            try:
-                attrs[a] = _json_attr(getattr(m, a))
-            except (ValueError, TypeError):
-                pass
+    attrs = arg_attrs(m)
     cls = type(m)
     desc = {"path": path, "name": name, "class": f"{cls.__module__}.{cls.__name__}",
             "update_count": int(m._update_count), "attrs": attrs}
     lists = [s for s, d in m._defaults.items() if isinstance(d, list)]
     if lists:  # recorded in keepsake.metrics, so that a .pt export gives them back as lists
         desc["lists"] = lists
-    if cls.__name__ in catalogue() and "args" not in _info(desc):
-        # torchmetrics keeps some attributes the catalogue class does not take (JaccardIndex's
-        # normalize=None, inherited from ConfusionMatrix): try again without the unset ones.
-        trimmed = {k: v for k, v in attrs.items() if v is not None or k == "ignore_index"}
-        if "args" in _info(dict(desc, attrs=trimmed)):
-            desc["attrs"] = trimmed
-    return desc
-
-
-_catalogue: Optional[frozenset] = None
-
-
-def catalogue() -> frozenset:
-    global _catalogue
-    if _catalogue is None:
-        _catalogue = frozenset(_n.catalogue())
-    return _catalogue
-
-
-def _info(desc: Dict[str, Any]) -> Dict[str, Any]:
-    return json.loads(_n.metric_info(json.dumps({"metrics": [desc]}))).get(desc["path"], {})
+    inner = {n: type(sub).__name__ for n, sub in inner_metrics(m)}
+    if inner:  # a load refuses a wrapper around other metrics
+        desc["inner"] = inner
+    return desc  # the C library derives the record (ks_metric_records_json)
 
 
 def _cat(v: list):
@@ -213,54 +188,22 @@ def metrics_meta(descs: List[Dict[str, Any]]) -> Optional[str]:
     return json.dumps({"layout": "state-dict", "metrics": descs}) if descs else None
 
 
-def program_args(path: str, name: str, m: Any) -> Dict[str, Any]:
-    """What the C library records for the program's metric: class, and args for catalogue metrics."""
-    return _info(describe(path, name, m))
+# ---- loading (the rules are the C engine's: see _load.py) ----
+
+def arg_attrs(m: Any) -> Dict[str, Any]:
+    """The catalogue's constructor arguments that the metric keeps as attributes, as JSON values."""
+    attrs = {}
+    for a in ARG_ATTRS:
+        if hasattr(m, a):
+            try:
+                attrs[a] = _json_attr(getattr(m, a))
+            except (ValueError, TypeError):
+                pass
+    return attrs
 
 
-# ---- loading ----
-
-def widens(src: Any, dst: Any) -> bool:
-    """Whether every value of torch dtype `src` is exactly representable in `dst`: the C
-    library's rule (ks_dtype_widens_to), not a second table here."""
-    from ._tensors import torch_maps
-    codes = torch_maps()[0]
-    s, d = codes.get(src), codes.get(dst)
-    if s is None or d is None:  # a dtype keepsake does not store (complex, ...): only itself
-        return src == dst
-    return bool(_n.dtype_widens(s, d))
-
-
-class _Refused(Exception):
-    pass
-
-
-def _state_value(m: Any, state: str, stored: Any, allow_narrowing: bool, flags: Dict[str, bool]) -> Any:
-    import torch
-    default = m._defaults[state]
-    if isinstance(default, list):
-        if not isinstance(stored, torch.Tensor):
-            raise _Refused(f"state '{state}' is not a tensor")
-        return [stored.clone()] if stored.ndim and stored.shape[0] > 0 else []
-    if not isinstance(stored, torch.Tensor):
-        raise _Refused(f"state '{state}' is not a tensor")
-    t = stored
-    if tuple(t.shape) != tuple(default.shape):
-        if t.numel() == default.numel():  # MSE/MAE sums between () and (num_outputs,)
-            t = t.reshape(default.shape)
-            flags["migrated"] = True
-        else:
-            raise _Refused(f"state '{state}' has shape {list(t.shape)}, the program's {list(default.shape)}")
-    if t.dtype != default.dtype:
-        if not widens(t.dtype, default.dtype) and not allow_narrowing:
-            raise _Refused(f"state '{state}' is {t.dtype}, the program's {default.dtype} would narrow it")
-        t = t.to(default.dtype)
-        flags["converted"] = True
-    device = default.device if hasattr(default, "device") else "cpu"
-    return t.to(device).clone()
-
-
-def _computed(items: Dict[str, Any], kinds: Dict[str, Any], path: str) -> Any:
+def computed(items: Dict[str, Any], kinds: Dict[str, Any], path: str) -> Any:
+    """The saved ``_computed`` of the metric at `path` (a tensor, a rebuilt tuple/dict, or None)."""
     key = f"{path}/_computed"
     if key in items:
         v = items[key]
@@ -270,79 +213,34 @@ def _computed(items: Dict[str, Any], kinds: Dict[str, Any], path: str) -> Any:
     return None
 
 
-def _stage_states(m: Any, prefix: str, items: Dict[str, Any], schema: int, allow_narrowing: bool,
-                  flags: Dict[str, bool]) -> Dict[str, Any]:
-    """The value of every state of `m` from the entries under `prefix`; _Refused if one does not fit."""
-    values = {}
-    for state in m._defaults:
-        key = f"{prefix}state_dict/{state}"
-        if key not in items and schema == 1 and state in _AGG_V1 and f"{prefix}state_dict/value" in items:
-            key = f"{prefix}state_dict/value"
-            flags["migrated"] = True
-        if key not in items:
-            raise _Refused(f"state '{state}' is not in the checkpoint")
-        values[state] = _state_value(m, state, items[key], allow_narrowing, flags)
-    return values
+def restore_attrs(metric: Any, path: str, items: Dict[str, Any]) -> None:
+    """The plain attributes a wrapper's compute() needs besides its states (see WRAPPER_ATTRS)."""
+    for a in WRAPPER_ATTRS:
+        v = items.get(f"{path}/attrs/{a}")
+        if isinstance(v, int) and isinstance(getattr(metric, a, None), int):
+            setattr(metric, a, v)
+    for a in _tensor_attrs(metric):
+        v, mine = items.get(f"{path}/attrs/{a}"), getattr(metric, a)
+        if hasattr(v, "shape") and tuple(v.shape) == tuple(mine.shape) and v.dtype == mine.dtype:
+            setattr(metric, a, v.clone().to(mine.device))
 
 
-def load_metric(m: Any, name: str, path: str, items: Dict[str, Any], meta: Dict[str, Any], kinds: Dict[str, Any],
-                report: LoadReport, allow_narrowing: bool) -> None:
-    """Fills one program metric from the file by state name (see docs/DESIGN.md "Load semantics")."""
-    prefix = path + "/"
-    if not _tree.entries_under(items, prefix):
-        m.reset()
-        report.add("missing", path, "not in the checkpoint: kept at defaults")
-        return
-    info = meta.get(path, {}) if isinstance(meta.get(path), dict) else {}
-    cls = info.get("class")
-    if cls and cls != type(m).__name__:
-        m.reset()
-        report.add("mismatched", path, f"the checkpoint holds a {cls}, the program a {type(m).__name__}: reset")
-        return
-    if "args" in info:
-        mine = program_args(path, name, m).get("args")
-        if mine is not None and mine != info["args"]:
-            m.reset()
-            report.add("mismatched", path, f"arguments differ: checkpoint {json.dumps(info['args'], sort_keys=True)}, "
-                                           f"program {json.dumps(mine, sort_keys=True)}: reset")
-            return
-    schema = info.get("schema_version", 2)
-    flags = {"migrated": False, "converted": False}
-    staged = []  # (metric, path, {state: value}): nothing is set before every one is accepted
-    try:
-        staged.append((m, path, _stage_states(m, prefix, items, schema, allow_narrowing, flags)))
-        for iname, sub in inner_metrics(m):
-            ipath = f"{path}/inner/{iname}"
-            if not _tree.entries_under(items, ipath + "/"):
-                raise _Refused(f"inner metric '{iname}' is not in the checkpoint")
-            try:
-                staged.append((sub, ipath, _stage_states(sub, ipath + "/", items, 2, allow_narrowing, flags)))
-            except _Refused as e:
-                raise _Refused(f"inner metric '{iname}': {e}") from e
-    except _Refused as e:
-        m.reset()
-        report.add("mismatched", path, f"{e}: reset")
-        return
-    for metric, mpath, values in staged:
-        for state, v in values.items():
-            setattr(metric, state, v)
-        metric._computed = _computed(items, kinds, mpath)
-        for a in WRAPPER_ATTRS:
-            v = items.get(f"{mpath}/attrs/{a}")
-            if isinstance(v, int) and isinstance(getattr(metric, a, None), int):
-                setattr(metric, a, v)
-        for a in _tensor_attrs(metric):
-            v, mine = items.get(f"{mpath}/attrs/{a}"), getattr(metric, a)
-            if hasattr(v, "shape") and tuple(v.shape) == tuple(mine.shape) and v.dtype == mine.dtype:
-                setattr(metric, a, v.clone().to(mine.device))
-        if metric is not m:
-            c = items.get(f"{mpath}/update_count")
-            metric._update_count = c if isinstance(c, int) and c >= 0 else 1
-    count = info.get("update_count")
-    m._update_count = int(count) if isinstance(count, int) and count >= 0 else 1
-    kind = "migrated" if flags["migrated"] else "converted" if flags["converted"] else "loaded"
-    report.add(kind, path, "" if kind == "loaded" else ("old state names or shapes" if kind == "migrated"
-                                                        else "dtype converted"))
+def load_metrics_from(items: Dict[str, Any], metrics_meta: Dict[str, Any], kinds: Dict[str, Any],
+                      metrics: Dict[str, Any], root: str, report: LoadReport, allow_narrowing: bool) -> None:
+    """Fills `metrics` (name -> metric, saved under `root`) from flat entries held in memory (a
+    Lightning checkpoint dict), through the C engine as load_checkpoint does."""
+    from . import _load
+    assert root == "state/train_metrics/", root
+    fl = _tree.Flattener(_tensors.torch_entry)
+    for k, v in items.items():
+        if v is not None and (k.startswith(root) or k.startswith("state/eval_metrics/")):
+            fl.add(k, v)
+    meta = {"keepsake.metrics": json.dumps(metrics_meta)} if metrics_meta else {}
+    train = [_load.describe_metric(n, m) for n, m in metrics.items()]
+    res = _load.run((fl.entries, meta), {"train": train, "allow_narrowing": allow_narrowing})
+    for kind, path, why in res["report"]:
+        report.add(kind, path, why)
+    _load.install_metrics([(root + n, m) for n, m in metrics.items()], res, items, kinds)
 
 
 def file_metric_paths(items: Dict[str, Any], meta: Dict[str, Any]) -> List[str]:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import random
 from typing import Any, Dict
 
-from ._report import LoadReport
-
 PREFIX = "rng/0/"
 
 
@@ -49,16 +47,14 @@ def state_entries() -> Dict[str, Any]:
     return out
 
 
-def load(items: Dict[str, Any], report: LoadReport) -> None:
-    """Restores every generator the file has a state for; reports the others missing."""
+def load(items: Dict[str, Any]) -> None:
+    """Restores every generator the file has a state for (the entries under ``rng/0/``); the C
+    engine decides whether this runs and reports it. Raises when a saved state does not fit."""
     import torch
     p = PREFIX + "python/"
     if p + "state" in items and p + "version" in items:
         words = tuple(int(x) for x in items[p + "state"].tolist())
         random.setstate((int(items[p + "version"]), words, items.get(p + "gauss_next")))
-        report.add("loaded", PREFIX + "python")
-    else:
-        report.add("missing", PREFIX + "python", "the file has no Python random state")
     p = PREFIX + "numpy/"
     try:
         import numpy as np
@@ -67,29 +63,12 @@ def load(items: Dict[str, Any], report: LoadReport) -> None:
                               else items[p + "keys"], dtype=np.uint32)
             np.random.set_state((str(items.get(p + "kind", "MT19937")), keys, int(items[p + "pos"]),
                                  int(items[p + "has_gauss"]), float(items[p + "cached_gaussian"])))
-            report.add("loaded", PREFIX + "numpy")
-        else:
-            report.add("missing", PREFIX + "numpy", "the file has no numpy random state")
     except ImportError:
         pass
     if PREFIX + "torch" in items:
         torch.set_rng_state(items[PREFIX + "torch"].clone().to(torch.uint8))
-        report.add("loaded", PREFIX + "torch")
-    else:
-        report.add("missing", PREFIX + "torch", "the file has no torch random state")
-    cuda = sorted(k for k in items if k.startswith(PREFIX + "cuda/"))
-    if cuda and torch.cuda.is_available():
-        for k in cuda:
+    if torch.cuda.is_available():  # devices this machine lacks are left out, as torch.load's map_location
+        for k in sorted(k for k in items if k.startswith(PREFIX + "cuda/")):
             dev = int(k.rsplit("/", 1)[1])
             if dev < torch.cuda.device_count():
                 torch.cuda.set_rng_state(items[k].clone().to(torch.uint8), dev)
-                report.add("loaded", k)
-            else:
-                report.add("skipped", k, "no such CUDA device here")
-    elif cuda:
-        for k in cuda:
-            report.add("skipped", k, "CUDA is not available")
-    known = ("python/", "numpy/", "torch", "cuda/")
-    for k in items:
-        if k.startswith(PREFIX) and not k[len(PREFIX):].startswith(known):
-            report.add("skipped", k, "no generator of that kind in this program")

@@ -5,10 +5,9 @@ The key layout and the load semantics are the C library's (docs/DESIGN.md, "Key 
 """
 from __future__ import annotations
 
-import json
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import _errors, _metrics, _rng, _tensors, _tree
+from . import _errors, _load, _metrics, _rng, _tensors, _tree
 from . import _native_api as _n
 from ._paths import PathLike, fspath
 from ._report import LoadReport, Timestamp
@@ -131,20 +130,15 @@ def save_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
 
 # ---- loading ----
 
-def _read(path: str, verify: bool, ignore: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, str], List[str]]:
+def _read(path: str, verify: bool, ignore: Sequence[str]) -> Tuple[Any, Dict[str, Any], Dict[str, str]]:
     # Copied into memory, never mapped: every value is copied into the program's objects anyway,
     # and a file that another program truncates meanwhile must give an error, not SIGBUS.
     reader = _n.Reader(path, verify=verify, backend="read")
     items: Dict[str, Any] = {e[0]: _tensors.torch_from(reader, *e[1:]) for e in reader.entries()}
     items.update(reader.scalars())
-    meta = reader.metadata(True)
-    ignored: List[str] = []
-    if ignore:
-        for k in list(items):  # the C library's glob (ks_path_match), as ks_convert's --ignore
-            if any(_n.path_match(g, k) for g in ignore):
-                del items[k]
-                ignored.append(k)
-    return items, meta, ignored
+    if ignore:  # what the engine ignores, the installers must not see either (ks_path_match)
+        items = {k: v for k, v in items.items() if not any(_n.path_match(g, k) for g in ignore)}
+    return reader, items, reader.metadata(True)
 
 
 def _clone_leaf(path: str, v: Any, kind: Optional[str]) -> Any:
@@ -157,74 +151,16 @@ def _clone_leaf(path: str, v: Any, kind: Optional[str]) -> Any:
     return v.clone() if hasattr(v, "clone") else v
 
 
-def _load_model(model: Any, items: Dict[str, Any], strict: bool, report: LoadReport, path: str) -> None:
-    import torch
-    sd = model.state_dict()
-    file_keys = {k[len("state/model/"):] for k in items if k.startswith("state/model/")}
-    ok, problems = [], []
-    for name, t in sd.items():
-        key = f"state/model/{name}"
-        v = items.get(key)
-        if v is None or not isinstance(v, torch.Tensor):
-            problems.append((_errors.NotFoundError, "missing", key, "not in the checkpoint"))
-        elif v.dtype != t.dtype:
-            problems.append((_errors.DTypeError, "mismatched", key, f"checkpoint {v.dtype}, program {t.dtype}"))
-        elif tuple(v.shape) != tuple(t.shape):
-            problems.append((_errors.ShapeError, "mismatched", key,
-                             f"checkpoint shape {list(v.shape)}, program {list(t.shape)}"))
-        else:
-            ok.append((t, v, key))
-    for name in sorted(file_keys - set(sd)):
-        problems.append((_errors.MismatchError, "skipped", f"state/model/{name}", "the program has no such tensor"))
-    if strict and problems:
-        cls, _kind, key, why = problems[0]
-        raise _errors.error(cls, f"model does not match the checkpoint ({len(problems)} problem(s); first: {why}); "
-                            "nothing was loaded (pass strict=False to load the rest)", file=path, key=key)
-    with torch.no_grad():
-        for t, v, key in ok:
-            t.copy_(v)
-    for _cls, kind, key, why in problems:
-        report.add(kind, key, why)
-    if ok:
-        report.add("loaded", "state/model", f"{len(ok)} tensors")
-
-
-def _load_component(obj: Any, prefix: str, items: Dict[str, Any], kinds: Dict[str, Any], strict: bool,
-                    report: LoadReport, path: str) -> None:
-    """Fills an object with load_state_dict() from the entries under `prefix`."""
-    root = prefix.rstrip("/")
-    if not _tree.entries_under(items, prefix):
-        report.add("missing", root, "not in the checkpoint: kept as is")
-        return
-    template = obj.state_dict() if hasattr(obj, "state_dict") else None
-    try:
-        value = _tree.unflatten(items, kinds, prefix, template, _clone_leaf)
-        if hasattr(obj, "load_state_dict"):
-            obj.load_state_dict(value)
-        elif isinstance(obj, dict):
-            obj.clear()
-            obj.update(value)
-        else:
-            raise TypeError(f"a {type(obj).__name__} has no load_state_dict()")
-    except Exception as e:  # noqa: BLE001 - any refusal of the component is reported the same way
-        if strict:
-            raise _errors.error(_errors.MismatchError, f"{root}: {type(e).__name__}: {e}", file=path, key=root) from e
-        report.add("mismatched", root, f"{type(e).__name__}: {e}")
-        return
-    report.add("loaded", root)
-
-
-def _skip_unclaimed(items: Dict[str, Any], root: str, depth: int, claimed: Iterable[str], report: LoadReport) -> None:
-    seen = set()
-    claimed = set(claimed)
-    for k in items:
-        if k.startswith(root):
-            parts = k[len(root):].split("/")
-            if len(parts) >= depth:
-                p = root + "/".join(parts[:depth])
-                if p not in claimed and p not in seen:
-                    seen.add(p)
-                    report.add("skipped", p, "the program has no such component")
+def _components(optimizers: Any, schedulers: Any, dataset_state: Any, callbacks: Any, rng: bool,
+                items: Dict[str, Any], kinds: Dict[str, Any]) -> List[tuple]:
+    out = []
+    for kind, objs in (("optimizers", optimizers), ("schedulers", schedulers), ("dataset_state", dataset_state),
+                       ("callbacks", callbacks)):
+        for name, obj in _named(objs, kind.replace("_state", " states") if kind == "dataset_state" else kind):
+            out.append((_load.ROOT[kind], name, _load.component_loader(obj, items, kinds, _clone_leaf)))
+    if rng:
+        out.append((_load.ROOT["rng"], "0", lambda prefix: _rng.load(items)))
+    return out
 
 
 def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, schedulers: Any = None,
@@ -258,38 +194,31 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
         a :class:`keepsake.LoadReport`.
     """
     spath = fspath(path)
-    items, meta, ignored = _read(spath, verify, ignore)
+    reader, items, meta = _read(spath, verify, ignore)
     report = LoadReport(spath)
     report.metadata = {k: v for k, v in meta.items() if not k.startswith("keepsake.")}
     kinds = _tree.load_kinds(meta)
-    for k in ignored:
-        report.add("skipped", k, "ignored")
-    if model is not None:
-        _load_model(model, items, strict, report, spath)
+    model_desc, staged = _load.model_entries(model) if model is not None else ([], [])
+    train, evals, pairs = _load.metric_groups(train_metrics, _eval_groups(eval_metrics))
+    spec = {"path": spath, "model": model_desc, "strict": strict, "weights_only": weights_only, "ignore": [str(g) for g in ignore], "model_absent": model is None,
+            "allow_narrowing": allow_narrowing, "timestamp": timestamp is not None, "train": train, "evals": evals,
+            "components": _components(optimizers, schedulers, dataset_state, callbacks, rng, items, kinds)}
+    res = _load.run(reader, spec)
+    for kind, p, why in res["report"]:
+        report.add(kind, p, why)
+    problems = set(report.paths("missing") + report.paths("mismatched") + report.paths("skipped"))
+    for t, staging, key in staged:  # tensors the engine could not write in place
+        if key not in problems:
+            t.copy_(staging)
+    report.timestamp = _file_timestamp(items)
+    if res["timestamp"] is not None and timestamp is not None:
+        if isinstance(timestamp, dict):
+            timestamp.update(res["timestamp"])
+        else:
+            timestamp.load_state_dict(res["timestamp"])
     if weights_only:
-        roots = sorted({"/".join(k.split("/")[:2]) for k in items if not k.startswith("state/model/")})
-        for r in roots:
-            report.add("skipped", r, "weights_only")
         return report
-    for name, opt in _named(optimizers, "optimizers"):
-        _load_component(opt, f"state/optimizers/{name}/", items, kinds, strict, report, spath)
-    _skip_unclaimed(items, "state/optimizers/", 1, [f"state/optimizers/{n}" for n, _ in _named(optimizers, "o")],
-                    report)
-    for name, s in _named(schedulers, "schedulers"):
-        _load_component(s, f"state/schedulers/{name}/", items, kinds, strict, report, spath)
-    _skip_unclaimed(items, "state/schedulers/", 1, [f"state/schedulers/{n}" for n, _ in _named(schedulers, "s")],
-                    report)
-    for name, d in _named(dataset_state, "dataset states"):
-        _load_component(d, f"state/dataset_state/{name}/", items, kinds, strict, report, spath)
-    for name, cb in _named(callbacks, "callbacks"):
-        _load_component(cb, f"state/callbacks/{name}/", items, kinds, strict, report, spath)
-    _load_timestamp(items, timestamp, report)
-    _load_metrics(items, meta, kinds, train_metrics, eval_metrics, report, allow_narrowing)
-    if rng:
-        try:
-            _rng.load(items, report)
-        except (TypeError, ValueError, RuntimeError, AttributeError, KeyError, OverflowError) as e:
-            report.add("mismatched", _rng.PREFIX.rstrip("/"), f"the random states do not fit: {e}")
+    _load.install_metrics(pairs, res, items, kinds)
     if _tree.entries_under(items, "state/extra/"):
         report.extra = _tree.rebuild_or_raise(items, kinds, "state/extra/", _clone_leaf, spath)
     if isinstance(items.get("state/run_name"), str):
@@ -299,46 +228,14 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
     return report
 
 
-def _load_timestamp(items: Dict[str, Any], timestamp: Any, report: LoadReport) -> None:
+def _file_timestamp(items: Dict[str, Any]) -> Optional[Timestamp]:
+    """The timestamp the file records (report.timestamp), whatever the program passed."""
     fields = {k[len(TIMESTAMP):]: v for k, v in items.items() if k.startswith(TIMESTAMP)}
     if not fields:
-        if timestamp is not None:
-            report.add("missing", TIMESTAMP.rstrip("/"), "not in the checkpoint: kept as is")
-        return
+        return None
     ts = Timestamp()
     try:
         ts.load_state_dict(fields)
-    except (TypeError, ValueError, RuntimeError) as e:
-        report.add("mismatched", TIMESTAMP.rstrip("/"), f"not a timestamp: {e}")
-        return
-    report.timestamp = ts
-    if timestamp is None:
-        return
-    if isinstance(timestamp, dict):
-        timestamp.update(ts.state_dict())
-    else:
-        timestamp.load_state_dict(fields)
-    report.add("loaded", TIMESTAMP.rstrip("/"))
-
-
-def _load_metrics(items: Dict[str, Any], meta: Dict[str, str], kinds: Dict[str, Any], train_metrics: Any,
-                  eval_metrics: Any, report: LoadReport, allow_narrowing: bool) -> None:
-    try:
-        mj = json.loads(meta.get("keepsake.metrics", "{}"))
-    except ValueError as e:
-        raise _errors.error(_errors.FormatError, f"metadata 'keepsake.metrics' is not JSON: {e}",
-                            key="keepsake.metrics") from e
-    if not isinstance(mj, dict):
-        raise _errors.error(_errors.FormatError, "metadata 'keepsake.metrics' is not a JSON object",
-                            key="keepsake.metrics")
-    claimed = []
-    groups = [("state/train_metrics/", train_metrics)] + [(f"state/eval_metrics/{lab}/", ms)
-                                                          for lab, ms in _eval_groups(eval_metrics)]
-    for root, ms in groups:
-        for name, m in _metrics.named_metrics(ms):
-            p = root + name
-            claimed.append(p)
-            _metrics.load_metric(m, name, p, items, mj, kinds, report, allow_narrowing)
-    for p in _metrics.file_metric_paths(items, mj):
-        if p not in claimed and _tree.entries_under(items, p + "/"):
-            report.add("skipped", p, "the program does not define this metric")
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return ts

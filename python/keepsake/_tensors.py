@@ -14,8 +14,8 @@ from . import _errors
 
 # keepsake dtype codes (include/keepsake/dtype.h) and safetensors names.
 DTYPE_NAMES = ["BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "BF16", "F32", "F64",
-               "F8_E4M3", "F8_E5M2"]
-DTYPE_SIZES = [1, 1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1]
+               "F8_E4M3", "F8_E5M2", "C64", "F8_E4M3FNUZ", "F8_E5M2FNUZ"]
+DTYPE_SIZES = [1, 1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1, 8, 1, 1]
 CODES = {n: i for i, n in enumerate(DTYPE_NAMES)}
 
 Entry = tuple
@@ -35,7 +35,8 @@ def torch_maps() -> Tuple[Dict[Any, int], List[Any]]:
     if _torch_maps is None:
         torch = _torch()
         names = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16",
-                 "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"]
+                 "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "complex64", "float8_e4m3fnuz",
+                 "float8_e5m2fnuz"]
         by_code = [getattr(torch, n, None) for n in names]
         _torch_maps = ({dt: i for i, dt in enumerate(by_code) if dt is not None}, by_code)
     return _torch_maps
@@ -45,12 +46,15 @@ _numpy_maps: Optional[Tuple[Dict[Any, int], List[Any]]] = None
 
 
 def numpy_maps() -> Tuple[Dict[Any, int], List[Any]]:
-    """(numpy dtype -> code, code -> numpy dtype or None for BF16 and the F8 types)."""
+    """(numpy dtype -> code, code -> numpy dtype or None for BF16 and the F8 types, FNUZ included).
+
+    C64 is numpy's complex64. numpy has no FP8 dtype, so F8_E4M3FNUZ and F8_E5M2FNUZ, like BF16 and
+    F8_E4M3/F8_E5M2, load only as torch tensors (a view of the bytes; DTypeError with numpy)."""
     global _numpy_maps
     if _numpy_maps is None:
         import numpy as np
         names = ["bool", "uint8", "int8", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", None, "<f4", "<f8", None,
-                 None]
+                 None, "<c8", None, None]
         by_code = [np.dtype(n) if n else None for n in names]
         _numpy_maps = ({dt: i for i, dt in enumerate(by_code) if dt is not None}, by_code)
     return _numpy_maps
@@ -62,7 +66,8 @@ def torch_entry(name: str, t: Any, keep: list) -> Entry:
     code = codes.get(t.dtype)
     if code is None:
         raise _errors.error(_errors.DTypeError, f"dtype {t.dtype} has no keepsake/safetensors equivalent that "
-                            "keepsake stores (BOOL, U8..U64, I8..I64, F16, BF16, F32, F64, F8_E4M3, F8_E5M2)",
+                            "keepsake stores (BOOL, U8..U64, I8..I64, F16, BF16, F32, F64, F8_E4M3, F8_E5M2, C64, "
+                            "F8_E4M3FNUZ, F8_E5M2FNUZ)",
                             key=name)
     if t.layout != _torch().strided:
         raise _errors.error(_errors.UnsupportedError, f"{t.layout} tensors are not stored; call .to_dense()",

@@ -55,8 +55,7 @@ class _MetricStates:
 
     def load_into(self, metrics: Dict[str, Any], allow_narrowing: bool = False) -> LoadReport:
         report = LoadReport()
-        for name, m in metrics.items():
-            _metrics.load_metric(m, name, METRICS + name, self.items, self.meta, self.kinds, report, allow_narrowing)
+        _metrics.load_metrics_from(self.items, self.meta, self.kinds, dict(metrics), METRICS, report, allow_narrowing)
         return report
 
 
@@ -144,8 +143,8 @@ def _snapshots_into(saved: Dict[str, Any], mine: Dict[str, Any], allow_narrowing
             descs.append(dict(snap["describe"], path=METRICS + name))
     meta = json.loads(_n.metric_info(json.dumps({"metrics": descs}))) if descs else {}
     report = LoadReport()
+    _metrics.load_metrics_from(items, meta, {}, dict(mine), METRICS, report, allow_narrowing)
     for name, m in mine.items():
-        _metrics.load_metric(m, name, METRICS + name, items, meta, {}, report, allow_narrowing)
         snap = saved.get(name)
         item = report.find(METRICS + name)
         if isinstance(snap, dict) and item is not None and item.kind in ("loaded", "migrated", "converted"):
@@ -230,3 +229,74 @@ class KeepsakeMetrics(Callback):
             self.last_report = saved.load_into(mine, self.allow_narrowing)
         elif isinstance(saved, dict):  # snapshots, as another CheckpointIO gives them back
             self.last_report = _snapshots_into(saved, mine, self.allow_narrowing)
+
+
+try:
+    from lightning.pytorch.strategies import ModelParallelStrategy as _ModelParallelStrategy
+except ImportError:  # pragma: no cover - older Lightning
+    _ModelParallelStrategy = None
+
+if _ModelParallelStrategy is not None:
+    class KeepsakeModelParallelStrategy(_ModelParallelStrategy):  # type: ignore[misc, valid-type]
+        """Lightning's ``ModelParallelStrategy`` (FSDP2 ``fully_shard`` / tensor parallel, CPU with gloo
+        included) whose checkpoints are keepsake sharded directories (docs/FORMAT.md section 9).
+
+        Each checkpoint path is a directory: the model and optimizer shards go through DCP into
+        keepsake's layout (:class:`keepsake.distributed.KeepsakeWriter`, the index written last: the
+        commit), and the rest of Lightning's dict (loops, schedulers, callbacks, ...) into
+        ``lightning.keepsake`` inside it, written by rank 0 before the save starts, through
+        :class:`KeepsakeCheckpointIO` (no pickle). ``fit(ckpt_path=dir)`` loads both on every rank.
+        Lightning's own strategy writes DCP's format plus a pickled ``meta.pt`` and bypasses the
+        CheckpointIO. Only ``save_distributed_checkpoint=True`` (the default) is supported.
+        """
+
+        META = "lightning.keepsake"
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if not kwargs.get("save_distributed_checkpoint", True):
+                raise ValueError("KeepsakeModelParallelStrategy saves sharded directories: "
+                                 "save_distributed_checkpoint=False is not supported")
+            super().__init__(*args, **kwargs)
+
+        def save_checkpoint(self, checkpoint: Dict[str, Any], filepath: Any,
+                            storage_options: Optional[Any] = None) -> None:
+            import torch.distributed.checkpoint as dcp
+            from .distributed import KeepsakeWriter
+            if storage_options is not None:
+                raise TypeError("KeepsakeModelParallelStrategy.save_checkpoint takes no storage_options")
+            path = os.fspath(self.broadcast(fspath(filepath)))
+            state = {"state_dict": checkpoint.pop("state_dict")}
+            state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+            if self.global_rank == 0:
+                if os.path.isfile(path):
+                    os.remove(path)
+                _n.shard_prepare_dir(path)
+                _n.shard_uncommit(path)  # a directory rewritten is no checkpoint until its new index
+                KeepsakeCheckpointIO().save_checkpoint(checkpoint, os.path.join(path, self.META))
+            self.barrier("keepsake_save_checkpoint")
+            dcp.save(state, storage_writer=KeepsakeWriter(path))
+
+        def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> Dict[str, Any]:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                                 get_optimizer_state_dict, set_model_state_dict,
+                                                                 set_optimizer_state_dict)
+            from .distributed import KeepsakeReader
+            path = os.fspath(self.broadcast(fspath(checkpoint_path)))
+            if not _n.shard_committed(path):
+                raise _errors.error(_errors.NotFoundError, f"{path}: not a keepsake sharded checkpoint directory "
+                                    "(no index)", file=path)
+            assert self.model is not None and self.lightning_module is not None
+            opts = [getattr(o, "_optimizer", o) for o in self.optimizers]
+            state: Dict[str, Any] = {"state_dict": get_model_state_dict(self.model)}
+            state.update({f"optimizer_{i}": get_optimizer_state_dict(self.model, o) for i, o in enumerate(opts)})
+            dcp.load(state, storage_reader=KeepsakeReader(path))
+            set_model_state_dict(self.model, state["state_dict"],
+                                 options=StateDictOptions(strict=self.lightning_module.strict_loading))
+            for i, o in enumerate(opts):
+                set_optimizer_state_dict(self.model, o, optim_state_dict=state[f"optimizer_{i}"])
+            rest = KeepsakeCheckpointIO().load_checkpoint(os.path.join(path, self.META))
+            rest.pop("state_dict", None)
+            return rest
+
+    __all__.append("KeepsakeModelParallelStrategy")

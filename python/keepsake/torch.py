@@ -56,7 +56,7 @@ def save_file(tensors: Dict[str, Any], filename: PathLike, metadata: Optional[Di
         metadata: extra ``__metadata__`` str -> str pairs.
         fsync: False skips the two fsyncs (faster, not durable).
     Raises:
-        KeepsakeError: InvalidError (bad name or metadata), DTypeError (complex, FNUZ float8...),
+        KeepsakeError: InvalidError (bad name or metadata), DTypeError (complex128, float8_e8m0fnu...),
         IOError (the old file is then intact).
     """
     entries, keep = _entries(tensors)

@@ -63,6 +63,9 @@ int ksp_is_remote(const char *loc);
 KS_NODISCARD ks_status ksp_location(const char *loc, const ks_io *local_io, ks_storage **st, const ks_io **io,
                                     const char **path, ks_error *err);
 
+/* The open file of a keepsake._keepsake.Reader, or NULL with TypeError set. */
+const ks_reader *ksp_reader_get(PyObject *reader);
+
 /* Module functions, by file. */
 extern PyTypeObject ksp_ReaderType;
 extern PyTypeObject ksp_ManagerType;
@@ -78,5 +81,12 @@ PyObject *ksp_convert(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ksp_metric_info(PyObject *self, PyObject *args);
 PyObject *ksp_compute_metrics(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ksp_catalogue(PyObject *self, PyObject *unused);
+PyObject *ksp_load_state(PyObject *self, PyObject *args);
+PyObject *ksp_fold_metric(PyObject *self, PyObject *args);
+
+/* Sharded checkpoint directories (ksshard.c, for keepsake.distributed): the functions, added to the
+ * module with PyModule_AddFunctions, and the lazy rank file reader type. */
+extern PyMethodDef ksp_shard_methods[];
+extern PyTypeObject ksp_ShardFileType;
 
 #endif

@@ -97,16 +97,16 @@ static int open_store(PyObject *loc, ks_storage **out) {
 static int Manager_init(ksp_Manager *self, PyObject *args, PyObject *kw) {
   static char *names[] = {"run_dir", "save_interval", "filename", "keep", "keep_best", "best_metric", "best_mode",
                           "keep_every", "keep_period_seconds", "save_every_seconds", "async_busy", "lock",
-                          "upload_to", "upload_retention", "retention_log", NULL};
+                          "upload_to", "upload_retention", "retention_log", "sharded", NULL};
   PyObject *run_dir, *upload_to = Py_None;
   const char *interval = NULL, *filename = NULL, *best_metric = NULL, *best_mode = NULL, *keep_every = NULL;
   const char *busy = NULL, *lock = NULL;
-  int keep = 0, keep_best = 0, upload_retention = 0, retention_log = 0;
+  int keep = 0, keep_best = 0, upload_retention = 0, retention_log = 0, sharded = 0;
   double period = 0, every_s = 0;
   if (self->m || self->busy) return ksp_raisef(KS_E_STATE, "Manager is already initialised"), -1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|zziizzzddzzOpp", names, PyUnicode_FSConverter, &run_dir, &interval,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|zziizzzddzzOppp", names, PyUnicode_FSConverter, &run_dir, &interval,
                                    &filename, &keep, &keep_best, &best_metric, &best_mode, &keep_every, &period,
-                                   &every_s, &busy, &lock, &upload_to, &upload_retention, &retention_log))
+                                   &every_s, &busy, &lock, &upload_to, &upload_retention, &retention_log, &sharded))
     return -1;
   static const char *const modes[] = {"max", "min"}, *const busies[] = {"wait", "fail"},
                            *const locks[] = {"auto", "require", "off"};
@@ -133,6 +133,7 @@ static int Manager_init(ksp_Manager *self, PyObject *args, PyObject *kw) {
                      .save_every_seconds = every_s,
                      .async_busy = busy_mode ? KS_ASYNC_FAIL_BUSY : KS_ASYNC_WAIT,
                      .retention_log = retention_log ? stdout : NULL,
+                     .sharded = sharded,
                      .lock = lock_mode == 1   ? KS_CKPT_LOCK_REQUIRE
                              : lock_mode == 2 ? KS_CKPT_LOCK_OFF
                                               : KS_CKPT_LOCK_AUTO};
@@ -263,6 +264,75 @@ static PyObject *Manager_storage_path(ksp_Manager *self, void *closure) {
   return PyUnicode_DecodeFSDefault(ks_storage_path(self->store));
 }
 
+/* ---- sharded checkpoint directories (sharded=True): the ranks of a torch.distributed run write
+ * each directory (keepsake.distributed's DCP storage); the manager names it, removes dead saves,
+ * points `latest` at a committed one, applies retention and picks the newest that verifies. ---- */
+
+static PyObject *Manager_dir_begin(ksp_Manager *self, PyObject *args) {
+  PyObject *ts_d;
+  if (!PyArg_ParseTuple(args, "O", &ts_d) || !usable(self)) return NULL;
+  ks_timestamp ts;
+  if (timestamp_from(ts_d, &ts)) return NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *dir = NULL;
+  size_t removed = 0;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_dir_begin(self->m, &ts, &dir, &removed, &err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  if (st) return ksp_raise(st, &err);
+  return Py_BuildValue("(Nn)", PyUnicode_DecodeFSDefault(dir), (Py_ssize_t)removed);
+}
+
+static PyObject *Manager_dir_path(ksp_Manager *self, PyObject *args) {
+  PyObject *ts_d;
+  if (!PyArg_ParseTuple(args, "O", &ts_d) || !usable(self)) return NULL;
+  ks_timestamp ts;
+  if (timestamp_from(ts_d, &ts)) return NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  const char *dir = NULL;
+  ks_status st = ks_ckpt_manager_dir_path(self->m, &ts, &dir, &err);
+  if (st) return ksp_raise(st, &err);
+  return PyUnicode_DecodeFSDefault(dir);
+}
+
+static PyObject *Manager_dir_commit(ksp_Manager *self, PyObject *args) {
+  PyObject *dir;
+  if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &dir)) return NULL;
+  if (!usable(self)) return Py_DECREF(dir), NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *d = PyBytes_AS_STRING(dir);
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_dir_commit(self->m, d, &err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  Py_DECREF(dir);
+  if (st) return ksp_raise(st, &err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Manager_dir_latest(ksp_Manager *self, PyObject *unused) {
+  (void)unused;
+  if (!usable(self)) return NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *dir = NULL;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_dir_latest(self->m, &dir, &err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  if (st) return ksp_raise(st, &err);
+  size_t skipped = ks_ckpt_manager_skipped(self->m);
+  if (!dir) return Py_BuildValue("(On)", Py_None, (Py_ssize_t)skipped);
+  return Py_BuildValue("(Nn)", PyUnicode_DecodeFSDefault(dir), (Py_ssize_t)skipped);
+}
+
 static PyMethodDef Manager_methods[] = {
     {"should_save", (PyCFunction)Manager_should_save, METH_VARARGS,
      "should_save(timestamp, epoch_end=False)\n--\n\nks_ckpt_manager_should_save: the interval, the clock or a "
@@ -276,6 +346,16 @@ static PyMethodDef Manager_methods[] = {
      "resume_path()\n--\n\n(path of the newest checkpoint that verifies, or None; checkpoints set aside)."},
     {"close", (PyCFunction)Manager_close, METH_NOARGS,
      "close()\n--\n\nFinishes a save in flight, releases the run directory's lock."},
+    {"dir_begin", (PyCFunction)Manager_dir_begin, METH_VARARGS,
+     "dir_begin(timestamp)\n--\n\nks_ckpt_manager_dir_begin (sharded=True, one process while no save is in "
+     "flight): removes dead saves; returns (the directory to write, how many were removed)."},
+    {"dir_path", (PyCFunction)Manager_dir_path, METH_VARARGS,
+     "dir_path(timestamp)\n--\n\nks_ckpt_manager_dir_path: the directory a sharded save at timestamp writes."},
+    {"dir_commit", (PyCFunction)Manager_dir_commit, METH_VARARGS,
+     "dir_commit(dir)\n--\n\nks_ckpt_manager_dir_commit: `latest` and retention after the index is durable."},
+    {"dir_latest", (PyCFunction)Manager_dir_latest, METH_NOARGS,
+     "dir_latest()\n--\n\nks_ckpt_manager_dir_latest: (the newest directory whose files verify, or None; "
+     "directories skipped); dead saves are removed."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Manager_getset[] = {

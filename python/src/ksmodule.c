@@ -226,6 +226,11 @@ static PyMethodDef methods[] = {
      "metric_info(description_json)\n--\n\nThe keepsake.metrics JSON the C library derives from a description."},
     {"compute_metrics", (PyCFunction)(void (*)(void))ksp_compute_metrics, METH_VARARGS | METH_KEYWORDS,
      "compute_metrics(path)\n--\n\nLoads the catalogue metrics of a checkpoint with the C library and computes them."},
+    {"load_state", ksp_load_state, METH_VARARGS,
+     "load_state(reader, spec)\n--\n\nks_state_load_state_dict against a description of the program's objects: "
+     "{report, metrics, timestamp}."},
+    {"fold_metric", ksp_fold_metric, METH_VARARGS,
+     "fold_metric(description, blobs)\n--\n\nks_metric_fold of every rank's states (keepsake bytes, rank order)."},
     {"catalogue", ksp_catalogue, METH_NOARGS, "catalogue()\n--\n\nThe metric classes the C library implements."},
     {"preemption_install", ksp_preemption_install, METH_VARARGS,
      "preemption_install(signals)\n--\n\nks_preemption_install: these signals ask for a save at the next step."},
@@ -249,6 +254,17 @@ PyMODINIT_FUNC PyInit__keepsake(void) {
       PyModule_AddObject(m, "Manager", (PyObject *)&ksp_ManagerType) < 0 ||
       PyModule_AddStringConstant(m, "version", KS_VERSION_STRING) < 0 ||
       PyModule_AddIntConstant(m, "format_version", KS_FORMAT_VERSION) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  /* Sharded checkpoint directories (ksshard.c). */
+  if (PyType_Ready(&ksp_ShardFileType) < 0 || PyModule_AddFunctions(m, ksp_shard_methods) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  Py_INCREF(&ksp_ShardFileType);
+  if (PyModule_AddObject(m, "ShardFile", (PyObject *)&ksp_ShardFileType) < 0) {
+    Py_DECREF(&ksp_ShardFileType);
     Py_DECREF(m);
     return NULL;
   }

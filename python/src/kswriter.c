@@ -3,6 +3,7 @@
  * ks_save (atomic, durable). save_bytes runs the same writer through a ks_io
  * that collects the bytes in memory, so both produce identical files.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,11 +158,33 @@ PyObject *ksp_save_file(PyObject *self, PyObject *args, PyObject *kw) {
   Py_RETURN_NONE;
 }
 
-/* A ks_io that collects what the writer writes. */
+/* A ks_io that collects what the writer writes. The writer's first write is the whole header,
+   whose first 8 bytes give its length; with the data's length (from the state dict) that is the
+   file's size, so the bytes object to return is allocated then, at that size (the GIL taken for
+   the allocation only), and written into: the file is never copied out of a buffer again. */
 typedef struct membuf {
   char *p;
   size_t len, cap;
+  PyObject *bytes; /* when set, p is its buffer and cap its exact size */
+  uint64_t data_len;
 } membuf;
+
+static void mem_take_bytes(membuf *m, const void *buf, size_t n) {
+  if (m->bytes || m->p || n < 8) return;
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | ((const uint8_t *)buf)[i];
+  if (hlen > (uint64_t)PY_SSIZE_T_MAX - 8 || m->data_len > (uint64_t)PY_SSIZE_T_MAX - 8 - hlen) return;
+  uint64_t total = 8 + hlen + m->data_len;
+  if (total < n) return;
+  PyGILState_STATE g = PyGILState_Ensure();
+  m->bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+  if (!m->bytes) PyErr_Clear(); /* the growing buffer below is tried instead */
+  PyGILState_Release(g);
+  if (m->bytes) {
+    m->p = PyBytes_AS_STRING(m->bytes);
+    m->cap = (size_t)total;
+  }
+}
 
 static int mem_create(void *ctx, const char *path, int *fd) {
   (void)path;
@@ -172,7 +195,9 @@ static int mem_create(void *ctx, const char *path, int *fd) {
 static int mem_write(void *ctx, int fd, const void *buf, size_t n, size_t *written) {
   (void)fd;
   membuf *m = ctx;
+  mem_take_bytes(m, buf, n);
   if (n > m->cap - m->len) {
+    if (m->bytes) return EFBIG; /* more than the header and the tensors add up to: never */
     size_t cap = m->cap ? m->cap : 4096;
     while (cap - m->len < n) {
       if (cap > SIZE_MAX / 2) return 12; /* ENOMEM */
@@ -187,6 +212,41 @@ static int mem_write(void *ctx, int fd, const void *buf, size_t n, size_t *writt
   m->len += n;
   *written = n;
   return 0;
+}
+/* Patches bytes already written (the writer fills in the header's checksums last). */
+static int mem_pwrite(void *ctx, int fd, const void *buf, size_t n, uint64_t off, size_t *written) {
+  (void)fd;
+  membuf *m = ctx;
+  if (off > m->len || n > m->len - off) return EINVAL; /* beyond what was written */
+  memcpy(m->p + off, buf, n);
+  *written = n;
+  return 0;
+}
+/* The reading, listing and linking members a version 2+ table must have: a buffer has none of them
+   (the writer only asks stat_fn whether the destination is a directory: ENOENT, it is not there). */
+static int mem_open(void *ctx, const char *path, int *fd, uint64_t *size) {
+  (void)ctx, (void)path, (void)fd, (void)size;
+  return ENOTSUP;
+}
+static int mem_read(void *ctx, int fd, void *buf, size_t n, uint64_t off, size_t *got) {
+  (void)ctx, (void)fd, (void)buf, (void)n, (void)off, (void)got;
+  return ENOTSUP;
+}
+static int mem_stat(void *ctx, const char *path, ks_io_stat *st) {
+  (void)ctx, (void)path, (void)st;
+  return ENOENT;
+}
+static int mem_list(void *ctx, const char *dir, const char *prefix, ks_io_list_cb cb, void *cb_ctx) {
+  (void)ctx, (void)dir, (void)prefix, (void)cb, (void)cb_ctx;
+  return ENOTSUP;
+}
+static int mem_symlink(void *ctx, const char *target, const char *path) {
+  (void)ctx, (void)target, (void)path;
+  return ENOTSUP;
+}
+static int mem_readlink(void *ctx, const char *path, char *buf, size_t cap, size_t *len) {
+  (void)ctx, (void)path, (void)buf, (void)cap, (void)len;
+  return ENOTSUP;
 }
 static int mem_noop_fd(void *ctx, int fd) {
   (void)ctx;
@@ -220,10 +280,17 @@ PyObject *ksp_save_bytes(PyObject *self, PyObject *args, PyObject *kw) {
   ks_meta *meta;
   if (ksp_save_prepare(entries, metadata, metrics, &sd, &meta)) return NULL;
   membuf mb = {0};
-  /* A version 1 table: the writer's steps only (io.h); nothing touches the file system. */
-  ks_io io = {.version = 1, .ctx = &mb, .create_fn = mem_create, .write_fn = mem_write, .fsync_fn = mem_noop_fd,
-              .close_fn = mem_noop_fd, .rename_fn = mem_rename, .unlink_fn = mem_noop_path,
-              .fsync_dir_fn = mem_noop_path};
+  for (size_t i = 0; i < ks_statedict_count(sd); i++) {
+    ks_entry e;
+    if (!ks_statedict_at(sd, i, &e) && e.kind == KS_VAL_TENSOR) mb.data_len += e.tensor.nbytes;
+  }
+  /* The writer's steps only, with the positioned write (io.h version 5) that lets it hash each
+     tensor as it copies it instead of in a pass of its own; nothing touches the file system. */
+  ks_io io = {.version = KS_IO_VERSION, .ctx = &mb, .create_fn = mem_create, .write_fn = mem_write,
+              .fsync_fn = mem_noop_fd, .close_fn = mem_noop_fd, .rename_fn = mem_rename, .unlink_fn = mem_noop_path,
+              .fsync_dir_fn = mem_noop_path, .open_fn = mem_open, .read_fn = mem_read, .stat_fn = mem_stat,
+              .list_fn = mem_list, .mkdir_fn = mem_noop_path, .symlink_fn = mem_symlink,
+              .readlink_fn = mem_readlink, .pwrite_fn = mem_pwrite};
   ks_save_opts o = {.io = &io};
   ks_error err;
   ks_error_clear(&err);
@@ -232,7 +299,16 @@ PyObject *ksp_save_bytes(PyObject *self, PyObject *args, PyObject *kw) {
   Py_END_ALLOW_THREADS
   ks_meta_free(meta);
   ks_statedict_free(sd);
-  PyObject *out = st ? ksp_raise(st, &err) : PyBytes_FromStringAndSize(mb.p ? mb.p : "", (Py_ssize_t)mb.len);
-  free(mb.p);
+  PyObject *out;
+  if (st) {
+    out = ksp_raise(st, &err);
+    Py_XDECREF(mb.bytes);
+  } else if (mb.bytes) {
+    out = mb.bytes; /* written in place; resized only if the sizes disagreed, which they never do */
+    if (mb.len != mb.cap && _PyBytes_Resize(&out, (Py_ssize_t)mb.len) < 0) out = NULL;
+  } else {
+    out = PyBytes_FromStringAndSize(mb.p ? mb.p : "", (Py_ssize_t)mb.len);
+  }
+  if (!mb.bytes) free(mb.p);
   return out;
 }

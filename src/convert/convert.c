@@ -45,6 +45,23 @@ static KS_NODISCARD ks_status read_torch(conv *c) {
   return import_torch(c, 0);
 }
 
+/* A torch.distributed.checkpoint directory (a folder holding `.metadata`), read item by item. */
+static KS_NODISCARD ks_status import_dcp(conv *c, int verify_crc) {
+  ks_torch_read_opts ro = {0};
+  ro.alloc = c->a;
+  ro.verify_crc = verify_crc;
+  ro.io = c->o->in_io;
+  ks_import_opts io = {.read = &ro, .max_metric_bytes = c->o->max_metric_bytes};
+  return ks_dcp_import(c->in, &io, &c->sd, &c->meta, c->err);
+}
+
+static KS_NODISCARD ks_status read_dcp(conv *c) {
+  ks_status st = import_dcp(c, 1);
+  if (st != KS_E_CHECKSUM || !c->o->salvage) return st;
+  ks__convert_warn(c->rep, c->err, c->in); /* reported, then read again without the CRC checks */
+  return import_dcp(c, 0);
+}
+
 static int on_problem(void *ctx, const ks_error *problem) {
   conv *c = ctx;
   ks__convert_warn(c->rep, problem, c->in);
@@ -144,6 +161,10 @@ static KS_NODISCARD ks_status run(conv *c) {
    * table says its paths are local files (KS_IO_CAP_LOCAL, io.h), not to a remote store. */
   bool local_out = (ks_io_caps(c->o->io) & KS_IO_CAP_LOCAL) != 0;
   ks_status st = local_out ? ks__convert_check_output(c->out, c->err) : KS_OK;
+  if (!st && ks_torch_dcp_probe(c->in, c->o->in_io)) {
+    st = read_dcp(c);
+    return st ? st : write_out(c);
+  }
   if (!st) st = ks__fmap_open(&c->input, c->in, c->o->in_io, true, 0, c->a, c->err); /* never mapped: see convert.h */
   if (st) return st;
   const uint8_t *b = c->input.bytes;

@@ -7,7 +7,7 @@
 typedef struct dtype_info {
   const char *name;
   size_t size;
-  int is_float;
+  int is_float; /* 1 real floating point, 2 complex */
 } dtype_info;
 
 static const dtype_info infos[KS_DTYPE_COUNT] = {
@@ -16,7 +16,9 @@ static const dtype_info infos[KS_DTYPE_COUNT] = {
     [KS_I32] = {"I32", 4, 0},      [KS_U64] = {"U64", 8, 0},      [KS_I64] = {"I64", 8, 0},
     [KS_F16] = {"F16", 2, 1},      [KS_BF16] = {"BF16", 2, 1},    [KS_F32] = {"F32", 4, 1},
     [KS_F64] = {"F64", 8, 1},      [KS_F8_E4M3] = {"F8_E4M3", 1, 1},
-    [KS_F8_E5M2] = {"F8_E5M2", 1, 1},
+    [KS_F8_E5M2] = {"F8_E5M2", 1, 1},  [KS_C64] = {"C64", 8, 2},
+    [KS_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", 1, 1},
+    [KS_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", 1, 1},
 };
 
 static int valid(ks_dtype dt) { return (unsigned)dt < KS_DTYPE_COUNT; }
@@ -25,7 +27,9 @@ size_t ks_dtype_size(ks_dtype dt) { return valid(dt) ? infos[dt].size : 0; }
 
 const char *ks_dtype_name(ks_dtype dt) { return valid(dt) ? infos[dt].name : "?"; }
 
-int ks_dtype_is_float(ks_dtype dt) { return valid(dt) && infos[dt].is_float; }
+int ks_dtype_is_float(ks_dtype dt) { return valid(dt) && infos[dt].is_float == 1; }
+
+int ks_dtype_is_complex(ks_dtype dt) { return valid(dt) && infos[dt].is_float == 2; }
 
 ks_status ks_dtype_parse(const char *name, size_t len, ks_dtype *out) {
   for (int i = 0; i < KS_DTYPE_COUNT; i++) {
@@ -37,10 +41,12 @@ ks_status ks_dtype_parse(const char *name, size_t len, ks_dtype *out) {
   return KS_E_DTYPE;
 }
 
-/* Exactness table: bit i of widen_mask[from] is set when `from` fits in dtype i. */
+/* Exactness table: bit i of widen_mask[from] is set when `from` fits in dtype i. Every 8-bit
+ * row is checked against a conversion of all 256 values in tests/unit/test_dtypes_new.c. */
 #define B(x) (1u << (x))
+#define REALS (((1u << KS_DTYPE_COUNT) - 1u) & ~B(KS_C64))
 static const unsigned widen_mask[KS_DTYPE_COUNT] = {
-    [KS_BOOL] = 0x7FFFu,
+    [KS_BOOL] = REALS, /* 0 and 1: every real dtype; not C64, which converts to nothing else */
     [KS_U8] = B(KS_U8) | B(KS_U16) | B(KS_I16) | B(KS_U32) | B(KS_I32) | B(KS_U64) | B(KS_I64) |
               B(KS_F16) | B(KS_BF16) | B(KS_F32) | B(KS_F64),
     [KS_I8] = B(KS_I8) | B(KS_I16) | B(KS_I32) | B(KS_I64) | B(KS_F16) | B(KS_BF16) | B(KS_F32) |
@@ -57,7 +63,12 @@ static const unsigned widen_mask[KS_DTYPE_COUNT] = {
     [KS_F64] = B(KS_F64),
     [KS_F8_E4M3] = B(KS_F8_E4M3) | B(KS_F16) | B(KS_BF16) | B(KS_F32) | B(KS_F64),
     [KS_F8_E5M2] = B(KS_F8_E5M2) | B(KS_F16) | B(KS_BF16) | B(KS_F32) | B(KS_F64),
+    [KS_C64] = B(KS_C64),
+    /* Not to F8_E4M3 (no 2^-10) or F8_E5M2 (no 2^-17): FNUZ has one more exponent below. */
+    [KS_F8_E4M3FNUZ] = B(KS_F8_E4M3FNUZ) | B(KS_F16) | B(KS_BF16) | B(KS_F32) | B(KS_F64),
+    [KS_F8_E5M2FNUZ] = B(KS_F8_E5M2FNUZ) | B(KS_F16) | B(KS_BF16) | B(KS_F32) | B(KS_F64),
 };
+#undef REALS
 #undef B
 
 int ks_dtype_widens_to(ks_dtype from, ks_dtype to) {
@@ -65,30 +76,41 @@ int ks_dtype_widens_to(ks_dtype from, ks_dtype to) {
   return (widen_mask[from] >> to) & 1u;
 }
 
-/* A small binary float format: ebits exponent bits, mbits mantissa bits. */
+/* What a small float format does with its special values. */
+typedef enum mf_kind {
+  MF_IEEE, /* top exponent is inf/NaN; -0 exists */
+  MF_FN,   /* e4m3fn: no inf, only S.1111.111 is NaN; -0 exists */
+  MF_FNUZ  /* no inf, no -0: 1.0000.000 (the negative zero pattern) is the only NaN */
+} mf_kind;
+
+/* A small binary float format: ebits exponent bits, mbits mantissa bits, exponent bias. */
 typedef struct minifloat {
-  int ebits, mbits;
-  int ieee; /* 1: top exponent is inf/NaN; 0: e4m3fn, only S.1111.111 is NaN */
+  int ebits, mbits, bias;
+  mf_kind kind;
 } minifloat;
 
-static const minifloat fmt_f16 = {5, 10, 1};
-static const minifloat fmt_e4m3 = {4, 3, 0};
-static const minifloat fmt_e5m2 = {5, 2, 1};
+static const minifloat fmt_f16 = {5, 10, 15, MF_IEEE};
+static const minifloat fmt_e4m3 = {4, 3, 7, MF_FN};
+static const minifloat fmt_e5m2 = {5, 2, 15, MF_IEEE};
+static const minifloat fmt_e4m3fnuz = {4, 3, 8, MF_FNUZ};
+static const minifloat fmt_e5m2fnuz = {5, 2, 16, MF_FNUZ};
 
-static uint32_t mf_nan(const minifloat *f) { return (1u << (f->ebits + f->mbits)) - 1u; }
+static uint32_t mf_sign(const minifloat *f) { return 1u << (f->ebits + f->mbits); }
+
+static uint32_t mf_nan(const minifloat *f) { return f->kind == MF_FNUZ ? mf_sign(f) : mf_sign(f) - 1u; }
 
 static uint32_t mf_overflow(const minifloat *f) {
-  return f->ieee ? ((1u << f->ebits) - 1u) << f->mbits : mf_nan(f);
+  return f->kind == MF_IEEE ? ((1u << f->ebits) - 1u) << f->mbits : mf_nan(f);
 }
 
-/* Largest finite exponent (unbiased). */
+/* Largest finite exponent (unbiased): IEEE formats keep the top exponent for inf and NaN. */
 static int mf_emax(const minifloat *f) {
-  int bias = (1 << (f->ebits - 1)) - 1;
-  return f->ieee ? bias : bias + 1;
+  int top = (1 << f->ebits) - 1;
+  return (f->kind == MF_IEEE ? top - 1 : top) - f->bias;
 }
 
 static uint32_t mf_encode_abs(const minifloat *f, double a) {
-  int bias = (1 << (f->ebits - 1)) - 1, emin = 1 - bias;
+  int bias = f->bias, emin = 1 - bias;
   uint32_t one = 1u << f->mbits;
   int e;
   frexp(a, &e);
@@ -101,12 +123,17 @@ static uint32_t mf_encode_abs(const minifloat *f, double a) {
   }
   if (e > mf_emax(f)) return mf_overflow(f);
   uint32_t bits = ((uint32_t)(e + bias) << f->mbits) | ((uint32_t)q - one);
-  if (!f->ieee && bits >= mf_nan(f)) return mf_nan(f);
+  if (f->kind == MF_FN && bits >= mf_nan(f)) return mf_nan(f);
   return bits;
 }
 
 static uint32_t mf_encode(const minifloat *f, double v) {
-  uint32_t sign = signbit(v) ? 1u << (f->ebits + f->mbits) : 0u;
+  uint32_t sign = signbit(v) ? mf_sign(f) : 0u;
+  if (f->kind == MF_FNUZ) { /* one NaN, no -0: the sign goes only on nonzero finite values */
+    if (isnan(v) || isinf(v)) return mf_nan(f);
+    uint32_t a = v == 0 ? 0u : mf_encode_abs(f, fabs(v));
+    return a == 0 || a == mf_nan(f) ? a : sign | a;
+  }
   if (isnan(v)) return sign | mf_nan(f);
   if (isinf(v)) return sign | mf_overflow(f);
   if (v == 0) return sign;
@@ -114,14 +141,16 @@ static uint32_t mf_encode(const minifloat *f, double v) {
 }
 
 static double mf_decode(const minifloat *f, uint32_t bits) {
-  int bias = (1 << (f->ebits - 1)) - 1;
+  int bias = f->bias;
   uint32_t mant = bits & ((1u << f->mbits) - 1u);
   uint32_t exp = (bits >> f->mbits) & ((1u << f->ebits) - 1u);
   int neg = (bits >> (f->ebits + f->mbits)) & 1u;
   double v;
-  if (f->ieee && exp == (1u << f->ebits) - 1u)
+  if (f->kind == MF_IEEE && exp == (1u << f->ebits) - 1u)
     v = mant ? NAN : INFINITY;
-  else if (!f->ieee && (bits & mf_nan(f)) == mf_nan(f))
+  else if (f->kind == MF_FN && (bits & mf_nan(f)) == mf_nan(f))
+    v = NAN;
+  else if (f->kind == MF_FNUZ && bits == mf_nan(f))
     v = NAN;
   else if (exp == 0)
     v = ldexp((double)mant, 1 - bias - f->mbits);
@@ -136,6 +165,10 @@ uint8_t ks_f32_to_f8e4m3(float f) { return (uint8_t)mf_encode(&fmt_e4m3, f); }
 float ks_f8e4m3_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e4m3, v); }
 uint8_t ks_f32_to_f8e5m2(float f) { return (uint8_t)mf_encode(&fmt_e5m2, f); }
 float ks_f8e5m2_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e5m2, v); }
+uint8_t ks_f32_to_f8e4m3fnuz(float f) { return (uint8_t)mf_encode(&fmt_e4m3fnuz, f); }
+float ks_f8e4m3fnuz_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e4m3fnuz, v); }
+uint8_t ks_f32_to_f8e5m2fnuz(float f) { return (uint8_t)mf_encode(&fmt_e5m2fnuz, f); }
+float ks_f8e5m2fnuz_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e5m2fnuz, v); }
 
 uint16_t ks_f32_to_bf16(float f) {
   uint32_t u;
@@ -184,6 +217,9 @@ double ks_dtype_get_f64(ks_dtype dt, const void *data, size_t i) {
     case KS_F64: return load_f64(p);
     case KS_F8_E4M3: return ks_f8e4m3_to_f32(p[0]);
     case KS_F8_E5M2: return ks_f8e5m2_to_f32(p[0]);
+    case KS_F8_E4M3FNUZ: return ks_f8e4m3fnuz_to_f32(p[0]);
+    case KS_F8_E5M2FNUZ: return ks_f8e5m2fnuz_to_f32(p[0]);
+    case KS_C64: return NAN; /* a complex element has no single real value */
     default: return 0.0;
   }
 }
@@ -226,6 +262,7 @@ void ks_dtype_set_i64(ks_dtype dt, void *data, size_t i, int64_t v) {
     case KS_I32: ks__put_le32(p, (uint32_t)(int32_t)v); break;
     case KS_U64:
     case KS_I64: ks__put_le64(p, (uint64_t)v); break;
+    case KS_C64: break; /* left unchanged, as ks_dtype_set_f64 leaves it */
     default: ks_dtype_set_f64(dt, data, i, (double)v); break;
   }
 }
@@ -238,6 +275,9 @@ void ks_dtype_set_f64(ks_dtype dt, void *data, size_t i, double v) {
     case KS_BF16: ks__put_le16(p, ks_f32_to_bf16((float)v)); break;
     case KS_F8_E4M3: p[0] = ks_f32_to_f8e4m3((float)v); break;
     case KS_F8_E5M2: p[0] = ks_f32_to_f8e5m2((float)v); break;
+    case KS_F8_E4M3FNUZ: p[0] = ks_f32_to_f8e4m3fnuz((float)v); break;
+    case KS_F8_E5M2FNUZ: p[0] = ks_f32_to_f8e5m2fnuz((float)v); break;
+    case KS_C64: break; /* no real value to write a complex element from: left unchanged */
     case KS_F32: {
       float f = (float)v;
       uint32_t u;
@@ -271,6 +311,7 @@ ks_status ks_dtype_convert(ks_dtype ddt, void *dst, ks_dtype sdt, const void *sr
     if (n) memmove(dst, src, n * ks_dtype_size(sdt));
     return KS_OK;
   }
+  if (ks_dtype_is_complex(ddt) || ks_dtype_is_complex(sdt)) return KS_E_DTYPE; /* complex <-> real */
   int ints = !infos[ddt].is_float && !infos[sdt].is_float;
   for (size_t i = 0; i < n; i++) {
     if (ints)

@@ -160,6 +160,27 @@ ks_status ks__durable_write(ks__durable *d, const void *p, size_t n) {
   return KS_OK;
 }
 
+bool ks__io_can_pwrite(const ks_io *io) {
+  const ks_io *t = ks__io_v1(io);
+  return t->version >= 5 && t->pwrite_fn != NULL;
+}
+
+ks_status ks__durable_pwrite(ks__durable *d, const void *p, size_t n, uint64_t off) {
+  const uint8_t *b = p;
+  if (!ks__io_can_pwrite(d->io)) return io_fail(d, ENOTSUP, "cannot write at an offset of temporary file");
+  while (n > 0) {
+    size_t w = 0;
+    size_t len = n < MAX_WRITE ? n : MAX_WRITE;
+    int rc = d->io->pwrite_fn(d->io->ctx, d->fd, b, len, off, &w);
+    if (!rc && (w == 0 || w > len)) rc = EIO; /* no progress and no error: never spin */
+    if (rc) return io_fail(d, rc, "cannot write temporary file");
+    b += w;
+    n -= w;
+    off += w;
+  }
+  return KS_OK;
+}
+
 ks_status ks__durable_commit(ks__durable *d) {
   int rc = d->io->fsync_fn(d->io->ctx, d->fd);
   if (rc) return io_fail(d, rc, "cannot fsync temporary file");

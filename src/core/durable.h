@@ -3,8 +3,9 @@
  * it, rename it over the destination and fsync the directory, all through a
  * ks_io table. Shared by every writer of files (format, torch). Not installed.
  *
- * Use: prepare (allocations only, no I/O), open, write..., commit, then always
- * abort, which removes whatever is left of the temporary file and frees memory.
+ * Use: prepare (allocations only, no I/O), open, write... (and pwrite, to patch
+ * bytes already written, where the table has it), commit, then always abort,
+ * which removes whatever is left of the temporary file and frees memory.
  * Errors name the destination path as the file; messages name the temp file.
  */
 #ifndef KS_CORE_DURABLE_H
@@ -42,6 +43,12 @@ KS_NODISCARD ks_status ks__durable_prepare(ks__durable *d, const char *path, con
 KS_NODISCARD ks_status ks__durable_open(ks__durable *d);
 /* Writes all n bytes to the temporary file (retrying short writes). */
 KS_NODISCARD ks_status ks__durable_write(ks__durable *d, const void *p, size_t n);
+/* True when io (NULL = POSIX) writes at offsets: pwrite_fn of a version 5 table, set.
+ * A table of an older version has none (its handles need not be file descriptors). */
+bool ks__io_can_pwrite(const ks_io *io);
+/* Writes all n bytes at offset off of the temporary file (retrying short writes), leaving
+ * where write appends unchanged. Only for a table of which ks__io_can_pwrite is true. */
+KS_NODISCARD ks_status ks__durable_pwrite(ks__durable *d, const void *p, size_t n, uint64_t off);
 /* fsync, close, rename over path, fsync the directory. KS_E_IO: nothing changed at
  * path. KS_E_NOT_DURABLE: the directory fsync failed with the new file already in place. */
 KS_NODISCARD ks_status ks__durable_commit(ks__durable *d);

@@ -33,6 +33,18 @@ static int posix_write(void *ctx, int fd, const void *buf, size_t n, size_t *wri
   return 0;
 }
 
+static int posix_pwrite(void *ctx, int fd, const void *buf, size_t n, uint64_t off, size_t *written) {
+  (void)ctx;
+  if (off > (uint64_t)INT64_MAX) return EINVAL;
+  ssize_t w;
+  do {
+    w = pwrite(fd, buf, n, (off_t)off);
+  } while (w < 0 && errno == EINTR);
+  if (w < 0) return errno_or_io();
+  *written = (size_t)w;
+  return 0;
+}
+
 static int posix_fsync(void *ctx, int fd) {
   (void)ctx;
   return fsync(fd) == 0 ? 0 : errno_or_io();
@@ -235,7 +247,7 @@ const ks_io *ks_io_posix(void) {
                            .unmap_fn = posix_unmap, .stat_fn = posix_stat, .list_fn = posix_list,
                            .mkdir_fn = posix_mkdir, .symlink_fn = posix_symlink, .readlink_fn = posix_readlink,
                            .rmdir_fn = posix_rmdir, .caps = KS_IO_CAP_LOCAL | KS_IO_CAP_LOCK | KS_IO_CAP_MAP,
-                           .lock_fn = posix_lock, .unlock_fn = posix_unlock};
+                           .lock_fn = posix_lock, .unlock_fn = posix_unlock, .pwrite_fn = posix_pwrite};
   return &io;
 }
 
@@ -260,6 +272,6 @@ const ks_io *ks__io_posix_nosync(void) {
                            .unmap_fn = posix_unmap, .stat_fn = posix_stat, .list_fn = posix_list,
                            .mkdir_fn = posix_mkdir, .symlink_fn = posix_symlink, .readlink_fn = posix_readlink,
                            .rmdir_fn = posix_rmdir, .caps = KS_IO_CAP_LOCAL | KS_IO_CAP_LOCK | KS_IO_CAP_MAP,
-                           .lock_fn = posix_lock, .unlock_fn = posix_unlock};
+                           .lock_fn = posix_lock, .unlock_fn = posix_unlock, .pwrite_fn = posix_pwrite};
   return &io;
 }

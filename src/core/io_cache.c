@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/durable.h"
 #include "core/io_cache.h"
 
 #define CC(ctx) ((ks__cache *)(ctx))
@@ -67,6 +68,12 @@ static int k_create(void *ctx, const char *path, int *h) {
 static int k_write(void *ctx, int h, const void *b, size_t n, size_t *w) {
   int fd = inner_fd(CC(ctx), h);
   return fd < 0 ? EBADF : CC(ctx)->v1->write_fn(CC(ctx)->v1->ctx, fd, b, n, w);
+}
+
+/* Set only when the inner table has a pwrite (ks_io_cache_create). */
+static int k_pwrite(void *ctx, int h, const void *b, size_t n, uint64_t off, size_t *w) {
+  int fd = inner_fd(CC(ctx), h);
+  return fd < 0 ? EBADF : CC(ctx)->v1->pwrite_fn(CC(ctx)->v1->ctx, fd, b, n, off, w);
 }
 
 static int k_fsync(void *ctx, int h) {
@@ -211,6 +218,7 @@ ks_status ks_io_cache_create(const ks_io *inner, const char *cache_dir, const ks
                   .close_fn = k_close, .rename_fn = k_rename, .unlink_fn = k_unlink, .fsync_dir_fn = k_fsync_dir,
                   .open_fn = k_open, .read_fn = k_read, .stat_fn = k_stat, .list_fn = k_list, .mkdir_fn = k_mkdir,
                   .symlink_fn = k_symlink, .readlink_fn = k_readlink};
+  if (ks__io_can_pwrite(inner)) c->io.pwrite_fn = k_pwrite;
   *out = &c->io;
   return KS_OK;
 }

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdatomic.h>
 
+#include "core/durable.h"
 #include "core/internal.h"
 #include "core/io_ops.h"
 #include "keepsake/io_cache.h"
@@ -18,6 +19,10 @@ typedef struct counter {
 static int c_create(void *ctx, const char *path, int *fd) { return C(ctx)->v1->create_fn(C(ctx)->v1->ctx, path, fd); }
 static int c_write(void *ctx, int fd, const void *b, size_t n, size_t *w) {
   return C(ctx)->v1->write_fn(C(ctx)->v1->ctx, fd, b, n, w);
+}
+/* Set only when the inner table has a pwrite (ks_io_counter_create). */
+static int c_pwrite(void *ctx, int fd, const void *b, size_t n, uint64_t off, size_t *w) {
+  return C(ctx)->v1->pwrite_fn(C(ctx)->v1->ctx, fd, b, n, off, w);
 }
 static int c_fsync(void *ctx, int fd) { return C(ctx)->v1->fsync_fn(C(ctx)->v1->ctx, fd); }
 static int c_close(void *ctx, int fd) { return C(ctx)->v1->close_fn(C(ctx)->v1->ctx, fd); }
@@ -70,6 +75,7 @@ ks_status ks_io_counter_create(const ks_io *inner, int no_map, const ks_allocato
                   .close_fn = c_close, .rename_fn = c_rename, .unlink_fn = c_unlink, .fsync_dir_fn = c_fsync_dir,
                   .open_fn = c_open, .read_fn = c_read, .stat_fn = c_stat, .list_fn = c_list, .mkdir_fn = c_mkdir,
                   .symlink_fn = c_symlink, .readlink_fn = c_readlink};
+  if (ks__io_can_pwrite(inner)) c->io.pwrite_fn = c_pwrite;
   if (!no_map && c->v2->map_fn) {
     c->io.map_fn = c_map;
     c->io.unmap_fn = c_unmap;

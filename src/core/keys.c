@@ -65,7 +65,7 @@ ks_status ks__get_int(const ks_statedict *src, const char *prefix, const char *n
     *out = e.i;
     return KS_OK;
   }
-  if (scalar_tensor(&e) && !ks_dtype_is_float(e.tensor.dtype)) {
+  if (scalar_tensor(&e) && !ks_dtype_is_float(e.tensor.dtype) && !ks_dtype_is_complex(e.tensor.dtype)) {
     *out = ks_dtype_get_i64(e.tensor.dtype, e.tensor.data, 0);
     return KS_OK;
   }
@@ -80,7 +80,8 @@ ks_status ks__get_float(const ks_statedict *src, const char *prefix, const char 
   if (s) return s;
   if (e.kind == KS_VAL_FLOAT) *out = e.f;
   else if (e.kind == KS_VAL_INT) *out = (double)e.i;
-  else if (scalar_tensor(&e)) *out = ks_dtype_get_f64(e.tensor.dtype, e.tensor.data, 0);
+  else if (scalar_tensor(&e) && !ks_dtype_is_complex(e.tensor.dtype))
+    *out = ks_dtype_get_f64(e.tensor.dtype, e.tensor.data, 0);
   else return ks__err_at(err, KS_E_VALUE, NULL, k, -1, "'%s': expected a number", k);
   return KS_OK;
 }

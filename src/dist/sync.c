@@ -207,26 +207,18 @@ static KS_NODISCARD ks_status exchange(MPI_Comm comm, int size, const ks__wbuf *
                        "MPI_Allgatherv", err);
 }
 
-/* Folds metric i of every rank, last rank first, so cat rows end up in rank order. */
+/* Decodes metric i of every rank and folds them (ks_metric_fold: last rank first, so cat rows end
+ * up in rank order), the rule every binding's sync uses too. */
 static KS_NODISCARD ks_status fold(rd *rds, int size, const char *name, const ks_metric *like,
                       const ks_allocator *a, ks_metric **out, ks_error *err) {
-  ks_metric *acc = NULL;
+  ks_metric **parts = ks__calloc(a, (size_t)size, sizeof *parts);
+  if (!parts) return ks__err(err, KS_E_NOMEM, "out of memory reducing metric states");
   ks_status st = KS_OK;
-  for (int q = size - 1; !st && q >= 0; q--) {
-    ks_metric *x = NULL;
-    st = decode_metric(&rds[q], name, like, a, &x, err);
-    if (!st && acc) {
-      st = ks_metric_merge(acc, x, err);
-      ks_metric_free(x);
-    } else if (!st)
-      acc = x;
-  }
-  if (st) {
-    ks_metric_free(acc);
-    return st;
-  }
-  *out = acc;
-  return KS_OK;
+  for (int q = 0; !st && q < size; q++) st = decode_metric(&rds[q], name, like, a, &parts[q], err);
+  if (!st) st = ks_metric_fold((const ks_metric *const *)parts, (size_t)size, a, out, err);
+  for (int q = 0; q < size; q++) ks_metric_free(parts[q]);
+  ks__free(a, parts);
+  return st;
 }
 
 static KS_NODISCARD ks_status cache_new(const ks_metric_collection *c, const ks_allocator *a, ks_dist_cache **out,

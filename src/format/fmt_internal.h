@@ -114,8 +114,14 @@ KS_NODISCARD ks_status ks__scalars_decode(const char *json, const char *file, in
                              ks_error *err);
 
 /* Builds the 8-byte length prefix, JSON header and padding of a file holding sd;
-   *data_len receives the size of the data section that must follow. */
+   *data_len receives the size of the data section that must follow. sum_at NULL:
+   every tensor is hashed here. Else it has one slot per tensor (in order) and
+   receives the offset in h of that tensor's 16 checksum digits, written as
+   placeholders for the caller to fill in (ks__put_sum_digits); the header's
+   length is the same either way. */
 KS_NODISCARD ks_status ks__build_header(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *a,
-                                        ks__sbuf *h, uint64_t *data_len, ks_error *err);
+                                        ks__sbuf *h, uint64_t *data_len, size_t *sum_at, ks_error *err);
+/* Writes v as the 16 lowercase hex digits a checksum is stored as (no terminator). */
+void ks__put_sum_digits(char *dst, uint64_t v);
 
 #endif

@@ -2,7 +2,10 @@
  * Builds the header of a keepsake file in memory: the 8-byte length, the JSON
  * (keepsake metadata, then one entry per tensor in insertion order) and the
  * space padding that puts the data section on a KS_DATA_ALIGN boundary. Tensor
- * data never passes through here, only its checksums.
+ * data never passes through here, only its checksums: hashed here in a pass of
+ * their own, or left as placeholder digits that the writer fills in as it
+ * streams the data (every checksum is 16 hex digits, so the header's length
+ * does not depend on the values).
  */
 #include <string.h>
 
@@ -34,10 +37,16 @@ static KS_NODISCARD ks_status check_names(const ks_statedict *sd, ks_error *err)
   return KS_OK;
 }
 
-/* The "keepsake.checksums" pair, computed in one pass over the tensor data. Its
-   value is a JSON object held in a JSON string, written already escaped so that
-   100,000 entries are not built twice. */
-static void put_checksums(ks__sbuf *h, const ks_statedict *sd) {
+void ks__put_sum_digits(char *dst, uint64_t v) {
+  static const char hex[] = "0123456789abcdef";
+  for (int i = 15; i >= 0; i--, v >>= 4) dst[i] = hex[v & 15];
+}
+
+/* The "keepsake.checksums" pair. Its value is a JSON object held in a JSON string,
+   written already escaped so that 100,000 entries are not built twice. With sum_at,
+   each checksum is placeholder digits whose offset in h goes to sum_at[k] (tensor k);
+   without, the checksums are computed here in one pass over the tensor data. */
+static void put_checksums(ks__sbuf *h, const ks_statedict *sd, size_t *sum_at) {
   size_t n = ks_statedict_count(sd), written = 0;
   ks__sbuf_put_json_str(h, KS_META_CHECKSUMS, strlen(KS_META_CHECKSUMS));
   ks__sbuf_put(h, ":\"{", 3);
@@ -48,7 +57,12 @@ static void put_checksums(ks__sbuf *h, const ks_statedict *sd) {
     if (written++) ks__sbuf_putc(h, ',');
     ks__sbuf_put_json_str_nested(h, e.name, strlen(e.name));
     ks__sbuf_put(h, ":\\\"", 3);
-    ks__sbuf_put_hex64(h, ks_checksum(e.tensor.data, e.tensor.nbytes));
+    if (sum_at) {
+      sum_at[written - 1] = h->len;
+      ks__sbuf_put(h, "0000000000000000", 16);
+    } else {
+      ks__sbuf_put_hex64(h, ks_checksum(e.tensor.data, e.tensor.nbytes));
+    }
     ks__sbuf_put(h, "\\\"", 2);
   }
   ks__sbuf_put(h, "}\",", 3);
@@ -73,7 +87,7 @@ static KS_NODISCARD ks_status put_extra(ks__sbuf *h, const ks_meta *extra, ks_er
 }
 
 static KS_NODISCARD ks_status put_metadata(ks__sbuf *h, const ks_statedict *sd, const ks_meta *extra,
-                              const ks_allocator *a, ks_error *err) {
+                                           const ks_allocator *a, size_t *sum_at, ks_error *err) {
   ks__sbuf scalars;
   ks__sbuf_init(&scalars, a);
   ks_status st = ks__scalars_encode(sd, &scalars, err);
@@ -83,7 +97,7 @@ static KS_NODISCARD ks_status put_metadata(ks__sbuf *h, const ks_statedict *sd, 
     put_pair(h, KS_META_FORMAT_VERSION, "1", 1);
     put_pair(h, KS_META_WRITER, "keepsake " KS_VERSION_STRING, strlen("keepsake " KS_VERSION_STRING));
     put_pair(h, KS_META_SCALARS, scalars.p, scalars.len);
-    put_checksums(h, sd);
+    put_checksums(h, sd, sum_at);
     st = put_extra(h, extra, err);
     if (!h->failed) h->len--; /* the last pair's comma */
     ks__sbuf_putc(h, '}');
@@ -117,11 +131,11 @@ static void finish(ks__sbuf *h) {
 }
 
 ks_status ks__build_header(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *a, ks__sbuf *h,
-                           uint64_t *data_len, ks_error *err) {
+                           uint64_t *data_len, size_t *sum_at, ks_error *err) {
   ks_status st = check_names(sd, err);
   if (st) return st;
   ks__sbuf_put(h, "\0\0\0\0\0\0\0\0", 8);
-  if ((st = put_metadata(h, sd, extra, a, err)) != KS_OK) return st;
+  if ((st = put_metadata(h, sd, extra, a, sum_at, err)) != KS_OK) return st;
   uint64_t off = 0;
   for (size_t i = 0; i < ks_statedict_count(sd); i++) {
     ks_entry e;

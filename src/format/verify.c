@@ -28,7 +28,7 @@ static void report(vstate *v, const ks_error *e) {
 }
 
 /* Reads one "name": "hex" pair of the checksum table into want/have. */
-static KS_NODISCARD ks_status read_sum(vstate *v, ks__json *j, const char *k, size_t kn, uint64_t *want,
+static KS_NODISCARD ks_status read_sum(vstate *v, ks__json *j, const char *k, size_t kn, int64_t at, uint64_t *want,
                                        uint8_t *have) {
   char key[KS_MAX_NAME + 1];
   snprintf(key, sizeof key, "%.*s", (int)(kn <= KS_MAX_NAME ? kn : KS_MAX_NAME), k);
@@ -39,7 +39,6 @@ static KS_NODISCARD ks_status read_sum(vstate *v, ks__json *j, const char *k, si
   if (st) return st;
   long i = ks__reader_find_n(v->r, k, kn);
   ks_error e;
-  int64_t at = ks__fmt_key_offset(v->r, KS_META_CHECKSUMS);
   if (i < 0)
     ks__err_at(&e, KS_E_FORMAT, v->r->path, key, at, "checksum table lists a tensor the file does not contain");
   else if (have[i])
@@ -70,7 +69,7 @@ static bool load_sums(vstate *v, uint64_t *want, uint8_t *have) {
   size_t kn;
   ks_status st = KS_OK;
   while (!v->stop && !(st = ks__json_next_key(&j, &first, &done, &k, &kn)) && !done)
-    if ((st = read_sum(v, &j, k, kn, want, have)) != KS_OK) break;
+    if ((st = read_sum(v, &j, k, kn, at, want, have)) != KS_OK) break; /* at: found once, not per entry */
   if (!st && !v->stop) st = ks__json_end(&j);
   ks__json_free(&j);
   if (st) {

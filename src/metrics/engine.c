@@ -25,6 +25,7 @@ void ks_metric_free(ks_metric *m) {
   if (!m) return;
   states_free(m);
   computed_drop(m);
+  ks__described_free(m);
   ks__args_free(&m->alloc, &m->args);
   ks__free(&m->alloc, m->args_json);
   ks_allocator a = m->alloc;
@@ -40,6 +41,8 @@ ks_status ks_metric_create(const char *class_name, const char *args_json, const 
   if (!m) return ks__err(err, KS_E_NOMEM, "out of memory creating %s", class_name);
   m->alloc = *ks__alloc_or_default(alloc);
   m->cls = cls;
+  m->st = m->st_inline;
+  m->cap_states = KS__MAX_STATES;
   ks_status st = ks__args_parse(cls, args_json, &m->alloc, &m->args, err);
   if (!st && ks__args_canonical(cls, &m->args, &m->alloc, &m->args_json))
     st = ks__err(err, KS_E_NOMEM, "out of memory creating %s", class_name);
@@ -52,7 +55,7 @@ ks_status ks_metric_create(const char *class_name, const char *args_json, const 
   return KS_OK;
 }
 
-const char *ks_metric_class(const ks_metric *m) { return m->cls->name; }
+const char *ks_metric_class(const ks_metric *m) { return m->described ? m->described : m->cls->name; }
 const char *ks_metric_args_json(const ks_metric *m) { return m->args_json; }
 int ks_metric_schema_version(const ks_metric *m) {
   (void)m;
@@ -106,6 +109,7 @@ void ks_metric_reset(ks_metric *m) {
   for (size_t i = 0; i < m->n_states; i++) state_fill_default(&m->st[i]);
   computed_drop(m);
   m->update_count = 0;
+  for (size_t i = 0; i < m->n_inner; i++) ks_metric_reset(m->inner[i]);
 }
 
 ks_status ks_metric_state_info(const ks_metric *m, size_t i, const char **name, ks_reduce *reduce,
@@ -137,7 +141,7 @@ size_t ks__state_row_bytes(const ks__state *s) {
 
 ks_status ks__state_declare(ks_metric *m, const char *name, ks_reduce reduce, ks_dtype dtype, int rank,
                             const int64_t *shape, double fill, ks_error *err) {
-  if (m->n_states >= KS__MAX_STATES) return ks__err(err, KS_E_LIMIT, "too many states");
+  if (m->n_states >= m->cap_states) return ks__err(err, KS_E_LIMIT, "too many states (at most %zu)", m->cap_states);
   ks__state *s = &m->st[m->n_states];
   memset(s, 0, sizeof *s);
   s->name = name;

@@ -14,6 +14,8 @@
 #include "keepsake/metric.h"
 
 #define KS__MAX_STATES 4
+/* A described metric (described.c) keeps its states in a heap array of this many. */
+#define KS__MAX_DESCRIBED_STATES 64
 /* Hard caps on constructor arguments (state sizes are checked for overflow too). */
 #define KS__MAX_CLASSES (1 << 20)
 #define KS__MAX_THRESHOLDS (1 << 20)
@@ -71,6 +73,7 @@ typedef struct ks__state {
                        2: also a () value broadcasts to (n,) (R2Score sums of torchmetrics >= 1.5) */
   int row_dynamic;  /* CatMetric: row shape fixed by the first rows seen */
   int row_known;
+  int any_dtype;   /* described cat states: rows keep their stored dtype */
   void *data;
   size_t nbytes;
   size_t cap; /* cat: allocated bytes */
@@ -84,11 +87,19 @@ struct ks_metric {
   int task; /* ks__task: how the classification families read inputs and reduce */
   ks__margs args;
   char *args_json;
-  size_t n_states;
-  ks__state st[KS__MAX_STATES];
+  size_t n_states, cap_states;
+  ks__state *st; /* st_inline, or a described metric's heap array */
+  ks__state st_inline[KS__MAX_STATES];
   int64_t update_count;
   int has_computed;
   ks_tensor computed; /* data owned by the metric */
+  /* Described metrics (described.c): the program's class name and state names (owned), the
+   * catalogue twin the states take legacy names and reshape rules from, and inner metrics. */
+  char *described;
+  ks_metric *twin;
+  ks_metric **inner;
+  char **inner_names;
+  size_t n_inner, cap_inner;
 };
 
 struct ks__class {
@@ -103,6 +114,11 @@ struct ks__class {
   ks_status (*update)(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
   ks_status (*compute)(ks_metric *m, ks_tensor *out, ks_error *err);
 };
+
+/* described.c */
+void ks__described_free(ks_metric *m);
+/* Deep copies of m's described parts (names, inner metrics) into c, a shallow copy of m. */
+KS_NODISCARD ks_status ks__described_clone(const ks_metric *m, ks_metric *c, const ks_allocator *a);
 
 /* registry.c */
 const ks__class *ks__class_find(const char *name);

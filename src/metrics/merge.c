@@ -7,12 +7,29 @@
 
 #include "metrics/internal.h"
 
+/* Described metrics (described.c) must also declare the same states, in the same order. */
+static int same_states(const ks_metric *dst, const ks_metric *src) {
+  if (dst->n_states != src->n_states) return 0;
+  for (size_t i = 0; i < dst->n_states; i++) {
+    const ks__state *d = &dst->st[i], *s = &src->st[i];
+    if (strcmp(d->name, s->name) || d->reduce != s->reduce) return 0;
+    if (d->reduce != KS_REDUCE_CAT && d->nbytes != s->nbytes) return 0;
+    if (d->reduce != KS_REDUCE_CAT && d->dtype != s->dtype) return 0;
+  }
+  return 1;
+}
+
 static KS_NODISCARD ks_status check_same_kind(const ks_metric *dst, const ks_metric *src, ks_error *err) {
-  if (dst->cls != src->cls)
-    return ks__err(err, KS_E_MISMATCH, "cannot merge %s into %s", src->cls->name, dst->cls->name);
-  if (strcmp(dst->args_json, src->args_json) != 0)
-    return ks__err(err, KS_E_MISMATCH, "cannot merge %s%s into %s%s: arguments differ", src->cls->name,
-                   src->args_json, dst->cls->name, dst->args_json);
+  const char *dc = ks_metric_class(dst), *sc = ks_metric_class(src);
+  const char *da = dst->args_json ? dst->args_json : "", *sa = src->args_json ? src->args_json : "";
+  if (dst->cls != src->cls || strcmp(dc, sc))
+    return ks__err(err, KS_E_MISMATCH, "cannot merge %s into %s", sc, dc);
+  if (strcmp(da, sa) != 0)
+    return ks__err(err, KS_E_MISMATCH, "cannot merge %s%s into %s%s: arguments differ", sc, sa, dc, da);
+  if (!same_states(dst, src))
+    return ks__err(err, KS_E_MISMATCH, "cannot merge %s into %s: the states differ", sc, dc);
+  if (dst->n_inner || src->n_inner)
+    return ks__err(err, KS_E_UNSUPPORTED, "cannot merge %s: merge its inner metrics one by one", dc);
   return KS_OK;
 }
 
@@ -119,9 +136,10 @@ ks_status ks_metric_clone(const ks_metric *m, const ks_allocator *alloc, ks_metr
   if (!m || !out) return ks__err(err, KS_E_INVALID, "ks_metric_clone: NULL argument");
   const ks_allocator *a = alloc ? alloc : &m->alloc;
   ks_metric *c = ks__calloc(a, 1, sizeof *c);
-  if (!c) return ks__err(err, KS_E_NOMEM, "out of memory cloning %s", m->cls->name);
+  if (!c) return ks__err(err, KS_E_NOMEM, "out of memory cloning %s", ks_metric_class(m));
   *c = *m;
   c->alloc = *a;
+  int fail = ks__described_clone(m, c, a) != KS_OK;
   memset(&c->args, 0, sizeof c->args);
   c->args_json = NULL;
   c->has_computed = 0;
@@ -130,8 +148,8 @@ ks_status ks_metric_clone(const ks_metric *m, const ks_allocator *alloc, ks_metr
     c->st[i].data = NULL;
     c->st[i].cap = 0;
   }
-  int fail = ks__args_copy(a, &m->args, &c->args) != KS_OK;
-  if (!fail) fail = !(c->args_json = ks__strdup(a, m->args_json));
+  if (!fail) fail = ks__args_copy(a, &m->args, &c->args) != KS_OK;
+  if (!fail && m->args_json) fail = !(c->args_json = ks__strdup(a, m->args_json));
   for (size_t i = 0; !fail && i < c->n_states; i++) {
     c->st[i].data = dup_bytes(a, m->st[i].data, m->st[i].nbytes);
     c->st[i].cap = m->st[i].nbytes;
@@ -145,8 +163,24 @@ ks_status ks_metric_clone(const ks_metric *m, const ks_allocator *alloc, ks_metr
   }
   if (fail) {
     ks_metric_free(c);
-    return ks__err(err, KS_E_NOMEM, "out of memory cloning %s", m->cls->name);
+    return ks__err(err, KS_E_NOMEM, "out of memory cloning %s", ks_metric_class(m));
   }
   *out = c;
+  return KS_OK;
+}
+
+ks_status ks_metric_fold(const ks_metric *const *parts, size_t n, const ks_allocator *alloc, ks_metric **out,
+                         ks_error *err) {
+  if (!parts || !n || !out) return ks__err(err, KS_E_INVALID, "ks_metric_fold: no parts");
+  for (size_t i = 0; i < n; i++)
+    if (!parts[i]) return ks__err(err, KS_E_INVALID, "ks_metric_fold: part %zu is NULL", i);
+  ks_metric *acc = NULL;
+  ks_status st = ks_metric_clone(parts[n - 1], alloc, &acc, err);
+  for (size_t i = n - 1; !st && i-- > 0;) st = ks_metric_merge(acc, parts[i], err);
+  if (st) {
+    ks_metric_free(acc);
+    return st;
+  }
+  *out = acc;
   return KS_OK;
 }

@@ -40,6 +40,7 @@ ks_status ks_metric_to_state_dict(const ks_metric *m, ks_statedict *dst, const c
 typedef struct staged {
   void *data;
   size_t nbytes;
+  ks_dtype dtype; /* the state's, or the stored one for an any-dtype cat state */
   int rank;
   int64_t shape[KS_MAX_RANK];
 } staged;
@@ -81,7 +82,11 @@ static KS_NODISCARD ks_status check_fixed_shape(const ks__state *s, const ks_ten
                     ks_shape_format(s->rank, s->shape, a, sizeof a), ks_shape_format(t->rank, t->shape, b, sizeof b));
 }
 
+/* No rows at all: an empty list, which a writer that does not know the row shape stores as [0]. */
+static int no_rows(const ks_tensor *t) { return t->rank == 1 && t->shape[0] == 0; }
+
 static KS_NODISCARD ks_status check_cat_shape(const ks__state *s, const ks_tensor *t, const char *name, ks_error *err) {
+  if (no_rows(t)) return KS_OK;
   int ok = t->rank >= 1;
   if (ok && !s->row_dynamic) {
     ok = t->rank == s->rank;
@@ -95,7 +100,7 @@ static KS_NODISCARD ks_status check_cat_shape(const ks__state *s, const ks_tenso
 
 static KS_NODISCARD ks_status check_dtype(const ks__state *s, ks_dtype found, int allow_narrowing, int *converted,
                              const char *name, ks_error *err) {
-  if (found == s->dtype) return KS_OK;
+  if (found == s->dtype || s->any_dtype) return KS_OK;
   if (!ks_dtype_widens_to(found, s->dtype) && !allow_narrowing)
     return ks__err_at(err, KS_E_DTYPE, NULL, name, -1,
                       "state '%s' is %s; converting it to %s would lose precision (narrowing not allowed)",
@@ -107,16 +112,18 @@ static KS_NODISCARD ks_status check_dtype(const ks__state *s, ks_dtype found, in
 /* Copies a state's value, converting its dtype; a fixed state given one value for n broadcasts it. */
 static KS_NODISCARD ks_status stage_one(const ks_metric *m, const ks__state *s, const ks_tensor *t, staged *out,
                            const char *name, ks_error *err) {
+  ks_dtype dt = s->any_dtype ? t->dtype : s->dtype;
   size_t n = ks__numel(t), nbytes;
-  if (s->reduce != KS_REDUCE_CAT && n == 1) n = s->nbytes / ks_dtype_size(s->dtype);
-  if (!ks__mul_size(n, ks_dtype_size(s->dtype), &nbytes))
+  if (s->reduce != KS_REDUCE_CAT && n == 1) n = s->nbytes / ks_dtype_size(dt);
+  if (!ks__mul_size(n, ks_dtype_size(dt), &nbytes))
     return ks__err_at(err, KS_E_LIMIT, NULL, name, -1, "state too large");
   out->data = ks__malloc(&m->alloc, nbytes ? nbytes : 1);
   if (!out->data) return ks__err_at(err, KS_E_NOMEM, NULL, name, -1, "out of memory loading the state");
-  size_t src_n = ks__numel(t), esz = ks_dtype_size(s->dtype);
-  if (t->dtype == s->dtype) {
+  out->dtype = dt;
+  size_t src_n = ks__numel(t), esz = ks_dtype_size(dt);
+  if (t->dtype == dt) {
     if (src_n) memcpy(out->data, t->data, src_n * esz);
-  } else if (ks_dtype_convert(s->dtype, out->data, t->dtype, t->data, src_n)) {
+  } else if (ks_dtype_convert(dt, out->data, t->dtype, t->data, src_n)) {
     ks__free(&m->alloc, out->data);
     out->data = NULL;
     return ks__err_at(err, KS_E_DTYPE, NULL, name, -1, "cannot convert %s to %s", ks_dtype_name(t->dtype),
@@ -124,7 +131,11 @@ static KS_NODISCARD ks_status stage_one(const ks_metric *m, const ks__state *s, 
   }
   for (size_t i = src_n; i < n; i++) memcpy((char *)out->data + i * esz, out->data, esz); /* broadcast */
   out->nbytes = nbytes;
-  if (s->reduce == KS_REDUCE_CAT) {
+  if (s->reduce == KS_REDUCE_CAT && no_rows(t)) {
+    out->rank = s->rank; /* the declared rows, none of them */
+    memcpy(out->shape, s->shape, sizeof out->shape);
+    out->shape[0] = 0;
+  } else if (s->reduce == KS_REDUCE_CAT) {
     out->rank = t->rank;
     memcpy(out->shape, t->shape, sizeof out->shape);
   } else {
@@ -175,6 +186,7 @@ static void install(ks_metric *m, staged *sg) {
     ks__free(&m->alloc, s->data);
     s->data = sg[i].data;
     s->nbytes = sg[i].nbytes;
+    s->dtype = sg[i].dtype;
     s->cap = sg[i].nbytes;
     s->rank = sg[i].rank;
     memcpy(s->shape, sg[i].shape, sizeof s->shape);
@@ -192,7 +204,7 @@ ks_status ks_metric_load_state_dict(ks_metric *m, const ks_statedict *src, const
   if (schema_version < 1 || schema_version > KS_METRIC_SCHEMA_VERSION)
     return ks__err(err, KS_E_VERSION, "metric state schema version %d is not supported (1..%d)",
                    schema_version, KS_METRIC_SCHEMA_VERSION);
-  staged sg[KS__MAX_STATES];
+  staged sg[KS__MAX_DESCRIBED_STATES];
   memset(sg, 0, sizeof sg);
   int mig = 0, conv = 0;
   ks_status st = KS_OK;

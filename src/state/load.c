@@ -265,7 +265,8 @@ static KS_NODISCARD ks_status note_weights_only(ks__load_ctx *c) {
 
 /* ---- entry points ---- */
 
-/* The checkpoint without the entries an ignore glob matches (tensor data borrowed). */
+/* The checkpoint without the entries an ignore glob matches, nor the model's when the program has
+ * none (tensor data borrowed). */
 static KS_NODISCARD ks_status filter_ignored(ks__load_ctx *c, const ks_statedict *src, ks_statedict **out) {
   ks_statedict *view;
   ks_status s = ks_statedict_create(&c->st->alloc, &view, NULL);
@@ -273,7 +274,8 @@ static KS_NODISCARD ks_status filter_ignored(ks__load_ctx *c, const ks_statedict
   for (size_t i = 0; i < n && !s; i++) {
     ks_entry e;
     if (ks_statedict_at(src, i, &e)) continue; /* index in range: cannot fail */
-    if (ks__ignored(c, e.name)) continue;
+    if (ks__ignored(c, e.name) || (c->o.model_absent && !strncmp(e.name, KS_KEY_MODEL, strlen(KS_KEY_MODEL))))
+      continue;
     s = ks_statedict_set_entry(view, e.name, &e, KS_BORROW, NULL);
   }
   if (s) {
@@ -320,7 +322,7 @@ ks_status ks_state_load_state_dict(ks_state *st, const ks_statedict *src, const 
   ks__load_ctx c = {.st = st, .src = src, .rep = report, .err = err};
   if (opts) c.o = *opts;
   ks_statedict *view = NULL;
-  ks_status s = c.o.n_ignore ? filter_ignored(&c, src, &view) : KS_OK;
+  ks_status s = c.o.n_ignore || c.o.model_absent ? filter_ignored(&c, src, &view) : KS_OK;
   if (view) c.src = view;
   if (!s) s = parse_metrics_meta(&c, meta);
   if (!s) s = load_all(&c);

@@ -30,7 +30,8 @@ static KS_NODISCARD ks_status definition_problem(const ks_allocator *a, const ks
   ks__jv *mine = NULL;
   ks_status s = stored && txt ? ks__jv_parse(a, txt, strlen(txt), "args", &mine, NULL) : KS_OK;
   if (s == KS_E_NOMEM) return s;
-  int same = !stored || (mine && ks__jv_equal(stored, mine));
+  /* A described metric of a class the catalogue cannot build has no arguments: class only. */
+  int same = !stored || !txt || (mine && ks__jv_equal(stored, mine));
   ks__jv_free(a, mine);
   if (same) return KS_OK;
   char *d = ks__jv_dump(a, stored, true);
@@ -70,11 +71,52 @@ static KS_NODISCARD ks_status restore_computed(ks__load_ctx *c, ks_metric *m, co
   return s;
 }
 
+/* The update count an inner metric was saved with (`<path>/update_count`), 1 when absent. */
+static int64_t inner_count(const ks__load_ctx *c, const char *path) {
+  char k[KS__KEY_MAX + 1];
+  ks_entry e;
+  if (ks__key(k, path, "/update_count") || ks_statedict_get(c->src, k, &e) != KS_OK) return 1;
+  return e.kind == KS_VAL_INT && e.i >= 0 ? e.i : 1;
+}
+
+/*
+ * The inner metrics of a described wrapper, each from `<path>/inner/<name>/` in the current
+ * schema (they were never written by another). A refusal is returned in *e (the caller resets
+ * the wrapper: all or nothing); KS_E_NOMEM and key limits in c->err.
+ */
+static KS_NODISCARD ks_status fill_inner(ks__load_ctx *c, ks_metric *m, const char *path, const ks__jv *me,
+                                         int *migrated, int *converted, ks_error *e) {
+  const ks__jv *classes = ks__jv_get(me, "inner"); /* the record's {name: class}, when the writer gave it */
+  for (size_t i = 0; i < ks_metric_inner_count(m); i++) {
+    const char *name;
+    ks_metric *in = ks_metric_inner_at(m, i, &name);
+    const char *saved = ks__jv_string(ks__jv_get(classes, name));
+    if (saved && strcmp(saved, ks_metric_class(in)))
+      return ks__err_at(e, KS_E_MISMATCH, NULL, path, -1, "inner metric '%s': class %s in the checkpoint, %s in the "
+                        "program", name, saved, ks_metric_class(in));
+    char ipath[KS__KEY_MAX + 1], prefix[KS__KEY_MAX + 1];
+    if (ks__keyf(ipath, path, "/inner/%s", name)) return ks__key_limit(c->err, path, name);
+    if (ks__key(prefix, ipath, "/")) return ks__key_limit(c->err, ipath, "/");
+    int present;
+    ks_status s = ks__has_prefix(c, prefix, &present); /* a wrapper of wrappers may hold no state */
+    if (!s && ks__key(prefix, ipath, "/" KS_KEY_METRIC_STATES)) return ks__key_limit(c->err, ipath, "/");
+    if (s) return s;
+    if (!present) return ks__err_at(e, KS_E_NOTFOUND, NULL, ipath, -1, "inner metric '%s' is not in the checkpoint",
+                                    name);
+    s = ks_metric_load_state_dict(in, c->src, prefix, KS_METRIC_SCHEMA_VERSION, c->o.allow_narrowing, migrated,
+                                  converted, e);
+    if (!s) s = restore_computed(c, in, ipath, inner_count(c, ipath));
+    if (!s) s = fill_inner(c, in, ipath, NULL, migrated, converted, e);
+    if (s) return s;
+  }
+  return KS_OK;
+}
+
 static KS_NODISCARD ks_status fill(ks__load_ctx *c, ks_metric *m, const char *path, const ks__jv *me) {
   char prefix[KS__KEY_MAX + 1];
   if (ks__key(prefix, path, "/" KS_KEY_METRIC_STATES)) return ks__key_limit(c->err, path, "/" KS_KEY_METRIC_STATES);
   stored_info si = stored_of(me);
-  int migrated = 0, converted = 0;
+  int migrated = 0, converted = 0, inner_mig = 0, inner_conv = 0;
   ks_error e;
   ks_error_clear(&e);
   ks_status s = ks_metric_load_state_dict(m, c->src, prefix, si.schema_version, c->o.allow_narrowing, &migrated,
@@ -85,7 +127,16 @@ static KS_NODISCARD ks_status fill(ks__load_ctx *c, ks_metric *m, const char *pa
     return ks__note(c, KS_LOAD_MISMATCHED, path, "%s; left at defaults", e.message);
   }
   s = restore_computed(c, m, path, si.update_count);
+  if (!s) s = fill_inner(c, m, path, me, &inner_mig, &inner_conv, &e);
+  if (s == KS_E_NOMEM && !e.code) return s;
+  if (s == KS_E_NOMEM) return ks__err(c->err, s, "out of memory loading %s", path);
+  if (s && e.code) {
+    ks_metric_reset(m);
+    return ks__note(c, KS_LOAD_MISMATCHED, path, "%s; left at defaults", e.message);
+  }
   if (s) return s;
+  migrated |= inner_mig;
+  converted |= inner_conv;
   /* Old shapes (a 0-d MSE sum) are reshaped whatever version the metadata names, if any. */
   if (migrated && si.schema_version < ks_metric_schema_version(m))
     return ks__note(c, KS_LOAD_MIGRATED, path, "schema v%d states migrated to v%d%s", si.schema_version,

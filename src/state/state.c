@@ -130,9 +130,16 @@ ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks_scheduler *s
 }
 
 ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb, ks_error *err) {
+  return ks_state_add_component(st, KS_ROOT_CALLBACKS, name, cb, err);
+}
+
+ks_status ks_state_add_component(ks_state *st, ks_state_root root, const char *name, const ks_stateful *cb,
+                                 ks_error *err) {
   if (!cb || !cb->to_state_dict || !cb->load_state_dict)
     return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "stateful callbacks missing (both are required)");
-  return add_comp(st, &(st_comp){.kind = ST_CUSTOM, .name = (char *)name, .cb = *cb}, err);
+  if (root < KS_ROOT_OPTIMIZERS || root > KS_ROOT_RNG)
+    return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "unknown component root %d", (int)root);
+  return add_comp(st, &(st_comp){.kind = ST_CUSTOM, .name = (char *)name, .cb = *cb, .root = (int)root}, err);
 }
 
 ks_status ks_state_add_dataset(ks_state *st, const char *name, ks_dataset_state *ds, ks_error *err) {
@@ -153,9 +160,11 @@ const ks_timestamp *ks_state_timestamp(const ks_state *st) {
 }
 
 ks_status ks__comp_prefix(const st_comp *c, char *buf) {
+  /* Indexed by st_kind; custom components by their ks_state_root (the same order, plus rng/). */
   static const char *const roots[] = {KS_KEY_MODEL, KS_KEY_OPTIMIZERS, KS_KEY_SCHEDULERS,
-                                      KS_KEY_CALLBACKS, KS_KEY_DATASET_STATE};
-  return ks__keyf(buf, roots[c->kind], c->kind == ST_TENSOR ? "%s" : "%s/", c->name);
+                                      KS_KEY_CALLBACKS, KS_KEY_DATASET_STATE, "rng/"};
+  int r = c->kind == ST_CUSTOM ? c->root : (int)c->kind;
+  return ks__keyf(buf, roots[r], c->kind == ST_TENSOR ? "%s" : "%s/", c->name);
 }
 
 /* ---- metrics built by the program's factory ---- */

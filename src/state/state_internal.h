@@ -29,6 +29,7 @@ typedef struct st_comp {
   ks_tensor t;    /* ST_TENSOR: borrowed data */
   void *obj;      /* ST_OPTIM / ST_SCHED / ST_DATASET */
   ks_stateful cb; /* ST_CUSTOM */
+  int root;       /* ST_CUSTOM: its ks_state_root (KS_ROOT_CALLBACKS unless added with a root) */
 } st_comp;
 
 typedef struct st_eval {

@@ -236,6 +236,9 @@ static void put_dims(writer *wr, int rank, const int64_t *d) {
 
 static KS_NODISCARD ks_status storage_dtype(writer *wr, const char *name, ks_dtype dt, ks_dtype *out) {
   *out = dt;
+  if (!strcmp(ks__pk_torch_dtype_name(dt), "?")) /* C64, F8_*FNUZ: no torch.save mapping (yet) */
+    return ks__err_at(wr->err, KS_E_DTYPE, NULL, name, -1, "torch: %s tensors are not exported to torch.save files",
+                      ks_dtype_name(dt));
   if (wr->compat != KS_TORCH_COMPAT_1_13) return KS_OK;
   switch (dt) {
     case KS_U16: *out = KS_I32; return KS_OK;

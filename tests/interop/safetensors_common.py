@@ -22,18 +22,20 @@ except ImportError as e:
 
 # In keepsake's order (the ks_dtype values), which safetensors_helper relies on.
 SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "U32": 4, "I32": 4, "U64": 8, "I64": 8,
-         "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+         "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "C64": 8, "F8_E4M3FNUZ": 1,
+         "F8_E5M2FNUZ": 1}
 DTYPES = list(SIZES)
 
 TORCH_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "U16": torch.uint16,
                 "I16": torch.int16, "U32": torch.uint32, "I32": torch.int32, "U64": torch.uint64,
                 "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
-                "F64": torch.float64, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+                "F64": torch.float64, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+                "C64": torch.complex64, "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz}
 TORCH_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-# numpy has no bfloat16 and no 8-bit floats, so safetensors' numpy framework cannot hold these.
+# numpy has no bfloat16 and no 8-bit floats, so safetensors' numpy framework cannot hold those.
 NUMPY_DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
                 "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64,
-                "F16": np.float16, "F32": np.float32, "F64": np.float64}
+                "F16": np.float16, "F32": np.float32, "F64": np.float64, "C64": np.complex64}
 NUMPY_NAMES = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}
 NOT_IN_NUMPY = [d for d in DTYPES if d not in NUMPY_DTYPES]
 

@@ -201,7 +201,7 @@ def build():
     case("diff_rank_9", obj(T("r", "U8", "[1,1,1,1,1,1,1,1,1]", 0, 1)), b"\x01")
     case("diff_dim_above_int64", obj(T("z", "U8", "[18446744073709551615,0]", 0, 0)))
     case("diff_dtype_f8_e8m0", obj(T("a", "F8_E8M0", "[2]", 0, 2)), bytes(2))
-    case("diff_dtype_c64", obj(T("a", "C64", "[1]", 0, 8)), bytes(8))
+    case("dtype_c64", obj(T("a", "C64", "[1]", 0, 8)), bytes(8))
     case("diff_dtype_f4", obj(T("a", "F4", "[2]", 0, 1)), bytes(1))
     case("diff_keepsake_other_format", '{"__metadata__":{"keepsake.format":"other"}}')
     case("diff_keepsake_future_version", '{"__metadata__":{"keepsake.format":"keepsake","keepsake.format_version":"2"}}')

@@ -37,7 +37,6 @@ EXPECTED_DIFFERENCES = {
     "diff_rank_9": "KS_E_LIMIT",
     "diff_dim_above_int64": "KS_E_LIMIT",
     "diff_dtype_f8_e8m0": "KS_E_DTYPE",
-    "diff_dtype_c64": "KS_E_DTYPE",
     "diff_dtype_f4": "KS_E_DTYPE",
     "diff_keepsake_other_format": "KS_E_FORMAT",
     "diff_keepsake_future_version": "KS_E_VERSION",

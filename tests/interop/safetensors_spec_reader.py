@@ -25,7 +25,8 @@ except ImportError:
     sys.exit(77)
 
 SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2, "U32": 4,
-         "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+         "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1,
+         "C64": 8, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1}
 
 
 def read_spec(path):

@@ -86,7 +86,7 @@ def test_rng_states_come_back(tmp_path):
     random.seed(99)
     np.random.seed(99)
     r = kt.load_checkpoint(p)
-    assert {"rng/0/torch", "rng/0/python", "rng/0/numpy"} <= set(r.paths("loaded"))
+    assert "rng/0" in r.paths("loaded")  # one component, as a C program's rng/0 (the engine reports it)
     got = (torch.rand(3), random.random(), np.random.rand(), random.gauss(0, 1))
     assert torch.equal(want[0], got[0]) and want[1:] == got[1:]
 
@@ -128,11 +128,13 @@ def test_missing_skipped_weights_only_and_ignore(tmp_path):
     assert r.extra == {"step": 7, "hist": [1.0, 2.0]}
     m3, o3, _ = setup(2)
     r = kt.load_checkpoint(p, model=m3, optimizers={"main": o3}, weights_only=True)
-    assert r.find("state/optimizers").kind == "skipped" and not o3.state
+    assert r.find("state/optimizers/main").kind == "skipped" and not o3.state
+    assert r.find("state/optimizers/main").reason == "weights-only load; kept as is"
     assert torch.equal(m3[0].weight, model[0].weight)
     r = kt.load_checkpoint(p, model=m3, optimizers={"main": o3}, ignore=["state/optimizers/*", "rng"])
-    assert r.find("state/optimizers/main").kind == "missing" and not o3.state
-    assert "rng/0/torch" in r.paths("skipped") and r.find("rng/0/torch").reason == "ignored"
+    assert r.find("state/optimizers/main").kind == "skipped" and not o3.state
+    assert r.find("state/optimizers/main").reason == "ignored by an ignore glob; kept as is"
+    assert r.find("rng/0").kind == "skipped" and r.find("rng/0").reason == "ignored by an ignore glob; kept as is"
 
 
 def test_component_refusal_strict_and_not(tmp_path):
@@ -157,7 +159,7 @@ def test_save_is_atomic(tmp_path):
         kt.save_checkpoint(p, model=model, extra={"bad": object()})
     assert e.value.key == "state/extra/bad"
     with pytest.raises(keepsake.DTypeError):
-        kt.save_checkpoint(p, model=model, extra={"c": torch.zeros(2, dtype=torch.complex64)})
+        kt.save_checkpoint(p, model=model, extra={"c": torch.zeros(2, dtype=torch.complex128)})
     assert p.read_bytes() == before
     assert sorted(x.name for x in tmp_path.iterdir()) == ["a.keepsake"]  # no temporary left
 
@@ -168,7 +170,7 @@ def test_report_object(tmp_path):
     kt.save_checkpoint(p, model=model, optimizers=opt, rng=False)
     r = kt.load_checkpoint(p, model=setup()[0], optimizers=setup()[1], schedulers=setup()[2], rng=False)
     assert isinstance(r, keepsake.LoadReport) and len(r) == len(list(r))
-    assert r.find("state/model").kind == "loaded" and r.find("state/model").reason == "9 tensors"
+    assert r.find("state/model").kind == "loaded" and r.find("state/model").reason == "9 of 9 tensors"
     text = str(r)
     assert "missing    state/schedulers/CosineAnnealingLR" in text
     assert text.splitlines()[-1].startswith("  summary: 2 loaded") and "1 missing" in text

@@ -26,3 +26,23 @@ def test_manager_example_runs(tmp_path, monkeypatch, capsys):
     assert "ep0-ba40.keepsake" in files and 2 <= len(files) <= 3  # keep_last 2 plus the best one
     exec(compile(code, "docs/PYTHON.md", "exec"), {"__name__": "example"})  # again: it resumes
     assert "loaded" in capsys.readouterr().out
+
+
+def _blocks(rel):
+    text = open(os.path.join(SRC, rel), encoding="utf-8").read()
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_readme_snippets_run_as_written(tmp_path, monkeypatch, capsys):
+    """Every Python block of README.md and python/README.md, each in a fresh directory."""
+    blocks = [(rel, code) for rel in ("README.md", os.path.join("python", "README.md")) for code in _blocks(rel)]
+    assert len(blocks) >= 2
+    for i, (rel, code) in enumerate(blocks):
+        d = tmp_path / str(i)
+        d.mkdir()
+        monkeypatch.chdir(d)
+        exec(compile(code, rel, "exec"), {"__name__": "example"})
+        out = capsys.readouterr().out
+        if "load_checkpoint" in code:
+            assert "  summary: " in out and "0 mismatched" in out, (rel, out)
+        assert (d / "ck.keepsake").exists() and (d / "composer.keepsake").exists(), rel

@@ -62,8 +62,8 @@ def test_c_checkpoint_loads_in_python():
     assert torch.equal(opt.state[model.fc2.weight]["exp_avg"], f["state/optimizers/AdamW/state/2/exp_avg"])
     assert report.find("state/train_metrics/LanguageCrossEntropy").kind == "skipped"  # a Composer metric
     assert report.find("state/schedulers/CosineAnnealingWithWarmupScheduler").kind == "skipped"
-    assert report.find("rng/0/xoshiro256starstar").kind == "skipped"
-    assert report.find("rng/0/torch").kind == "missing"
+    # rng/0 holds the C program's xoshiro256** only: the Python generators are left as they are.
+    assert report.find("rng/0").kind == "loaded"
     assert report.run_name and report.timestamp is not None and report.timestamp.epoch > 0
     m = train["MulticlassAccuracy"]
     assert report.find("state/train_metrics/MulticlassAccuracy").kind == "loaded"

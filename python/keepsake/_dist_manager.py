@@ -1,0 +1,468 @@
+"""keepsake.CheckpointManager(run_dir, ..., distributed=True): the C checkpoint manager over the
+sharded checkpoint directories a torch.distributed run writes with DCP.
+
+Every rule is the C library's sharded manager (``ks_ckpt_opts.sharded``, include/keepsake/manager.h),
+as the MPI programs use it (``ks_dist_ckpt_*``, src/dist/manager.c): the directory names (the
+template, ``ep{epoch}-ba{batch}`` by default), which directories are checkpoints (an index that
+validates), removing the directories of saves that died (no index), ``latest``, the retention
+policies (keep the newest N, the best N by a metric stored in rank 0's file, every N-th, one per
+period), the run directory's lock (rank 0 holds it), the save triggers, and which directory
+autoresume takes (the newest whose rank files all verify against the index). This module makes the
+same collective decisions over torch.distributed that src/dist/manager.c makes over MPI, and
+writes and reads each directory with ``dcp.save`` / ``dcp.async_save`` / ``dcp.load`` through
+keepsake's DCP storage (:mod:`keepsake.distributed`).
+
+What a directory holds (docs/PYTHON.md, "torch.distributed"):
+
+- DCP items: ``model`` and ``optim`` (``get_state_dict``: FSDP2 / DTensor shards stay sharded),
+  ``extra`` (replicated), and each rank's own items under ``rank<r>/``: ``rank<r>/rng/...`` (that
+  rank's torch, Python and numpy generators), ``rank<r>/dataset_state/<name>`` and
+  ``rank<r>/metrics/<name>/<i>`` (that rank's local metric states, as keepsake bytes). Each rank
+  is the only one that saves its ``rank<r>/`` items, so they are in its own rank file.
+- keepsake scalars, not DCP items, in every rank's entries (so every rank file's shard record
+  carries the timestamp, which the index checks): ``state/timestamp/Timestamp/<field>``; and in
+  rank 0's file ``state/train_metrics/<name>/_computed``, each metric computed over every rank
+  (``keepsake.distributed.synced``) when it is a finite scalar: what ``keep_best`` ranks by.
+"""
+from __future__ import annotations
+
+import signal as _signal
+import sys
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple
+
+from . import _errors, _load, _metrics, _rng, _state
+from . import _native_api as _n
+from ._manager import CheckpointManager, Preempted
+from ._paths import PathLike, fspath
+from ._report import Timestamp
+
+TIMESTAMP = "state/timestamp/Timestamp/"
+TRAIN_METRICS = "state/train_metrics/"
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise _errors.error(_errors.StateError, "CheckpointManager(distributed=True) needs an initialised "
+                            "torch.distributed process group (dist.init_process_group)")
+    return dist
+
+
+def _writer_class() -> type:
+    """KeepsakeWriter that adds keepsake entries (scalars, rank 0's computed metrics) to each rank
+    file beside DCP's items. Built lazily: keepsake.distributed imports torch."""
+    global _Writer
+    if _Writer is not None:
+        return _Writer
+    import json as _json
+    from torch.futures import Future
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.storage import WriteResult
+    from . import distributed as _d
+
+    class ManagedWriter(_d.KeepsakeWriter):
+        """``extra_entries(rank)`` gives keepsake entries (as save_file takes them) to add to that
+        rank's file; rank 0's are its replicated entries, other ranks' only reach their shard
+        record (the timestamp)."""
+
+        def __init__(self, path: PathLike, extra_entries: Any, **kw: Any) -> None:
+            super().__init__(path, **kw)
+            self.extra_entries = extra_entries
+
+        # KeepsakeWriter.write_data, with the extra entries appended to each rank's.
+        def write_data(self, plan: Any, planner: Any) -> "Future[List[WriteResult]]":
+            where = plan.storage_data
+            if not isinstance(where, _d._RankPlan):
+                raise _errors.error(_errors.StateError, "write_data before prepare_global_plan")
+            entries: List[tuple] = []
+            chunks: List[tuple] = []
+            keep: List[Any] = []
+            results: List[WriteResult] = []
+            seen = set()
+            for item in plan.items:
+                name, nbytes = self._add_item(item, planner, where.rank, entries, chunks, keep)
+                if name in seen:
+                    raise _errors.error(_errors.UnsupportedError, f"{item.index.fqn}: more than one chunk of a "
+                                        "tensor on one rank (keepsake files hold at most one)", key=item.index.fqn)
+                seen.add(name)
+                results.append(WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=None))
+            for e in self.extra_entries(where.rank, keep):
+                if e[0] in seen:
+                    raise _errors.error(_errors.InvalidError, f"{e[0]}: a DCP item has the name of a keepsake "
+                                        "entry of the manager", key=e[0])
+                entries.append(e)
+            record = {"version": _d._META_VERSION, "planner_data": where.planner_data}
+            size, xxh3 = _n.shard_write_rank(self.path, where.rank, where.world_size, entries, chunks,
+                                             {_d.META_KEY: _json.dumps(record, sort_keys=True)}, self.sync_files)
+            del keep
+            results.append(WriteResult(index=MetadataIndex(_d._RANK_FILE_FQN + str(where.rank)), size_in_bytes=size,
+                                       storage_data=_d._RankFile(where.rank, size, xxh3)))
+            fut: Future = Future()
+            fut.set_result(results)
+            return fut
+
+    _Writer = ManagedWriter
+    return _Writer
+
+
+_Writer: Optional[type] = None
+
+
+def _metric_parts(m: Any) -> List[Any]:
+    return [m] + [sub for _name, sub in _metrics.inner_metrics(m)]
+
+
+class DistributedCheckpointManager(CheckpointManager):
+    """The checkpoint manager of a torch.distributed run: every rank constructs it, with the same
+    arguments, and calls :meth:`step`, :meth:`save`, :meth:`autoresume`, :meth:`wait` and
+    :meth:`close` at the same points (they are collective).
+
+    Args (as :class:`CheckpointManager`, plus):
+        model: the (FSDP2, DDP or plain) module; ``optimizers``: an optimizer or a list of them:
+            saved and loaded with ``get_state_dict`` / ``set_state_dict``.
+        train_metrics: torchmetrics metrics; each rank's local states are saved and restored, and
+            the value computed over every rank goes into rank 0's file for ``keep_best``.
+        dataset_state: dict name -> object with ``state_dict()`` (or a dict), per rank.
+        rng: save and restore each rank's generators.
+        extra: a replicated dict of tensors and plain values (rank 0's is what is kept).
+        process_group: the ranks that save (default: the whole job). The manager's collectives
+            run on two gloo groups of its own over those ranks (one for async saves).
+        sync_files: fsync every rank file and the index (default).
+    """
+
+    def __init__(self, run_dir: PathLike, *, model: Any = None, optimizers: Any = None, schedulers: Any = None,
+                 train_metrics: Any = None, eval_metrics: Any = None, timestamp: Optional[Timestamp] = None,
+                 dataset_state: Any = None, callbacks: Any = None, extra: Optional[Mapping[str, Any]] = None,
+                 rng: bool = True, run_name: str = "", rank_zero_seed: int = 0,
+                 save_every: Optional[str] = None, save_every_seconds: float = 0.0, filename: Optional[str] = None,
+                 keep_last: int = 0, keep_best: int = 0, best_metric: Optional[str] = None, best_mode: str = "max",
+                 keep_every: Optional[str] = None, keep_period_seconds: float = 0.0, async_save: bool = False,
+                 on_save_error: str = "raise", preemption_signals: Sequence[int] = (_signal.SIGTERM, _signal.SIGUSR1),
+                 lock: str = "auto", upload_to: Optional[PathLike] = None, upload_retention: bool = False,
+                 retention_log: bool = False, when_busy: str = "wait", distributed: bool = True,
+                 process_group: Any = None, sync_files: bool = True) -> None:
+        dist = _dist()
+        if on_save_error not in ("raise", "warn"):
+            raise ValueError("on_save_error: 'raise' or 'warn'")
+        unsupported = [n for n, v in (("schedulers", schedulers), ("eval_metrics", eval_metrics),
+                                      ("callbacks", callbacks), ("upload_to", upload_to)) if v is not None]
+        if unsupported:
+            raise _errors.error(_errors.UnsupportedError, f"CheckpointManager(distributed=True): "
+                                f"{', '.join(unsupported)} not supported yet (keep them in `extra`)")
+        self.components = dict(model=model, optimizers=optimizers, train_metrics=train_metrics,
+                               dataset_state=dataset_state)
+        self.timestamp = timestamp if timestamp is not None else Timestamp()
+        self.extra, self.rng, self.run_name, self.rank_zero_seed = extra, rng, run_name, rank_zero_seed
+        self.async_save, self.on_save_error, self.sync_files = async_save, on_save_error, sync_files
+        self.last_report = None
+        self.last_saved: Optional[str] = None
+        self.last_resumed: Optional[str] = None
+        self.save_errors = 0
+        self.skipped = 0
+        self._url = None
+        self._pending: Optional[Tuple[Any, str]] = None
+        self._pending_error: Optional[BaseException] = None
+        ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
+        # Control collectives (decisions, agreement, blocking DCP) and async DCP on groups of their
+        # own: gloo (CPU tensors, whatever the training backend), never interleaved with training's.
+        self._ctl = dist.new_group(ranks=ranks, backend="gloo")
+        self._async_group = dist.new_group(ranks=ranks, backend="gloo") if async_save else None
+        self.rank = dist.get_rank(self._ctl)
+        self.world_size = dist.get_world_size(self._ctl)
+        # Rank 0 owns the run directory (lock, dead saves, `latest`, retention, the choice of what to
+        # resume); the other ranks' managers only name directories (ks_ckpt_manager_dir_path).
+        err = None
+        try:
+            self._native = _n.Manager(fspath(run_dir), save_interval=save_every, filename=filename,
+                                      keep=keep_last if self.rank == 0 else 0,
+                                      keep_best=keep_best if self.rank == 0 else 0,
+                                      best_metric=best_metric if self.rank == 0 else None, best_mode=best_mode,
+                                      keep_every=keep_every if self.rank == 0 else None,
+                                      keep_period_seconds=keep_period_seconds if self.rank == 0 else 0.0,
+                                      save_every_seconds=save_every_seconds, lock=lock if self.rank == 0 else "off",
+                                      async_busy=when_busy, retention_log=retention_log and self.rank == 0,
+                                      sharded=True)
+        except _errors.KeepsakeError as e:
+            err = e
+        self._agree(err, "creating the checkpoint manager")
+        if preemption_signals:
+            _n.preemption_install(list(preemption_signals))
+
+    # ---- collectives ----
+
+    def _agree(self, err: Optional[BaseException], what: str) -> None:
+        """Every rank raises when any rank failed (the failing one its own error), as ks_dist_agree."""
+        import torch
+        dist = _dist()
+        flag = torch.tensor([0 if err is None else self.rank + 1], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._ctl)
+        if err is not None:
+            raise err
+        if int(flag.item()):
+            raise _errors.error(_errors.StateError, f"{what} failed on rank {int(flag.item()) - 1}")
+
+    def _broadcast_str(self, s: Optional[str]) -> Optional[str]:
+        import torch
+        dist = _dist()
+        data = s.encode("utf-8", "surrogateescape") if (self.rank == 0 and s is not None) else b""
+        n = torch.tensor([len(data) if (self.rank == 0 and s is not None) else -1], dtype=torch.int64)
+        dist.broadcast(n, group_src=0, group=self._ctl)
+        k = int(n.item())
+        if k < 0:
+            return None
+        buf = torch.zeros(k, dtype=torch.uint8)
+        if self.rank == 0 and k:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        dist.broadcast(buf, group_src=0, group=self._ctl)
+        return bytes(buf.numpy()).decode("utf-8", "surrogateescape")
+
+    # ---- what is saved ----
+
+    def _named_metrics(self) -> List[Tuple[str, Any]]:
+        return _metrics.named_metrics(self.components["train_metrics"])
+
+    def _dcp_state(self) -> Dict[str, Any]:
+        """The DCP state dict: model and optimizer (get_state_dict), extra, and this rank's items."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        import torch
+        sd: Dict[str, Any] = {}
+        model, opts = self.components["model"], self.components["optimizers"]
+        if model is not None:
+            msd, osd = get_state_dict(model, opts if opts is not None else [])
+            sd["model"] = msd
+            if opts is not None:
+                sd["optim"] = osd
+        if self.extra:
+            sd["extra"] = dict(self.extra)
+        mine = f"rank{self.rank}/"
+        if self.rng:
+            for k, v in _rng.state_entries().items():
+                if type(v).__module__ == "numpy":
+                    v = torch.from_numpy(v.copy())
+                sd[mine + "rng/" + k[len(_rng.PREFIX):]] = v
+        for name, d in _state._named(self.components["dataset_state"], "dataset states"):
+            sd[f"{mine}dataset_state/{name}"] = _state._state_of(d)
+        from . import _sync
+        for name, m in self._named_metrics():
+            for i, part in enumerate(_metric_parts(m)):
+                sd[f"{mine}metrics/{name}/{i}"] = _sync._encode(part)
+        return sd
+
+    def _keepsake_entries(self) -> Dict[str, Any]:
+        """The keepsake entries beside the DCP items: the timestamp (every rank) and, for rank 0, the
+        value of each train metric over every rank (collective: every rank computes it)."""
+        import torch
+        from ._sync import synced
+        out: Dict[str, Any] = {TIMESTAMP + k: v for k, v in _state._timestamp_dict(self.timestamp).items()}
+        for name, m in self._named_metrics():
+            with synced(m, self._ctl):
+                v = m.compute()
+            if isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point() and bool(torch.isfinite(v)):
+                out[f"{TRAIN_METRICS}{name}/_computed"] = v.detach().reshape(()).to(torch.float64).cpu().clone()
+        return out
+
+    def _ts(self) -> dict:
+        return _state._timestamp_dict(self.timestamp)
+
+    # ---- saving ----
+
+    def save(self, blocking: bool = True) -> str:
+        """Saves a checkpoint directory now on every rank (collective); returns its path.
+
+        Blocking: ``dcp.save``, then (after a barrier) rank 0 commits it: ``latest`` and retention,
+        which deletes pruned directories. ``blocking=False``: ``dcp.async_save`` (staged before it
+        returns) on the manager's own group; rank 0 commits it when :meth:`step` finds it done, or
+        at the next :meth:`save`, :meth:`wait` or :meth:`close`, which raise its error."""
+        import torch.distributed.checkpoint as dcp
+        self._finish_pending()  # at most one save in flight; dir_begin needs none
+        ts = self._ts()
+        path, err = None, None
+        try:
+            if self.rank == 0:
+                path, _removed = self._native.dir_begin(ts)  # removes dead saves (no index)
+            else:
+                path = self._native.dir_path(ts)
+        except _errors.KeepsakeError as e:
+            err = e
+        self._agree(err, "starting the save")
+        values = self._keepsake_entries()
+        from . import _tensors, _tree
+
+        def extra_entries(rank: int, keep: list) -> List[tuple]:
+            fl = _tree.Flattener(_tensors.torch_entry)
+            for k, v in values.items():
+                if rank == 0 or k.startswith(TIMESTAMP):
+                    fl.add(k, v)
+            keep.append(fl)
+            return fl.entries
+
+        writer = _writer_class()(path, extra_entries, sync_files=self.sync_files)
+        sd = self._dcp_state()
+        if blocking:
+            dcp.save(sd, storage_writer=writer, process_group=self._ctl)
+            self._commit(path)
+        else:
+            fut = dcp.async_save(sd, storage_writer=writer, process_group=self._async_group)
+            self._pending = (fut, path)
+        self.last_saved = path
+        return path
+
+    def _commit(self, path: str) -> None:
+        """After every rank's save returned: rank 0 points `latest` at it and applies retention."""
+        _dist().barrier(group=self._ctl)
+        err = None
+        if self.rank == 0:
+            try:
+                self._native.dir_commit(path)
+            except _errors.KeepsakeError as e:
+                err = e
+        self._agree(err, f"committing {path}")
+
+    def _poll(self) -> None:
+        """Rank 0 commits a finished background save as soon as it sees it done (not collective:
+        its index exists only once every rank's file was written); errors wait for a collective."""
+        if self._pending is None or self.rank != 0 or not self._pending[0].done():
+            return
+        fut, path = self._pending
+        self._pending = None
+        try:
+            fut.result()
+            self._native.dir_commit(path)
+        except BaseException as e:  # noqa: BLE001 - raised on every rank by _finish_pending
+            self._pending_error = e
+
+    def _finish_pending(self) -> None:
+        """Collective: waits for the background save, commits it, raises its error on every rank."""
+        err = self._pending_error
+        self._pending_error = None
+        if self._pending is not None:
+            fut, path = self._pending
+            self._pending = None
+            try:
+                fut.result()
+            except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+                err = e
+            self._agree(err, f"the background save of {path}")
+            self._commit(path)
+            return
+        self._agree(err, "a background save")
+
+    def step(self, epoch_end: bool = False) -> Optional[str]:
+        """Call on every rank at each batch end (and with ``epoch_end=True`` at each epoch end),
+        after the timestamp counts it. Collective: rank 0's manager decides the interval and clock
+        triggers, a preemption signal on any rank counts (all-reduce), so every rank saves at the
+        same step. After a preemption signal every rank saves, waits until it is committed and
+        raises :class:`Preempted`. Returns the directory saved, or None."""
+        import torch
+        dist = _dist()
+        self._poll()
+        mine = self._native.should_save(self._ts(), epoch_end) if self.rank == 0 else False
+        sig = 0 if epoch_end else _n.preemption_signal()
+        flags = torch.tensor([int(bool(mine)), sig], dtype=torch.int64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._ctl)
+        due, signum = bool(flags[0].item()), int(flags[1].item())
+        if signum:
+            path = self.save(blocking=True)
+            self.wait()
+            raise Preempted(path, signum)
+        if not due:
+            return None
+        try:
+            return self.save(blocking=not self.async_save)
+        except _errors.KeepsakeError as e:  # agreed: every rank takes the same branch
+            if self.on_save_error == "raise":
+                raise
+            self.save_errors += 1
+            print(f"keepsake: warning: checkpoint save failed, training goes on: {e}", file=sys.stderr)
+            return None
+
+    def wait(self) -> None:
+        """Collective: waits for a background save, commits it; raises its error on every rank."""
+        self._finish_pending()
+
+    def close(self) -> None:
+        """Collective: finishes a save in flight (raising its error), then releases the run directory.
+        Call it (or :meth:`wait`) before the process group goes: a save still in flight at exit is
+        not committed by the manager (its index, DCP's commit, is written all the same)."""
+        try:
+            if self._pending is not None or self._pending_error is not None:
+                self._finish_pending()
+        finally:
+            self._native.close()
+
+    @property
+    def run_dir(self) -> str:
+        return self._native.path
+
+    # ---- resuming ----
+
+    def autoresume(self, **load_kw: Any) -> bool:
+        """Collective: loads the newest checkpoint directory whose index validates and whose rank
+        files all verify (rank 0's choice through ks_ckpt_manager_dir_latest, which first removes
+        the directories of saves that died), on every rank: model and optimizer (``set_state_dict``),
+        timestamp, extra, and this rank's generators, dataset states and metric states.
+
+        Per-rank items come back only at the world size the checkpoint was saved with; at another
+        one they are left as they are (a warning says so). Returns False when there is none;
+        ``self.last_resumed`` is the directory, ``self.skipped`` how many failed to verify."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from .distributed import KeepsakeReader
+        self._finish_pending()
+        path, err = None, None
+        if self.rank == 0:
+            try:
+                path, self.skipped = self._native.dir_latest()
+            except _errors.KeepsakeError as e:
+                err = e
+        self._agree(err, "choosing the checkpoint to resume")
+        path = self._broadcast_str(path)
+        if path is None:
+            return False
+        saved_world = int(_n.shard_index(path, check=False)["world_size"])
+        sd = self._dcp_state()
+        if saved_world != self.world_size:
+            sd = {k: v for k, v in sd.items() if not k.startswith(f"rank{self.rank}/")}
+            if self.rank == 0:
+                print(f"keepsake: warning: {path} was saved by {saved_world} ranks, this run has "
+                      f"{self.world_size}: per-rank generators, data positions and metric states are not "
+                      "restored", file=sys.stderr)
+        fields = self._ts()
+        for k, v in fields.items():
+            sd[TIMESTAMP + k] = v
+        dcp.load(sd, storage_reader=KeepsakeReader(path), process_group=self._ctl, **load_kw)
+        model, opts = self.components["model"], self.components["optimizers"]
+        if model is not None:
+            set_state_dict(model, opts if opts is not None else [], model_state_dict=sd["model"],
+                           optim_state_dict=sd.get("optim", {}))
+        ts = {k: sd[TIMESTAMP + k] for k in fields}
+        if hasattr(self.timestamp, "load_state_dict"):
+            self.timestamp.load_state_dict(ts)
+        elif isinstance(self.timestamp, MutableMapping):
+            self.timestamp.update(ts)
+        if isinstance(self.extra, MutableMapping) and "extra" in sd:
+            self.extra.clear()
+            self.extra.update(sd["extra"])
+        mine = f"rank{self.rank}/"
+        if saved_world == self.world_size:
+            if self.rng:
+                items = {_rng.PREFIX + k[len(mine + "rng/"):]: v for k, v in sd.items()
+                         if k.startswith(mine + "rng/")}
+                _rng.load(items)
+            for name, d in _state._named(self.components["dataset_state"], "dataset states"):
+                v = sd[f"{mine}dataset_state/{name}"]
+                if hasattr(d, "load_state_dict"):
+                    d.load_state_dict(v)
+                elif isinstance(d, MutableMapping):
+                    d.clear()
+                    d.update(v)
+            for name, m in self._named_metrics():
+                for i, part in enumerate(_metric_parts(m)):
+                    data = sd[f"{mine}metrics/{name}/{i}"]
+                    desc = _load.describe_metric(type(part).__name__, part, top=False)
+                    values = _n.fold_metric(desc, [bytes(data)])  # one rank's states, decoded by the library
+                    _load._install_states(part, values)
+                    part._update_count = int(values["update_count"])
+                    part._computed = None
+        self.last_resumed = path
+        return True

@@ -1,0 +1,151 @@
+"""Loads through the C engine: Python describes the program's objects, ``ks_state_load_state_dict``
+decides, Python installs what it staged.
+
+No load rule lives here. Which entries fit which object, widening and refused narrowing,
+reshapes, schema versions and legacy state names, list states, missing / mismatched / skipped
+components and metrics, ignore globs and the report's text are the C library's
+(``src/state/load.c``, ``load_metrics.c``, ``src/metrics/state_io.c``, ``described.c``). This
+module turns live objects into a description (dtypes, shapes, the memory of the model's tensors,
+callables for the components) and copies the engine's staged values into the objects.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import _metrics, _tensors, _tree
+from . import _native_api as _n
+
+# torchmetrics' reduction functions, by name -> ks_reduce (how two ranks' states combine).
+_REDUCE = {"dim_zero_sum": 0, "dim_zero_mean": 1, "dim_zero_max": 2, "dim_zero_min": 3, "dim_zero_cat": 4}
+_CAT = 4
+# ks_state_root of each component kind.
+ROOT = {"optimizers": 1, "schedulers": 2, "callbacks": 3, "dataset_state": 4, "rng": 5}
+FILLED = ("loaded", "migrated", "converted")
+
+
+def _reduction(m: Any, state: str) -> int:
+    fn = getattr(m, "_reductions", {}).get(state)
+    return _REDUCE.get(getattr(fn, "__name__", ""), 0)
+
+
+def describe_metric(name: str, m: Any, top: bool = True) -> tuple:
+    """(name, class, attributes JSON, states, inner metrics): a torchmetrics metric as the engine
+    sees it (ks_metric_describe). List states are cat states of any dtype; a tensor state keeps
+    its default's dtype and shape."""
+    codes = _tensors.torch_maps()[0]
+    states = []
+    for s, d in m._defaults.items():
+        if isinstance(d, list):
+            states.append((s, _CAT, -1, ()))
+        else:
+            red = _reduction(m, s)
+            code = codes.get(d.dtype)
+            if code is None:
+                raise TypeError(f"metric state '{s}' has dtype {d.dtype}, which keepsake does not store")
+            states.append((s, 0 if red == _CAT else red, code, tuple(d.shape)))
+    # Every inner metric at any depth, by dotted name, under the top metric (the saved layout).
+    inner = [(n, describe_metric(n, sub, False)) for n, sub in _metrics.inner_metrics(m)] if top else []
+    return (name, type(m).__name__, json.dumps(_metrics.arg_attrs(m)), states, inner)
+
+
+def _install_states(m: Any, values: Dict[str, Any]) -> None:
+    for state, default in m._defaults.items():
+        v = _tensors.torch_from_copy(values["states"][state])
+        if isinstance(default, list):
+            setattr(m, state, [v] if v.ndim and v.shape[0] > 0 else [])
+        else:
+            setattr(m, state, v.to(default.device))
+
+
+def install_metric(m: Any, path: str, values: Optional[Dict[str, Any]], kind: Optional[str],
+                   items: Dict[str, Any], kinds: Dict[str, Any]) -> None:
+    """Copies what the engine staged for one metric (and its inner metrics) into it, or resets it
+    when the engine left it at its defaults."""
+    if values is None or kind not in FILLED:
+        m.reset()
+        return
+    parts = [(m, path, values)] + [(sub, f"{path}/inner/{n}", values["inner"][n])
+                                   for n, sub in _metrics.inner_metrics(m)]
+    for metric, mpath, vals in parts:
+        _install_states(metric, vals)
+        metric._computed = _metrics.computed(items, kinds, mpath)
+        _metrics.restore_attrs(metric, mpath, items)
+        metric._update_count = int(vals["update_count"])
+
+
+def component_loader(obj: Any, items: Dict[str, Any], kinds: Dict[str, Any], leaf: Callable) -> Callable[[str], None]:
+    """What the engine calls with a component's prefix when the file has it: the object's own
+    load_state_dict (or a dict's update) with the saved tree. Raising refuses it."""
+    def load(prefix: str) -> None:
+        template = obj.state_dict() if hasattr(obj, "state_dict") else None
+        value = _tree.unflatten(items, kinds, prefix, template, leaf)
+        if hasattr(obj, "load_state_dict"):
+            obj.load_state_dict(value)
+        elif isinstance(obj, dict):
+            obj.clear()
+            obj.update(value)
+        else:
+            raise TypeError(f"a {type(obj).__name__} has no load_state_dict()")
+    return load
+
+
+def model_entries(model: Any) -> Tuple[List[tuple], List[Tuple[Any, Any, str]]]:
+    """The model's tensors for the engine, which fills them in place: (name, dtype, shape,
+    address). A tensor whose memory the engine cannot write (not on the CPU, not contiguous)
+    gets a staging tensor, copied in afterwards: (program tensor, staging, key) in the 2nd list."""
+    import torch
+    sd = model.state_dict() if hasattr(model, "state_dict") else model
+    codes = _tensors.torch_maps()[0]
+    out, staged = [], []
+    for name, t in sd.items():
+        if not isinstance(t, torch.Tensor) or codes.get(t.dtype) is None:
+            continue
+        target = t
+        if t.device.type != "cpu" or not t.is_contiguous() or t.layout != torch.strided:
+            target = torch.empty(tuple(t.shape), dtype=t.dtype)
+            staged.append((t, target, f"state/model/{name}"))
+        out.append((name, codes[t.dtype], tuple(t.shape), target.data_ptr()))
+    return out, staged
+
+
+def run(source: Any, spec: Dict[str, Any]) -> Dict[str, Any]:
+    """ks_state_load_state_dict over `source` (a Reader, or (entries, metadata)) and `spec`."""
+    with _no_grad():
+        return _n.load_state(source, spec)
+
+
+class _no_grad:
+    """torch.no_grad when torch is importable (the engine writes the model's tensors in place)."""
+
+    def __enter__(self) -> None:
+        try:
+            import torch
+            self._g = torch.no_grad()
+            self._g.__enter__()
+        except ImportError:
+            self._g = None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._g is not None:
+            self._g.__exit__(*exc)
+
+
+def metric_groups(train_metrics: Any, eval_groups: Sequence[Tuple[str, Any]]) -> Tuple[list, list, list]:
+    """The engine's metric descriptions, and (path, metric) pairs to install."""
+    train = [describe_metric(n, m) for n, m in _metrics.named_metrics(train_metrics)]
+    pairs = [(f"state/train_metrics/{n}", m) for n, m in _metrics.named_metrics(train_metrics)]
+    evals = []
+    for label, ms in eval_groups:
+        evals.append((label, [describe_metric(n, m) for n, m in _metrics.named_metrics(ms)]))
+        pairs += [(f"state/eval_metrics/{label}/{n}", m) for n, m in _metrics.named_metrics(ms)]
+    return train, evals, pairs
+
+
+def install_metrics(pairs: Sequence[Tuple[str, Any]], result: Dict[str, Any], items: Dict[str, Any],
+                    kinds: Dict[str, Any]) -> None:
+    kind_of = {}
+    for kind, path, _why in result["report"]:
+        kind_of.setdefault(path, kind)
+    for path, m in pairs:
+        install_metric(m, path, result["metrics"].get(path), kind_of.get(path), items, kinds)

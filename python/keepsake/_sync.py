@@ -1,0 +1,93 @@
+"""Metrics across ranks: every rank's states travel as keepsake bytes over torch.distributed, and
+every rank folds them with the library's rule (``ks_metric_fold``: the MPI sync's), so every rank
+gets the same bits, for any torchmetrics metric, catalogue or not, by its states' declared
+reductions. No pickle: the states go as a keepsake file's bytes in a uint8 tensor.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, List, Optional
+
+from . import _errors, _load, _metrics, _tensors, _tree
+from . import _native_api as _n
+
+
+def _encode(m: Any) -> bytes:
+    """One rank's states of `m` (list states concatenated) and its update count."""
+    fl = _tree.Flattener(_tensors.torch_entry)
+    for s in m._defaults:
+        v = getattr(m, s)
+        fl.add(f"state_dict/{s}", _metrics._cat(v) if isinstance(v, list) else v)
+    fl.add("update_count", int(m._update_count))
+    return bytes(_n.save_bytes(fl.entries))
+
+
+def _all_gather_bytes(data: bytes, group: Any) -> List[bytes]:
+    """Every rank's bytes, in rank order (lengths may differ)."""
+    import torch
+    import torch.distributed as dist
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    world = dist.get_world_size(group)
+    mine = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64, device=device), group=group)
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[:mine.numel()] = mine
+    outs = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(outs, padded, group=group)
+    return [bytes(o[:int(s.item())].cpu().numpy()) for o, s in zip(outs, sizes)]
+
+
+def _parts(m: Any) -> List[Any]:
+    return [m] + [sub for _n_, sub in _metrics.inner_metrics(m)]
+
+
+def sync(metric: Any, group: Optional[Any] = None) -> None:
+    """Replaces the states of `metric` (a torchmetrics Metric or MetricCollection; a wrapper's inner
+    metrics too) by the fold of every rank's, in rank order. Collective: every rank of `group`
+    calls it. ``metric.unsync()`` (torchmetrics' own) puts the local states back."""
+    if _metrics.is_metric(metric):
+        todo = _parts(metric)
+    else:
+        todo = [p for _name, m in _metrics.named_metrics(metric) for p in _parts(m)]
+    for m in todo:
+        if getattr(m, "_is_synced", False):
+            raise _errors.error(_errors.StateError, f"{type(m).__name__} is already synced: unsync() it first")
+    for m in todo:  # the same order on every rank: the collectives pair up
+        desc = _load.describe_metric(type(m).__name__, m, top=False)
+        values = _n.fold_metric(desc, _all_gather_bytes(_encode(m), group))
+        m._cache = {s: getattr(m, s) for s in m._defaults}  # what torchmetrics' unsync() restores
+        _load._install_states(m, values)
+        m._computed = None
+        m._is_synced = True
+
+
+def unsync(metric: Any) -> None:
+    """Puts back the local states :func:`sync` replaced."""
+    todo = _parts(metric) if _metrics.is_metric(metric) else [
+        p for _name, m in _metrics.named_metrics(metric) for p in _parts(m)]
+    for m in todo:
+        if getattr(m, "_is_synced", False):
+            m.unsync()
+            m._computed = None
+
+
+@contextlib.contextmanager
+def synced(metric: Any, group: Optional[Any] = None) -> Iterator[Any]:
+    """``with synced(m): m.compute()`` computes over every rank's data (torchmetrics' own sync on
+    compute is turned off meanwhile), then the local states come back."""
+    sync(metric, group)
+    todo = _parts(metric) if _metrics.is_metric(metric) else [
+        p for _name, m in _metrics.named_metrics(metric) for p in _parts(m)]
+    saved = [(m, getattr(m, "_to_sync", None)) for m in todo]
+    for m, _ in saved:
+        m._to_sync = False
+    try:
+        yield metric
+    finally:
+        for m, flag in saved:
+            m._to_sync = flag
+        unsync(metric)

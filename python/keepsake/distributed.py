@@ -1,0 +1,510 @@
+"""torch.distributed.checkpoint (DCP) storage in keepsake's sharded layout.
+
+``dcp.save(sd, storage_writer=KeepsakeWriter(path))``, ``dcp.async_save(...)`` and
+``dcp.load(sd, storage_reader=KeepsakeReader(path))`` work unchanged. What is written is a keepsake
+sharded checkpoint directory (docs/FORMAT.md section 9): one ``rank-XXXXX-of-YYYYY.keepsake`` per
+rank, written durably and hashed by the C library, then ``model.safetensors.index.json``, written
+last and durably by the coordinator in ``finish``: the commit. A job that dies before that leaves
+no index, so no checkpoint. Nothing is pickled: DCP's ``Metadata`` is rebuilt on read from the
+index and rank 0's header, and non-tensor values are stored in a typed JSON form (section 9.1),
+handed back to the planner as bytes that ``torch.save`` made from the decoded plain value.
+
+The layout, the index, the commit and every check are the C library's (``keepsake._keepsake``'s
+``shard_*`` functions); this module maps DCP's plans onto them.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import math
+import os
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.futures import Future
+from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                   MetadataIndex, StorageMeta, TensorProperties,
+                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner, ReadItem, SavePlan,
+                                                  SavePlanner, WriteItem, WriteItemType)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+
+from . import _errors, _tensors
+from . import _keepsake as _native
+from ._paths import PathLike, fspath
+from ._sync import sync, synced, unsync  # noqa: F401 - metrics across ranks (ks_metric_fold)
+
+__all__ = ["KeepsakeWriter", "KeepsakeReader", "encode_object", "decode_object", "OBJECT_PREFIX", "INDEX_NAME",
+           "sync", "unsync", "synced"]
+
+INDEX_NAME = "model.safetensors.index.json"
+#: Tensor name prefix of a non-tensor value: ``OBJECT_PREFIX + fqn`` is a 1-d U8 tensor of typed JSON.
+OBJECT_PREFIX = "keepsake.dcp.object/"
+#: Rank file metadata key: ``{"version": 1, "planner_data": <typed JSON> | null}`` (rank 0's carries it).
+META_KEY = "keepsake.dcp"
+_META_VERSION = 1
+# fqn of the one extra WriteResult each rank returns: its file's size and hash, for the index.
+_RANK_FILE_FQN = "keepsake.dcp.rank_file/"
+
+
+# ----------------------------------------------------------------------------------------------
+# Non-tensor values: typed JSON (docs/FORMAT.md section 9.1), never pickle.
+# ----------------------------------------------------------------------------------------------
+
+def _to_json(v: Any, depth: int) -> Any:
+    if depth > 100:
+        raise _errors.error(_errors.LimitError, "value nested deeper than 100 levels")
+    t = type(v)
+    if v is None or t is bool or t is int or t is str:
+        return v
+    if t is float:
+        if math.isfinite(v):
+            return v
+        return {"float": "nan" if v != v else ("inf" if v > 0 else "-inf")}
+    if t is list:
+        return [_to_json(x, depth + 1) for x in v]
+    if t is tuple:
+        return {"tuple": [_to_json(x, depth + 1) for x in v]}
+    if t is dict:
+        return {"dict": [[_to_json(k, depth + 1), _to_json(x, depth + 1)] for k, x in v.items()]}
+    if t is bytes:
+        return {"bytes": base64.b64encode(v).decode("ascii")}
+    if isinstance(v, io.BytesIO):
+        return {"bytesio": base64.b64encode(v.getvalue()).decode("ascii")}
+    raise _errors.error(_errors.UnsupportedError, f"a {t.__module__}.{t.__qualname__} is not stored: keepsake keeps "
+                        "None, bool, int, float, str, bytes, io.BytesIO, and lists, tuples and dicts of them "
+                        "(no pickle)")
+
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _from_json(v: Any, depth: int, key: str) -> Any:
+    if depth > 100:
+        raise _errors.error(_errors.LimitError, "value nested deeper than 100 levels", key=key)
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, list):
+        return [_from_json(x, depth + 1, key) for x in v]
+    if isinstance(v, dict) and len(v) == 1:
+        (tag, x), = v.items()
+        if tag == "float" and x in _NONFINITE:
+            return _NONFINITE[x]
+        if tag == "tuple" and isinstance(x, list):
+            return tuple(_from_json(y, depth + 1, key) for y in x)
+        if tag == "dict" and isinstance(x, list) and all(isinstance(p, list) and len(p) == 2 for p in x):
+            out = {}
+            for k, y in x:
+                k = _from_json(k, depth + 1, key)
+                try:
+                    out[k] = _from_json(y, depth + 1, key)
+                except TypeError:  # an unhashable key (a list): not what the writer writes
+                    raise _errors.error(_errors.FormatError, "object: a dict key that is a list", key=key) from None
+            return out
+        if tag in ("bytes", "bytesio") and isinstance(x, str):
+            try:
+                b = base64.b64decode(x.encode("ascii"), validate=True)
+            except (ValueError, UnicodeEncodeError):
+                raise _errors.error(_errors.FormatError, f"object: bad base64 in {tag!r}", key=key) from None
+            return b if tag == "bytes" else io.BytesIO(b)
+    raise _errors.error(_errors.FormatError, f"object: unexpected JSON value {json.dumps(v)[:80]}", key=key)
+
+
+def encode_object(value: Any) -> bytes:
+    """The typed JSON (UTF-8, ASCII only) keepsake stores for a non-tensor value; raises UnsupportedError."""
+    try:
+        return json.dumps(_to_json(value, 0), ensure_ascii=True, allow_nan=False,
+                          separators=(",", ":")).encode("ascii")
+    except RecursionError:
+        raise _errors.error(_errors.LimitError, "value nested too deeply") from None
+
+
+def decode_object(data: bytes, key: str = "") -> Any:
+    """The value of encode_object's bytes; FormatError (or LimitError) for anything else. Never unpickles."""
+    try:
+        tree = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _errors.error(_errors.FormatError, f"object: not JSON ({e})", key=key) from None
+    except RecursionError:
+        raise _errors.error(_errors.LimitError, "object: JSON nested too deeply", key=key) from None
+    return _from_json(tree, 0, key)
+
+
+def _torch_save_bytes(value: Any) -> io.BytesIO:
+    """What DCP's planners expect for a non-tensor value: torch.save's bytes (of a value we decoded)."""
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    buf.seek(0)
+    return buf
+
+
+# ----------------------------------------------------------------------------------------------
+# Writer
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _RankPlan:
+    """What the coordinator tells each rank in its global plan (travels over the process group)."""
+    rank: int
+    world_size: int
+    planner_data: Optional[str]  # typed JSON of the merged planner data, for rank 0's file only
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankFile:
+    """A rank's file as the index records it, returned to the coordinator in a WriteResult."""
+    rank: int
+    size: int
+    xxh3: int
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _local_dir(checkpoint_id: PathLike) -> str:
+    path = fspath(checkpoint_id)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if _is_remote(path):
+        raise _errors.error(_errors.UnsupportedError, f"{path}: keepsake's DCP storage writes local directories only")
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+class KeepsakeWriter(StorageWriter):
+    """A DCP ``StorageWriter`` that writes a keepsake sharded checkpoint directory.
+
+    Args:
+        path: the checkpoint directory (created with its parents when missing).
+        sync_files: fsync every file and directory (the default). False is faster and not durable.
+        overwrite: a directory that already holds a committed checkpoint is refused (ExistsError)
+            unless True; then its index is removed durably before any rank writes, so a save that
+            dies midway leaves no checkpoint rather than a mix of two.
+    """
+
+    def __init__(self, path: PathLike, *, sync_files: bool = True, overwrite: bool = False) -> None:
+        super().__init__()
+        self.path = _local_dir(path)
+        self.sync_files = sync_files
+        self.overwrite = overwrite
+        self.save_id = str(uuid.uuid4())
+        self.is_coordinator = False
+        self.use_collectives = True
+
+    def reset(self, checkpoint_id: Optional[PathLike] = None) -> None:
+        if checkpoint_id is not None:
+            self.path = _local_dir(checkpoint_id)
+        self.save_id = str(uuid.uuid4())
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        self.use_collectives = kwargs.get("use_collectives", True)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        _native.shard_prepare_dir(self.path, fsync=self.sync_files)
+        return plan
+
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        if not self.use_collectives:
+            raise _errors.error(_errors.UnsupportedError, "a keepsake checkpoint is committed once for all ranks: "
+                                "save with use_collectives=True")
+        if _native.shard_committed(self.path):
+            if not self.overwrite:
+                raise _errors.error(_errors.ExistsError, f"{self.path} already holds a checkpoint; pass "
+                                    "KeepsakeWriter(..., overwrite=True) or save into a new directory",
+                                    file=self.path)
+            _native.shard_uncommit(self.path, fsync=self.sync_files)  # before any rank writes
+        merged: Dict[Any, Any] = {}
+        for p in plans:
+            if isinstance(p.planner_data, dict):
+                merged.update(p.planner_data)
+        try:
+            planner_data = encode_object(merged).decode("ascii") if merged else None
+        except _errors.KeepsakeError:
+            planner_data = None  # a custom planner's data: only its flattening mappings are kept
+        return [dataclasses.replace(p, storage_data=_RankPlan(i, len(plans), planner_data if i == 0 else None))
+                for i, p in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[WriteResult]]":
+        where = plan.storage_data
+        if not isinstance(where, _RankPlan):
+            raise _errors.error(_errors.StateError, "write_data before prepare_global_plan")
+        entries: List[tuple] = []
+        chunks: List[tuple] = []
+        keep: List[Any] = []
+        results: List[WriteResult] = []
+        seen = set()
+        for item in plan.items:
+            name, nbytes = self._add_item(item, planner, where.rank, entries, chunks, keep)
+            if name in seen:
+                raise _errors.error(_errors.UnsupportedError, f"{item.index.fqn}: more than one chunk of a tensor on "
+                                    "one rank (keepsake files hold at most one)", key=item.index.fqn)
+            seen.add(name)
+            results.append(WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=None))
+        record = {"version": _META_VERSION, "planner_data": where.planner_data}
+        size, xxh3 = _native.shard_write_rank(self.path, where.rank, where.world_size, entries, chunks,
+                                              {META_KEY: json.dumps(record, sort_keys=True)}, self.sync_files)
+        del keep
+        results.append(WriteResult(index=MetadataIndex(_RANK_FILE_FQN + str(where.rank)), size_in_bytes=size,
+                                   storage_data=_RankFile(where.rank, size, xxh3)))
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    @staticmethod
+    def _add_item(item: WriteItem, planner: SavePlanner, rank: int, entries: list, chunks: list,
+                  keep: list) -> Tuple[str, int]:
+        """Adds one write item as an entry (and a chunk when rank 0 does not hold it whole): (name, bytes)."""
+        fqn = item.index.fqn
+        if fqn.startswith((OBJECT_PREFIX, _RANK_FILE_FQN)):
+            raise _errors.error(_errors.InvalidError, f"{fqn}: names starting with {OBJECT_PREFIX!r} are keepsake's",
+                                key=fqn)
+        if item.type == WriteItemType.BYTE_IO:
+            lookup = getattr(planner, "lookup_object", None)
+            if lookup is None:
+                raise _errors.error(_errors.UnsupportedError, f"{fqn}: the planner has no lookup_object, so the "
+                                    "value could only be stored pickled", key=fqn)
+            data = torch.frombuffer(bytearray(encode_object(lookup(item.index))), dtype=torch.uint8)
+            name, t, global_shape, offsets, whole = OBJECT_PREFIX + fqn, data, tuple(data.shape), (0,), True
+        else:
+            t = planner.resolve_data(item)
+            if not isinstance(t, torch.Tensor) or item.tensor_data is None:
+                raise _errors.error(_errors.InvalidError, f"{fqn}: a tensor item resolved to a {type(t).__name__}",
+                                    key=fqn)
+            td = item.tensor_data
+            name, global_shape, offsets = fqn, tuple(td.size), tuple(td.chunk.offsets)
+            whole = item.type == WriteItemType.TENSOR
+        entries.append(_tensors.torch_entry(name, t, keep))
+        # Rank 0's whole tensors and values are the replicated entries; anything else is a chunk of
+        # the index's sharded section (a whole one when DCP's dedup gave a plain tensor to rank r > 0).
+        if not (whole and rank == 0):
+            chunks.append((name, global_shape, offsets))
+        return name, entries[-1][4]
+
+    def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
+        files: Dict[int, Tuple[int, int]] = {}
+        for per_rank in results:
+            for wr in per_rank:
+                if isinstance(wr.storage_data, _RankFile):
+                    files[wr.storage_data.rank] = (wr.storage_data.size, wr.storage_data.xxh3)
+        world = len(results)
+        if sorted(files) != list(range(world)):
+            raise _errors.error(_errors.StateError, f"finish: {len(files)} rank files reported for {world} ranks")
+        _native.shard_write_index(self.path, [files[r] for r in range(world)], fsync=self.sync_files)
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: PathLike) -> bool:
+        try:
+            _local_dir(checkpoint_id)
+        except (TypeError, _errors.KeepsakeError):
+            return False
+        return True
+
+
+# ----------------------------------------------------------------------------------------------
+# Reader
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+    """Where one stored item is: the saved rank whose file holds it and its entry there."""
+    file: int
+    name: str
+    kind: str  # "tensor", "object" (typed JSON tensor) or "scalar" (a keepsake scalar of a C-written file)
+    dtype: int = -1
+    shape: Tuple[int, ...] = ()
+    value: Any = None
+
+
+def _torch_dtype(code: int, name: str) -> Any:
+    by_code = _tensors.torch_maps()[1]
+    dt = by_code[code] if 0 <= code < len(by_code) else None
+    if dt is None:
+        raise _errors.error(_errors.DTypeError, f"{name}: dtype code {code} has no torch dtype here", key=name)
+    return dt
+
+
+class KeepsakeReader(StorageReader):
+    """A DCP ``StorageReader`` for keepsake sharded checkpoint directories (written by
+    :class:`KeepsakeWriter` or by the C library).
+
+    On ``read_metadata`` the index is validated and held against every rank file's size and header
+    (ks_shard_check); each tensor a plan asks for is read alone (pread of its byte range) and its
+    checksum verified before it is used. A checkpoint written at any world size loads at any other:
+    DCP's planner asks for the regions each rank needs.
+
+    Args:
+        path: the checkpoint directory.
+        verify_files: also hash every rank file, whole, against the index in ``read_metadata``
+            (every rank reads every file once): a damaged byte anywhere is then a ChecksumError
+            before anything is planned, not only in the tensors a plan reads.
+
+    What a C-written checkpoint exposes: its sharded tensors, and rank 0's replicated tensors and
+    scalars. Per-rank entries (RNG, data positions, local metric states) have no DCP equivalent and
+    are left out; load those with keepsake's own sharded loader.
+    """
+
+    def __init__(self, path: PathLike, *, verify_files: bool = False) -> None:
+        super().__init__()
+        self.path = _local_dir(path)
+        self.verify_files = verify_files
+        self.load_id = str(uuid.uuid4())
+        self.storage_data: Dict[MetadataIndex, _Stored] = {}
+        self._files: List[str] = []
+
+    def reset(self, checkpoint_id: Optional[PathLike] = None) -> None:
+        if checkpoint_id is not None:
+            self.path = _local_dir(checkpoint_id)
+        self.load_id = str(uuid.uuid4())
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if kwargs.get("rank") is not None:
+            raise _errors.error(_errors.NotFoundError, "keepsake checkpoints have no rank-local metadata",
+                                file=self.path)
+        index = _native.shard_index(self.path, check=True)
+        if self.verify_files:
+            _native.shard_verify(self.path)
+        self._files = [f for f, _size, _hash in index["files"]]
+        md: Dict[str, Any] = {}
+        storage: Dict[MetadataIndex, _Stored] = {}
+        sharded = set()
+        for name, code, gshape, chunks in index["sharded"]:
+            sharded.add(name)
+            self._add_sharded(name, code, gshape, chunks, md, storage)
+        planner_data = self._add_rank0(sharded, index["per_rank"], md, storage)
+        return Metadata(state_dict_metadata=md, planner_data=planner_data, storage_data=storage,
+                        storage_meta=StorageMeta(checkpoint_id=self.path, load_id=self.load_id))
+
+    @staticmethod
+    def _add_sharded(name: str, code: int, gshape: tuple, chunks: list, md: dict, storage: dict) -> None:
+        if name.startswith(OBJECT_PREFIX):
+            file, offsets, shape = chunks[0]
+            if len(chunks) != 1 or code != _tensors.CODES["U8"] or len(gshape) != 1 or offsets != (0,):
+                raise _errors.error(_errors.FormatError, f"{name}: an object is one whole 1-d U8 tensor", key=name)
+            fqn = name[len(OBJECT_PREFIX):]
+            md[fqn] = BytesStorageMetadata()
+            storage[MetadataIndex(fqn)] = _Stored(file, name, "object", code, tuple(shape))
+            return
+        dt = _torch_dtype(code, name)
+        md[name] = TensorStorageMetadata(
+            properties=TensorProperties(dtype=dt), size=torch.Size(gshape),
+            chunks=[ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s)) for _f, o, s in chunks])
+        for file, offsets, shape in chunks:
+            storage[MetadataIndex(name, offsets)] = _Stored(file, name, "tensor", code, tuple(shape))
+
+    def _add_rank0(self, sharded: set, per_rank: List[str], md: dict, storage: dict) -> Any:
+        """Rank 0's replicated tensors, objects and scalars; returns the planner data it records."""
+        def skipped(name: str) -> bool:
+            return name in sharded or any(_native.path_match(g, name) for g in per_rank)
+
+        reader = _native.Reader(os.path.join(self.path, self._files[0]), backend="mmap")  # header only
+        for name, code, shape, _begin, _end in reader.entries():
+            if skipped(name):
+                continue
+            if name.startswith(OBJECT_PREFIX):
+                self._add_sharded(name, code, shape, [(0, (0,) * len(shape), shape)], md, storage)
+                continue
+            md[name] = TensorStorageMetadata(
+                properties=TensorProperties(dtype=_torch_dtype(code, name)), size=torch.Size(shape),
+                chunks=[ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=torch.Size(shape))])
+            storage[MetadataIndex(name, [0] * len(shape))] = _Stored(0, name, "tensor", code, tuple(shape))
+        for name, value in reader.scalars():
+            if not skipped(name):
+                md[name] = BytesStorageMetadata()
+                storage[MetadataIndex(name)] = _Stored(0, name, "scalar", value=value)
+        record = reader.metadata().get(META_KEY)
+        del reader
+        if record is None:
+            return None
+        try:
+            rec = json.loads(record)
+            pd = rec.get("planner_data") if isinstance(rec, dict) else None
+        except ValueError:
+            raise _errors.error(_errors.FormatError, f"{META_KEY} is not JSON", key=META_KEY) from None
+        if pd is None:
+            return None
+        if not isinstance(pd, str):
+            raise _errors.error(_errors.FormatError, f"{META_KEY}: planner_data is not a string", key=META_KEY)
+        return decode_object(pd.encode("utf-8"), key=META_KEY)
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.storage_data = metadata.storage_data
+        if not self._files:  # metadata read elsewhere: the file names come from the index
+            self._files = [f for f, _size, _hash in _native.shard_index(self.path, check=False)["files"]]
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
+        by_entry: Dict[Tuple[int, str], List[ReadItem]] = {}
+        for req in plan.items:
+            where = self.storage_data[req.storage_index]
+            by_entry.setdefault((where.file, where.name), []).append(req)
+        files: Dict[int, Any] = {}
+        try:
+            for (file, name), reqs in sorted(by_entry.items()):
+                where = self.storage_data[reqs[0].storage_index]
+                if where.kind == "scalar":
+                    for req in reqs:
+                        planner.load_bytes(req, _torch_save_bytes(where.value))
+                    continue
+                if file not in files:
+                    files[file] = _native.ShardFile(os.path.join(self.path, self._files[file]))
+                self._read_entry(files[file], where, reqs, planner)
+        finally:
+            for f in files.values():
+                f.close()
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    @staticmethod
+    def _read_entry(f: Any, where: _Stored, reqs: List[ReadItem], planner: LoadPlanner) -> None:
+        """Reads one stored tensor once (verified) and serves every request of the plan for it."""
+        dt = _torch_dtype(where.dtype, where.name)
+        stored = torch.empty(where.shape, dtype=dt)
+        if stored.numel():
+            f.fetch(where.name, stored.reshape(-1).view(torch.uint8).numpy())
+        if where.kind == "object":
+            value = decode_object(stored.numpy().tobytes(), key=where.name)
+            for req in reqs:
+                planner.load_bytes(req, _torch_save_bytes(value))
+            return
+        for req in reqs:
+            if req.type != LoadItemType.TENSOR:
+                raise _errors.error(_errors.MismatchError, f"{where.name}: a tensor is asked for as bytes",
+                                    key=where.name)
+            part = stored
+            for d, (off, n) in enumerate(zip(req.storage_offsets, req.lengths)):
+                part = part.narrow(d, off, n)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != part.size():
+                raise _errors.error(_errors.ShapeError, f"{where.name}: the plan asks for {tuple(part.size())} into "
+                                    f"{tuple(target.size())}", key=where.name)
+            target.copy_(part)
+            planner.commit_tensor(req, target)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: PathLike) -> bool:
+        try:
+            path = _local_dir(checkpoint_id)
+        except (TypeError, _errors.KeepsakeError):
+            return False
+        return bool(_native.shard_committed(path))

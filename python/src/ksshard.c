@@ -1,0 +1,596 @@
+/*
+ * Sharded checkpoint directories from Python (keepsake.distributed, the torch DCP storage backend):
+ * thin bindings over include/keepsake/shard.h. The layout, the index, the commit and every check
+ * are the C library's; this file converts arguments and results and releases the GIL around I/O.
+ *
+ *  - shard_write_rank / shard_write_index: one rank's file, then the commit (the index).
+ *  - shard_index: the validated index (and, on request, every rank file's header held against
+ *    it) as plain Python values.
+ *  - shard_verify: whole-file XXH3 of rank files against the index.
+ *  - ShardFile: one rank file opened lazily (header only); fetch() reads one tensor's bytes
+ *    through pread into a caller's writable buffer and verifies its checksum, so a load reads
+ *    only the tensors its plan names and never maps a file another process could truncate.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "ksext.h"
+#include "io_nosync.h" /* internal: resolved in keepsake_static, see src/core/nosync/ */
+
+/* Per-rank globs: none. DCP decides who writes what, so no entry is per-rank by name. */
+static const char *const no_globs[1] = {NULL};
+
+/* A sequence of ints as dims; -1 with an exception set on error. */
+static int dims_from(PyObject *obj, const char *what, int64_t *dims, int *rank) {
+  PyObject *seq = PySequence_Fast(obj, "dims must be a sequence of ints");
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  if (n > KS_MAX_RANK) {
+    Py_DECREF(seq);
+    ksp_raisef(KS_E_LIMIT, "%s has %zd dimensions (at most %d)", what, n, KS_MAX_RANK);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    dims[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (dims[i] == -1 && PyErr_Occurred()) {
+      Py_DECREF(seq);
+      return -1;
+    }
+  }
+  Py_DECREF(seq);
+  *rank = (int)n;
+  return 0;
+}
+
+/* One (name, global_shape, offsets) of `chunks` into the map; the chunk's shape is its tensor's. */
+static int add_chunk(ks_shard_map *map, const ks_statedict *sd, PyObject *item) {
+  const char *name;
+  PyObject *gobj, *oobj;
+  if (!PyArg_ParseTuple(item, "sOO", &name, &gobj, &oobj)) return -1;
+  int64_t g[KS_MAX_RANK] = {0}, off[KS_MAX_RANK] = {0};
+  int grank = 0, orank = 0;
+  if (dims_from(gobj, "global shape", g, &grank) || dims_from(oobj, "offsets", off, &orank)) return -1;
+  const ks_tensor *t = ks_statedict_tensor(sd, name);
+  if (!t) {
+    ksp_raisef(KS_E_INVALID, "chunk '%s' names no tensor of the entries", name);
+    return -1;
+  }
+  if (grank != t->rank || orank != t->rank) {
+    ksp_raisef(KS_E_SHAPE, "chunk '%s': %d-d tensor with a %d-d global shape and %d offsets", name, t->rank, grank,
+               orank);
+    return -1;
+  }
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st = ks_shard_map_add(map, name, t->rank, g, off, t->shape, &err);
+  if (st) ksp_raise(st, &err);
+  return st ? -1 : 0;
+}
+
+static ks_shard_map *map_from(PyObject *chunks, const ks_statedict *sd) {
+  PyObject *seq = PySequence_Fast(chunks, "chunks must be a sequence of (name, global_shape, offsets)");
+  if (!seq) return NULL;
+  ks_shard_map *map = NULL;
+  ks_status st = ks_shard_map_create(NULL, &map, NULL);
+  if (st) ksp_raise(st, NULL);
+  for (Py_ssize_t i = 0; map && i < PySequence_Fast_GET_SIZE(seq); i++) {
+    if (add_chunk(map, sd, PySequence_Fast_GET_ITEM(seq, i)) < 0) {
+      ks_shard_map_free(map);
+      map = NULL;
+    }
+  }
+  Py_DECREF(seq);
+  return map;
+}
+
+static PyObject *shard_file_name(PyObject *self, PyObject *args) {
+  (void)self;
+  int rank, world;
+  if (!PyArg_ParseTuple(args, "ii", &rank, &world)) return NULL;
+  char buf[64];
+  if (ks_shard_file_name(rank, world, buf, sizeof buf))
+    return ksp_raisef(KS_E_INVALID, "no rank file for rank %d of %d (world size 1..%d)", rank, world,
+                      KS_SHARD_MAX_WORLD);
+  return PyUnicode_FromString(buf);
+}
+
+static PyObject *shard_write_rank(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"dir", "rank", "world_size", "entries", "chunks", "metadata", "fsync", NULL};
+  PyObject *dir, *entries, *chunks, *metadata = Py_None;
+  int rank, world, fsync = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&iiOO|Op", names, PyUnicode_FSConverter, &dir, &rank, &world,
+                                   &entries, &chunks, &metadata, &fsync))
+    return NULL;
+  ks_statedict *sd;
+  ks_meta *meta;
+  ks_shard_map *map = NULL;
+  if (ksp_save_prepare(entries, metadata, NULL, &sd, &meta) == 0 && !(map = map_from(chunks, sd))) {
+    ks_meta_free(meta);
+    ks_statedict_free(sd);
+  }
+  if (!map) {
+    Py_DECREF(dir);
+    return NULL;
+  }
+  ks_io io;
+  ks_save_opts o = {.io = ksp_io_posix(fsync, &io)};
+  ks_shard_file_info info = {0, 0};
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *d = PyBytes_AS_STRING(dir);
+  Py_BEGIN_ALLOW_THREADS st = ks_shard_write_rank(d, rank, world, sd, meta, map, no_globs, 0, &o, &info, &err);
+  Py_END_ALLOW_THREADS
+  ks_shard_map_free(map);
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  Py_DECREF(dir);
+  if (st) return ksp_raise(st, &err);
+  return Py_BuildValue("(KK)", (unsigned long long)info.size, (unsigned long long)info.checksum);
+}
+
+/* infos (one (size, xxh3) per rank) as a PyMem array; NULL with an exception set. */
+static ks_shard_file_info *infos_from(PyObject *infos, int *world) {
+  PyObject *seq = PySequence_Fast(infos, "infos must be a sequence of (size, xxh3), one per rank");
+  if (!seq) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  ks_shard_file_info *fi = NULL;
+  if (n < 1 || n > KS_SHARD_MAX_WORLD)
+    ksp_raisef(KS_E_INVALID, "%zd rank files (world size 1..%d)", n, KS_SHARD_MAX_WORLD);
+  else if (!(fi = PyMem_Calloc((size_t)n, sizeof *fi))) PyErr_NoMemory();
+  for (Py_ssize_t i = 0; fi && i < n; i++) {
+    unsigned long long size, sum;
+    if (PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "KK", &size, &sum)) {
+      fi[i] = (ks_shard_file_info){size, sum};
+    } else {
+      PyMem_Free(fi);
+      fi = NULL;
+    }
+  }
+  Py_DECREF(seq);
+  *world = (int)n;
+  return fi;
+}
+
+static PyObject *shard_write_index(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"dir", "infos", "fsync", NULL};
+  PyObject *dir, *infos;
+  int fsync = 1, world = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|p", names, PyUnicode_FSConverter, &dir, &infos, &fsync))
+    return NULL;
+  ks_shard_file_info *fi = infos_from(infos, &world);
+  if (!fi) {
+    Py_DECREF(dir);
+    return NULL;
+  }
+  ks_io io;
+  ks_save_opts o = {.io = ksp_io_posix(fsync, &io)};
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *d = PyBytes_AS_STRING(dir);
+  Py_BEGIN_ALLOW_THREADS st = ks_shard_write_index(d, world, fi, &o, &err);
+  Py_END_ALLOW_THREADS
+  PyMem_Free(fi);
+  Py_DECREF(dir);
+  if (st) return ksp_raise(st, &err);
+  Py_RETURN_NONE;
+}
+
+/* [(file rank, offsets, shape)] of sharded tensor i. */
+static PyObject *chunks_list(const ks_shard_index *idx, size_t i, size_t n) {
+  PyObject *list = PyList_New((Py_ssize_t)n);
+  for (size_t j = 0; list && j < n; j++) {
+    ks_shard_chunk c;
+    int file = -1;
+    PyObject *off = NULL, *shape = NULL, *item = NULL;
+    if (ks_shard_index_chunk(idx, i, j, &c, &file) == KS_OK) {
+      off = ksp_shape_tuple(c.rank, c.offsets);
+      shape = off ? ksp_shape_tuple(c.rank, c.shape) : NULL;
+      item = shape ? Py_BuildValue("(iOO)", file, off, shape) : NULL;
+    } else {
+      ksp_raisef(KS_E_NOTFOUND, "index: no chunk %zu of sharded tensor %zu", j, i);
+    }
+    Py_XDECREF(off);
+    Py_XDECREF(shape);
+    if (!item) Py_CLEAR(list);
+    else PyList_SET_ITEM(list, (Py_ssize_t)j, item);
+  }
+  return list;
+}
+
+/* [(name, dtype code, global shape, chunks)] of every sharded tensor. */
+static PyObject *sharded_list(const ks_shard_index *idx) {
+  size_t n = ks_shard_index_sharded_count(idx);
+  PyObject *list = PyList_New((Py_ssize_t)n);
+  for (size_t i = 0; list && i < n; i++) {
+    ks_shard_chunk whole;
+    ks_dtype dt;
+    size_t nc = 0;
+    PyObject *item = NULL;
+    if (ks_shard_index_sharded_at(idx, i, &whole, &dt, &nc) == KS_OK) {
+      PyObject *g = ksp_shape_tuple(whole.rank, whole.global_shape);
+      PyObject *cl = g ? chunks_list(idx, i, nc) : NULL;
+      item = cl ? Py_BuildValue("(siOO)", whole.name, (int)dt, g, cl) : NULL;
+      Py_XDECREF(g);
+      Py_XDECREF(cl);
+    } else {
+      ksp_raisef(KS_E_NOTFOUND, "index: no sharded tensor %zu", i);
+    }
+    if (!item) Py_CLEAR(list);
+    else PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+  }
+  return list;
+}
+
+/* [(file name, size, xxh3)] per saved rank. */
+static PyObject *files_list(const ks_shard_index *idx) {
+  int world = ks_shard_index_world_size(idx);
+  PyObject *list = PyList_New(world);
+  for (int r = 0; list && r < world; r++) {
+    ks_shard_file_info fi = {0, 0};
+    const char *f = ks_shard_index_file(idx, r, &fi);
+    PyObject *item = f ? Py_BuildValue("(sKK)", f, (unsigned long long)fi.size, (unsigned long long)fi.checksum)
+                       : ksp_raisef(KS_E_NOTFOUND, "index: no file for rank %d", r);
+    if (!item) Py_CLEAR(list);
+    else PyList_SET_ITEM(list, r, item);
+  }
+  return list;
+}
+
+static PyObject *per_rank_list(const ks_shard_index *idx) {
+  size_t n = 0;
+  const char *const *g = ks_shard_index_per_rank(idx, &n);
+  PyObject *list = PyList_New((Py_ssize_t)n);
+  for (size_t i = 0; list && i < n; i++) {
+    PyObject *s = PyUnicode_FromString(g[i]);
+    if (!s) Py_CLEAR(list);
+    else PyList_SET_ITEM(list, (Py_ssize_t)i, s);
+  }
+  return list;
+}
+
+static PyObject *index_dict(const ks_shard_index *idx) {
+  PyObject *files = files_list(idx), *sharded = files ? sharded_list(idx) : NULL;
+  PyObject *globs = sharded ? per_rank_list(idx) : NULL;
+  PyObject *out = globs ? Py_BuildValue("{s:i,s:L,s:L,s:O,s:O,s:O}", "world_size", ks_shard_index_world_size(idx),
+                                        "epoch", (long long)ks_shard_index_epoch(idx), "batch",
+                                        (long long)ks_shard_index_batch(idx), "files", files, "sharded", sharded,
+                                        "per_rank", globs)
+                        : NULL;
+  Py_XDECREF(files);
+  Py_XDECREF(sharded);
+  Py_XDECREF(globs);
+  return out;
+}
+
+/* The index of `dir`, validated; with `check`, every rank file's size and header against it. */
+static PyObject *shard_index(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"dir", "check", NULL};
+  PyObject *dir;
+  int check = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|p", names, PyUnicode_FSConverter, &dir, &check)) return NULL;
+  ks_shard_index *idx = NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *d = PyBytes_AS_STRING(dir);
+  Py_BEGIN_ALLOW_THREADS st = ks_shard_index_read(d, NULL, &idx, &err);
+  if (!st && check) st = ks_shard_check(d, idx, NULL, KS_SHARD_CHECK_HEADERS, NULL, NULL, &err);
+  Py_END_ALLOW_THREADS
+  Py_DECREF(dir);
+  PyObject *out = st ? ksp_raise(st, &err) : index_dict(idx);
+  ks_shard_index_free(idx);
+  return out;
+}
+
+/* Verifies rank r's file; -1 with an exception set. */
+static int verify_one(const char *dir, const ks_shard_index *idx, long r) {
+  int world = ks_shard_index_world_size(idx);
+  if (r < 0 || r >= world) {
+    ksp_raisef(KS_E_INVALID, "rank %ld is not in 0..%d", r, world - 1);
+    return -1;
+  }
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  Py_BEGIN_ALLOW_THREADS st = ks_shard_verify_file(dir, idx, (int)r, &err);
+  Py_END_ALLOW_THREADS
+  if (st) ksp_raise(st, &err);
+  return st ? -1 : 0;
+}
+
+/* Whole-file XXH3 of the rank files `ranks` (all when None) against the index. */
+static PyObject *shard_verify(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *dir, *ranks = Py_None;
+  if (!PyArg_ParseTuple(args, "O&|O", PyUnicode_FSConverter, &dir, &ranks)) return NULL;
+  ks_shard_index *idx = NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *d = PyBytes_AS_STRING(dir);
+  Py_BEGIN_ALLOW_THREADS st = ks_shard_index_read(d, NULL, &idx, &err);
+  Py_END_ALLOW_THREADS
+  int failed = st ? (ksp_raise(st, &err), 1) : 0;
+  PyObject *seq = NULL;
+  if (!failed && ranks != Py_None && !(seq = PySequence_Fast(ranks, "ranks must be a sequence of ints"))) failed = 1;
+  Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : (idx ? ks_shard_index_world_size(idx) : 0);
+  for (Py_ssize_t i = 0; !failed && i < n; i++) {
+    long r = seq ? PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i)) : (long)i;
+    failed = (r == -1 && PyErr_Occurred()) || verify_one(d, idx, r);
+  }
+  Py_XDECREF(seq);
+  ks_shard_index_free(idx);
+  Py_DECREF(dir);
+  if (failed) return NULL;
+  Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The checkpoint directory: created durably, committed or not.             */
+/* ------------------------------------------------------------------------ */
+
+/* dir/name into buf; 0, or -1 with an exception set when it does not fit. */
+static int join_path(char *buf, size_t cap, const char *dir, const char *name) {
+  int n = snprintf(buf, cap, "%s/%s", dir, name);
+  if (n >= 0 && (size_t)n < cap) return 0;
+  ksp_raisef(KS_E_LIMIT, "path '%s/%s' is too long", dir, name);
+  return -1;
+}
+
+/* Creates `path` and its missing parents (mkdir -p); each new entry's parent is fsynced, so the
+ * directory the rank files go into survives a crash along with them. 0 or an errno. */
+static int mkdirs(const ks_io *io, char *path, int fsync) {
+  size_t len = strlen(path);
+  while (len > 1 && path[len - 1] == '/') path[--len] = '\0';
+  for (size_t i = 1; i <= len; i++) {
+    if (path[i] != '/' && path[i] != '\0') continue;
+    char c = path[i];
+    path[i] = '\0';
+    int rc = io->mkdir_fn(io->ctx, path);
+    if (!rc && fsync) {
+      char *slash = strrchr(path, '/');
+      if (slash && slash != path) *slash = '\0';
+      rc = io->fsync_dir_fn(io->ctx, slash == path ? "/" : slash ? path : ".");
+      if (slash && slash != path) *slash = '/';
+    }
+    path[i] = c;
+    if (rc && rc != EEXIST) return rc;
+  }
+  return 0;
+}
+
+/* shard_prepare_dir(dir, fsync=True): the checkpoint directory, created when missing. */
+static PyObject *shard_prepare_dir(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"dir", "fsync", NULL};
+  PyObject *dir;
+  int fsync = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|p", names, PyUnicode_FSConverter, &dir, &fsync)) return NULL;
+  char path[4096];
+  const char *d = PyBytes_AS_STRING(dir);
+  if (strlen(d) >= sizeof path) {
+    Py_DECREF(dir);
+    return ksp_raisef(KS_E_LIMIT, "path '%s' is too long", d);
+  }
+  snprintf(path, sizeof path, "%s", d);
+  const ks_io *io = ks_io_posix();
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = mkdirs(io, path, fsync);
+  Py_END_ALLOW_THREADS
+  PyObject *out = NULL;
+  if (rc) ksp_raisef(KS_E_IO, "cannot create the checkpoint directory '%s': %s", PyBytes_AS_STRING(dir), strerror(rc));
+  else out = Py_NewRef(Py_None);
+  Py_DECREF(dir);
+  return out;
+}
+
+/* shard_committed(dir): whether `dir` holds an index (the commit marker), valid or not. */
+static PyObject *shard_committed(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *dir;
+  if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &dir)) return NULL;
+  char path[4096];
+  if (join_path(path, sizeof path, PyBytes_AS_STRING(dir), KS_SHARD_INDEX_NAME)) {
+    Py_DECREF(dir);
+    return NULL;
+  }
+  Py_DECREF(dir);
+  const ks_io *io = ks_io_posix();
+  ks_io_stat sb;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = io->stat_fn(io->ctx, path, &sb);
+  Py_END_ALLOW_THREADS
+  if (rc && rc != ENOENT) return ksp_raisef(KS_E_IO, "cannot stat '%s': %s", path, strerror(rc));
+  return PyBool_FromLong(rc == 0);
+}
+
+/* shard_uncommit(dir, fsync=True): removes the index durably, so that from now on the directory is
+ * no checkpoint (a save over it that dies leaves none). True when there was one. */
+static PyObject *shard_uncommit(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"dir", "fsync", NULL};
+  PyObject *dir;
+  int fsync = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|p", names, PyUnicode_FSConverter, &dir, &fsync)) return NULL;
+  char path[4096];
+  const char *d = PyBytes_AS_STRING(dir);
+  if (join_path(path, sizeof path, d, KS_SHARD_INDEX_NAME)) {
+    Py_DECREF(dir);
+    return NULL;
+  }
+  const ks_io *io = ks_io_posix();
+  int rc, sync_rc = 0;
+  Py_BEGIN_ALLOW_THREADS rc = io->unlink_fn(io->ctx, path);
+  if (!rc && fsync) sync_rc = io->fsync_dir_fn(io->ctx, d);
+  Py_END_ALLOW_THREADS
+  PyObject *out = NULL;
+  if (rc && rc != ENOENT) ksp_raisef(KS_E_IO, "cannot remove '%s': %s", path, strerror(rc));
+  else if (sync_rc) ksp_raisef(KS_E_NOT_DURABLE, "removed '%s' but cannot fsync '%s': %s", path, d, strerror(sync_rc));
+  else out = PyBool_FromLong(rc == 0);
+  Py_DECREF(dir);
+  return out;
+}
+
+/* ------------------------------------------------------------------------ */
+/* ShardFile: one rank file read lazily.                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+  PyObject_HEAD
+  ks_reader *r;
+  PyObject *path; /* bytes, for messages */
+} ksp_ShardFile;
+
+static int shardfile_init(ksp_ShardFile *self, PyObject *args, PyObject *kw) {
+  static char *names[] = {"path", NULL};
+  PyObject *fs;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&", names, PyUnicode_FSConverter, &fs)) return -1;
+  if (self->r) {
+    Py_DECREF(fs);
+    PyErr_SetString(PyExc_RuntimeError, "ShardFile is already open");
+    return -1;
+  }
+  ks_read_opts o = {.mode = KS_READ_LAZY};
+  ks_reader *r = NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  const char *p = PyBytes_AS_STRING(fs);
+  Py_BEGIN_ALLOW_THREADS st = ks_reader_open(p, &o, &r, &err);
+  Py_END_ALLOW_THREADS
+  if (st) {
+    ksp_error_path(&err, p);
+    Py_DECREF(fs);
+    ksp_raise(st, &err);
+    return -1;
+  }
+  self->r = r;
+  self->path = fs;
+  return 0;
+}
+
+static void shardfile_dealloc(ksp_ShardFile *self) {
+  ks_reader_free(self->r);
+  Py_XDECREF(self->path);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int shardfile_open(const ksp_ShardFile *self) {
+  if (self->r) return 0;
+  PyErr_SetString(PyExc_ValueError, "ShardFile is not open");
+  return -1;
+}
+
+static PyObject *shardfile_close(ksp_ShardFile *self, PyObject *unused) {
+  (void)unused;
+  ks_reader_free(self->r);
+  self->r = NULL;
+  Py_RETURN_NONE;
+}
+
+/* Byte count of tensor `name` (the size fetch needs). */
+static PyObject *shardfile_nbytes(ksp_ShardFile *self, PyObject *name) {
+  if (shardfile_open(self)) return NULL;
+  const char *s = PyUnicode_AsUTF8(name);
+  if (!s) return NULL;
+  long i = ks_reader_find(self->r, s);
+  ks_tensor_info info;
+  if (i < 0 || ks_reader_tensor_info(self->r, (size_t)i, &info)) {
+    ks_error err;
+    ks_error_clear(&err);
+    snprintf(err.file, sizeof err.file, "%s", PyBytes_AS_STRING(self->path));
+    snprintf(err.key, sizeof err.key, "%s", s);
+    snprintf(err.message, sizeof err.message, "no tensor named '%s'", s);
+    return ksp_raise(KS_E_NOTFOUND, &err);
+  }
+  return PyLong_FromUnsignedLongLong((unsigned long long)(info.end - info.begin));
+}
+
+/* fetch(name, buffer): the tensor's bytes read into a writable buffer of exactly its size, verified. */
+static PyObject *shardfile_fetch(ksp_ShardFile *self, PyObject *args) {
+  const char *name;
+  PyObject *dst;
+  if (!PyArg_ParseTuple(args, "sO", &name, &dst) || shardfile_open(self)) return NULL;
+  Py_buffer view;
+  if (PyObject_GetBuffer(dst, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  long i = ks_reader_find(self->r, name);
+  ks_tensor_info info;
+  if (i < 0 || ks_reader_tensor_info(self->r, (size_t)i, &info)) {
+    st = ks_reader_fetch_name(self->r, name, view.buf, (size_t)view.len, &err); /* fills the NOTFOUND error */
+  } else if (info.end - info.begin != (uint64_t)view.len) {
+    st = KS_E_SHAPE;
+    snprintf(err.key, sizeof err.key, "%s", name);
+    snprintf(err.message, sizeof err.message, "tensor '%s' holds %llu bytes, the buffer %zd", name,
+             (unsigned long long)(info.end - info.begin), view.len);
+  } else {
+    ks_reader *r = self->r;
+    Py_BEGIN_ALLOW_THREADS st = ks_reader_fetch(r, (size_t)i, view.buf, (size_t)view.len, &err);
+    Py_END_ALLOW_THREADS
+  }
+  PyBuffer_Release(&view);
+  if (st) {
+    ksp_error_path(&err, PyBytes_AS_STRING(self->path));
+    return ksp_raise(st, &err);
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *shardfile_metadata(ksp_ShardFile *self, PyObject *unused) {
+  (void)unused;
+  if (shardfile_open(self)) return NULL;
+  return ksp_meta_dict(ks_reader_meta(self->r), 0);
+}
+
+static PyMethodDef shardfile_methods[] = {
+    {"nbytes", (PyCFunction)shardfile_nbytes, METH_O, "nbytes(name)\n--\n\nByte count of tensor `name`."},
+    {"fetch", (PyCFunction)shardfile_fetch, METH_VARARGS,
+     "fetch(name, buffer)\n--\n\nReads tensor `name` into a writable buffer of its exact size (only its byte "
+     "range is read) and verifies its checksum; raises ChecksumError, FormatError, IOError."},
+    {"metadata", (PyCFunction)shardfile_metadata, METH_NOARGS, "metadata()\n--\n\nEvery __metadata__ pair."},
+    {"close", (PyCFunction)shardfile_close, METH_NOARGS, "close()\n--\n\nCloses the file."},
+    {NULL, NULL, 0, NULL}};
+
+PyTypeObject ksp_ShardFileType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "keepsake._keepsake.ShardFile",
+    .tp_basicsize = sizeof(ksp_ShardFile),
+    .tp_dealloc = (destructor)shardfile_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ShardFile(path)\n--\n\nA keepsake file opened lazily: its header is read and validated, tensors are "
+              "read on demand with pread and verified.",
+    .tp_methods = shardfile_methods,
+    .tp_init = (initproc)shardfile_init,
+    .tp_new = PyType_GenericNew,
+};
+
+PyMethodDef ksp_shard_methods[] = {
+    {"shard_file_name", shard_file_name, METH_VARARGS,
+     "shard_file_name(rank, world_size)\n--\n\nks_shard_file_name: 'rank-XXXXX-of-YYYYY.keepsake'."},
+    {"shard_write_rank", (PyCFunction)(void (*)(void))shard_write_rank, METH_VARARGS | METH_KEYWORDS,
+     "shard_write_rank(dir, rank, world_size, entries, chunks, metadata=None, fsync=True)\n--\n\n"
+     "ks_shard_write_rank with no per-rank globs: entries as save_file takes them, chunks as (name, global_shape, "
+     "offsets) of the entries that are chunks of a larger tensor. Returns (size, xxh3) of the file."},
+    {"shard_write_index", (PyCFunction)(void (*)(void))shard_write_index, METH_VARARGS | METH_KEYWORDS,
+     "shard_write_index(dir, infos, fsync=True)\n--\n\nks_shard_write_index: the commit, from one (size, xxh3) per "
+     "rank."},
+    {"shard_index", (PyCFunction)(void (*)(void))shard_index, METH_VARARGS | METH_KEYWORDS,
+     "shard_index(dir, check=True)\n--\n\nThe validated index as a dict (world_size, epoch, batch, files, sharded, "
+     "per_rank); with check, every rank file's size and header are held against it (ks_shard_check)."},
+    {"shard_prepare_dir", (PyCFunction)(void (*)(void))shard_prepare_dir, METH_VARARGS | METH_KEYWORDS,
+     "shard_prepare_dir(dir, fsync=True)\n--\n\nCreates the checkpoint directory and its missing parents, each new "
+     "entry's parent fsynced."},
+    {"shard_committed", shard_committed, METH_VARARGS,
+     "shard_committed(dir)\n--\n\nWhether `dir` holds an index file (valid or not)."},
+    {"shard_uncommit", (PyCFunction)(void (*)(void))shard_uncommit, METH_VARARGS | METH_KEYWORDS,
+     "shard_uncommit(dir, fsync=True)\n--\n\nRemoves the index durably (the directory is then no checkpoint); "
+     "True when there was one."},
+    {"shard_verify", shard_verify, METH_VARARGS,
+     "shard_verify(dir, ranks=None)\n--\n\nks_shard_verify_file for each rank (all when None)."},
+    {NULL, NULL, 0, NULL}};

@@ -1,0 +1,275 @@
+"""keepsake.distributed in one process: hostile index and rank files (truncated, a flipped byte)
+give keepsake errors, never a crash; the typed JSON of non-tensor values; a directory the C
+library wrote (tests/hostile/make_sharded.c) loads through KeepsakeReader.
+
+Run: PYTHONPATH=build-dcp/python-pkg .venv/bin/python -m pytest -q tests/distributed/test_dcp_single.py
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+
+import keepsake  # noqa: E402
+from keepsake import _keepsake as native  # noqa: E402
+from keepsake.distributed import (INDEX_NAME, OBJECT_PREFIX, KeepsakeReader, KeepsakeWriter,  # noqa: E402
+                                  decode_object, encode_object)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+RANK0 = "rank-00000-of-00001.keepsake"
+
+warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+
+
+def state() -> dict:
+    g = torch.Generator().manual_seed(1)
+    return {"w": torch.randn(64, 32, generator=g), "b": torch.arange(7, dtype=torch.int32),
+            "h": torch.randn(3, 5, generator=g).to(torch.bfloat16), "flag": torch.tensor(True),
+            "step": 12, "cfg": {"betas": (0.9, 0.999), "eps": 1e-8, "name": "adamw", "none": None}}
+
+
+def empty() -> dict:
+    return {"w": torch.zeros(64, 32), "b": torch.zeros(7, dtype=torch.int32),
+            "h": torch.zeros(3, 5, dtype=torch.bfloat16),
+            "flag": torch.tensor(False), "step": 0, "cfg": {"betas": None, "eps": 0.0, "name": "", "none": 1}}
+
+
+@pytest.fixture()
+def ckpt(tmp_path):
+    path = str(tmp_path / "ckpt")
+    dcp.save(state(), storage_writer=KeepsakeWriter(path), no_dist=True)
+    return path
+
+
+def failures(e: CheckpointException) -> list:
+    return [x for x, _tb in e.failures.values()]
+
+
+def test_round_trip(ckpt):
+    out = empty()
+    dcp.load(out, storage_reader=KeepsakeReader(ckpt, verify_files=True), no_dist=True)
+    want = state()
+    for k in ("w", "b", "h", "flag"):
+        assert out[k].dtype == want[k].dtype and torch.equal(out[k], want[k]), k
+    assert out["step"] == 12 and out["cfg"] == want["cfg"] and type(out["cfg"]["betas"]) is tuple
+    assert sorted(os.listdir(ckpt)) == [INDEX_NAME, RANK0]
+    index = json.load(open(os.path.join(ckpt, INDEX_NAME)))
+    assert index["keepsake"]["world_size"] == 1 and index["weight_map"]["w"] == RANK0
+    assert OBJECT_PREFIX + "step" in index["weight_map"]
+
+
+def test_metadata_without_pickle(ckpt):
+    md = KeepsakeReader(ckpt).read_metadata()
+    assert tuple(md.state_dict_metadata["w"].size) == (64, 32)
+    assert md.state_dict_metadata["h"].properties.dtype == torch.bfloat16
+    assert type(md.state_dict_metadata["step"]).__name__ == "BytesStorageMetadata"
+    assert md.planner_data["cfg.betas"] == ("cfg", "betas")
+    # the stored value is typed JSON, not a pickle (which would start with 0x80)
+    r = native.Reader(os.path.join(ckpt, RANK0), backend="read")
+    _n, _code, shape, begin, end = r.entry(OBJECT_PREFIX + "cfg.betas")
+    assert bytes(memoryview(r)[begin:end]) == b'{"tuple":[0.9,0.999]}'
+
+
+@pytest.mark.parametrize("value", [0, -2**63, 2**70, 0.1, -0.0, 1e300, math.inf, -math.inf, "ä\udc80", b"\x00",
+                                   [1, (2, 3)], {1: "a", "1": "b", (1, 2): None}, (), [], {}, True, None])
+def test_object_codec(value):
+    got = decode_object(encode_object(value))
+    assert type(got) is type(value) and repr(got) == repr(value)
+    b = decode_object(encode_object(io.BytesIO(b"raw")))
+    assert isinstance(b, io.BytesIO) and b.getvalue() == b"raw"
+    assert math.isnan(decode_object(encode_object(math.nan)))
+
+
+def test_object_codec_refuses():
+    with pytest.raises(keepsake.UnsupportedError):
+        encode_object({1, 2})
+    with pytest.raises(keepsake.UnsupportedError):
+        encode_object(object())
+    for bad in (b"\xff", b"{", b'{"set": [1]}', b'{"float": "1"}', b'{"bytes": "!!"}', b'{"dict": [[[1], 2]]}',
+                b"[" * 100000 + b"]" * 100000):
+        with pytest.raises((keepsake.FormatError, keepsake.LimitError)):
+            decode_object(bad)
+
+
+def test_unsupported_value_is_a_keepsake_error(tmp_path):
+    with pytest.raises(CheckpointException) as e:
+        dcp.save({"s": {1, 2}}, storage_writer=KeepsakeWriter(str(tmp_path / "c")), no_dist=True)
+    assert [type(x) for x in failures(e.value)] == [keepsake.UnsupportedError]
+    assert not os.path.exists(tmp_path / "c" / INDEX_NAME)
+
+
+def test_overwrite(ckpt):
+    with pytest.raises(CheckpointException) as e:
+        dcp.save(state(), storage_writer=KeepsakeWriter(ckpt), no_dist=True)
+    assert [type(x) for x in failures(e.value)] == [keepsake.ExistsError]
+    sd = state()
+    sd["w"] += 1
+    dcp.save(sd, storage_writer=KeepsakeWriter(ckpt, overwrite=True), no_dist=True)
+    out = empty()
+    dcp.load(out, storage_reader=KeepsakeReader(ckpt), no_dist=True)
+    assert torch.equal(out["w"], sd["w"])
+
+
+def corrupt(path: str, offset: int, mode: str) -> None:
+    with open(path, "r+b") as f:
+        if mode == "truncate":
+            f.truncate(offset)
+            return
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def data_offset(path: str, name: str) -> int:
+    r = native.Reader(path, backend="read")
+    return r.entry(name)[3]
+
+
+def test_missing_index(ckpt):
+    os.unlink(os.path.join(ckpt, INDEX_NAME))
+    with pytest.raises(keepsake.NotFoundError):
+        KeepsakeReader(ckpt).read_metadata()
+    assert not KeepsakeReader.validate_checkpoint_id(ckpt)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 30, -2])
+def test_truncated_index(ckpt, cut):
+    p = os.path.join(ckpt, INDEX_NAME)
+    corrupt(p, cut if cut >= 0 else os.path.getsize(p) + cut, "truncate")
+    with pytest.raises(keepsake.FormatError):
+        KeepsakeReader(ckpt).read_metadata()
+
+
+def test_index_flipped_byte_everywhere(ckpt):
+    """Every single flipped byte of the index is refused or harmless, and never a crash."""
+    p = os.path.join(ckpt, INDEX_NAME)
+    good = open(p, "rb").read()
+    outcomes = set()
+    for i in range(len(good)):
+        with open(p, "wb") as f:
+            f.write(good[:i] + bytes([good[i] ^ 0x20]) + good[i + 1:])
+        try:
+            KeepsakeReader(ckpt).read_metadata()
+            outcomes.add("ok")
+        except keepsake.KeepsakeError as e:
+            outcomes.add(type(e).__name__)
+    assert "FormatError" in outcomes and len(outcomes) >= 2, outcomes
+
+
+@pytest.mark.parametrize("cut", [4, 100, -1])
+def test_truncated_rank_file(ckpt, cut):
+    p = os.path.join(ckpt, RANK0)
+    corrupt(p, cut if cut >= 0 else os.path.getsize(p) + cut, "truncate")
+    with pytest.raises(keepsake.FormatError):
+        KeepsakeReader(ckpt).read_metadata()
+
+
+def test_flipped_data_byte_is_a_checksum_error(ckpt):
+    p = os.path.join(ckpt, RANK0)
+    corrupt(p, data_offset(p, "w") + 77, "flip")
+    md_ok = KeepsakeReader(ckpt).read_metadata()  # headers and sizes still agree with the index
+    assert "w" in md_ok.state_dict_metadata
+    with pytest.raises(CheckpointException) as e:
+        dcp.load(empty(), storage_reader=KeepsakeReader(ckpt), no_dist=True)
+    [err] = failures(e.value)
+    assert isinstance(err, keepsake.ChecksumError) and err.key == "w", err
+    # a load that does not ask for the damaged tensor reads none of it, and succeeds
+    out = {"b": torch.zeros(7, dtype=torch.int32)}
+    dcp.load(out, storage_reader=KeepsakeReader(ckpt), no_dist=True)
+    assert torch.equal(out["b"], torch.arange(7, dtype=torch.int32))
+    # verify_files hashes every file against the index when the metadata is read
+    with pytest.raises(keepsake.ChecksumError):
+        KeepsakeReader(ckpt, verify_files=True).read_metadata()
+
+
+def test_flipped_object_byte_is_a_checksum_error(ckpt):
+    p = os.path.join(ckpt, RANK0)
+    corrupt(p, data_offset(p, OBJECT_PREFIX + "step") + 1, "flip")
+    with pytest.raises(CheckpointException) as e:
+        dcp.load({"step": 0}, storage_reader=KeepsakeReader(ckpt), no_dist=True)
+    assert [type(x) for x in failures(e.value)] == [keepsake.ChecksumError]
+
+
+def load_outcome(ckpt: str, verify_files: bool) -> str:
+    """'ok' (values exact), a keepsake error's class name, or DCP's own report of a key the file lacks."""
+    try:
+        # metadata first: dcp.load reports a failed read_metadata as its own AssertionError
+        KeepsakeReader(ckpt, verify_files=verify_files).read_metadata()
+        out = empty()
+        dcp.load(out, storage_reader=KeepsakeReader(ckpt, verify_files=verify_files), no_dist=True)
+    except keepsake.KeepsakeError as e:
+        return type(e).__name__
+    except CheckpointException as e:
+        [x] = failures(e)
+        if isinstance(x, keepsake.KeepsakeError):
+            return type(x).__name__
+        assert isinstance(x, RuntimeError) and "Missing key in checkpoint" in str(x), repr(x)
+        return "missing key"
+    assert torch.equal(out["w"], state()["w"]) and out["cfg"] == state()["cfg"] and out["step"] == 12
+    return "ok"
+
+
+def test_flipped_header_byte_everywhere(ckpt):
+    """Each byte of the rank file's header flipped, never a crash: with verify_files a keepsake error
+    every time (the whole-file hash); without, a keepsake error, exact values (a flip in the padding),
+    or, for a flip in a replicated tensor's name, DCP's report that the key is missing."""
+    p = os.path.join(ckpt, RANK0)
+    good = open(p, "rb").read()
+    end = native.Reader(p, backend="read").data_offset
+    kinds = set()
+    for i in range(0, end, 3):
+        with open(p, "wb") as f:
+            f.write(good[:i] + bytes([good[i] ^ 0x04]) + good[i + 1:])
+        strict = load_outcome(ckpt, True)
+        assert strict in ("ChecksumError", "FormatError", "MismatchError", "NotFoundError", "DTypeError",
+                          "ShapeError", "LimitError", "ExistsError", "VersionError"), (i, strict)
+        kinds.add(load_outcome(ckpt, False))
+    assert {"FormatError", "ok"} <= kinds, kinds
+
+
+def test_bad_object_json_is_a_format_error(tmp_path):
+    """A rank file whose object entry is valid bytes (checksum and all) but not typed JSON."""
+    d = str(tmp_path / "c")
+    os.makedirs(d)
+    junk = torch.frombuffer(bytearray(b'{"set":[1]}'), dtype=torch.uint8)
+    entry = (OBJECT_PREFIX + "x", 1, (junk.numel(),), junk.data_ptr(), junk.numel())
+    info = native.shard_write_rank(d, 0, 1, [entry], [], {}, False)
+    native.shard_write_index(d, [info], fsync=False)
+    with pytest.raises(CheckpointException) as e:
+        dcp.load({"x": 0}, storage_reader=KeepsakeReader(d), no_dist=True)
+    assert [type(x) for x in failures(e.value)] == [keepsake.FormatError]
+
+
+def make_sharded_binary() -> str:
+    for p in (os.environ.get("KS_MAKE_SHARDED"), os.path.join(ROOT, "build-dcp", "tests", "hostile", "make_sharded")):
+        if p and os.access(p, os.X_OK):
+            return p
+    pytest.skip("make_sharded not built")
+
+
+def test_c_written_directory_loads(tmp_path):
+    d = str(tmp_path / "c")
+    subprocess.run([make_sharded_binary(), d], check=True, timeout=60)
+    md = KeepsakeReader(d).read_metadata().state_dict_metadata
+    assert tuple(md["state/model/w"].size) == (7, 2) and len(md["state/model/w"].chunks) == 3
+    assert not [k for k in md if k.startswith(("rng", "state/train_metrics"))]  # per-rank entries: not DCP's
+    out = {"state/model/w": torch.zeros(7, 2), "state/model/v": torch.zeros(4, 6), "state/model/b": torch.zeros(4),
+           "state/run_name": ""}
+    dcp.load(out, storage_reader=KeepsakeReader(d, verify_files=True), no_dist=True)
+    for name, (g0, g1) in (("state/model/w", (7, 2)), ("state/model/v", (4, 6))):
+        want = torch.arange(g0 * g1, dtype=torch.float32).reshape(g0, g1)  # value = global index
+        assert torch.equal(out[name], want), name
+    assert isinstance(out["state/run_name"], str) and out["state/run_name"]
+    shutil.rmtree(d)

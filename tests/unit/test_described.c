@@ -1,0 +1,310 @@
+/*
+ * Described metrics (ks_metric_describe): a binding's metric of any class, filled by the one
+ * load engine. Widening and refused narrowing, a catalogue twin's legacy names and reshape
+ * rules, list states of any dtype, inner metrics all or nothing, components under every root,
+ * merges by declared reductions, the records a binding's description gives, and every
+ * allocation failure leaking nothing.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "keepsake/keepsake.h"
+#include "testutil.h"
+
+static const int64_t one[1] = {1};
+
+static void put_f(ks_statedict *sd, const char *name, ks_dtype dt, int rank, const int64_t *shape, double v) {
+  void *p;
+  assert_int_equal(ks_statedict_new_tensor(sd, name, dt, rank, shape, &p, NULL), KS_OK);
+  size_t n = 1;
+  for (int i = 0; i < rank; i++) n *= (size_t)shape[i];
+  for (size_t i = 0; i < n; i++) ks_dtype_set_f64(dt, p, i, v + (double)i);
+}
+
+/* A SumMetric-like described metric: one F32 () state "sum_value". */
+static ks_metric *described_sum(const char *attrs) {
+  ks_metric *m = NULL;
+  assert_int_equal(ks_metric_describe("SumMetric", attrs, NULL, &m, NULL), KS_OK);
+  assert_int_equal(ks_metric_describe_state(m, "sum_value", KS_REDUCE_SUM, KS_F32, 0, NULL, 0, NULL), KS_OK);
+  return m;
+}
+
+static double state_value(const ks_metric *m, size_t i) {
+  ks_tensor t;
+  assert_int_equal(ks_metric_state_info(m, i, NULL, NULL, &t), KS_OK);
+  return ks_dtype_get_f64(t.dtype, t.data, 0);
+}
+
+static void widening_and_refused_narrowing(void **unused) {
+  (void)unused;
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  put_f(sd, "p/state_dict/sum_value", KS_F16, 0, NULL, 3.0);
+  put_f(sd, "q/state_dict/sum_value", KS_F64, 0, NULL, 4.0);
+  ks_metric *m = described_sum(NULL);
+  int mig = 0, conv = 0;
+  assert_int_equal(ks_metric_load_state_dict(m, sd, "p/state_dict/", 2, 0, &mig, &conv, NULL), KS_OK);
+  assert_true(conv && !mig);
+  assert_true(state_value(m, 0) == 3.0);
+  ks_error err;
+  assert_int_equal(ks_metric_load_state_dict(m, sd, "q/state_dict/", 2, 0, &mig, &conv, &err), KS_E_DTYPE);
+  assert_true(state_value(m, 0) == 3.0); /* unchanged */
+  assert_int_equal(ks_metric_load_state_dict(m, sd, "q/state_dict/", 2, 1, &mig, &conv, NULL), KS_OK);
+  assert_true(state_value(m, 0) == 4.0);
+  assert_int_equal(ks_metric_load_state_dict(m, sd, "q/state_dict/", 99, 0, NULL, NULL, &err), KS_E_VERSION);
+  assert_int_equal(ks_metric_update(m, NULL, 0, &err), KS_E_UNSUPPORTED);
+  assert_string_equal(ks_metric_class(m), "SumMetric");
+  assert_true(ks_metric_is_described(m));
+  ks_metric_free(m);
+  ks_statedict_free(sd);
+}
+
+static void twin_gives_legacy_names_args_and_reshapes(void **unused) {
+  (void)unused;
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  put_f(sd, "p/state_dict/value", KS_F32, 0, NULL, 7.0); /* schema 1: `value` */
+  ks_metric *m = described_sum("{\"nan_strategy\":\"warn\"}");
+  assert_non_null(ks_metric_args_json(m));
+  int mig = 0;
+  assert_int_equal(ks_metric_load_state_dict(m, sd, "p/state_dict/", 1, 0, &mig, NULL, NULL), KS_OK);
+  assert_true(mig && state_value(m, 0) == 7.0);
+  ks_metric_free(m);
+  /* Not in the catalogue: no legacy names, no args, compared by class only. */
+  assert_int_equal(ks_metric_describe("MyMetric", "{}", NULL, &m, NULL), KS_OK);
+  assert_null(ks_metric_args_json(m));
+  assert_int_equal(ks_metric_describe_state(m, "sum_value", KS_REDUCE_SUM, KS_F32, 0, NULL, 0, NULL), KS_OK);
+  assert_int_equal(ks_metric_load_state_dict(m, sd, "p/state_dict/", 1, 0, NULL, NULL, NULL), KS_E_NOTFOUND);
+  /* MeanSquaredError's sum: () stored, (1,) declared, reshaped by the twin's rule only. */
+  put_f(sd, "m/state_dict/sum_squared_error", KS_F32, 0, NULL, 2.0);
+  put_f(sd, "m/state_dict/total", KS_I64, 0, NULL, 5.0);
+  ks_metric *mse = NULL;
+  assert_int_equal(ks_metric_describe("MeanSquaredError", "{\"squared\":true,\"num_outputs\":1}", NULL, &mse, NULL),
+                   KS_OK);
+  assert_int_equal(ks_metric_describe_state(mse, "sum_squared_error", KS_REDUCE_SUM, KS_F32, 1, one, 0, NULL),
+                   KS_OK);
+  assert_int_equal(ks_metric_describe_state(mse, "total", KS_REDUCE_SUM, KS_I64, 0, NULL, 0, NULL), KS_OK);
+  assert_int_equal(ks_metric_load_state_dict(mse, sd, "m/state_dict/", 2, 0, &mig, NULL, NULL), KS_OK);
+  assert_true(mig);
+  assert_int_equal(ks_metric_describe_state(m, "x", KS_REDUCE_SUM, KS_F32, 1, one, 0, NULL), KS_OK);
+  assert_int_equal(ks_metric_load_state_dict(m, sd, "m/", 2, 0, NULL, NULL, NULL), KS_E_NOTFOUND);
+  ks_metric_free(m);
+  ks_metric_free(mse);
+  ks_statedict_free(sd);
+}
+
+static void lists_keep_their_dtype_and_merge(void **unused) {
+  (void)unused;
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  const int64_t rows[2] = {3, 2};
+  put_f(sd, "c/state_dict/value", KS_I32, 2, rows, 1.0);
+  ks_metric *a = NULL, *b = NULL;
+  assert_int_equal(ks_metric_describe("MyCat", NULL, NULL, &a, NULL), KS_OK);
+  assert_int_equal(ks_metric_describe_state(a, "value", KS_REDUCE_CAT, KS_F32, 0, NULL, KS_STATE_ANY_DTYPE, NULL),
+                   KS_OK);
+  assert_int_equal(ks_metric_load_state_dict(a, sd, "c/state_dict/", 2, 0, NULL, NULL, NULL), KS_OK);
+  ks_tensor t;
+  assert_int_equal(ks_metric_state_info(a, 0, NULL, NULL, &t), KS_OK);
+  assert_int_equal(t.dtype, KS_I32);
+  assert_int_equal(t.shape[0], 3);
+  assert_int_equal(ks_metric_clone(a, NULL, &b, NULL), KS_OK);
+  assert_int_equal(ks_metric_merge(a, b, NULL), KS_OK);
+  assert_int_equal(ks_metric_state_info(a, 0, NULL, NULL, &t), KS_OK);
+  assert_int_equal(t.shape[0], 6);
+  ks_metric *other = described_sum(NULL);
+  ks_error err;
+  assert_int_equal(ks_metric_merge(a, other, &err), KS_E_MISMATCH);
+  ks_metric_free(other);
+  ks_metric_free(a);
+  ks_metric_free(b);
+  ks_statedict_free(sd);
+}
+
+/* The factory of the state tests: a wrapper "W" with an inner sum "base". */
+static ks_status wrapper_factory(void *ctx, const char *label, const ks_allocator *alloc,
+                                 ks_metric_collection **out, ks_error *err) {
+  (void)ctx;
+  ks_metric_collection *c = NULL;
+  ks_metric *w = NULL, *in = NULL;
+  ks_status s = ks_metric_collection_create(alloc, &c, err);
+  if (!s && !label) s = ks_metric_describe("MinMaxMetric", NULL, alloc, &w, err);
+  if (!s && w) s = ks_metric_describe_state(w, "min_val", KS_REDUCE_MIN, KS_F32, 0, NULL, 0, err);
+  if (!s && w) s = ks_metric_describe("SumMetric", NULL, alloc, &in, err);
+  if (!s && in) s = ks_metric_describe_state(in, "sum_value", KS_REDUCE_SUM, KS_F32, 0, NULL, 0, err);
+  if (!s && in) s = ks_metric_add_inner(w, "base", in, err);
+  if (!s) in = NULL;
+  if (!s && w) s = ks_metric_collection_add(c, "W", w, err);
+  if (!s) w = NULL;
+  ks_metric_free(in);
+  ks_metric_free(w);
+  if (s) {
+    ks_metric_collection_free(c);
+    return s;
+  }
+  *out = c;
+  return KS_OK;
+}
+
+static int called;
+static ks_status comp_save(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err) {
+  (void)ctx;
+  (void)dst;
+  (void)prefix;
+  (void)err;
+  return KS_OK;
+}
+static ks_status comp_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
+  (void)ctx;
+  (void)src;
+  called++;
+  if (!strcmp(prefix, "state/optimizers/bad/")) {
+    err->code = KS_E_MISMATCH;
+    snprintf(err->message, sizeof err->message, "does not fit");
+    return KS_E_MISMATCH;
+  }
+  return KS_OK;
+}
+
+static const char *kind_of(const ks_load_report *r, const char *path) {
+  const ks_load_item *it = ks_load_report_find(r, path);
+  return it ? ks_load_kind_name(it->kind) : "none";
+}
+
+static ks_statedict *wrapper_file(int with_inner) {
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  put_f(sd, "state/train_metrics/W/state_dict/min_val", KS_F32, 0, NULL, -1.0);
+  if (with_inner) put_f(sd, "state/train_metrics/W/inner/base/state_dict/sum_value", KS_F32, 0, NULL, 9.0);
+  assert_int_equal(ks_statedict_set_int(sd, "state/train_metrics/W/inner/base/update_count", 4, NULL), KS_OK);
+  put_f(sd, "state/optimizers/good/x", KS_F32, 0, NULL, 1.0);
+  put_f(sd, "state/optimizers/bad/x", KS_F32, 0, NULL, 1.0);
+  put_f(sd, "rng/0/torch", KS_U8, 1, one, 1.0);
+  return sd;
+}
+
+static ks_status load_wrapper(const ks_statedict *sd, int strict, const ks_allocator *alloc, ks_load_report *rep,
+                              double *inner_sum, int64_t *inner_count) {
+  ks_state *st = NULL;
+  ks_stateful cb = {NULL, comp_save, comp_load};
+  ks_status s = ks_state_create("", 0, alloc, &st, NULL);
+  if (!s) s = ks_state_add_component(st, KS_ROOT_OPTIMIZERS, "good", &cb, NULL);
+  if (!s) s = ks_state_add_component(st, KS_ROOT_OPTIMIZERS, "bad", &cb, NULL);
+  if (!s) s = ks_state_add_component(st, KS_ROOT_RNG, "0", &cb, NULL);
+  if (!s) s = ks_state_add_component(st, KS_ROOT_SCHEDULERS, "none", &cb, NULL);
+  if (!s) s = ks_state_build_metrics(st, wrapper_factory, NULL, NULL, 0, NULL);
+  ks_load_opts o = {.non_strict_model = !strict};
+  if (!s) s = ks_state_load_state_dict(st, sd, NULL, &o, rep, NULL);
+  if (!s && inner_sum) {
+    ks_metric *in = ks_metric_inner_at(ks_metric_collection_get(ks_state_train_metrics(st), "W"), 0, NULL);
+    *inner_sum = state_value(in, 0);
+    *inner_count = ks_metric_update_count(in);
+  }
+  ks_state_free(st);
+  return s;
+}
+
+static void inner_metrics_and_components(void **unused) {
+  (void)unused;
+  ks_statedict *sd = wrapper_file(1);
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
+  double sum = 0;
+  int64_t count = 0;
+  called = 0;
+  assert_int_equal(load_wrapper(sd, 0, NULL, rep, &sum, &count), KS_OK);
+  assert_string_equal(kind_of(rep, "state/train_metrics/W"), "loaded");
+  assert_true(sum == 9.0 && count == 4);
+  assert_string_equal(kind_of(rep, "state/optimizers/good"), "loaded");
+  assert_string_equal(kind_of(rep, "state/optimizers/bad"), "mismatched");
+  assert_string_equal(kind_of(rep, "rng/0"), "loaded");
+  assert_string_equal(kind_of(rep, "state/schedulers/none"), "missing");
+  assert_int_equal(called, 3);
+  ks_load_report_clear(rep);
+  assert_int_equal(load_wrapper(sd, 1, NULL, rep, NULL, NULL), KS_E_MISMATCH); /* strict: the refusal is an error */
+  ks_statedict_free(sd);
+  /* Without the inner metric's states the wrapper is refused whole, and reset. */
+  sd = wrapper_file(0);
+  ks_load_report_clear(rep);
+  assert_int_equal(load_wrapper(sd, 0, NULL, rep, &sum, &count), KS_OK);
+  assert_string_equal(kind_of(rep, "state/train_metrics/W"), "mismatched");
+  assert_true(sum == 0.0 && count == 0);
+  ks_statedict_free(sd);
+  ks_load_report_free(rep);
+}
+
+static void every_allocation_failure_leaks_nothing(void **unused) {
+  (void)unused;
+  ks_statedict *sd = wrapper_file(1);
+  ks_status s = KS_E_NOMEM;
+  for (long n = 1; s == KS_E_NOMEM && n < 5000; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_load_report *rep = NULL;
+    s = ks_load_report_create(&ta.a, &rep, NULL);
+    if (!s) s = load_wrapper(sd, 0, &ta.a, rep, NULL, NULL);
+    ks_load_report_free(rep);
+    assert_int_equal(ta.live, 0);
+  }
+  assert_int_equal(s, KS_OK);
+  ks_statedict_free(sd);
+}
+
+static void records_from_a_description(void **unused) {
+  (void)unused;
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  const char *desc = "{\"metrics\":[{\"path\":\"state/train_metrics/A\",\"class\":\"torchmetrics.classification."
+                     "MulticlassJaccardIndex\",\"update_count\":3,\"attrs\":{\"num_classes\":4,\"normalize\":null,"
+                     "\"average\":\"macro\",\"ignore_index\":null}},{\"path\":\"state/train_metrics/C\",\"class\":"
+                     "\"x.CatMetric\",\"update_count\":-5,\"lists\":[\"value\"]}]}";
+  char *out = NULL;
+  assert_int_equal(ks_metric_records_json(desc, sd, NULL, &out, NULL), KS_OK);
+  assert_non_null(strstr(out, "\"class\":\"MulticlassJaccardIndex\""));
+  assert_non_null(strstr(out, "\"num_classes\":4")); /* the null normalize was dropped to find the args */
+  assert_non_null(strstr(out, "\"lists\":[\"value\"]"));
+  assert_non_null(strstr(out, "\"update_count\":1")); /* a negative count is recorded as 1 */
+  free(out);
+  ks_error err;
+  assert_int_equal(ks_metric_records_json("{\"metrics\":3}", sd, NULL, &out, &err), KS_E_INVALID);
+  assert_null(out);
+  /* Rebuilt from records: the catalogue class with its args, per label. */
+  ks_meta *meta;
+  assert_int_equal(ks_meta_create(NULL, &meta, NULL), KS_OK);
+  assert_int_equal(ks_meta_set(meta, KS_META_METRICS, "{\"state/eval_metrics/v/A\":{\"class\":\"SumMetric\","
+                               "\"args\":{}},\"state/train_metrics/B\":{\"class\":\"Unknown\",\"args\":{}}}", NULL),
+                   KS_OK);
+  ks_state *st;
+  assert_int_equal(ks_state_create("", 0, NULL, &st, NULL), KS_OK);
+  assert_int_equal(ks_state_build_recorded_metrics(st, meta, 1 << 20, &err), KS_E_NOTFOUND);
+  assert_int_equal(ks_meta_set(meta, KS_META_METRICS, "{\"state/eval_metrics/v/A\":{\"class\":\"SumMetric\","
+                               "\"args\":{}}}", NULL), KS_OK);
+  assert_int_equal(ks_state_build_recorded_metrics(st, meta, 1 << 20, NULL), KS_OK);
+  assert_int_equal(ks_state_eval_count(st), 1);
+  assert_string_equal(ks_state_eval_label(st, 0), "v");
+  assert_non_null(ks_metric_collection_get(ks_state_eval_metrics(st, "v"), "A"));
+  assert_int_equal(ks_meta_set(meta, KS_META_METRICS, "[1]", NULL), KS_OK);
+  assert_int_equal(ks_state_build_recorded_metrics(st, meta, 1 << 20, &err), KS_E_FORMAT);
+  ks_state_free(st);
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(widening_and_refused_narrowing),
+      cmocka_unit_test(twin_gives_legacy_names_args_and_reshapes),
+      cmocka_unit_test(lists_keep_their_dtype_and_merge),
+      cmocka_unit_test(inner_metrics_and_components),
+      cmocka_unit_test(every_allocation_failure_leaks_nothing),
+      cmocka_unit_test(records_from_a_description),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,280 @@
+/*
+ * ks_save reads each tensor byte once: it writes the header with placeholder
+ * checksum digits, hashes each tensor as it writes it, and writes the digits over
+ * the placeholders with the table's pwrite_fn. A table without one (pwrite_fn
+ * NULL, or a table older than version 5) gets the two-pass save. Both must give
+ * the same bytes; a failing positioned write must leave the old file alone.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+
+#include "keepsake/io_cache.h"
+#include "test_format_helpers.h"
+
+/* A copy of the POSIX table whose pwrite_fn counts calls and bytes, and can be made
+   to fail (fail_errno) or to write at most max_len bytes per call. */
+typedef struct pw_io {
+  ks_io io;
+  int calls, fail_errno;
+  size_t bytes, max_len;
+} pw_io;
+
+static int pw_pwrite(void *ctx, int fd, const void *buf, size_t n, uint64_t off, size_t *written) {
+  pw_io *p = ctx;
+  p->calls++;
+  if (p->fail_errno) return p->fail_errno;
+  if (p->max_len && n > p->max_len) n = p->max_len;
+  int rc = ks_io_posix()->pwrite_fn(NULL, fd, buf, n, off, written);
+  if (!rc) p->bytes += *written;
+  return rc;
+}
+
+static void pw_init(pw_io *p) {
+  memset(p, 0, sizeof *p);
+  p->io = *ks_test_io_nosync();
+  p->io.ctx = p;
+  p->io.pwrite_fn = pw_pwrite;
+}
+
+typedef struct fixture {
+  char *dir;
+  ks_statedict *sd;
+} fixture;
+
+static int add_filled(ks_statedict *sd, const char *name, size_t n, unsigned seed) {
+  int64_t shape[1] = {(int64_t)n};
+  uint8_t *p;
+  if (ks_statedict_new_tensor(sd, name, KS_U8, 1, shape, (void **)&p, NULL)) return -1;
+  for (size_t i = 0; i < n; i++) p[i] = (uint8_t)((i * 2654435761u + seed) >> 7);
+  return 0;
+}
+
+/* Tensors on both sides of the staging size (1 MiB) and of the hashing piece size, one not a
+   multiple of it, an empty one, names the header escapes, and scalars between them. */
+static int setup(void **state) {
+  fixture *fx = calloc(1, sizeof *fx);
+  fx->dir = ks_test_tmpdir("fmt-onepass");
+  if (ks_statedict_create(NULL, &fx->sd, NULL)) return -1;
+  ks_statedict *sd = fx->sd;
+  int64_t none[1] = {0};
+  void *p;
+  if (add_filled(sd, "small/a", 100, 1) || ks_statedict_set_int(sd, "step", 42, NULL) ||
+      add_filled(sd, "quote\"back\\slash\x01", 7, 2) || add_filled(sd, "big/three_mib_plus", (3u << 20) + 123, 3) ||
+      add_filled(sd, "caf\xc3\xa9", 3, 4) || ks_statedict_new_tensor(sd, "empty", KS_F32, 1, none, &p, NULL) ||
+      add_filled(sd, "big/one_mib", 1u << 20, 5) || add_filled(sd, "under_one_mib", (1u << 20) - 1, 6) ||
+      ks_statedict_set_string(sd, "run", "one pass", NULL) || add_filled(sd, "small/z", 1, 7))
+    return -1;
+  *state = fx;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *fx = *state;
+  ks_test_rmtree(fx->dir);
+  free(fx->dir);
+  ks_statedict_free(fx->sd);
+  free(fx);
+  return 0;
+}
+
+/* Saves sd to dir/name through io and returns the file's bytes. */
+static uint8_t *save_read(const fixture *fx, const ks_statedict *sd, const char *name, const ks_io *io, size_t *len) {
+  char *path = ks_test_path(fx->dir, name);
+  ks_save_opts o = {.io = io};
+  ks_error err;
+  ks_status st = ks_save(path, sd, NULL, &o, &err);
+  if (st) fail_msg("ks_save: %s", err.message);
+  uint8_t *b = ks_test_read_file(path, len);
+  ks_read_opts ro = {.verify_checksums = 1};
+  ks_reader *r = NULL;
+  assert_int_equal(ks_reader_open(path, &ro, &r, &err), KS_OK);
+  ks_reader_free(r);
+  free(path);
+  return b;
+}
+
+static void assert_same(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_int_equal(alen, blen);
+  assert_memory_equal(a, b, alen);
+}
+
+static void one_pass_file_is_byte_identical_to_two_pass(void **state) {
+  fixture *fx = *state;
+  pw_io one;
+  pw_init(&one);
+  pw_io two;
+  pw_init(&two);
+  two.io.pwrite_fn = NULL; /* the fallback: hash first, then write */
+  pw_io old;
+  pw_init(&old);
+  old.io.version = 4; /* pwrite_fn is past this version's members: never called */
+  old.fail_errno = EIO;
+  size_t l1, l2, l3;
+  uint8_t *b1 = save_read(fx, fx->sd, "one.ks", &one.io, &l1);
+  uint8_t *b2 = save_read(fx, fx->sd, "two.ks", &two.io, &l2);
+  uint8_t *b3 = save_read(fx, fx->sd, "old.ks", &old.io, &l3);
+  assert_same(b1, l1, b2, l2);
+  assert_same(b1, l1, b3, l3);
+  assert_int_equal(one.calls, 1); /* every checksum patched with one positioned write */
+  assert_int_equal(old.calls, 0);
+  /* The patched range is the checksum digits: 16 per tensor, and less than the header. */
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | b1[i];
+  assert_true(one.bytes >= 8 * 16 && one.bytes < hlen);
+  for (size_t i = 0; i + 16 <= (size_t)hlen + 8; i++) /* no placeholder left */
+    assert_false(memcmp(b1 + i, "0000000000000000", 16) == 0);
+  free(b1);
+  free(b2);
+  free(b3);
+}
+
+static void one_pass_through_the_default_table_matches(void **state) {
+  fixture *fx = *state;
+  pw_io two;
+  pw_init(&two);
+  two.io.pwrite_fn = NULL;
+  size_t l1, l2;
+  uint8_t *b1 = save_read(fx, fx->sd, "default.ks", NULL, &l1);
+  uint8_t *b2 = save_read(fx, fx->sd, "two.ks", &two.io, &l2);
+  assert_same(b1, l1, b2, l2);
+  free(b1);
+  free(b2);
+}
+
+static void short_positioned_writes_are_retried(void **state) {
+  fixture *fx = *state;
+  pw_io shortw;
+  pw_init(&shortw);
+  shortw.max_len = 5;
+  pw_io two;
+  pw_init(&two);
+  two.io.pwrite_fn = NULL;
+  size_t l1, l2;
+  uint8_t *b1 = save_read(fx, fx->sd, "short.ks", &shortw.io, &l1);
+  uint8_t *b2 = save_read(fx, fx->sd, "two.ks", &two.io, &l2);
+  assert_same(b1, l1, b2, l2);
+  assert_true(shortw.calls > 8 * 16 / 5);
+  free(b1);
+  free(b2);
+}
+
+static void failing_positioned_write_leaves_old_file(void **state) {
+  fixture *fx = *state;
+  char *dir = ks_test_path(fx->dir, "fail");
+  assert_int_equal(mkdir(dir, 0700), 0);
+  char *path = ks_test_path(dir, "ckpt.ks");
+  ks_statedict *old = fmt_small_dict(1);
+  assert_non_null(old);
+  assert_int_equal(ks_save(path, old, NULL, NULL, NULL), KS_OK);
+  size_t old_len;
+  uint8_t *old_bytes = ks_test_read_file(path, &old_len);
+  int errs[] = {EIO, ENOSPC};
+  for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+    pw_io bad;
+    pw_init(&bad);
+    bad.fail_errno = errs[i];
+    ks_save_opts o = {.io = &bad.io};
+    ks_error err;
+    assert_int_equal(ks_save(path, fx->sd, NULL, &o, &err), KS_E_IO);
+    assert_int_equal(bad.calls, 1);
+    assert_string_equal(err.file, path);
+    assert_non_null(strstr(err.message, "temporary"));
+    assert_non_null(strstr(err.message, strerror(errs[i])));
+    assert_int_equal(ks_test_dir_entries(dir), 1); /* no temporary file left */
+    size_t len;
+    uint8_t *now = ks_test_read_file(path, &len);
+    assert_same(now, len, old_bytes, old_len);
+    free(now);
+  }
+  free(old_bytes);
+  free(path);
+  free(dir);
+  ks_statedict_free(old);
+}
+
+static void no_tensors_needs_no_positioned_write(void **state) {
+  fixture *fx = *state;
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "step", 7, NULL), KS_OK);
+  pw_io one;
+  pw_init(&one);
+  pw_io two;
+  pw_init(&two);
+  two.io.pwrite_fn = NULL;
+  size_t l1, l2;
+  uint8_t *b1 = save_read(fx, sd, "one.ks", &one.io, &l1);
+  uint8_t *b2 = save_read(fx, sd, "two.ks", &two.io, &l2);
+  assert_same(b1, l1, b2, l2);
+  assert_int_equal(one.calls, 0);
+  free(b1);
+  free(b2);
+  ks_statedict_free(sd);
+}
+
+/* The wrapping tables pass pwrite_fn through when the table they wrap has one, and only then. */
+static void wrapping_tables_forward_pwrite(void **state) {
+  fixture *fx = *state;
+  pw_io inner;
+  pw_init(&inner);
+  pw_io plain;
+  pw_init(&plain);
+  plain.io.pwrite_fn = NULL;
+  ks_io *counter = NULL, *counter_plain = NULL, *cache = NULL, *cache_plain = NULL;
+  char *cdir = ks_test_path(fx->dir, "cache");
+  assert_int_equal(mkdir(cdir, 0700), 0);
+  assert_int_equal(ks_io_counter_create(&inner.io, 0, NULL, &counter, NULL), KS_OK);
+  assert_int_equal(ks_io_counter_create(&plain.io, 0, NULL, &counter_plain, NULL), KS_OK);
+  assert_int_equal(ks_io_cache_create(&inner.io, cdir, NULL, &cache, NULL), KS_OK);
+  assert_int_equal(ks_io_cache_create(&plain.io, cdir, NULL, &cache_plain, NULL), KS_OK);
+  assert_non_null(counter->pwrite_fn);
+  assert_non_null(cache->pwrite_fn);
+  assert_null(counter_plain->pwrite_fn);
+  assert_null(cache_plain->pwrite_fn);
+  size_t l1, l2, l3;
+  uint8_t *b1 = save_read(fx, fx->sd, "counted.ks", counter, &l1);
+  uint8_t *b2 = save_read(fx, fx->sd, "cached.ks", cache, &l2);
+  uint8_t *b3 = save_read(fx, fx->sd, "plain.ks", counter_plain, &l3);
+  assert_int_equal(inner.calls, 2);
+  assert_int_equal(plain.calls, 0);
+  assert_same(b1, l1, b2, l2);
+  assert_same(b1, l1, b3, l3);
+  free(b1);
+  free(b2);
+  free(b3);
+  ks_io_counter_free(counter);
+  ks_io_counter_free(counter_plain);
+  ks_io_cache_free(cache);
+  ks_io_cache_free(cache_plain);
+  free(cdir);
+}
+
+static void check_accepts_version_5_without_pwrite(void **state) {
+  (void)state;
+  ks_io io = *ks_io_posix();
+  assert_int_equal(io.version, 5u);
+  assert_non_null(io.pwrite_fn);
+  io.pwrite_fn = NULL;
+  assert_int_equal(ks_io_check(&io, NULL), KS_OK);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(one_pass_file_is_byte_identical_to_two_pass),
+      cmocka_unit_test(one_pass_through_the_default_table_matches),
+      cmocka_unit_test(short_positioned_writes_are_retried),
+      cmocka_unit_test(failing_positioned_write_leaves_old_file),
+      cmocka_unit_test(no_tensors_needs_no_positioned_write),
+      cmocka_unit_test(wrapping_tables_forward_pwrite),
+      cmocka_unit_test(check_accepts_version_5_without_pwrite),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
