@@ -54,10 +54,6 @@ def _writer_class() -> type:
     global _Writer
     if _Writer is not None:
         return _Writer
-    import json as _json
-    from torch.futures import Future
-    from torch.distributed.checkpoint.metadata import MetadataIndex
-    from torch.distributed.checkpoint.storage import WriteResult
     from . import distributed as _d
 
     class ManagedWriter(_d.KeepsakeWriter):
@@ -69,37 +65,8 @@ def _writer_class() -> type:
             super().__init__(path, **kw)
             self.extra_entries = extra_entries
 
-        # KeepsakeWriter.write_data, with the extra entries appended to each rank's.
-        def write_data(self, plan: Any, planner: Any) -> "Future[List[WriteResult]]":
-            where = plan.storage_data
-            if not isinstance(where, _d._RankPlan):
-                raise _errors.error(_errors.StateError, "write_data before prepare_global_plan")
-            entries: List[tuple] = []
-            chunks: List[tuple] = []
-            keep: List[Any] = []
-            results: List[WriteResult] = []
-            seen = set()
-            for item in plan.items:
-                name, nbytes = self._add_item(item, planner, where.rank, entries, chunks, keep)
-                if name in seen:
-                    raise _errors.error(_errors.UnsupportedError, f"{item.index.fqn}: more than one chunk of a "
-                                        "tensor on one rank (keepsake files hold at most one)", key=item.index.fqn)
-                seen.add(name)
-                results.append(WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=None))
-            for e in self.extra_entries(where.rank, keep):
-                if e[0] in seen:
-                    raise _errors.error(_errors.InvalidError, f"{e[0]}: a DCP item has the name of a keepsake "
-                                        "entry of the manager", key=e[0])
-                entries.append(e)
-            record = {"version": _d._META_VERSION, "planner_data": where.planner_data}
-            size, xxh3 = _n.shard_write_rank(self.path, where.rank, where.world_size, entries, chunks,
-                                             {_d.META_KEY: _json.dumps(record, sort_keys=True)}, self.sync_files)
-            del keep
-            results.append(WriteResult(index=MetadataIndex(_d._RANK_FILE_FQN + str(where.rank)), size_in_bytes=size,
-                                       storage_data=_d._RankFile(where.rank, size, xxh3)))
-            fut: Future = Future()
-            fut.set_result(results)
-            return fut
+        def _extra_entries(self, rank: int, keep: list) -> List[tuple]:
+            return list(self.extra_entries(rank, keep))
 
     _Writer = ManagedWriter
     return _Writer

@@ -244,6 +244,11 @@ class KeepsakeWriter(StorageWriter):
                                     "one rank (keepsake files hold at most one)", key=item.index.fqn)
             seen.add(name)
             results.append(WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=None))
+        for e in self._extra_entries(where.rank, keep):
+            if e[0] in seen:
+                raise _errors.error(_errors.InvalidError, f"{e[0]}: a DCP item has the name of an entry the "
+                                    "writer adds", key=e[0])
+            entries.append(e)
         record = {"version": _META_VERSION, "planner_data": where.planner_data}
         size, xxh3 = _native.shard_write_rank(self.path, where.rank, where.world_size, entries, chunks,
                                               {META_KEY: json.dumps(record, sort_keys=True)}, self.sync_files)
@@ -253,6 +258,11 @@ class KeepsakeWriter(StorageWriter):
         fut: Future = Future()
         fut.set_result(results)
         return fut
+
+    def _extra_entries(self, rank: int, keep: list) -> List[tuple]:
+        """Entries rank `rank` adds to its file beside DCP's items (none; a subclass's, such as the
+        distributed manager's per-rank state)."""
+        return []
 
     @staticmethod
     def _add_item(item: WriteItem, planner: SavePlanner, rank: int, entries: list, chunks: list,

@@ -108,6 +108,20 @@ static int add_components(load_job *j, PyObject *comps, ks_error *err) {
   return 0;
 }
 
+/* A shape (a sequence of ints) into dims; 0 with an exception set, or rank out of 0..KS_MAX_RANK. */
+static int shape_of(PyObject *shape, int64_t *dims, int *rank) {
+  Py_ssize_t n = PySequence_Size(shape);
+  if (n < 0 || n > KS_MAX_RANK) return 0;
+  for (Py_ssize_t d = 0; d < n; d++) {
+    PyObject *v = PySequence_GetItem(shape, d);
+    dims[d] = v ? PyLong_AsLongLong(v) : -1;
+    Py_XDECREF(v);
+    if (PyErr_Occurred()) return 0;
+  }
+  *rank = (int)n;
+  return 1;
+}
+
 /* ---- model tensors: (name, dtype code, shape, address), filled in place ---- */
 
 static int add_model(load_job *j, PyObject *model, ks_error *err) {
@@ -119,18 +133,12 @@ static int add_model(load_job *j, PyObject *model, ks_error *err) {
     unsigned long long addr;
     int ok = item && PyArg_ParseTuple(item, "siOK", &name, &code, &shape, &addr);
     int64_t dims[KS_MAX_RANK];
-    Py_ssize_t rank = ok ? PySequence_Size(shape) : -1;
-    ok = ok && rank >= 0 && rank <= KS_MAX_RANK;
-    for (Py_ssize_t d = 0; ok && d < rank; d++) {
-      PyObject *v = PySequence_GetItem(shape, d);
-      dims[d] = v ? PyLong_AsLongLong(v) : -1;
-      Py_XDECREF(v);
-      ok = !PyErr_Occurred();
-    }
+    int rank = 0;
+    ok = ok && shape_of(shape, dims, &rank);
     Py_XDECREF(item);
     if (!ok) return PyErr_Occurred() ? -1 : (ksp_raisef(KS_E_INVALID, "bad model tensor description"), -1);
     ks_tensor t;
-    ks_status s = ks_tensor_init(&t, (ks_dtype)code, (int)rank, dims, (void *)(uintptr_t)addr);
+    ks_status s = ks_tensor_init(&t, (ks_dtype)code, rank, dims, (void *)(uintptr_t)addr);
     if (!s) s = ks_state_add_tensor(j->st, name, &t, err);
     if (s) return ksp_raise(s, err), -1;
   }
@@ -149,18 +157,12 @@ static KS_NODISCARD ks_status describe_states(ks_metric *m, PyObject *states, ks
     int reduce, code;
     int ok = item && PyArg_ParseTuple(item, "siiO", &name, &reduce, &code, &shape);
     int64_t dims[KS_MAX_RANK];
-    Py_ssize_t rank = ok ? PySequence_Size(shape) : -1;
-    ok = ok && rank >= 0 && rank <= KS_MAX_RANK;
-    for (Py_ssize_t d = 0; ok && d < rank; d++) {
-      PyObject *v = PySequence_GetItem(shape, d);
-      dims[d] = v ? PyLong_AsLongLong(v) : -1;
-      Py_XDECREF(v);
-      ok = !PyErr_Occurred();
-    }
+    int rank = 0;
+    ok = ok && shape_of(shape, dims, &rank);
     Py_XDECREF(item);
     if (!ok) return KS_E_INVALID;
     unsigned flags = code < 0 ? KS_STATE_ANY_DTYPE : 0;
-    ks_status s = ks_metric_describe_state(m, name, (ks_reduce)reduce, code < 0 ? KS_F32 : (ks_dtype)code, (int)rank,
+    ks_status s = ks_metric_describe_state(m, name, (ks_reduce)reduce, code < 0 ? KS_F32 : (ks_dtype)code, rank,
                                            dims, flags, err);
     if (s) return s;
   }

@@ -225,6 +225,13 @@ static KS_NODISCARD ks_status resume_path(ks_ckpt_manager *m, const char **path,
   return s;
 }
 
+/* (path or None, how many corrupt checkpoints the search set aside): what a resume search found. */
+static PyObject *path_and_skipped(ksp_Manager *self, const char *path) {
+  Py_ssize_t skipped = (Py_ssize_t)ks_ckpt_manager_skipped(self->m);
+  if (!path) return Py_BuildValue("(On)", Py_None, skipped);
+  return Py_BuildValue("(Nn)", PyUnicode_DecodeFSDefault(path), skipped);
+}
+
 static PyObject *Manager_resume_path(ksp_Manager *self, PyObject *unused) {
   (void)unused;
   if (!usable(self)) return NULL;
@@ -237,9 +244,7 @@ static PyObject *Manager_resume_path(ksp_Manager *self, PyObject *unused) {
   Py_END_ALLOW_THREADS
   self->busy = 0;
   if (st) return ksp_raise(st, &err);
-  size_t skipped = ks_ckpt_manager_skipped(self->m);
-  if (!path) return Py_BuildValue("(On)", Py_None, (Py_ssize_t)skipped);
-  return Py_BuildValue("(Nn)", PyUnicode_DecodeFSDefault(path), (Py_ssize_t)skipped);
+  return path_and_skipped(self, path);
 }
 
 static PyObject *Manager_close(ksp_Manager *self, PyObject *unused) {
@@ -328,9 +333,7 @@ static PyObject *Manager_dir_latest(ksp_Manager *self, PyObject *unused) {
   Py_END_ALLOW_THREADS
   self->busy = 0;
   if (st) return ksp_raise(st, &err);
-  size_t skipped = ks_ckpt_manager_skipped(self->m);
-  if (!dir) return Py_BuildValue("(On)", Py_None, (Py_ssize_t)skipped);
-  return Py_BuildValue("(Nn)", PyUnicode_DecodeFSDefault(dir), (Py_ssize_t)skipped);
+  return path_and_skipped(self, dir);
 }
 
 static PyMethodDef Manager_methods[] = {
