@@ -28,6 +28,8 @@
 
 /** JSON object: metric path -> {class, args, schema_version, update_count, lists}. */
 #define KS_META_METRICS "keepsake.metrics"
+/** The Python package's container table of the values it flattened ({path: kind}; docs/PYTHON.md). */
+#define KS_META_PYTREE "keepsake.pytree"
 /** JSON object describing the state layout: {"layout_version": 1}. */
 #define KS_META_STATE "keepsake.state"
 /** JSON description of the metrics found in an imported Composer checkpoint (see ks_composer_normalize). */

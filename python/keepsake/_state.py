@@ -86,6 +86,7 @@ def checkpoint_entries(model: Any = None, optimizers: Any = None, schedulers: An
     if rng:
         for k, v in _rng.state_entries().items():
             fl.add(k, v)
+        fl.kinds["rng"] = "list"  # one item per rank, as the C state layer records it
     return fl, descs
 
 

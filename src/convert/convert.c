@@ -138,12 +138,15 @@ static KS_NODISCARD ks_status write_pt(conv *c, const ks_statedict *kept) {
 
 static KS_NODISCARD ks_status write_out(conv *c) {
   ks_statedict *kept = NULL;
-  ks_status st = ks__convert_ignore(c->sd, c->o->ignore, c->o->n_ignore, c->meta, &kept, c->err);
+  bool pt = ends_with(c->out, ".pt") || ends_with(c->out, ".pth");
+  /* Before --ignore, which prunes the structure document it makes along with the entries. */
+  ks_status st = pt ? ks__convert_pytree(c->a, c->sd, c->meta, c->err) : KS_OK;
+  if (!st) st = ks__convert_ignore(c->sd, c->o->ignore, c->o->n_ignore, c->meta, &kept, c->err);
   if (st) return st;
   const ks_statedict *w = kept ? kept : c->sd;
   c->rep->written = ks_statedict_count(w);
   c->rep->ignored = ks_statedict_count(c->sd) - c->rep->written;
-  if (ends_with(c->out, ".pt") || ends_with(c->out, ".pth")) {
+  if (pt) {
     st = write_pt(c, w);
   } else {
     ks_save_opts so = {0};

@@ -23,6 +23,14 @@ void ks__convert_warn(ks_convert_report *r, const ks_error *problem, const char 
 KS_NODISCARD ks_status ks__convert_check_output(const char *out, ks_error *err);
 
 /*
+ * A .pt export of a file the Python package wrote: its container table (`keepsake.pytree`) set into
+ * meta as the structure document (KS_TORCH_STRUCTURE_META) the .pt writer reads, when meta has
+ * none. KS_E_UNSUPPORTED for a dict whose str keys were saved by position (pytree.c).
+ */
+KS_NODISCARD ks_status ks__convert_pytree(const ks_allocator *a, const ks_statedict *sd, ks_meta *meta,
+                                          ks_error *err);
+
+/*
  * The entries of src that no glob matches, borrowing src's data (src must outlive *out); and the
  * structure document of meta (KS_TORCH_STRUCTURE_META) without the containers they match, set
  * back into meta. No globs: *out is NULL (src is used as it is) and meta is left alone.

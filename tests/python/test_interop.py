@@ -288,3 +288,40 @@ def test_convert_checks_input_integrity_and_output(tmp_path):
         with pytest.raises(keepsake.InvalidError):
             keepsake.convert(out, tmp_path / bad)
     assert os.path.islink(tmp_path / "link.keepsake") and (tmp_path / "dir.keepsake").is_dir()
+
+
+def test_python_checkpoint_exports_to_a_pt_that_torch_resumes(tmp_path):
+    """keepsake.pytree (what the Python package records) becomes the .pt structure on export:
+    torch.load's default reads the file, and AdamW, the scheduler and the model resume from it
+    exactly as from the objects themselves."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    x = torch.randn(16, 4)
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        sched.step()
+    src, dst = tmp_path / "py.keepsake", tmp_path / "py.pt"
+    kt.save_checkpoint(src, model=model, optimizers=opt, schedulers=sched)
+    keepsake.convert(src, dst)
+    ck = torch.load(dst)  # weights_only=True, the default
+    st = ck["state"]
+    assert isinstance(st["optimizers"]["AdamW"]["param_groups"], list)
+    assert isinstance(ck["rng"], list) and len(ck["rng"]) == 1
+    m2 = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    m2.load_state_dict(st["model"])
+    o2 = torch.optim.AdamW(m2.parameters(), lr=0.5)
+    o2.load_state_dict(st["optimizers"]["AdamW"])
+    s2 = torch.optim.lr_scheduler.StepLR(o2, step_size=1, gamma=0.5)
+    s2.load_state_dict(st["schedulers"]["StepLR"])
+    for m, o, s in ((model, opt, sched), (m2, o2, s2)):
+        o.zero_grad()
+        m(x).pow(2).mean().backward()
+        o.step()
+        s.step()
+    for a, b in zip(model.parameters(), m2.parameters()):
+        assert torch.equal(a, b)
+    assert s2.get_last_lr() == sched.get_last_lr()
