@@ -167,12 +167,16 @@ class CheckpointManager:
         timestamp counts it. Saves when a trigger says so; after a preemption signal, saves,
         waits until it is durable and raises :class:`Preempted`. Returns the path saved, or None.
         """
+        # The trigger first, then the signal: should_save also says yes to a signal, so one that
+        # arrives between the two reads must still take the preemption path (one save, then exit),
+        # never a trigger's background save followed by a second, preemption save.
+        due = self._native.should_save(self._ts(), epoch_end)
         signum = _n.preemption_signal()
         if signum and not epoch_end:
             path = self.save(blocking=True)
             self.wait()
             raise Preempted(path, signum)
-        if not self._native.should_save(self._ts(), epoch_end):
+        if not due:
             return None
         try:
             return self.save(blocking=not self.async_save)
