@@ -39,7 +39,10 @@ bench: build
 	@# The Python package against safetensors and torch.save, when the build made it (optional).
 	@py=$${KS_VENV:-.venv}/bin/python; if [ -d $(BUILD)/python-pkg/keepsake ] && [ -x $$py ]; then \
 	  echo "== python_bench"; PYTHONPATH=$(BUILD)/python-pkg $$py bench/python_bench.py; \
-	  echo "== python_manager_bench"; PYTHONPATH=$(BUILD)/python-pkg $$py bench/python_manager_bench.py; fi
+	  echo "== python_manager_bench"; PYTHONPATH=$(BUILD)/python-pkg $$py bench/python_manager_bench.py; \
+	  echo "== python_remote_bench"; PYTHONPATH=$(BUILD)/python-pkg $$py bench/python_remote_bench.py --build $(BUILD); \
+	  for n in 2 4; do echo "== dcp_bench, $$n ranks"; PYTHONPATH=$(BUILD)/python-pkg $${KS_VENV:-.venv}/bin/torchrun \
+	    --nproc-per-node $$n --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:0 bench/dcp_bench.py --repeat 3; done; fi
 
 FUZZ_TARGETS := $(notdir $(basename $(wildcard tests/fuzz/fuzz_*.c)))
 

@@ -119,7 +119,8 @@ int ks_cli_inspect_dir(const char *dir) {
   for (int r = 0; r < n; r++) {
     ks_shard_file_info info;
     const char *f = ks_shard_index_file(idx, r, &info);
-    printf("  rank %-5d %-32s %12" PRIu64 " bytes  xxh3 %016" PRIx64 "\n", r, f, info.size, info.checksum);
+    printf("  rank %-5d %-32s %12" PRIu64 " bytes  %s %016" PRIx64 "\n", r, f, info.size,
+           ks_shard_index_version(idx) >= 2 ? "header xxh3" : "xxh3", info.checksum);
   }
   size_t np;
   const char *const *pr = ks_shard_index_per_rank(idx, &np);
@@ -189,6 +190,8 @@ static json_t *rank_file_json(const char *dir, const ks_shard_index *idx, int r)
   json_object_set_new(one, "name", json_string(name));
   json_object_set_new(one, "index_size", json_integer((json_int_t)info.size));
   json_object_set_new(one, "index_xxh3", json_string(hex));
+  /* what index_xxh3 hashes: the length and header (index version 2) or the whole file (version 1) */
+  json_object_set_new(one, "index_xxh3_of", json_string(ks_shard_index_version(idx) >= 2 ? "header" : "file"));
   return one;
 }
 

@@ -262,6 +262,25 @@ KS_NODISCARD ks_status ks_reader_tensor(const ks_reader *r, const char *name, ks
  */
 KS_NODISCARD ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, ks_error *err);
 
+/** One tensor for ks_reader_fetch_many: tensor `index` into `cap` bytes at `buf`. */
+typedef struct ks_fetch {
+  size_t index;
+  void *buf;
+  size_t cap;
+} ks_fetch;
+
+/**
+ * ks_reader_fetch of every job, on up to `threads` threads (0: one per online CPU, at most 4;
+ * 1: this thread only; below 32 MiB in all, this thread only). The jobs are cut into runs of
+ * about equal bytes, one per thread. Each tensor is verified as ks_reader_fetch verifies it.
+ * @return KS_OK, or the error of the earliest job that failed (as ks_reader_fetch's); the
+ *         others stop at their next job, so the memory of jobs after a failure is unspecified.
+ * Thread safety: as ks_reader_fetch (the reader's table must allow concurrent reads, as
+ * ks_io_posix()'s and the storage tables' do).
+ */
+KS_NODISCARD ks_status ks_reader_fetch_many(const ks_reader *r, const ks_fetch *jobs, size_t n, unsigned threads,
+                                            ks_error *err);
+
 /** ks_reader_fetch of the tensor named `name` (KS_E_NOTFOUND naming it when absent). */
 KS_NODISCARD ks_status ks_reader_fetch_name(const ks_reader *r, const char *name, void *buf, size_t cap, ks_error *err);
 
@@ -270,6 +289,14 @@ long ks_reader_find(const ks_reader *r, const char *name);
 
 /** File position of tensor i. @return KS_OK or KS_E_NOTFOUND. */
 KS_NODISCARD ks_status ks_reader_tensor_info(const ks_reader *r, size_t i, ks_tensor_info *info);
+
+/**
+ * Tensor i's dtype, rank, shape and size, without its bytes: nothing is read, in
+ * KS_READ_LAZY mode either (view->data is NULL). For a lazy reader's callers
+ * that fetch the bytes themselves (ks_reader_fetch into their own memory).
+ * @return KS_OK or KS_E_NOTFOUND (i >= count, or view NULL).
+ */
+KS_NODISCARD ks_status ks_reader_tensor_desc(const ks_reader *r, size_t i, ks_tensor *view);
 
 /** The raw __metadata__ pairs (possibly empty, never NULL for a valid reader). */
 const ks_meta *ks_reader_meta(const ks_reader *r);

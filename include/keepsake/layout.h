@@ -28,7 +28,7 @@
 
 /** JSON object: metric path -> {class, args, schema_version, update_count, lists}. */
 #define KS_META_METRICS "keepsake.metrics"
-/** The Python package's container table of the values it flattened ({path: kind}; docs/PYTHON.md). */
+/** The container table keepsake 0.1.0's Python package wrote ({path: kind}); read, not written (§10). */
 #define KS_META_PYTREE "keepsake.pytree"
 /** JSON object describing the state layout: {"layout_version": 1}. */
 #define KS_META_STATE "keepsake.state"
@@ -36,7 +36,8 @@
 #define KS_META_COMPOSER_METRICS "keepsake.composer_metrics"
 /**
  * The torch structure document: which folders are lists, tuples, sets or dicts with typed keys
- * (docs/FORMAT.md §10). Written by `keepsake convert` from a torch file and by ks_state_save.
+ * (docs/FORMAT.md §10). Written through ks_structure (structure.h) by `keepsake convert` from a
+ * torch file, by ks_state_save and by the Python package.
  */
 #define KS_TORCH_STRUCTURE_META "keepsake.torch_structure"
 

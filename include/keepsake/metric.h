@@ -333,6 +333,13 @@ ks_metric *ks_metric_collection_at(const ks_metric_collection *c, size_t i, cons
 
 /* ---- Described metrics: a program's metric the catalogue need not implement ---- */
 
+/**
+ * The reduction named `name`: "sum", "mean", "max", "min", "cat", or torchmetrics' function names
+ * "dim_zero_sum" ... "dim_zero_cat" (a state's dist_reduce_fx).
+ * @return KS_OK, or KS_E_NOTFOUND for any other name (a custom reduction, None), *out untouched.
+ */
+KS_NODISCARD ks_status ks_reduce_parse(const char *name, ks_reduce *out);
+
 /** ks_metric_describe_state flag: a cat state whose rows keep the dtype they were stored with. */
 #define KS_STATE_ANY_DTYPE 1u
 

@@ -42,8 +42,12 @@ KS_BEGIN_DECLS
 
 /** Name of the index file inside a sharded checkpoint directory. */
 #define KS_SHARD_INDEX_NAME "model.safetensors.index.json"
-/** Version of the keepsake part of the index. */
-#define KS_SHARD_INDEX_VERSION 1
+/**
+ * Version of the keepsake part of the index that ks_shard_write_index writes. Version 2 records
+ * each rank file's header hash (`header_xxh3`), version 1 its whole-file hash (`xxh3`); readers
+ * accept both (docs/FORMAT.md section 9).
+ */
+#define KS_SHARD_INDEX_VERSION 2
 /** Largest world size accepted (file names have five digits). */
 #define KS_SHARD_MAX_WORLD 99999
 
@@ -98,14 +102,16 @@ KS_NODISCARD ks_status ks_shard_file_name(int rank, int world_size, char *buf, s
 /** What the index records about one rank's file. */
 typedef struct ks_shard_file_info {
   uint64_t size;     /**< bytes */
-  uint64_t checksum; /**< XXH3-64 of the whole file */
+  uint64_t checksum; /**< XXH3-64 of the file's first 8 + N bytes (its length and header, which holds every
+                          tensor's checksum); in a version 1 index read back, of the whole file */
 } ks_shard_file_info;
 
 /**
  * Writes rank `rank`'s file of a `world_size`-rank checkpoint into `dir`
  * (which must exist): the chunks named in `shards`, the per-rank entries (those
  * matching `per_rank`, NULL = the defaults) and, for rank 0 only, every other
- * (replicated) entry. The whole-file XXH3-64 is computed as the bytes are written.
+ * (replicated) entry, in one pass over the data (each tensor hashed just before it is written).
+ * The header hash for the index is taken from the header read back, not from the data.
  * @param meta optional caller metadata (e.g. keepsake.metrics) copied into the file.
  * @param info receives the file's size and checksum (also with KS_E_NOT_DURABLE).
  * @return KS_OK, KS_E_INVALID (a chunk whose tensor is missing or has another shape), KS_E_NOMEM,
@@ -156,6 +162,8 @@ KS_NODISCARD ks_status ks_shard_index_read_io(const char *dir, const ks_allocato
 void ks_shard_index_free(ks_shard_index *idx);
 /** World size the checkpoint was written with. */
 int ks_shard_index_world_size(const ks_shard_index *idx);
+/** Version of the index (1 or 2): what ks_shard_file_info.checksum hashes (the whole file in 1, the header in 2). */
+int ks_shard_index_version(const ks_shard_index *idx);
 /** The saved timestamp's epoch and batch (-1 when the state had no timestamp). */
 int64_t ks_shard_index_epoch(const ks_shard_index *idx);
 int64_t ks_shard_index_batch(const ks_shard_index *idx);
@@ -177,10 +185,14 @@ KS_NODISCARD ks_status ks_shard_index_chunk(const ks_shard_index *idx, size_t i,
 const char *const *ks_shard_index_per_rank(const ks_shard_index *idx, size_t *n);
 
 /**
- * Checks rank `rank`'s file against the index: present, of the recorded size,
- * and with the recorded whole-file checksum (reads the whole file).
+ * Checks rank `rank`'s file against the index: present, of the recorded size, and every byte
+ * as recorded (reads the whole file once). Version 2 index: the length and header hash to the
+ * recorded header_xxh3, the file's structure is valid (its tensors tile the data section) and
+ * every tensor matches its checksum in that header. Version 1 index: the whole file hashes to
+ * the recorded xxh3.
  * @return KS_OK, KS_E_NOTFOUND (missing), KS_E_FORMAT (truncated or grown),
- *         KS_E_CHECKSUM (corrupt), KS_E_IO; the message names the rank and err->file the file.
+ *         KS_E_CHECKSUM (corrupt: the header, a tensor, or a structure that no longer parses),
+ *         KS_E_IO, KS_E_NOMEM; the message names the rank and err->file the file.
  */
 KS_NODISCARD ks_status ks_shard_verify_file(const char *dir, const ks_shard_index *idx, int rank, ks_error *err);
 /** ks_shard_verify_file with the file opened, mapped or read through `io` (NULL = ks_io_posix()). */
@@ -251,6 +263,21 @@ typedef struct ks_shard_load_opts {
 KS_NODISCARD ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int rank, int world_size,
                              const ks_shard_map *want, const ks_shard_load_opts *opts, ks_statedict **sd,
                              ks_meta **meta, ks_error *err);
+
+/**
+ * The rule by which ks_shard_load_rank hands out per-rank entries: which saved ranks rank `rank`
+ * of `world_size` (M) takes when the checkpoint was written by `saved_world` (N) ranks. Saved rank
+ * s goes to rank floor(s*M/N), so each rank gets a contiguous block [*lo, *hi) of saved ranks (at
+ * M = N exactly its own; empty when M > N leaves this rank none). Its metrics are the fold of that
+ * block in saved-rank order (ks_metric_fold; default metrics when it is empty), so the ranks'
+ * metrics still fold to the saved global metric; its other per-rank entries (RNG, data position)
+ * come from saved rank *first: *lo, or saved rank (rank mod N) when the block is empty. Bindings
+ * that restore per-rank state themselves (the Python distributed manager) ask this function.
+ * @return KS_OK; KS_E_INVALID (a NULL pointer, N or M below 1 or above KS_SHARD_MAX_WORLD, rank
+ *         outside [0, M)).
+ */
+KS_NODISCARD ks_status ks_shard_assigned(int saved_world, int world_size, int rank, int *lo, int *hi, int *first,
+                                         ks_error *err);
 
 /**
  * Rewrites the checkpoint in `dir` for `world_size` ranks into `out_dir` (created;

@@ -30,7 +30,7 @@ import signal as _signal
 import sys
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple
 
-from . import _errors, _load, _metrics, _rng, _state
+from . import _errors, _metrics, _rng, _state
 from . import _native_api as _n
 from ._manager import CheckpointManager, Preempted
 from ._paths import PathLike, fspath
@@ -369,9 +369,13 @@ class DistributedCheckpointManager(CheckpointManager):
         the directories of saves that died), on every rank: model and optimizer (``set_state_dict``),
         timestamp, extra, and this rank's generators, dataset states and metric states.
 
-        Per-rank items come back only at the world size the checkpoint was saved with; at another
-        one they are left as they are (a warning says so). Returns False when there is none;
-        ``self.last_resumed`` is the directory, ``self.skipped`` how many failed to verify."""
+        Per-rank items follow the C library's rule (``ks_shard_assigned``, as ks_dist_load applies
+        it): at the saved world size each rank gets its own; at another one, saved rank s goes to
+        rank floor(s*M/N), each rank's metric states become the fold of the saved ranks assigned to
+        it (``ks_metric_fold``; defaults when none is), so they still fold to the saved global
+        metric, and its generators and data positions come from the first of them (saved rank
+        rank mod N when none). Returns False when there is none; ``self.last_resumed`` is the
+        directory, ``self.skipped`` how many failed to verify."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
         from .distributed import KeepsakeReader
@@ -387,13 +391,21 @@ class DistributedCheckpointManager(CheckpointManager):
         if path is None:
             return False
         saved_world = int(_n.shard_index(path, check=False)["world_size"])
-        sd = self._dcp_state()
-        if saved_world != self.world_size:
-            sd = {k: v for k, v in sd.items() if not k.startswith(f"rank{self.rank}/")}
-            if self.rank == 0:
-                print(f"keepsake: warning: {path} was saved by {saved_world} ranks, this run has "
-                      f"{self.world_size}: per-rank generators, data positions and metric states are not "
-                      "restored", file=sys.stderr)
+        lo, hi, first = _n.shard_assigned(saved_world, self.world_size, self.rank)
+        mine, src = f"rank{self.rank}/", f"rank{first}/"
+        sd: Dict[str, Any] = {}
+        for k, v in self._dcp_state().items():  # this rank's items stand for the saved ranks' it takes
+            if not k.startswith(mine):
+                sd[k] = v
+            elif k.startswith(mine + "metrics/"):
+                for s in range(lo, hi):
+                    sd[f"rank{s}/{k[len(mine):]}"] = v
+            else:
+                sd[src + k[len(mine):]] = v
+        if saved_world != self.world_size and self.rank == 0:
+            print(f"keepsake: note: {path} was saved by {saved_world} ranks, this run has {self.world_size}: "
+                  "each rank's metric states are the fold of the saved ranks assigned to it, its generators "
+                  "and data positions those of the first of them (ks_shard_assigned)", file=sys.stderr)
         fields = self._ts()
         for k, v in fields.items():
             sd[TIMESTAMP + k] = v
@@ -410,26 +422,18 @@ class DistributedCheckpointManager(CheckpointManager):
         if isinstance(self.extra, MutableMapping) and "extra" in sd:
             self.extra.clear()
             self.extra.update(sd["extra"])
-        mine = f"rank{self.rank}/"
-        if saved_world == self.world_size:
-            if self.rng:
-                items = {_rng.PREFIX + k[len(mine + "rng/"):]: v for k, v in sd.items()
-                         if k.startswith(mine + "rng/")}
-                _rng.load(items)
-            for name, d in _state._named(self.components["dataset_state"], "dataset states"):
-                v = sd[f"{mine}dataset_state/{name}"]
-                if hasattr(d, "load_state_dict"):
-                    d.load_state_dict(v)
-                elif isinstance(d, MutableMapping):
-                    d.clear()
-                    d.update(v)
-            for name, m in self._named_metrics():
-                for i, part in enumerate(_metric_parts(m)):
-                    data = sd[f"{mine}metrics/{name}/{i}"]
-                    desc = _load.describe_metric(type(part).__name__, part, top=False)
-                    values = _n.fold_metric(desc, [bytes(data)])  # one rank's states, decoded by the library
-                    _load._install_states(part, values)
-                    part._update_count = int(values["update_count"])
-                    part._computed = None
+        if self.rng:
+            _rng.load({_rng.PREFIX + k[len(src + "rng/"):]: v for k, v in sd.items() if k.startswith(src + "rng/")})
+        for name, d in _state._named(self.components["dataset_state"], "dataset states"):
+            v = sd[f"{src}dataset_state/{name}"]
+            if hasattr(d, "load_state_dict"):
+                d.load_state_dict(v)
+            elif isinstance(d, MutableMapping):
+                d.clear()
+                d.update(v)
+        from . import _sync
+        for name, m in self._named_metrics():
+            for i, part in enumerate(_metric_parts(m)):
+                _sync.restore_local(part, [sd[f"rank{s}/metrics/{name}/{i}"] for s in range(lo, hi)])
         self.last_resumed = path
         return True

@@ -16,17 +16,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from . import _metrics, _tensors, _tree
 from . import _native_api as _n
 
-# torchmetrics' reduction functions, by name -> ks_reduce (how two ranks' states combine).
-_REDUCE = {"dim_zero_sum": 0, "dim_zero_mean": 1, "dim_zero_max": 2, "dim_zero_min": 3, "dim_zero_cat": 4}
-_CAT = 4
-# ks_state_root of each component kind.
-ROOT = {"optimizers": 1, "schedulers": 2, "callbacks": 3, "dataset_state": 4, "rng": 5}
 FILLED = ("loaded", "migrated", "converted")
 
 
-def _reduction(m: Any, state: str) -> int:
+def _reduction(m: Any, state: str) -> Optional[str]:
+    """The name of a state's dist_reduce_fx (the library reads it: ks_reduce_parse)."""
     fn = getattr(m, "_reductions", {}).get(state)
-    return _REDUCE.get(getattr(fn, "__name__", ""), 0)
+    return getattr(fn, "__name__", None)
 
 
 def describe_metric(name: str, m: Any, top: bool = True) -> tuple:
@@ -37,13 +33,12 @@ def describe_metric(name: str, m: Any, top: bool = True) -> tuple:
     states = []
     for s, d in m._defaults.items():
         if isinstance(d, list):
-            states.append((s, _CAT, -1, ()))
+            states.append((s, _reduction(m, s), -1, ()))
         else:
-            red = _reduction(m, s)
             code = codes.get(d.dtype)
             if code is None:
                 raise TypeError(f"metric state '{s}' has dtype {d.dtype}, which keepsake does not store")
-            states.append((s, 0 if red == _CAT else red, code, tuple(d.shape)))
+            states.append((s, _reduction(m, s), code, tuple(d.shape)))
     # Every inner metric at any depth, by dotted name, under the top metric (the saved layout).
     inner = [(n, describe_metric(n, sub, False)) for n, sub in _metrics.inner_metrics(m)] if top else []
     return (name, type(m).__name__, json.dumps(_metrics.arg_attrs(m)), states, inner)

@@ -72,6 +72,9 @@ class CheckpointManager:
             raises :class:`Preempted` (``()`` installs none).
         lock: ``"auto"`` (lock the run directory where the storage can), ``"require"``, ``"off"``.
         upload_to: save locally, then upload each checkpoint there (``s3://...``).
+        cache_dir: a local directory for the C library's read cache over a remote ``run_dir`` and
+            ``upload_to`` (``<cache_dir>/run``, ``<cache_dir>/upload``): bytes read once, by
+            autoresume's verification or an upload-mode download, are not read from the server again.
         when_busy: a background save asked for while one is still in flight: ``"wait"`` for it
             (default; at most one is ever in flight) or ``"fail"`` (StateError, nothing saved).
         distributed: True in a torch.distributed run: every rank constructs the manager, which
@@ -95,7 +98,8 @@ class CheckpointManager:
                  keep_every: Optional[str] = None, keep_period_seconds: float = 0.0, async_save: bool = False,
                  on_save_error: str = "raise", preemption_signals: Sequence[int] = (_signal.SIGTERM, _signal.SIGUSR1),
                  lock: str = "auto", upload_to: Optional[PathLike] = None, upload_retention: bool = False,
-                 retention_log: bool = False, when_busy: str = "wait", distributed: bool = False) -> None:
+                 retention_log: bool = False, when_busy: str = "wait", distributed: bool = False,
+                 cache_dir: Optional[PathLike] = None) -> None:
         if on_save_error not in ("raise", "warn"):
             raise ValueError("on_save_error: 'raise' or 'warn'")
         self.components = dict(model=model, optimizers=optimizers, schedulers=schedulers,
@@ -110,13 +114,14 @@ class CheckpointManager:
         loc = fspath(run_dir)
         # s3:// and http(s):// run directories: the library's paths there are keys of the store;
         # Python names checkpoints by URL, which every keepsake function takes.
-        self._url = loc.rstrip("/") if ("://" in loc and not loc.startswith("file://")) else None
+        self._url = loc.rstrip("/") if _n.is_remote(loc) else None
         self._native = _n.Manager(loc, save_interval=save_every, filename=filename, keep=keep_last,
                                   keep_best=keep_best, best_metric=best_metric, best_mode=best_mode,
                                   keep_every=keep_every, keep_period_seconds=keep_period_seconds,
                                   save_every_seconds=save_every_seconds, lock=lock, async_busy=when_busy,
                                   upload_to=fspath(upload_to) if upload_to is not None else None,
-                                  upload_retention=upload_retention, retention_log=retention_log)
+                                  upload_retention=upload_retention, retention_log=retention_log,
+                                  cache_dir=fspath(cache_dir) if cache_dir is not None else None)
         if preemption_signals:
             _n.preemption_install(list(preemption_signals))
         _open.add(self)
@@ -150,9 +155,7 @@ class CheckpointManager:
         fl, descs = _state.checkpoint_entries(c["model"], c["optimizers"], c["schedulers"], c["train_metrics"],
                                               c["eval_metrics"], self.timestamp, self.rng, self.extra,
                                               c["dataset_state"], c["callbacks"], self.run_name, self.rank_zero_seed)
-        meta = {"keepsake.state": '{"layout_version":1}'}
-        if fl.kinds:
-            meta[_tree.PYTREE_KEY] = fl.kinds_json()
+        meta = fl.record({"keepsake.state": '{"layout_version":1}'})
         path = self._location(self._native.save(fl.entries, meta, _metrics.metrics_meta(descs), self._ts(),
                                                 blocking))
         del fl  # the tensors may go: the library has copied (or written) them

@@ -38,30 +38,10 @@ def load_pt(source: Union[PathLike, bytes], *, verify_crc: bool = False, flat: b
         items[name] = _tensors.torch_from_copy(value) if isinstance(value, tuple) else value
     if flat:
         return items
-    kinds = _structure_kinds(structure)
+    kinds = _tree.structure_kinds(structure)
     if kinds.get("") == "value" or "" in items:  # torch.save(tensor): one bare value
         return items.get("value", items.get(""))
     return _tree.unflatten(items, kinds)
-
-
-def _structure_kinds(structure: Any) -> Dict[str, Any]:
-    """The reader's structure document (docs/FORMAT.md, "torch structure") as a container table."""
-    import json
-    try:
-        doc = json.loads(structure) if structure else {}
-        containers = doc.get("containers", {}) if isinstance(doc, dict) else {}
-    except ValueError:
-        return {}
-    kinds: Dict[str, Any] = {}
-    for path, c in containers.items() if isinstance(containers, dict) else ():
-        kind = c.get("kind") if isinstance(c, dict) else None
-        if kind in ("list", "tuple", "set", "value"):
-            kinds[path] = kind
-        elif kind == "dict":
-            keys = c.get("keys")
-            kinds[path] = {"keymap": keys} if isinstance(keys, dict) and keys else "dict"
-    kinds["__unescape__"] = True
-    return kinds
 
 
 def save_pt(obj: Dict[str, Any], path: PathLike, *, fsync: bool = True) -> None:

@@ -1,10 +1,15 @@
-"""``safe_open``: lazy, zero-copy access to a keepsake or safetensors file, as in safetensors."""
+"""``safe_open``: lazy, zero-copy access to a keepsake or safetensors file, as in safetensors.
+
+A remote file (``s3://``, ``http(s)://``) is opened by the C library in its lazy mode: the header
+on open, then each tensor's byte range when it is asked for, verified against its checksum
+(``Reader.tensor``); this module only turns the bytes into tensors.
+"""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import _errors, _tensors
-from ._keepsake import Reader
+from ._keepsake import Reader, is_remote
 from ._paths import PathLike, fspath
 
 
@@ -16,7 +21,8 @@ class TensorSlice:
 
     def __init__(self, handle: "safe_open", name: str) -> None:
         self._handle, self._name = handle, name
-        self._entry = handle._reader.entry(name)
+        self._entry = handle._r().entry(name)
+        self._full: Any = None  # a lazily opened file's tensor, fetched at the first index
 
     def get_shape(self) -> List[int]:
         """The tensor's shape."""
@@ -33,7 +39,12 @@ class TensorSlice:
         return shape[0]
 
     def __getitem__(self, index: Any) -> Any:
-        full = self._handle._view(self._entry)
+        if self._handle._r().lazy:  # fetched (and verified) once, then sliced as often as asked
+            if self._full is None:
+                self._full = self._handle._view(self._entry)
+            full = self._full
+        else:
+            full = self._handle._view(self._entry)
         part = full[index]
         return part.copy() if self._handle._framework == "np" else part.clone()
 
@@ -50,6 +61,13 @@ class safe_open:  # noqa: N801 - safetensors' name
         framework: ``"pt"`` (torch tensors) or ``"np"`` (numpy arrays).
         device: where ``get_tensor`` puts torch tensors (``"cpu"``, ``"cuda:0"``, an int...).
         verify: check every tensor's checksum on open (keepsake files); raises ChecksumError.
+        cache_dir: a local directory where the bytes read from a remote file are kept, so that
+            reading them again reads nothing from the server (the C library's read cache).
+
+    A remote file (``s3://bucket/key``, ``http(s)://...``, with a libcurl build) is opened lazily:
+    open reads its header only, and ``get_tensor`` / ``get_slice`` read only that tensor's bytes,
+    verified against its checksum (ChecksumError when they do not match); each call returns a
+    tensor owning its memory. ``backend="read"`` reads the whole file on open instead.
 
     Use as a context manager::
 
@@ -60,7 +78,7 @@ class safe_open:  # noqa: N801 - safetensors' name
     """
 
     def __init__(self, filename: PathLike, framework: str = "pt", device: Union[str, int] = "cpu",
-                 verify: bool = False, backend: str = "mmap") -> None:
+                 verify: bool = False, backend: str = "mmap", cache_dir: Optional[PathLike] = None) -> None:
         if framework in ("pt", "torch", "pytorch"):
             self._framework = "pt"
         elif framework in ("np", "numpy"):
@@ -70,7 +88,9 @@ class safe_open:  # noqa: N801 - safetensors' name
         if self._framework == "np" and device not in ("cpu", None):
             raise _errors.error(_errors.InvalidError, "numpy arrays live on the CPU: device must be 'cpu'")
         self._device = f"cuda:{device}" if isinstance(device, int) else device
-        self._reader = Reader(fspath(filename), verify=verify, backend=backend)
+        loc = fspath(filename)
+        self._reader = Reader(loc, verify=verify, backend=backend, lazy=is_remote(loc),  # a local file maps
+                              cache_dir=fspath(cache_dir) if cache_dir is not None else None)
 
     def __enter__(self) -> "safe_open":
         return self
@@ -114,6 +134,11 @@ class safe_open:  # noqa: N801 - safetensors' name
 
     def _view(self, entry: Tuple[str, int, Tuple[int, ...], int, int]) -> Any:
         _name, code, shape, begin, end = entry
+        if self._r().lazy:  # this tensor's bytes only, read and verified by the library
+            code, shape, data = self._r().tensor(_name)
+            if self._framework == "np":
+                return _tensors.numpy_from(data, code, shape, 0, len(data), _name)
+            return _tensors.torch_from(data, code, shape, 0, len(data))
         if self._framework == "np":
             return _tensors.numpy_from(self._r(), code, shape, begin, end, _name)
         return _tensors.torch_from(self._r(), code, shape, begin, end)
@@ -132,8 +157,11 @@ class safe_open:  # noqa: N801 - safetensors' name
     def get_tensors(self) -> Dict[str, Any]:
         """Every tensor, as load_file returns them."""
         reader = self._r()
-        view = _tensors.numpy_from if self._framework == "np" else _tensors.torch_from
-        out = {e[0]: view(reader, *e[1:]) for e in reader.entries()}
+        if reader.lazy:
+            out = {e[0]: self._view(e) for e in reader.entries()}
+        else:
+            view = _tensors.numpy_from if self._framework == "np" else _tensors.torch_from
+            out = {e[0]: view(reader, *e[1:]) for e in reader.entries()}
         if self._framework == "pt" and self._device not in ("cpu", None):
             out = {k: v.to(self._device) for k, v in out.items()}
         return out

@@ -79,14 +79,13 @@ def checkpoint_entries(model: Any = None, optimizers: Any = None, schedulers: An
         for name, m in _metrics.named_metrics(ms):
             descs.append(_metrics.add_metric(fl, root + name, name, m))
     if extra:
-        for k, v in extra.items():
-            fl.add(f"state/extra/{k}", v)
+        fl.add("state/extra", dict(extra))  # its keys named by the library's rule, like every dict's
     fl.add("state/rank_zero_seed", int(rank_zero_seed))
     fl.add("state/run_name", str(run_name))
     if rng:
         for k, v in _rng.state_entries().items():
             fl.add(k, v)
-        fl.kinds["rng"] = "list"  # one item per rank, as the C state layer records it
+        fl.sequence("rng", "list", 1)  # one item per rank, as the C state layer records it
     return fl, descs
 
 
@@ -121,9 +120,7 @@ def save_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
     """
     fl, descs = checkpoint_entries(model, optimizers, schedulers, train_metrics, eval_metrics, timestamp, rng, extra,
                                    dataset_state, callbacks, run_name, rank_zero_seed)
-    meta = dict(metadata or {})
-    if fl.kinds:
-        meta[_tree.PYTREE_KEY] = fl.kinds_json()
+    meta = fl.record(dict(metadata or {}))
     meta.setdefault("keepsake.state", '{"layout_version":1}')
     _n.save_file(fspath(path), fl.entries, meta, _metrics.metrics_meta(descs), fsync)
     del fl
@@ -131,15 +128,43 @@ def save_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
 
 # ---- loading ----
 
-def _read(path: str, verify: bool, ignore: Sequence[str]) -> Tuple[Any, Dict[str, Any], Dict[str, str]]:
-    # Copied into memory, never mapped: every value is copied into the program's objects anyway,
-    # and a file that another program truncates meanwhile must give an error, not SIGBUS.
+def _read(path: str, verify: bool, ignore: Sequence[str]) -> Tuple[Any, Dict[str, Any], Dict[str, str], bool]:
+    """(what the engine reads, the file's values by name, its metadata, whether the values' tensors
+    are ours to keep). Never mapped: every value goes into the program's objects anyway, and a file
+    that another program truncates meanwhile must give an error, not SIGBUS."""
+    if verify and not _n.is_remote(path):  # a remote object is read whole: one request, not one per tensor
+        reader = _n.Reader(path, lazy=True)
+        if all(_tensors.torch_maps()[1][e[1]] is not None for e in reader.entries()):
+            return _read_verified(reader, ignore)
+        # a dtype this torch lacks (torch 1.13: U16, U32, U64): the widening reader below
     reader = _n.Reader(path, verify=verify, backend="read")
     items: Dict[str, Any] = {e[0]: _tensors.torch_from(reader, *e[1:]) for e in reader.entries()}
     items.update(reader.scalars())
     if ignore:  # what the engine ignores, the installers must not see either (ks_path_match)
         items = {k: v for k, v in items.items() if not any(_n.path_match(g, k) for g in ignore)}
-    return reader, items, reader.metadata(True)
+    return reader, items, reader.metadata(True), False
+
+
+def _read_verified(reader: Any, ignore: Sequence[str]) -> Tuple[Any, Dict[str, Any], Dict[str, str], bool]:
+    """Every tensor read once and checked against its checksum as it arrives, before any object
+    changes: the model's into one buffer the engine copies from into the parameters (then freed),
+    the rest into one buffer their tensors keep (Reader.fetch_block), so the optimizers take
+    them as they are: nothing is copied out of a file buffer, and the buffer is not the file's."""
+    ents = reader.entries()
+    items: Dict[str, Any] = {}
+    for group in ([e for e in ents if e[0].startswith("state/model/")],
+                  [e for e in ents if not e[0].startswith("state/model/")]):
+        if group:  # an ignored tensor too: its checksum counts
+            buf, offsets = reader.fetch_block([e[0] for e in group])
+            for (name, code, shape, begin, end), off in zip(group, offsets):
+                items[name] = _tensors.torch_from(buf, code, shape, off, off + end - begin)
+    items.update(reader.scalars())
+    if ignore:  # what the engine ignores, the installers must not see either (ks_path_match)
+        items = {k: v for k, v in items.items() if not any(_n.path_match(g, k) for g in ignore)}
+    keep: list = []
+    entries = [_tensors.torch_entry(k, v, keep) if hasattr(v, "data_ptr") else (k, v) for k, v in items.items()]
+    meta = reader.metadata(True)
+    return (entries, meta), items, meta, True
 
 
 def _clone_leaf(path: str, v: Any, kind: Optional[str]) -> Any:
@@ -152,15 +177,21 @@ def _clone_leaf(path: str, v: Any, kind: Optional[str]) -> Any:
     return v.clone() if hasattr(v, "clone") else v
 
 
+def _own_leaf(path: str, v: Any, kind: Optional[str]) -> Any:
+    """_clone_leaf for values read into tensors of their own (_read_verified): no copy."""
+    return v if hasattr(v, "clone") and kind is None else _clone_leaf(path, v, kind)
+
+
 def _components(optimizers: Any, schedulers: Any, dataset_state: Any, callbacks: Any, rng: bool,
-                items: Dict[str, Any], kinds: Dict[str, Any]) -> List[tuple]:
+                items: Dict[str, Any], kinds: Dict[str, Any], leaf: Any = None) -> List[tuple]:
+    leaf = leaf or _clone_leaf
     out = []
     for kind, objs in (("optimizers", optimizers), ("schedulers", schedulers), ("dataset_state", dataset_state),
                        ("callbacks", callbacks)):
         for name, obj in _named(objs, kind.replace("_state", " states") if kind == "dataset_state" else kind):
-            out.append((_load.ROOT[kind], name, _load.component_loader(obj, items, kinds, _clone_leaf)))
+            out.append((kind, name, _load.component_loader(obj, items, kinds, leaf)))
     if rng:
-        out.append((_load.ROOT["rng"], "0", lambda prefix: _rng.load(items)))
+        out.append(("rng", "0", lambda prefix: _rng.load(items)))
     return out
 
 
@@ -195,7 +226,8 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
         a :class:`keepsake.LoadReport`.
     """
     spath = fspath(path)
-    reader, items, meta = _read(spath, verify, ignore)
+    source, items, meta, owned = _read(spath, verify, ignore)
+    leaf = _own_leaf if owned else _clone_leaf
     report = LoadReport(spath)
     report.metadata = {k: v for k, v in meta.items() if not k.startswith("keepsake.")}
     kinds = _tree.load_kinds(meta)
@@ -203,8 +235,8 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
     train, evals, pairs = _load.metric_groups(train_metrics, _eval_groups(eval_metrics))
     spec = {"path": spath, "model": model_desc, "strict": strict, "weights_only": weights_only, "ignore": [str(g) for g in ignore], "model_absent": model is None,
             "allow_narrowing": allow_narrowing, "timestamp": timestamp is not None, "train": train, "evals": evals,
-            "components": _components(optimizers, schedulers, dataset_state, callbacks, rng, items, kinds)}
-    res = _load.run(reader, spec)
+            "components": _components(optimizers, schedulers, dataset_state, callbacks, rng, items, kinds, leaf)}
+    res = _load.run(source, spec)
     for kind, p, why in res["report"]:
         report.add(kind, p, why)
     problems = set(report.paths("missing") + report.paths("mismatched") + report.paths("skipped"))
@@ -221,7 +253,7 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
         return report
     _load.install_metrics(pairs, res, items, kinds)
     if _tree.entries_under(items, "state/extra/"):
-        report.extra = _tree.rebuild_or_raise(items, kinds, "state/extra/", _clone_leaf, spath)
+        report.extra = _tree.rebuild_or_raise(items, kinds, "state/extra/", leaf, spath)
     if isinstance(items.get("state/run_name"), str):
         report.run_name = items["state/run_name"]
     if isinstance(items.get("state/rank_zero_seed"), int):

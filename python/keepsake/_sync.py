@@ -47,8 +47,9 @@ def _parts(m: Any) -> List[Any]:
 
 def sync(metric: Any, group: Optional[Any] = None) -> None:
     """Replaces the states of `metric` (a torchmetrics Metric or MetricCollection; a wrapper's inner
-    metrics too) by the fold of every rank's, in rank order. Collective: every rank of `group`
-    calls it. ``metric.unsync()`` (torchmetrics' own) puts the local states back."""
+    metrics too) by the fold of every rank's, in rank order, and its update count by the sum of
+    every rank's (as the C MPI sync does). Collective: every rank of `group` calls it.
+    ``metric.unsync()`` (torchmetrics' own) puts the local states and update count back."""
     if _metrics.is_metric(metric):
         todo = _parts(metric)
     else:
@@ -59,10 +60,26 @@ def sync(metric: Any, group: Optional[Any] = None) -> None:
     for m in todo:  # the same order on every rank: the collectives pair up
         desc = _load.describe_metric(type(m).__name__, m, top=False)
         values = _n.fold_metric(desc, _all_gather_bytes(_encode(m), group))
-        m._cache = {s: getattr(m, s) for s in m._defaults}  # what torchmetrics' unsync() restores
+        # What torchmetrics' unsync() restores (by setattr): the states, and the local update count.
+        m._cache = {s: getattr(m, s) for s in m._defaults}
+        m._cache["_update_count"] = m._update_count
         _load._install_states(m, values)
+        m._update_count = int(values["update_count"])  # the fold's: every rank's added up, as ks_dist_sync
         m._computed = None
         m._is_synced = True
+
+
+def restore_local(m: Any, blobs: List[bytes]) -> None:
+    """Installs into one metric (not its inner ones) the local states of a rank that takes the saved
+    ranks whose :func:`_encode` bytes are `blobs` (in saved-rank order; ``ks_shard_assigned`` says
+    which): their fold by the library's rule, or the metric's defaults when there are none."""
+    if not blobs:
+        m.reset()
+        return
+    values = _n.fold_metric(_load.describe_metric(type(m).__name__, m, top=False), [bytes(b) for b in blobs])
+    _load._install_states(m, values)
+    m._update_count = int(values["update_count"])
+    m._computed = None
 
 
 def unsync(metric: Any) -> None:

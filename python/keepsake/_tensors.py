@@ -117,6 +117,15 @@ def torch_from(reader: Any, code: int, shape: Tuple[int, ...], begin: int, end: 
     return flat.view(shape)
 
 
+def torch_new(code: int, shape: Tuple[int, ...]) -> Any:
+    """A new, uninitialised CPU tensor of the keepsake dtype `code` and `shape` (to read into)."""
+    torch = _torch()
+    dt = torch_maps()[1][code]
+    if numel(shape) == 0:
+        return torch_empty(dt, tuple(shape))
+    return torch.empty(tuple(shape), dtype=dt)
+
+
 def torch_empty(dt: Any, shape: Tuple[int, ...]) -> Any:
     """A tensor of no elements with `shape`, as safetensors 0.8.0's load_file makes it.
 

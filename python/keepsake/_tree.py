@@ -1,13 +1,17 @@
 """Nested Python containers <-> keepsake's flat '/'-joined entries.
 
-Flattening follows the C library's key layout (include/keepsake/torch.h): dict keys as written
-(ints in decimal, True/False/None by name), list and tuple items by index, tensors and scalars as
-leaves. What the names alone cannot tell - that a node was a list, a tuple or a dict with int keys,
-an empty container, a numpy array, bytes, a big int - goes into a side table
-``{path: kind}`` stored as the ``keepsake.pytree`` metadata entry, so Python objects come back as
-they were saved. Files without it (written by C, or converted) are rebuilt from a template (the
-program's own object) and, where the template says nothing, as dicts with int keys for decimal
-names and str keys otherwise.
+Flattening follows the library's key layout: each dict key names one component by the library's
+rule (ks_key_text: str keys with '%' and '/' escaped, ints in decimal, True/False/None, floats as
+%.17g), list, tuple and set items by index, tensors and scalars as leaves. What the names alone
+cannot tell - that a node was a list, a tuple or a dict with int keys, an empty container, a numpy
+array, bytes, a big int - the library records in the structure document (``keepsake.torch_structure``,
+docs/FORMAT.md section 10) that every writer, C or Python, writes. Python walks its objects and
+hands each container to ``_keepsake.Structure``; it keeps no naming rule of its own.
+
+Reading takes the structure document, or the ``keepsake.pytree`` table of files written by
+keepsake 0.1.0's Python package. Files with neither (old C files, converted ones) are rebuilt from a
+template (the program's own object) and, where the template says nothing, as dicts with int keys
+for decimal names and str keys otherwise.
 """
 from __future__ import annotations
 
@@ -16,9 +20,10 @@ import json
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _errors
+from ._keepsake import Structure
 
 PYTREE_KEY = "keepsake.pytree"
-_KEY_TYPES = {str: "s", int: "i", bool: "b", type(None): "n", float: "f"}
+STRUCTURE_KEY = "keepsake.torch_structure"
 
 
 def _is_tensor(v: Any) -> bool:
@@ -30,20 +35,13 @@ def _is_ndarray(v: Any) -> bool:
     return type(v).__module__ == "numpy" and hasattr(v, "__array_interface__") and hasattr(v, "dtype")
 
 
-def _key_segment(k: Any) -> Optional[str]:
-    """The path segment of a dict key, or None when the key needs the explicit key list."""
-    if isinstance(k, str):
-        return k if k and "/" not in k and not k.isdigit() else None
-    return None
-
-
 class Flattener:
-    """Collects entries for the C writer and the container table."""
+    """Collects entries for the C writer, and the structure document through the library."""
 
     def __init__(self, tensor_entry: Callable[[str, Any, list], tuple]) -> None:
         self.entries: List[tuple] = []
         self.keep: List[Any] = []
-        self.kinds: Dict[str, Any] = {}
+        self.structure = Structure()
         self._tensor_entry = tensor_entry
 
     def add(self, path: str, value: Any) -> None:
@@ -56,22 +54,23 @@ class Flattener:
             if -(1 << 63) <= value < (1 << 63):
                 self.entries.append((path, int(value)))
             else:
-                self.kinds[path] = "bigint"
+                self.structure.leaf(path, "bigint")
                 self.entries.append((path, str(value)))
         elif isinstance(value, dict):
-            self._dict(path, value)
+            for seg, v in zip(self.structure.dict(path, list(value)), value.values()):
+                self.add(f"{path}/{seg}" if path else seg, v)
         elif isinstance(value, (list, tuple)):
             self._seq(path, value, "tuple" if isinstance(value, tuple) else "list")
         elif isinstance(value, (set, frozenset)):
             self._seq(path, sorted(value, key=repr), "set")
         elif _is_ndarray(value):
             from ._tensors import numpy_entry
-            self.kinds[path] = "ndarray"
+            self.structure.leaf(path, "ndarray")
             self.entries.append(numpy_entry(path, value, self.keep))
         elif isinstance(value, (bytes, bytearray)):
             import numpy as np
             from ._tensors import numpy_entry
-            self.kinds[path] = "bytes"
+            self.structure.leaf(path, "bytes")
             self.entries.append(numpy_entry(path, np.frombuffer(bytes(value), dtype=np.uint8), self.keep))
         elif hasattr(value, "item") and hasattr(value, "dtype") and type(value).__module__ == "numpy":
             self.add(path, value.item())  # numpy scalars
@@ -80,40 +79,21 @@ class Flattener:
                                 f"{type(value).__qualname__} (tensors, numbers, strings, None, bytes and "
                                 "dicts/lists/tuples of them are stored)", key=path)
 
-    def _child(self, path: str, seg: str) -> str:
-        return f"{path}/{seg}" if path else seg
-
-    def _dict(self, path: str, d: dict) -> None:
-        segs = [_key_segment(k) for k in d]
-        if all(s is not None for s in segs):
-            if not d:
-                self.kinds[path] = "dict"
-            for seg, v in zip(segs, d.values()):
-                self.add(self._child(path, seg), v)
-            return
-        keys = []
-        for k in d:
-            code = _KEY_TYPES.get(type(k))
-            if code is None:
-                raise _errors.error(_errors.UnsupportedError, f"cannot store a dict key of type "
-                                    f"{type(k).__qualname__}", key=path)
-            keys.append([code, k])
-        if all(c == "i" for c, _ in keys):  # Composer / torch layout: ints in decimal
-            self.kinds[path] = "intdict"
-            for k, v in d.items():
-                self.add(self._child(path, str(k)), v)
-            return
-        self.kinds[path] = {"keys": keys}
-        for i, v in enumerate(d.values()):
-            self.add(self._child(path, str(i)), v)
-
     def _seq(self, path: str, seq: Any, kind: str) -> None:
-        self.kinds[path] = kind if seq or kind != "list" else "list"
+        self.structure.seq(path, kind, len(seq))
         for i, v in enumerate(seq):
-            self.add(self._child(path, str(i)), v)
+            self.add(f"{path}/{i}" if path else str(i), v)
 
-    def kinds_json(self) -> str:
-        return json.dumps(self.kinds, separators=(",", ":"), sort_keys=True)
+    def sequence(self, path: str, kind: str, n: int) -> None:
+        """Records that the folder at `path`, filled by add() calls of its own, is a `kind` of n items."""
+        self.structure.seq(path, kind, n)
+
+    def record(self, meta: Dict[str, str]) -> Dict[str, str]:
+        """Sets the structure document in `meta` when there is anything to say; returns meta."""
+        doc = self.structure.dump()
+        if doc is not None:
+            meta[STRUCTURE_KEY] = doc
+        return meta
 
 
 class _Node(dict):
@@ -173,7 +153,9 @@ class Rebuilder:
             return set(items) if kind == "set" else items
         if kind == "dict" and not node:
             return {}
-        int_keys = kind == "intdict" or (kind is None and _all_digits(node) and node
+        # A structure document lists every dict that has a key other than str: the others have
+        # str keys. Without one (older files) decimal names are taken for int keys.
+        int_keys = kind == "intdict" or (kind is None and not self.unescape and _all_digits(node) and node
                                          and (template is None or _has_int_keys(template)))
         out: Dict[Any, Any] = {} if not isinstance(template, collections.OrderedDict) else collections.OrderedDict()
         for seg, child in node.items():
@@ -208,7 +190,11 @@ def _index(template: Any, i: int) -> Any:
 
 
 def load_kinds(meta: Dict[str, str]) -> Dict[str, Any]:
-    """The container table of a file (empty when it has none or it is malformed)."""
+    """The container table of a file: from its structure document, else from the ``keepsake.pytree``
+    table of files keepsake 0.1.0's Python package wrote (empty when it has neither, or it is
+    malformed)."""
+    if STRUCTURE_KEY in meta:
+        return structure_kinds(meta[STRUCTURE_KEY])
     try:
         kinds = json.loads(meta.get(PYTREE_KEY, "{}"))
     except ValueError:
@@ -216,10 +202,34 @@ def load_kinds(meta: Dict[str, str]) -> Dict[str, Any]:
     return kinds if isinstance(kinds, dict) else {}
 
 
+def structure_kinds(structure: Any) -> Dict[str, Any]:
+    """The structure document (docs/FORMAT.md section 10) as the rebuilder's container table: names
+    are escaped key texts, and a dict it does not list has str keys."""
+    try:
+        doc = json.loads(structure) if structure else {}
+    except ValueError:
+        return {}
+    doc = doc if isinstance(doc, dict) else {}
+    containers, leaves = doc.get("containers", {}), doc.get("leaves", {})
+    kinds: Dict[str, Any] = {}
+    for path, c in containers.items() if isinstance(containers, dict) else ():
+        kind = c.get("kind") if isinstance(c, dict) else None
+        if kind in ("list", "tuple", "set", "value"):
+            kinds[path] = kind
+        elif kind == "dict":
+            keys = c.get("keys")
+            kinds[path] = {"keymap": keys} if isinstance(keys, dict) and keys else "dict"
+    for path, kind in leaves.items() if isinstance(leaves, dict) else ():
+        if kind in ("bigint", "ndarray", "bytes"):
+            kinds[path] = kind
+    kinds["__unescape__"] = True
+    return kinds
+
+
 def sub_kinds(kinds: Dict[str, Any], prefix: str) -> Dict[str, Any]:
     """The table entries under `prefix` ('a/b/'), with the prefix removed ('' for the prefix itself)."""
     root = prefix.rstrip("/")
-    out = {}
+    out = {"__unescape__": True} if kinds.get("__unescape__") else {}  # how names are written: file-wide
     for k, v in kinds.items():
         if k == root:
             out[""] = v

@@ -14,11 +14,9 @@ The layout, the index, the commit and every check are the C library's (``keepsak
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import io
 import json
-import math
 import os
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
@@ -46,91 +44,23 @@ OBJECT_PREFIX = "keepsake.dcp.object/"
 #: Rank file metadata key: ``{"version": 1, "planner_data": <typed JSON> | null}`` (rank 0's carries it).
 META_KEY = "keepsake.dcp"
 _META_VERSION = 1
-# fqn of the one extra WriteResult each rank returns: its file's size and hash, for the index.
+# fqn of the one extra WriteResult each rank returns: its file's size and header hash, for the index.
 _RANK_FILE_FQN = "keepsake.dcp.rank_file/"
 
 
 # ----------------------------------------------------------------------------------------------
-# Non-tensor values: typed JSON (docs/FORMAT.md section 9.1), never pickle.
+# Non-tensor values: typed JSON (docs/FORMAT.md section 9.1), never pickle. The rules (type tags,
+# limits, what is refused) are the C library's (include/keepsake/dcpvalue.h).
 # ----------------------------------------------------------------------------------------------
 
-def _to_json(v: Any, depth: int) -> Any:
-    if depth > 100:
-        raise _errors.error(_errors.LimitError, "value nested deeper than 100 levels")
-    t = type(v)
-    if v is None or t is bool or t is int or t is str:
-        return v
-    if t is float:
-        if math.isfinite(v):
-            return v
-        return {"float": "nan" if v != v else ("inf" if v > 0 else "-inf")}
-    if t is list:
-        return [_to_json(x, depth + 1) for x in v]
-    if t is tuple:
-        return {"tuple": [_to_json(x, depth + 1) for x in v]}
-    if t is dict:
-        return {"dict": [[_to_json(k, depth + 1), _to_json(x, depth + 1)] for k, x in v.items()]}
-    if t is bytes:
-        return {"bytes": base64.b64encode(v).decode("ascii")}
-    if isinstance(v, io.BytesIO):
-        return {"bytesio": base64.b64encode(v.getvalue()).decode("ascii")}
-    raise _errors.error(_errors.UnsupportedError, f"a {t.__module__}.{t.__qualname__} is not stored: keepsake keeps "
-                        "None, bool, int, float, str, bytes, io.BytesIO, and lists, tuples and dicts of them "
-                        "(no pickle)")
-
-
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-def _from_json(v: Any, depth: int, key: str) -> Any:
-    if depth > 100:
-        raise _errors.error(_errors.LimitError, "value nested deeper than 100 levels", key=key)
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, list):
-        return [_from_json(x, depth + 1, key) for x in v]
-    if isinstance(v, dict) and len(v) == 1:
-        (tag, x), = v.items()
-        if tag == "float" and x in _NONFINITE:
-            return _NONFINITE[x]
-        if tag == "tuple" and isinstance(x, list):
-            return tuple(_from_json(y, depth + 1, key) for y in x)
-        if tag == "dict" and isinstance(x, list) and all(isinstance(p, list) and len(p) == 2 for p in x):
-            out = {}
-            for k, y in x:
-                k = _from_json(k, depth + 1, key)
-                try:
-                    out[k] = _from_json(y, depth + 1, key)
-                except TypeError:  # an unhashable key (a list): not what the writer writes
-                    raise _errors.error(_errors.FormatError, "object: a dict key that is a list", key=key) from None
-            return out
-        if tag in ("bytes", "bytesio") and isinstance(x, str):
-            try:
-                b = base64.b64decode(x.encode("ascii"), validate=True)
-            except (ValueError, UnicodeEncodeError):
-                raise _errors.error(_errors.FormatError, f"object: bad base64 in {tag!r}", key=key) from None
-            return b if tag == "bytes" else io.BytesIO(b)
-    raise _errors.error(_errors.FormatError, f"object: unexpected JSON value {json.dumps(v)[:80]}", key=key)
-
-
 def encode_object(value: Any) -> bytes:
-    """The typed JSON (UTF-8, ASCII only) keepsake stores for a non-tensor value; raises UnsupportedError."""
-    try:
-        return json.dumps(_to_json(value, 0), ensure_ascii=True, allow_nan=False,
-                          separators=(",", ":")).encode("ascii")
-    except RecursionError:
-        raise _errors.error(_errors.LimitError, "value nested too deeply") from None
+    """The typed JSON (ASCII) keepsake stores for a non-tensor value; raises UnsupportedError (or LimitError)."""
+    return _native.dcp_encode(value)
 
 
 def decode_object(data: bytes, key: str = "") -> Any:
     """The value of encode_object's bytes; FormatError (or LimitError) for anything else. Never unpickles."""
-    try:
-        tree = json.loads(bytes(data).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise _errors.error(_errors.FormatError, f"object: not JSON ({e})", key=key) from None
-    except RecursionError:
-        raise _errors.error(_errors.LimitError, "object: JSON nested too deeply", key=key) from None
-    return _from_json(tree, 0, key)
+    return _native.dcp_decode(bytes(data) if not isinstance(data, (bytes, bytearray, memoryview)) else data, key)
 
 
 def _torch_save_bytes(value: Any) -> io.BytesIO:
@@ -158,18 +88,14 @@ class _RankFile:
     """A rank's file as the index records it, returned to the coordinator in a WriteResult."""
     rank: int
     size: int
-    xxh3: int
-
-
-def _is_remote(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
+    xxh3: int  # of its length and header (docs/FORMAT.md section 9, item 3)
 
 
 def _local_dir(checkpoint_id: PathLike) -> str:
     path = fspath(checkpoint_id)
     if isinstance(path, bytes):
         path = os.fsdecode(path)
-    if _is_remote(path):
+    if _native.is_remote(path):
         raise _errors.error(_errors.UnsupportedError, f"{path}: keepsake's DCP storage writes local directories only")
     return path[len("file://"):] if path.startswith("file://") else path
 
@@ -485,6 +411,8 @@ class KeepsakeReader(StorageReader):
     def _read_entry(f: Any, where: _Stored, reqs: List[ReadItem], planner: LoadPlanner) -> None:
         """Reads one stored tensor once (verified) and serves every request of the plan for it."""
         dt = _torch_dtype(where.dtype, where.name)
+        if where.kind == "tensor" and len(reqs) == 1 and KeepsakeReader._read_into(f, where, dt, reqs[0], planner):
+            return
         stored = torch.empty(where.shape, dtype=dt)
         if stored.numel():
             f.fetch(where.name, stored.reshape(-1).view(torch.uint8).numpy())
@@ -506,6 +434,23 @@ class KeepsakeReader(StorageReader):
                                     f"{tuple(target.size())}", key=where.name)
             target.copy_(part)
             planner.commit_tensor(req, target)
+
+    @staticmethod
+    def _read_into(f: Any, where: _Stored, dt: Any, req: ReadItem, planner: LoadPlanner) -> bool:
+        """The common case of a load at the saved layout: the plan wants the whole stored tensor in a
+        contiguous CPU tensor of its dtype, so its bytes are read straight into it (no staging tensor,
+        no copy). False, having done nothing, when the request is anything else."""
+        if req.type != LoadItemType.TENSOR or tuple(req.lengths) != where.shape or any(req.storage_offsets):
+            return False
+        target = planner.resolve_tensor(req).detach()
+        if (target.dtype != dt or tuple(target.shape) != where.shape or target.device.type != "cpu"
+                or not target.is_contiguous()):
+            return False
+        if target.numel():
+            # Verified as it is read; on a ChecksumError the load fails (as it would after the copy).
+            f.fetch(where.name, target.reshape(-1).view(torch.uint8).numpy())
+        planner.commit_tensor(req, target)
+        return True
 
     @property
     def checkpoint_id(self) -> str:

@@ -89,7 +89,7 @@ class KeepsakeCheckpointIO(CheckpointIO):
             descs.append(_metrics.add_snapshot(fl, METRICS + name, snap))
         rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", METRICS_KEY)}
         fl.add(REST.rstrip("/"), rest)
-        meta = {_tree.PYTREE_KEY: fl.kinds_json(), "keepsake.lightning": json.dumps({"layout_version": 1})}
+        meta = fl.record({"keepsake.lightning": json.dumps({"layout_version": 1})})
         _n.save_file(path, fl.entries, meta, _metrics.metrics_meta(descs), self.fsync)
 
     def load_checkpoint(self, path: Any, map_location: Optional[Any] = None,

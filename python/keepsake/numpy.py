@@ -42,15 +42,18 @@ def save_file(tensor_dict: Dict[str, Any], filename: PathLike, metadata: Optiona
     del keep
 
 
-def load_file(filename: PathLike, *, verify: bool = False, backend: str = "mmap") -> Dict[str, Any]:
+def load_file(filename: PathLike, *, verify: bool = False, backend: str = "mmap",
+              cache_dir: Optional[PathLike] = None) -> Dict[str, Any]:
     """Reads every tensor of a keepsake or safetensors file as zero-copy arrays over the mapped file.
 
     The arrays are writable; writes go to private copies of the pages, never to the file.
     ``backend="read"`` copies the file into memory instead (no mapping: a file truncated by another
     program gives an error, never SIGBUS; see keepsake.torch.load_file). ``verify=True`` checks
-    every checksum first.
+    every checksum first. A remote file (``s3://``, ``http(s)://``) is read whole; ``cache_dir``
+    keeps its bytes in that local directory, so that a second read reads nothing from the server.
     """
-    reader = Reader(fspath(filename), verify=verify, backend=backend)
+    reader = Reader(fspath(filename), verify=verify, backend=backend,
+                    cache_dir=fspath(cache_dir) if cache_dir is not None else None)
     return {e[0]: _tensors.numpy_from(reader, *e[1:], e[0]) for e in reader.entries()}
 
 

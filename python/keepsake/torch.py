@@ -65,7 +65,7 @@ def save_file(tensors: Dict[str, Any], filename: PathLike, metadata: Optional[Di
 
 
 def load_file(filename: PathLike, device: Union[str, int] = "cpu", *, verify: bool = False,
-              backend: str = "mmap") -> Dict[str, Any]:
+              backend: str = "mmap", cache_dir: Optional[PathLike] = None) -> Dict[str, Any]:
     """Reads every tensor of a keepsake or safetensors file.
 
     ``filename`` is a path (str, bytes or os.PathLike); the bytes of a file go to :func:`load`.
@@ -77,8 +77,12 @@ def load_file(filename: PathLike, device: Union[str, int] = "cpu", *, verify: bo
     ``backend="read"`` (safetensors' ``"pread"``) reads the file into memory the tensors own, with
     no mapping: a file changed under it gives a KeepsakeError, never a signal.
     ``verify=True`` checks every checksum first (ChecksumError on a mismatch).
+    A remote file (``s3://``, ``http(s)://``) is read whole into memory the tensors own;
+    ``cache_dir`` keeps its bytes in that local directory (the C library's read cache), so that
+    reading it again reads nothing from the server.
     """
-    reader = Reader(fspath(filename), verify=verify, backend=backend)
+    reader = Reader(fspath(filename), verify=verify, backend=backend,
+                    cache_dir=fspath(cache_dir) if cache_dir is not None else None)
     view = _tensors.torch_from
     out = {e[0]: view(reader, e[1], e[2], e[3], e[4]) for e in reader.entries()}
     if device not in ("cpu", None):

@@ -63,6 +63,25 @@ int ksp_is_remote(const char *loc);
 KS_NODISCARD ks_status ksp_location(const char *loc, const ks_io *local_io, ks_storage **st, const ks_io **io,
                                     const char **path, ks_error *err);
 
+/*
+ * A location with an optional read cache (include/keepsake/io_cache.h): with `cache_dir`, a
+ * remote location's table is wrapped by ks_io_cache_create(cache_dir), so bytes read once are
+ * read from cache_dir afterwards; a local location is never cached. Close with ksp_loc_close
+ * after the last use of io and path (the cache before the store it wraps). No GIL needed.
+ */
+typedef struct ksp_loc {
+  ks_storage *store; /* the remote location, or NULL */
+  ks_io *cache;      /* the cache over it, or NULL */
+  const ks_io *io;   /* what to read and write through */
+  const char *path;  /* the path to use with io */
+} ksp_loc;
+KS_NODISCARD ks_status ksp_loc_open(const char *loc, const ks_io *local_io, const char *cache_dir, ksp_loc *out,
+                                    ks_error *err);
+void ksp_loc_close(ksp_loc *l);
+/* A dict of the statistics of a read cache: of ks_io_cache_get_stats(cache), None when cache is NULL. */
+PyObject *ksp_cache_stats_dict(const ks_io_cache_stats *s);
+PyObject *ksp_cache_stats(const ks_io *cache);
+
 /* The open file of a keepsake._keepsake.Reader, or NULL with TypeError set. */
 const ks_reader *ksp_reader_get(PyObject *reader);
 
@@ -86,7 +105,13 @@ PyObject *ksp_fold_metric(PyObject *self, PyObject *args);
 
 /* Sharded checkpoint directories (ksshard.c, for keepsake.distributed): the functions, added to the
  * module with PyModule_AddFunctions, and the lazy rank file reader type. */
+/* Adds the Structure type (ksstructure.c) to the module; 0, or -1 with an exception set. */
+int ksp_structure_add_type(PyObject *m);
 extern PyMethodDef ksp_shard_methods[];
 extern PyTypeObject ksp_ShardFileType;
+
+/* torch.distributed helpers (ksdist.c): the per-rank rules of the library, added with
+ * PyModule_AddFunctions. */
+extern PyMethodDef ksp_dist_methods[];
 
 #endif

@@ -86,6 +86,21 @@ static KS_NODISCARD ks_status call_loader(void *ctx, const ks_statedict *src, co
   return KS_OK;
 }
 
+/* The ks_state_root of a component kind, named as its layout folder; 0 for none. */
+static int root_of(const char *kind) {
+  static const struct {
+    const char *name;
+    ks_state_root root;
+  } roots[] = {{"optimizers", KS_ROOT_OPTIMIZERS},
+               {"schedulers", KS_ROOT_SCHEDULERS},
+               {"callbacks", KS_ROOT_CALLBACKS},
+               {"dataset_state", KS_ROOT_DATASET_STATE},
+               {"rng", KS_ROOT_RNG}};
+  for (size_t i = 0; i < sizeof roots / sizeof *roots; i++)
+    if (!strcmp(kind, roots[i].name)) return (int)roots[i].root;
+  return 0;
+}
+
 static int add_components(load_job *j, PyObject *comps, ks_error *err) {
   Py_ssize_t n = comps && comps != Py_None ? PySequence_Size(comps) : 0;
   if (n < 0) return -1;
@@ -93,12 +108,13 @@ static int add_components(load_job *j, PyObject *comps, ks_error *err) {
   if (!j->comps) return PyErr_NoMemory(), -1;
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *item = PySequence_GetItem(comps, i);
-    int root;
-    const char *name;
+    const char *kind, *name;
     PyObject *fn;
-    int ok = item && PyArg_ParseTuple(item, "isO", &root, &name, &fn);
+    int ok = item && PyArg_ParseTuple(item, "ssO", &kind, &name, &fn);
     Py_XDECREF(item); /* fn stays alive in the spec */
     if (!ok) return -1;
+    int root = root_of(kind);
+    if (!root) return ksp_raisef(KS_E_INVALID, "load_state: no component kind '%s'", kind), -1;
     j->comps[i] = (component){fn, j};
     ks_stateful cb = {&j->comps[i], no_save, call_loader};
     ks_status s = ks_state_add_component(j->st, (ks_state_root)root, name, &cb, err);
@@ -145,7 +161,8 @@ static int add_model(load_job *j, PyObject *model, ks_error *err) {
   return 0;
 }
 
-/* ---- metrics: (name, class, attrs JSON or None, [(state, reduce, dtype or -1, shape)], [(inner, desc)]) ---- */
+/* ---- metrics: (name, class, attrs JSON or None, [(state, reduction name or None, dtype or -1, shape)],
+ *      [(inner, desc)]); dtype -1: a list state ---- */
 
 static KS_NODISCARD ks_status describe(PyObject *desc, const ks_allocator *alloc, ks_metric **out, ks_error *err);
 
@@ -153,16 +170,22 @@ static KS_NODISCARD ks_status describe_states(ks_metric *m, PyObject *states, ks
   Py_ssize_t n = PySequence_Size(states);
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *item = PySequence_GetItem(states, i), *shape;
-    const char *name;
-    int reduce, code;
-    int ok = item && PyArg_ParseTuple(item, "siiO", &name, &reduce, &code, &shape);
+    const char *name, *fx;
+    int code;
+    int ok = item && PyArg_ParseTuple(item, "sziO", &name, &fx, &code, &shape);
     int64_t dims[KS_MAX_RANK];
     int rank = 0;
     ok = ok && shape_of(shape, dims, &rank);
     Py_XDECREF(item);
     if (!ok) return KS_E_INVALID;
+    /* A list state is a cat state whose rows keep their dtype. A tensor state folds by its named
+       reduction; one declared "cat" or custom (or None) keeps a fixed shape, so it is summed, as
+       keepsake 0.1.0 did. */
+    ks_reduce reduce = KS_REDUCE_SUM;
+    if (code < 0) reduce = KS_REDUCE_CAT;
+    else if (ks_reduce_parse(fx, &reduce) || reduce == KS_REDUCE_CAT) reduce = KS_REDUCE_SUM;
     unsigned flags = code < 0 ? KS_STATE_ANY_DTYPE : 0;
-    ks_status s = ks_metric_describe_state(m, name, (ks_reduce)reduce, code < 0 ? KS_F32 : (ks_dtype)code, rank,
+    ks_status s = ks_metric_describe_state(m, name, reduce, code < 0 ? KS_F32 : (ks_dtype)code, rank,
                                            dims, flags, err);
     if (s) return s;
   }

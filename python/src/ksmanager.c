@@ -17,6 +17,7 @@ typedef struct {
   PyObject_HEAD
   ks_ckpt_manager *m;
   ks_storage *store, *upload;
+  ks_io *cache[2]; /* cache_dir: read caches over a remote run directory and upload store, or NULL */
   int busy; /* a call is running with the GIL released: refuse a second one and close() */
 } ksp_Manager;
 
@@ -30,6 +31,9 @@ static int usable(ksp_Manager *self) {
 
 static void release(ksp_Manager *self) {
   ks_ckpt_manager_free(self->m); /* finishes a save in flight, then drops the run directory's lock */
+  ks_io_cache_free(self->cache[0]); /* before the stores they wrap */
+  ks_io_cache_free(self->cache[1]);
+  self->cache[0] = self->cache[1] = NULL;
   ks_storage_free(self->store);
   ks_storage_free(self->upload);
   self->m = NULL, self->store = self->upload = NULL;
@@ -94,34 +98,57 @@ static int open_store(PyObject *loc, ks_storage **out) {
   return st ? -1 : 0;
 }
 
+/*
+ * cache_dir: a remote store's table wrapped by the library's read cache in cache_dir/<which>, as
+ * keepsake-digits --cache-dir does: autoresume's reads and upload-mode downloads of bytes read
+ * before come from the cache; writes go through unchanged. A local store is not cached.
+ */
+static int with_cache(ksp_Manager *self, int i, PyObject *cache_dir, const char *which) {
+  ks_storage *st = i ? self->upload : self->store;
+  if (!cache_dir || !st || !ks_storage_is_remote(st)) return 0;
+  PyObject *dir = PyBytes_FromFormat("%s/%s", PyBytes_AS_STRING(cache_dir), which);
+  if (!dir) return -1;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status s = ks_io_cache_create(ks_storage_io(st), PyBytes_AS_STRING(dir), NULL, &self->cache[i], &err);
+  Py_DECREF(dir);
+  if (s) ksp_raise(s, &err);
+  return s ? -1 : 0;
+}
+
 static int Manager_init(ksp_Manager *self, PyObject *args, PyObject *kw) {
   static char *names[] = {"run_dir", "save_interval", "filename", "keep", "keep_best", "best_metric", "best_mode",
                           "keep_every", "keep_period_seconds", "save_every_seconds", "async_busy", "lock",
-                          "upload_to", "upload_retention", "retention_log", "sharded", NULL};
-  PyObject *run_dir, *upload_to = Py_None;
+                          "upload_to", "upload_retention", "retention_log", "sharded", "cache_dir", NULL};
+  PyObject *run_dir, *upload_to = Py_None, *cache = Py_None;
   const char *interval = NULL, *filename = NULL, *best_metric = NULL, *best_mode = NULL, *keep_every = NULL;
   const char *busy = NULL, *lock = NULL;
   int keep = 0, keep_best = 0, upload_retention = 0, retention_log = 0, sharded = 0;
   double period = 0, every_s = 0;
   if (self->m || self->busy) return ksp_raisef(KS_E_STATE, "Manager is already initialised"), -1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|zziizzzddzzOppp", names, PyUnicode_FSConverter, &run_dir, &interval,
-                                   &filename, &keep, &keep_best, &best_metric, &best_mode, &keep_every, &period,
-                                   &every_s, &busy, &lock, &upload_to, &upload_retention, &retention_log, &sharded))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|zziizzzddzzOpppO", names, PyUnicode_FSConverter, &run_dir,
+                                   &interval, &filename, &keep, &keep_best, &best_metric, &best_mode, &keep_every,
+                                   &period, &every_s, &busy, &lock, &upload_to, &upload_retention, &retention_log,
+                                   &sharded, &cache))
     return -1;
   static const char *const modes[] = {"max", "min"}, *const busies[] = {"wait", "fail"},
                            *const locks[] = {"auto", "require", "off"};
   int mode = 0, busy_mode = 0, lock_mode = 0;
-  PyObject *up = NULL;
+  PyObject *up = NULL, *cache_dir = NULL;
   int rc = enum_arg("best_mode", best_mode, modes, 2, &mode) || enum_arg("async_busy", busy, busies, 2, &busy_mode) ||
            enum_arg("lock", lock, locks, 3, &lock_mode);
   if (!rc && upload_to != Py_None && !PyUnicode_FSConverter(upload_to, &up)) rc = -1;
   if (!rc) rc = open_store(run_dir, &self->store);
   if (!rc && up) rc = open_store(up, &self->upload);
+  if (!rc && cache != Py_None && !PyUnicode_FSConverter(cache, &cache_dir)) rc = -1;
+  if (!rc) rc = with_cache(self, 0, cache_dir, "run");
+  if (!rc) rc = with_cache(self, 1, cache_dir, "upload");
   Py_DECREF(run_dir);
   Py_XDECREF(up);
+  Py_XDECREF(cache_dir);
   if (rc) return release(self), -1;
   ks_ckpt_opts co = {.run_dir = ks_storage_path(self->store),
-                     .io = ks_storage_io(self->store),
+                     .io = self->cache[0] ? self->cache[0] : ks_storage_io(self->store),
                      .save_interval = interval,
                      .filename = filename,
                      .keep = keep,
@@ -138,7 +165,7 @@ static int Manager_init(ksp_Manager *self, PyObject *args, PyObject *kw) {
                              : lock_mode == 2 ? KS_CKPT_LOCK_OFF
                                               : KS_CKPT_LOCK_AUTO};
   if (self->upload) {
-    co.upload_io = ks_storage_io(self->upload);
+    co.upload_io = self->cache[1] ? self->cache[1] : ks_storage_io(self->upload);
     co.upload_dir = ks_storage_path(self->upload);
     co.upload_retention = upload_retention;
   }

@@ -202,7 +202,18 @@ static PyObject *path_match(PyObject *self, PyObject *args) {
   return PyBool_FromLong(ks_path_match(glob, path));
 }
 
+static PyObject *is_remote(PyObject *self, PyObject *arg) {
+  (void)self;
+  PyObject *fs = NULL; /* str, bytes or os.PathLike, as every location argument */
+  if (!PyUnicode_FSConverter(arg, &fs)) return NULL;
+  PyObject *out = PyBool_FromLong(ksp_is_remote(PyBytes_AS_STRING(fs)));
+  Py_DECREF(fs);
+  return out;
+}
+
 static PyMethodDef methods[] = {
+    {"is_remote", is_remote, METH_O,
+     "is_remote(location)\n--\n\nWhether the storage layer reads `location` (s3://, http(s)://), not a local path."},
     {"dtype_widens", dtype_widens, METH_VARARGS,
      "dtype_widens(from_code, to_code)\n--\n\nks_dtype_widens_to: every value of `from` fits `to` exactly."},
     {"path_match", path_match, METH_VARARGS,
@@ -258,13 +269,18 @@ PyMODINIT_FUNC PyInit__keepsake(void) {
     return NULL;
   }
   /* Sharded checkpoint directories (ksshard.c). */
-  if (PyType_Ready(&ksp_ShardFileType) < 0 || PyModule_AddFunctions(m, ksp_shard_methods) < 0) {
+  if (PyType_Ready(&ksp_ShardFileType) < 0 || PyModule_AddFunctions(m, ksp_shard_methods) < 0 ||
+      PyModule_AddFunctions(m, ksp_dist_methods) < 0) {
     Py_DECREF(m);
     return NULL;
   }
   Py_INCREF(&ksp_ShardFileType);
   if (PyModule_AddObject(m, "ShardFile", (PyObject *)&ksp_ShardFileType) < 0) {
     Py_DECREF(&ksp_ShardFileType);
+    Py_DECREF(m);
+    return NULL;
+  }
+  if (ksp_structure_add_type(m) < 0) { /* the structure document (ksstructure.c) */
     Py_DECREF(m);
     return NULL;
   }

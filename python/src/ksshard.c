@@ -6,7 +6,9 @@
  *  - shard_write_rank / shard_write_index: one rank's file, then the commit (the index).
  *  - shard_index: the validated index (and, on request, every rank file's header held against
  *    it) as plain Python values.
- *  - shard_verify: whole-file XXH3 of rank files against the index.
+ *  - shard_verify: rank files against the index (every byte: the header hash and each tensor's
+ *    checksum; the whole-file XXH3 of a version 1 index).
+ *  - dcp_encode / dcp_decode: DCP non-tensor values to and from the library's typed JSON.
  *  - ShardFile: one rank file opened lazily (header only); fetch() reads one tensor's bytes
  *    through pread into a caller's writable buffer and verifies its checksum, so a load reads
  *    only the tensors its plan names and never maps a file another process could truncate.
@@ -303,7 +305,7 @@ static int verify_one(const char *dir, const ks_shard_index *idx, long r) {
   return st ? -1 : 0;
 }
 
-/* Whole-file XXH3 of the rank files `ranks` (all when None) against the index. */
+/* The rank files `ranks` (all when None) against the index (ks_shard_verify_file). */
 static PyObject *shard_verify(PyObject *self, PyObject *args) {
   (void)self;
   PyObject *dir, *ranks = Py_None;
@@ -433,6 +435,223 @@ static PyObject *shard_uncommit(PyObject *self, PyObject *args, PyObject *kw) {
   else if (sync_rc) ksp_raisef(KS_E_NOT_DURABLE, "removed '%s' but cannot fsync '%s': %s", path, d, strerror(sync_rc));
   else out = PyBool_FromLong(rc == 0);
   Py_DECREF(dir);
+  return out;
+}
+
+/* ------------------------------------------------------------------------ */
+/* DCP non-tensor values: Python objects to and from the C library's typed    */
+/* JSON (include/keepsake/dcpvalue.h). Every rule is the library's; this only */
+/* maps each exact Python type onto an encoder call and each decoded kind     */
+/* back onto an object.                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* io.BytesIO (a new reference), or NULL with an exception set. */
+static PyObject *bytesio_type(void) {
+  PyObject *io = PyImport_ImportModule("io");
+  PyObject *t = io ? PyObject_GetAttrString(io, "BytesIO") : NULL;
+  Py_XDECREF(io);
+  return t;
+}
+
+/* -1 with an exception set (ksp_raise of the encoder's status, or Python's own). */
+static int enc_fail(ks_status st, const ks_error *err) {
+  if (!PyErr_Occurred()) ksp_raise(st, err);
+  return -1;
+}
+
+static int enc_value(ks_dcp_encoder *e, PyObject *v, PyObject *bio, ks_error *err);
+
+static int enc_items(ks_dcp_encoder *e, ks_dcp_kind kind, PyObject *seq, PyObject *bio, ks_error *err) {
+  ks_status st = ks_dcp_encoder_begin(e, kind, err);
+  if (st) return enc_fail(st, err);
+  /* A snapshot: converting an item may run Python code (a BytesIO subclass) that changes the container. */
+  PyObject *items = kind == KS_DCP_DICT ? PyDict_Items(seq) : PySequence_Tuple(seq);
+  if (!items) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+  int rc = 0;
+  for (Py_ssize_t i = 0; !rc && i < n; i++) {
+    PyObject *it = PySequence_Fast_GET_ITEM(items, i);
+    if (kind != KS_DCP_DICT) {
+      rc = enc_value(e, it, bio, err);
+    } else {
+      rc = enc_value(e, PyTuple_GET_ITEM(it, 0), bio, err);
+      if (!rc) rc = enc_value(e, PyTuple_GET_ITEM(it, 1), bio, err);
+    }
+  }
+  Py_DECREF(items);
+  if (rc) return rc;
+  st = ks_dcp_encoder_end(e, err);
+  return st ? enc_fail(st, err) : 0;
+}
+
+static int enc_int(ks_dcp_encoder *e, PyObject *v, ks_error *err) {
+  int overflow = 0;
+  long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+  if (x == -1 && PyErr_Occurred()) return -1;
+  ks_status st;
+  if (!overflow) {
+    st = ks_dcp_encoder_int(e, (int64_t)x, err);
+  } else {
+    PyObject *digits = PyObject_Str(v); /* ValueError past sys.get_int_max_str_digits() */
+    if (!digits) {
+      if (!PyErr_ExceptionMatches(PyExc_ValueError)) return -1;
+      PyErr_Clear();
+      ksp_raisef(KS_E_LIMIT, "an integer with more than %d digits is not stored", KS_DCP_MAX_DIGITS);
+      return -1;
+    }
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(digits, &n);
+    st = s ? ks_dcp_encoder_bigint(e, s, (size_t)n, err) : KS_OK;
+    Py_DECREF(digits);
+    if (!s) return -1;
+  }
+  return st ? enc_fail(st, err) : 0;
+}
+
+static int enc_str(ks_dcp_encoder *e, PyObject *v, ks_error *err) {
+  Py_ssize_t n;
+  const char *s = PyUnicode_AsUTF8AndSize(v, &n);
+  ks_status st;
+  if (s) {
+    st = ks_dcp_encoder_str(e, s, (size_t)n, err);
+  } else { /* a lone surrogate: the library takes its 3-byte form */
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return -1;
+    PyErr_Clear();
+    PyObject *b = PyUnicode_AsEncodedString(v, "utf-8", "surrogatepass");
+    if (!b) return -1;
+    st = ks_dcp_encoder_str(e, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b), err);
+    Py_DECREF(b);
+  }
+  return st ? enc_fail(st, err) : 0;
+}
+
+static int enc_value(ks_dcp_encoder *e, PyObject *v, PyObject *bio, ks_error *err) {
+  ks_status st;
+  if (v == Py_None) st = ks_dcp_encoder_none(e, err);
+  else if (PyBool_Check(v)) st = ks_dcp_encoder_bool(e, v == Py_True, err);
+  else if (PyLong_CheckExact(v)) return enc_int(e, v, err);
+  else if (PyFloat_CheckExact(v)) st = ks_dcp_encoder_float(e, PyFloat_AS_DOUBLE(v), err);
+  else if (PyUnicode_CheckExact(v)) return enc_str(e, v, err);
+  else if (PyList_CheckExact(v)) return enc_items(e, KS_DCP_LIST, v, bio, err);
+  else if (PyTuple_CheckExact(v)) return enc_items(e, KS_DCP_TUPLE, v, bio, err);
+  else if (PyDict_CheckExact(v)) return enc_items(e, KS_DCP_DICT, v, bio, err);
+  else if (PyBytes_CheckExact(v))
+    st = ks_dcp_encoder_bytes(e, KS_DCP_BYTES, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v), err);
+  else {
+    int is_bio = PyObject_IsInstance(v, bio);
+    if (is_bio < 0) return -1;
+    if (!is_bio) {
+      PyTypeObject *t = Py_TYPE(v);
+      PyObject *mod = PyObject_GetAttrString((PyObject *)t, "__module__");
+      const char *m = mod && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : NULL;
+      PyErr_Clear();
+      ksp_raisef(KS_E_UNSUPPORTED, "a %s.%s is not stored: keepsake keeps None, bool, int, float, str, bytes, "
+                 "io.BytesIO, and lists, tuples and dicts of them (no pickle)", m ? m : "?", t->tp_name);
+      Py_XDECREF(mod);
+      return -1;
+    }
+    PyObject *b = PyObject_CallMethod(v, "getvalue", NULL);
+    if (!b) return -1;
+    if (!PyBytes_Check(b)) {
+      Py_DECREF(b);
+      ksp_raisef(KS_E_UNSUPPORTED, "an io.BytesIO whose getvalue() is not bytes is not stored");
+      return -1;
+    }
+    st = ks_dcp_encoder_bytes(e, KS_DCP_BYTESIO, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b), err);
+    Py_DECREF(b);
+  }
+  return st ? enc_fail(st, err) : 0;
+}
+
+/* dcp_encode(value) -> bytes: the typed JSON of a non-tensor value (ks_dcp_encoder). */
+static PyObject *dcp_encode(PyObject *self, PyObject *value) {
+  (void)self;
+  PyObject *bio = bytesio_type();
+  if (!bio) return NULL;
+  ks_dcp_encoder *e = NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st = ks_dcp_encoder_create(NULL, &e, &err);
+  PyObject *out = NULL;
+  if (st) {
+    ksp_raise(st, &err);
+  } else if (enc_value(e, value, bio, &err) == 0) {
+    const char *json;
+    size_t n;
+    st = ks_dcp_encoder_result(e, &json, &n, &err);
+    out = st ? ksp_raise(st, &err) : PyBytes_FromStringAndSize(json, (Py_ssize_t)n);
+  }
+  ks_dcp_encoder_free(e);
+  Py_DECREF(bio);
+  return out;
+}
+
+/* The object of a decoded value (a new reference), or NULL with an exception set. */
+static PyObject *dec_value(const ks_dcp_value *v, PyObject *bio, const char *key) {
+  switch (v->kind) {
+    case KS_DCP_NONE: Py_RETURN_NONE;
+    case KS_DCP_BOOL: return PyBool_FromLong(v->i != 0);
+    case KS_DCP_INT: return PyLong_FromLongLong((long long)v->i);
+    case KS_DCP_FLOAT: return PyFloat_FromDouble(v->f);
+    case KS_DCP_STR: return PyUnicode_DecodeUTF8(v->s, (Py_ssize_t)v->len, "surrogatepass");
+    case KS_DCP_BYTES: return PyBytes_FromStringAndSize(v->s, (Py_ssize_t)v->len);
+    case KS_DCP_BIGINT: {
+      PyObject *i = PyLong_FromString(v->s, NULL, 10); /* ValueError past sys.get_int_max_str_digits() */
+      if (!i && PyErr_ExceptionMatches(PyExc_ValueError)) {
+        PyErr_Clear();
+        ksp_raisef(KS_E_LIMIT, "%s: an integer of %zu digits is more than this interpreter converts", key, v->len);
+      }
+      return i;
+    }
+    case KS_DCP_BYTESIO: {
+      PyObject *b = PyBytes_FromStringAndSize(v->s, (Py_ssize_t)v->len);
+      PyObject *o = b ? PyObject_CallOneArg(bio, b) : NULL;
+      Py_XDECREF(b);
+      return o;
+    }
+    default: break;
+  }
+  Py_ssize_t n = (Py_ssize_t)v->count;
+  PyObject *out = v->kind == KS_DCP_LIST ? PyList_New(n) : v->kind == KS_DCP_TUPLE ? PyTuple_New(n) : PyDict_New();
+  for (Py_ssize_t i = 0; out && i < n; i++) {
+    if (v->kind == KS_DCP_DICT) {
+      PyObject *k = dec_value(&v->items[2 * i], bio, key);
+      PyObject *x = k ? dec_value(&v->items[2 * i + 1], bio, key) : NULL;
+      if (!x || PyDict_SetItem(out, k, x) < 0) Py_CLEAR(out);
+      Py_XDECREF(k);
+      Py_XDECREF(x);
+      continue;
+    }
+    PyObject *x = dec_value(&v->items[i], bio, key);
+    if (!x) Py_CLEAR(out);
+    else if (v->kind == KS_DCP_LIST) PyList_SET_ITEM(out, i, x);
+    else PyTuple_SET_ITEM(out, i, x);
+  }
+  return out;
+}
+
+/* dcp_decode(data, key="") -> value: a value from typed JSON (ks_dcp_doc_parse); never unpickles. */
+static PyObject *dcp_decode(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"data", "key", NULL};
+  Py_buffer data;
+  const char *key = "";
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|s", names, &data, &key)) return NULL;
+  ks_dcp_doc *doc = NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  Py_BEGIN_ALLOW_THREADS st = ks_dcp_doc_parse(data.buf, (size_t)data.len, NULL, &doc, &err);
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&data);
+  if (st) {
+    if (!err.key[0]) snprintf(err.key, sizeof err.key, "%s", key);
+    return ksp_raise(st, &err);
+  }
+  PyObject *bio = bytesio_type();
+  PyObject *out = bio ? dec_value(ks_dcp_doc_root(doc), bio, key) : NULL;
+  Py_XDECREF(bio);
+  ks_dcp_doc_free(doc);
   return out;
 }
 
@@ -576,10 +795,11 @@ PyMethodDef ksp_shard_methods[] = {
     {"shard_write_rank", (PyCFunction)(void (*)(void))shard_write_rank, METH_VARARGS | METH_KEYWORDS,
      "shard_write_rank(dir, rank, world_size, entries, chunks, metadata=None, fsync=True)\n--\n\n"
      "ks_shard_write_rank with no per-rank globs: entries as save_file takes them, chunks as (name, global_shape, "
-     "offsets) of the entries that are chunks of a larger tensor. Returns (size, xxh3) of the file."},
+     "offsets) of the entries that are chunks of a larger tensor. Returns (size, header xxh3) of the file, what the "
+     "index records."},
     {"shard_write_index", (PyCFunction)(void (*)(void))shard_write_index, METH_VARARGS | METH_KEYWORDS,
-     "shard_write_index(dir, infos, fsync=True)\n--\n\nks_shard_write_index: the commit, from one (size, xxh3) per "
-     "rank."},
+     "shard_write_index(dir, infos, fsync=True)\n--\n\nks_shard_write_index: the commit, from one (size, header "
+     "xxh3) per rank."},
     {"shard_index", (PyCFunction)(void (*)(void))shard_index, METH_VARARGS | METH_KEYWORDS,
      "shard_index(dir, check=True)\n--\n\nThe validated index as a dict (world_size, epoch, batch, files, sharded, "
      "per_rank); with check, every rank file's size and header are held against it (ks_shard_check)."},
@@ -593,4 +813,11 @@ PyMethodDef ksp_shard_methods[] = {
      "True when there was one."},
     {"shard_verify", shard_verify, METH_VARARGS,
      "shard_verify(dir, ranks=None)\n--\n\nks_shard_verify_file for each rank (all when None)."},
+    {"dcp_encode", dcp_encode, METH_O,
+     "dcp_encode(value)\n--\n\nThe typed JSON (ASCII bytes) of a DCP non-tensor value: None, bool, int, float, str, "
+     "bytes, io.BytesIO, and lists, tuples and dicts of them (docs/FORMAT.md 9.1). UnsupportedError for anything "
+     "else, LimitError past the nesting or digit limits."},
+    {"dcp_decode", (PyCFunction)(void (*)(void))dcp_decode, METH_VARARGS | METH_KEYWORDS,
+     "dcp_decode(data, key='')\n--\n\nThe value of dcp_encode's bytes; FormatError (or LimitError) naming `key` for "
+     "anything else. Never unpickles."},
     {NULL, NULL, 0, NULL}};

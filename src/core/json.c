@@ -106,11 +106,13 @@ static KS_NODISCARD ks_status read_u_escape(ks__json *j, uint32_t *cp) {
   if (hi < 0) return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: bad \\u escape");
   j->pos += 4;
   *cp = (uint32_t)hi;
-  if (hi >= 0xDC00 && hi <= 0xDFFF) return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: lone low surrogate");
+  if (hi >= 0xDC00 && hi <= 0xDFFF)
+    return j->lone_surrogates ? KS_OK : ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: lone low surrogate");
   if (hi < 0xD800 || hi > 0xDBFF)
     return hi || j->skipping ? KS_OK : ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: \\u0000 is not allowed");
   int lo = j->n - j->pos >= 6 && j->s[j->pos] == '\\' && j->s[j->pos + 1] == 'u' ? hex4(j->s + j->pos + 2) : -1;
-  if (lo < 0xDC00 || lo > 0xDFFF) return ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: lone high surrogate");
+  if (lo < 0xDC00 || lo > 0xDFFF)
+    return j->lone_surrogates ? KS_OK : ks__json_fail(j, KS_E_FORMAT, NULL, "header JSON: lone high surrogate");
   j->pos += 6;
   *cp = 0x10000 + (((uint32_t)hi - 0xD800) << 10) + ((uint32_t)lo - 0xDC00);
   return KS_OK;

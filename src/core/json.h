@@ -74,6 +74,8 @@ typedef struct ks__json {
   ks_error *err;
   ks__sbuf kbuf, vbuf; /* scratch for decoded keys and values */
   bool skipping;       /* inside a value that is read and dropped: \u0000 is allowed there */
+  bool lone_surrogates; /* a lone surrogate escape decodes to its 3-byte form (WTF-8) instead of failing:
+                           the typed JSON of Python strings (src/shard/dcpvalue.c) */
 } ks__json;
 
 void ks__json_init(ks__json *j, const void *s, size_t n, int64_t base, const char *file, const ks_allocator *a,
@@ -101,6 +103,10 @@ bool ks__json_number_out_of_range(const uint8_t *s, size_t n);
 KS_NODISCARD ks_status ks__json_next_key(ks__json *j, bool *first, bool *done, const char **key, size_t *klen);
 /* Only whitespace may remain. */
 KS_NODISCARD ks_status ks__json_end(ks__json *j);
+
+/* The extent of a JSON number literal at s[0..n) per the grammar (jv.c); 0 when malformed.
+   *real: it has a fraction or an exponent. */
+size_t ks__json_number_len(const uint8_t *s, size_t n, bool *real);
 
 /* ---- JSON values (jv.c) ---- */
 

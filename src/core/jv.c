@@ -225,8 +225,7 @@ static KS_NODISCARD ks_status nomem(ks__json *j) { return ks__err(j->err, KS_E_N
 
 static bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 
-/* The extent of a number literal per the JSON grammar; 0 when malformed. */
-static size_t number_len(const uint8_t *s, size_t n, bool *real) {
+size_t ks__json_number_len(const uint8_t *s, size_t n, bool *real) {
   size_t p = 0;
   *real = false;
   if (p < n && s[p] == '-') p++;
@@ -273,7 +272,7 @@ static double parse_real(char *t) {
 
 static KS_NODISCARD ks_status parse_number(ks__json *j, ks__jv **out) {
   bool real;
-  size_t n = number_len(j->s + j->pos, j->n - j->pos, &real);
+  size_t n = ks__json_number_len(j->s + j->pos, j->n - j->pos, &real);
   if (n == 0) return ks__json_fail(j, KS_E_FORMAT, NULL, "JSON: malformed number");
   if (n > MAX_NUMBER)
     return ks__json_fail(j, KS_E_FORMAT, NULL, "JSON: number literal longer than %d bytes", MAX_NUMBER);

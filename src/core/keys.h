@@ -34,4 +34,12 @@ KS_NODISCARD ks_status ks__get_int(const ks_statedict *src, const char *prefix, 
 KS_NODISCARD ks_status ks__get_float(const ks_statedict *src, const char *prefix, const char *name, double *out,
                         ks_error *err);
 
+/* Escaped key text (src/core/structure.c): '%' as "%25" and '/' as "%2F" inside one name
+   component, so a key's own slashes stay its own (docs/FORMAT.md §10). */
+size_t ks__key_escaped_len(const char *s, size_t n);
+size_t ks__key_escape(const char *s, size_t n, char *dst); /* dst: ks__key_escaped_len bytes; returns them */
+size_t ks__key_unescape(const char *s, size_t n, char *dst);
+/* ks__key_escaped_len of what ks__key_unescape makes of s[0..n), without a buffer. */
+size_t ks__key_reread_len(const char *s, size_t n);
+
 #endif

@@ -192,6 +192,18 @@ ks_status ks_reader_tensor_info(const ks_reader *r, size_t i, ks_tensor_info *in
   return KS_OK;
 }
 
+ks_status ks_reader_tensor_desc(const ks_reader *r, size_t i, ks_tensor *view) {
+  if (!r || i >= r->count || !view) return KS_E_NOTFOUND;
+  const fmt_entry *e = &r->entries[i];
+  memset(view, 0, sizeof *view);
+  view->dtype = e->dtype;
+  view->rank = e->rank;
+  memcpy(view->shape, e->shape, sizeof view->shape);
+  view->nbytes = (size_t)(e->end - e->begin);
+  view->ownership = KS_BORROWED;
+  return KS_OK;
+}
+
 const ks_meta *ks_reader_meta(const ks_reader *r) { return r ? r->meta : NULL; }
 int ks_reader_is_keepsake(const ks_reader *r) { return r && r->version > 0; }
 int ks_reader_format_version(const ks_reader *r) { return r ? r->version : 0; }

@@ -227,3 +227,15 @@ ks_status ks__described_clone(const ks_metric *m, ks_metric *c, const ks_allocat
   }
   return fail ? KS_E_NOMEM : KS_OK;
 }
+
+ks_status ks_reduce_parse(const char *name, ks_reduce *out) {
+  static const char *const names[] = {"sum", "mean", "max", "min", "cat"}; /* ks_reduce order */
+  if (!name || !out) return KS_E_NOTFOUND;
+  if (!strncmp(name, "dim_zero_", 9)) name += 9; /* torchmetrics.utilities.data's names */
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    if (!strcmp(name, names[i])) {
+      *out = (ks_reduce)i;
+      return KS_OK;
+    }
+  return KS_E_NOTFOUND;
+}

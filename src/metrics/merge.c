@@ -33,9 +33,13 @@ static KS_NODISCARD ks_status check_same_kind(const ks_metric *dst, const ks_met
   return KS_OK;
 }
 
-/* Cat rows must agree in everything but the row count (CatMetric rows start unknown). */
+/* Cat rows must agree in everything but the row count (CatMetric rows start unknown). A side with
+ * no rows has no dtype to agree on either: a binding's empty list state says nothing of it. */
 static KS_NODISCARD ks_status check_rows(const ks__state *d, const ks__state *s, ks_error *err) {
   if (s->shape[0] == 0 || d->shape[0] == 0) return KS_OK;
+  if (d->dtype != s->dtype)
+    return ks__err(err, KS_E_MISMATCH, "state '%s': rows of %s and of %s cannot be merged", d->name,
+                   ks_dtype_name(s->dtype), ks_dtype_name(d->dtype));
   int same = d->rank == s->rank;
   for (int i = 1; same && i < d->rank; i++) same = d->shape[i] == s->shape[i];
   if (!same) return ks__err(err, KS_E_SHAPE, "state '%s': rows of different shapes cannot be merged", d->name);
@@ -48,6 +52,7 @@ static void merge_cat(ks__state *d, const ks__state *s) {
   memmove((char *)d->data + s->nbytes, d->data, d->nbytes);
   memcpy(d->data, s->data, s->nbytes);
   if (d->shape[0] == 0) {
+    d->dtype = s->dtype;
     d->rank = s->rank;
     memcpy(d->shape, s->shape, sizeof d->shape);
     d->shape[0] = 0;

@@ -155,7 +155,9 @@ static KS_NODISCARD ks_status stage_state(const ks_metric *m, const ks_statedict
   if (!st) st = ks__check_input(&e.tensor, name, err);
   if (!st && s->reduce == KS_REDUCE_CAT) st = check_cat_shape(s, &e.tensor, name, err);
   else if (!st) st = check_fixed_shape(s, &e.tensor, migrated, name, err);
-  if (!st) st = check_dtype(s, e.tensor.dtype, allow_narrowing, converted, name, err);
+  /* No rows: no value to lose, whatever dtype the writer gave its empty list (bindings cannot know it). */
+  int empty = s->reduce == KS_REDUCE_CAT && no_rows(&e.tensor);
+  if (!st && !empty) st = check_dtype(s, e.tensor.dtype, allow_narrowing, converted, name, err);
   if (!st) st = stage_one(m, s, &e.tensor, out, name, err);
   return st;
 }

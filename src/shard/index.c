@@ -135,7 +135,7 @@ static ks__jv *file_entry(const ks_allocator *a, int f, const char *fname, const
   ks__shard_put(a, o, "rank", ks__jv_int(a, f), &st);
   ks__shard_put(a, o, "file", ks__jv_str(a, fname), &st);
   ks__shard_put(a, o, "size", ks__jv_int(a, (int64_t)info->size), &st);
-  ks__shard_put(a, o, "xxh3", ks__jv_str(a, hex), &st);
+  ks__shard_put(a, o, "header_xxh3", ks__jv_str(a, hex), &st); /* version 2: the hash of the length and header */
   if (st) {
     ks__jv_free(a, o);
     return NULL;

@@ -396,20 +396,16 @@ KS_NODISCARD static ks_status put_metric(loader *L, const char *path, const ks_m
   return st ? ks__err(L->err, KS_E_NOMEM, "out of memory") : KS_OK;
 }
 
-/* The saved ranks assigned to this rank: [lo, hi) with floor(s*M/N) == rank. */
-static void assigned(const loader *L, int *lo, int *hi) {
-  int a = 0;
-  while (a < L->n && (int64_t)a * L->m / L->n < L->rank) a++;
-  int b = a;
-  while (b < L->n && (int64_t)b * L->m / L->n == L->rank) b++;
-  *lo = a;
-  *hi = b;
+/* The saved ranks assigned to this rank, and the one its other per-rank entries come from: the
+   public rule (ks_shard_assigned), which bindings restoring per-rank state ask too. The loader's
+   world sizes and rank were checked when it was set up, so it cannot fail here. */
+static void assigned(const loader *L, int *lo, int *hi, int *first) {
+  if (ks_shard_assigned(L->n, L->m, L->rank, lo, hi, first, NULL)) *lo = *hi = *first = 0;
 }
 
 KS_NODISCARD static ks_status load_per_rank_merged(loader *L, ks__jv *defs) {
-  int lo, hi;
-  assigned(L, &lo, &hi);
-  int first = lo < hi ? lo : L->rank % L->n;
+  int lo, hi, first;
+  assigned(L, &lo, &hi, &first);
   src_file *s;
   ks_status st = copy_entries(L, first, pick_per_rank_plain);
   if (!st) st = open_file(L, first, &s);
@@ -457,11 +453,10 @@ KS_NODISCARD static ks_status out_meta(loader *L, const char *metrics, ks_meta *
 KS_NODISCARD static ks_status check_reads(loader *L, const ks_shard_map *want) {
   unsigned char *read = ks__calloc(L->a, (size_t)L->n, 1);
   if (!read) return ks__err(L->err, KS_E_NOMEM, "out of memory");
-  int lo, hi;
-  assigned(L, &lo, &hi);
+  int lo, hi, first;
+  assigned(L, &lo, &hi, &first);
   read[0] = 1; /* the replicated entries */
-  if (L->m == L->n) read[L->rank] = 1;
-  else read[lo < hi ? lo : L->rank % L->n] = 1;
+  read[L->m == L->n ? L->rank : first] = 1;
   for (int f = lo; L->m != L->n && f < hi; f++) read[f] = 1;
   ks_status st = KS_OK;
   for (size_t i = 0; !st && i < L->idx->n_sharded; i++) {

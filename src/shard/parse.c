@@ -127,14 +127,17 @@ KS_NODISCARD static ks_status next_item(ks__json *j, bool *first, bool *done) {
 
 KS_NODISCARD static ks_status file_entry(ks_shard_index *idx, int r, const ks__jv *f, const char *path, ks_error *err) {
   const char *name = ks__jv_string(ks__jv_get(f, "file"));
-  const char *hex = ks__jv_string(ks__jv_get(f, "xxh3"));
+  /* version 1 records the whole file's hash, version 2 its header's (docs/FORMAT.md 9.3) */
+  const char *hex = ks__jv_string(ks__jv_get(f, idx->version >= 2 ? "header_xxh3" : "xxh3"));
   int64_t fr = -1, size = -1;
   char want[64];
   uint64_t h;
   if (ks_shard_file_name(r, idx->world_size, want, sizeof want)) return bad(err, path, NULL, "bad world size");
   if (!ks__jv_is_int(ks__jv_get(f, "rank"), &fr) || fr != r || !name || strcmp(name, want) ||
       !ks__jv_is_int(ks__jv_get(f, "size"), &size) || size < 0 || !hex || !ks__parse_hex64(hex, strlen(hex), &h))
-    return bad(err, path, want, "a file entry is malformed (rank, file, size, xxh3)");
+    return bad(err, path, want,
+               idx->version >= 2 ? "a file entry is malformed (rank, file, size, header_xxh3)"
+                                 : "a file entry is malformed (rank, file, size, xxh3)");
   idx->infos[r].size = (uint64_t)size;
   idx->infos[r].checksum = h;
   if (!(idx->files[r] = ks__strdup(&idx->alloc, name))) return ks__err(err, KS_E_NOMEM, "out of memory");
@@ -382,6 +385,7 @@ KS_NODISCARD static ks_status check_head(ks_shard_index *idx, const doc *d) {
     return ks__err_at(d->err, KS_E_VERSION, path, "keepsake.version", -1,
                       "index version %lld; this library reads versions 1 to %d: upgrade keepsake", (long long)version,
                       KS_SHARD_INDEX_VERSION);
+  idx->version = (int)version;
   if (!ks__jv_is_int(d->world_size, &ws) || ws < 1 || ws > KS_SHARD_MAX_WORLD)
     return bad(d->err, path, "keepsake.world_size", "world_size must be 1 to 99999");
   idx->world_size = (int)ws;

@@ -28,6 +28,7 @@ void ks_shard_index_free(ks_shard_index *idx) {
 }
 
 int ks_shard_index_world_size(const ks_shard_index *idx) { return idx ? idx->world_size : 0; }
+int ks_shard_index_version(const ks_shard_index *idx) { return idx ? idx->version : 0; }
 int64_t ks_shard_index_epoch(const ks_shard_index *idx) { return idx ? idx->ts.epoch : -1; }
 int64_t ks_shard_index_batch(const ks_shard_index *idx) { return idx ? idx->ts.batch : -1; }
 
@@ -171,6 +172,78 @@ static int hash_fd(const ks_io *io, const ks_allocator *a, int fd, uint64_t size
   return rc;
 }
 
+/* Reads exactly n bytes at off; EIO when the file ends first. errno-style result. */
+static int read_at(const ks_io *io, int fd, uint8_t *buf, size_t n, uint64_t off) {
+  for (size_t done = 0; done < n;) {
+    size_t got = 0;
+    int rc = io->read_fn(io->ctx, fd, buf + done, n - done, off + done, &got);
+    if (rc) return rc;
+    if (!got || got > n - done) return EIO; /* shrank meanwhile, or a table that overreports */
+    done += got;
+  }
+  return 0;
+}
+
+/* XXH3-64 of the first 8 + N bytes of an open file of `size` bytes: its length and header, which
+ * holds every tensor's checksum. errno-style result; *bad set (and 0 returned) when the length
+ * prefix is not one a valid file has (N past the end of the file, or above KS_MAX_HEADER). */
+static int hash_header_fd(const ks_io *io, const ks_allocator *a, int fd, uint64_t size, uint64_t *hash, int *bad) {
+  uint8_t len[8];
+  *bad = 0;
+  if (size < 8) return (*bad = 1), 0;
+  int rc = read_at(io, fd, len, 8, 0);
+  if (rc) return rc;
+  uint64_t n = ks__le64(len);
+  if (n > KS_MAX_HEADER || n > size - 8) return (*bad = 1), 0;
+  size_t total = (size_t)n + 8;
+  uint8_t *buf = ks__malloc(a, total);
+  if (!buf) return ENOMEM;
+  memcpy(buf, len, 8);
+  rc = read_at(io, fd, buf + 8, (size_t)n, 8);
+  if (!rc) *hash = ks_checksum(buf, total);
+  ks__free(a, buf);
+  return rc;
+}
+
+ks_status ks__shard_file_facts(const ks_io *io, const ks_allocator *a, const char *path, ks_shard_file_info *info,
+                               ks_error *err) {
+  io = ks__io_v2(io);
+  a = ks__alloc_or_default(a);
+  int fd = -1, bad = 0;
+  uint64_t size = 0, hash = 0;
+  int rc = io->open_fn(io->ctx, path, &fd, &size);
+  if (rc) return ks__err_at(err, rc == ENOMEM ? KS_E_NOMEM : KS_E_IO, path, NULL, -1, "cannot reopen the file: %s",
+                            strerror(rc));
+  rc = hash_header_fd(io, a, fd, size, &hash, &bad);
+  io->close_fn(io->ctx, fd); /* read-only: nothing a failed close could lose */
+  if (rc == ENOMEM) return ks__err(err, KS_E_NOMEM, "out of memory hashing the header");
+  if (rc) return ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot read the header back: %s", strerror(rc));
+  if (bad) return ks__err_at(err, KS_E_FORMAT, path, NULL, 0, "the file written has no valid header length");
+  info->size = size;
+  info->checksum = hash;
+  return KS_OK;
+}
+
+/* Version 2: every byte of the file is in its header (hashed against the index) or in a tensor
+ * (hashed against its checksum in that header), since the tensors tile the data section. */
+KS_NODISCARD static ks_status verify_tensors(const char *path, const ks_io *io, const ks_allocator *a, int rank,
+                                             const char *name, ks_error *err) {
+  /* Mapped when the table maps (each byte hashed once, in place); else read forward in windows. */
+  ks_read_opts o = {.size = sizeof o, .alloc = a, .mode = io->map_fn ? KS_READ_MMAP : KS_READ_LAZY,
+                    .verify_checksums = 1, .io = io};
+  ks_reader *r = NULL;
+  ks_status st = ks_reader_open(path, &o, &r, err);
+  ks_reader_free(r);
+  if (!st || st == KS_E_NOMEM || st == KS_E_IO) return st;
+  /* The header hashed as recorded, so the file was whole when written: anything else is damage. */
+  if (!err) return KS_E_CHECKSUM;
+  char why[sizeof err->message], key[sizeof err->key];
+  snprintf(why, sizeof why, "%s", err->message);
+  snprintf(key, sizeof key, "%s", err->key);
+  return ks__err_at(err, KS_E_CHECKSUM, path, key[0] ? key : NULL, err->offset, "rank %d: shard file %s is corrupt: %s",
+                    rank, name, why);
+}
+
 ks_status ks_shard_verify_file_io(const char *dir, const ks_shard_index *idx, int rank, const ks_io *io,
                                    ks_error *err) {
   if (!dir || !idx || rank < 0 || rank >= idx->world_size)
@@ -180,7 +253,7 @@ ks_status ks_shard_verify_file_io(const char *dir, const ks_shard_index *idx, in
   if (!path) return ks__err(err, KS_E_NOMEM, "out of memory");
   const ks_shard_file_info *want = &idx->infos[rank];
   const char *name = idx->files[rank];
-  int fd = -1;
+  int fd = -1, bad = 0;
   uint64_t size = 0, hash = 0;
   ks_status st = KS_OK;
   int rc = io->open_fn(io->ctx, path, &fd, &size);
@@ -192,15 +265,20 @@ ks_status ks_shard_verify_file_io(const char *dir, const ks_shard_index *idx, in
                     "rank %d: shard file %s is %s: %llu bytes, the index says %llu", rank, name,
                     size < want->size ? "truncated" : "longer than recorded", (unsigned long long)size,
                     (unsigned long long)want->size);
-  else if ((rc = hash_fd(io, &idx->alloc, fd, size, &hash)) != 0)
+  else if ((rc = idx->version >= 2 ? hash_header_fd(io, &idx->alloc, fd, size, &hash, &bad)
+                                     : hash_fd(io, &idx->alloc, fd, size, &hash)) != 0)
     st = rc == ENOMEM
              ? ks__err(err, KS_E_NOMEM, "out of memory hashing %s", name)
              : ks__err_at(err, KS_E_IO, path, NULL, -1, "rank %d: cannot read %s: %s", rank, name, strerror(rc));
+  else if (bad)
+    st = ks__err_at(err, KS_E_CHECKSUM, path, NULL, 0, "rank %d: shard file %s is corrupt: no valid header length",
+                    rank, name);
   else if (hash != want->checksum)
     st = ks__err_at(err, KS_E_CHECKSUM, path, NULL, -1,
-                    "rank %d: shard file %s is corrupt: XXH3 %016llx, the index says %016llx", rank, name,
-                    (unsigned long long)hash, (unsigned long long)want->checksum);
+                    "rank %d: shard file %s is corrupt: %sXXH3 %016llx, the index says %016llx", rank, name,
+                    idx->version >= 2 ? "header " : "", (unsigned long long)hash, (unsigned long long)want->checksum);
   if (fd >= 0) io->close_fn(io->ctx, fd);
+  if (!st && idx->version >= 2) st = verify_tensors(path, io, &idx->alloc, rank, name, err);
   ks__free(&idx->alloc, path);
   return st;
 }

@@ -42,6 +42,7 @@ typedef struct ks__sharded {
 
 struct ks_shard_index {
   ks_allocator alloc;
+  int version; /* 1: infos[].checksum hashes each whole file; 2: its length and header (FORMAT.md 9.3) */
   int world_size;
   ks__shard_ts ts;
   size_t n_per_rank;
@@ -80,6 +81,13 @@ KS_NODISCARD ks_status ks__shard_index_parse(ks_shard_index *idx, const char *te
    the first problem: what a load that reads only some files needs before it allocates. */
 KS_NODISCARD ks_status ks__shard_check_sizes(const char *dir, const ks_shard_index *idx, const ks_io *io,
                                              const unsigned char *only, ks_error *err);
+
+/* What the index records of the rank file at `path` (read.c): its size and the XXH3-64 of its first
+   8 + N bytes (the length and the header, which holds every tensor's checksum), read back through
+   `io` (NULL = POSIX): the header only, never the data. KS_E_IO, KS_E_NOMEM, KS_E_FORMAT (no valid
+   header length). */
+KS_NODISCARD ks_status ks__shard_file_facts(const ks_io *io, const ks_allocator *a, const char *path,
+                                            ks_shard_file_info *info, ks_error *err);
 
 /* "dir/name" through the allocator; NULL when out of memory. */
 char *ks__shard_join(const ks_allocator *a, const char *dir, const char *name);

@@ -1,73 +1,28 @@
 /*
  * One rank's file: its chunks of the sharded tensors, its per-rank entries and
  * (rank 0 only) the replicated entries, with the chunk offsets in torch DCP's
- * DCP_SHARDING_INFO and keepsake's own keepsake.shard record; then the hash of
- * the whole file for the index, computed while it is written.
+ * DCP_SHARDING_INFO and keepsake's own keepsake.shard record; then its size and
+ * the hash of its header (which holds every tensor's checksum) for the index.
  */
 #include <stdio.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "shard/shard_internal.h"
 
-/*
- * A ks_io that hashes every byte as it is written: the file's whole-file
- * checksum comes for free, without reading the file back.
- */
-typedef struct hashing_io {
-  ks_io io;
-  const ks_io *inner;
-  XXH3_state_t *xx;
-  uint64_t size;
-} hashing_io;
-
-static int h_create(void *ctx, const char *path, int *fd) {
-  hashing_io *h = ctx;
-  XXH3_64bits_reset(h->xx);
-  h->size = 0;
-  return h->inner->create_fn(h->inner->ctx, path, fd);
-}
-static int h_write(void *ctx, int fd, const void *buf, size_t n, size_t *written) {
-  hashing_io *h = ctx;
-  int rc = h->inner->write_fn(h->inner->ctx, fd, buf, n, written);
-  if (*written) {
-    XXH3_64bits_update(h->xx, buf, *written);
-    h->size += *written;
-  }
-  return rc;
-}
-static int h_fsync(void *ctx, int fd) {
-  return ((hashing_io *)ctx)->inner->fsync_fn(((hashing_io *)ctx)->inner->ctx, fd);
-}
-static int h_close(void *ctx, int fd) {
-  return ((hashing_io *)ctx)->inner->close_fn(((hashing_io *)ctx)->inner->ctx, fd);
-}
-static int h_rename(void *ctx, const char *from, const char *to) {
-  return ((hashing_io *)ctx)->inner->rename_fn(((hashing_io *)ctx)->inner->ctx, from, to);
-}
-static int h_unlink(void *ctx, const char *path) {
-  return ((hashing_io *)ctx)->inner->unlink_fn(((hashing_io *)ctx)->inner->ctx, path);
-}
-static int h_fsync_dir(void *ctx, const char *dir) {
-  return ((hashing_io *)ctx)->inner->fsync_dir_fn(((hashing_io *)ctx)->inner->ctx, dir);
-}
-
-/* ks_save through the hashing io; info gets the size and XXH3-64 of exactly the bytes written. */
-KS_NODISCARD static ks_status save_hashed(const char *path, const ks_statedict *sd, const ks_meta *m,
+/* ks_save in its one-pass mode (each tensor hashed just before it is written, its checksum digits
+   patched into the header after), then the size and header hash for the index, from the header
+   read back: the data is not read again. */
+KS_NODISCARD static ks_status save_summed(const char *path, const ks_statedict *sd, const ks_meta *m,
                                           const ks_save_opts *opts, ks_shard_file_info *info, ks_error *err) {
-  /* Version 1: it wraps only the durable replace, which is all ks_save asks of it. */
-  hashing_io h = {{.version = 1, .create_fn = h_create, .write_fn = h_write, .fsync_fn = h_fsync,
-                   .close_fn = h_close, .rename_fn = h_rename, .unlink_fn = h_unlink, .fsync_dir_fn = h_fsync_dir},
-                  opts && opts->io ? opts->io : ks_io_posix(), XXH3_createState(), 0};
-  if (!h.xx) return ks__err(err, KS_E_NOMEM, "out of memory for the file hash");
-  h.io.ctx = &h;
-  ks_save_opts o = {.alloc = opts ? opts->alloc : NULL, .io = &h.io};
-  ks_status st = ks_save(path, sd, m, &o, err);
+  ks_status st = ks_save(path, sd, m, opts, err);
   if (!st || st == KS_E_NOT_DURABLE) { /* the file is in place either way: the index can list it */
-    info->size = h.size;
-    info->checksum = XXH3_64bits_digest(h.xx);
+    ks_error e2;
+    ks_status s2 = ks__shard_file_facts(opts ? opts->io : NULL, opts ? opts->alloc : NULL, path, info, &e2);
+    if (s2) {
+      if (err) *err = e2;
+      st = s2;
+    }
   }
-  XXH3_freeState(h.xx);
   return st;
 }
 
@@ -201,7 +156,7 @@ ks_status ks_shard_write_rank(const char *dir, int rank, int world_size, const k
   ks_status st = path && !ks_statedict_create(a, &fsd, err) ? KS_OK : ks__err(err, KS_E_NOMEM, "out of memory");
   if (!st) st = select_entries(sd, rank, shards, per_rank, n_per_rank, fsd, err);
   if (!st) st = build_meta(rank, world_size, sd, fsd, meta, shards, per_rank, n_per_rank, a, &m, err);
-  if (!st) st = save_hashed(path, fsd, m, opts, info, err);
+  if (!st) st = save_summed(path, fsd, m, opts, info, err);
   if (st && err) ks__err_set_file(err, path);
   ks_meta_free(m);
   ks_statedict_free(fsd);

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/pcopy.h"
 #include "state/state_internal.h"
 
 #define STAGING_ALIGN 64
@@ -126,21 +127,26 @@ static unsigned char *staging(ks_async_saver *sv, size_t need) {
   return sv->own;
 }
 
-/* Copies every entry of src into dst; tensor bytes go to the staging area (borrowed). */
-static KS_NODISCARD ks_status copy_entries(const ks_statedict *src, ks_statedict *dst, unsigned char *area) {
-  size_t off = 0;
-  for (size_t i = 0; i < ks_statedict_count(src); i++) {
+/* Copies every entry of src into dst; tensor bytes go to the staging area (borrowed), copied on
+   several threads when there are many of them: the caller waits for this copy. */
+static KS_NODISCARD ks_status copy_entries(const ks_allocator *a, const ks_statedict *src, ks_statedict *dst,
+                                           unsigned char *area) {
+  size_t off = 0, n = 0, count = ks_statedict_count(src);
+  ks__copy *pieces = ks__calloc(a, count ? count : 1, sizeof *pieces);
+  ks_status s = pieces ? KS_OK : KS_E_NOMEM;
+  for (size_t i = 0; !s && i < count; i++) {
     ks_entry e;
-    ks_status s = ks_statedict_at(src, i, &e);
+    s = ks_statedict_at(src, i, &e);
     if (!s && e.kind == KS_VAL_TENSOR) {
-      if (e.tensor.nbytes) memcpy(area + off, e.tensor.data, e.tensor.nbytes);
+      if (e.tensor.nbytes) pieces[n++] = (ks__copy){area + off, e.tensor.data, e.tensor.nbytes};
       e.tensor.data = area + off;
       off = align_up(off + e.tensor.nbytes);
     }
     if (!s) s = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW, NULL);
-    if (s) return s;
   }
-  return KS_OK;
+  if (!s) ks__copy_parallel(pieces, n, 0);
+  ks__free(a, pieces);
+  return s;
 }
 
 /* sv->sd: every entry of flat, with every tensor copied into staging. */
@@ -149,7 +155,7 @@ static KS_NODISCARD ks_status stage(ks_async_saver *sv, const ks_statedict *flat
   if (staging_need(flat, &need)) return ks__err(err, KS_E_LIMIT, "state too large to stage");
   unsigned char *area = staging(sv, need);
   if (!area) return ks__err(err, KS_E_NOMEM, "out of memory for %zu bytes of staging", need);
-  if (copy_entries(flat, sv->sd, area)) return ks__err(err, KS_E_NOMEM, "out of memory");
+  if (copy_entries(&sv->alloc, flat, sv->sd, area)) return ks__err(err, KS_E_NOMEM, "out of memory");
   return KS_OK;
 }
 

@@ -13,6 +13,7 @@
 
 #include "core/json.h"
 #include "keepsake/layout.h"
+#include "keepsake/structure.h"
 #include "state/state_internal.h"
 
 /* Nonzero for "0", "1", ... "123": the canonical decimal names of sequence items. */
@@ -57,74 +58,63 @@ static KS_NODISCARD ks_status children(const ks_allocator *a, const ks_statedict
   return s;
 }
 
-static KS_NODISCARD ks_status record(const ks_allocator *a, ks__jv *containers, const char *path, const char *kind,
-                                     size_t len) {
-  ks__jv *r = ks__jv_object(a);
-  ks_status s = r ? ks__jv_set(a, r, "kind", ks__jv_str(a, kind)) : KS_E_NOMEM;
-  if (!s) s = ks__jv_set(a, r, "len", ks__jv_int(a, (int64_t)len));
-  if (s) {
-    ks__jv_free(a, r);
-    return s;
-  }
-  return ks__jv_set(a, containers, path, r);
-}
-
 /* folder as a sequence of `kind` when its children are exactly 0..n-1 (else left a dict). */
-static KS_NODISCARD ks_status seq(const ks_allocator *a, ks__jv *containers, const ks_statedict *sd,
-                                  const char *folder, const char *kind) {
+static KS_NODISCARD ks_status seq(const ks_allocator *a, ks_structure *c, const ks_statedict *sd,
+                                  const char *folder, ks_container_kind kind) {
   kids k;
   ks_status s = children(a, sd, folder, &k);
   if (s || !k.n || !k.all_idx || k.max + 1 != (int64_t)k.n) return s;
-  return record(a, containers, folder, kind, k.n);
+  return ks_structure_add_sequence(c, folder, kind, k.n, NULL);
 }
 
 /* An optimizer's `state`: a dict keyed by int parameter indices, as torch's state_dict() has it. */
-static KS_NODISCARD ks_status int_keys(const ks_allocator *a, ks__jv *containers, const ks_statedict *sd,
+static KS_NODISCARD ks_status int_keys(const ks_allocator *a, ks_structure *c, const ks_statedict *sd,
                                        const char *folder) {
   kids k;
   ks_status s = children(a, sd, folder, &k);
   if (s || !k.n || !k.all_idx) return s;
-  ks__jv *r = ks__jv_object(a), *keys = ks__jv_object(a);
-  s = r && keys ? ks__jv_set(a, r, "kind", ks__jv_str(a, "dict")) : KS_E_NOMEM;
+  size_t bytes, n = 0;
+  ks_key *keys = ks__mul_size(k.n, sizeof *keys, &bytes) ? ks__malloc(a, bytes) : NULL;
+  ks__jv *seen = ks__jv_object(a); /* one child's entries need not be adjacent */
+  s = keys && seen ? KS_OK : KS_E_NOMEM;
   size_t fl = strlen(folder);
   ks_entry e;
   for (size_t i = 0; !s && ks_statedict_at(sd, i, &e) == KS_OK; i++) {
     if (strncmp(e.name, folder, fl) || e.name[fl] != '/') continue;
     char comp[24];
-    const char *c = e.name + fl + 1, *slash = strchr(c, '/');
-    size_t n = slash ? (size_t)(slash - c) : strlen(c);
-    if (n >= sizeof comp) continue; /* not an index (all_idx says none is) */
-    memcpy(comp, c, n), comp[n] = 0;
-    if (!ks__jv_get(keys, comp)) s = ks__jv_set(a, keys, comp, ks__jv_int(a, strtoll(comp, NULL, 10)));
+    const char *cp = e.name + fl + 1, *slash = strchr(cp, '/');
+    size_t len = slash ? (size_t)(slash - cp) : strlen(cp);
+    if (len >= sizeof comp) continue; /* not an index (all_idx says none is) */
+    memcpy(comp, cp, len), comp[len] = 0;
+    if (ks__jv_get(seen, comp) || n == k.n) continue;
+    s = ks__jv_set(a, seen, comp, ks__jv_bool(a, true));
+    keys[n++] = (ks_key){.type = KS_KEY_INT, .i = strtoll(comp, NULL, 10)};
   }
-  if (!s) s = ks__jv_set(a, r, "keys", keys), keys = NULL;
-  ks__jv_free(a, keys);
-  if (s) {
-    ks__jv_free(a, r);
-    return s;
-  }
-  return ks__jv_set(a, containers, folder, r);
+  if (!s) s = ks_structure_add_dict(c, folder, keys, n, NULL);
+  ks__jv_free(a, seen);
+  ks__free(a, keys);
+  return s;
 }
 
-static KS_NODISCARD ks_status optimizer(const ks_allocator *a, ks__jv *c, const ks_statedict *sd, const char *p) {
+static KS_NODISCARD ks_status optimizer(const ks_allocator *a, ks_structure *c, const ks_statedict *sd, const char *p) {
   char f[KS__KEY_MAX + 1];
   if (ks__keyf(f, p, "state")) return KS_E_LIMIT;
   ks_status s = int_keys(a, c, sd, f);
   if (!s && ks__keyf(f, p, "param_groups")) return KS_E_LIMIT;
-  if (!s) s = seq(a, c, sd, f, "list");
+  if (!s) s = seq(a, c, sd, f, KS_CONTAINER_LIST);
   kids groups = {0, 0, -1};
   if (!s) s = children(a, sd, f, &groups);
   for (int64_t g = 0; !s && groups.all_idx && groups.max + 1 == (int64_t)groups.n && g <= groups.max; g++) {
     if (ks__keyf(f, p, "param_groups/%lld/params", (long long)g)) return KS_E_LIMIT;
-    s = seq(a, c, sd, f, "list");
+    s = seq(a, c, sd, f, KS_CONTAINER_LIST);
     if (!s && ks__keyf(f, p, "param_groups/%lld/betas", (long long)g)) return KS_E_LIMIT;
-    if (!s) s = seq(a, c, sd, f, "tuple");
+    if (!s) s = seq(a, c, sd, f, KS_CONTAINER_TUPLE);
   }
   return s;
 }
 
 /* A scheduler's folders of per-group values (base_lrs, _last_lr, ...). */
-static KS_NODISCARD ks_status scheduler(const ks_allocator *a, ks__jv *c, const ks_statedict *sd, const char *p) {
+static KS_NODISCARD ks_status scheduler(const ks_allocator *a, ks_structure *c, const ks_statedict *sd, const char *p) {
   size_t pl = strlen(p);
   ks_entry e;
   ks__jv *done = ks__jv_object(a); /* folders already looked at: each is scanned once, list or not */
@@ -139,13 +129,14 @@ static KS_NODISCARD ks_status scheduler(const ks_allocator *a, ks__jv *c, const 
     memcpy(f, e.name, n), f[n] = 0;
     if (ks__jv_get(done, f)) continue;
     s = ks__jv_set(a, done, f, ks__jv_bool(a, true));
-    if (!s) s = seq(a, c, sd, f, "list");
+    if (!s) s = seq(a, c, sd, f, KS_CONTAINER_LIST);
   }
   ks__jv_free(a, done);
   return s;
 }
 
-static KS_NODISCARD ks_status build(const ks_state *st, const ks_statedict *sd, const ks_allocator *a, ks__jv *c) {
+static KS_NODISCARD ks_status build(const ks_state *st, const ks_statedict *sd, const ks_allocator *a,
+                                    ks_structure *c) {
   ks_status s = KS_OK;
   for (size_t i = 0; !s && i < st->n_comps; i++) {
     const st_comp *comp = &st->comps[i];
@@ -154,27 +145,22 @@ static KS_NODISCARD ks_status build(const ks_state *st, const ks_statedict *sd, 
     if (ks__comp_prefix(comp, p)) return KS_E_LIMIT;
     s = comp->kind == ST_OPTIM ? optimizer(a, c, sd, p) : scheduler(a, c, sd, p);
   }
-  if (!s && st->rng) s = seq(a, c, sd, "rng", "list");
+  if (!s && st->rng) s = seq(a, c, sd, "rng", KS_CONTAINER_LIST);
   return s;
 }
 
 ks_status ks__state_structure(const ks_state *st, const ks_statedict *sd, ks_meta *meta, ks_error *err) {
   const ks_allocator *a = ks_statedict_allocator(sd);
-  ks__jv *doc = ks__jv_object(a), *c = ks__jv_object(a);
-  ks_status s = doc && c ? ks__jv_set(a, doc, "version", ks__jv_int(a, 1)) : KS_E_NOMEM;
+  ks_structure *c = NULL;
+  char *text = NULL;
+  ks_status s = ks_structure_create(a, &c, NULL);
   if (!s) s = build(st, sd, a, c);
-  if (!s && !c->len) { /* nothing but str-keyed dicts: no document */
-    ks__jv_free(a, c);
-    ks__jv_free(a, doc);
-    return KS_OK;
+  if (!s && !ks_structure_is_empty(c)) { /* nothing but str-keyed dicts: no document */
+    s = ks_structure_dump(c, &text, NULL);
+    if (!s) s = ks_meta_set(meta, KS_TORCH_STRUCTURE_META, text, err);
   }
-  if (!s) s = ks__jv_set(a, doc, "containers", c), c = NULL;
-  char *text = s ? NULL : ks__jv_dump(a, doc, true);
-  if (!s && !text) s = KS_E_NOMEM;
-  if (!s) s = ks_meta_set(meta, KS_TORCH_STRUCTURE_META, text, err);
-  ks__free(a, text);
-  ks__jv_free(a, c);
-  ks__jv_free(a, doc);
+  ks_structure_text_free(c, text);
+  ks_structure_free(c);
   if (s == KS_E_LIMIT) return ks__err(err, s, "torch structure: a component name is too long");
   return s ? ks__err(err, s, "cannot record the torch structure of the state") : KS_OK;
 }

@@ -113,7 +113,7 @@ static KS_NODISCARD ks_status add_metric(norm *nm, const char *root, int pickled
   metric *m = &nm->m[nm->n];
   size_t len = strlen(root);
   *m = (metric){ks__strdup(nm->a, root), len, ks__malloc(nm->a, len + 1), 0, pickled, 0, NONE, NONE};
-  if (m->out) m->out[m->out_len = ks__torch_unescape(root, len, m->out)] = 0;
+  if (m->out) m->out[m->out_len = ks__key_unescape(root, len, m->out)] = 0;
   if (!m->root || !m->out || ks_statedict_set_int(nm->index, root, (int64_t)nm->n, NULL)) {
     ks__free(nm->a, m->root);
     ks__free(nm->a, m->out);
@@ -334,10 +334,10 @@ static void metric_names(const metric *m, int eval, char *label, char *name, siz
     for (const char *p = rest; p < end; p++)
       if (*p == '/') cut = p + 1;
     size_t n = (size_t)(cut - rest - 1);
-    label[ks__torch_unescape(rest, n < cap ? n : cap - 1, label)] = 0;
+    label[ks__key_unescape(rest, n < cap ? n : cap - 1, label)] = 0;
   }
   size_t n = (size_t)(end - cut);
-  name[ks__torch_unescape(cut, n < cap ? n : cap - 1, name)] = 0;
+  name[ks__key_unescape(cut, n < cap ? n : cap - 1, name)] = 0;
 }
 
 /* {"path", "group", "label", "name", "class", "states", "update_count", "attrs"} in this order

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "keepsake/structure.h"
 #include "torch/torch_internal.h"
 
 typedef struct flat {
@@ -35,10 +36,10 @@ static KS_NODISCARD ks_status too_long(flat *f) {
 /* Appends one component, percent-escaping '/' and '%' so that a key's own slashes stay its own. */
 static KS_NODISCARD ks_status push_comp(flat *f, const char *s, size_t n, size_t *saved) {
   *saved = f->len;
-  size_t need = f->len + (f->len ? 1 : 0) + ks__torch_escaped_len(s, n);
+  size_t need = f->len + (f->len ? 1 : 0) + ks__key_escaped_len(s, n);
   if (need > KS_MAX_NAME) return too_long(f);
   if (f->len) f->path[f->len++] = '/';
-  f->len += ks__torch_escape(s, n, f->path + f->len);
+  f->len += ks__key_escape(s, n, f->path + f->len);
   f->path[f->len] = 0;
   return KS_OK;
 }
@@ -48,14 +49,17 @@ static void pop_comp(flat *f, size_t saved) {
   f->path[saved] = 0;
 }
 
+/* A key's name component, by core's one rule (ks_key_text): str and UTF-8 bytes keys as written
+   (escaped when pushed), the others as text in buf. */
 static KS_NODISCARD ks_status key_text(flat *f, const ks__pk_node *k, char *buf, size_t cap, const char **s,
                                        size_t *n) {
+  ks_key key = {.type = KS_KEY_INT};
   switch (k->kind) {
     case PK_STR: *s = k->u.s.p, *n = k->u.s.n; return KS_OK;
-    case PK_INT: *n = (size_t)snprintf(buf, cap, "%" PRId64, k->u.i); break;
-    case PK_BOOL: *n = (size_t)snprintf(buf, cap, "%s", k->u.i ? "True" : "False"); break;
-    case PK_NONE: *n = (size_t)snprintf(buf, cap, "None"); break;
-    case PK_FLOAT: *n = (size_t)snprintf(buf, cap, "%.17g", k->u.f); break;
+    case PK_INT: key.i = k->u.i; break;
+    case PK_BOOL: key.type = KS_KEY_BOOL, key.i = k->u.i; break;
+    case PK_NONE: key.type = KS_KEY_NONE; break;
+    case PK_FLOAT: key.type = KS_KEY_FLOAT, key.f = k->u.f; break;
     case PK_BYTES:
       if (ks__utf8_valid((const uint8_t *)k->u.s.p, k->u.s.n)) {
         *s = k->u.s.p, *n = k->u.s.n;
@@ -65,6 +69,9 @@ static KS_NODISCARD ks_status key_text(flat *f, const ks__pk_node *k, char *buf,
       return ks__err_at(f->err, KS_E_UNSUPPORTED, NULL, f->path, -1, "torch: dict key of type %s cannot name an entry",
                         ks__pk_kind_name(k->kind));
   }
+  ks_status st = ks_key_text(&key, buf, cap, n, f->err);
+  if (st) return ks__err_at(f->err, st, NULL, f->path, -1, "torch: a %s key on this path cannot name an entry",
+                            ks__pk_kind_name(k->kind));
   *s = buf;
   return KS_OK;
 }

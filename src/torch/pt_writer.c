@@ -127,7 +127,7 @@ static wnode *child(writer *wr, wnode *parent, const char *name, size_t nlen, in
 
 /* What the reader will call this component when it reads the file back. */
 static size_t reread_len(const writer *wr, const char *s, size_t n) {
-  return wr->structure ? ks__torch_reread_len(s, n) : ks__torch_escaped_len(s, n);
+  return wr->structure ? ks__key_reread_len(s, n) : ks__key_escaped_len(s, n);
 }
 
 /* The file must never hold what ks_torch_load refuses by default. */
@@ -334,7 +334,7 @@ static void put_key(writer *wr, const wnode *w, const ks__jv *keys) {
   else if (ks__jv_is(k, KS__JV_REAL) && wr->compat != KS_TORCH_COMPAT_1_13) put_binfloat(wr, k->d);
   else if (wr->structure) {
     char raw[KS_MAX_NAME + 1];
-    put_str(wr, raw, ks__torch_unescape(comp, n, raw));
+    put_str(wr, raw, ks__key_unescape(comp, n, raw));
   } else {
     put_str(wr, w->name, w->nlen);
   }

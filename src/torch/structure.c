@@ -3,8 +3,8 @@
  * lists, tuples or sets, which dict keys were ints, bools, None or floats, and
  * which containers were empty. Recorded while flattening as the JSON document
  * of keepsake.torch_structure (docs/FORMAT.md), read back by the .pt writer.
- * Also the percent-escaping of key text and the check that flat names form a
- * tree (no name is both a value and a folder).
+ * Also the check that flat names form a tree (no name is both a value and a
+ * folder). Key text and its escaping are core's (src/core/structure.c).
  */
 #include <math.h>
 #include <stdio.h>
@@ -18,54 +18,6 @@ struct ks__structure {
   ks__jv *doc;        /* {"version": 1, "containers": {...}} */
   ks__jv *containers; /* borrowed from doc */
 };
-
-/* ---- escaping ---- */
-
-size_t ks__torch_escaped_len(const char *s, size_t n) {
-  size_t out = n;
-  for (size_t i = 0; i < n; i++) out += (s[i] == '/' || s[i] == '%') ? 2 : 0;
-  return out;
-}
-
-size_t ks__torch_escape(const char *s, size_t n, char *dst) {
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (s[i] == '/' || s[i] == '%') {
-      dst[k++] = '%';
-      dst[k++] = '2';
-      dst[k++] = s[i] == '/' ? 'F' : '5';
-    } else {
-      dst[k++] = s[i];
-    }
-  }
-  return k;
-}
-
-size_t ks__torch_reread_len(const char *s, size_t n) {
-  size_t out = 0;
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    if (c == '%' && i + 2 < n && s[i + 1] == '2' && (s[i + 2] == 'F' || s[i + 2] == '5')) {
-      c = s[i + 2] == 'F' ? '/' : '%';
-      i += 2;
-    }
-    out += (c == '/' || c == '%') ? 3 : 1;
-  }
-  return out;
-}
-
-size_t ks__torch_unescape(const char *s, size_t n, char *dst) {
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (s[i] == '%' && i + 2 < n && s[i + 1] == '2' && (s[i + 2] == 'F' || s[i + 2] == '5')) {
-      dst[k++] = s[i + 2] == 'F' ? '/' : '%';
-      i += 2;
-    } else {
-      dst[k++] = s[i];
-    }
-  }
-  return k;
-}
 
 /* ---- names form a tree ---- */
 

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "core/internal.h"
+#include "core/keys.h"
 #include "keepsake/statedict.h"
 #include "keepsake/tensor.h"
 #include "keepsake/torch.h"
@@ -215,13 +216,7 @@ KS_NODISCARD ks_status ks__structure_key(ks__structure *s, const char *path, con
 /* Records that the file holds one bare value, flattened as the entry "value". */
 KS_NODISCARD ks_status ks__structure_bare_value(ks__structure *s, ks_error *err);
 KS_NODISCARD ks_status ks__structure_dump(const ks__structure *s, const ks_allocator *a, char **out, ks_error *err);
-/* Percent-escaping of '/' and '%' in one key ("a/b" -> "a%2Fb"); dst holds escaped_len bytes. */
-size_t ks__torch_escaped_len(const char *s, size_t n);
-size_t ks__torch_escape(const char *s, size_t n, char *dst);
-size_t ks__torch_unescape(const char *s, size_t n, char *dst);
-/* ks__torch_escaped_len of what ks__torch_unescape makes of s[0..n), without a buffer: the
- * component may be any length (untrusted structure records), so nothing is copied. */
-size_t ks__torch_reread_len(const char *s, size_t n);
+/* Key escaping is core's: ks__key_escape and friends (core/keys.h). */
 /* KS_E_EXISTS when a name is both a value and the folder of another. */
 KS_NODISCARD ks_status ks__torch_names_prefix_free(const ks_statedict *sd, ks_error *err);
 

@@ -15,6 +15,7 @@ import sys
 LOOKUP = "a look-up: KS_E_NOTFOUND (no such index or name) is the whole story"
 ALLOWED = {
     "ks_dtype_parse": "parses a name the caller holds: KS_E_DTYPE means unknown, nothing more to say",
+    "ks_reduce_parse": "parses a name the caller holds: KS_E_NOTFOUND means unknown, nothing more to say",
     "ks_dtype_convert": "pure conversion of the caller's buffers: KS_E_DTYPE (pair not convertible) only",
     "ks_tensor_init": "fills a descriptor: KS_E_INVALID (rank) or KS_E_LIMIT (size overflow) for the caller's own arguments",
     "ks_shape_size": "arithmetic on the caller's shape: KS_E_INVALID or KS_E_LIMIT (overflow) only",
@@ -22,6 +23,7 @@ ALLOWED = {
     "ks_meta_at": LOOKUP,
     "ks_reader_tensor_at": LOOKUP,
     "ks_reader_tensor_info": LOOKUP,
+    "ks_reader_tensor_desc": LOOKUP,
     "ks_metric_state_info": LOOKUP,
     "ks_shard_map_at": LOOKUP,
     "ks_shard_map_get": LOOKUP,

@@ -7,7 +7,7 @@
 set -eu
 src=$1/src
 fail=0
-core_pub="alloc dtype io io_cache layout statedict status tensor version"
+core_pub="alloc dtype io io_cache layout statedict status structure tensor version"
 allowed_pub() {
   case $1 in
     core) echo "$core_pub" ;;
@@ -19,7 +19,7 @@ allowed_pub() {
     torch) echo "$core_pub torch" ;;
     import) echo "$core_pub import torch metric format" ;;
     convert) echo "$core_pub convert import torch metric format" ;;
-    shard) echo "$core_pub shard format metric" ;;
+    shard) echo "$core_pub shard dcpvalue format metric" ;;
     dist) echo "$core_pub dist shard format metric manager state train" ;;
     remote) echo "$core_pub storage" ;;
     *) echo "" ;;

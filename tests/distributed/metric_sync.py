@@ -73,9 +73,15 @@ def main():
     for m in whole.values():
         m.sync_on_compute = m._to_sync = False
     update(whole, preds, target, x)
-    for k, m in mine.items():
+    counts = torch.tensor([m._update_count for m in mine.values()])
+    every_count = [torch.empty_like(counts) for _ in range(world)]
+    dist.all_gather(every_count, counts)
+    for j, (k, m) in enumerate(mine.items()):
         m._computed = None
+        local_count = m._update_count
         with kd.synced(m):
+            total = sum(int(c[j]) for c in every_count)  # the fold's update count, as ks_dist_sync's
+            assert m._update_count == total, f"{k}: synced update count {m._update_count}, want {total}"
             got, want = flat(m.compute()), flat(whole[k].compute())
             for a, b in zip(got, want):
                 assert a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=1e-6, atol=1e-7), (k, a, b)
@@ -83,6 +89,7 @@ def main():
             every = [torch.empty_like(blob) for _ in range(world)]
             dist.all_gather(every, blob)
             assert all(torch.equal(e, every[0]) for e in every), f"{k}: ranks disagree"
+        assert m._update_count == local_count, f"{k}: unsync did not restore the update count"
         m._computed = None
         back = flat(m.compute())
         assert all(torch.equal(a, b) for a, b in zip(back, local[k])), f"{k}: unsync did not restore"

@@ -69,6 +69,39 @@ def test_round_trip(ckpt):
     assert OBJECT_PREFIX + "step" in index["weight_map"]
 
 
+def test_index_records_header_hashes(ckpt):
+    """The index (version 2) records each file's length-and-header XXH3, not a whole-file one (C's
+    test_shard holds version 1 indexes, which still verify); damage anywhere is still caught."""
+    index = json.load(open(os.path.join(ckpt, INDEX_NAME)))
+    [f] = index["keepsake"]["files"]
+    assert index["keepsake"]["version"] == 2 and "xxh3" not in f and len(f["header_xxh3"]) == 16
+    p = os.path.join(ckpt, RANK0)
+    raw = open(p, "rb").read()
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    native.shard_verify(ckpt)
+    for offset in (3, header_end - 1, header_end, len(raw) - 1):  # length, header padding, data
+        corrupt(p, offset, "flip")
+        with pytest.raises(keepsake.ChecksumError):
+            native.shard_verify(ckpt)
+        corrupt(p, offset, "flip")
+    native.shard_verify(ckpt)
+
+
+def test_loads_into_targets_of_another_layout(ckpt):
+    """A target the stored bytes cannot be read straight into (not contiguous, another dtype) is
+    filled through a staging copy, and one that can is read into directly: the same values."""
+    direct = empty()
+    w_ptr = direct["w"].data_ptr()
+    dcp.load(direct, storage_reader=KeepsakeReader(ckpt), no_dist=True)
+    assert direct["w"].data_ptr() == w_ptr and torch.equal(direct["w"], state()["w"])
+    out = empty()
+    out["w"] = torch.zeros(32, 64).t()  # a (64, 32) view, not contiguous
+    out["b"] = torch.zeros(7, dtype=torch.int64)
+    dcp.load(out, storage_reader=KeepsakeReader(ckpt), no_dist=True)
+    assert not out["w"].is_contiguous() and torch.equal(out["w"], state()["w"])
+    assert out["b"].dtype == torch.int64 and torch.equal(out["b"], torch.arange(7))
+
+
 def test_metadata_without_pickle(ckpt):
     md = KeepsakeReader(ckpt).read_metadata()
     assert tuple(md.state_dict_metadata["w"].size) == (64, 32)
@@ -89,6 +122,35 @@ def test_object_codec(value):
     b = decode_object(encode_object(io.BytesIO(b"raw")))
     assert isinstance(b, io.BytesIO) and b.getvalue() == b"raw"
     assert math.isnan(decode_object(encode_object(math.nan)))
+
+
+def test_object_codec_reads_what_pythons_json_wrote():
+    """Before the rules moved into the C library, Python's json wrote the typed JSON (spacing,
+    escapes of lone surrogates); such bytes still decode."""
+    old = json.dumps({"dict": [["lr", 0.0003], ["betas", {"tuple": [0.9, 0.95]}], ["s", "\u00e4\udc80"],
+                               ["b", {"bytes": "AAE="}], ["n", {"float": "-inf"}]]}).encode()
+    assert b" " in old and b"\\udc80" in old
+    assert decode_object(old) == {"lr": 0.0003, "betas": (0.9, 0.95), "s": "\u00e4\udc80", "b": b"\x00\x01",
+                                  "n": -math.inf}
+    assert encode_object({"lr": 0.0003, "t": (1,)}) == b'{"dict":[["lr",0.0003],["t",{"tuple":[1]}]]}'
+
+
+def test_object_codec_limits():
+    deep = []
+    for _ in range(100):
+        deep = [deep]
+    assert decode_object(encode_object(deep)) == deep  # the innermost list at level 100
+    with pytest.raises(keepsake.LimitError):
+        encode_object([deep])
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(keepsake.LimitError):
+        encode_object(loop)
+    with pytest.raises(keepsake.LimitError):
+        decode_object(b"9" * 4301)
+    assert decode_object(b"-" + b"9" * 4300) == -int("9" * 4300)
+    with pytest.raises(keepsake.UnsupportedError):
+        encode_object(bytearray(b"x"))
 
 
 def test_object_codec_refuses():
@@ -223,7 +285,7 @@ def load_outcome(ckpt: str, verify_files: bool) -> str:
 
 def test_flipped_header_byte_everywhere(ckpt):
     """Each byte of the rank file's header flipped, never a crash: with verify_files a keepsake error
-    every time (the whole-file hash); without, a keepsake error, exact values (a flip in the padding),
+    every time (the header hash); without, a keepsake error, exact values (a flip in the padding),
     or, for a flip in a replicated tensor's name, DCP's report that the key is missing."""
     p = os.path.join(ckpt, RANK0)
     good = open(p, "rb").read()

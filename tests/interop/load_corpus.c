@@ -14,7 +14,8 @@
  *    "strict": true, "weights_only": false, "allow_narrowing": false, "ignore": ["glob", ...]}
  *
  *   METRIC = {"name": "MeanMetric", "class": "MeanMetric", "attrs": "{...}" or null,
- *             "states": [{"name": "mean_value", "reduce": 0, "dtype": "F32" or null, "shape": []}, ...],
+ *             "states": [{"name": "mean_value", "reduce": "dim_zero_sum" or null, "dtype": "F32" or null,
+ *                         "shape": []}, ...],
  *             "inner": [{"name": "base_metric", "metric": METRIC}, ...]}
  *
  * Model tensors get buffers of their own, components a load callback that accepts whatever it
@@ -101,10 +102,15 @@ static ks_status describe_states(ks_metric *m, const json_t *states, ks_error *e
     int rank = 0;
     ks_dtype dt;
     unsigned flags;
-    if (!name || !json_is_integer(red)) return KS_E_INVALID;
+    if (!name || !(json_is_string(red) || json_is_null(red))) return KS_E_INVALID;
     ks_status s = dtype_of(json_object_get(st, "dtype"), &dt, &flags);
+    /* as the extension describes a torchmetrics state (python/src/ksload.c): a list state is cat;
+       a tensor state folds by its named reduction, summed when that is cat or custom */
+    ks_reduce r = KS_REDUCE_SUM;
+    if (flags & KS_STATE_ANY_DTYPE) r = KS_REDUCE_CAT;
+    else if (ks_reduce_parse(json_string_value(red), &r) || r == KS_REDUCE_CAT) r = KS_REDUCE_SUM;
     if (!s) s = shape_of(json_object_get(st, "shape"), &rank, dims);
-    if (!s) s = ks_metric_describe_state(m, name, (ks_reduce)json_integer_value(red), dt, rank, dims, flags, err);
+    if (!s) s = ks_metric_describe_state(m, name, r, dt, rank, dims, flags, err);
     if (s) return s;
   }
   return KS_OK;

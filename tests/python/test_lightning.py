@@ -169,7 +169,7 @@ def test_checkpoint_dict_round_trip(tmp_path):
           "optimizer_states": [{"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [
               {"lr": 0.1, "betas": (0.9, 0.999), "params": [0]}]}],
           "callbacks": {"Cb{'a/b': 1}": {"seen": [1, 2.5, None, True, "x"]}},
-          "hparams": {1: "int key", "1": "str key", None: 0, "big": 1 << 70, "raw": b"\x00\x01"}}
+          "hparams": {1: "int key", "2": "str key", None: 0, "big": 1 << 70, "raw": b"\x00\x01"}}
     p = tmp_path / "d.keepsake"
     io.save_checkpoint(ck, p)
     back = io.load_checkpoint(p)
@@ -182,6 +182,11 @@ def test_checkpoint_dict_round_trip(tmp_path):
     assert back["callbacks"] == ck["callbacks"]
     assert back["hparams"] == ck["hparams"]
     io.remove_checkpoint(p)
+    assert not p.exists()
+    # 1 and "1" would both be named "1" (FORMAT.md section 10): refused, nothing written
+    ck["hparams"] = {1: "int key", "1": "str key"}
+    with pytest.raises(keepsake.ExistsError, match="lightning/hparams"):
+        io.save_checkpoint(ck, p)
     assert not p.exists()
 
 

@@ -5,11 +5,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "core/internal.h"
+#include "core/pcopy.h"
 #include "keepsake/keepsake.h"
 #include "testutil.h"
 
@@ -230,8 +232,38 @@ static void utf8_validation_rejects_bad_sequences(void **s) {
   assert_false(ks__utf8_valid((const uint8_t *)"\xff", 1));
 }
 
+/* Every byte of many pieces (odd sizes, one crossing each share boundary) lands once, with one
+   thread and with several, below and above the threshold. */
+static void parallel_copy_copies_every_byte(void **state) {
+  (void)state;
+  enum { N = 7 };
+  size_t sizes[N] = {1, 3 << 20, 0, 17 << 20, 4093, 25 << 20, 12345};
+  for (int big = 0; big < 2; big++) {
+    for (size_t threads = 1; threads <= 5; threads += 2) {
+      ks__copy pieces[N];
+      unsigned char *src[N], *dst[N];
+      for (int i = 0; i < N; i++) {
+        size_t n = big ? sizes[i] : sizes[i] / 64;
+        src[i] = malloc(n + 1), dst[i] = calloc(n + 1, 1);
+        assert_true(src[i] && dst[i]);
+        for (size_t b = 0; b < n; b++) src[i][b] = (unsigned char)(b * 131 + (size_t)i * 7 + 1);
+        dst[i][n] = 0xAB; /* nothing past the end */
+        pieces[i] = (ks__copy){dst[i], src[i], n};
+      }
+      ks__copy_parallel(pieces, N, threads);
+      for (int i = 0; i < N; i++) {
+        assert_memory_equal(dst[i], src[i], pieces[i].n);
+        assert_int_equal(dst[i][pieces[i].n], 0xAB);
+        free(src[i]), free(dst[i]);
+      }
+    }
+  }
+  ks__copy_parallel(NULL, 0, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(parallel_copy_copies_every_byte),
       cmocka_unit_test(strerror_covers_every_code),
       cmocka_unit_test(error_format_names_file_key_and_offset),
       cmocka_unit_test(dtype_names_round_trip),

@@ -297,8 +297,24 @@ static void records_from_a_description(void **unused) {
   ks_statedict_free(sd);
 }
 
+static void reductions_are_named_as_torchmetrics_names_them(void **state) {
+  (void)state;
+  const char *names[] = {"sum", "dim_zero_mean", "max", "dim_zero_min", "dim_zero_cat"};
+  for (int i = 0; i < 5; i++) {
+    ks_reduce r = (ks_reduce)99;
+    assert_int_equal(ks_reduce_parse(names[i], &r), KS_OK);
+    assert_int_equal(r, (ks_reduce)i);
+  }
+  ks_reduce r = KS_REDUCE_MAX;
+  assert_int_equal(ks_reduce_parse("my_reduce", &r), KS_E_NOTFOUND);
+  assert_int_equal(ks_reduce_parse("dim_zero_", &r), KS_E_NOTFOUND);
+  assert_int_equal(ks_reduce_parse(NULL, &r), KS_E_NOTFOUND);
+  assert_int_equal(r, KS_REDUCE_MAX); /* untouched */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(reductions_are_named_as_torchmetrics_names_them),
       cmocka_unit_test(widening_and_refused_narrowing),
       cmocka_unit_test(twin_gives_legacy_names_args_and_reshapes),
       cmocka_unit_test(lists_keep_their_dtype_and_merge),

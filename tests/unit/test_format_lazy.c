@@ -135,6 +135,21 @@ static void test_fetch_reads_only_the_tensor(void **state) {
   assert_int_equal(ks_reader_tensor(r, "model/small08", &v, &e), KS_OK);
   assert_int_equal(counts(fx->counter).read_bytes, 2 * sizeof buf);
   assert_memory_equal(v.data, ks_statedict_tensor(fx->sd, "model/small08")->data, v.nbytes);
+  /* the description of a tensor not fetched yet reads nothing */
+  ks_io_counter_reset(fx->counter);
+  ks_tensor d;
+  long i9 = ks_reader_find(r, "model/small09");
+  assert_true(i9 >= 0);
+  assert_int_equal(ks_reader_tensor_desc(r, (size_t)i9, &d), KS_OK);
+  const ks_tensor *want = ks_statedict_tensor(fx->sd, "model/small09");
+  assert_int_equal(d.dtype, want->dtype);
+  assert_int_equal(d.rank, want->rank);
+  assert_int_equal(d.shape[0], want->shape[0]);
+  assert_int_equal(d.nbytes, want->nbytes);
+  assert_null(d.data);
+  assert_int_equal(counts(fx->counter).read_calls, 0);
+  assert_int_equal(ks_reader_tensor_desc(r, ks_reader_count(r), &d), KS_E_NOTFOUND);
+  assert_int_equal(ks_reader_tensor_desc(r, 0, NULL), KS_E_NOTFOUND);
   /* too small a buffer, unknown name */
   assert_int_equal(ks_reader_fetch_name(r, "model/small07", buf, 16, &e), KS_E_INVALID);
   assert_int_equal(ks_reader_fetch_name(r, "nope", buf, sizeof buf, &e), KS_E_NOTFOUND);

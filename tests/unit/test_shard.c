@@ -202,6 +202,104 @@ static void bad_shards_are_named(void **s) {
   free(root);
 }
 
+/* What a version 2 index records of a file: the XXH3-64 of its length and header. */
+static uint64_t header_hash(const uint8_t *bytes, size_t len) {
+  assert_true(len >= 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--) n = n << 8 | bytes[i];
+  assert_true(n <= len - 8);
+  return ks_checksum(bytes, (size_t)n + 8);
+}
+
+/* Version 2 records each file's header hash, not its whole-file hash: a damaged byte anywhere (the
+   length, the header, the data) still fails verification, and a version 1 index (whole-file
+   hashes, as older writers made) still verifies and loads. */
+static void every_byte_is_verified_and_version_1_indexes_still_read(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shard");
+  char *dir = write_ckpt(root, "ep2-ba5", -1);
+  char *f1 = ks_test_path(dir, "rank-00001-of-00003.keepsake");
+  size_t len;
+  uint8_t *bytes = ks_test_read_file(f1, &len);
+  ks_shard_index *idx;
+  ks_error err;
+  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, NULL), KS_OK);
+  assert_int_equal(ks_shard_index_version(idx), 2);
+  ks_shard_file_info info;
+  assert_non_null(ks_shard_index_file(idx, 1, &info));
+  assert_int_equal(info.size, len);
+  assert_true(info.checksum == header_hash(bytes, len));
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | bytes[i];
+  const size_t spots[] = {0, 3, 8, (size_t)hlen / 2 + 8, (size_t)hlen + 7, (size_t)hlen + 8, len / 2 + hlen / 2,
+                          len - 1};
+  for (size_t i = 0; i < sizeof spots / sizeof spots[0]; i++) {
+    bytes[spots[i]] ^= 0x20;
+    assert_int_equal(ks_test_write_file(f1, bytes, len), 0);
+    ks_status st = ks_shard_verify_file(dir, idx, 1, &err);
+    if (st != KS_E_CHECKSUM) fail_msg("byte %zu flipped: %s (%s)", spots[i], ks_status_name(st), err.message);
+    assert_non_null(strstr(err.message, "rank 1"));
+    assert_non_null(strstr(err.message, "corrupt"));
+    bytes[spots[i]] ^= 0x20;
+  }
+  assert_int_equal(ks_test_write_file(f1, bytes, len), 0);
+  assert_int_equal(ks_shard_verify_file(dir, idx, 1, &err), KS_OK);
+  ks_shard_index_free(idx);
+
+  /* The same checkpoint under a version 1 index, each file's whole-file hash in "xxh3". */
+  char *ip = ks_test_path(dir, KS_SHARD_INDEX_NAME);
+  json_t *doc = json_load_file(ip, 0, NULL);
+  json_t *ks = json_object_get(doc, "keepsake");
+  json_object_set_new(ks, "version", json_integer(1));
+  for (int r = 0; r < N; r++) {
+    json_t *f = json_array_get(json_object_get(ks, "files"), (size_t)r);
+    char *fp = ks_test_path(dir, json_string_value(json_object_get(f, "file")));
+    size_t flen;
+    uint8_t *fb = ks_test_read_file(fp, &flen);
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)ks_checksum(fb, flen));
+    json_object_del(f, "header_xxh3");
+    json_object_set_new(f, "xxh3", json_string(hex));
+    free(fb);
+    free(fp);
+  }
+  assert_int_equal(json_dump_file(doc, ip, JSON_INDENT(1) | JSON_SORT_KEYS), 0);
+  json_decref(doc);
+  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, &err), KS_OK);
+  assert_int_equal(ks_shard_index_version(idx), 1);
+  for (int r = 0; r < N; r++) assert_int_equal(ks_shard_verify_file(dir, idx, r, &err), KS_OK);
+  assert_int_equal(ks_shard_check(dir, idx, NULL, KS_SHARD_CHECK_HEADERS, NULL, NULL, &err), KS_OK);
+  ks_statedict *sd = NULL;
+  ks_meta *meta = NULL;
+  assert_int_equal(ks_shard_load_rank(dir, idx, 0, 1, NULL, NULL, &sd, &meta, &err), KS_OK);
+  ks_statedict_free(sd);
+  ks_meta_free(meta);
+  char *latest = NULL;
+  assert_int_equal(ks_shard_latest(root, NULL, &latest, NULL, NULL), KS_OK);
+  assert_non_null(latest);
+  free(latest);
+  bytes[len - 1] ^= 1; /* a data byte: whole-file hash mismatch */
+  assert_int_equal(ks_test_write_file(f1, bytes, len), 0);
+  assert_int_equal(ks_shard_verify_file(dir, idx, 1, &err), KS_E_CHECKSUM);
+  assert_non_null(strstr(err.message, "corrupt"));
+  ks_shard_index_free(idx);
+
+  /* A version 1 index must carry xxh3, a version 2 one header_xxh3. */
+  doc = json_load_file(ip, 0, NULL);
+  ks = json_object_get(doc, "keepsake");
+  json_object_set_new(ks, "version", json_integer(2));
+  assert_int_equal(json_dump_file(doc, ip, 0), 0);
+  json_decref(doc);
+  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, &err), KS_E_FORMAT);
+  assert_non_null(strstr(err.message, "header_xxh3"));
+  ks_test_rmtree(root);
+  free(ip);
+  free(bytes);
+  free(f1);
+  free(dir);
+  free(root);
+}
+
 /* A rank file swapped in from another checkpoint, with the index patched to match its bytes. */
 static void a_file_from_another_checkpoint_is_refused(void **s) {
   (void)s;
@@ -214,9 +312,9 @@ static void a_file_from_another_checkpoint_is_refused(void **s) {
   char *ip = ks_test_path(a, KS_SHARD_INDEX_NAME), hex[17];
   json_t *idx_json = json_load_file(ip, 0, NULL);
   json_t *f1 = json_array_get(json_object_get(json_object_get(idx_json, "keepsake"), "files"), 1);
-  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)ks_checksum(bytes, len));
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)header_hash(bytes, len));
   json_object_set_new(f1, "size", json_integer((json_int_t)len));
-  json_object_set_new(f1, "xxh3", json_string(hex));
+  json_object_set_new(f1, "header_xxh3", json_string(hex));
   assert_int_equal(json_dump_file(idx_json, ip, 0), 0);
   json_decref(idx_json);
   ks_shard_index *idx;
@@ -256,7 +354,7 @@ static void malformed_indexes_are_refused(void **s) {
       {"not json", KS_E_FORMAT},
       {"{}", KS_E_FORMAT},
       {"{\"weight_map\":{},\"keepsake\":{\"format\":\"other\",\"version\":1}}", KS_E_FORMAT},
-      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":2,\"world_size\":1}}",
+      {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":3,\"world_size\":1}}",
        KS_E_VERSION},
       {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":1,\"world_size\":0}}",
        KS_E_FORMAT},
@@ -319,12 +417,12 @@ static void allocation_failures_leak_nothing(void **s) {
   free(root);
 }
 
-/* Blanks the values of "size" and "xxh3" lines: they follow the writer's version string. */
+/* Blanks the values of "size" and "header_xxh3" lines: they follow the writer's version string. */
 static void mask_file_facts(char *text) {
   for (char *p = text; (p = strstr(p, "\"size\": ")) != NULL; p += 8)
     for (char *q = p + 8; *q && *q != ','; q++) *q = '#';
-  for (char *p = text; (p = strstr(p, "\"xxh3\": \"")) != NULL; p += 9)
-    for (char *q = p + 9; *q && *q != '"'; q++) *q = '#';
+  for (char *p = text; (p = strstr(p, "\"header_xxh3\": \"")) != NULL; p += 16)
+    for (char *q = p + 16; *q && *q != '"'; q++) *q = '#';
 }
 
 /* The index keeps the exact layout it had when it was written with jansson's JSON_INDENT(1) | JSON_SORT_KEYS. */
@@ -336,21 +434,21 @@ static void the_index_keeps_its_layout(void **s) {
       "  \"files\": [\n"
       "   {\n"
       "    \"file\": \"rank-00000-of-00003.keepsake\",\n"
+      "    \"header_xxh3\": \"################\",\n"
       "    \"rank\": 0,\n"
-      "    \"size\": 1676,\n"
-      "    \"xxh3\": \"9e151e1706a88a99\"\n"
+      "    \"size\": 1676\n"
       "   },\n"
       "   {\n"
       "    \"file\": \"rank-00001-of-00003.keepsake\",\n"
+      "    \"header_xxh3\": \"################\",\n"
       "    \"rank\": 1,\n"
-      "    \"size\": 1276,\n"
-      "    \"xxh3\": \"5896f783c597d337\"\n"
+      "    \"size\": 1276\n"
       "   },\n"
       "   {\n"
       "    \"file\": \"rank-00002-of-00003.keepsake\",\n"
+      "    \"header_xxh3\": \"################\",\n"
       "    \"rank\": 2,\n"
-      "    \"size\": 1260,\n"
-      "    \"xxh3\": \"eea7225907ae8580\"\n"
+      "    \"size\": 1260\n"
       "   }\n"
       "  ],\n"
       "  \"format\": \"keepsake-sharded\",\n"
@@ -410,7 +508,7 @@ static void the_index_keeps_its_layout(void **s) {
       "   \"sample\": 50,\n"
       "   \"token\": 0\n"
       "  },\n"
-      "  \"version\": 1,\n"
+      "  \"version\": 2,\n"
       "  \"world_size\": 3\n"
       " },\n"
       " \"metadata\": {\n"
@@ -609,6 +707,7 @@ int main(void) {
       cmocka_unit_test(timestamps_that_disagree_leave_no_index),
       cmocka_unit_test(bad_shards_are_named),
       cmocka_unit_test(a_file_from_another_checkpoint_is_refused),
+      cmocka_unit_test(every_byte_is_verified_and_version_1_indexes_still_read),
       cmocka_unit_test(malformed_indexes_are_refused),
       cmocka_unit_test(allocation_failures_leak_nothing),
       cmocka_unit_test(chunk_maps_check_their_bounds),

@@ -5,8 +5,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include <curl/curl.h>
-
+#include "remote/curl/curl_load.h" /* <curl/curl.h>; libcurl's functions loaded at run time when KS_CURL_RUNTIME */
 #include "remote/remote_internal.h"
 
 #define KS__ERR_BODY_MAX ((size_t)64 << 10)  /* error bodies kept (and parsed) at most */
@@ -121,8 +120,9 @@ int ks__s3_key(ks__remote *r, const char *path, char **key);
 int ks__s3_multipart(ks__remote *r, const char *url, const uint8_t *data, size_t len);
 /* Percent-encodes s (S3 rules; '/' kept when keep_slash) appending to a new string *out. */
 int ks__url_encode(const ks_allocator *a, const char *s, int keep_slash, char **out);
-/* curl's global init, once per process. 0 or EIO. */
-int ks__curl_init_once(void);
+/* curl's global init, once per process (a KS_CURL_RUNTIME build loads libcurl first). KS_OK;
+ * KS_E_UNSUPPORTED when libcurl cannot be loaded (err says what to install); KS_E_NET. */
+KS_NODISCARD ks_status ks__curl_init_once(ks_error *err);
 /* The remote object of st (st->remote) with the options applied; no request made. */
 KS_NODISCARD ks_status ks__remote_new(ks_storage *st, const ks_storage_opts *o, int s3, ks_error *err);
 

@@ -17,13 +17,26 @@
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc = CURLE_FAILED_INIT;
+#ifdef KS_CURL_RUNTIME
+static char curl_load_msg[1024]; /* why libcurl could not be loaded; "" once it was */
+#endif
 
-/* libcurl's documented global state: initialised once, never torn down (another user may still need it). */
-static void curl_init(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
+/* libcurl's documented global state: initialised once, never torn down (another user may still need it).
+   A KS_CURL_RUNTIME build first loads the system's libcurl (curl_load.c). */
+static void curl_init(void) {
+#ifdef KS_CURL_RUNTIME
+  if (ks__curl_load(NULL, curl_load_msg, sizeof curl_load_msg)) return;
+  curl_load_msg[0] = '\0';
+#endif
+  curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
 
-int ks__curl_init_once(void) {
+ks_status ks__curl_init_once(ks_error *err) {
   pthread_once(&curl_once, curl_init);
-  return curl_init_rc == CURLE_OK ? 0 : EIO;
+#ifdef KS_CURL_RUNTIME
+  if (curl_load_msg[0]) return ks__err(err, KS_E_UNSUPPORTED, "%s", curl_load_msg);
+#endif
+  return curl_init_rc == CURLE_OK ? KS_OK : ks__err(err, KS_E_NET, "libcurl could not be initialised");
 }
 
 static void record(ks__remote *r, ks_status cls, const char *fmt, va_list ap) {

@@ -245,7 +245,8 @@ static KS_NODISCARD ks_status credentials(ks__remote *r, const char *region, ks_
 }
 
 ks_status ks__remote_new(ks_storage *st, const ks_storage_opts *o, int s3, ks_error *err) {
-  if (ks__curl_init_once()) return ks__err(err, KS_E_NET, "libcurl could not be initialised");
+  ks_status s = ks__curl_init_once(err);
+  if (s) return s;
   ks__remote *r = ks__calloc(&st->alloc, 1, sizeof *r);
   if (!r) return ks__err(err, KS_E_NOMEM, "out of memory");
   if (pthread_mutex_init(&r->lock, NULL)) {

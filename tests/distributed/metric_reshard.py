@@ -1,0 +1,242 @@
+"""Per-rank metric states at another world size: a checkpoint that keepsake.CheckpointManager
+(distributed=True) saved at N ranks resumes at M ranks with each rank's local metric states
+folded by the C library's rule (ks_shard_assigned + ks_metric_fold, as ks_dist_load at M != N).
+
+    python metric_reshard.py N M [M ...]    the test: saves at N ranks, then resumes at each M
+    torchrun ... metric_reshard.py save RUN N / load RUN N
+
+Each saved rank s updates every metric on its contiguous shard of one data set, in two batches. At
+M ranks, rank r must hold exactly the states of one process fed the shards of saved ranks
+[lo, hi) (saved rank s goes to rank floor(s*M/N)), or the metric's defaults when none is assigned;
+its generator and data position must be those of saved rank lo (rank mod N when none); and
+compute() after keepsake.distributed.sync must equal one process over the whole data set.
+Metrics: MulticlassAccuracy, MeanSquaredError, MulticlassAUROC (list states), CatMetric, and a
+metric the catalogue lacks (sum, max and list states).
+Exit 77 when torch.distributed, gloo or torchmetrics is unavailable.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROWS = 60  # not a multiple of 4 or 3: shards of different lengths
+
+
+def data():
+    import torch
+    g = torch.Generator().manual_seed(11)
+    return (torch.randn(ROWS, 5, generator=g).softmax(-1), torch.randint(0, 5, (ROWS,), generator=g),
+            torch.randn(ROWS, generator=g))
+
+
+def shard(s: int, n: int) -> slice:
+    return slice(s * ROWS // n, (s + 1) * ROWS // n)
+
+
+def make():
+    import torch
+    import torchmetrics
+    import torchmetrics.classification as tc
+
+    class Spread(torchmetrics.Metric):
+        """Not in the catalogue: a sum, a max and a list state."""
+
+        def __init__(self):
+            super().__init__()
+            self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+            self.add_state("peak", torch.tensor(float("-inf")), dist_reduce_fx="max")
+            self.add_state("seen", [], dist_reduce_fx="cat")
+
+        def update(self, x):
+            self.total += x.double().sum()
+            self.peak = torch.maximum(self.peak, x.max())
+            self.seen.append(x.clone())
+
+        def compute(self):
+            seen = torch.cat(self.seen) if isinstance(self.seen, list) and self.seen else self.seen
+            return self.total, self.peak, seen
+
+    ms = {"acc": tc.MulticlassAccuracy(num_classes=5, average="macro"),
+          "mse": torchmetrics.MeanSquaredError(),
+          "auroc": tc.MulticlassAUROC(num_classes=5),
+          "cat": torchmetrics.CatMetric(),
+          "spread": Spread()}
+    for m in ms.values():
+        m.sync_on_compute = m._to_sync = False  # keepsake syncs, not torchmetrics
+    return ms
+
+
+def feed(ms, rows: slice) -> None:
+    """Two updates per saved rank's shard (every shard has 15 rows or more)."""
+    preds, target, x = data()
+    idx = list(range(ROWS))[rows]
+    half = len(idx) // 2
+    for part in (idx[:half], idx[half:]):
+        p, t, v = preds[part], target[part], x[part]
+        ms["acc"].update(p, t)
+        ms["mse"].update(v, v * 0.5)
+        ms["auroc"].update(p, t)
+        ms["cat"].update(v)
+        ms["spread"].update(v)
+
+
+class Loader:
+    """A data position per rank."""
+
+    def __init__(self, pos: int) -> None:
+        self.pos = pos
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.pos = int(d["pos"])
+
+
+def states(m):
+    """Each state as (is a list state, one tensor: list states concatenated), and the update count."""
+    import torch
+    out = {}
+    for s, default in m._defaults.items():
+        v = getattr(m, s)
+        if isinstance(v, list):
+            v = torch.cat([t.reshape(-1) if t.ndim == 0 else t for t in v]) if v else None
+        out[s] = (isinstance(default, list), v)
+    return out, int(m._update_count)
+
+
+def same(got, want, what: str) -> None:
+    import torch
+    (gs, gc), (ws, wc) = got, want
+    assert gc == wc, f"{what}: update count {gc}, want {wc}"
+    assert gs.keys() == ws.keys(), what
+    for k in gs:
+        (listed, a), (_, b) = gs[k], ws[k]
+        if a is None or b is None:
+            assert a is None and b is None, f"{what}.{k}: {a} vs {b}"
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape, \
+            f"{what}.{k}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        if a.is_floating_point() and not listed:  # float sums: folded in another association
+            assert torch.allclose(a.double(), b.double(), rtol=1e-6, atol=1e-7), f"{what}.{k}: {a} vs {b}"
+        else:  # counts and list rows: exact
+            assert torch.equal(a, b), f"{what}.{k}: {a} vs {b}"
+
+
+def worker(argv: list) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import keepsake
+    from keepsake import distributed as kd
+
+    mode, run, n = argv[0], argv[1], int(argv[2])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ms = make()
+    loader = Loader(100 + 7 * rank)
+    torch.manual_seed(1000 + rank)
+    if mode == "save":
+        feed(ms, shard(rank, world))
+    else:
+        feed(ms, slice(0, 5))  # stale local states the resume must replace
+        torch.manual_seed(55)
+    mgr = keepsake.CheckpointManager(run, train_metrics=ms, dataset_state={"loader": loader}, rng=True,
+                                     distributed=True)
+    if mode == "save":
+        torch.manual_seed(1000 + rank)  # the generator state saved (synced compute above used none)
+        mgr.save()
+        mgr.close()
+        dist.destroy_process_group()
+        return
+    t0 = time.monotonic()
+    assert mgr.autoresume(), "nothing to resume"
+    took = time.monotonic() - t0
+    mgr.close()
+    # The rule, stated here independently of the library: saved rank s goes to floor(s*M/N).
+    mine = [s for s in range(n) if s * world // n == rank]
+    first = mine[0] if mine else rank % n
+    assert loader.pos == 100 + 7 * first, f"rank {rank}: data position {loader.pos}, want saved rank {first}'s"
+    got_rng = torch.get_rng_state()
+    torch.manual_seed(1000 + first)
+    assert torch.equal(got_rng, torch.get_rng_state()), f"rank {rank}: the generator is not saved rank {first}'s"
+    ref = make()
+    for s in mine:
+        feed(ref, shard(s, n))
+    for k, m in ms.items():
+        same(states(m), states(ref[k]), f"rank {rank} {k}")
+    whole = make()
+    for s in range(n):  # one process, the same updates in saved-rank order
+        feed(whole, shard(s, n))
+    for k, m in ms.items():
+        m._computed = None
+        with kd.synced(m):
+            got = m.compute()
+            want = whole[k].compute()
+            got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+            for a, b in zip(got, want):
+                assert a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=1e-6, atol=1e-7), \
+                    (rank, k, a, b)
+    if rank == 0:
+        print(f"metric reshard: {n} -> {world} ranks ok (autoresume {took:.2f} s)")
+    dist.destroy_process_group()
+
+
+def torchrun(n: int, *args: str, timeout: int = 100) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--rdzv-backend=c10d",
+           "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", os.path.abspath(__file__), *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        sys.stdout.write(out[-6000:] + err[-6000:])
+        raise AssertionError(f"torchrun {' '.join(args)}: no exit after {timeout} s") from None
+    if proc.returncode != 0:
+        sys.stdout.write(out[-6000:] + err[-8000:])
+        raise AssertionError(f"torchrun {' '.join(args)}: exit {proc.returncode}")
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("save", "load"):
+        worker(sys.argv[1:])
+        return
+    try:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint  # noqa: F401
+        import torchmetrics  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means no test here
+        print(f"skipped: {e}")
+        sys.exit(77)
+    if not dist.is_available() or not dist.is_gloo_available():
+        print("skipped: torch.distributed with gloo unavailable")
+        sys.exit(77)
+    n, targets = int(sys.argv[1]), [int(a) for a in sys.argv[2:]]
+    base = os.environ.get("KS_DCP_WORK") or tempfile.gettempdir()
+    os.makedirs(base, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f"metric_reshard_{n}-", dir=base)
+    try:
+        run = os.path.join(work, "run")
+        t0 = time.monotonic()
+        torchrun(n, "save", run, str(n))
+        print(f"saved at {n} ranks ({time.monotonic() - t0:.1f} s)")
+        for m in targets:
+            t0 = time.monotonic()
+            sys.stdout.write(torchrun(m, "load", run, str(n)))
+            print(f"loaded at {m} ranks ({time.monotonic() - t0:.1f} s)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    main()
