@@ -331,6 +331,7 @@ class DistributedCheckpointManager(CheckpointManager):
         if signum:
             path = self.save(blocking=True)
             self.wait()
+            self.close()  # the process is about to exit: our groups go now, not in its teardown
             raise Preempted(path, signum)
         if not due:
             return None
@@ -348,14 +349,28 @@ class DistributedCheckpointManager(CheckpointManager):
         self._finish_pending()
 
     def close(self) -> None:
-        """Collective: finishes a save in flight (raising its error), then releases the run directory.
+        """Collective: finishes a save in flight (raising its error), then releases the run directory
+        and destroys the manager's own process groups. A preemption closes the manager itself.
         Call it (or :meth:`wait`) before the process group goes: a save still in flight at exit is
         not committed by the manager (its index, DCP's commit, is written all the same)."""
+        if self._ctl is None:  # closed already
+            return
         try:
             if self._pending is not None or self._pending_error is not None:
                 self._finish_pending()
         finally:
             self._native.close()
+            self._destroy_groups()
+
+    def _destroy_groups(self) -> None:
+        """Destroys the manager's own gloo groups (collective). Left to the interpreter's teardown
+        at exit, gloo's worker threads may still be joinable when their objects go, and the process
+        then aborts (SIGABRT) instead of exiting with its status."""
+        dist = _dist()
+        groups, self._ctl, self._async_group = (self._async_group, self._ctl), None, None
+        for g in groups:
+            if g is not None and dist.is_initialized():
+                dist.destroy_process_group(g)
 
     @property
     def run_dir(self) -> str:
