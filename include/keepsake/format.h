@@ -273,8 +273,8 @@ typedef struct ks_fetch {
  * ks_reader_fetch of every job, on up to `threads` threads (0: one per online CPU, at most 4;
  * 1: this thread only; below 32 MiB in all, this thread only). The jobs are cut into runs of
  * about equal bytes, one per thread. Each tensor is verified as ks_reader_fetch verifies it.
- * @return KS_OK, or the error of the earliest job that failed (as ks_reader_fetch's); the
- *         others stop at their next job, so the memory of jobs after a failure is unspecified.
+ * @return KS_OK, or the error of the earliest job that failed (as ks_reader_fetch's): every
+ *         job before it was fetched; jobs after it may be skipped (their memory is unspecified).
  * Thread safety: as ks_reader_fetch (the reader's table must allow concurrent reads, as
  * ks_io_posix()'s and the storage tables' do).
  */

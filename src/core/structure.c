@@ -214,7 +214,7 @@ static KS_NODISCARD ks_status texts(ks_structure *s, const char *path, const ks_
       memcpy(slots[i].own, buf, len);
     slots[i].text = slots[i].own;
   }
-  qsort(slots, n, sizeof *slots, cmp_slot);
+  if (n > 1) qsort(slots, n, sizeof *slots, cmp_slot); /* an empty dict has no slots (NULL) */
   for (size_t i = 0; i + 1 < n; i++)
     if (!cmp_slot(&slots[i], &slots[i + 1]))
       return ks__err_at(err, KS_E_EXISTS, NULL, path, -1, "two keys of the dict at '%s' have the same name '%.*s'",

@@ -18,20 +18,28 @@ typedef struct fetch_run {
   const ks_reader *r;
   const ks_fetch *jobs;
   size_t begin, end;   /* jobs [begin, end) */
-  atomic_int *stop;    /* set by the first failure: the others stop at their next job */
+  atomic_size_t *fail; /* the lowest job that failed so far (n when none): jobs past it are skipped,
+                          jobs before it are still fetched, so the earliest failure is always found */
   size_t failed_at;    /* the job that failed (end when none) */
   ks_status st;
   ks_error err;
 } fetch_run;
 
+static void note_failure(atomic_size_t *fail, size_t k) {
+  size_t seen = atomic_load(fail);
+  while (k < seen && !atomic_compare_exchange_weak(fail, &seen, k)) {
+  }
+}
+
 static void run_jobs(fetch_run *w) {
   w->failed_at = w->end;
-  for (size_t k = w->begin; k < w->end && !atomic_load(w->stop); k++) {
+  for (size_t k = w->begin; k < w->end && k < atomic_load(w->fail); k++) {
     const ks_fetch *j = &w->jobs[k];
     w->st = ks_reader_fetch(w->r, j->index, j->buf, j->cap, &w->err);
     if (w->st) {
       w->failed_at = k;
-      atomic_store(w->stop, 1);
+      note_failure(w->fail, k);
+      break;
     }
   }
 }
@@ -59,8 +67,8 @@ ks_status ks_reader_fetch_many(const ks_reader *r, const ks_fetch *jobs, size_t 
   uint64_t total = 0;
   for (size_t k = 0; k < n; k++) total += job_bytes(r, &jobs[k]);
   size_t t = thread_count(threads, total);
-  atomic_int stop;
-  atomic_init(&stop, 0);
+  atomic_size_t fail;
+  atomic_init(&fail, n);
   fetch_run runs[FETCH_MAX_THREADS];
   size_t k = 0;
   uint64_t done = 0;
@@ -68,7 +76,7 @@ ks_status ks_reader_fetch_many(const ks_reader *r, const ks_fetch *jobs, size_t 
     size_t begin = k;
     uint64_t goal = w + 1 == t ? total : total / t * (w + 1);
     while (k < n && (done < goal || w + 1 == t)) done += job_bytes(r, &jobs[k++]);
-    runs[w] = (fetch_run){.r = r, .jobs = jobs, .begin = begin, .end = k, .stop = &stop};
+    runs[w] = (fetch_run){.r = r, .jobs = jobs, .begin = begin, .end = k, .fail = &fail};
   }
   pthread_t ids[FETCH_MAX_THREADS];
   int started[FETCH_MAX_THREADS] = {0};
