@@ -140,9 +140,15 @@ def _read(path: str, verify: bool, ignore: Sequence[str]) -> Tuple[Any, Dict[str
     reader = _n.Reader(path, verify=verify, backend="read")
     items: Dict[str, Any] = {e[0]: _tensors.torch_from(reader, *e[1:]) for e in reader.entries()}
     items.update(reader.scalars())
-    if ignore:  # what the engine ignores, the installers must not see either (ks_path_match)
-        items = {k: v for k, v in items.items() if not any(_n.path_match(g, k) for g in ignore)}
+    items = _without_ignored(items, ignore)
     return reader, items, reader.metadata(True), False
+
+
+def _without_ignored(items: Dict[str, Any], ignore: Sequence[str]) -> Dict[str, Any]:
+    """What the engine ignores (ks_path_match), the installers must not see either."""
+    if not ignore:
+        return items
+    return {k: v for k, v in items.items() if not any(_n.path_match(g, k) for g in ignore)}
 
 
 def _read_verified(reader: Any, ignore: Sequence[str]) -> Tuple[Any, Dict[str, Any], Dict[str, str], bool]:
@@ -159,8 +165,7 @@ def _read_verified(reader: Any, ignore: Sequence[str]) -> Tuple[Any, Dict[str, A
             for (name, code, shape, begin, end), off in zip(group, offsets):
                 items[name] = _tensors.torch_from(buf, code, shape, off, off + end - begin)
     items.update(reader.scalars())
-    if ignore:  # what the engine ignores, the installers must not see either (ks_path_match)
-        items = {k: v for k, v in items.items() if not any(_n.path_match(g, k) for g in ignore)}
+    items = _without_ignored(items, ignore)
     keep: list = []
     entries = [_tensors.torch_entry(k, v, keep) if hasattr(v, "data_ptr") else (k, v) for k, v in items.items()]
     meta = reader.metadata(True)

@@ -11,11 +11,12 @@ import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _errors
+from ._keepsake import dtypes as _dtypes
 
-# keepsake dtype codes (include/keepsake/dtype.h) and safetensors names.
-DTYPE_NAMES = ["BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "BF16", "F32", "F64",
-               "F8_E4M3", "F8_E5M2", "C64", "F8_E4M3FNUZ", "F8_E5M2FNUZ"]
-DTYPE_SIZES = [1, 1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1, 8, 1, 1]
+# keepsake dtype codes (include/keepsake/dtype.h): their safetensors names and element sizes, as
+# the library has them.
+DTYPE_NAMES = [name for name, _ in _dtypes()]
+DTYPE_SIZES = [size for _, size in _dtypes()]
 CODES = {n: i for i, n in enumerate(DTYPE_NAMES)}
 
 Entry = tuple
@@ -115,15 +116,6 @@ def torch_from(reader: Any, code: int, shape: Tuple[int, ...], begin: int, end: 
     except (TypeError, ValueError, RuntimeError):  # dtypes frombuffer does not take: view the bytes
         flat = torch.frombuffer(reader, dtype=torch.uint8, count=end - begin, offset=begin).view(dt)
     return flat.view(shape)
-
-
-def torch_new(code: int, shape: Tuple[int, ...]) -> Any:
-    """A new, uninitialised CPU tensor of the keepsake dtype `code` and `shape` (to read into)."""
-    torch = _torch()
-    dt = torch_maps()[1][code]
-    if numel(shape) == 0:
-        return torch_empty(dt, tuple(shape))
-    return torch.empty(tuple(shape), dtype=dt)
 
 
 def torch_empty(dt: Any, shape: Tuple[int, ...]) -> Any:

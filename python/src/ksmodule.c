@@ -202,6 +202,18 @@ static PyObject *path_match(PyObject *self, PyObject *args) {
   return PyBool_FromLong(ks_path_match(glob, path));
 }
 
+/* [(safetensors name, element size)] by keepsake dtype code: the library's table, not a copy. */
+static PyObject *dtypes(PyObject *self, PyObject *unused) {
+  (void)self, (void)unused;
+  PyObject *out = PyList_New(KS_DTYPE_COUNT);
+  for (int c = 0; out && c < KS_DTYPE_COUNT; c++) {
+    PyObject *t = Py_BuildValue("(sn)", ks_dtype_name((ks_dtype)c), (Py_ssize_t)ks_dtype_size((ks_dtype)c));
+    if (!t) Py_CLEAR(out);
+    else PyList_SET_ITEM(out, c, t);
+  }
+  return out;
+}
+
 static PyObject *is_remote(PyObject *self, PyObject *arg) {
   (void)self;
   PyObject *fs = NULL; /* str, bytes or os.PathLike, as every location argument */
@@ -212,6 +224,8 @@ static PyObject *is_remote(PyObject *self, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
+    {"dtypes", dtypes, METH_NOARGS,
+     "dtypes()\n--\n\n[(safetensors name, element size)] by keepsake dtype code (ks_dtype_name, ks_dtype_size)."},
     {"is_remote", is_remote, METH_O,
      "is_remote(location)\n--\n\nWhether the storage layer reads `location` (s3://, http(s)://), not a local path."},
     {"dtype_widens", dtype_widens, METH_VARARGS,
