@@ -105,8 +105,10 @@ def exercise(path, data, tmp):
         except keepsake.KeepsakeError:
             return None
 
-    def touch(tensors):
-        for v in (tensors or {}).values():
+    def touch(value):
+        # a dict of tensors, or whatever one value a torch file held (load_pt returns it as saved)
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
             if isinstance(v, torch.Tensor) and v.numel():
                 v.flatten()[-1]
                 v.contiguous().view(-1).view(torch.uint8).sum()  # every byte, whatever the dtype
