@@ -102,10 +102,14 @@ KS_BEGIN_DECLS
  * and unlock_fn take locks that no other process can hold at the same time and
  * that end when the holder dies. KS_IO_CAP_MAP: map_fn maps (informative; the
  * library still falls back to reading when map_fn returns ENOTSUP).
+ * KS_IO_CAP_READ_ONLY: every write (create_fn, rename_fn, mkdir_fn, ...)
+ * fails with EROFS (an HTTP location), so parts that must write, such as the
+ * checkpoint manager, refuse the table at once with a clear error.
  */
 #define KS_IO_CAP_LOCAL 1u
 #define KS_IO_CAP_LOCK 2u
 #define KS_IO_CAP_MAP 4u
+#define KS_IO_CAP_READ_ONLY 8u
 
 /** What a path names, as stat_fn and list_fn report it (a final symlink is not followed). */
 typedef enum ks_io_kind {

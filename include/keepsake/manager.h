@@ -136,7 +136,8 @@ typedef struct ks_ckpt_opts {
  * ks_ckpt_opts.lock).
  * @return KS_OK, KS_E_INVALID (bad interval or template), KS_E_LOCKED (another
  * manager holds the run directory: the message names it), KS_E_UNSUPPORTED
- * (KS_CKPT_LOCK_REQUIRE on a table without locks), KS_E_IO or KS_E_NOMEM.
+ * (KS_CKPT_LOCK_REQUIRE on a table without locks, or a read-only table,
+ * KS_IO_CAP_READ_ONLY: an http(s):// location), KS_E_IO or KS_E_NOMEM.
  */
 KS_NODISCARD ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out, ks_error *err);
 void ks_ckpt_manager_free(ks_ckpt_manager *m);

@@ -78,7 +78,9 @@ typedef struct ks_torch_read_opts {
   size_t max_entries; /**< flattened entries, and separately containers visited while flattening (a pickle can share one
                          container many times); default 8*pickle bytes + 4096 */
   uint64_t max_output_bytes; /**< bytes of all flattened names, tensors, bytes and strings together,
-                                  a value shared by n paths counting n times; default 4*file+64 MiB */
+                                  a value shared by n paths counting n times (a list, tuple, set, dict
+                                  or object reached again by another path: its name plus 512 bytes);
+                                  default 4*file+64 MiB */
   /** The table the file is read through (open, map or read, close; stat for the import's size):
    *  NULL = ks_io_posix(). A table that cannot map (remote, cache) reads the file into memory. */
   const ks_io *io;

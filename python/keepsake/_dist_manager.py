@@ -15,13 +15,17 @@ keepsake's DCP storage (:mod:`keepsake.distributed`).
 What a directory holds (docs/PYTHON.md, "torch.distributed"):
 
 - DCP items: ``model`` and ``optim`` (``get_state_dict``: FSDP2 / DTensor shards stay sharded),
-  ``extra`` (replicated), and each rank's own items under ``rank<r>/``: ``rank<r>/rng/...`` (that
-  rank's torch, Python and numpy generators), ``rank<r>/dataset_state/<name>`` and
-  ``rank<r>/metrics/<name>/<i>`` (that rank's local metric states, as keepsake bytes). Each rank
-  is the only one that saves its ``rank<r>/`` items, so they are in its own rank file.
+  the replicated ``extra``, ``schedulers/<name>`` and ``callbacks/<name>`` (their
+  ``state_dict()``; names as ``save_checkpoint`` gives them), and each rank's own items under
+  ``rank<r>/`` (keepsake._dist_local): ``rank<r>/rng/...`` (that rank's torch, Python and numpy
+  generators), ``rank<r>/dataset_state/<name>``, ``rank<r>/metrics/<name>/<i>`` and
+  ``rank<r>/eval_metrics/<label>/<name>/<i>`` (that rank's local metric states, as keepsake
+  bytes). Each rank is the only one that saves its ``rank<r>/`` items, so they are in its own
+  rank file.
 - keepsake scalars, not DCP items, in every rank's entries (so every rank file's shard record
   carries the timestamp, which the index checks): ``state/timestamp/Timestamp/<field>``; and in
-  rank 0's file ``state/train_metrics/<name>/_computed``, each metric computed over every rank
+  rank 0's file ``state/train_metrics/<name>/_computed`` and
+  ``state/eval_metrics/<label>/<name>/_computed``, each metric computed over every rank
   (``keepsake.distributed.synced``) when it is a finite scalar: what ``keep_best`` ranks by.
 """
 from __future__ import annotations
@@ -30,7 +34,7 @@ import signal as _signal
 import sys
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple
 
-from . import _errors, _metrics, _rng, _state
+from . import _dist_local, _errors, _metrics, _state
 from . import _native_api as _n
 from ._manager import CheckpointManager, Preempted
 from ._paths import PathLike, fspath
@@ -38,6 +42,7 @@ from ._report import Timestamp
 
 TIMESTAMP = "state/timestamp/Timestamp/"
 TRAIN_METRICS = "state/train_metrics/"
+EVAL_METRICS = "state/eval_metrics/"
 
 
 def _dist() -> Any:
@@ -75,10 +80,6 @@ def _writer_class() -> type:
 _Writer: Optional[type] = None
 
 
-def _metric_parts(m: Any) -> List[Any]:
-    return [m] + [sub for _name, sub in _metrics.inner_metrics(m)]
-
-
 class DistributedCheckpointManager(CheckpointManager):
     """The checkpoint manager of a torch.distributed run: every rank constructs it, with the same
     arguments, and calls :meth:`step`, :meth:`save`, :meth:`autoresume`, :meth:`wait` and
@@ -87,11 +88,17 @@ class DistributedCheckpointManager(CheckpointManager):
     Args (as :class:`CheckpointManager`, plus):
         model: the (FSDP2, DDP or plain) module; ``optimizers``: an optimizer or a list of them:
             saved and loaded with ``get_state_dict`` / ``set_state_dict``.
-        train_metrics: torchmetrics metrics; each rank's local states are saved and restored, and
-            the value computed over every rank goes into rank 0's file for ``keep_best``.
+        schedulers: an LR scheduler, a list or a dict name -> scheduler; ``callbacks``: a dict
+            name -> object with ``state_dict()`` / ``load_state_dict()`` (or a dict), or a list:
+            replicated (rank 0's is what is kept), named as ``save_checkpoint`` names them.
+        train_metrics: torchmetrics metrics; ``eval_metrics``: a dict label -> metrics, or metrics
+            (label ``"eval"``). Each rank's local states are saved and restored, and the value
+            computed over every rank goes into rank 0's file for ``keep_best``
+            (``best_metric="train_metrics/<name>"``, ``"eval_metrics/<label>/<name>"``).
         dataset_state: dict name -> object with ``state_dict()`` (or a dict), per rank.
         rng: save and restore each rank's generators.
         extra: a replicated dict of tensors and plain values (rank 0's is what is kept).
+        upload_to: not supported: the C manager uploads checkpoint files, not sharded directories.
         process_group: the ranks that save (default: the whole job). The manager's collectives
             run on two gloo groups of its own over those ranks (one for async saves).
         sync_files: fsync every rank file and the index (default).
@@ -111,13 +118,15 @@ class DistributedCheckpointManager(CheckpointManager):
         dist = _dist()
         if on_save_error not in ("raise", "warn"):
             raise ValueError("on_save_error: 'raise' or 'warn'")
-        unsupported = [n for n, v in (("schedulers", schedulers), ("eval_metrics", eval_metrics),
-                                      ("callbacks", callbacks), ("upload_to", upload_to)) if v is not None]
-        if unsupported:
-            raise _errors.error(_errors.UnsupportedError, f"CheckpointManager(distributed=True): "
-                                f"{', '.join(unsupported)} not supported yet (keep them in `extra`)")
-        self.components = dict(model=model, optimizers=optimizers, train_metrics=train_metrics,
-                               dataset_state=dataset_state)
+        if upload_to is not None:
+            raise _errors.error(_errors.UnsupportedError, "CheckpointManager(distributed=True): upload_to is not "
+                                "supported: the C checkpoint manager uploads checkpoint files, not sharded "
+                                "checkpoint directories (ks_ckpt_opts.upload_io with sharded)")
+        self.components = dict(model=model, optimizers=optimizers, schedulers=schedulers,
+                               train_metrics=train_metrics, eval_metrics=eval_metrics, dataset_state=dataset_state,
+                               callbacks=callbacks)
+        for kind in ("schedulers", "callbacks"):  # refused now (two of one class), not at the first save
+            _state._named(self.components[kind], kind)
         self.timestamp = timestamp if timestamp is not None else Timestamp()
         self.extra, self.rng, self.run_name, self.rank_zero_seed = extra, rng, run_name, rank_zero_seed
         self.async_save, self.on_save_error, self.sync_files = async_save, on_save_error, sync_files
@@ -186,12 +195,23 @@ class DistributedCheckpointManager(CheckpointManager):
     # ---- what is saved ----
 
     def _named_metrics(self) -> List[Tuple[str, Any]]:
-        return _metrics.named_metrics(self.components["train_metrics"])
+        """(the path of its ``_computed`` below ``state/``, metric): train metrics, then eval metrics."""
+        c = self.components
+        out = [(f"{TRAIN_METRICS}{name}", m) for name, m in _metrics.named_metrics(c["train_metrics"])]
+        for label, ms in _state._eval_groups(c["eval_metrics"]):
+            out += [(f"{EVAL_METRICS}{label}/{name}", m) for name, m in _metrics.named_metrics(ms)]
+        return out
 
-    def _dcp_state(self) -> Dict[str, Any]:
-        """The DCP state dict: model and optimizer (get_state_dict), extra, and this rank's items."""
+    def _local(self, checkpoint: Optional[str] = None) -> Dict[str, Any]:
+        c = self.components
+        return _dist_local.local_items(metrics=c["train_metrics"], eval_metrics=c["eval_metrics"],
+                                       dataset_state=c["dataset_state"], rng=self.rng, checkpoint=checkpoint,
+                                       group=self._ctl)
+
+    def _replicated(self) -> Dict[str, Any]:
+        """The DCP state dict without this rank's items: model and optimizer (get_state_dict),
+        extra, schedulers and callbacks."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
-        import torch
         sd: Dict[str, Any] = {}
         model, opts = self.components["model"], self.components["optimizers"]
         if model is not None:
@@ -201,31 +221,23 @@ class DistributedCheckpointManager(CheckpointManager):
                 sd["optim"] = osd
         if self.extra:
             sd["extra"] = dict(self.extra)
-        mine = f"rank{self.rank}/"
-        if self.rng:
-            for k, v in _rng.state_entries().items():
-                if type(v).__module__ == "numpy":
-                    v = torch.from_numpy(v.copy())
-                sd[mine + "rng/" + k[len(_rng.PREFIX):]] = v
-        for name, d in _state._named(self.components["dataset_state"], "dataset states"):
-            sd[f"{mine}dataset_state/{name}"] = _state._state_of(d)
-        from . import _sync
-        for name, m in self._named_metrics():
-            for i, part in enumerate(_metric_parts(m)):
-                sd[f"{mine}metrics/{name}/{i}"] = _sync._encode(part)
+        for kind in ("schedulers", "callbacks"):
+            for name, obj in _state._named(self.components[kind], kind):
+                sd[f"{kind}/{name}"] = _state._state_of(obj)
         return sd
 
     def _keepsake_entries(self) -> Dict[str, Any]:
         """The keepsake entries beside the DCP items: the timestamp (every rank) and, for rank 0, the
-        value of each train metric over every rank (collective: every rank computes it)."""
+        value of each train and eval metric over every rank (collective: every rank computes it;
+        a metric no rank updated has none)."""
         import torch
         from ._sync import synced
         out: Dict[str, Any] = {TIMESTAMP + k: v for k, v in _state._timestamp_dict(self.timestamp).items()}
-        for name, m in self._named_metrics():
+        for path, m in self._named_metrics():
             with synced(m, self._ctl):
-                v = m.compute()
+                v = m.compute() if m._update_count else None  # the sum of every rank's
             if isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point() and bool(torch.isfinite(v)):
-                out[f"{TRAIN_METRICS}{name}/_computed"] = v.detach().reshape(()).to(torch.float64).cpu().clone()
+                out[f"{path}/_computed"] = v.detach().reshape(()).to(torch.float64).cpu().clone()
         return out
 
     def _ts(self) -> dict:
@@ -264,7 +276,7 @@ class DistributedCheckpointManager(CheckpointManager):
             return fl.entries
 
         writer = _writer_class()(path, extra_entries, sync_files=self.sync_files)
-        sd = self._dcp_state()
+        sd = {**self._replicated(), **self._local()}
         if blocking:
             dcp.save(sd, storage_writer=writer, process_group=self._ctl)
             self._commit(path)
@@ -382,15 +394,16 @@ class DistributedCheckpointManager(CheckpointManager):
         """Collective: loads the newest checkpoint directory whose index validates and whose rank
         files all verify (rank 0's choice through ks_ckpt_manager_dir_latest, which first removes
         the directories of saves that died), on every rank: model and optimizer (``set_state_dict``),
-        timestamp, extra, and this rank's generators, dataset states and metric states.
+        timestamp, extra, schedulers, callbacks, and this rank's generators, dataset states and
+        train and eval metric states.
 
         Per-rank items follow the C library's rule (``ks_shard_assigned``, as ks_dist_load applies
-        it): at the saved world size each rank gets its own; at another one, saved rank s goes to
-        rank floor(s*M/N), each rank's metric states become the fold of the saved ranks assigned to
-        it (``ks_metric_fold``; defaults when none is), so they still fold to the saved global
-        metric, and its generators and data positions come from the first of them (saved rank
-        rank mod N when none). Returns False when there is none; ``self.last_resumed`` is the
-        directory, ``self.skipped`` how many failed to verify."""
+        it; keepsake._dist_local.restore_local): at the saved world size each rank gets its own; at
+        another one, saved rank s goes to rank floor(s*M/N), each rank's metric states become the
+        fold of the saved ranks assigned to it (``ks_metric_fold``; defaults when none is), so they
+        still fold to the saved global metric, and its generators and data positions come from the
+        first of them (saved rank rank mod N when none). Returns False when there is none;
+        ``self.last_resumed`` is the directory, ``self.skipped`` how many failed to verify."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
         from .distributed import KeepsakeReader
@@ -406,49 +419,32 @@ class DistributedCheckpointManager(CheckpointManager):
         if path is None:
             return False
         saved_world = int(_n.shard_index(path, check=False)["world_size"])
-        lo, hi, first = _n.shard_assigned(saved_world, self.world_size, self.rank)
-        mine, src = f"rank{self.rank}/", f"rank{first}/"
-        sd: Dict[str, Any] = {}
-        for k, v in self._dcp_state().items():  # this rank's items stand for the saved ranks' it takes
-            if not k.startswith(mine):
-                sd[k] = v
-            elif k.startswith(mine + "metrics/"):
-                for s in range(lo, hi):
-                    sd[f"rank{s}/{k[len(mine):]}"] = v
-            else:
-                sd[src + k[len(mine):]] = v
         if saved_world != self.world_size and self.rank == 0:
             print(f"keepsake: note: {path} was saved by {saved_world} ranks, this run has {self.world_size}: "
                   "each rank's metric states are the fold of the saved ranks assigned to it, its generators "
                   "and data positions those of the first of them (ks_shard_assigned)", file=sys.stderr)
+        sd = {**self._replicated(), **self._local(path)}  # placeholders for the saved ranks this rank takes
         fields = self._ts()
         for k, v in fields.items():
             sd[TIMESTAMP + k] = v
         dcp.load(sd, storage_reader=KeepsakeReader(path), process_group=self._ctl, **load_kw)
-        model, opts = self.components["model"], self.components["optimizers"]
-        if model is not None:
-            set_state_dict(model, opts if opts is not None else [], model_state_dict=sd["model"],
-                           optim_state_dict=sd.get("optim", {}))
+        c = self.components
+        if c["model"] is not None:
+            set_state_dict(c["model"], c["optimizers"] if c["optimizers"] is not None else [],
+                           model_state_dict=sd["model"], optim_state_dict=sd.get("optim", {}))
         ts = {k: sd[TIMESTAMP + k] for k in fields}
         if hasattr(self.timestamp, "load_state_dict"):
             self.timestamp.load_state_dict(ts)
         elif isinstance(self.timestamp, MutableMapping):
             self.timestamp.update(ts)
         if isinstance(self.extra, MutableMapping) and "extra" in sd:
+            extra = dict(sd["extra"])
             self.extra.clear()
-            self.extra.update(sd["extra"])
-        if self.rng:
-            _rng.load({_rng.PREFIX + k[len(src + "rng/"):]: v for k, v in sd.items() if k.startswith(src + "rng/")})
-        for name, d in _state._named(self.components["dataset_state"], "dataset states"):
-            v = sd[f"{src}dataset_state/{name}"]
-            if hasattr(d, "load_state_dict"):
-                d.load_state_dict(v)
-            elif isinstance(d, MutableMapping):
-                d.clear()
-                d.update(v)
-        from . import _sync
-        for name, m in self._named_metrics():
-            for i, part in enumerate(_metric_parts(m)):
-                _sync.restore_local(part, [sd[f"rank{s}/metrics/{name}/{i}"] for s in range(lo, hi)])
+            self.extra.update(extra)
+        for kind in ("schedulers", "callbacks"):
+            for name, obj in _state._named(c[kind], kind):
+                _dist_local.install_state(obj, sd[f"{kind}/{name}"], f"{kind[:-1]} {name!r}")
+        _dist_local.restore_local(sd, metrics=c["train_metrics"], eval_metrics=c["eval_metrics"],
+                                  dataset_state=c["dataset_state"], rng=self.rng, checkpoint=path, group=self._ctl)
         self.last_resumed = path
         return True

@@ -44,8 +44,10 @@ class KeepsakeError(Exception):
         where = " ".join(parts)
         return f"{where + ': ' if where else ''}{self.message} ({self.status_name})"
 
-    def __reduce__(self):  # keep the fields through pickling (multiprocessing)
-        return (type(self), (self.status, self.message, self.file, self.key, self.offset))
+    def __reduce__(self):  # keep the fields through pickling (multiprocessing, DCP's gather of rank errors)
+        # By class name through _rebuild: IOError_, ValueError_ and FileNotFoundError_ are named after
+        # the builtins they extend, which the keepsake module does not export under those names.
+        return (_rebuild, (type(self).__name__, self.status, self.message, self.file, self.key, self.offset))
 
 
 def _make(name: str, code: int, doc: str, bases: tuple = (KeepsakeError,)) -> Type[KeepsakeError]:
@@ -87,6 +89,12 @@ ERRORS: Dict[int, Type[KeepsakeError]] = {
                           LockedError)
 }
 _NAMES: Dict[int, str] = {}
+_BY_NAME: Dict[str, Type[KeepsakeError]] = {c.__name__: c for c in (*ERRORS.values(), FileNotFoundError_)}
+
+
+def _rebuild(name: str, status: int, message: str, file: str, key: str, offset: int) -> KeepsakeError:
+    """An unpickled keepsake exception (KeepsakeError for a class this version does not have)."""
+    return _BY_NAME.get(name, KeepsakeError)(status, message, file, key, offset)
 
 
 def _install(native) -> None:

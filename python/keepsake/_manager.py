@@ -17,7 +17,7 @@ import sys
 import weakref
 from typing import Any, Mapping, MutableMapping, Optional, Sequence
 
-from . import _errors, _metrics, _state, _tree
+from . import _errors, _metrics, _staging, _state, _tree
 from . import _native_api as _n
 from ._paths import PathLike, fspath
 from ._report import LoadReport, Timestamp
@@ -74,12 +74,16 @@ class CheckpointManager:
         upload_to: save locally, then upload each checkpoint there (``s3://...``).
         cache_dir: a local directory for the C library's read cache over a remote ``run_dir`` and
             ``upload_to`` (``<cache_dir>/run``, ``<cache_dir>/upload``): bytes read once, by
-            autoresume's verification or an upload-mode download, are not read from the server again.
+            autoresume's verification or an upload-mode download, are not read from the server again;
+            autoresume's load of a remote checkpoint reads through the same cache.
         when_busy: a background save asked for while one is still in flight: ``"wait"`` for it
             (default; at most one is ever in flight) or ``"fail"`` (StateError, nothing saved).
         distributed: True in a torch.distributed run: every rank constructs the manager, which
             saves sharded checkpoint directories with DCP (a :class:`DistributedCheckpointManager`,
             ``keepsake._dist_manager``; docs/PYTHON.md, "torch.distributed").
+        staging: the :class:`keepsake.torch.HostStaging` that CUDA tensors are copied into at each
+            save (a page-locked host buffer the manager reuses from save to save and frees on
+            :meth:`close`); None: one of its own, allocated at the first save with CUDA tensors.
     """
 
     def __new__(cls, *args: Any, distributed: bool = False, **kw: Any) -> "CheckpointManager":
@@ -99,7 +103,7 @@ class CheckpointManager:
                  on_save_error: str = "raise", preemption_signals: Sequence[int] = (_signal.SIGTERM, _signal.SIGUSR1),
                  lock: str = "auto", upload_to: Optional[PathLike] = None, upload_retention: bool = False,
                  retention_log: bool = False, when_busy: str = "wait", distributed: bool = False,
-                 cache_dir: Optional[PathLike] = None) -> None:
+                 cache_dir: Optional[PathLike] = None, staging: Optional[_staging.HostStaging] = None) -> None:
         if on_save_error not in ("raise", "warn"):
             raise ValueError("on_save_error: 'raise' or 'warn'")
         self.components = dict(model=model, optimizers=optimizers, schedulers=schedulers,
@@ -111,10 +115,13 @@ class CheckpointManager:
         self.last_report: Optional[LoadReport] = None
         self.last_saved: Optional[str] = None
         self.save_errors = 0
+        self._staging = staging if staging is not None else _staging.HostStaging()
         loc = fspath(run_dir)
         # s3:// and http(s):// run directories: the library's paths there are keys of the store;
         # Python names checkpoints by URL, which every keepsake function takes.
         self._url = loc.rstrip("/") if _n.is_remote(loc) else None
+        # autoresume loads a remote checkpoint through the cache the manager's own reads filled
+        self._run_cache = f"{fspath(cache_dir)}/run" if cache_dir is not None and self._url else None
         self._native = _n.Manager(loc, save_interval=save_every, filename=filename, keep=keep_last,
                                   keep_best=keep_best, best_metric=best_metric, best_mode=best_mode,
                                   keep_every=keep_every, keep_period_seconds=keep_period_seconds,
@@ -152,13 +159,19 @@ class CheckpointManager:
         raised by the next call (``save``, ``step``, ``wait``, ``close``), never swallowed.
         """
         c = self.components
-        fl, descs = _state.checkpoint_entries(c["model"], c["optimizers"], c["schedulers"], c["train_metrics"],
-                                              c["eval_metrics"], self.timestamp, self.rng, self.extra,
-                                              c["dataset_state"], c["callbacks"], self.run_name, self.rank_zero_seed)
-        meta = fl.record({"keepsake.state": '{"layout_version":1}'})
-        path = self._location(self._native.save(fl.entries, meta, _metrics.metrics_meta(descs), self._ts(),
-                                                blocking))
-        del fl  # the tensors may go: the library has copied (or written) them
+        staging = self._staging
+        try:
+            fl, descs = _state.checkpoint_entries(c["model"], c["optimizers"], c["schedulers"], c["train_metrics"],
+                                                  c["eval_metrics"], self.timestamp, self.rng, self.extra,
+                                                  c["dataset_state"], c["callbacks"], self.run_name,
+                                                  self.rank_zero_seed, staging)
+            staging.stage(fl.entries)  # CUDA tensors: copied into the host staging, waited for
+            meta = fl.record({"keepsake.state": '{"layout_version":1}'})
+            path = self._location(self._native.save(fl.entries, meta, _metrics.metrics_meta(descs), self._ts(),
+                                                    blocking))
+            del fl  # the tensors may go: the library has copied (or written) them
+        finally:
+            staging.done()  # the staging is the next save's again
         self.last_saved = path
         return path
 
@@ -198,7 +211,10 @@ class CheckpointManager:
         """Finishes a save in flight (raising its error), then releases the run directory.
         Managers left open are closed at interpreter exit."""
         _open.discard(self)
-        self._native.close()
+        try:
+            self._native.close()
+        finally:
+            self._staging.close()
 
     # ---- resuming ----
 
@@ -213,6 +229,7 @@ class CheckpointManager:
         if path is None:
             return False
         path = self._location(path)
+        load_kw.setdefault("cache_dir", self._run_cache)
         c = self.components
         self.last_report = _state.load_checkpoint(path, model=c["model"], optimizers=c["optimizers"],
                                                   schedulers=c["schedulers"], train_metrics=c["train_metrics"],

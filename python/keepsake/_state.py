@@ -54,9 +54,11 @@ def _state_of(obj: Any) -> Any:
 def checkpoint_entries(model: Any = None, optimizers: Any = None, schedulers: Any = None, train_metrics: Any = None,
                        eval_metrics: Any = None, timestamp: Any = None, rng: bool = True, extra: Any = None,
                        dataset_state: Any = None, callbacks: Any = None, run_name: str = "",
-                       rank_zero_seed: int = 0) -> Tuple[_tree.Flattener, List[Dict[str, Any]]]:
-    """Flattens the components into entries, in the C library's order."""
-    fl = _tree.Flattener(_tensors.torch_entry)
+                       rank_zero_seed: int = 0, staging: Any = None) -> Tuple[_tree.Flattener, List[Dict[str, Any]]]:
+    """Flattens the components into entries, in the C library's order. With `staging` (a
+    :class:`keepsake._staging.HostStaging`) device tensors' entries wait for its ``stage(entries)``,
+    which copies them into its host buffer, before they go to the library."""
+    fl = _tree.Flattener(staging.entry if staging is not None else _tensors.torch_entry)
     if model is not None:
         sd = model.state_dict() if hasattr(model, "state_dict") else model
         for k, v in sd.items():
@@ -93,7 +95,7 @@ def save_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
                     train_metrics: Any = None, eval_metrics: Any = None, timestamp: Any = None, rng: bool = True,
                     extra: Optional[Mapping[str, Any]] = None, *, dataset_state: Any = None, callbacks: Any = None,
                     run_name: str = "", rank_zero_seed: int = 0, metadata: Optional[Mapping[str, str]] = None,
-                    fsync: bool = True) -> None:
+                    fsync: bool = True, staging: Any = None) -> None:
     """Saves a whole training state to one keepsake file, atomically and durably.
 
     Args:
@@ -114,30 +116,41 @@ def save_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
         run_name, rank_zero_seed: the run's identity (``state/run_name``, ``state/rank_zero_seed``).
         metadata: extra ``__metadata__`` pairs.
         fsync: False skips the fsyncs (not durable).
+        staging: a :class:`keepsake.torch.HostStaging` kept from one call to the next: CUDA tensors
+            are copied into its page-locked buffer (non-blocking copies, one wait per device)
+            and written from there. None: each is copied with ``.cpu()``.
 
     Every metric's class and update count go into ``keepsake.metrics``; metrics the C catalogue
     implements also get their arguments and schema version, so the C library can rebuild them.
     """
-    fl, descs = checkpoint_entries(model, optimizers, schedulers, train_metrics, eval_metrics, timestamp, rng, extra,
-                                   dataset_state, callbacks, run_name, rank_zero_seed)
-    meta = fl.record(dict(metadata or {}))
-    meta.setdefault("keepsake.state", '{"layout_version":1}')
-    _n.save_file(fspath(path), fl.entries, meta, _metrics.metrics_meta(descs), fsync)
-    del fl
+    try:
+        fl, descs = checkpoint_entries(model, optimizers, schedulers, train_metrics, eval_metrics, timestamp, rng,
+                                       extra, dataset_state, callbacks, run_name, rank_zero_seed, staging)
+        if staging is not None:
+            staging.stage(fl.entries)
+        meta = fl.record(dict(metadata or {}))
+        meta.setdefault("keepsake.state", '{"layout_version":1}')
+        _n.save_file(fspath(path), fl.entries, meta, _metrics.metrics_meta(descs), fsync)
+        del fl
+    finally:
+        if staging is not None:
+            staging.done()
 
 
 # ---- loading ----
 
-def _read(path: str, verify: bool, ignore: Sequence[str]) -> Tuple[Any, Dict[str, Any], Dict[str, str], bool]:
+def _read(path: str, verify: bool, ignore: Sequence[str],
+          cache_dir: Optional[str] = None) -> Tuple[Any, Dict[str, Any], Dict[str, str], bool]:
     """(what the engine reads, the file's values by name, its metadata, whether the values' tensors
     are ours to keep). Never mapped: every value goes into the program's objects anyway, and a file
-    that another program truncates meanwhile must give an error, not SIGBUS."""
+    that another program truncates meanwhile must give an error, not SIGBUS. A remote object is
+    read through the library's read cache in `cache_dir` when given."""
     if verify and not _n.is_remote(path):  # a remote object is read whole: one request, not one per tensor
         reader = _n.Reader(path, lazy=True)
         if all(_tensors.torch_maps()[1][e[1]] is not None for e in reader.entries()):
             return _read_verified(reader, ignore)
         # a dtype this torch lacks (torch 1.13: U16, U32, U64): the widening reader below
-    reader = _n.Reader(path, verify=verify, backend="read")
+    reader = _n.Reader(path, verify=verify, backend="read", cache_dir=cache_dir)
     items: Dict[str, Any] = {e[0]: _tensors.torch_from(reader, *e[1:]) for e in reader.entries()}
     items.update(reader.scalars())
     items = _without_ignored(items, ignore)
@@ -204,7 +217,7 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
                     train_metrics: Any = None, eval_metrics: Any = None, timestamp: Any = None, rng: bool = True,
                     *, dataset_state: Any = None, callbacks: Any = None, strict: bool = True,
                     weights_only: bool = False, ignore: Sequence[str] = (), allow_narrowing: bool = False,
-                    verify: bool = True) -> LoadReport:
+                    verify: bool = True, cache_dir: Optional[PathLike] = None) -> LoadReport:
     """Fills the program's components from a checkpoint, by name, and reports what happened.
 
     The program's components are walked, never the file's (docs/DESIGN.md "Load semantics"):
@@ -227,11 +240,14 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
             ChecksumError and changes nothing). ``verify=False`` skips the check: XXH3 hashes near
             memory speed, so it costs little (docs/BENCHMARKS.md), and a resume should not skip it.
         timestamp: a :class:`keepsake.Timestamp` to fill in place (the report has it too).
+        cache_dir: a local directory for the library's read cache: a remote checkpoint (``s3://``,
+            ``http(s)://``) read through it once is not read from the server again (as
+            ``load_file``'s; a local file is never cached).
     Returns:
         a :class:`keepsake.LoadReport`.
     """
     spath = fspath(path)
-    source, items, meta, owned = _read(spath, verify, ignore)
+    source, items, meta, owned = _read(spath, verify, ignore, fspath(cache_dir) if cache_dir is not None else None)
     leaf = _own_leaf if owned else _clone_leaf
     report = LoadReport(spath)
     report.metadata = {k: v for k, v in meta.items() if not k.startswith("keepsake.")}

@@ -61,8 +61,8 @@ def numpy_maps() -> Tuple[Dict[Any, int], List[Any]]:
     return _numpy_maps
 
 
-def torch_entry(name: str, t: Any, keep: list) -> Entry:
-    """The C entry of a torch tensor; the (possibly copied) CPU tensor goes into `keep`."""
+def torch_code(name: str, t: Any) -> int:
+    """The keepsake dtype code of a tensor that can be stored (DTypeError, UnsupportedError otherwise)."""
     codes, _ = torch_maps()
     code = codes.get(t.dtype)
     if code is None:
@@ -73,6 +73,12 @@ def torch_entry(name: str, t: Any, keep: list) -> Entry:
     if t.layout != _torch().strided:
         raise _errors.error(_errors.UnsupportedError, f"{t.layout} tensors are not stored; call .to_dense()",
                             key=name)
+    return code
+
+
+def torch_entry(name: str, t: Any, keep: list) -> Entry:
+    """The C entry of a torch tensor; the (possibly copied) CPU tensor goes into `keep`."""
+    code = torch_code(name, t)
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()

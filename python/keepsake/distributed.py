@@ -5,9 +5,16 @@
 sharded checkpoint directory (docs/FORMAT.md section 9): one ``rank-XXXXX-of-YYYYY.keepsake`` per
 rank, written durably and hashed by the C library, then ``model.safetensors.index.json``, written
 last and durably by the coordinator in ``finish``: the commit. A job that dies before that leaves
-no index, so no checkpoint. Nothing is pickled: DCP's ``Metadata`` is rebuilt on read from the
-index and rank 0's header, and non-tensor values are stored in a typed JSON form (section 9.1),
-handed back to the planner as bytes that ``torch.save`` made from the decoded plain value.
+no index, so no checkpoint.
+
+``path`` is a local directory, ``s3://bucket/prefix`` (write and read) or ``http(s)://...`` (read
+only): every file goes through the C library's storage layer (ks_storage_open). On S3 each file is
+staged in memory and uploaded whole when the library renames it onto its name, so the commit
+order holds there too: rank objects first, the index object last.
+
+Nothing is pickled: DCP's ``Metadata`` is rebuilt on read from the index and rank 0's header, and
+non-tensor values are stored in a typed JSON form (section 9.1), handed back to the planner as
+bytes that ``torch.save`` made from the decoded plain value.
 
 The layout, the index, the commit and every check are the C library's (``keepsake._keepsake``'s
 ``shard_*`` functions); this module maps DCP's plans onto them.
@@ -34,9 +41,10 @@ from . import _errors, _tensors
 from . import _keepsake as _native
 from ._paths import PathLike, fspath
 from ._sync import sync, synced, unsync  # noqa: F401 - metrics across ranks (ks_metric_fold)
+from ._dist_local import local_items, restore_local  # noqa: F401 - per-rank items at any world size
 
 __all__ = ["KeepsakeWriter", "KeepsakeReader", "encode_object", "decode_object", "OBJECT_PREFIX", "INDEX_NAME",
-           "sync", "unsync", "synced"]
+           "sync", "unsync", "synced", "local_items", "restore_local"]
 
 INDEX_NAME = "model.safetensors.index.json"
 #: Tensor name prefix of a non-tensor value: ``OBJECT_PREFIX + fqn`` is a 1-d U8 tensor of typed JSON.
@@ -91,20 +99,22 @@ class _RankFile:
     xxh3: int  # of its length and header (docs/FORMAT.md section 9, item 3)
 
 
-def _local_dir(checkpoint_id: PathLike) -> str:
+def _location(checkpoint_id: PathLike, write: bool) -> str:
+    """The checkpoint's location as the C library opens it: a local path (file:// taken off), s3://
+    or http(s):// (UnsupportedError when writing: read only)."""
     path = fspath(checkpoint_id)
     if isinstance(path, bytes):
         path = os.fsdecode(path)
-    if _native.is_remote(path):
-        raise _errors.error(_errors.UnsupportedError, f"{path}: keepsake's DCP storage writes local directories only")
-    return path[len("file://"):] if path.startswith("file://") else path
+    return _native.shard_location(path, write=write)
 
 
 class KeepsakeWriter(StorageWriter):
     """A DCP ``StorageWriter`` that writes a keepsake sharded checkpoint directory.
 
     Args:
-        path: the checkpoint directory (created with its parents when missing).
+        path: the checkpoint directory (created with its parents when missing), or
+            ``s3://bucket/prefix`` (each file uploaded whole when complete, the index last).
+            ``http(s)://`` is read only: refused with UnsupportedError.
         sync_files: fsync every file and directory (the default). False is faster and not durable.
         overwrite: a directory that already holds a committed checkpoint is refused (ExistsError)
             unless True; then its index is removed durably before any rank writes, so a save that
@@ -113,7 +123,7 @@ class KeepsakeWriter(StorageWriter):
 
     def __init__(self, path: PathLike, *, sync_files: bool = True, overwrite: bool = False) -> None:
         super().__init__()
-        self.path = _local_dir(path)
+        self.path = _location(path, write=True)
         self.sync_files = sync_files
         self.overwrite = overwrite
         self.save_id = str(uuid.uuid4())
@@ -122,7 +132,7 @@ class KeepsakeWriter(StorageWriter):
 
     def reset(self, checkpoint_id: Optional[PathLike] = None) -> None:
         if checkpoint_id is not None:
-            self.path = _local_dir(checkpoint_id)
+            self.path = _location(checkpoint_id, write=True)
         self.save_id = str(uuid.uuid4())
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -241,7 +251,7 @@ class KeepsakeWriter(StorageWriter):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: PathLike) -> bool:
         try:
-            _local_dir(checkpoint_id)
+            _location(checkpoint_id, write=True)
         except (TypeError, _errors.KeepsakeError):
             return False
         return True
@@ -275,12 +285,14 @@ class KeepsakeReader(StorageReader):
     :class:`KeepsakeWriter` or by the C library).
 
     On ``read_metadata`` the index is validated and held against every rank file's size and header
-    (ks_shard_check); each tensor a plan asks for is read alone (pread of its byte range) and its
-    checksum verified before it is used. A checkpoint written at any world size loads at any other:
-    DCP's planner asks for the regions each rank needs.
+    (ks_shard_check); each tensor a plan asks for is read alone (pread of its byte range, or one
+    ranged GET) and its checksum verified before it is used. A checkpoint written at any world size
+    loads at any other: DCP's planner asks for the regions each rank needs.
 
     Args:
-        path: the checkpoint directory.
+        path: the checkpoint directory, ``s3://bucket/prefix`` or ``http(s)://host/path``. On a
+            remote location ``read_metadata`` holds the index against each object's size only
+            (the C library's header check reads a file it cannot map whole), unless verify_files.
         verify_files: also hash every rank file, whole, against the index in ``read_metadata``
             (every rank reads every file once): a damaged byte anywhere is then a ChecksumError
             before anything is planned, not only in the tensors a plan reads.
@@ -292,7 +304,7 @@ class KeepsakeReader(StorageReader):
 
     def __init__(self, path: PathLike, *, verify_files: bool = False) -> None:
         super().__init__()
-        self.path = _local_dir(path)
+        self.path = _location(path, write=False)
         self.verify_files = verify_files
         self.load_id = str(uuid.uuid4())
         self.storage_data: Dict[MetadataIndex, _Stored] = {}
@@ -300,13 +312,14 @@ class KeepsakeReader(StorageReader):
 
     def reset(self, checkpoint_id: Optional[PathLike] = None) -> None:
         if checkpoint_id is not None:
-            self.path = _local_dir(checkpoint_id)
+            self.path = _location(checkpoint_id, write=False)
         self.load_id = str(uuid.uuid4())
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise _errors.error(_errors.NotFoundError, "keepsake checkpoints have no rank-local metadata",
                                 file=self.path)
+        # Sizes and headers (one or two ranged reads per remote rank file, never its tensors).
         index = _native.shard_index(self.path, check=True)
         if self.verify_files:
             _native.shard_verify(self.path)
@@ -343,7 +356,7 @@ class KeepsakeReader(StorageReader):
         def skipped(name: str) -> bool:
             return name in sharded or any(_native.path_match(g, name) for g in per_rank)
 
-        reader = _native.Reader(os.path.join(self.path, self._files[0]), backend="mmap")  # header only
+        reader = _native.Reader(os.path.join(self.path, self._files[0]), lazy=True)  # header only
         for name, code, shape, _begin, _end in reader.entries():
             if skipped(name):
                 continue
@@ -459,7 +472,7 @@ class KeepsakeReader(StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: PathLike) -> bool:
         try:
-            path = _local_dir(checkpoint_id)
+            path = _location(checkpoint_id, write=False)
+            return bool(_native.shard_committed(path))
         except (TypeError, _errors.KeepsakeError):
             return False
-        return bool(_native.shard_committed(path))

@@ -25,10 +25,11 @@ from ._paths import PathLike, fspath
 from ._keepsake import Reader, save_bytes, save_file as _save_file
 from ._pt import load_pt, save_pt
 from ._model import load_model, save_model
+from ._staging import HostStaging
 from ._state import load_checkpoint, save_checkpoint
 
 __all__ = ["save_file", "load_file", "save", "load", "save_model", "load_model", "save_checkpoint", "load_checkpoint",
-           "load_pt", "save_pt"]
+           "load_pt", "save_pt", "HostStaging"]
 
 
 def _entries(tensors: Dict[str, Any]) -> tuple:

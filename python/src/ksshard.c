@@ -2,6 +2,11 @@
  * Sharded checkpoint directories from Python (keepsake.distributed, the torch DCP storage backend):
  * thin bindings over include/keepsake/shard.h. The layout, the index, the commit and every check
  * are the C library's; this file converts arguments and results and releases the GIL around I/O.
+ * Every function takes a location: a local directory (or file://), s3://bucket/prefix or
+ * http(s)://host/path (read only), opened by ksp_loc_open, so every read and write goes through
+ * the storage layer's table (ks_storage_io) and the library's own rules for it: on S3 a file is
+ * staged in memory and uploaded when the library renames it onto its name, so the rank files
+ * and then the index appear whole, in the library's order.
  *
  *  - shard_write_rank / shard_write_index: one rank's file, then the commit (the index).
  *  - shard_index: the validated index (and, on request, every rank file's header held against
@@ -9,9 +14,11 @@
  *  - shard_verify: rank files against the index (every byte: the header hash and each tensor's
  *    checksum; the whole-file XXH3 of a version 1 index).
  *  - dcp_encode / dcp_decode: DCP non-tensor values to and from the library's typed JSON.
+ *  - shard_location: a location checked (and, for writing, refused when read only).
  *  - ShardFile: one rank file opened lazily (header only); fetch() reads one tensor's bytes
- *    through pread into a caller's writable buffer and verifies its checksum, so a load reads
- *    only the tensors its plan names and never maps a file another process could truncate.
+ *    through the table (pread, a ranged GET) into a caller's writable buffer and verifies its
+ *    checksum, so a load reads only the tensors its plan names and never maps a file another
+ *    process could truncate.
  */
 #include <errno.h>
 #include <string.h>
@@ -21,6 +28,31 @@
 
 /* Per-rank globs: none. DCP decides who writes what, so no entry is per-rank by name. */
 static const char *const no_globs[1] = {NULL};
+
+/* err->file names a path of the table (a key under the storage path `path`, as the library
+ * derives it): name it by the location `loc` the caller gave instead (s3://bucket/prefix/...),
+ * as the Reader does. Nothing changes for a local directory, whose path is its location. */
+static void error_location(ks_error *err, const char *loc, const char *path) {
+  if (!path || !strcmp(loc, path)) return;
+  size_t n = strlen(path), m = strlen(loc);
+  if (strncmp(err->file, path, n) || (err->file[n] && err->file[n] != '/')) return;
+  while (m && loc[m - 1] == '/') m--;
+  char rest[sizeof err->file];
+  size_t r = strlen(err->file + n);
+  memcpy(rest, err->file + n, r + 1);
+  if (m + r >= sizeof err->file) return; /* would not fit: the key stays */
+  memcpy(err->file, loc, m);
+  memcpy(err->file + m, rest, r + 1);
+}
+
+/* A location's table and path: ksp_loc_open over `local` for a local directory, the storage
+ * layer's table for s3:// and http(s)://. Errors name the location. No GIL needed; close with
+ * ksp_loc_close in any case. */
+static KS_NODISCARD ks_status loc_open(const char *loc, const ks_io *local, ksp_loc *l, ks_error *err) {
+  ks_status st = ksp_loc_open(loc, local, NULL, l, err);
+  if (st) ksp_error_path(err, loc);
+  return st;
+}
 
 /* A sequence of ints as dims; -1 with an exception set on error. */
 static int dims_from(PyObject *obj, const char *what, int64_t *dims, int *rank) {
@@ -116,13 +148,21 @@ static PyObject *shard_write_rank(PyObject *self, PyObject *args, PyObject *kw) 
     return NULL;
   }
   ks_io io;
-  ks_save_opts o = {.io = ksp_io_posix(fsync, &io)};
+  const ks_io *local = ksp_io_posix(fsync, &io);
+  ksp_loc l;
+  ks_save_opts o = {0};
   ks_shard_file_info info = {0, 0};
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
   const char *d = PyBytes_AS_STRING(dir);
-  Py_BEGIN_ALLOW_THREADS st = ks_shard_write_rank(d, rank, world, sd, meta, map, no_globs, 0, &o, &info, &err);
+  Py_BEGIN_ALLOW_THREADS st = loc_open(d, local, &l, &err);
+  if (!st) {
+    o.io = l.io;
+    st = ks_shard_write_rank(l.path, rank, world, sd, meta, map, no_globs, 0, &o, &info, &err);
+    error_location(&err, d, l.path);
+  }
+  ksp_loc_close(&l);
   Py_END_ALLOW_THREADS
   ks_shard_map_free(map);
   ks_meta_free(meta);
@@ -168,12 +208,20 @@ static PyObject *shard_write_index(PyObject *self, PyObject *args, PyObject *kw)
     return NULL;
   }
   ks_io io;
-  ks_save_opts o = {.io = ksp_io_posix(fsync, &io)};
+  const ks_io *local = ksp_io_posix(fsync, &io);
+  ksp_loc l;
+  ks_save_opts o = {0};
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
   const char *d = PyBytes_AS_STRING(dir);
-  Py_BEGIN_ALLOW_THREADS st = ks_shard_write_index(d, world, fi, &o, &err);
+  Py_BEGIN_ALLOW_THREADS st = loc_open(d, local, &l, &err);
+  if (!st) {
+    o.io = l.io;
+    st = ks_shard_write_index(l.path, world, fi, &o, &err);
+    error_location(&err, d, l.path);
+  }
+  ksp_loc_close(&l);
   Py_END_ALLOW_THREADS
   PyMem_Free(fi);
   Py_DECREF(dir);
@@ -268,20 +316,45 @@ static PyObject *index_dict(const ks_shard_index *idx) {
   return out;
 }
 
-/* The index of `dir`, validated; with `check`, every rank file's size and header against it. */
+/* The KS_SHARD_CHECK_* bits of shard_index's `check`: True (sizes and headers), False (none),
+ * "sizes" or "headers"; -1 with an exception set for anything else. */
+static int check_bits(PyObject *check, unsigned *what) {
+  if (PyUnicode_Check(check)) {
+    const char *s = PyUnicode_AsUTF8(check);
+    if (!s) return -1;
+    if (!strcmp(s, "sizes")) *what = KS_SHARD_CHECK_SIZES;
+    else if (!strcmp(s, "headers")) *what = KS_SHARD_CHECK_SIZES | KS_SHARD_CHECK_HEADERS;
+    else return ksp_raisef(KS_E_INVALID, "check='%s': True, False, 'sizes' or 'headers'", s), -1;
+    return 0;
+  }
+  int t = PyObject_IsTrue(check);
+  if (t < 0) return -1;
+  *what = t ? KS_SHARD_CHECK_SIZES | KS_SHARD_CHECK_HEADERS : 0u;
+  return 0;
+}
+
+/* The index of `dir`, validated; with `check`, every rank file's size (and header) against it. */
 static PyObject *shard_index(PyObject *self, PyObject *args, PyObject *kw) {
   (void)self;
   static char *names[] = {"dir", "check", NULL};
-  PyObject *dir;
-  int check = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|p", names, PyUnicode_FSConverter, &dir, &check)) return NULL;
+  PyObject *dir, *check = Py_True;
+  unsigned what = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O", names, PyUnicode_FSConverter, &dir, &check)) return NULL;
+  if (check_bits(check, &what)) {
+    Py_DECREF(dir);
+    return NULL;
+  }
   ks_shard_index *idx = NULL;
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
+  ksp_loc l;
   const char *d = PyBytes_AS_STRING(dir);
-  Py_BEGIN_ALLOW_THREADS st = ks_shard_index_read(d, NULL, &idx, &err);
-  if (!st && check) st = ks_shard_check(d, idx, NULL, KS_SHARD_CHECK_HEADERS, NULL, NULL, &err);
+  Py_BEGIN_ALLOW_THREADS st = loc_open(d, ks_io_posix(), &l, &err);
+  if (!st) st = ks_shard_index_read_io(l.path, NULL, l.io, &idx, &err);
+  if (!st && what) st = ks_shard_check(l.path, idx, l.io, what, NULL, NULL, &err);
+  if (st) error_location(&err, d, l.path);
+  ksp_loc_close(&l);
   Py_END_ALLOW_THREADS
   Py_DECREF(dir);
   PyObject *out = st ? ksp_raise(st, &err) : index_dict(idx);
@@ -289,8 +362,8 @@ static PyObject *shard_index(PyObject *self, PyObject *args, PyObject *kw) {
   return out;
 }
 
-/* Verifies rank r's file; -1 with an exception set. */
-static int verify_one(const char *dir, const ks_shard_index *idx, long r) {
+/* Verifies rank r's file of location `loc` (opened as l); -1 with an exception set. */
+static int verify_one(const char *loc, const ksp_loc *l, const ks_shard_index *idx, long r) {
   int world = ks_shard_index_world_size(idx);
   if (r < 0 || r >= world) {
     ksp_raisef(KS_E_INVALID, "rank %ld is not in 0..%d", r, world - 1);
@@ -299,23 +372,30 @@ static int verify_one(const char *dir, const ks_shard_index *idx, long r) {
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
-  Py_BEGIN_ALLOW_THREADS st = ks_shard_verify_file(dir, idx, (int)r, &err);
+  Py_BEGIN_ALLOW_THREADS st = ks_shard_verify_file_io(l->path, idx, (int)r, l->io, &err);
   Py_END_ALLOW_THREADS
-  if (st) ksp_raise(st, &err);
+  if (st) {
+    error_location(&err, loc, l->path);
+    ksp_raise(st, &err);
+  }
   return st ? -1 : 0;
 }
 
-/* The rank files `ranks` (all when None) against the index (ks_shard_verify_file). */
-static PyObject *shard_verify(PyObject *self, PyObject *args) {
+/* The rank files `ranks` (all when None) against the index (ks_shard_verify_file_io). */
+static PyObject *shard_verify(PyObject *self, PyObject *args, PyObject *kw) {
   (void)self;
+  static char *names[] = {"dir", "ranks", NULL};
   PyObject *dir, *ranks = Py_None;
-  if (!PyArg_ParseTuple(args, "O&|O", PyUnicode_FSConverter, &dir, &ranks)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O", names, PyUnicode_FSConverter, &dir, &ranks)) return NULL;
   ks_shard_index *idx = NULL;
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
+  ksp_loc l;
   const char *d = PyBytes_AS_STRING(dir);
-  Py_BEGIN_ALLOW_THREADS st = ks_shard_index_read(d, NULL, &idx, &err);
+  Py_BEGIN_ALLOW_THREADS st = loc_open(d, ks_io_posix(), &l, &err);
+  if (!st) st = ks_shard_index_read_io(l.path, NULL, l.io, &idx, &err);
+  if (st) error_location(&err, d, l.path);
   Py_END_ALLOW_THREADS
   int failed = st ? (ksp_raise(st, &err), 1) : 0;
   PyObject *seq = NULL;
@@ -323,10 +403,11 @@ static PyObject *shard_verify(PyObject *self, PyObject *args) {
   Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : (idx ? ks_shard_index_world_size(idx) : 0);
   for (Py_ssize_t i = 0; !failed && i < n; i++) {
     long r = seq ? PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i)) : (long)i;
-    failed = (r == -1 && PyErr_Occurred()) || verify_one(d, idx, r);
+    failed = (r == -1 && PyErr_Occurred()) || verify_one(d, &l, idx, r);
   }
   Py_XDECREF(seq);
   ks_shard_index_free(idx);
+  ksp_loc_close(&l);
   Py_DECREF(dir);
   if (failed) return NULL;
   Py_RETURN_NONE;
@@ -366,29 +447,69 @@ static int mkdirs(const ks_io *io, char *path, int fsync) {
   return 0;
 }
 
-/* shard_prepare_dir(dir, fsync=True): the checkpoint directory, created when missing. */
+/* "cannot VERB 'WHAT': strerror(rc)", raised as KS_E_IO; a remote table's own detail (the request,
+ * the HTTP status, S3's code) is added in parentheses. Returns NULL. */
+static PyObject *table_fail(const ksp_loc *l, int rc, const char *verb, const char *what) {
+  char detail[512] = "";
+  if (l->store && ks_storage_last_error(l->store, detail + 2, sizeof detail - 3)) {
+    detail[0] = ' ';
+    detail[1] = '(';
+    strcat(detail, ")");
+  }
+  return ksp_raisef(KS_E_IO, "cannot %s '%s': %s%s", verb, what, strerror(rc), detail);
+}
+
+/* shard_prepare_dir(dir, fsync=True): the checkpoint directory, created when missing (on S3, a
+ * key prefix, which needs no creation: the table's mkdir does nothing). */
 static PyObject *shard_prepare_dir(PyObject *self, PyObject *args, PyObject *kw) {
   (void)self;
   static char *names[] = {"dir", "fsync", NULL};
   PyObject *dir;
   int fsync = 1;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|p", names, PyUnicode_FSConverter, &dir, &fsync)) return NULL;
-  char path[4096];
   const char *d = PyBytes_AS_STRING(dir);
-  if (strlen(d) >= sizeof path) {
-    Py_DECREF(dir);
-    return ksp_raisef(KS_E_LIMIT, "path '%s' is too long", d);
-  }
-  snprintf(path, sizeof path, "%s", d);
-  const ks_io *io = ks_io_posix();
-  int rc;
-  Py_BEGIN_ALLOW_THREADS rc = mkdirs(io, path, fsync);
+  ksp_loc l;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  Py_BEGIN_ALLOW_THREADS st = loc_open(d, ks_io_posix(), &l, &err);
   Py_END_ALLOW_THREADS
+  char path[4096];
   PyObject *out = NULL;
-  if (rc) ksp_raisef(KS_E_IO, "cannot create the checkpoint directory '%s': %s", PyBytes_AS_STRING(dir), strerror(rc));
-  else out = Py_NewRef(Py_None);
+  if (st) {
+    ksp_raise(st, &err);
+  } else if (strlen(l.path) >= sizeof path) {
+    ksp_raisef(KS_E_LIMIT, "path '%s' is too long", d);
+  } else {
+    snprintf(path, sizeof path, "%s", l.path);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = mkdirs(l.io, path, fsync);
+    Py_END_ALLOW_THREADS
+    if (rc) table_fail(&l, rc, "create the checkpoint directory", d);
+    else out = Py_NewRef(Py_None);
+  }
+  ksp_loc_close(&l);
   Py_DECREF(dir);
   return out;
+}
+
+/* Opens `dir` as l and puts the path of its index (for the table) into path; 0, or -1 with an
+ * exception set (and l closed). */
+static int open_index_path(const char *dir, ksp_loc *l, char *path, size_t cap) {
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  Py_BEGIN_ALLOW_THREADS st = loc_open(dir, ks_io_posix(), l, &err);
+  Py_END_ALLOW_THREADS
+  if (st) {
+    ksp_raise(st, &err);
+    return -1;
+  }
+  if (join_path(path, cap, l->path, KS_SHARD_INDEX_NAME)) {
+    ksp_loc_close(l);
+    return -1;
+  }
+  return 0;
 }
 
 /* shard_committed(dir): whether `dir` holds an index (the commit marker), valid or not. */
@@ -396,44 +517,83 @@ static PyObject *shard_committed(PyObject *self, PyObject *args) {
   (void)self;
   PyObject *dir;
   if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &dir)) return NULL;
-  char path[4096];
-  if (join_path(path, sizeof path, PyBytes_AS_STRING(dir), KS_SHARD_INDEX_NAME)) {
-    Py_DECREF(dir);
-    return NULL;
+  const char *d = PyBytes_AS_STRING(dir);
+  char path[4096], shown[4096 + sizeof KS_SHARD_INDEX_NAME];
+  ksp_loc l;
+  PyObject *out = NULL;
+  if (open_index_path(d, &l, path, sizeof path) == 0) {
+    ks_io_stat sb;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = l.io->stat_fn(l.io->ctx, path, &sb);
+    Py_END_ALLOW_THREADS
+    snprintf(shown, sizeof shown, "%s/%s", d, KS_SHARD_INDEX_NAME);
+    if (rc && rc != ENOENT) table_fail(&l, rc, "stat", shown);
+    else out = PyBool_FromLong(rc == 0);
+    ksp_loc_close(&l);
   }
   Py_DECREF(dir);
-  const ks_io *io = ks_io_posix();
-  ks_io_stat sb;
-  int rc;
-  Py_BEGIN_ALLOW_THREADS rc = io->stat_fn(io->ctx, path, &sb);
-  Py_END_ALLOW_THREADS
-  if (rc && rc != ENOENT) return ksp_raisef(KS_E_IO, "cannot stat '%s': %s", path, strerror(rc));
-  return PyBool_FromLong(rc == 0);
+  return out;
 }
 
 /* shard_uncommit(dir, fsync=True): removes the index durably, so that from now on the directory is
- * no checkpoint (a save over it that dies leaves none). True when there was one. */
+ * no checkpoint (a save over it that dies leaves none). True when there was one (a stat first:
+ * an S3 DELETE succeeds whether or not the object was there). */
 static PyObject *shard_uncommit(PyObject *self, PyObject *args, PyObject *kw) {
   (void)self;
   static char *names[] = {"dir", "fsync", NULL};
   PyObject *dir;
   int fsync = 1;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|p", names, PyUnicode_FSConverter, &dir, &fsync)) return NULL;
-  char path[4096];
   const char *d = PyBytes_AS_STRING(dir);
-  if (join_path(path, sizeof path, d, KS_SHARD_INDEX_NAME)) {
+  char path[4096], shown[4096 + sizeof KS_SHARD_INDEX_NAME];
+  ksp_loc l;
+  if (open_index_path(d, &l, path, sizeof path)) {
     Py_DECREF(dir);
     return NULL;
   }
-  const ks_io *io = ks_io_posix();
+  snprintf(shown, sizeof shown, "%s/%s", d, KS_SHARD_INDEX_NAME);
+  const ks_io *io = l.io;
+  ks_io_stat sb;
   int rc, sync_rc = 0;
-  Py_BEGIN_ALLOW_THREADS rc = io->unlink_fn(io->ctx, path);
-  if (!rc && fsync) sync_rc = io->fsync_dir_fn(io->ctx, d);
+  Py_BEGIN_ALLOW_THREADS rc = io->stat_fn(io->ctx, path, &sb);
+  if (!rc) rc = io->unlink_fn(io->ctx, path);
+  if (!rc && fsync) sync_rc = io->fsync_dir_fn(io->ctx, l.path);
   Py_END_ALLOW_THREADS
   PyObject *out = NULL;
-  if (rc && rc != ENOENT) ksp_raisef(KS_E_IO, "cannot remove '%s': %s", path, strerror(rc));
-  else if (sync_rc) ksp_raisef(KS_E_NOT_DURABLE, "removed '%s' but cannot fsync '%s': %s", path, d, strerror(sync_rc));
+  if (rc && rc != ENOENT) table_fail(&l, rc, "remove", shown);
+  else if (sync_rc) ksp_raisef(KS_E_NOT_DURABLE, "removed '%s' but cannot fsync '%s': %s", shown, d, strerror(sync_rc));
   else out = PyBool_FromLong(rc == 0);
+  ksp_loc_close(&l);
+  Py_DECREF(dir);
+  return out;
+}
+
+/* shard_location(dir, write=False): the location as every shard_* function reads it (a local
+ * directory's path, file:// taken off; a remote location unchanged), once the storage layer has
+ * opened it (no request is made); with `write`, a location it cannot write (http(s)://) is
+ * refused with UnsupportedError. */
+static PyObject *shard_location(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"dir", "write", NULL};
+  PyObject *dir;
+  int write = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|p", names, PyUnicode_FSConverter, &dir, &write)) return NULL;
+  const char *d = PyBytes_AS_STRING(dir);
+  ks_storage *store = NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st = ks_storage_open(d, NULL, &store, &err);
+  PyObject *out = NULL;
+  if (st) {
+    ksp_error_path(&err, d);
+    ksp_raise(st, &err);
+  } else if (write && ks_storage_is_read_only(store)) {
+    ksp_raisef(KS_E_UNSUPPORTED, "%s: the storage layer reads this location only (http, https); write the "
+               "checkpoint to a local directory or s3://bucket/prefix", d);
+  } else {
+    out = PyUnicode_DecodeFSDefault(ks_storage_is_remote(store) ? d : ks_storage_path(store));
+  }
+  ks_storage_free(store);
   Py_DECREF(dir);
   return out;
 }
@@ -662,6 +822,7 @@ static PyObject *dcp_decode(PyObject *self, PyObject *args, PyObject *kw) {
 typedef struct {
   PyObject_HEAD
   ks_reader *r;
+  ksp_loc loc;    /* the file's location (its table), open while r is */
   PyObject *path; /* bytes, for messages */
 } ksp_ShardFile;
 
@@ -674,13 +835,21 @@ static int shardfile_init(ksp_ShardFile *self, PyObject *args, PyObject *kw) {
     PyErr_SetString(PyExc_RuntimeError, "ShardFile is already open");
     return -1;
   }
-  ks_read_opts o = {.mode = KS_READ_LAZY};
   ks_reader *r = NULL;
+  ksp_loc l;
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
   const char *p = PyBytes_AS_STRING(fs);
-  Py_BEGIN_ALLOW_THREADS st = ks_reader_open(p, &o, &r, &err);
+  Py_BEGIN_ALLOW_THREADS st = loc_open(p, ks_io_posix(), &l, &err);
+  if (!st) {
+    ks_read_opts o = {.size = sizeof o, .mode = KS_READ_LAZY, .io = l.io};
+    st = ks_reader_open(l.path, &o, &r, &err);
+    if (st) {
+      error_location(&err, p, l.path);
+      ksp_loc_close(&l);
+    }
+  }
   Py_END_ALLOW_THREADS
   if (st) {
     ksp_error_path(&err, p);
@@ -689,12 +858,14 @@ static int shardfile_init(ksp_ShardFile *self, PyObject *args, PyObject *kw) {
     return -1;
   }
   self->r = r;
+  self->loc = l;
   self->path = fs;
   return 0;
 }
 
 static void shardfile_dealloc(ksp_ShardFile *self) {
-  ks_reader_free(self->r);
+  ks_reader_free(self->r); /* its handle of the table first */
+  ksp_loc_close(&self->loc);
   Py_XDECREF(self->path);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -709,6 +880,7 @@ static PyObject *shardfile_close(ksp_ShardFile *self, PyObject *unused) {
   (void)unused;
   ks_reader_free(self->r);
   self->r = NULL;
+  ksp_loc_close(&self->loc);
   Py_RETURN_NONE;
 }
 
@@ -756,6 +928,7 @@ static PyObject *shardfile_fetch(ksp_ShardFile *self, PyObject *args) {
   }
   PyBuffer_Release(&view);
   if (st) {
+    error_location(&err, PyBytes_AS_STRING(self->path), self->loc.path);
     ksp_error_path(&err, PyBytes_AS_STRING(self->path));
     return ksp_raise(st, &err);
   }
@@ -782,8 +955,8 @@ PyTypeObject ksp_ShardFileType = {
     .tp_basicsize = sizeof(ksp_ShardFile),
     .tp_dealloc = (destructor)shardfile_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "ShardFile(path)\n--\n\nA keepsake file opened lazily: its header is read and validated, tensors are "
-              "read on demand with pread and verified.",
+    .tp_doc = "ShardFile(path)\n--\n\nA keepsake file (a path, s3:// or http(s)://) opened lazily: its header is read "
+              "and validated, tensors are read on demand (pread, ranged GETs) and verified.",
     .tp_methods = shardfile_methods,
     .tp_init = (initproc)shardfile_init,
     .tp_new = PyType_GenericNew,
@@ -802,17 +975,22 @@ PyMethodDef ksp_shard_methods[] = {
      "xxh3) per rank."},
     {"shard_index", (PyCFunction)(void (*)(void))shard_index, METH_VARARGS | METH_KEYWORDS,
      "shard_index(dir, check=True)\n--\n\nThe validated index as a dict (world_size, epoch, batch, files, sharded, "
-     "per_rank); with check, every rank file's size and header are held against it (ks_shard_check)."},
+     "per_rank); with check, every rank file's size and header are held against it (ks_shard_check; 'sizes': the "
+     "sizes only). dir: a directory, s3:// or http(s)://."},
     {"shard_prepare_dir", (PyCFunction)(void (*)(void))shard_prepare_dir, METH_VARARGS | METH_KEYWORDS,
      "shard_prepare_dir(dir, fsync=True)\n--\n\nCreates the checkpoint directory and its missing parents, each new "
-     "entry's parent fsynced."},
+     "entry's parent fsynced (an s3:// prefix needs nothing)."},
     {"shard_committed", shard_committed, METH_VARARGS,
      "shard_committed(dir)\n--\n\nWhether `dir` holds an index file (valid or not)."},
     {"shard_uncommit", (PyCFunction)(void (*)(void))shard_uncommit, METH_VARARGS | METH_KEYWORDS,
      "shard_uncommit(dir, fsync=True)\n--\n\nRemoves the index durably (the directory is then no checkpoint); "
      "True when there was one."},
-    {"shard_verify", shard_verify, METH_VARARGS,
-     "shard_verify(dir, ranks=None)\n--\n\nks_shard_verify_file for each rank (all when None)."},
+    {"shard_verify", (PyCFunction)(void (*)(void))shard_verify, METH_VARARGS | METH_KEYWORDS,
+     "shard_verify(dir, ranks=None)\n--\n\nks_shard_verify_file_io for each rank (all when None)."},
+    {"shard_location", (PyCFunction)(void (*)(void))shard_location, METH_VARARGS | METH_KEYWORDS,
+     "shard_location(dir, write=False)\n--\n\nThe location as the shard functions take it (a local path without "
+     "file://, a remote location unchanged); UnsupportedError for a scheme the storage layer does not open, and "
+     "with write for a read-only one (http, https)."},
     {"dcp_encode", dcp_encode, METH_O,
      "dcp_encode(value)\n--\n\nThe typed JSON (ASCII bytes) of a DCP non-tensor value: None, bool, int, float, str, "
      "bytes, io.BytesIO, and lists, tuples and dicts of them (docs/FORMAT.md 9.1). UnsupportedError for anything "

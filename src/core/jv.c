@@ -81,16 +81,31 @@ static const char *member_key(const void *ctx, size_t i, size_t *len) {
 
 static const ks__hindex_ops member_ops = {member_hash, member_key};
 
+#define FIRST_CAP 4 /* items of a container's first allocation: most objects are small records */
+
+/* ks__grow, starting at FIRST_CAP rather than its 16 (a record of two members then takes 3 x 32
+   bytes of arrays, not 3 x 128). */
+static KS_NODISCARD ks_status grow(const ks_allocator *a, void *arrayp, size_t *cap, size_t need, size_t size) {
+  if (*cap || need > FIRST_CAP) return ks__grow(a, arrayp, cap, need, size);
+  void *old, *p;
+  memcpy(&old, arrayp, sizeof old);
+  p = ks__realloc(a, old, FIRST_CAP * size);
+  if (!p) return KS_E_NOMEM;
+  memcpy(arrayp, &p, sizeof p);
+  *cap = FIRST_CAP;
+  return KS_OK;
+}
+
 /* Room for one more item (and key, hash and index slot, for objects); cap is the smallest capacity. */
 static KS_NODISCARD ks_status reserve(const ks_allocator *a, ks__jv *c) {
   size_t icap = c->cap, kcap = c->cap, hcap = c->cap;
-  ks_status s = ks__grow(a, &c->items, &icap, c->len + 1, sizeof *c->items);
+  ks_status s = grow(a, &c->items, &icap, c->len + 1, sizeof *c->items);
   if (c->type != KS__JV_OBJECT) {
     if (!s) c->cap = icap;
     return s;
   }
-  if (!s) s = ks__grow(a, &c->keys, &kcap, c->len + 1, sizeof *c->keys);
-  if (!s) s = ks__grow(a, &c->hashes, &hcap, c->len + 1, sizeof *c->hashes);
+  if (!s) s = grow(a, &c->keys, &kcap, c->len + 1, sizeof *c->keys);
+  if (!s) s = grow(a, &c->hashes, &hcap, c->len + 1, sizeof *c->hashes);
   if (!s && c->len + 1 >= INDEX_FROM) s = ks__hindex_reserve(&c->index, a, c->len + 1, c->len, &member_ops, c);
   if (!s) c->cap = icap < kcap ? (icap < hcap ? icap : hcap) : (kcap < hcap ? kcap : hcap);
   return s;

@@ -129,6 +129,20 @@ static void drop_lock(const ks_io *io, int handle) {
   if (handle >= 0 && ks_io_caps(t) & KS_IO_CAP_LOCK && t->unlock_fn) (void)t->unlock_fn(t->ctx, handle);
 }
 
+/* The run directory as the table names it. A local table's may be written file://...; another table's
+ * paths are its own (an HTTP table's are URLs). A read-only table (HTTP) is refused here: a manager writes. */
+static KS_NODISCARD ks_status run_dir_of(const ks_ckpt_opts *opts, const char **run_dir, ks_error *err) {
+  unsigned caps = ks_io_caps(opts->io);
+  if (caps & KS_IO_CAP_READ_ONLY)
+    return ks__err_at(err, KS_E_UNSUPPORTED, opts->run_dir, NULL, -1,
+                      "a checkpoint manager writes its run directory, and this location is read-only "
+                      "(http(s)://): use a local directory or s3://, and read http(s):// checkpoints with a load");
+  if (caps & KS_IO_CAP_LOCAL) return ks_io_local_path(opts->run_dir, run_dir, err);
+  if (!opts->run_dir || !*opts->run_dir) return ks__err(err, KS_E_INVALID, "run directory: empty");
+  *run_dir = opts->run_dir;
+  return KS_OK;
+}
+
 ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out, ks_error *err) {
   if (!opts || !opts->run_dir || !*opts->run_dir || !out || opts->keep < 0)
     return ks__err(err, KS_E_INVALID, "checkpoint manager: run_dir and out are required, keep >= 0");
@@ -150,7 +164,7 @@ ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out
   if (!valid_template(tmpl)) return ks__err(err, KS_E_INVALID, "filename template '%s' is not valid", tmpl);
   const char *run_dir = NULL;
   ks_status s = ks_io_check(opts->io, err);
-  if (!s) s = ks_io_local_path(opts->run_dir, &run_dir, err);
+  if (!s) s = run_dir_of(opts, &run_dir, err);
   if (!s) s = ks__io_mkdir_p(opts->io, run_dir, err);
   if (!s) s = check_upload(opts, err);
   ks_ckpt_lock lock = opts->lock; /* 0 (AUTO) for a struct from before 0.4: KS__TAKE_OPTS zero-fills */

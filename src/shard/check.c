@@ -122,7 +122,8 @@ static void check_listed(checker *c, int f, const char *path, const ks_reader *r
   int64_t off[KS_MAX_RANK], g[KS_MAX_RANK];
   const ks__jv *info = ks__jv_get(dcp, s->name);
   char x[128], y[128];
-  if (ks_reader_tensor(r, s->name, &t, NULL))
+  long at = ks_reader_find(r, s->name);
+  if (at < 0 || ks_reader_tensor_desc(r, (size_t)at, &t))
     problem(c, KS_E_NOTFOUND, path, s->name, "rank %d: the index lists a chunk of '%s' the file does not hold", f,
             s->name);
   else if (t.dtype != s->dtype || t.rank != s->rank || !same_dims(s->rank, t.shape, k->shape))
@@ -182,9 +183,9 @@ static void check_chunks(checker *c, int f, const char *path, const ks_reader *r
 }
 
 static void check_header(checker *c, int f, const char *path) {
-  /* Mapped: the views of the header are all that is touched (a lazy reader would fetch each
-     tensor's bytes to describe it; a table that cannot map has the file read instead). */
-  ks_read_opts ro = {.alloc = &c->idx->alloc, .mode = KS_READ_MMAP, .io = c->io};
+  /* Lazy: the length and the header are read, never a tensor's bytes (tensors are described by
+     ks_reader_tensor_desc), so a remote rank file costs one or two ranged reads, not its size. */
+  ks_read_opts ro = {.alloc = &c->idx->alloc, .mode = KS_READ_LAZY, .io = c->io};
   ks_reader *r = NULL;
   ks_error e;
   if (ks_reader_open(path, &ro, &r, &e)) {

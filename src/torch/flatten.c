@@ -8,12 +8,16 @@
  * and two values that still reach one name (an int key 1 beside a str key "1",
  * a state attribute named like an object's own `__class__`) are refused, as is
  * a name that is both a value and a folder. Shared references are copied once
- * per path, against a budget of output bytes relative to the input's size.
+ * per path, against a budget of output bytes relative to the input's size: a
+ * container reached again by another path counts as its name plus
+ * KS__PK_SHARED_CONTAINER_BYTES (its record in the structure document), so a
+ * small DAG of shared containers cannot build records far beyond the input.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/hindex.h"
 #include "keepsake/structure.h"
 #include "torch/torch_internal.h"
 
@@ -24,6 +28,9 @@ typedef struct flat {
   ks__structure *shape; /* container kinds, or NULL when not asked for */
   size_t len, entries, containers;
   uint64_t bytes;
+  const ks__pk_node **seen; /* the containers visited so far, indexed by address */
+  size_t nseen, capseen;
+  ks__hindex seen_ix;
   char path[KS_MAX_NAME + 2];
 } flat;
 
@@ -268,6 +275,35 @@ static KS_NODISCARD ks_status leaf(flat *f, const ks__pk_node *n) {
   }
 }
 
+static uint64_t seen_hash(const void *ctx, size_t i) {
+  const flat *f = ctx;
+  return ks__hash(&f->seen[i], sizeof f->seen[i]);
+}
+
+static const char *seen_key(const void *ctx, size_t i, size_t *len) {
+  const flat *f = ctx;
+  *len = sizeof f->seen[i];
+  return (const char *)&f->seen[i];
+}
+
+static const ks__hindex_ops seen_ops = {seen_hash, seen_key};
+
+/* Records container n as visited; *again when it was already (a shared reference). */
+static KS_NODISCARD ks_status first_visit(flat *f, const ks__pk_node *n, bool *again) {
+  uint64_t h = ks__hash(&n, sizeof n);
+  *again = ks__hindex_find(&f->seen_ix, (const char *)&n, sizeof n, h, &seen_ops, f) >= 0;
+  if (*again) return KS_OK;
+  const ks_allocator *a = ks_statedict_allocator(f->sd);
+  size_t cap = f->capseen;
+  ks_status st = ks__grow(a, &f->seen, &cap, f->nseen + 1, sizeof *f->seen);
+  if (!st) f->capseen = cap;
+  if (!st) st = ks__hindex_reserve(&f->seen_ix, a, f->nseen + 1, f->nseen, &seen_ops, f);
+  if (st) return ks__err(f->err, KS_E_NOMEM, "torch: out of memory");
+  f->seen[f->nseen] = n;
+  ks__hindex_insert(&f->seen_ix, f->nseen++, h);
+  return KS_OK;
+}
+
 static KS_NODISCARD ks_status visit(flat *f, const ks__pk_node *n, size_t depth) {
   if (depth > f->lim->max_depth)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: nesting deeper than %zu (or a cycle)",
@@ -278,6 +314,12 @@ static KS_NODISCARD ks_status visit(flat *f, const ks__pk_node *n, size_t depth)
   if (container && f->containers++ >= f->lim->max_entries)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1,
                       "torch: more than %zu containers visited (shared references?)", f->lim->max_entries);
+  if (container) { /* a second path to one container copies it: charged like a copied value */
+    bool again;
+    ks_status st = first_visit(f, n, &again);
+    if (!st && again) st = spend(f, (uint64_t)f->len + KS__PK_SHARED_CONTAINER_BYTES);
+    if (st) return st;
+  }
   if (container && n->kind != PK_OBJECT && f->shape) {
     ks_status st = ks__structure_container(f->shape, f->path, n, f->err);
     if (st) return st;
@@ -308,8 +350,13 @@ ks_status ks__pk_flatten_structured(const ks__pk_node *root, const ks__pk_limits
   f->shape = shape;
   f->len = f->entries = f->containers = 0;
   f->bytes = 0;
+  f->seen = NULL;
+  f->nseen = f->capseen = 0;
+  f->seen_ix = (ks__hindex){0};
   f->path[0] = 0;
   ks_status st = visit(f, root, 0);
+  ks__hindex_free(&f->seen_ix, ks_statedict_allocator(sd));
+  ks__free(ks_statedict_allocator(sd), f->seen);
   ks__free(ks_statedict_allocator(sd), f);
   if (!st) st = ks__torch_names_prefix_free(sd, err);
   return st;

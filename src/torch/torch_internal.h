@@ -202,6 +202,11 @@ KS_NODISCARD ks_status ks__pk_ctor_tensor_v3(ks__pk_arena *ar, const ks__pk_limi
                                 ks__pk_node **out, ks_error *err);
 const char *ks__pk_storage_name(ks_dtype dt);
 
+/* What flattening charges against max_output_bytes, beyond the name, for each further path to a
+ * list, tuple, set, dict or object already reached by another (a shared reference copies it, and
+ * its record in the structure document takes about this much memory). */
+#define KS__PK_SHARED_CONTAINER_BYTES 512
+
 /* ---- structure of flattened values (structure.c) ---- */
 /* Nesting of the flattened tree that ks_torch_load accepts by default; the writer refuses deeper names. */
 #define KS__TORCH_MAX_DEPTH 64

@@ -12,6 +12,10 @@ Scenarios:
   reshard-load WORKDIR           the same program at another world size loads it: every full tensor
                                  equals the expected one, and one more step runs.
   train WORKDIR STEPS [KILL]     the resumable training loop of the kill-and-resume test (below).
+  remote WORKDIR URL             (test_dcp_remote.py) FSDP2 model + AdamW saved to an s3:// URL: a save
+                                 whose rank 1 fails after rank 0's file is uploaded leaves no index;
+                                 then a save, a load bit-identical, and the expected full tensors in
+                                 WORKDIR/expected.keepsake (rank 0).
 """
 from __future__ import annotations
 
@@ -213,6 +217,43 @@ class DyingWriter(KeepsakeWriter):
         return fut
 
 
+class FailingWriter(KeepsakeWriter):
+    """Rank 1 fails inside write_data, after rank 0 has written (uploaded) its file."""
+
+    def write_data(self, plan, planner):
+        if rank() == 1:
+            dist.barrier(group=ckpt_group())  # rank 0's write_data has returned
+            raise OSError("rank 1 lost its storage")
+        fut = super().write_data(plan, planner)
+        dist.barrier(group=ckpt_group())
+        return fut
+
+
+def remote(work: str, url: str) -> None:
+    model, opt = trained(sharded=True)
+    before = state(model, opt)
+    failed = url + "-failed"
+    try:
+        dcp.save(before, storage_writer=FailingWriter(failed))
+    except CheckpointException as e:
+        assert [type(x) for x, _tb in e.failures.values()] == [OSError], e
+    else:
+        raise AssertionError("a save whose rank 1 failed succeeded")
+    assert not native.shard_committed(failed) and not KeepsakeReader.validate_checkpoint_id(failed)
+    dcp.save(before, storage_writer=KeepsakeWriter(url))
+    index = native.shard_index(url)
+    assert index["world_size"] == dist.get_world_size() and len(index["sharded"]) >= 8, index
+    m2, o2, after = fresh_state(sharded=True)
+    dcp.load(after, storage_reader=KeepsakeReader(url))
+    set_state_dict(m2, o2, model_state_dict=after["model"], optim_state_dict=after["optim"])
+    assert_same(state(model, opt), state(m2, o2) | {"extra": after["extra"]}, "s3 round trip")
+    expected = {k: full(v).contiguous() for k, v in flat({"model": before["model"], "optim": before["optim"]}).items()
+                if isinstance(v, torch.Tensor)}
+    if rank() == 0:
+        kt.save_file(expected, os.path.join(work, "expected.keepsake"))
+    dist.barrier()
+
+
 def newest_committed(run_dir: str):
     """The newest step-* directory that holds a valid index whose files match it (headers, sizes, hashes)."""
     names = sorted((n for n in os.listdir(run_dir) if n.startswith("step-")), reverse=True) \
@@ -270,6 +311,8 @@ def main() -> None:
         reshard_load(work)
     elif scenario == "train":
         train(work, int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else -1)
+    elif scenario == "remote":
+        remote(work, sys.argv[3])
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     dist.barrier()

@@ -1,6 +1,7 @@
-"""keepsake.CheckpointManager(distributed=True) under torchrun (gloo, CPU): FSDP2 + AdamW + a
-torchmetrics metric, per-rank generators and data positions, saved every 3 batches into sharded
-checkpoint directories that the C manager names, prunes and resumes from.
+"""keepsake.CheckpointManager(distributed=True) under torchrun (gloo, CPU): FSDP2 + AdamW + an LR
+scheduler + a callback + a torchmetrics train metric and an eval metric, per-rank generators and
+data positions, saved every 3 batches into sharded checkpoint directories that the C manager names,
+prunes and resumes from.
 
     python manager_worker.py N              the test: starts the runs below at N ranks and checks them
     torchrun ... manager_worker.py train RUN STEPS [--kill-at K] [--preempt-at P] [--async] [--best]
@@ -12,9 +13,10 @@ The test (N ranks):
       index (removed by the C manager); rank 1 alone gets SIGUSR1 after batch 10, so every rank
       saves ep0-ba10 and exits 75 (Preempted).
   B3  restarted: resumes from ep0-ba10 and finishes.
-  Every rank's final parameters, AdamW moments, generator, data position and metric states equal
-  A's bit for bit; B keeps the newest 2 and the best 1 by the metric stored in rank 0's files
-  (keep_best=1, max: the highest mean loss, an early one), as computed here from the values each save logged.
+  Every rank's final parameters, AdamW moments, scheduler state, callback state, generator, data
+  position and train and eval metric states equal A's bit for bit; B keeps the newest 2 and the best
+  1 by the eval metric stored in rank 0's files (keep_best=1 on "eval_metrics/val/score", min: the
+  lowest mean |x|, an early one), as computed here from the values each save logged.
 Exit 77 when torch.distributed, gloo or torchmetrics is unavailable.
 """
 from __future__ import annotations
@@ -52,6 +54,25 @@ class Loader:
 
     def load_state_dict(self, d: dict) -> None:
         self.pos = int(d["pos"])
+
+
+class LrLog:
+    """A callback with replicated state: plain values, a list and a tensor (the same on every rank)."""
+
+    def __init__(self) -> None:
+        import torch
+        self.seen, self.history, self.ema = 0, [], torch.zeros(2, dtype=torch.float64)
+
+    def on_batch(self, lr: float) -> None:
+        self.seen += 1
+        self.history.append(lr)
+        self.ema = 0.9 * self.ema + 0.1 * lr
+
+    def state_dict(self) -> dict:
+        return {"seen": self.seen, "history": list(self.history), "ema": self.ema.clone()}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.seen, self.history, self.ema = int(d["seen"]), list(d["history"]), d["ema"].clone()
 
 
 def worker(argv: list) -> None:
@@ -95,12 +116,23 @@ def worker(argv: list) -> None:
     fully_shard(model)
     torch.manual_seed(100 + rank)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.7)
+    callback = LrLog()
     metric = torchmetrics.MeanMetric()
+    score = torchmetrics.MeanMetric()  # an eval metric: a per-rank local state, like the train one
+    idle = torchmetrics.MeanMetric()  # an evaluator that never ran: saved without a value, restored empty
     loader = Loader(rank)
     ts = keepsake.Timestamp()
-    best = dict(keep_best=1, best_metric="train_metrics/loss", best_mode="max") if "--best" in opt_args else {}
-    mgr = keepsake.CheckpointManager(os.path.join(run, "run"), model=model, optimizers=opt,
-                                     train_metrics={"loss": metric}, timestamp=ts, dataset_state={"loader": loader},
+    best = dict(keep_best=1, best_metric="eval_metrics/val/score", best_mode="min") if "--best" in opt_args else {}
+    try:  # the C manager uploads checkpoint files, not sharded directories: refused up front
+        keepsake.CheckpointManager(os.path.join(run, "run"), upload_to=os.path.join(run, "up"), distributed=True)
+        raise AssertionError("upload_to with distributed=True was accepted")
+    except keepsake.UnsupportedError as e:
+        assert "upload_to" in str(e), e
+    evals = {"val": {"score": score}, "test": {"idle": idle}}
+    mgr = keepsake.CheckpointManager(os.path.join(run, "run"), model=model, optimizers=opt, schedulers=sched,
+                                     train_metrics={"loss": metric}, eval_metrics=evals,
+                                     callbacks={"lrlog": callback}, timestamp=ts, dataset_state={"loader": loader},
                                      save_every="3ba", keep_last=2, async_save="--async" in opt_args,
                                      preemption_signals=(signal.SIGUSR1,), distributed=True, **best)
     assert isinstance(mgr, keepsake.CheckpointManager) and type(mgr).__name__ == "DistributedCheckpointManager"
@@ -116,7 +148,10 @@ def worker(argv: list) -> None:
         loss = model(x).pow(2).mean()
         loss.backward()
         opt.step()
+        sched.step()
+        callback.on_batch(sched.get_last_lr()[0])
         metric.update(loss.detach())
+        score.update(x.abs().mean())
         ts.batch += 1
         ts.batch_in_epoch += 1
         if ts.batch == preempt_at and rank == 1:
@@ -128,8 +163,8 @@ def worker(argv: list) -> None:
                 print(f"preempted: saved {os.path.basename(p.path)}", flush=True)
             raise
         if saved is not None:  # every rank saved: the sync below is collective
-            with synced(metric):
-                value = float(metric.compute())
+            with synced(score):
+                value = float(score.compute())
             if rank == 0:
                 print(f"saved {os.path.basename(saved)} value {value!r}", flush=True)
     mgr.close()
@@ -146,6 +181,15 @@ def worker(argv: list) -> None:
     final["loader_pos"] = torch.tensor([loader.pos])
     final["metric_value"] = metric.mean_value.clone()
     final["metric_weight"] = metric.weight.clone()
+    final["metric_count"] = torch.tensor([metric._update_count])
+    final["score_value"] = score.mean_value.clone()
+    final["score_weight"] = score.weight.clone()
+    final["score_count"] = torch.tensor([score._update_count])
+    final["idle_count"] = torch.tensor([idle._update_count, int(idle.weight)])
+    final["lr"] = torch.tensor(sched.get_last_lr() + [opt.param_groups[0]["lr"]], dtype=torch.float64)
+    final["sched_epoch"] = torch.tensor([sched.last_epoch, sched._step_count])
+    final["callback_history"] = torch.tensor(callback.history + [float(callback.seen)], dtype=torch.float64)
+    final["callback_ema"] = callback.ema.clone()
     kt.save_file({k: v.detach().contiguous() for k, v in final.items()}, os.path.join(run, f"final-{rank}.keepsake"))
     dist.barrier()
     dist.destroy_process_group()
@@ -207,7 +251,7 @@ def saved_values(out: str) -> dict:
 
 
 def expected_retention(order: list, values: dict, keep_last: int, keep_best: int) -> set:
-    """What keep_last + keep_best (max) leave, applied after each commit as the C manager does."""
+    """What keep_last + keep_best (min) leave, applied after each commit as the C manager does."""
     present: list = []
     for name in order:
         if name not in present:
@@ -215,7 +259,7 @@ def expected_retention(order: list, values: dict, keep_last: int, keep_best: int
         present.sort(key=lambda n: int(n.rsplit("ba", 1)[1]))
         keep = set(present[-keep_last:])
         if keep_best:
-            keep |= set(sorted((n for n in present if n in values), key=lambda n: -values[n])[:keep_best])
+            keep |= set(sorted((n for n in present if n in values), key=lambda n: values[n])[:keep_best])
         present = [n for n in present if n in keep]
     return set(present)
 
@@ -227,7 +271,7 @@ def compare_finals(a: str, b: str, n: int) -> int:
     for r in range(n):
         fa = kt.load_file(os.path.join(a, f"final-{r}.keepsake"))
         fb = kt.load_file(os.path.join(b, f"final-{r}.keepsake"))
-        assert fa.keys() == fb.keys() and len(fa) >= 12, sorted(fa.keys() ^ fb.keys())
+        assert fa.keys() == fb.keys() and len(fa) >= 20, sorted(fa.keys() ^ fb.keys())
         for k in fa:
             x, y = fa[k].reshape(-1).view(torch.uint8), fb[k].reshape(-1).view(torch.uint8)
             assert torch.equal(x, y), f"rank {r}: the resumed run differs at {k}: {fa[k]} vs {fb[k]}"
@@ -273,7 +317,9 @@ def test(n: int) -> None:
         import keepsake
         r0 = os.path.join(runb, "ep0-ba10", f"rank-00000-of-{n:05d}.keepsake")
         with keepsake.safe_open(r0, "pt") as f:
-            values["ep0-ba10"] = float(f.get_tensor("state/train_metrics/loss/_computed"))
+            values["ep0-ba10"] = float(f.get_tensor("state/eval_metrics/val/score/_computed"))
+            assert f.get_tensor("state/train_metrics/loss/_computed").numel() == 1
+            assert "state/eval_metrics/test/idle/_computed" not in f.keys(), sorted(f.keys())
         want = expected_retention(order, values, keep_last=2, keep_best=1)
         got = set(committed(b))
         assert got == want, (got, want, values)

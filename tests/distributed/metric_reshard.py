@@ -1,9 +1,11 @@
 """Per-rank metric states at another world size: a checkpoint that keepsake.CheckpointManager
 (distributed=True) saved at N ranks resumes at M ranks with each rank's local metric states
 folded by the C library's rule (ks_shard_assigned + ks_metric_fold, as ks_dist_load at M != N).
+With --plain, the same through the public per-rank helpers and a plain dcp.save / dcp.load
+(keepsake.distributed.local_items / restore_local) instead of the manager.
 
-    python metric_reshard.py N M [M ...]    the test: saves at N ranks, then resumes at each M
-    torchrun ... metric_reshard.py save RUN N / load RUN N
+    python metric_reshard.py [--plain] N M [M ...]   the test: saves at N ranks, then loads at each M
+    torchrun ... metric_reshard.py save|load RUN N manager|plain
 
 Each saved rank s updates every metric on its contiguous shard of one data set, in two batches. At
 M ranks, rank r must hold exactly the states of one process fed the shards of saved ranks
@@ -11,7 +13,8 @@ M ranks, rank r must hold exactly the states of one process fed the shards of sa
 its generator and data position must be those of saved rank lo (rank mod N when none); and
 compute() after keepsake.distributed.sync must equal one process over the whole data set.
 Metrics: MulticlassAccuracy, MeanSquaredError, MulticlassAUROC (list states), CatMetric, and a
-metric the catalogue lacks (sum, max and list states).
+metric the catalogue lacks (sum, max and list states) as train metrics; and as eval metrics (label
+"val") a MetricCollection of the first three and the uncatalogued one, fed other data.
 Exit 77 when torch.distributed, gloo or torchmetrics is unavailable.
 """
 from __future__ import annotations
@@ -27,9 +30,9 @@ import time
 ROWS = 60  # not a multiple of 4 or 3: shards of different lengths
 
 
-def data():
+def data(seed: int = 11):
     import torch
-    g = torch.Generator().manual_seed(11)
+    g = torch.Generator().manual_seed(seed)
     return (torch.randn(ROWS, 5, generator=g).softmax(-1), torch.randint(0, 5, (ROWS,), generator=g),
             torch.randn(ROWS, generator=g))
 
@@ -38,10 +41,9 @@ def shard(s: int, n: int) -> slice:
     return slice(s * ROWS // n, (s + 1) * ROWS // n)
 
 
-def make():
+def spread_class():
     import torch
     import torchmetrics
-    import torchmetrics.classification as tc
 
     class Spread(torchmetrics.Metric):
         """Not in the catalogue: a sum, a max and a list state."""
@@ -61,6 +63,13 @@ def make():
             seen = torch.cat(self.seen) if isinstance(self.seen, list) and self.seen else self.seen
             return self.total, self.peak, seen
 
+    return Spread
+
+
+def make():
+    import torchmetrics
+    import torchmetrics.classification as tc
+    Spread = spread_class()
     ms = {"acc": tc.MulticlassAccuracy(num_classes=5, average="macro"),
           "mse": torchmetrics.MeanSquaredError(),
           "auroc": tc.MulticlassAUROC(num_classes=5),
@@ -71,9 +80,30 @@ def make():
     return ms
 
 
-def feed(ms, rows: slice) -> None:
+def make_eval():
+    """The eval metrics: a MetricCollection (no compute groups: each metric keeps its own states)."""
+    import torchmetrics
+    import torchmetrics.classification as tc
+    ms = torchmetrics.MetricCollection({"acc": tc.MulticlassAccuracy(num_classes=5, average="macro"),
+                                        "mse": torchmetrics.MeanSquaredError(),
+                                        "auroc": tc.MulticlassAUROC(num_classes=5),
+                                        "spread": spread_class()()}, compute_groups=False)
+    for _name, m in ms.items(keep_base=True, copy_state=False):
+        m.sync_on_compute = m._to_sync = False
+    return ms
+
+
+def eval_dict(ms) -> dict:
+    return dict(ms.items(keep_base=True, copy_state=False))
+
+
+def feed_eval(ms, rows: slice) -> None:
+    feed(eval_dict(ms), rows, seed=23)
+
+
+def feed(ms, rows: slice, seed: int = 11) -> None:
     """Two updates per saved rank's shard (every shard has 15 rows or more)."""
-    preds, target, x = data()
+    preds, target, x = data(seed)
     idx = list(range(ROWS))[rows]
     half = len(idx) // 2
     for part in (idx[:half], idx[half:]):
@@ -81,7 +111,8 @@ def feed(ms, rows: slice) -> None:
         ms["acc"].update(p, t)
         ms["mse"].update(v, v * 0.5)
         ms["auroc"].update(p, t)
-        ms["cat"].update(v)
+        if "cat" in ms:
+            ms["cat"].update(v)
         ms["spread"].update(v)
 
 
@@ -135,29 +166,47 @@ def worker(argv: list) -> None:
     import keepsake
     from keepsake import distributed as kd
 
-    mode, run, n = argv[0], argv[1], int(argv[2])
+    mode, run, n, how = argv[0], argv[1], int(argv[2]), argv[3]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    ms = make()
+    ms, ev = make(), make_eval()
     loader = Loader(100 + 7 * rank)
     torch.manual_seed(1000 + rank)
     if mode == "save":
         feed(ms, shard(rank, world))
+        feed_eval(ev, shard(rank, world))
     else:
         feed(ms, slice(0, 5))  # stale local states the resume must replace
+        feed_eval(ev, slice(7, 12))
         torch.manual_seed(55)
-    mgr = keepsake.CheckpointManager(run, train_metrics=ms, dataset_state={"loader": loader}, rng=True,
-                                     distributed=True)
-    if mode == "save":
-        torch.manual_seed(1000 + rank)  # the generator state saved (synced compute above used none)
-        mgr.save()
-        mgr.close()
-        dist.destroy_process_group()
-        return
+    parts = dict(metrics=ms, eval_metrics={"val": ev}, dataset_state={"loader": loader}, rng=True)
     t0 = time.monotonic()
-    assert mgr.autoresume(), "nothing to resume"
+    if how == "plain":  # the public helpers around a plain dcp.save / dcp.load
+        import torch.distributed.checkpoint as dcp
+        model = torch.nn.Linear(3, 2)
+        if mode == "save":
+            torch.manual_seed(1000 + rank)  # the generator state saved
+            sd = {"model": model.state_dict(), "step": 17, **kd.local_items(**parts)}
+            assert all(k.startswith(f"rank{rank}/") for k in sd if k.startswith("rank")), sorted(sd)
+            dcp.save(sd, storage_writer=kd.KeepsakeWriter(run))
+            dist.destroy_process_group()
+            return
+        sd = {"model": model.state_dict(), "step": 0, **kd.local_items(checkpoint=run, **parts)}
+        dcp.load(sd, storage_reader=kd.KeepsakeReader(run))
+        assert sd["step"] == 17, sd["step"]
+        kd.restore_local(sd, checkpoint=run, **parts)
+    else:
+        mgr = keepsake.CheckpointManager(run, train_metrics=ms, eval_metrics={"val": ev},
+                                         dataset_state={"loader": loader}, rng=True, distributed=True)
+        if mode == "save":
+            torch.manual_seed(1000 + rank)  # the generator state saved (synced compute above used none)
+            mgr.save()
+            mgr.close()
+            dist.destroy_process_group()
+            return
+        assert mgr.autoresume(), "nothing to resume"
+        mgr.close()
     took = time.monotonic() - t0
-    mgr.close()
     # The rule, stated here independently of the library: saved rank s goes to floor(s*M/N).
     mine = [s for s in range(n) if s * world // n == rank]
     first = mine[0] if mine else rank % n
@@ -165,15 +214,21 @@ def worker(argv: list) -> None:
     got_rng = torch.get_rng_state()
     torch.manual_seed(1000 + first)
     assert torch.equal(got_rng, torch.get_rng_state()), f"rank {rank}: the generator is not saved rank {first}'s"
-    ref = make()
+    ref, ref_ev = make(), make_eval()
     for s in mine:
         feed(ref, shard(s, n))
+        feed_eval(ref_ev, shard(s, n))
+    evs, ref_evs = eval_dict(ev), eval_dict(ref_ev)
     for k, m in ms.items():
         same(states(m), states(ref[k]), f"rank {rank} {k}")
-    whole = make()
+    for k, m in evs.items():
+        same(states(m), states(ref_evs[k]), f"rank {rank} eval {k}")
+    whole, whole_ev = make(), make_eval()
     for s in range(n):  # one process, the same updates in saved-rank order
         feed(whole, shard(s, n))
-    for k, m in ms.items():
+        feed_eval(whole_ev, shard(s, n))
+    whole.update({"val/" + k: m for k, m in eval_dict(whole_ev).items()})
+    for k, m in list(ms.items()) + [("val/" + k, m) for k, m in evs.items()]:
         m._computed = None
         with kd.synced(m):
             got = m.compute()
@@ -183,7 +238,7 @@ def worker(argv: list) -> None:
                 assert a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=1e-6, atol=1e-7), \
                     (rank, k, a, b)
     if rank == 0:
-        print(f"metric reshard: {n} -> {world} ranks ok (autoresume {took:.2f} s)")
+        print(f"metric reshard ({how}): {n} -> {world} ranks ok (load {took:.2f} s)")
     dist.destroy_process_group()
 
 
@@ -210,6 +265,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("save", "load"):
         worker(sys.argv[1:])
         return
+    args = sys.argv[1:]
+    how = "plain" if "--plain" in args else "manager"
+    args = [a for a in args if a != "--plain"]
     try:
         import torch.distributed as dist
         import torch.distributed.checkpoint  # noqa: F401
@@ -220,18 +278,18 @@ def main() -> None:
     if not dist.is_available() or not dist.is_gloo_available():
         print("skipped: torch.distributed with gloo unavailable")
         sys.exit(77)
-    n, targets = int(sys.argv[1]), [int(a) for a in sys.argv[2:]]
+    n, targets = int(args[0]), [int(a) for a in args[1:]]
     base = os.environ.get("KS_DCP_WORK") or tempfile.gettempdir()
     os.makedirs(base, exist_ok=True)
     work = tempfile.mkdtemp(prefix=f"metric_reshard_{n}-", dir=base)
     try:
         run = os.path.join(work, "run")
         t0 = time.monotonic()
-        torchrun(n, "save", run, str(n))
+        torchrun(n, "save", run, str(n), how)
         print(f"saved at {n} ranks ({time.monotonic() - t0:.1f} s)")
         for m in targets:
             t0 = time.monotonic()
-            sys.stdout.write(torchrun(m, "load", run, str(n)))
+            sys.stdout.write(torchrun(m, "load", run, str(n), how))
             print(f"loaded at {m} ranks ({time.monotonic() - t0:.1f} s)")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -84,3 +84,66 @@ def test_convert_between_s3_and_local(bucket, tmp_path):
     keepsake.convert(tmp_path / "ck.pt", f"s3://{bucket}/conv/again.keepsake")  # and a local input to S3
     assert torch.equal(kt.load_file(f"s3://{bucket}/conv/again.keepsake")["state/model/weight"],
                        model.weight.detach())
+
+
+# ---- http(s):// (nginx on 127.0.0.1 serving KS_TEST_HTTP_ROOT): read-only locations ----
+
+@pytest.fixture(scope="module")
+def served():
+    """(directory nginx serves, its URL, a subdirectory of both for this module)."""
+    env = remote_env.load()
+    sub = f"py-{uuid.uuid4().hex[:12]}"
+    os.makedirs(os.path.join(env["KS_TEST_HTTP_ROOT"], sub))
+    return os.path.join(env["KS_TEST_HTTP_ROOT"], sub), f"{env['KS_TEST_HTTP_URL']}/{sub}"
+
+
+def _trained():
+    torch.manual_seed(7)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_http_checkpoint_loads_and_converts(served, tmp_path):
+    root, url = served
+    model, opt = _trained()
+    kt.save_checkpoint(os.path.join(root, "ck.keepsake"), model=model, optimizers=opt, rng=False,
+                       extra={"note": "served"})
+    fresh = torch.nn.Linear(4, 3)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    rep = kt.load_checkpoint(f"{url}/ck.keepsake", model=fresh, optimizers=fresh_opt)
+    assert rep.find("state/model").kind == "loaded"
+    assert torch.equal(fresh.weight, model.weight) and torch.equal(fresh.bias, model.bias)
+    assert fresh_opt.state_dict()["state"][0]["exp_avg"].equal(opt.state_dict()["state"][0]["exp_avg"])
+    flat = kt.load_file(f"{url}/ck.keepsake", verify=True)
+    assert torch.equal(flat["state/model/weight"], model.weight.detach())
+    kept, _ = keepsake.convert(f"{url}/ck.keepsake", tmp_path / "ck.pt")
+    assert kept > 0
+    assert torch.equal(torch.load(tmp_path / "ck.pt")["state"]["model"]["weight"], model.weight.detach())
+
+
+def test_http_damaged_checkpoint_is_refused(served):
+    root, url = served
+    model, _ = _trained()
+    path = os.path.join(root, "bad.keepsake")
+    kt.save_checkpoint(path, model=model, rng=False)
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) - 3)
+        f.write(b"\xff\xfe\xfd")
+    before = model.weight.detach().clone()
+    with pytest.raises(keepsake.ChecksumError):
+        kt.load_checkpoint(f"{url}/bad.keepsake", model=model)
+    assert torch.equal(model.weight, before)  # verified before anything changed
+
+
+def test_http_is_read_only(served):
+    _root, url = served
+    model, _ = _trained()
+    with pytest.raises(keepsake.KeepsakeError):
+        kt.save_file({"w": torch.ones(2)}, f"{url}/new.keepsake")
+    with pytest.raises(keepsake.KeepsakeError):
+        kt.save_checkpoint(f"{url}/new.keepsake", model=model)
+    with pytest.raises(keepsake.UnsupportedError, match="read-only"):
+        keepsake.CheckpointManager(f"{url}/run", model=model)

@@ -253,3 +253,23 @@ def test_compute_metrics_generated_records(tmp_path):
     assert r.returncode == 0, f"status {r.returncode}: {r.stderr[-3000:]}"
     counts = json.loads(r.stdout)
     assert sum(counts.values()) == 150 and counts.get("ok") and len(counts) > 1, counts
+
+
+def test_every_error_class_survives_pickling(tmp_path):
+    """Exceptions cross process boundaries (multiprocessing, DCP gathering a rank's error):
+    each class comes back as itself with its fields, those named after builtins included."""
+    import pickle
+    from keepsake import _errors
+    classes = list(_errors.ERRORS.values()) + [_errors.FileNotFoundError_, keepsake.KeepsakeError]
+    assert keepsake.IOError_ in classes and keepsake.ValueError_ in classes
+    for cls in classes:
+        e = cls(cls.status, "what failed", "f.keepsake", "k", 12)
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is cls
+        assert (back.status, back.message, back.file, back.key, back.offset) == (cls.status, "what failed",
+                                                                                 "f.keepsake", "k", 12)
+        assert str(back) == str(e)
+    with pytest.raises(keepsake.IOError_) as info:  # one raised by the library, too
+        kt.load_file(str(tmp_path / "missing.keepsake"))
+    back = pickle.loads(pickle.dumps(info.value))
+    assert type(back) is type(info.value) and str(back) == str(info.value)

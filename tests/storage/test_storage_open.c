@@ -93,6 +93,15 @@ static void remote_paths(void **state) {
   assert_int_equal(io->create_fn(io->ctx, "https://host:8080/ckpt/y", &fd), EROFS);
   assert_int_equal(io->unlink_fn(io->ctx, "https://host:8080/ckpt/x.keepsake"), EROFS);
   assert_int_equal(io->list_fn(io->ctx, "https://host:8080/ckpt", "", NULL, NULL), ENOTSUP);
+  assert_true(ks_io_caps(io) & KS_IO_CAP_READ_ONLY);
+  /* a checkpoint manager writes its run directory: refused at once, before any request */
+  ks_ckpt_opts co = KS_OPTS_INIT(ks_ckpt_opts);
+  co.run_dir = ks_storage_path(st);
+  co.io = io;
+  ks_ckpt_manager *m = NULL;
+  assert_int_equal(ks_ckpt_manager_create(&co, &m, &e), KS_E_UNSUPPORTED);
+  assert_null(m);
+  assert_non_null(strstr(e.message, "read-only"));
   ks_storage_free(st);
 }
 

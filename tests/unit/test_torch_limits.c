@@ -1,7 +1,8 @@
 /*
  * Families of hostile torch input the reader and writer close as a whole, each
  * with a generator or property test and the reported input as a regression:
- *   amplification through shared references (a bounded output budget),
+ *   amplification through shared references (a bounded output budget, shared
+ *   containers counted as copies),
  *   silent key collisions (escaped separators; colliding names refused),
  *   writer and reader limits that disagree (an export keepsake cannot read back).
  */
@@ -181,6 +182,78 @@ static void fifty_references_to_a_16_mib_storage_are_refused_by_default(void **s
   ks_test_rmtree(dir);
   free(path);
   free(dir);
+}
+
+/* L0 = [], L(k+1) = [Lk, Lk] up to L(levels), then `pad` zero bytes after STOP (they count as
+   pickle bytes, so the default entry and container limits grow with them). */
+static buf shared_lists_pickle(int levels, size_t pad) {
+  buf p = {0};
+  emit(&p, "\x80\x02]q\x00", 5);
+  for (int k = 0; k < levels; k++) {
+    const char step[] = {'(', 'h', (char)k, 'h', (char)k, 'l', 'q', (char)(k + 1)};
+    emit(&p, step, sizeof step);
+  }
+  op(&p, '.');
+  for (size_t i = 0; i < pad; i++) op(&p, 0);
+  return p;
+}
+
+/* Property: a list reached by a second path is a copy and counts as its name plus
+   KS__PK_SHARED_CONTAINER_BYTES; the load (with its structure document) succeeds exactly
+   when the copies fit the budget. At depth j the 2^j lists have names of 2j - 1 bytes
+   ("0/1/..."), and one of them is the first path to its list. */
+static void shared_containers_are_copies_counted_exactly_against_the_budget(void **s) {
+  (void)s;
+  for (int levels = 1; levels <= 10; levels++) {
+    uint64_t need = 0;
+    for (int j = 1; j <= levels; j++)
+      need += (((uint64_t)1 << j) - 1) * ((uint64_t)(2 * j - 1) + KS__PK_SHARED_CONTAINER_BYTES);
+    buf pkl = shared_lists_pickle(levels, 0), pt = archive(&pkl, NULL, 0);
+    for (int under = 0; under <= 1; under++) {
+      ks_torch_read_opts o = {0};
+      o.max_output_bytes = need - (uint64_t)under;
+      o.max_entries = (size_t)1 << 20;
+      ks_statedict *sd = NULL;
+      char *structure = NULL;
+      ks_error err;
+      ks_status st = ks_torch_load_buffer_with_structure(pt.p, pt.n, &o, &sd, &structure, &err);
+      if (!under) {
+        assert_int_equal(st, KS_OK);
+        assert_int_equal(ks_statedict_count(sd), 0); /* empty lists only: all in the structure */
+        assert_non_null(structure);
+      } else {
+        assert_int_equal(st, KS_E_LIMIT);
+        assert_null(sd);
+        assert_non_null(strstr(err.message, "copied once per path"));
+      }
+      ks_statedict_free(sd);
+      ks_torch_free(NULL, structure);
+    }
+    free(pkl.p);
+    free(pt.p);
+  }
+}
+
+/* The report: 24 levels of shared empty lists (25 lists, 2^25 paths) padded to 64 KB after
+   STOP: the container limit (8 x 64 KB + 4096) let 514128 paths through, each recorded in the
+   structure document (~900 bytes of memory apiece: 463 MB, 0.8 s). Now the copies are stopped
+   by the output budget (4 x input + 64 MiB) at about 120000 paths, before that limit. */
+static void shared_empty_lists_padded_to_64_kib_stop_at_the_output_budget(void **s) {
+  (void)s;
+  buf pkl = shared_lists_pickle(24, 63754 - 198), pt = archive(&pkl, NULL, 0);
+  assert_int_equal(pkl.n, 63754);
+  ks_statedict *sd = NULL;
+  char *structure = NULL;
+  ks_error err;
+  assert_int_equal(ks_torch_load_buffer_with_structure(pt.p, pt.n, NULL, &sd, &structure, &err), KS_E_LIMIT);
+  assert_null(sd);
+  assert_null(structure);
+  assert_non_null(strstr(err.message, "copied once per path"));
+  /* without the structure document the same bound holds */
+  assert_int_equal(ks_torch_load_buffer(pt.p, pt.n, NULL, &sd, &err), KS_E_LIMIT);
+  assert_non_null(strstr(err.message, "copied once per path"));
+  free(pkl.p);
+  free(pt.p);
 }
 
 /* ---- family: silent key collisions ---- */
@@ -473,6 +546,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(shared_references_succeed_exactly_within_the_output_budget),
       cmocka_unit_test(fifty_references_to_a_16_mib_storage_are_refused_by_default),
+      cmocka_unit_test(shared_containers_are_copies_counted_exactly_against_the_budget),
+      cmocka_unit_test(shared_empty_lists_padded_to_64_kib_stop_at_the_output_budget),
       cmocka_unit_test(generated_key_collisions_are_refused_and_everything_else_survives),
       cmocka_unit_test(a_slash_key_beside_a_nested_dict_keeps_both_values),
       cmocka_unit_test(an_int_and_a_str_key_that_print_alike_are_refused),

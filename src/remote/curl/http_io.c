@@ -90,6 +90,6 @@ ks_status ks__http_open(ks_storage *st, const char *url, const ks_storage_opts *
                    .fsync_fn = ro_fd, .close_fn = http_close, .rename_fn = ro_two, .unlink_fn = ro_one,
                    .fsync_dir_fn = ro_one, .open_fn = http_open, .read_fn = ks__remote_read_fn,
                    .stat_fn = http_stat, .list_fn = no_list, .mkdir_fn = ro_one, .symlink_fn = ro_two,
-                   .readlink_fn = no_link};
+                   .readlink_fn = no_link, .caps = KS_IO_CAP_READ_ONLY};
   return KS_OK;
 }
