@@ -248,6 +248,24 @@ static void side_free(side *x) {
   memset(x, 0, sizeof *x);
 }
 
+/* The sharded checkpoint `in` as its ranks (merge = 1: merged onto one rank), verified first. */
+KS_NODISCARD static ks_status dir_load(const ks_cli_input *in, int merge, side *x, ks_error *err) {
+  ks_status s = ks_shard_index_read_io(in->path, NULL, in->io, &x->idx, err);
+  int world = ks_shard_index_world_size(x->idx);
+  for (int f = 0; !s && f < world; f++) s = ks_shard_verify_file_io(in->path, x->idx, f, in->io, err);
+  if (!s) /* the index against every file */
+    s = ks_shard_check(in->path, x->idx, in->io, KS_SHARD_CHECK_HEADERS, NULL, NULL, err);
+  if (s) return s;
+  x->n = merge ? 1 : world;
+  x->sd = calloc((size_t)x->n, sizeof *x->sd);
+  x->meta = calloc((size_t)x->n, sizeof *x->meta);
+  if (!x->sd || !x->meta) return KS_E_NOMEM;
+  ks_shard_load_opts lo = {.no_verify = 1, .io = in->io};
+  for (int r = 0; !s && r < x->n; r++)
+    s = ks_shard_load_rank(in->path, x->idx, r, x->n, NULL, &lo, &x->sd[r], &x->meta[r], err);
+  return s;
+}
+
 /* The checkpoint at path as n ranks (a file is one); merge = 1 loads a directory merged onto one rank. */
 KS_NODISCARD static ks_status side_load(const char *path, int merge, side *x, ks_error *err) {
   memset(x, 0, sizeof *x);
@@ -259,27 +277,27 @@ KS_NODISCARD static ks_status side_load(const char *path, int merge, side *x, ks
     if (!x->sd || !x->meta) return KS_E_NOMEM;
     return ks_load(path, &ro, &x->sd[0], &x->meta[0], err);
   }
-  ks_status s = ks_shard_index_read(path, NULL, &x->idx, err);
-  int world = ks_shard_index_world_size(x->idx);
-  for (int f = 0; !s && f < world; f++) s = ks_shard_verify_file(path, x->idx, f, err);
-  if (!s)
-    s = ks_shard_check(path, x->idx, NULL, KS_SHARD_CHECK_HEADERS, NULL, NULL, err); /* the index against every file */
-  if (s) return s;
-  x->n = merge ? 1 : world;
-  x->sd = calloc((size_t)x->n, sizeof *x->sd);
-  x->meta = calloc((size_t)x->n, sizeof *x->meta);
-  if (!x->sd || !x->meta) return KS_E_NOMEM;
-  ks_shard_load_opts lo = {.no_verify = 1};
-  for (int r = 0; !s && r < x->n; r++)
-    s = ks_shard_load_rank(path, x->idx, r, x->n, NULL, &lo, &x->sd[r], &x->meta[r], err);
+  ks_cli_input in; /* a local directory, s3:// or http(s):// */
+  if (ks_cli_input_open("diff", path, &in)) { /* it printed why */
+    snprintf(err->message, sizeof err->message, "cannot open the location");
+    snprintf(err->file, sizeof err->file, "%s", path);
+    return err->code = KS_E_INVALID;
+  }
+  ks_status s = dir_load(&in, merge, x, err);
+  if (s) ks_cli_input_error(&in, err);
+  ks_cli_input_close(&in);
   return s;
 }
 
 static int world_of(const char *path) {
   ks_shard_index *idx = NULL;
-  if (!ks_cli_is_dir(path) || ks_shard_index_read(path, NULL, &idx, NULL)) return 1;
-  int n = ks_shard_index_world_size(idx);
+  ks_storage *st = NULL;
+  int n = 1;
+  if (ks_cli_is_dir(path) && !ks_storage_open(path, NULL, &st, NULL) &&
+      !ks_shard_index_read_io(ks_storage_path(st), NULL, ks_storage_io(st), &idx, NULL))
+    n = ks_shard_index_world_size(idx);
   ks_shard_index_free(idx);
+  ks_storage_free(st);
   return n;
 }
 

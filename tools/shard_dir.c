@@ -1,6 +1,8 @@
 /*
  * `keepsake inspect DIR` and `keepsake verify DIR` for a sharded checkpoint
- * directory (rank files plus model.safetensors.index.json).
+ * directory (rank files plus model.safetensors.index.json). DIR may be a local
+ * directory, s3://bucket/prefix or http(s)://host/path: every read goes through
+ * the location's table (ks_storage), as for single files.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -10,17 +12,36 @@
 #include "cli_common.h"
 #include "commands.h"
 
-int ks_cli_is_dir(const char *path) {
-  struct stat sb;
-  return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+/* A remote location is a directory when its table says so (an S3 prefix with objects under it) or
+   when it holds an index (HTTP, whose URLs name files only). No request for a local path. */
+static int remote_is_dir(const char *loc) {
+  ks_storage *st = NULL;
+  if (ks_storage_open(loc, NULL, &st, NULL)) return 0;
+  const ks_io *io = ks_storage_io(st);
+  const char *p = ks_storage_path(st);
+  char index[4096];
+  ks_io_stat sb;
+  int yes = io->stat_fn(io->ctx, p, &sb) == 0 && sb.kind == KS_IO_DIR;
+  if (!yes && snprintf(index, sizeof index, "%s/%s", p, KS_SHARD_INDEX_NAME) < (int)sizeof index)
+    yes = io->stat_fn(io->ctx, index, &sb) == 0 && sb.kind == KS_IO_FILE;
+  ks_storage_free(st);
+  return yes;
 }
 
-static int open_index(const char *cmd, const char *dir, ks_shard_index **idx) {
+int ks_cli_is_dir(const char *path) {
+  if (strstr(path, "://") && strncmp(path, "file://", 7)) return remote_is_dir(path);
+  struct stat sb;
+  return stat(strncmp(path, "file://", 7) ? path : path + 7, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int open_index(const char *cmd, const ks_cli_input *in, ks_shard_index **idx) {
   ks_error err;
-  ks_status st = ks_shard_index_read(dir, NULL, idx, &err);
+  ks_status st = ks_shard_index_read_io(in->path, NULL, in->io, idx, &err);
   if (st == KS_OK) return 0;
+  ks_cli_input_error(in, &err);
   ks_cli_print_error(stdout, cmd, &err);
-  printf("%s: BAD (%s)\n", ks_cli_esc(dir), st == KS_E_NOTFOUND ? "not a complete sharded checkpoint" : "bad index");
+  printf("%s: BAD (%s)\n", ks_cli_esc(in->arg),
+         st == KS_E_NOTFOUND ? "not a complete sharded checkpoint" : "bad index");
   return 1;
 }
 
@@ -52,16 +73,19 @@ static int count_problem(void *ctx, const ks_error *problem) {
 }
 
 /* One rank file: its whole-file hash against the index, then every tensor's checksum. */
-static size_t verify_rank_file(const char *dir, const ks_shard_index *idx, int r) {
+static size_t verify_rank_file(const ks_cli_input *in, const ks_shard_index *idx, int r) {
   ks_error err;
-  if (ks_shard_verify_file(dir, idx, r, &err)) {
+  if (ks_shard_verify_file_io(in->path, idx, r, in->io, &err)) {
+    ks_cli_input_error(in, &err);
     ks_cli_print_error(stdout, "verify", &err);
     return 1;
   }
   char path[4096];
-  snprintf(path, sizeof path, "%s/%s", dir, ks_shard_index_file(idx, r, NULL));
+  snprintf(path, sizeof path, "%s/%s", in->path, ks_shard_index_file(idx, r, NULL));
+  ks_read_opts ro = {.io = in->io, .mode = in->io ? KS_READ_LAZY : KS_READ_MMAP};
   ks_reader *rd;
-  if (ks_reader_open(path, NULL, &rd, &err)) {
+  if (ks_reader_open(path, &ro, &rd, &err)) {
+    ks_cli_input_error(in, &err);
     ks_cli_print_error(stdout, "verify", &err);
     return 1;
   }
@@ -76,9 +100,10 @@ static size_t verify_rank_file(const char *dir, const ks_shard_index *idx, int r
 
 /* The index (its sharded section tiles every tensor, sizes bound every chunk), the files against
    it (sizes, headers: ks_shard_check), then each good file's hash and tensor checksums. */
-int ks_cli_verify_dir(const char *dir) {
+static int verify_dir_at(const ks_cli_input *in) {
+  const char *dir = in->arg;
   ks_shard_index *idx;
-  if (open_index("verify", dir, &idx)) return KS_EXIT_BAD;
+  if (open_index("verify", in, &idx)) return KS_EXIT_BAD;
   int n = ks_shard_index_world_size(idx);
   dir_problems d = {idx, 0, calloc((size_t)n, 1)};
   ks_error err;
@@ -87,11 +112,12 @@ int ks_cli_verify_dir(const char *dir) {
     ks_shard_index_free(idx);
     return KS_EXIT_BAD;
   }
-  ks_status st = ks_shard_check(dir, idx, NULL, KS_SHARD_CHECK_SIZES | KS_SHARD_CHECK_HEADERS, on_problem, &d, &err);
-  if (st && d.n == 0) ks_cli_print_error(stdout, "verify", &err), d.n++; /* e.g. out of memory */
+  ks_status st =
+      ks_shard_check(in->path, idx, in->io, KS_SHARD_CHECK_SIZES | KS_SHARD_CHECK_HEADERS, on_problem, &d, &err);
+  if (st && d.n == 0) ks_cli_input_error(in, &err), ks_cli_print_error(stdout, "verify", &err), d.n++; /* e.g. ENOMEM */
   size_t problems = d.n;
   for (int r = 0; r < n; r++)
-    if (!d.bad[r]) problems += verify_rank_file(dir, idx, r);
+    if (!d.bad[r]) problems += verify_rank_file(in, idx, r);
   free(d.bad);
   if (problems)
     printf("%s: BAD (%zu problem%s)\n", ks_cli_esc(dir), problems, problems == 1 ? "" : "s");
@@ -103,6 +129,14 @@ int ks_cli_verify_dir(const char *dir) {
   return problems ? KS_EXIT_BAD : KS_EXIT_OK;
 }
 
+int ks_cli_verify_dir(const char *dir) {
+  ks_cli_input in;
+  if (ks_cli_input_open("verify", dir, &in)) return KS_EXIT_BAD;
+  int rc = verify_dir_at(&in);
+  ks_cli_input_close(&in);
+  return rc;
+}
+
 static void print_dims(const char *label, int rank, const int64_t *v) {
   printf("%s[", label);
   for (int d = 0; d < rank; d++) printf(d ? ", %" PRId64 : "%" PRId64, v[d]);
@@ -111,7 +145,11 @@ static void print_dims(const char *label, int rank, const int64_t *v) {
 
 int ks_cli_inspect_dir(const char *dir) {
   ks_shard_index *idx;
-  if (open_index("inspect", dir, &idx)) return KS_EXIT_BAD;
+  ks_cli_input in;
+  if (ks_cli_input_open("inspect", dir, &in)) return KS_EXIT_BAD;
+  int bad = open_index("inspect", &in, &idx);
+  ks_cli_input_close(&in); /* the index is in memory */
+  if (bad) return KS_EXIT_BAD;
   int n = ks_shard_index_world_size(idx);
   printf("checkpoint: %s\nformat:     keepsake sharded, %d rank%s\ntimestamp:  epoch %lld batch %lld\n\n", dir, n,
          n == 1 ? "" : "s", (long long)ks_shard_index_epoch(idx), (long long)ks_shard_index_batch(idx));
@@ -195,15 +233,27 @@ static json_t *rank_file_json(const char *dir, const ks_shard_index *idx, int r)
   return one;
 }
 
-int ks_cli_inspect_dir_json(const char *dir) {
-  ks_shard_index *idx;
+/* The index, held against every file's size, or NULL after printing why. */
+static ks_shard_index *checked_index(const char *dir) {
+  ks_shard_index *idx = NULL;
   ks_error err;
-  if (ks_shard_index_read(dir, NULL, &idx, &err)) return ks_cli_print_error(stderr, "inspect", &err), KS_EXIT_BAD;
-  if (ks_shard_check(dir, idx, NULL, KS_SHARD_CHECK_SIZES, NULL, NULL, &err)) {
+  ks_cli_input in;
+  if (ks_cli_input_open("inspect", dir, &in)) return NULL;
+  ks_status st = ks_shard_index_read_io(in.path, NULL, in.io, &idx, &err);
+  if (!st) st = ks_shard_check(in.path, idx, in.io, KS_SHARD_CHECK_SIZES, NULL, NULL, &err);
+  if (st) {
+    ks_cli_input_error(&in, &err);
     ks_cli_print_error(stderr, "inspect", &err);
     ks_shard_index_free(idx);
-    return KS_EXIT_BAD;
+    idx = NULL;
   }
+  ks_cli_input_close(&in);
+  return idx;
+}
+
+int ks_cli_inspect_dir_json(const char *dir) {
+  ks_shard_index *idx = checked_index(dir);
+  if (!idx) return KS_EXIT_BAD;
   int n = ks_shard_index_world_size(idx);
   size_t np;
   const char *const *pr = ks_shard_index_per_rank(idx, &np);

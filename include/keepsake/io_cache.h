@@ -27,13 +27,21 @@ KS_BEGIN_DECLS
  * `cache_dir`, so reading the same bytes of the same file twice downloads them
  * once. Checkpoints are immutable once committed, so a file is identified by
  * its path and its size (as inner's open_fn reports it); each range read from
- * inner is kept as one "piece" file under cache_dir/<hash of path>-<size>/, and
- * a later read inside a piece is served from it. Pieces are written with the
- * durable replace (temp file, fsync, rename, fsync dir) and carry the path, the
- * range and the XXH3-64 of their bytes (the hash "keepsake.checksums" uses): a
- * piece whose size, header or hash does not match (torn, truncated, corrupted)
- * is never trusted: it is deleted and the range read from inner again. On top,
- * readers verify tensor checksums as in any mode.
+ * inner is kept as one "piece" file under cache_dir/<hash of path>-<size>/. A
+ * later read is assembled from the pieces that cover it (several adjacent or
+ * overlapping ones when it spans them), and only the gaps between them are
+ * read from inner, each kept as a new piece; a read that would take more than
+ * 64 parts (pieces and gaps) is read whole from inner instead. A handle lists
+ * its file's folder once, at its first read (pieces kept later by other
+ * handles are not seen by it), and keeps the pieces sorted in memory, so a
+ * read costs a binary search and a pass over the pieces near its range, not a
+ * directory listing. Pieces
+ * are written with the durable replace (temp file, fsync, rename, fsync dir)
+ * and carry the path, the range and the XXH3-64 of their bytes (the hash
+ * "keepsake.checksums" uses): a piece whose size, header or hash does not
+ * match (torn, truncated, corrupted) is never trusted: it is deleted and its
+ * part of the read is read from inner again. On top, readers verify tensor
+ * checksums as in any mode.
  *
  * Only file contents are cached: stat_fn, list_fn, readlink_fn (`latest`) and
  * open_fn (the size) always go to inner, and every write goes to inner
@@ -57,10 +65,16 @@ KS_NODISCARD ks_status ks_io_cache_create(const ks_io *inner, const char *cache_
 /** Frees a cache table (the files stay in cache_dir). Handles still open are closed. Accepts NULL. */
 void ks_io_cache_free(ks_io *cache);
 
-/** What a cache table did since it was created. */
+/**
+ * What a cache table did since it was created. A read is a hit when every
+ * byte came from pieces and a miss when any came from inner (a read served
+ * partly from pieces is one miss); bytes are counted where they came from, so
+ * hit_bytes + miss_bytes is what the reads returned and miss_bytes what was
+ * downloaded.
+ */
 typedef struct ks_io_cache_stats {
-  uint64_t hit_reads, hit_bytes;   /**< reads served from cache files */
-  uint64_t miss_reads, miss_bytes; /**< reads forwarded to the inner table */
+  uint64_t hit_reads, hit_bytes;   /**< reads served wholly from pieces; bytes copied out of pieces */
+  uint64_t miss_reads, miss_bytes; /**< reads that went to the inner table, wholly or partly; bytes it returned */
   uint64_t stored;                 /**< pieces written to the cache */
   uint64_t store_failures;         /**< pieces that could not be written (the read still succeeded) */
   uint64_t rejected;               /**< pieces found torn or corrupt, deleted and read again */

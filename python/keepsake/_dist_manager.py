@@ -121,7 +121,8 @@ class DistributedCheckpointManager(CheckpointManager):
         if upload_to is not None:
             raise _errors.error(_errors.UnsupportedError, "CheckpointManager(distributed=True): upload_to is not "
                                 "supported: the C checkpoint manager uploads checkpoint files, not sharded "
-                                "checkpoint directories (ks_ckpt_opts.upload_io with sharded)")
+                                "checkpoint directories (ks_ckpt_opts.upload_io with sharded); give an "
+                                "s3:// run_dir to save straight to the bucket")
         self.components = dict(model=model, optimizers=optimizers, schedulers=schedulers,
                                train_metrics=train_metrics, eval_metrics=eval_metrics, dataset_state=dataset_state,
                                callbacks=callbacks)
@@ -135,7 +136,11 @@ class DistributedCheckpointManager(CheckpointManager):
         self.last_resumed: Optional[str] = None
         self.save_errors = 0
         self.skipped = 0
-        self._url = None
+        loc = fspath(run_dir)
+        loc = loc if isinstance(loc, str) else loc.decode("utf-8", "surrogateescape")
+        # A remote run directory: the C manager names directories by the store's own paths (an S3
+        # key prefix), DCP's storage takes the location (s3://bucket/prefix/name).
+        self._url = loc.rstrip("/") if _n.is_remote(loc) else None
         self._pending: Optional[Tuple[Any, str]] = None
         self._pending_error: Optional[BaseException] = None
         ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
@@ -149,7 +154,7 @@ class DistributedCheckpointManager(CheckpointManager):
         # resume); the other ranks' managers only name directories (ks_ckpt_manager_dir_path).
         err = None
         try:
-            self._native = _n.Manager(fspath(run_dir), save_interval=save_every, filename=filename,
+            self._native = _n.Manager(loc, save_interval=save_every, filename=filename,
                                       keep=keep_last if self.rank == 0 else 0,
                                       keep_best=keep_best if self.rank == 0 else 0,
                                       best_metric=best_metric if self.rank == 0 else None, best_mode=best_mode,
@@ -264,6 +269,7 @@ class DistributedCheckpointManager(CheckpointManager):
         except _errors.KeepsakeError as e:
             err = e
         self._agree(err, "starting the save")
+        where = self._location(path)
         values = self._keepsake_entries()
         from . import _tensors, _tree
 
@@ -275,7 +281,7 @@ class DistributedCheckpointManager(CheckpointManager):
             keep.append(fl)
             return fl.entries
 
-        writer = _writer_class()(path, extra_entries, sync_files=self.sync_files)
+        writer = _writer_class()(where, extra_entries, sync_files=self.sync_files)
         sd = {**self._replicated(), **self._local()}
         if blocking:
             dcp.save(sd, storage_writer=writer, process_group=self._ctl)
@@ -283,8 +289,12 @@ class DistributedCheckpointManager(CheckpointManager):
         else:
             fut = dcp.async_save(sd, storage_writer=writer, process_group=self._async_group)
             self._pending = (fut, path)
-        self.last_saved = path
-        return path
+        self.last_saved = where
+        return where
+
+    def _location(self, path: str) -> str:
+        """The location of a directory the C manager named (its URL for a remote run directory)."""
+        return f"{self._url}/{path.rsplit('/', 1)[-1]}" if self._url else path
 
     def _commit(self, path: str) -> None:
         """After every rank's save returned: rank 0 points `latest` at it and applies retention."""
@@ -386,7 +396,7 @@ class DistributedCheckpointManager(CheckpointManager):
 
     @property
     def run_dir(self) -> str:
-        return self._native.path
+        return self._url or self._native.path
 
     # ---- resuming ----
 
@@ -418,6 +428,7 @@ class DistributedCheckpointManager(CheckpointManager):
         path = self._broadcast_str(path)
         if path is None:
             return False
+        path = self._location(path)
         saved_world = int(_n.shard_index(path, check=False)["world_size"])
         if saved_world != self.world_size and self.rank == 0:
             print(f"keepsake: note: {path} was saved by {saved_world} ranks, this run has {self.world_size}: "

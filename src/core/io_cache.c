@@ -1,8 +1,8 @@
 /*
  * The caching table (io_cache.h): handles of the inner table are wrapped in
- * slots so a read knows the path and size it belongs to; reads are served from
- * verified piece files (io_cache_piece.c) when one holds the range, else
- * forwarded and the range kept as a new piece.
+ * slots so a read knows the path and size it belongs to; a read is assembled
+ * from the verified piece files (io_cache_piece.c) that cover it, and only the
+ * gaps between them are forwarded and kept as new pieces.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -166,6 +166,24 @@ static int read_inner(ks__cache *c, int fd, uint8_t *buf, size_t want, uint64_t 
   return 0;
 }
 
+/* Reads part p of q from inner into dst and keeps it as a piece; a short read
+   (the file shrank) is returned but not kept. */
+static int fill_gap(ks__cache *c, const ks__cache_read *q, const ks__cache_part *p, uint8_t *dst, size_t *got) {
+  int rc = read_inner(c, q->fd, dst, p->len, p->off, got);
+  if (!rc && *got == p->len) ks__cache_store(c, q, p, dst);
+  return rc;
+}
+
+/* A read is a hit when no byte of it came from inner, else a miss; bytes are
+   counted where they came from (io_cache.h). */
+static void count(ks__cache *c, bool inner, uint64_t hit, uint64_t miss) {
+  atomic_fetch_add(inner ? &c->miss_reads : &c->hit_reads, 1);
+  atomic_fetch_add(&c->hit_bytes, hit);
+  atomic_fetch_add(&c->miss_bytes, miss);
+}
+
+/* Assembles the read part by part: cached parts from their pieces, the gaps
+   (and parts whose piece proved bad) from inner. */
 static int k_read(void *ctx, int h, void *buf, size_t n, uint64_t off, size_t *got) {
   ks__cache *c = ctx;
   ks__cache_read q;
@@ -173,16 +191,23 @@ static int k_read(void *ctx, int h, void *buf, size_t n, uint64_t off, size_t *g
   if (rc) return rc;
   *got = 0;
   if (q.want == 0) return 0;
-  if (q.found && ks__cache_serve(c, &q, buf) == 0) {
-    atomic_fetch_add(&c->hit_reads, 1);
-    atomic_fetch_add(&c->hit_bytes, q.want);
-    *got = q.want;
-    return 0;
+  size_t hit = 0, miss = 0;
+  bool inner = false;
+  for (size_t i = 0; i < q.n_parts; i++) {
+    const ks__cache_part *p = &q.parts[i];
+    uint8_t *dst = (uint8_t *)buf + (p->off - off);
+    if (p->cached && ks__cache_serve(c, &q, p, dst) == 0) {
+      hit += p->len;
+      continue;
+    }
+    size_t g = 0;
+    inner = true;
+    if ((rc = fill_gap(c, &q, p, dst, &g)) != 0) return rc;
+    miss += g;
+    if (g < p->len) break; /* the file ended early: what follows is not there */
   }
-  if ((rc = read_inner(c, q.fd, buf, q.want, off, got)) != 0) return rc;
-  atomic_fetch_add(&c->miss_reads, 1);
-  atomic_fetch_add(&c->miss_bytes, *got);
-  if (*got == q.want) ks__cache_store(c, h, &q, buf); /* a short read (the file shrank) is not kept */
+  count(c, inner, hit, miss);
+  *got = hit + miss;
   return 0;
 }
 

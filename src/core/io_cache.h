@@ -6,6 +6,10 @@
  *   "KSCACHE1" | file size | off | len | XXH3-64 of the bytes | path length  (u64 LE each)
  *   | the path | the len bytes of the file at off.
  * It is trusted only when its length, every header field and the hash match.
+ *
+ * A read is planned as a run of parts, each served by a piece or read from
+ * inner (a gap, kept as a new piece); the pieces of a handle are kept sorted
+ * by offset so the plan is one pass from a binary search (see ks__cache_lookup).
  */
 #ifndef KS_CORE_IO_CACHE_H
 #define KS_CORE_IO_CACHE_H
@@ -30,8 +34,9 @@ typedef struct ks__cache_slot {
   char *path; /* reading: the path opened */
   char *dir;  /* reading: the folder of its pieces */
   uint64_t size;
-  ks__cache_piece *pieces;
+  ks__cache_piece *pieces; /* sorted by offset, then length; no two alike */
   size_t n_pieces, cap_pieces;
+  uint64_t max_len; /* no piece is longer: where a scan for pieces covering an offset can start */
 } ks__cache_slot;
 
 typedef struct ks__cache {
@@ -45,22 +50,35 @@ typedef struct ks__cache {
   atomic_uint_least64_t hit_reads, hit_bytes, miss_reads, miss_bytes, stored, store_failures, rejected;
 } ks__cache;
 
+/* Most parts (pieces and gaps) one read is assembled from; a read that would
+   need more is read whole from inner, so a cache of tiny pieces costs one
+   round trip per read, not one per piece. Bounds the plan's size on the stack. */
+#define KS__CACHE_MAX_PARTS 64
+
+/* [off, off + len) of the file: out of `piece` when cached, else from inner. */
+typedef struct ks__cache_part {
+  uint64_t off;
+  size_t len;
+  bool cached;
+  ks__cache_piece piece;
+} ks__cache_part;
+
 /* One read, as planned under the lock. */
 typedef struct ks__cache_read {
   int h, fd;
   const char *path, *dir; /* the slot's: stable while the handle is open */
   uint64_t size, off;
   size_t want; /* bytes to return: n cut at the end of the file */
-  bool found;
-  ks__cache_piece piece; /* when found: a piece holding [off, off + want) */
+  size_t n_parts; /* in order, adjacent, covering [off, off + want) */
+  ks__cache_part parts[KS__CACHE_MAX_PARTS];
 } ks__cache_read;
 
 /* Plans a read of n bytes at off through handle h; EBADF when h is not open for reading. */
 int ks__cache_lookup(ks__cache *c, int h, size_t n, uint64_t off, ks__cache_read *q);
-/* Copies the planned range out of its piece into buf; 0, or -1 after deleting a bad piece. */
-int ks__cache_serve(ks__cache *c, const ks__cache_read *q, void *buf);
-/* Keeps buf (the planned range, read from inner) as a new piece; failures are only counted. */
-void ks__cache_store(ks__cache *c, int h, const ks__cache_read *q, const void *buf);
+/* Copies a cached part out of its piece into buf; 0, or -1 after deleting a bad piece. */
+int ks__cache_serve(ks__cache *c, const ks__cache_read *q, const ks__cache_part *p, void *buf);
+/* Keeps buf (part p of the read, read from inner) as a new piece; failures are only counted. */
+void ks__cache_store(ks__cache *c, const ks__cache_read *q, const ks__cache_part *p, const void *buf);
 /* Deletes every piece of `path` (removed or replaced in the inner table). */
 void ks__cache_forget(ks__cache *c, const char *path);
 

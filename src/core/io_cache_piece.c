@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/durable.h"
@@ -57,30 +58,94 @@ static int on_piece(void *ctx, const char *name, ks_io_kind kind) {
   ks__cache_slot *s = l->s;
   if (ks__grow(&l->c->alloc, &s->pieces, &s->cap_pieces, s->n_pieces + 1, sizeof *s->pieces)) return 0;
   s->pieces[s->n_pieces++] = (ks__cache_piece){off, len, false};
+  if (len > s->max_len) s->max_len = len;
   return 0;
+}
+
+static int by_range(const void *a, const void *b) {
+  const ks__cache_piece *x = a, *y = b;
+  if (x->off != y->off) return x->off < y->off ? -1 : 1;
+  return x->len < y->len ? -1 : x->len > y->len;
+}
+
+/* The index of the first piece of s not before (off, len) in the list's order. */
+static size_t lower_bound(const ks__cache_slot *s, uint64_t off, uint64_t len) {
+  size_t lo = 0, hi = s->n_pieces;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    const ks__cache_piece *p = &s->pieces[mid];
+    if (p->off < off || (p->off == off && p->len < len)) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* The slot of a handle open for reading, or NULL; call with the lock held. */
+static ks__cache_slot *reading_slot(ks__cache *c, int h) {
+  ks__cache_slot *s = h >= 0 && (size_t)h < c->n_slots && c->slots[h].used ? &c->slots[h] : NULL;
+  return s && s->reading ? s : NULL;
+}
+
+/* The folder is listed once per handle (one directory read, then pieces are
+   found in memory); a missing folder (nothing cached yet) is an empty list. */
+static void list_pieces(ks__cache *c, ks__cache_slot *s) {
+  list_ctx l = {c, s};
+  local()->list_fn(local()->ctx, s->dir, "", on_piece, &l);
+  if (s->n_pieces > 1) qsort(s->pieces, s->n_pieces, sizeof *s->pieces, by_range); /* NULL when none */
+  s->listed = true;
+}
+
+/* Of the pieces from *i on that start at or before cur, the one holding cur
+   that ends last (NULL when none does); *i moves past them. Pieces passed
+   over end before it, so later steps never need them. */
+static const ks__cache_piece *best_cover(const ks__cache_slot *s, size_t *i, uint64_t cur) {
+  const ks__cache_piece *best = NULL;
+  for (; *i < s->n_pieces && s->pieces[*i].off <= cur; (*i)++) {
+    const ks__cache_piece *p = &s->pieces[*i];
+    if (p->len > cur - p->off && (!best || p->off + p->len > best->off + best->len)) best = p;
+  }
+  return best;
+}
+
+/* Cuts [off, off + want) into parts, greedily taking the piece that reaches
+   furthest. One pass over the pieces that start between off - max_len (no
+   earlier piece reaches off) and the end of the read. */
+static void plan(const ks__cache_slot *s, ks__cache_read *q) {
+  uint64_t cur = q->off, end = q->off + q->want;
+  size_t i = lower_bound(s, cur > s->max_len ? cur - s->max_len : 0, 0);
+  while (cur < end) {
+    if (q->n_parts == KS__CACHE_MAX_PARTS) { /* too fragmented: one read of the whole range */
+      q->n_parts = 1;
+      q->parts[0] = (ks__cache_part){.off = q->off, .len = q->want};
+      return;
+    }
+    const ks__cache_piece *p = best_cover(s, &i, cur);
+    uint64_t stop = p ? p->off + p->len : i < s->n_pieces ? s->pieces[i].off : end;
+    if (stop > end) stop = end;
+    ks__cache_part *part = &q->parts[q->n_parts++];
+    *part = (ks__cache_part){.off = cur, .len = (size_t)(stop - cur), .cached = p != NULL};
+    if (p) part->piece = *p;
+    cur = stop;
+  }
 }
 
 int ks__cache_lookup(ks__cache *c, int h, size_t n, uint64_t off, ks__cache_read *q) {
   pthread_mutex_lock(&c->lock);
-  ks__cache_slot *s = h >= 0 && (size_t)h < c->n_slots && c->slots[h].used ? &c->slots[h] : NULL;
-  if (!s || !s->reading) {
+  ks__cache_slot *s = reading_slot(c, h);
+  if (!s) {
     pthread_mutex_unlock(&c->lock);
     return EBADF;
   }
-  if (!s->listed) { /* a missing folder (nothing cached yet) is an empty list */
-    list_ctx l = {c, s};
-    local()->list_fn(local()->ctx, s->dir, "", on_piece, &l);
-    s->listed = true;
-  }
-  *q = (ks__cache_read){.h = h, .fd = s->fd, .path = s->path, .dir = s->dir, .size = s->size, .off = off};
+  if (!s->listed) list_pieces(c, s);
+  q->h = h;
+  q->fd = s->fd;
+  q->path = s->path;
+  q->dir = s->dir;
+  q->size = s->size;
+  q->off = off;
   q->want = off >= s->size ? 0 : s->size - off < n ? (size_t)(s->size - off) : n;
-  for (size_t i = 0; i < s->n_pieces && q->want && !q->found; i++) {
-    const ks__cache_piece *p = &s->pieces[i];
-    if (p->off <= off && off - p->off <= p->len && q->want <= p->len - (off - p->off)) {
-      q->found = true;
-      q->piece = *p;
-    }
-  }
+  q->n_parts = 0;
+  plan(s, q);
   pthread_mutex_unlock(&c->lock);
   return 0;
 }
@@ -92,71 +157,80 @@ static int read_all(int fd, void *buf, size_t n, uint64_t off) {
 }
 
 /* The header and path of an open piece file match the piece, the file and its length. */
-static bool header_ok(const ks__cache_read *q, int fd, uint64_t fsize, uint64_t *hash) {
+static bool header_ok(const ks__cache_read *q, const ks__cache_piece *pc, int fd, uint64_t fsize, uint64_t *hash) {
   size_t plen = strlen(q->path);
   uint8_t h[HDR];
   char path[4096];
-  if (plen >= sizeof path || fsize != HDR + plen + q->piece.len || read_all(fd, h, HDR, 0) ||
-      read_all(fd, path, plen, HDR))
+  if (plen >= sizeof path || fsize != HDR + plen + pc->len || read_all(fd, h, HDR, 0) || read_all(fd, path, plen, HDR))
     return false;
   *hash = ks__le64(h + 32);
-  return !memcmp(h, MAGIC, 8) && ks__le64(h + 8) == q->size && ks__le64(h + 16) == q->piece.off &&
-         ks__le64(h + 24) == q->piece.len && ks__le64(h + 40) == plen && !memcmp(path, q->path, plen);
+  return !memcmp(h, MAGIC, 8) && ks__le64(h + 8) == q->size && ks__le64(h + 16) == pc->off &&
+         ks__le64(h + 24) == pc->len && ks__le64(h + 40) == plen && !memcmp(path, q->path, plen);
 }
 
-/* Reads the planned range; an unverified piece is read whole and hashed first. */
-static bool read_piece(ks__cache *c, const ks__cache_read *q, int fd, uint64_t hash, void *buf) {
-  uint64_t data = HDR + strlen(q->path), skip = q->off - q->piece.off;
-  if (q->piece.verified) return read_all(fd, buf, q->want, data + skip) == 0;
-  bool whole = skip == 0 && q->want == q->piece.len;
-  uint8_t *tmp = whole ? buf : ks__malloc(&c->alloc, (size_t)q->piece.len);
-  bool ok = tmp && read_all(fd, tmp, (size_t)q->piece.len, data) == 0 && XXH3_64bits(tmp, (size_t)q->piece.len) == hash;
-  if (ok && !whole) memcpy(buf, tmp + skip, q->want);
+/* Reads the part out of its piece; an unverified piece is read whole and
+   hashed first. 0, -1 when the piece is bad, ENOMEM when it could not be
+   checked (the piece is not at fault and stays). */
+static int read_piece(ks__cache *c, const ks__cache_read *q, const ks__cache_part *p, int fd, uint64_t hash,
+                      void *buf) {
+  const ks__cache_piece *pc = &p->piece;
+  uint64_t data = HDR + strlen(q->path), skip = p->off - pc->off;
+  if (pc->verified) return read_all(fd, buf, p->len, data + skip) ? -1 : 0;
+  bool whole = skip == 0 && p->len == pc->len;
+  uint8_t *tmp = whole ? buf : ks__malloc(&c->alloc, (size_t)pc->len);
+  if (!tmp) return ENOMEM;
+  bool ok = read_all(fd, tmp, (size_t)pc->len, data) == 0 && XXH3_64bits(tmp, (size_t)pc->len) == hash;
+  if (ok && !whole) memcpy(buf, tmp + skip, p->len);
   if (!whole) ks__free(&c->alloc, tmp);
-  return ok;
+  return ok ? 0 : -1;
 }
 
-/* Marks the piece verified, or removes it from the slot's list. */
-static void settle(ks__cache *c, const ks__cache_read *q, bool good) {
+/* Marks the piece verified, or takes it out of the handle's list (keeping the order). */
+static void settle(ks__cache *c, const ks__cache_read *q, const ks__cache_piece *pc, bool good) {
   pthread_mutex_lock(&c->lock);
-  ks__cache_slot *s = &c->slots[q->h];
-  for (size_t i = 0; i < s->n_pieces; i++) {
-    ks__cache_piece *p = &s->pieces[i];
-    if (p->off != q->piece.off || p->len != q->piece.len) continue;
-    if (good) p->verified = true;
-    else s->pieces[i--] = s->pieces[--s->n_pieces];
+  ks__cache_slot *s = reading_slot(c, q->h);
+  size_t i = s ? lower_bound(s, pc->off, pc->len) : 0;
+  if (s && i < s->n_pieces && s->pieces[i].off == pc->off && s->pieces[i].len == pc->len) {
+    if (good) s->pieces[i].verified = true;
+    else {
+      s->n_pieces--;
+      memmove(&s->pieces[i], &s->pieces[i + 1], (s->n_pieces - i) * sizeof *s->pieces);
+    }
   }
   pthread_mutex_unlock(&c->lock);
 }
 
-int ks__cache_serve(ks__cache *c, const ks__cache_read *q, void *buf) {
+int ks__cache_serve(ks__cache *c, const ks__cache_read *q, const ks__cache_part *p, void *buf) {
+  const ks__cache_piece *pc = &p->piece;
   char path[4096];
-  if (!piece_path(q->dir, q->piece.off, q->piece.len, path, sizeof path)) return -1;
+  if (!piece_path(q->dir, pc->off, pc->len, path, sizeof path)) return -1;
   int fd;
   uint64_t fsize, hash = 0;
   if (local()->open_fn(local()->ctx, path, &fd, &fsize)) {
-    settle(c, q, false);
+    settle(c, q, pc, false);
     return -1;
   }
-  bool ok = header_ok(q, fd, fsize, &hash) && read_piece(c, q, fd, hash, buf);
+  int rc = header_ok(q, pc, fd, fsize, &hash) ? read_piece(c, q, p, fd, hash, buf) : -1;
   local()->close_fn(local()->ctx, fd);
-  if (!ok) { /* torn, truncated or corrupted: never used, read again from inner */
+  if (rc == ENOMEM) return -1; /* not served, but not bad either */
+  if (rc) { /* torn, truncated or corrupted: never used, read again from inner */
     local()->unlink_fn(local()->ctx, path);
     atomic_fetch_add(&c->rejected, 1);
   }
-  if (ok != q->piece.verified) settle(c, q, ok);
-  return ok ? 0 : -1;
+  if ((rc == 0) != pc->verified) settle(c, q, pc, rc == 0);
+  return rc ? -1 : 0;
 }
 
-static KS_NODISCARD ks_status write_piece(ks__cache *c, const ks__cache_read *q, const void *buf, const char *path) {
+static KS_NODISCARD ks_status write_piece(ks__cache *c, const ks__cache_read *q, const ks__cache_part *p,
+                                          const void *buf, const char *path) {
   ks_error e;
   size_t plen = strlen(q->path);
   uint8_t h[HDR];
   memcpy(h, MAGIC, 8);
   ks__put_le64(h + 8, q->size);
-  ks__put_le64(h + 16, q->off);
-  ks__put_le64(h + 24, q->want);
-  ks__put_le64(h + 32, XXH3_64bits(buf, q->want));
+  ks__put_le64(h + 16, p->off);
+  ks__put_le64(h + 24, p->len);
+  ks__put_le64(h + 32, XXH3_64bits(buf, p->len));
   ks__put_le64(h + 40, plen);
   ks__durable d;
   ks_status s = ks__io_mkdir_p(local(), q->dir, &e);
@@ -164,24 +238,38 @@ static KS_NODISCARD ks_status write_piece(ks__cache *c, const ks__cache_read *q,
   if (!s) s = ks__durable_open(&d);
   if (!s) s = ks__durable_write(&d, h, HDR);
   if (!s) s = ks__durable_write(&d, q->path, plen);
-  if (!s) s = ks__durable_write(&d, buf, q->want);
+  if (!s) s = ks__durable_write(&d, buf, p->len);
   if (!s) s = ks__durable_commit(&d);
   ks__durable_abort(&d);
   return s;
 }
 
-void ks__cache_store(ks__cache *c, int h, const ks__cache_read *q, const void *buf) {
+/* Adds a piece just written to the handle's list, in order; one already there
+   (another thread kept the same range) is only marked verified. Without memory
+   it stays out of the list, which costs a later read from inner, nothing else. */
+static void add_piece(ks__cache *c, int h, uint64_t off, uint64_t len) {
+  pthread_mutex_lock(&c->lock);
+  ks__cache_slot *s = reading_slot(c, h);
+  size_t i = s ? lower_bound(s, off, len) : 0;
+  if (s && i < s->n_pieces && s->pieces[i].off == off && s->pieces[i].len == len) {
+    s->pieces[i].verified = true;
+  } else if (s && !ks__grow(&c->alloc, &s->pieces, &s->cap_pieces, s->n_pieces + 1, sizeof *s->pieces)) {
+    memmove(&s->pieces[i + 1], &s->pieces[i], (s->n_pieces - i) * sizeof *s->pieces);
+    s->pieces[i] = (ks__cache_piece){off, len, true};
+    s->n_pieces++;
+    if (len > s->max_len) s->max_len = len;
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+void ks__cache_store(ks__cache *c, const ks__cache_read *q, const ks__cache_part *p, const void *buf) {
   char path[4096];
-  if (!piece_path(q->dir, q->off, q->want, path, sizeof path) || write_piece(c, q, buf, path)) {
+  if (!piece_path(q->dir, p->off, p->len, path, sizeof path) || write_piece(c, q, p, buf, path)) {
     atomic_fetch_add(&c->store_failures, 1);
     return;
   }
   atomic_fetch_add(&c->stored, 1);
-  pthread_mutex_lock(&c->lock);
-  ks__cache_slot *s = &c->slots[h];
-  if (!ks__grow(&c->alloc, &s->pieces, &s->cap_pieces, s->n_pieces + 1, sizeof *s->pieces))
-    s->pieces[s->n_pieces++] = (ks__cache_piece){q->off, q->want, true};
-  pthread_mutex_unlock(&c->lock);
+  add_piece(c, q->h, p->off, p->len);
 }
 
 /* ---- forgetting a path ---- */
@@ -207,7 +295,10 @@ void ks__cache_forget(ks__cache *c, const char *path) {
   pthread_mutex_lock(&c->lock);
   for (size_t i = 0; i < c->n_slots; i++) {
     ks__cache_slot *s = &c->slots[i];
-    if (s->used && s->reading && !strcmp(s->path, path)) s->n_pieces = 0;
+    if (s->used && s->reading && !strcmp(s->path, path)) {
+      s->n_pieces = 0;
+      s->max_len = 0;
+    }
   }
   pthread_mutex_unlock(&c->lock);
 }

@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -127,15 +126,27 @@ def test_round_trip_on_s3(direct, bucket, tmp_path):
     index = native.shard_index(url, check=True)
     assert index["world_size"] == 1 and [f for f, _n, _h in index["files"]] == [RANK0]
     native.shard_verify(url)
-    # The objects are a checkpoint directory byte for byte: the CLI (local directories only) verifies a copy.
+    # The CLI reads the bucket's directory as a local one: verify, inspect, and diff against a copy.
     copy = tmp_path / "copy"
     copy.mkdir()
     for name in (INDEX_NAME, RANK0):
         (copy / name).write_bytes(get(bucket, f"run/step-1/{name}"))
-    cli = os.environ.get("KS_CLI")
-    if cli:
-        v = subprocess.run([cli, "verify", str(copy)], capture_output=True, text=True, timeout=60)
-        assert v.returncode == 0 and "OK" in v.stdout, (v.stdout, v.stderr)
+    v = cli("verify", url)
+    assert v.returncode == 0 and f"{url}: OK (sharded checkpoint, 1 rank file" in v.stdout, (v.stdout, v.stderr)
+    v = cli("inspect", url)
+    assert v.returncode == 0 and "format:     keepsake sharded, 1 rank" in v.stdout and RANK0 in v.stdout, v.stdout
+    v = cli("diff", url, str(copy))
+    assert v.returncode == 0 and "identical" in v.stdout, (v.stdout, v.stderr)
+    v = cli("verify", f"s3://{bucket}/run/missing")
+    assert v.returncode != 0 and "BAD" in v.stdout, (v.stdout, v.stderr)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """The keepsake CLI (KS_CLI, set by ctest) on `args`."""
+    exe = os.environ.get("KS_CLI")
+    if not exe:
+        pytest.skip("KS_CLI is not set (run through ctest)")
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
 
 
 def test_bucket_root_and_checkpoint_id(direct, env):
@@ -199,6 +210,8 @@ def test_damaged_rank_object_is_a_checksum_error(direct, bucket):
         KeepsakeReader(url, verify_files=True).read_metadata()
     with pytest.raises(keepsake.ChecksumError):
         native.shard_verify(url)
+    v = cli("verify", url)
+    assert v.returncode != 0 and "KS_E_CHECKSUM" in v.stdout and f"{url}: BAD" in v.stdout, (v.stdout, v.stderr)
 
 
 class DiesBeforeCommit(KeepsakeWriter):
@@ -268,6 +281,8 @@ def test_read_over_http(env, tmp_path):
         assert_loaded(out)
         assert native.shard_index(url)["world_size"] == 1
         native.shard_verify(url)
+        v = cli("verify", url)
+        assert v.returncode == 0 and f"{url}: OK" in v.stdout, (v.stdout, v.stderr)
     finally:
         shutil.rmtree(local)
 
@@ -276,18 +291,6 @@ def test_read_over_http(env, tmp_path):
 # What a load reads, counted at the fault proxy.
 # ----------------------------------------------------------------------------------------------
 
-def settled_log(start: int) -> list:
-    """The proxy's log from entry `start` on, once it stops growing."""
-    last, stable_since, deadline = None, time.monotonic(), time.monotonic() + 10
-    while True:
-        log = remote_env.proxy_log()
-        if last is not None and len(log) == len(last):
-            if time.monotonic() - stable_since > 0.3 or time.monotonic() > deadline:
-                return log[start:]
-        else:
-            stable_since = time.monotonic()
-        last = log
-        time.sleep(0.1)
 
 
 def test_load_reads_only_the_requested_ranges(env, direct, bucket):
@@ -300,7 +303,7 @@ def test_load_reads_only_the_requested_ranges(env, direct, bucket):
     out = {"layer5": torch.zeros(MIB // 4)}
     dcp.load(out, storage_reader=KeepsakeReader(url), no_dist=True)
     assert torch.equal(out["layer5"], big["layer5"])
-    seen = [e for e in settled_log(start) if e["path"] == path]
+    seen = [e for e in remote_env.settled_log(start) if e["path"] == path]
     gets = [e for e in seen if e["method"] == "GET"]
     total = sum(e["resp_bytes"] or 0 for e in gets)
     # one tensor and the header (read twice: the metadata, then the file the plan reads), not 8 MiB
@@ -347,3 +350,40 @@ def test_two_ranks_save_to_s3_and_load(direct, bucket, tmp_path):
         for p in fqn.split("."):
             d = d[p]
         assert torch.equal(d, t), fqn
+
+
+def test_distributed_manager_on_s3(direct, bucket, tmp_path):
+    """CheckpointManager(distributed=True) with an s3:// run directory (a one-rank gloo group):
+    each directory is written to the bucket through DCP, keep_last prunes there, a background
+    save commits, and a fresh manager autoresumes from the bucket."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        run = f"s3://{bucket}/dist-run"
+        torch.manual_seed(3)
+        model = torch.nn.Linear(6, 4)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+        ts = keepsake.Timestamp()
+        saved = []
+        with keepsake.CheckpointManager(run, model=model, optimizers=opt, timestamp=ts, keep_last=2,
+                                        distributed=True, preemption_signals=()) as mgr:
+            assert mgr.run_dir == run
+            for i in range(4):
+                model(torch.randn(3, 6)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                ts.batch += 1
+                saved.append(mgr.save(blocking=i != 3))
+        assert saved == [f"{run}/ep0-ba{i}" for i in range(1, 5)]
+        assert [bool(native.shard_committed(p)) for p in saved] == [False, False, True, True]  # keep_last=2
+        fresh = torch.nn.Linear(6, 4)
+        fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.05)
+        ts2 = keepsake.Timestamp()
+        with keepsake.CheckpointManager(run, model=fresh, optimizers=fresh_opt, timestamp=ts2,
+                                        distributed=True, preemption_signals=()) as mgr:
+            assert mgr.autoresume() and mgr.last_resumed == saved[-1]
+        assert ts2.batch == 4 and torch.equal(fresh.weight, model.weight) and torch.equal(fresh.bias, model.bias)
+        assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+        assert not os.path.exists("dist-run")  # nothing was written to a local path of that name
+    finally:
+        dist.destroy_process_group()

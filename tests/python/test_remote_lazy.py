@@ -10,7 +10,6 @@ only reads the entries of its own (uniquely named) objects. Run by ctest (KS_REM
 import os
 import shutil
 import sys
-import time
 import uuid
 
 import pytest
@@ -54,20 +53,6 @@ def via_proxy(env):
     os.environ["AWS_ENDPOINT_URL"] = env["KS_TEST_PROXY_S3"]
 
 
-def settled_log(start=0):
-    """The proxy's log from entry `start` on, once it stops growing (an entry is recorded when its
-    exchange ends, which may be a moment after the client has its bytes)."""
-    last, stable_since = None, time.monotonic()
-    deadline = time.monotonic() + 10
-    while True:
-        log = remote_env.proxy_log()
-        if last is not None and len(log) == len(last):
-            if time.monotonic() - stable_since > 0.3 or time.monotonic() > deadline:
-                return log[start:]
-        else:
-            stable_since = time.monotonic()
-        last = log
-        time.sleep(0.1)
 
 
 def of(log, path):
@@ -107,11 +92,11 @@ def check_one_tensor_read(url, path, tensors, start):
     with keepsake.safe_open(url, framework="pt") as f:
         assert len(f.keys()) == N_TENSORS and f.metadata() is None
         assert f.get_slice(name).get_shape() == [TENSOR_BYTES // 4]
-        opened = body_bytes(of(settled_log(start), path))
+        opened = body_bytes(of(remote_env.settled_log(start), path))
         assert opened < MIB  # the header only
         got = f.get_tensor(name)
     assert torch.equal(got, tensors[name])
-    seen = of(settled_log(start), path)
+    seen = of(remote_env.settled_log(start), path)
     total = body_bytes(seen)
     # the tensor, once, and the header: far less than the 64 MiB object
     assert TENSOR_BYTES <= total < 2 * TENSOR_BYTES + MIB, total
@@ -143,7 +128,7 @@ def test_get_slice_fetches_its_tensor_once(env, big_s3):
         s = f.get_slice("layer03.weight")
         assert torch.equal(s[10:20], t["layer03.weight"][10:20])
         assert torch.equal(s[-5:], t["layer03.weight"][-5:])
-    total = body_bytes(of(settled_log(start), path))
+    total = body_bytes(of(remote_env.settled_log(start), path))
     assert TENSOR_BYTES <= total < 2 * TENSOR_BYTES + MIB, total
 
 
@@ -154,7 +139,7 @@ def test_numpy_framework_lazy(env, big_s3):
     with keepsake.safe_open(url, framework="np") as f:
         a = f.get_tensor("layer11.weight")
     assert (a == t["layer11.weight"].numpy()).all()
-    assert body_bytes(of(settled_log(start), path)) < 2 * TENSOR_BYTES + MIB
+    assert body_bytes(of(remote_env.settled_log(start), path)) < 2 * TENSOR_BYTES + MIB
 
 
 def corrupt_copy(tensors, victim):
@@ -247,13 +232,13 @@ def test_safe_open_cache_reads_nothing_the_second_time(env, big_s3, tmp_path):
         assert torch.equal(f.get_tensor("layer05.weight"), t["layer05.weight"])
         st = f._reader.cache_stats()
     assert st["miss_bytes"] >= TENSOR_BYTES and st["hit_bytes"] == 0 and st["stored"] >= 2
-    first = of(settled_log(start), path)
+    first = of(remote_env.settled_log(start), path)
     assert body_bytes(first) >= TENSOR_BYTES
     start = len(remote_env.proxy_log())
     with keepsake.safe_open(url, cache_dir=cache) as f:
         assert torch.equal(f.get_tensor("layer05.weight"), t["layer05.weight"])
         st = f._reader.cache_stats()
-    again = of(settled_log(start), path)
+    again = of(remote_env.settled_log(start), path)
     assert [e for e in again if e["method"] == "GET"] == []  # the size (HEAD) is asked; no byte is read
     assert body_bytes(again) == 0
     assert st["miss_bytes"] == 0 and st["hit_bytes"] >= TENSOR_BYTES
@@ -268,10 +253,10 @@ def test_load_file_cache_reads_nothing_the_second_time(env, bucket, tmp_path):
     cache = tmp_path / "cache"
     start = len(remote_env.proxy_log())
     first = kt.load_file(url, verify=True, cache_dir=cache)
-    assert body_bytes(of(settled_log(start), f"/{bucket}/cached.keepsake")) > 0
+    assert body_bytes(of(remote_env.settled_log(start), f"/{bucket}/cached.keepsake")) > 0
     start = len(remote_env.proxy_log())
     second = kn.load_file(url, verify=True, cache_dir=cache)
-    assert body_bytes(of(settled_log(start), f"/{bucket}/cached.keepsake")) == 0
+    assert body_bytes(of(remote_env.settled_log(start), f"/{bucket}/cached.keepsake")) == 0
     for k in t:
         assert torch.equal(first[k], t[k]) and (second[k] == t[k].numpy()).all()
     # a damaged piece is never trusted: it is dropped and the bytes read again
@@ -285,7 +270,7 @@ def test_load_file_cache_reads_nothing_the_second_time(env, bucket, tmp_path):
             f.write(bytes([b[0] ^ 1]))
     start = len(remote_env.proxy_log())
     third = kt.load_file(url, verify=True, cache_dir=cache)
-    assert body_bytes(of(settled_log(start), f"/{bucket}/cached.keepsake")) > 0
+    assert body_bytes(of(remote_env.settled_log(start), f"/{bucket}/cached.keepsake")) > 0
     assert all(torch.equal(third[k], t[k]) for k in t)
 
 
@@ -337,7 +322,7 @@ def test_upload_mode_uploads_and_autoresumes(env, bucket, tmp_path):
         assert torch.equal(fresh.weight, model.weight) and torch.equal(fresh.bias, model.bias)
         assert torch.equal(fopt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
         assert os.path.exists(run / "ep0-ba6.keepsake")  # downloaded under its name
-        got = [e for e in settled_log(start)
+        got = [e for e in remote_env.settled_log(start)
                if e["method"] == "GET" and e["path"] == f"/{bucket}/uploaded/ep0-ba6.keepsake"]
         if attempt == 0:
             assert body_bytes(got) >= os.path.getsize(run / "ep0-ba6.keepsake")

@@ -5,7 +5,7 @@
     remote_env.make_bucket("b1")           # through moto directly
     remote_env.s3("PUT", "b1/key", data=b"...", via_proxy=True)
     remote_env.set_faults([{"target": "s3", "method": "PUT", "action": "status", "status": 503, "times": 2}])
-    remote_env.clear_faults(); remote_env.proxy_log(); remote_env.clear_log()
+    remote_env.clear_faults(); remote_env.proxy_log(); remote_env.settled_log(); remote_env.clear_log()
 
 Standard library only. S3 requests are signed by the curl program (--aws-sigv4): moto refuses
 unsigned reads of private objects.
@@ -14,6 +14,7 @@ unsigned reads of private objects.
 import json
 import os
 import subprocess
+import time
 import urllib.request
 
 ENV_KEYS = ("KS_TEST_S3_ENDPOINT", "KS_TEST_HTTP_URL", "KS_TEST_HTTP_ROOT", "KS_TEST_PROXY_S3",
@@ -64,6 +65,22 @@ def faults():
 def proxy_log():
     """The proxy's request log: a list of dicts (target, method, path, query, range, status, ...)."""
     return _ctl("GET", "/log")
+
+
+def settled_log(start=0):
+    """The proxy's log from entry `start` on, once it stops growing (an entry is recorded when its
+    exchange ends, which may be a moment after the client has its bytes); at most about 10 s."""
+    last, stable_since = None, time.monotonic()
+    deadline = time.monotonic() + 10
+    while True:
+        log = proxy_log()
+        if last is not None and len(log) == len(last):
+            if time.monotonic() - stable_since > 0.3 or time.monotonic() > deadline:
+                return log[start:]
+        else:
+            stable_since = time.monotonic()
+        last = log
+        time.sleep(0.1)
 
 
 def clear_log():

@@ -2,7 +2,8 @@
  * KS_READ_LAZY through a table that cannot map and counts what it reads (the
  * shape of a remote backend): open reads the header only, a fetch reads only
  * its tensor, checksums are verified on arrival, a full load reads each byte
- * once; the caching table downloads bytes once and never trusts a damaged piece.
+ * once; the caching table downloads bytes once (assembling a read from the
+ * pieces that cover it) and never trusts a damaged piece.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -436,6 +437,328 @@ static void test_cache_alloc_failure_sweep(void **state) {
   free(p);
 }
 
+/* ---- the cache: reads over several pieces ---- */
+
+#define PF_SIZE ((size_t)1 << 20)
+
+/* A file of n pseudo-random bytes at path; returns them (free them). */
+static uint8_t *write_noise(const char *path, size_t n, uint64_t seed) {
+  uint8_t *b = malloc(n);
+  assert_non_null(b);
+  uint64_t x = seed | 1;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b[i] = (uint8_t)(x >> 24);
+  }
+  assert_int_equal(ks_test_write_file(path, b, n), 0);
+  return b;
+}
+
+static int open_h(const ks_io *io, const char *path) {
+  int h;
+  uint64_t size;
+  assert_int_equal(io->open_fn(io->ctx, path, &h, &size), 0);
+  return h;
+}
+
+static void close_h(const ks_io *io, int h) { assert_int_equal(io->close_fn(io->ctx, h), 0); }
+
+/* Reads [off, off + n) through h: 0 when it gave the file's bytes (cut at its end), else nonzero. */
+static int read_cmp(const ks_io *io, int h, const uint8_t *file, size_t size, uint64_t off, size_t n) {
+  uint8_t *b = malloc(n ? n : 1);
+  size_t got = 0, want = off >= size ? 0 : size - off < n ? (size_t)(size - off) : n;
+  int rc = io->read_fn(io->ctx, h, b, n, off, &got);
+  int bad = rc ? rc : got != want || (want && memcmp(b, file + off, want));
+  free(b);
+  return bad;
+}
+
+static void read_check(const ks_io *io, int h, const uint8_t *file, size_t size, uint64_t off, size_t n) {
+  assert_int_equal(read_cmp(io, h, file, size, off, n), 0);
+}
+
+/* Reads the windows set in mask (bit i: the i-th of `parts` equal windows) through one handle. */
+static void read_windows(const ks_io *io, const char *path, const uint8_t *file, size_t size, int parts,
+                         unsigned mask) {
+  int h = open_h(io, path);
+  for (int i = 0; i < parts; i++)
+    if (mask >> i & 1) read_check(io, h, file, size, (uint64_t)i * (size / (size_t)parts), size / (size_t)parts);
+  close_h(io, h);
+}
+
+static ks_io_cache_stats cache_stats(const ks_io *cache) {
+  ks_io_cache_stats st;
+  ks_io_cache_get_stats(cache, &st);
+  return st;
+}
+
+/* A file read in four windows, then whole: assembled from the four pieces, nothing downloaded. */
+static void test_cache_assembles_adjacent_pieces(void **state) {
+  fixture *fx = *state;
+  char *cdir = ks_test_path(fx->dir, "cache5"), *p = ks_test_path(fx->dir, "noise5.bin");
+  uint8_t *file = write_noise(p, PF_SIZE, 5);
+  ks_io *cache;
+  assert_int_equal(ks_io_cache_create(fx->counter, cdir, NULL, &cache, NULL), KS_OK);
+  int a = open_h(cache, p);
+  for (size_t i = 0; i < 4; i++) read_check(cache, a, file, PF_SIZE, i * PF_SIZE / 4, PF_SIZE / 4);
+  ks_io_counter_reset(fx->counter);
+  ks_io_cache_stats before = cache_stats(cache);
+  read_check(cache, a, file, PF_SIZE, 0, PF_SIZE); /* the pieces this handle kept */
+  close_h(cache, a);
+  int b = open_h(cache, p); /* pieces found by listing the folder, checked on first use */
+  read_check(cache, b, file, PF_SIZE, 0, PF_SIZE);
+  read_check(cache, b, file, PF_SIZE, 0, PF_SIZE + 4096); /* past the end: cut there */
+  close_h(cache, b);
+  assert_int_equal(counts(fx->counter).read_bytes, 0);
+  ks_io_cache_stats st = cache_stats(cache);
+  assert_int_equal(st.hit_reads - before.hit_reads, 3);
+  assert_int_equal(st.hit_bytes - before.hit_bytes, 3 * PF_SIZE);
+  assert_int_equal(st.miss_reads, before.miss_reads);
+  assert_int_equal(st.stored, 4);
+  ks_io_cache_free(cache);
+  ks_test_rmtree(cdir);
+  free(file);
+  free(cdir);
+  free(p);
+}
+
+/* Half the file cached in two windows: a whole read downloads only the two gaps. */
+static void test_cache_reads_only_gaps(void **state) {
+  fixture *fx = *state;
+  char *cdir = ks_test_path(fx->dir, "cache6"), *p = ks_test_path(fx->dir, "noise6.bin");
+  uint8_t *file = write_noise(p, PF_SIZE, 6);
+  ks_io *cache;
+  assert_int_equal(ks_io_cache_create(fx->counter, cdir, NULL, &cache, NULL), KS_OK);
+  read_windows(cache, p, file, PF_SIZE, 4, 0x5); /* windows 0 and 2 */
+  ks_io_counter_reset(fx->counter);
+  ks_io_cache_stats before = cache_stats(cache);
+  int h = open_h(cache, p);
+  read_check(cache, h, file, PF_SIZE, 0, PF_SIZE);
+  ks_io_counts c = counts(fx->counter);
+  assert_int_equal(c.read_bytes, PF_SIZE / 2);
+  assert_int_equal(c.read_calls, 2);
+  ks_io_cache_stats st = cache_stats(cache);
+  assert_int_equal(st.miss_reads - before.miss_reads, 1); /* partly served: one miss */
+  assert_int_equal(st.miss_bytes - before.miss_bytes, PF_SIZE / 2);
+  assert_int_equal(st.hit_bytes - before.hit_bytes, PF_SIZE / 2);
+  assert_int_equal(st.hit_reads, before.hit_reads);
+  assert_int_equal(st.stored - before.stored, 2); /* each gap kept */
+  close_h(cache, h);
+  ks_io_counter_reset(fx->counter);
+  read_windows(cache, p, file, PF_SIZE, 1, 1);
+  assert_int_equal(counts(fx->counter).read_bytes, 0);
+  ks_io_cache_free(cache);
+  ks_test_rmtree(cdir);
+  free(file);
+  free(cdir);
+  free(p);
+}
+
+/* The piece file of [off, off + len) under cdir (free it), or NULL. */
+static char *piece_file(const char *cdir, uint64_t off, uint64_t len) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "find '%s' -type f -name '%016llx-%016llx'", cdir, (unsigned long long)off,
+           (unsigned long long)len);
+  char *out = NULL;
+  if (ks_test_run(cmd, &out) != 0 || !out || !*out) {
+    free(out);
+    return NULL;
+  }
+  out[strcspn(out, "\n")] = '\0';
+  return out;
+}
+
+/* A corrupted middle piece: deleted, its range alone read again, the bytes right. */
+static void test_cache_rereads_bad_middle_piece(void **state) {
+  fixture *fx = *state;
+  char *cdir = ks_test_path(fx->dir, "cache7"), *p = ks_test_path(fx->dir, "noise7.bin");
+  uint8_t *file = write_noise(p, PF_SIZE, 7);
+  ks_io *cache;
+  assert_int_equal(ks_io_cache_create(fx->counter, cdir, NULL, &cache, NULL), KS_OK);
+  read_windows(cache, p, file, PF_SIZE, 4, 0xf);
+  char *piece = piece_file(cdir, PF_SIZE / 4, PF_SIZE / 4);
+  assert_non_null(piece);
+  struct stat sb;
+  assert_int_equal(stat(piece, &sb), 0);
+  flip(piece, (uint64_t)sb.st_size - 1000);
+  ks_io_counter_reset(fx->counter);
+  read_windows(cache, p, file, PF_SIZE, 1, 1);
+  assert_int_equal(counts(fx->counter).read_bytes, PF_SIZE / 4);
+  assert_int_equal(cache_stats(cache).rejected, 1);
+  ks_io_counter_reset(fx->counter); /* kept again: the next read downloads nothing */
+  read_windows(cache, p, file, PF_SIZE, 1, 1);
+  assert_int_equal(counts(fx->counter).read_bytes, 0);
+  ks_io_cache_free(cache);
+  ks_test_rmtree(cdir);
+  free(piece);
+  free(file);
+  free(cdir);
+  free(p);
+}
+
+/* Pieces at odd offsets, nested and overlapping; reads straddling their edges give the file's bytes. */
+static void test_cache_odd_ranges(void **state) {
+  fixture *fx = *state;
+  char *cdir = ks_test_path(fx->dir, "cache8"), *p = ks_test_path(fx->dir, "noise8.bin");
+  const size_t size = PF_SIZE + 123;
+  uint8_t *file = write_noise(p, size, 8);
+  ks_io *cache;
+  assert_int_equal(ks_io_cache_create(fx->counter, cdir, NULL, &cache, NULL), KS_OK);
+  static const uint64_t ranges[][2] = {{0, 1000},        {100, 50},       {700, 4300},     {5000, 4001},
+                                       {12000, 8000},    {20000, 1},      {20001, 99999},  {300001, 77777},
+                                       {600000, 1 << 20}, {299999, 3},    {150000, 150000}};
+  int h = open_h(cache, p);
+  for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++)
+    read_check(cache, h, file, size, ranges[i][0], (size_t)ranges[i][1]);
+  close_h(cache, h);
+  h = open_h(cache, p);
+  uint64_t x = 88172645463325252u;
+  for (int i = 0; i < 300; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    uint64_t off = x % (size + 16);
+    size_t n = (size_t)(x >> 40) % 200000;
+    read_check(cache, h, file, size, off, n);
+  }
+  read_check(cache, h, file, size, 0, size);
+  close_h(cache, h);
+  ks_io_counter_reset(fx->counter);
+  h = open_h(cache, p);
+  read_check(cache, h, file, size, 0, size);
+  read_check(cache, h, file, size, 4999, 7003);
+  close_h(cache, h);
+  assert_int_equal(counts(fx->counter).read_bytes, 0);
+  ks_io_cache_free(cache);
+  ks_test_rmtree(cdir);
+  free(file);
+  free(cdir);
+  free(p);
+}
+
+/* More parts than a read may take: the range is read whole from inner, then kept as one piece. */
+static void test_cache_too_many_pieces_reads_whole(void **state) {
+  fixture *fx = *state;
+  char *cdir = ks_test_path(fx->dir, "cache9"), *p = ks_test_path(fx->dir, "noise9.bin");
+  uint8_t *file = write_noise(p, PF_SIZE, 9);
+  ks_io *cache;
+  assert_int_equal(ks_io_cache_create(fx->counter, cdir, NULL, &cache, NULL), KS_OK);
+  int h = open_h(cache, p);
+  for (uint64_t i = 0; i < 100; i++) read_check(cache, h, file, PF_SIZE, i * 100, 10);
+  ks_io_counter_reset(fx->counter);
+  read_check(cache, h, file, PF_SIZE, 0, 2000); /* 20 pieces, 20 gaps: under the cap */
+  assert_int_equal(counts(fx->counter).read_calls, 20);
+  assert_int_equal(counts(fx->counter).read_bytes, 1800);
+  ks_io_counter_reset(fx->counter);
+  read_check(cache, h, file, PF_SIZE, 0, 10000); /* 40 parts, then 80 pieces and 80 gaps */
+  assert_int_equal(counts(fx->counter).read_calls, 1);
+  assert_int_equal(counts(fx->counter).read_bytes, 10000);
+  close_h(cache, h);
+  ks_io_counter_reset(fx->counter);
+  read_windows(cache, p, file, 10000, 1, 1); /* the whole piece reaches furthest: one part */
+  assert_int_equal(counts(fx->counter).read_bytes, 0);
+  ks_io_cache_free(cache);
+  ks_test_rmtree(cdir);
+  free(file);
+  free(cdir);
+  free(p);
+}
+
+/* Every allocation fails in turn while pieces are kept, listed and assembled: an error or the right bytes. */
+static void test_cache_assemble_alloc_failure_sweep(void **state) {
+  fixture *fx = *state;
+  char *cdir = ks_test_path(fx->dir, "cache10"), *p = ks_test_path(fx->dir, "noise10.bin");
+  const size_t size = 64 * 1024;
+  uint8_t *file = write_noise(p, size, 10);
+  for (long n = 1;; n++) {
+    ks_test_rmtree(cdir);
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_io *cache = NULL;
+    int bad = 0, failed = ks_io_cache_create(fx->counter, cdir, &ta.a, &cache, NULL) != KS_OK;
+    for (int round = 0; !failed && round < 2; round++) {
+      int h;
+      uint64_t sz;
+      int rc = cache->open_fn(cache->ctx, p, &h, &sz);
+      if (rc) {
+        failed = rc == ENOMEM ? 1 : (bad = rc);
+        break;
+      }
+      static const uint64_t r[][2] = {{0, 16384}, {32768, 16384}, {40000, 20000}, {0, 65536}, {1000, 50000}};
+      for (size_t i = round ? 3 : 0; i < (round ? 5u : 3u); i++)
+        bad |= read_cmp(cache, h, file, size, r[i][0], (size_t)r[i][1]);
+      cache->close_fn(cache->ctx, h);
+    }
+    ks_io_cache_free(cache);
+    assert_int_equal(ta.live, 0);
+    assert_int_equal(bad, 0); /* a failed allocation never fails a read nor gives wrong bytes */
+    if (ta.calls < n) {
+      assert_false(failed);
+      break;
+    }
+  }
+  ks_test_rmtree(cdir);
+  free(file);
+  free(cdir);
+  free(p);
+}
+
+typedef struct reader_arg {
+  const ks_io *io;
+  int h;
+  const uint8_t *file;
+  size_t size;
+  uint64_t seed;
+  int bad;
+} reader_arg;
+
+static void *reader_thread(void *v) {
+  reader_arg *a = v;
+  uint64_t x = a->seed;
+  for (int i = 0; i < 40; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    uint64_t off = i % 10 == 0 ? 0 : x % a->size;
+    size_t n = i % 10 == 0 ? a->size : (size_t)(x >> 40) % (300 * 1024);
+    a->bad |= read_cmp(a->io, a->h, a->file, a->size, off, n) != 0;
+  }
+  return NULL;
+}
+
+/* Four threads read one handle at once over shared pieces and gaps: every read gives the file's bytes. */
+static void test_cache_concurrent_assembly(void **state) {
+  fixture *fx = *state;
+  char *cdir = ks_test_path(fx->dir, "cache11"), *p = ks_test_path(fx->dir, "noise11.bin");
+  const size_t size = 2 * PF_SIZE;
+  uint8_t *file = write_noise(p, size, 11);
+  ks_io *cache;
+  assert_int_equal(ks_io_cache_create(fx->counter, cdir, NULL, &cache, NULL), KS_OK);
+  read_windows(cache, p, file, size, 8, 0x55); /* even windows cached, odd ones gaps */
+  int h = open_h(cache, p);
+  pthread_t t[4];
+  reader_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i] = (reader_arg){cache, h, file, size, 0x9e3779b97f4a7c15u * (uint64_t)(i + 1), 0};
+    assert_int_equal(pthread_create(&t[i], NULL, reader_thread, &args[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    assert_int_equal(args[i].bad, 0);
+  }
+  close_h(cache, h);
+  ks_io_cache_stats st = cache_stats(cache);
+  assert_true(st.hit_bytes > 0 && st.rejected == 0);
+  read_windows(cache, p, file, size, 1, 1);
+  ks_io_cache_free(cache);
+  ks_test_rmtree(cdir);
+  free(file);
+  free(cdir);
+  free(p);
+}
+
 /* ---- failures ---- */
 
 static void test_alloc_failure_sweep(void **state) {
@@ -553,6 +876,13 @@ int main(void) {
       cmocka_unit_test(test_cache_rejects_damaged_pieces),
       cmocka_unit_test(test_cache_forgets_replaced_files),
       cmocka_unit_test(test_cache_alloc_failure_sweep),
+      cmocka_unit_test(test_cache_assembles_adjacent_pieces),
+      cmocka_unit_test(test_cache_reads_only_gaps),
+      cmocka_unit_test(test_cache_rereads_bad_middle_piece),
+      cmocka_unit_test(test_cache_odd_ranges),
+      cmocka_unit_test(test_cache_too_many_pieces_reads_whole),
+      cmocka_unit_test(test_cache_assemble_alloc_failure_sweep),
+      cmocka_unit_test(test_cache_concurrent_assembly),
       cmocka_unit_test(test_alloc_failure_sweep),
       cmocka_unit_test(test_hostile_headers_same_errors),
       cmocka_unit_test(test_large_header_two_reads),
