@@ -134,6 +134,39 @@ typedef struct ks_save_opts {
 KS_NODISCARD ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra,
                   const ks_save_opts *opts, ks_error *err);
 
+/** Alignment of an image for ks_save_image: its address and the room it has. */
+#define KS_IMAGE_ALIGN 4096u
+
+/**
+ * The layout of the file ks_save writes for sd and extra: *header_len bytes
+ * (the 8-byte length, the JSON header and its padding), then *data_len bytes:
+ * the tensors' bytes packed in insertion order. For callers that stage a state
+ * as the file's image (ks_save_image). Nothing is hashed.
+ * @return KS_OK, KS_E_INVALID (a name ks_save refuses), KS_E_LIMIT (a header
+ * larger than readers accept), KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_save_layout(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *alloc,
+                                      size_t *header_len, uint64_t *data_len, ks_error *err);
+
+/**
+ * ks_save of a state whose tensors already lie in `image` as the file holds
+ * them: each tensor's bytes at image + header_len + its offset
+ * (ks_save_layout), image aligned to KS_IMAGE_ALIGN with image_cap at least
+ * header_len + data_len rounded up to KS_IMAGE_ALIGN. The header is written
+ * into the image's first header_len bytes (the caller leaves them free), each
+ * tensor is hashed where it lies, and the file is written from the image in
+ * large aligned writes that bypass the page cache (O_DIRECT) where the table
+ * is local and the file system allows it, else as ks_save writes. The save
+ * then neither copies its bytes into the page cache nor leaves them to the
+ * kernel's writeback, which compete with a training loop for the CPU (the
+ * background saves of ks_async_saver use it).
+ * The same file, durability and errors as ks_save; a state that is not laid
+ * out so in the image is saved by ks_save.
+ * Thread safety: as ks_save; the image must not be used by others meanwhile.
+ */
+KS_NODISCARD ks_status ks_save_image(const char *path, const ks_statedict *sd, const ks_meta *extra,
+                                     const ks_save_opts *opts, void *image, size_t image_cap, ks_error *err);
+
 /* ------------------------------------------------------------------------ */
 /* Reading. */
 

@@ -3,6 +3,7 @@
  * directory so the final rename never crosses a file system, and its name is
  * random so concurrent writers of the same path never share a temporary file.
  */
+#define _GNU_SOURCE /* O_DIRECT */
 #include "core/durable.h"
 
 #include <dirent.h>
@@ -158,6 +159,44 @@ ks_status ks__durable_write(ks__durable *d, const void *p, size_t n) {
     n -= w;
   }
   return KS_OK;
+}
+
+/* Turns direct I/O on or off for the temporary file; false when it cannot be (a table that is not
+   local, a system without O_DIRECT, a file system that refuses it). */
+static bool set_direct(ks__durable *d, bool on) {
+#ifdef O_DIRECT
+  if (!d->have_fd || !(ks_io_caps(d->io) & KS_IO_CAP_LOCAL)) return false;
+  int fl = fcntl(d->fd, F_GETFL);
+  if (fl < 0) return false;
+  int want = on ? fl | O_DIRECT : fl & ~O_DIRECT;
+  return want == fl || fcntl(d->fd, F_SETFL, want) == 0;
+#else
+  (void)d;
+  (void)on;
+  return false;
+#endif
+}
+
+#define DIRECT_CHUNK ((size_t)8 << 20) /* a multiple of KS__DIRECT_ALIGN */
+
+ks_status ks__durable_write_image(ks__durable *d, const void *p, size_t n) {
+  const uint8_t *b = p;
+  size_t bulk = (uintptr_t)p % KS__DIRECT_ALIGN ? 0 : n - n % KS__DIRECT_ALIGN;
+  bool direct = bulk && set_direct(d, true);
+  while (direct && bulk) {
+    size_t w = 0, len = bulk < DIRECT_CHUNK ? bulk : DIRECT_CHUNK;
+    int rc = d->io->write_fn(d->io->ctx, d->fd, b, len, &w);
+    if (rc == EINVAL) break; /* the file system took O_DIRECT but not these writes: the rest goes buffered */
+    if (!rc && (w == 0 || w > len)) rc = EIO; /* no progress and no error: never spin */
+    if (rc) {
+      set_direct(d, false);
+      return io_fail(d, rc, "cannot write temporary file");
+    }
+    b += w, n -= w, bulk -= w;
+    if (w % KS__DIRECT_ALIGN) break; /* a short write left the offset unaligned */
+  }
+  if (direct && !set_direct(d, false)) return io_fail(d, EIO, "cannot end direct writes to temporary file");
+  return ks__durable_write(d, b, n);
 }
 
 bool ks__io_can_pwrite(const ks_io *io) {

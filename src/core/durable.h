@@ -49,6 +49,15 @@ bool ks__io_can_pwrite(const ks_io *io);
 /* Writes all n bytes at offset off of the temporary file (retrying short writes), leaving
  * where write appends unchanged. Only for a table of which ks__io_can_pwrite is true. */
 KS_NODISCARD ks_status ks__durable_pwrite(ks__durable *d, const void *p, size_t n, uint64_t off);
+/* What direct writes need: memory address, length and file offset multiples of this (the
+ * largest logical block size in common use). */
+#define KS__DIRECT_ALIGN ((size_t)4096)
+/* Writes the n bytes at p, which is KS__DIRECT_ALIGN-aligned, to the still empty temporary file:
+ * its aligned bulk with direct I/O (O_DIRECT: no copy into the page cache, no writeback left to
+ * the kernel) where the table is local (KS_IO_CAP_LOCAL: its handles are file descriptors) and
+ * the system and file system allow it, the rest (and everything where they do not, e.g. tmpfs)
+ * as ks__durable_write does. Same errors as ks__durable_write. */
+KS_NODISCARD ks_status ks__durable_write_image(ks__durable *d, const void *p, size_t n);
 /* fsync, close, rename over path, fsync the directory. KS_E_IO: nothing changed at
  * path. KS_E_NOT_DURABLE: the directory fsync failed with the new file already in place. */
 KS_NODISCARD ks_status ks__durable_commit(ks__durable *d);

@@ -141,3 +141,78 @@ ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra
   ks__sbuf_free(&hdr);
   return st;
 }
+
+ks_status ks_save_layout(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *alloc, size_t *header_len,
+                         uint64_t *data_len, ks_error *err) {
+  if (!sd || !header_len || !data_len) return ks__err(err, KS_E_INVALID, "ks_save_layout: NULL argument");
+  size_t tensors = count_tensors(sd);
+  size_t *sum_at = tensors ? ks__malloc(alloc, tensors * sizeof *sum_at) : NULL; /* placeholders: no hashing */
+  if (tensors && !sum_at) return ks__err(err, KS_E_NOMEM, "out of memory");
+  ks__sbuf hdr;
+  ks__sbuf_init(&hdr, alloc);
+  ks_status st = ks__build_header(sd, extra, alloc, &hdr, data_len, sum_at, err);
+  if (!st) *header_len = hdr.len;
+  ks__sbuf_free(&hdr);
+  ks__free(alloc, sum_at);
+  return st;
+}
+
+/* Whether every tensor of sd lies at image + hlen + its offset, with the image aligned and its
+   room covering the aligned end of the file. */
+static bool laid_out(const ks_statedict *sd, const uint8_t *image, size_t cap, size_t hlen, uint64_t data_len) {
+  if ((uintptr_t)image % KS_IMAGE_ALIGN || hlen > cap || data_len > cap - hlen) return false;
+  size_t end = hlen + (size_t)data_len, tail = (KS_IMAGE_ALIGN - end % KS_IMAGE_ALIGN) % KS_IMAGE_ALIGN;
+  if (tail > cap - end) return false; /* the last aligned write may read up to the aligned end */
+  uint64_t off = 0;
+  for (size_t i = 0; i < ks_statedict_count(sd); i++) {
+    ks_entry e;
+    if (ks_statedict_at(sd, i, &e) || e.kind != KS_VAL_TENSOR) continue;
+    if (e.tensor.nbytes && (const uint8_t *)e.tensor.data != image + hlen + off) return false;
+    off += e.tensor.nbytes;
+  }
+  return true;
+}
+
+/* Hashes each tensor where it lies and writes its digits over the header's placeholders. */
+static void hash_in_place(const ks_statedict *sd, ks__sbuf *hdr, const size_t *sum_at) {
+  for (size_t i = 0, k = 0; i < ks_statedict_count(sd); i++) {
+    ks_entry e;
+    if (ks_statedict_at(sd, i, &e) || e.kind != KS_VAL_TENSOR) continue;
+    ks__put_sum_digits(hdr->p + sum_at[k++], ks_checksum(e.tensor.data, e.tensor.nbytes));
+  }
+}
+
+ks_status ks_save_image(const char *path, const ks_statedict *sd, const ks_meta *extra, const ks_save_opts *opts,
+                        void *image, size_t image_cap, ks_error *err) {
+  ks_error_clear(err);
+  if (!path || !*path || !sd || !image)
+    return ks__err(err, KS_E_INVALID, "ks_save_image: path, state dict and image are required");
+  KS__TAKE_OPTS(ks_save_opts, opts, KS__V1_SIZE(ks_save_opts, io), err);
+  save_ctx c = {0};
+  c.alloc = opts ? opts->alloc : NULL;
+  ks__sbuf hdr;
+  ks__sbuf_init(&hdr, c.alloc);
+  size_t tensors = count_tensors(sd);
+  uint64_t data_len = 0;
+  ks_status st = KS_OK;
+  if (tensors && !(c.sum_at = ks__malloc(c.alloc, tensors * sizeof *c.sum_at)))
+    st = ks__err(err, KS_E_NOMEM, "out of memory");
+  if (!st) st = ks__build_header(sd, extra, c.alloc, &hdr, &data_len, c.sum_at, err);
+  if (!st && !laid_out(sd, image, image_cap, hdr.len, data_len)) {
+    cleanup(&c);
+    ks__sbuf_free(&hdr);
+    return ks_save(path, sd, extra, opts, err);
+  }
+  if (!st) {
+    hash_in_place(sd, &hdr, c.sum_at);
+    memcpy(image, hdr.p, hdr.len);
+    st = ks__durable_prepare(&c.out, path, opts ? opts->io : NULL, c.alloc, err);
+  }
+  if (!st) st = ks__durable_open(&c.out);
+  if (!st) st = ks__durable_write_image(&c.out, image, hdr.len + (size_t)data_len);
+  if (!st) st = ks__durable_commit(&c.out);
+  if (st) ks__err_set_file(err, path);
+  cleanup(&c);
+  ks__sbuf_free(&hdr);
+  return st;
+}

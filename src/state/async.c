@@ -7,6 +7,11 @@
  * synchronous save does.
  *
  * The staging buffer is kept and reused, so steady saves copy into warm memory.
+ * It holds the snapshot as the file's image (ks_save_layout: room for the header,
+ * then the tensors packed at their offsets in the file), so the thread writes
+ * the file from it with ks_save_image: large aligned writes that bypass the page
+ * cache where the file system allows, leaving the training loop the CPU that
+ * copies into the page cache and the kernel's writeback would take.
  * At most one save is in flight; its result is kept until the next call.
  */
 #include <pthread.h>
@@ -17,7 +22,8 @@
 #include "core/pcopy.h"
 #include "state/state_internal.h"
 
-#define STAGING_ALIGN 64
+#define STAGING_ALIGN 64 /* each tensor's start, when the snapshot cannot be the file's image */
+#define BASE_ALIGN ((size_t)KS_IMAGE_ALIGN) /* the staging buffer's start */
 
 struct ks_async_saver {
   ks_allocator alloc;
@@ -34,6 +40,8 @@ struct ks_async_saver {
   ks_statedict *sd;
   ks_meta *meta;
   char *path;
+  unsigned char *image; /* the staging area when it holds the file's image (else NULL) */
+  size_t image_cap;
   ks_save_opts save_opts;
   ks_after_save_fn after;
   void *after_ctx;
@@ -65,6 +73,7 @@ static void job_clear(ks_async_saver *sv) {
   sv->sd = NULL;
   sv->meta = NULL;
   sv->path = NULL;
+  sv->image = NULL;
 }
 
 /* Joins a started thread; its result stays in sv->result until collected. */
@@ -114,23 +123,25 @@ static KS_NODISCARD ks_status staging_need(const ks_statedict *sd, size_t *need)
   return KS_OK;
 }
 
-/* A staging area of at least `need` bytes: the caller's if it is big enough, else ours (grown). */
-static unsigned char *staging(ks_async_saver *sv, size_t need) {
-  if (sv->given && sv->given_size >= need) return sv->given;
+/* A staging area of at least `need` bytes: the caller's if it is big enough (and aligned for an
+   image, when `image`), else ours (grown; aligned for an image). */
+static unsigned char *staging(ks_async_saver *sv, size_t need, bool image) {
+  if (sv->given && sv->given_size >= need && (!image || (uintptr_t)sv->given % BASE_ALIGN == 0)) return sv->given;
   if (sv->own && sv->own_size >= need) return sv->own;
-  unsigned char *base = ks__malloc(&sv->alloc, need + STAGING_ALIGN);
+  unsigned char *base = need <= SIZE_MAX - BASE_ALIGN ? ks__malloc(&sv->alloc, need + BASE_ALIGN) : NULL;
   if (!base) return NULL;
   ks__free(&sv->alloc, sv->own_base);
   sv->own_base = base;
-  sv->own = (unsigned char *)(((uintptr_t)base + (STAGING_ALIGN - 1)) & ~(uintptr_t)(STAGING_ALIGN - 1));
+  sv->own = (unsigned char *)(((uintptr_t)base + (BASE_ALIGN - 1)) & ~(uintptr_t)(BASE_ALIGN - 1));
   sv->own_size = need;
   return sv->own;
 }
 
 /* Copies every entry of src into dst; tensor bytes go to the staging area (borrowed), copied on
-   several threads when there are many of them: the caller waits for this copy. */
+   several threads when there are many of them: the caller waits for this copy. Packed (the
+   file's data section) or each at a 64-byte boundary. */
 static KS_NODISCARD ks_status copy_entries(const ks_allocator *a, const ks_statedict *src, ks_statedict *dst,
-                                           unsigned char *area) {
+                                           unsigned char *area, bool packed) {
   size_t off = 0, n = 0, count = ks_statedict_count(src);
   ks__copy *pieces = ks__calloc(a, count ? count : 1, sizeof *pieces);
   ks_status s = pieces ? KS_OK : KS_E_NOMEM;
@@ -140,7 +151,7 @@ static KS_NODISCARD ks_status copy_entries(const ks_allocator *a, const ks_state
     if (!s && e.kind == KS_VAL_TENSOR) {
       if (e.tensor.nbytes) pieces[n++] = (ks__copy){area + off, e.tensor.data, e.tensor.nbytes};
       e.tensor.data = area + off;
-      off = align_up(off + e.tensor.nbytes);
+      off = packed ? off + e.tensor.nbytes : align_up(off + e.tensor.nbytes);
     }
     if (!s) s = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW, NULL);
   }
@@ -149,13 +160,28 @@ static KS_NODISCARD ks_status copy_entries(const ks_allocator *a, const ks_state
   return s;
 }
 
-/* sv->sd: every entry of flat, with every tensor copied into staging. */
+/* The room of the file's image (header, then data, to the next aligned end), or 0 when the
+   snapshot cannot be one (a state ks_save refuses, sizes past SIZE_MAX): it is then staged
+   entry by entry, and the thread's ks_save says what is wrong. */
+static size_t image_room(ks_async_saver *sv, const ks_statedict *flat, size_t *hlen) {
+  uint64_t dlen = 0;
+  if (ks_save_layout(flat, sv->meta, &sv->alloc, hlen, &dlen, NULL) || dlen > SIZE_MAX - *hlen - BASE_ALIGN) return 0;
+  size_t end = *hlen + (size_t)dlen;
+  return end + (BASE_ALIGN - end % BASE_ALIGN) % BASE_ALIGN;
+}
+
+/* sv->sd: every entry of flat, with every tensor copied into staging (as the file's image when it can be). */
 static KS_NODISCARD ks_status stage(ks_async_saver *sv, const ks_statedict *flat, ks_error *err) {
-  size_t need = 0;
-  if (staging_need(flat, &need)) return ks__err(err, KS_E_LIMIT, "state too large to stage");
-  unsigned char *area = staging(sv, need);
+  size_t hlen = 0, need = image_room(sv, flat, &hlen);
+  /* A caller's buffer is used as it was sized: as an image only when it is aligned and big enough. */
+  bool image = need && (!sv->given || (sv->given_size >= need && (uintptr_t)sv->given % BASE_ALIGN == 0));
+  if (!image && staging_need(flat, &need)) return ks__err(err, KS_E_LIMIT, "state too large to stage");
+  unsigned char *area = staging(sv, need, image);
   if (!area) return ks__err(err, KS_E_NOMEM, "out of memory for %zu bytes of staging", need);
-  if (copy_entries(&sv->alloc, flat, sv->sd, area)) return ks__err(err, KS_E_NOMEM, "out of memory");
+  if (copy_entries(&sv->alloc, flat, sv->sd, image ? area + hlen : area, image))
+    return ks__err(err, KS_E_NOMEM, "out of memory");
+  sv->image = image ? area : NULL;
+  sv->image_cap = need;
   return KS_OK;
 }
 
@@ -189,7 +215,8 @@ static void *worker(void *arg) {
   ks_async_saver *sv = arg;
   ks_error e;
   ks_error_clear(&e);
-  ks_status s = ks_save(sv->path, sv->sd, sv->meta, &sv->save_opts, &e);
+  ks_status s = sv->image ? ks_save_image(sv->path, sv->sd, sv->meta, &sv->save_opts, sv->image, sv->image_cap, &e)
+                          : ks_save(sv->path, sv->sd, sv->meta, &sv->save_opts, &e);
   if (!s && sv->after) s = sv->after(sv->after_ctx, sv->path, &e);
   if (s && e.code == KS_OK) ks__err(&e, s, "background save of %s failed", sv->path);
   sv->result = s;

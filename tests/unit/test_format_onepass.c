@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -257,6 +258,162 @@ static void wrapping_tables_forward_pwrite(void **state) {
   free(cdir);
 }
 
+/* The POSIX table on a disk with `left` bytes free: a write past them fails with ENOSPC. */
+typedef struct full_io {
+  ks_io io;
+  size_t left;
+} full_io;
+
+static int full_write(void *ctx, int fd, const void *buf, size_t n, size_t *written) {
+  full_io *f = ctx;
+  if (f->left == 0) return ENOSPC;
+  int rc = ks_io_posix()->write_fn(NULL, fd, buf, n < f->left ? n : f->left, written);
+  if (!rc) f->left -= *written;
+  return rc;
+}
+
+/* An image of sd for ks_save_image: ks_save_layout's header room, then sd's tensors packed, in a
+   KS_IMAGE_ALIGN-aligned buffer (+ `shift` bytes: shift != 0 makes it unaligned); *img receives a
+   state dict of the same entries borrowing their bytes from the image. */
+typedef struct image_buf {
+  uint8_t *base, *image;
+  size_t cap;
+  ks_statedict *sd;
+} image_buf;
+
+static void image_make(const ks_statedict *sd, size_t shift, image_buf *ib) {
+  size_t hlen;
+  uint64_t dlen;
+  assert_int_equal(ks_save_layout(sd, NULL, NULL, &hlen, &dlen, NULL), KS_OK);
+  ib->cap = (hlen + (size_t)dlen + KS_IMAGE_ALIGN - 1) / KS_IMAGE_ALIGN * KS_IMAGE_ALIGN;
+  ib->base = malloc(ib->cap + 2 * KS_IMAGE_ALIGN);
+  assert_non_null(ib->base);
+  ib->image = (uint8_t *)(((uintptr_t)ib->base + KS_IMAGE_ALIGN - 1) & ~(uintptr_t)(KS_IMAGE_ALIGN - 1)) + shift;
+  memset(ib->image, 0xA5, ib->cap); /* the header room must be overwritten */
+  assert_int_equal(ks_statedict_create(NULL, &ib->sd, NULL), KS_OK);
+  size_t off = hlen;
+  for (size_t i = 0; i < ks_statedict_count(sd); i++) {
+    ks_entry e;
+    assert_int_equal(ks_statedict_at(sd, i, &e), KS_OK);
+    if (e.kind == KS_VAL_TENSOR) {
+      if (e.tensor.nbytes) memcpy(ib->image + off, e.tensor.data, e.tensor.nbytes);
+      e.tensor.data = ib->image + off;
+      off += e.tensor.nbytes;
+    }
+    assert_int_equal(ks_statedict_set_entry(ib->sd, e.name, &e, KS_BORROW, NULL), KS_OK);
+  }
+}
+
+static void image_free(image_buf *ib) {
+  ks_statedict_free(ib->sd);
+  free(ib->base);
+}
+
+/* ks_save_image writes the bytes ks_save writes: through the POSIX table (direct writes where the
+   file system takes them), a table that is not local (buffered), on tmpfs when there is one (no
+   O_DIRECT there), from an unaligned image or a state not laid out in it (ks_save's path). */
+static void image_saves_are_byte_identical(void **state) {
+  fixture *fx = *state;
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(add_filled(sd, "a/odd", (3u << 20) + 77, 21), 0); /* sizes straddling 4 KiB blocks */
+  assert_int_equal(ks_statedict_set_int(sd, "step", 9, NULL), KS_OK);
+  assert_int_equal(add_filled(sd, "b/small", 4095, 22), 0);
+  int64_t none[1] = {0};
+  void *p;
+  assert_int_equal(ks_statedict_new_tensor(sd, "c/empty", KS_F32, 1, none, &p, NULL), KS_OK);
+  assert_int_equal(add_filled(sd, "d/big", (9u << 20) + 1, 23), 0);
+  size_t lref, l;
+  uint8_t *ref = save_read(fx, sd, "ref.ks", NULL, &lref);
+  pw_io remote; /* a table whose handles are not file descriptors as far as the library knows */
+  pw_init(&remote);
+  remote.io.caps = 0;
+  const ks_io *tables[] = {NULL, &remote.io};
+  for (size_t shift = 0; shift <= 64; shift += 64)
+    for (size_t t = 0; t < 2; t++) {
+      image_buf ib;
+      image_make(sd, shift, &ib);
+      char *path = ks_test_path(fx->dir, "image.ks");
+      ks_save_opts o = {.io = tables[t]};
+      ks_error err;
+      assert_int_equal(ks_save_image(path, ib.sd, NULL, &o, ib.image, ib.cap, &err), KS_OK);
+      uint8_t *got = ks_test_read_file(path, &l);
+      assert_same(got, l, ref, lref);
+      free(got);
+      free(path);
+      image_free(&ib);
+    }
+  image_buf ib; /* entries not where the layout puts them: saved by ks_save, the same bytes */
+  image_make(sd, 0, &ib);
+  char *path = ks_test_path(fx->dir, "moved.ks");
+  assert_int_equal(ks_save_image(path, sd, NULL, NULL, ib.image, ib.cap, NULL), KS_OK);
+  uint8_t *got = ks_test_read_file(path, &l);
+  assert_same(got, l, ref, lref);
+  free(got);
+  free(path);
+  struct stat sb;
+  if (stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) && access("/dev/shm", W_OK) == 0) {
+    char shm[] = "/dev/shm/ks-image-XXXXXX";
+    assert_non_null(mkdtemp(shm));
+    char *spath = ks_test_path(shm, "image.ks");
+    assert_int_equal(ks_save_image(spath, ib.sd, NULL, NULL, ib.image, ib.cap, NULL), KS_OK);
+    got = ks_test_read_file(spath, &l);
+    assert_same(got, l, ref, lref);
+    free(got);
+    assert_int_equal(unlink(spath), 0);
+    assert_int_equal(rmdir(shm), 0);
+    free(spath);
+  }
+  image_free(&ib);
+  free(ref);
+  ks_statedict_free(sd);
+}
+
+/* Every allocation of ks_save_image may fail: KS_E_NOMEM, no file, no leak; a failing write
+   leaves no temporary file and the old file in place. */
+static void image_save_failures_leave_nothing(void **state) {
+  fixture *fx = *state;
+  image_buf ib;
+  image_make(fx->sd, 0, &ib);
+  char *dir = ks_test_path(fx->dir, "imgfail");
+  assert_int_equal(mkdir(dir, 0700), 0);
+  char *path = ks_test_path(dir, "ckpt.ks");
+  ks_status st = KS_E_NOMEM;
+  for (long n = 1; st == KS_E_NOMEM && n < 200; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_save_opts o = {.alloc = &ta.a};
+    st = ks_save_image(path, ib.sd, NULL, &o, ib.image, ib.cap, NULL);
+    if (st == KS_E_NOMEM) assert_int_equal(ks_test_dir_entries(dir), 0);
+    assert_int_equal(ta.live, 0);
+  }
+  assert_int_equal(st, KS_OK);
+  size_t old_len;
+  uint8_t *old = ks_test_read_file(path, &old_len);
+  image_buf other;
+  image_make(fx->sd, 0, &other);
+  size_t limits[] = {0, 4096, (1u << 20) + 4096}; /* the disk fills at once, after a block, midway */
+  for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+    full_io f = {.io = *ks_io_posix(), .left = limits[i]};
+    f.io.ctx = &f;
+    f.io.write_fn = full_write;
+    ks_save_opts o = {.io = &f.io};
+    ks_error err;
+    assert_int_equal(ks_save_image(path, other.sd, NULL, &o, other.image, other.cap, &err), KS_E_IO);
+    assert_non_null(strstr(err.message, strerror(ENOSPC)));
+    assert_int_equal(ks_test_dir_entries(dir), 1); /* no temporary file left */
+    size_t len;
+    uint8_t *now = ks_test_read_file(path, &len);
+    assert_same(now, len, old, old_len);
+    free(now);
+  }
+  free(old);
+  image_free(&other);
+  image_free(&ib);
+  free(path);
+  free(dir);
+}
+
 static void check_accepts_version_5_without_pwrite(void **state) {
   (void)state;
   ks_io io = *ks_io_posix();
@@ -275,6 +432,8 @@ int main(void) {
       cmocka_unit_test(no_tensors_needs_no_positioned_write),
       cmocka_unit_test(wrapping_tables_forward_pwrite),
       cmocka_unit_test(check_accepts_version_5_without_pwrite),
+      cmocka_unit_test(image_saves_are_byte_identical),
+      cmocka_unit_test(image_save_failures_leave_nothing),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
