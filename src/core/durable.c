@@ -186,7 +186,8 @@ ks_status ks__durable_write_image(ks__durable *d, const void *p, size_t n) {
   while (direct && bulk) {
     size_t w = 0, len = bulk < DIRECT_CHUNK ? bulk : DIRECT_CHUNK;
     int rc = d->io->write_fn(d->io->ctx, d->fd, b, len, &w);
-    if (rc == EINVAL) break; /* the file system took O_DIRECT but not these writes: the rest goes buffered */
+    /* The file system took O_DIRECT but not these writes: the rest goes buffered. */
+    if (rc == EINVAL || rc == ENOTSUP || rc == EOPNOTSUPP) break;
     if (!rc && (w == 0 || w > len)) rc = EIO; /* no progress and no error: never spin */
     if (rc) {
       set_direct(d, false);
