@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
+
+import launch  # this folder: how its tests start jobs
 
 WORLD = 2
 
@@ -83,35 +83,8 @@ def worker(strategy: str, work: str, epochs: int, ckpt: str) -> None:
     trainer.strategy.barrier()
 
 
-def skip_unless_available() -> None:
-    try:
-        import lightning.pytorch  # noqa: F401
-        import torch.distributed as dist
-    except Exception as e:  # noqa: BLE001 - any import failure means no test here
-        print(f"skipped: {e}")
-        sys.exit(77)
-    if not dist.is_available() or not dist.is_gloo_available():
-        print("skipped: torch.distributed with gloo unavailable")
-        sys.exit(77)
-
-
 def torchrun(*args: str, timeout: int = 100) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--rdzv-backend=c10d",
-           "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", os.path.abspath(__file__), "run", *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        sys.stdout.write(out[-6000:] + err[-6000:])
-        raise AssertionError(f"torchrun {' '.join(args)}: no exit after {timeout} s") from None
-    if proc.returncode != 0:
-        sys.stdout.write(out[-6000:] + err[-8000:])
-        raise AssertionError(f"torchrun {' '.join(args)}: exit {proc.returncode}")
-    return out
+    return launch.torchrun(WORLD, __file__, "run", *args, timeout=timeout).stdout
 
 
 def test(strategy: str) -> None:
@@ -119,9 +92,7 @@ def test(strategy: str) -> None:
     import keepsake.torch as kt
     from keepsake.lightning import is_keepsake_file
 
-    root = os.environ.get("KS_DCP_WORK") or tempfile.gettempdir()
-    os.makedirs(root, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=f"lightning-{strategy}-", dir=root)
+    work = launch.workdir(f"lightning-{strategy}-")
     try:
         full, part = os.path.join(work, "full"), os.path.join(work, "part")
         out_full = torchrun(strategy, full, "4")
@@ -161,5 +132,5 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "run":
         worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "")
     else:
-        skip_unless_available()
+        launch.require("lightning.pytorch")
         test(sys.argv[1] if len(sys.argv) > 1 else "ddp")

@@ -26,7 +26,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
+
+import launch  # this folder: how its tests start jobs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INDEX = "model.safetensors.index.json"
@@ -199,39 +200,11 @@ def worker(argv: list) -> None:
 # The test (plain python)
 # ----------------------------------------------------------------------------------------------
 
-def skip_unless_available() -> None:
-    try:
-        import torch.distributed as dist
-        import torch.distributed.checkpoint  # noqa: F401
-        import torchmetrics  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means no test here
-        print(f"skipped: {e}")
-        sys.exit(77)
-    if not dist.is_available() or not dist.is_gloo_available():
-        print("skipped: torch.distributed with gloo unavailable")
-        sys.exit(77)
-
-
 def torchrun(n: int, *args: str, expect: int = 0, timeout: int = 100) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--rdzv-backend=c10d",
-           "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", os.path.abspath(__file__), "train", *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        sys.stdout.write(out[-6000:] + err[-6000:])
-        raise AssertionError(f"torchrun {' '.join(args)}: no exit after {timeout} s") from None
-    if (proc.returncode == 0) != (expect == 0):
-        sys.stdout.write(out[-6000:] + err[-8000:])
-        raise AssertionError(f"torchrun {' '.join(args)}: exit {proc.returncode}, expected "
-                             f"{'success' if expect == 0 else 'failure'}")
+    p = launch.torchrun(n, __file__, "train", *args, expect_ok=expect == 0, timeout=timeout)
     if expect and expect != 1:  # a worker's own exit status, as torchrun reports it
-        assert f"exitcode  : {expect}" in err, err[-4000:]
-    return out
+        assert f"exitcode  : {expect}" in p.stderr, p.stderr[-4000:]
+    return p.stdout
 
 
 def committed(run: str) -> list:
@@ -281,9 +254,7 @@ def compare_finals(a: str, b: str, n: int) -> int:
 
 def test(n: int) -> None:
     from keepsake import _keepsake as native
-    root = os.environ.get("KS_DCP_WORK") or tempfile.gettempdir()
-    os.makedirs(root, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=f"dist-manager-{n}-", dir=root)
+    work = launch.workdir(f"dist-manager-{n}-")
     try:
         a, b = os.path.join(work, "a"), os.path.join(work, "b")
         out_a = torchrun(n, a, str(STEPS))
@@ -341,5 +312,5 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "train":
         worker(sys.argv[2:])
     else:
-        skip_unless_available()
+        launch.require("torch.distributed.checkpoint", "torchmetrics")
         test(int(sys.argv[1]) if len(sys.argv) > 1 else 2)

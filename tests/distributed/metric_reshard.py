@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
+
+import launch  # this folder: how its tests start jobs
 
 ROWS = 60  # not a multiple of 4 or 3: shards of different lengths
 
@@ -41,35 +40,10 @@ def shard(s: int, n: int) -> slice:
     return slice(s * ROWS // n, (s + 1) * ROWS // n)
 
 
-def spread_class():
-    import torch
-    import torchmetrics
-
-    class Spread(torchmetrics.Metric):
-        """Not in the catalogue: a sum, a max and a list state."""
-
-        def __init__(self):
-            super().__init__()
-            self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-            self.add_state("peak", torch.tensor(float("-inf")), dist_reduce_fx="max")
-            self.add_state("seen", [], dist_reduce_fx="cat")
-
-        def update(self, x):
-            self.total += x.double().sum()
-            self.peak = torch.maximum(self.peak, x.max())
-            self.seen.append(x.clone())
-
-        def compute(self):
-            seen = torch.cat(self.seen) if isinstance(self.seen, list) and self.seen else self.seen
-            return self.total, self.peak, seen
-
-    return Spread
-
-
 def make():
     import torchmetrics
     import torchmetrics.classification as tc
-    Spread = spread_class()
+    from metric_sync import Spread  # outside keepsake's catalogue: a sum, a max and a list state
     ms = {"acc": tc.MulticlassAccuracy(num_classes=5, average="macro"),
           "mse": torchmetrics.MeanSquaredError(),
           "auroc": tc.MulticlassAUROC(num_classes=5),
@@ -84,10 +58,11 @@ def make_eval():
     """The eval metrics: a MetricCollection (no compute groups: each metric keeps its own states)."""
     import torchmetrics
     import torchmetrics.classification as tc
+    from metric_sync import Spread
     ms = torchmetrics.MetricCollection({"acc": tc.MulticlassAccuracy(num_classes=5, average="macro"),
                                         "mse": torchmetrics.MeanSquaredError(),
                                         "auroc": tc.MulticlassAUROC(num_classes=5),
-                                        "spread": spread_class()()}, compute_groups=False)
+                                        "spread": Spread()}, compute_groups=False)
     for _name, m in ms.items(keep_base=True, copy_state=False):
         m.sync_on_compute = m._to_sync = False
     return ms
@@ -243,22 +218,7 @@ def worker(argv: list) -> None:
 
 
 def torchrun(n: int, *args: str, timeout: int = 100) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--rdzv-backend=c10d",
-           "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", os.path.abspath(__file__), *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        sys.stdout.write(out[-6000:] + err[-6000:])
-        raise AssertionError(f"torchrun {' '.join(args)}: no exit after {timeout} s") from None
-    if proc.returncode != 0:
-        sys.stdout.write(out[-6000:] + err[-8000:])
-        raise AssertionError(f"torchrun {' '.join(args)}: exit {proc.returncode}")
-    return out
+    return launch.torchrun(n, __file__, *args, timeout=timeout).stdout
 
 
 def main() -> None:
@@ -268,20 +228,9 @@ def main() -> None:
     args = sys.argv[1:]
     how = "plain" if "--plain" in args else "manager"
     args = [a for a in args if a != "--plain"]
-    try:
-        import torch.distributed as dist
-        import torch.distributed.checkpoint  # noqa: F401
-        import torchmetrics  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means no test here
-        print(f"skipped: {e}")
-        sys.exit(77)
-    if not dist.is_available() or not dist.is_gloo_available():
-        print("skipped: torch.distributed with gloo unavailable")
-        sys.exit(77)
+    launch.require("torch.distributed.checkpoint", "torchmetrics")
     n, targets = int(args[0]), [int(a) for a in args[1:]]
-    base = os.environ.get("KS_DCP_WORK") or tempfile.gettempdir()
-    os.makedirs(base, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=f"metric_reshard_{n}-", dir=base)
+    work = launch.workdir(f"metric_reshard_{n}-")
     try:
         run = os.path.join(work, "run")
         t0 = time.monotonic()

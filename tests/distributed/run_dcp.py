@@ -13,51 +13,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
+
+import launch  # this folder: how its tests start jobs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "dcp_worker.py")
 
 
-def skip_unless_distributed() -> None:
-    try:
-        import torch.distributed as dist
-        import torch.distributed.checkpoint  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means no DCP here
-        print(f"skipped: torch.distributed.checkpoint unavailable ({e})")
-        sys.exit(77)
-    if not dist.is_available() or not dist.is_gloo_available():
-        print("skipped: torch.distributed with gloo unavailable")
-        sys.exit(77)
-
-
 def torchrun(n: int, *args: str, expect_ok: bool = True, timeout: int = 110) -> subprocess.CompletedProcess:
-    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    cmd = [exe, "--nproc-per-node", str(n), "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
-           "--max-restarts=0", WORKER, *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    # A session of its own: on a timeout the workers go too, not only torchrun.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        sys.stdout.write(out[-6000:])
-        sys.stderr.write(err[-6000:])
-        raise AssertionError(f"torchrun {' '.join(args)}: no exit after {timeout} s") from None
-    p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    if (p.returncode == 0) != expect_ok:
-        sys.stdout.write(p.stdout[-6000:])
-        sys.stderr.write(p.stderr[-6000:])
-        raise AssertionError(f"torchrun {' '.join(args)}: exit {p.returncode}, expected "
-                             f"{'success' if expect_ok else 'failure'}")
-    return p
+    return launch.torchrun(n, WORKER, *args, expect_ok=expect_ok, timeout=timeout)
 
 
 def cli() -> str:
@@ -141,11 +108,9 @@ def kill_resume(work: str) -> None:
 
 
 def main() -> None:
-    skip_unless_distributed()
+    launch.require("torch.distributed.checkpoint")
     scenario = sys.argv[1]
-    root = os.environ.get("KS_DCP_WORK") or tempfile.gettempdir()
-    os.makedirs(root, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=f"dcp-{scenario}-", dir=root)
+    work = launch.workdir(f"dcp-{scenario}-")
     try:
         if scenario == "roundtrip":
             roundtrip(work, int(sys.argv[2]))

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
+
+import launch  # this folder: how its tests start jobs
 
 ROWS = 50
 
@@ -78,49 +77,21 @@ def worker(out: str) -> None:
     dist.destroy_process_group()
 
 
-def run(cmd: list, timeout: int = 100) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        sys.stdout.write(out[-6000:] + err[-6000:])
-        raise AssertionError(f"{cmd[0]}: no exit after {timeout} s") from None
-    if proc.returncode != 0:
-        sys.stdout.write(out[-6000:] + err[-8000:])
-        raise AssertionError(f"{' '.join(cmd)}: exit {proc.returncode}")
-    return out
-
-
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "worker":
         worker(sys.argv[2])
         return
-    try:
-        import torch.distributed as dist
-        import torchmetrics  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means no test here
-        print(f"skipped: {e}")
-        sys.exit(77)
-    if not dist.is_available() or not dist.is_gloo_available():
-        print("skipped: torch.distributed with gloo unavailable")
-        sys.exit(77)
+    launch.require("torchmetrics")
     n, mpiexec, prog = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    base = os.environ.get("KS_DCP_WORK") or tempfile.gettempdir()
-    os.makedirs(base, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=f"sync_same_bits_{n}-", dir=base)
+    work = launch.workdir(f"sync_same_bits_{n}-")
     try:
         t0 = time.monotonic()
-        run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--rdzv-backend=c10d",
-             "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", os.path.abspath(__file__), "worker", work])
+        launch.torchrun(n, __file__, "worker", work)
         files = sorted(os.listdir(work))
         assert len(files) == 2 * n * len(make()), files
         print(f"Python sync at {n} ranks ({time.monotonic() - t0:.1f} s)")
         t0 = time.monotonic()
-        sys.stdout.write(run([mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", str(n), prog, work]))
+        sys.stdout.write(launch.run([mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", str(n), prog, work]).stdout)
         print(f"C MPI sync at {n} ranks ({time.monotonic() - t0:.1f} s)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
