@@ -183,6 +183,18 @@ KS_NODISCARD ks_status ks_ckpt_manager_save_dict(ks_ckpt_manager *m, const ks_st
                                                  const ks_timestamp *ts, int async, const char **saved, ks_error *err);
 
 /**
+ * Prepares the manager's background saves of a state like sd (ks_async_saver_reserve_dict):
+ * the staging buffer is allocated and its pages touched now, before training, rather than
+ * in the first ks_ckpt_manager_save_dict(async), which would otherwise hold its caller for
+ * the page faults of a fresh buffer as large as the state. Waits for a save in flight first
+ * (returning its error, once).
+ * @return KS_OK, a background save's error, KS_E_STATE (a sharded manager), KS_E_LIMIT or
+ *         KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_ckpt_manager_reserve_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
+                                                    ks_error *err);
+
+/**
  * Waits for a background save in flight.
  * @return its result, or KS_OK when there was none or it succeeded.
  */

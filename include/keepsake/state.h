@@ -331,6 +331,20 @@ KS_NODISCARD ks_status ks_async_saver_start_dict(ks_async_saver *sv, const ks_st
                                                  void *ctx, ks_error *err);
 
 /**
+ * Makes the staging room a snapshot of `sd` and `meta` needs now (with 1 MiB of headroom), and
+ * touches every page of it, so that the first background save of a state of this size copies
+ * into memory that is already there instead of faulting a fresh buffer in while its caller
+ * waits. Call it before training starts; later saves reuse the buffer. Nothing is copied and
+ * nothing of sd is kept: only its tensors' sizes and the header it would have count. A
+ * caller's staging buffer (ks_async_opts.staging) that is large and aligned enough is used
+ * as it is.
+ * @return KS_OK, KS_E_STATE (a save is in flight or its result not collected: call
+ *         ks_async_saver_wait first), KS_E_LIMIT or KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_async_saver_reserve_dict(ks_async_saver *sv, const ks_statedict *sd, const ks_meta *meta,
+                                                   ks_error *err);
+
+/**
  * Waits for the save in flight, if any.
  * @return its result (KS_OK when none failed since the last call), with err filled.
  */

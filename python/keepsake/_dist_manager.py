@@ -366,6 +366,10 @@ class DistributedCheckpointManager(CheckpointManager):
             print(f"keepsake: warning: checkpoint save failed, training goes on: {e}", file=sys.stderr)
             return None
 
+    def reserve(self) -> None:
+        """Nothing to prepare: background saves go through ``dcp.async_save``, which stages
+        each rank's shards itself."""
+
     def wait(self) -> None:
         """Collective: waits for a background save, commits it; raises its error on every rank."""
         self._finish_pending()

@@ -15,7 +15,7 @@ import atexit
 import signal as _signal
 import sys
 import weakref
-from typing import Any, Mapping, MutableMapping, Optional, Sequence
+from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple
 
 from . import _errors, _metrics, _staging, _state, _tree
 from . import _native_api as _n
@@ -158,22 +158,43 @@ class CheckpointManager:
         the library's thread with the same durability and order as a blocking save; its error is
         raised by the next call (``save``, ``step``, ``wait``, ``close``), never swallowed.
         """
-        c = self.components
-        staging = self._staging
         try:
-            fl, descs = _state.checkpoint_entries(c["model"], c["optimizers"], c["schedulers"], c["train_metrics"],
-                                                  c["eval_metrics"], self.timestamp, self.rng, self.extra,
-                                                  c["dataset_state"], c["callbacks"], self.run_name,
-                                                  self.rank_zero_seed, staging)
-            staging.stage(fl.entries)  # CUDA tensors: copied into the host staging, waited for
-            meta = fl.record({"keepsake.state": '{"layout_version":1}'})
-            path = self._location(self._native.save(fl.entries, meta, _metrics.metrics_meta(descs), self._ts(),
-                                                    blocking))
+            fl, meta, metrics = self._flatten()
+            path = self._location(self._native.save(fl.entries, meta, metrics, self._ts(), blocking))
             del fl  # the tensors may go: the library has copied (or written) them
         finally:
-            staging.done()  # the staging is the next save's again
+            self._staging.done()  # the staging is the next save's again
         self.last_saved = path
         return path
+
+    def reserve(self) -> None:
+        """Prepares background saves of the state as it is now: the library's staging buffer
+        (and, for CUDA tensors, the page-locked host staging) is allocated and its pages touched
+        here, instead of inside the first ``save(blocking=False)``, which would otherwise hold the
+        training loop while a fresh buffer as large as the state is faulted in. Call it before
+        training, once the optimizers have their state (after a first step, or after
+        :meth:`autoresume`, which calls it when ``async_save`` is set). Later saves reuse the
+        buffer; a state that grows past it gets a larger one at its next save. Waits for a save
+        in flight first."""
+        try:
+            fl, meta, metrics = self._flatten()
+            self._native.reserve(fl.entries, meta, metrics)
+            del fl
+        finally:
+            self._staging.done()
+
+    def _flatten(self) -> Tuple[Any, Dict[str, str], Optional[str]]:
+        """The state as the library saves it: (the flattened entries, their metadata, the metrics'
+        descriptions). CUDA tensors are copied into the host staging (release with
+        ``self._staging.done()``)."""
+        c = self.components
+        fl, descs = _state.checkpoint_entries(c["model"], c["optimizers"], c["schedulers"], c["train_metrics"],
+                                              c["eval_metrics"], self.timestamp, self.rng, self.extra,
+                                              c["dataset_state"], c["callbacks"], self.run_name,
+                                              self.rank_zero_seed, self._staging)
+        self._staging.stage(fl.entries)  # CUDA tensors: copied into the host staging, waited for
+        meta = fl.record({"keepsake.state": '{"layout_version":1}'})
+        return fl, meta, _metrics.metrics_meta(descs)
 
     def _location(self, path: str) -> str:
         return f"{self._url}/{path.rsplit('/', 1)[-1]}" if self._url else path
@@ -239,4 +260,6 @@ class CheckpointManager:
         if isinstance(self.extra, MutableMapping) and self.last_report.extra:  # filled in place, as the rest
             self.extra.clear()
             self.extra.update(self.last_report.extra)
+        if self.async_save:
+            self.reserve()  # the state is whole now (optimizer state included): staged saves start warm
         return True

@@ -220,6 +220,28 @@ static PyObject *Manager_save(ksp_Manager *self, PyObject *args, PyObject *kw) {
   return PyUnicode_DecodeFSDefault(saved);
 }
 
+static PyObject *Manager_reserve(ksp_Manager *self, PyObject *args, PyObject *kw) {
+  static char *names[] = {"entries", "metadata", "metrics", NULL};
+  PyObject *entries, *metadata = Py_None;
+  const char *metrics = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Oz", names, &entries, &metadata, &metrics) || !usable(self))
+    return NULL;
+  ks_statedict *sd;
+  ks_meta *meta;
+  if (ksp_save_prepare(entries, metadata, metrics, &sd, &meta)) return NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_reserve_dict(self->m, sd, meta, &err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  if (st) return ksp_raise(st, &err);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Manager_wait(ksp_Manager *self, PyObject *unused) {
   (void)unused;
   if (!usable(self)) return NULL;
@@ -371,6 +393,9 @@ static PyMethodDef Manager_methods[] = {
      "save(entries, metadata=None, metrics=None, timestamp=None, blocking=True)\n--\n\n"
      "Saves entries (as save_file takes them) under the templated name, then latest and retention; "
      "blocking=False returns once they are copied. Returns the path."},
+    {"reserve", (PyCFunction)(void (*)(void))Manager_reserve, METH_VARARGS | METH_KEYWORDS,
+     "reserve(entries, metadata=None, metrics=None)\n--\n\nks_ckpt_manager_reserve_dict: the background "
+     "saves' staging for a state like entries, allocated and touched now (after a save in flight)."},
     {"wait", (PyCFunction)Manager_wait, METH_NOARGS, "wait()\n--\n\nWaits for a background save; raises its error."},
     {"resume_path", (PyCFunction)Manager_resume_path, METH_NOARGS,
      "resume_path()\n--\n\n(path of the newest checkpoint that verifies, or None; checkpoints set aside)."},

@@ -306,6 +306,16 @@ static KS_NODISCARD ks_status saver(ks_ckpt_manager *m, ks_error *err) {
   return ks_async_saver_create(&ao, &m->saver, err);
 }
 
+ks_status ks_ckpt_manager_reserve_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
+                                      ks_error *err) {
+  if (!m || !sd) return ks__err(err, KS_E_INVALID, "reserve: NULL argument");
+  if (m->sharded)
+    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
+  ks_status s = saver(m, err);
+  if (!s) s = ks_ckpt_manager_wait(m, err);
+  return s ? s : ks_async_saver_reserve_dict(m->saver, sd, meta, err);
+}
+
 ks_status ks_ckpt_manager_save_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
                                     const ks_timestamp *ts, int async, const char **saved, ks_error *err) {
   if (!m || !sd) return ks__err(err, KS_E_INVALID, "save: NULL argument");

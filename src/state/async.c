@@ -163,16 +163,16 @@ static KS_NODISCARD ks_status copy_entries(const ks_allocator *a, const ks_state
 /* The room of the file's image (header, then data, to the next aligned end), or 0 when the
    snapshot cannot be one (a state ks_save refuses, sizes past SIZE_MAX): it is then staged
    entry by entry, and the thread's ks_save says what is wrong. */
-static size_t image_room(ks_async_saver *sv, const ks_statedict *flat, size_t *hlen) {
+static size_t image_room(ks_async_saver *sv, const ks_statedict *flat, const ks_meta *meta, size_t *hlen) {
   uint64_t dlen = 0;
-  if (ks_save_layout(flat, sv->meta, &sv->alloc, hlen, &dlen, NULL) || dlen > SIZE_MAX - *hlen - BASE_ALIGN) return 0;
+  if (ks_save_layout(flat, meta, &sv->alloc, hlen, &dlen, NULL) || dlen > SIZE_MAX - *hlen - BASE_ALIGN) return 0;
   size_t end = *hlen + (size_t)dlen;
   return end + (BASE_ALIGN - end % BASE_ALIGN) % BASE_ALIGN;
 }
 
 /* sv->sd: every entry of flat, with every tensor copied into staging (as the file's image when it can be). */
 static KS_NODISCARD ks_status stage(ks_async_saver *sv, const ks_statedict *flat, ks_error *err) {
-  size_t hlen = 0, need = image_room(sv, flat, &hlen);
+  size_t hlen = 0, need = image_room(sv, flat, sv->meta, &hlen);
   /* A caller's buffer is used as it was sized: as an image only when it is aligned and big enough. */
   bool image = need && (!sv->given || (sv->given_size >= need && (uintptr_t)sv->given % BASE_ALIGN == 0));
   if (!image && staging_need(flat, &need)) return ks__err(err, KS_E_LIMIT, "state too large to stage");
@@ -273,6 +273,28 @@ ks_status ks_async_saver_start_dict(ks_async_saver *sv, const ks_statedict *sd, 
   ks_status s = make_room(sv, err);
   if (s) return s;
   return launch(sv, snapshot_dict(sv, sd, meta, err), path, opts, after, ctx, err);
+}
+
+/* Headroom of a reservation: a later save of the same state may have a slightly longer header
+   (a counter gains a digit, a metric one more entry) and must not have to grow the buffer. */
+#define RESERVE_SLACK ((size_t)1 << 20)
+
+ks_status ks_async_saver_reserve_dict(ks_async_saver *sv, const ks_statedict *sd, const ks_meta *meta,
+                                      ks_error *err) {
+  if (!sv || !sd) return ks__err(err, KS_E_INVALID, "async reserve: NULL argument");
+  if (sv->running) return ks__err(err, KS_E_STATE, "async reserve: a background save is in flight or not collected");
+  size_t hlen = 0, need = image_room(sv, sd, meta, &hlen);
+  if (!need && staging_need(sd, &need)) return ks__err(err, KS_E_LIMIT, "state too large to stage");
+  if (need > SIZE_MAX - RESERVE_SLACK - BASE_ALIGN) return ks__err(err, KS_E_LIMIT, "state too large to stage");
+  need = align_up(need + RESERVE_SLACK);
+  if (sv->given && sv->given_size >= need && (uintptr_t)sv->given % BASE_ALIGN == 0) return KS_OK; /* the caller's */
+  if (sv->own && sv->own_size >= need) return KS_OK;
+  unsigned char *area = staging(sv, need, true);
+  if (!area) return ks__err(err, KS_E_NOMEM, "out of memory for %zu bytes of staging", need);
+  /* Touch every page now: a fresh buffer's first writes fault each page in, which would
+     otherwise happen inside the first save, while the training loop waits. */
+  memset(area, 0, need);
+  return KS_OK;
 }
 
 ks_status ks_state_save_async(ks_async_saver *sv, const ks_state *st, const char *path, const ks_save_opts *opts,

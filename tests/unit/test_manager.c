@@ -372,6 +372,99 @@ static void async_errors_surface_once_and_leave_no_temp_file(void **state) {
   free(dir);
 }
 
+/* An allocator that remembers the largest request since it was last reset (thread-safe: the
+   saver's thread allocates too). */
+typedef struct big_alloc {
+  pthread_mutex_t mu;
+  size_t largest;
+} big_alloc;
+
+static void note_size(big_alloc *b, size_t n) {
+  pthread_mutex_lock(&b->mu);
+  if (n > b->largest) b->largest = n;
+  pthread_mutex_unlock(&b->mu);
+}
+static void *big_malloc(void *ctx, size_t n) {
+  note_size(ctx, n);
+  return malloc(n);
+}
+static void *big_realloc(void *ctx, void *p, size_t n) {
+  note_size(ctx, n);
+  return realloc(p, n);
+}
+static void big_free(void *ctx, void *p) {
+  (void)ctx;
+  free(p);
+}
+
+/* Three 1 MiB float tensors of value v. */
+static ks_statedict *three_tensors(float **data, float v) {
+  ks_statedict *sd = NULL;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  int64_t shape[1] = {1 << 18};
+  for (int i = 0; i < 3; i++) {
+    if (!data[i]) data[i] = malloc((size_t)1 << 20);
+    for (size_t k = 0; k < (size_t)1 << 18; k++) data[i][k] = v + (float)i;
+    ks_tensor t;
+    char name[16];
+    snprintf(name, sizeof name, "w%d", i);
+    assert_int_equal(ks_tensor_init(&t, KS_F32, 1, shape, data[i]), KS_OK);
+    assert_int_equal(ks_statedict_set_tensor(sd, name, &t, KS_BORROW, NULL), KS_OK);
+  }
+  return sd;
+}
+
+static void async_reserve_takes_the_staging_before_the_first_save(void **state) {
+  (void)state;
+  char *dir = ks_test_tmpdir("async-reserve");
+  char *a = ks_test_path(dir, "a.keepsake"), *b = ks_test_path(dir, "b.keepsake");
+  big_alloc ba = {.largest = 0};
+  pthread_mutex_init(&ba.mu, NULL);
+  ks_allocator al = {big_malloc, big_realloc, big_free, &ba};
+  float *data[3] = {NULL, NULL, NULL};
+  ks_statedict *sd = three_tensors(data, 1.0f);
+  ks_async_opts ao = {.alloc = &al};
+  ks_async_saver *sv = NULL;
+  assert_int_equal(ks_async_saver_create(&ao, &sv, NULL), KS_OK);
+  assert_int_equal(ks_async_saver_reserve_dict(sv, sd, NULL, NULL), KS_OK);
+  assert_true(ba.largest >= (size_t)3 << 20); /* the whole image, at once */
+  ba.largest = 0;
+  assert_int_equal(ks_async_saver_start_dict(sv, sd, NULL, a, NULL, NULL, NULL, NULL), KS_OK);
+  /* A second reservation while the save is not collected is refused, not raced. */
+  ks_error e;
+  assert_int_equal(ks_async_saver_reserve_dict(sv, sd, NULL, &e), KS_E_STATE);
+  assert_non_null(strstr(e.message, "in flight"));
+  assert_int_equal(ks_async_saver_wait(sv, NULL), KS_OK);
+  assert_true(ba.largest < (size_t)1 << 20); /* the save staged into the reserved buffer */
+  /* Reserving again for the same state takes nothing new, and the file is ks_save's. */
+  assert_int_equal(ks_async_saver_reserve_dict(sv, sd, NULL, NULL), KS_OK);
+  assert_true(ba.largest < (size_t)1 << 20);
+  assert_int_equal(ks_save(b, sd, NULL, NULL, NULL), KS_OK);
+  size_t la, lb;
+  uint8_t *da = ks_test_read_file(a, &la), *db = ks_test_read_file(b, &lb);
+  assert_non_null(da);
+  assert_non_null(db);
+  assert_int_equal(la, lb);
+  assert_memory_equal(da, db, la);
+  free(da);
+  free(db);
+  /* A sharded manager has no background saver to prepare. */
+  ks_ckpt_manager *m = NULL;
+  ks_ckpt_opts mo = {.run_dir = dir, .sharded = 1};
+  assert_int_equal(ks_ckpt_manager_create(&mo, &m, NULL), KS_OK);
+  assert_int_equal(ks_ckpt_manager_reserve_dict(m, sd, NULL, &e), KS_E_STATE);
+  assert_int_equal(ks_ckpt_manager_reserve_dict(NULL, sd, NULL, &e), KS_E_INVALID);
+  ks_ckpt_manager_free(m);
+  ks_async_saver_free(sv);
+  ks_statedict_free(sd);
+  for (int i = 0; i < 3; i++) free(data[i]);
+  pthread_mutex_destroy(&ba.mu);
+  free(a);
+  free(b);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
 static void *open_later(void *arg) {
   usleep(20000);
   gate_open(arg);
@@ -459,6 +552,7 @@ int main(void) {
     cmocka_unit_test(async_busy_mode_refuses_a_second_save),
     cmocka_unit_test(async_errors_surface_once_and_leave_no_temp_file),
     cmocka_unit_test(manager_free_finishes_a_save_in_flight),
+    cmocka_unit_test(async_reserve_takes_the_staging_before_the_first_save),
     cmocka_unit_test(early_stop_follows_patience_and_round_trips),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
