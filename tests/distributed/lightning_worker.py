@@ -81,6 +81,10 @@ def worker(strategy: str, work: str, epochs: int, ckpt: str) -> None:
         kt.save_file(final, os.path.join(work, "final.keepsake"))
         print(f"global step {trainer.global_step}", flush=True)
     trainer.strategy.barrier()
+    # Lightning leaves its process groups (FSDP2's mesh adds more) for the program to destroy. Left
+    # to interpreter exit, a gloo group's thread can still be joinable when its object goes, and the
+    # rank aborts ("terminate called without an active exception") after all its work is done.
+    torch.distributed.destroy_process_group()
 
 
 def torchrun(*args: str, timeout: int = 100) -> str:
