@@ -195,6 +195,18 @@ KS_NODISCARD ks_status ks_ckpt_manager_reserve_dict(ks_ckpt_manager *m, const ks
                                                     ks_error *err);
 
 /**
+ * ks_async_saver_stage_into for the manager's background saves: the next
+ * ks_ckpt_manager_save_dict(async) of sd and meta is staged in the caller's buffer, where the
+ * caller may already have put tensors (offsets[i] for entry i). Waits for a save in flight
+ * first (returning its error, once). The buffer stays the manager's staging until it is
+ * freed or given another.
+ * @return as ks_async_saver_stage_into; KS_E_STATE for a sharded manager.
+ */
+KS_NODISCARD ks_status ks_ckpt_manager_stage_into(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
+                                                  void *buf, size_t size, size_t *need, uint64_t *offsets,
+                                                  ks_error *err);
+
+/**
  * Waits for a background save in flight.
  * @return its result, or KS_OK when there was none or it succeeded.
  */

@@ -345,6 +345,28 @@ KS_NODISCARD ks_status ks_async_saver_reserve_dict(ks_async_saver *sv, const ks_
                                                    ks_error *err);
 
 /**
+ * Lets the caller put tensors straight into the snapshot: the next background save of sd and
+ * meta is staged in the caller's buffer `buf`, as the file's image, and a tensor whose data
+ * already lies at its offset there is not copied again. For device tensors: the caller's
+ * device-to-host copies land in the image (a page-locked buffer), and the save copies nothing
+ * more. First waits for (or, in busy mode, refuses beside) a save in flight and surfaces its
+ * error, as a start does, since that save may still be writing from `buf`.
+ * Then *need is the bytes the image takes. When buf is NULL, smaller than *need or not
+ * KS_IMAGE_ALIGN-aligned, nothing else happens: grow it and call again. Otherwise buf becomes the
+ * saver's staging buffer (ks_async_opts.staging) from now on: it must stay valid, and untouched
+ * while a save is in flight, until the saver is freed or given another; and offsets[i] (an
+ * array of ks_statedict_count(sd) values, may be NULL) is entry i's offset from buf when it is a
+ * tensor, UINT64_MAX otherwise. Start the save with ks_async_saver_start_dict with the same sd
+ * (its tensors' data pointing there, or anywhere outside buf) and the same meta; a tensor that
+ * lies inside buf elsewhere makes the save stage in the saver's own buffer instead.
+ * @return KS_OK, the previous save's error, KS_E_STATE (busy), ks_save_layout's errors (a state
+ *         ks_save refuses), KS_E_LIMIT or KS_E_INVALID.
+ */
+KS_NODISCARD ks_status ks_async_saver_stage_into(ks_async_saver *sv, const ks_statedict *sd, const ks_meta *meta,
+                                                 void *buf, size_t size, size_t *need, uint64_t *offsets,
+                                                 ks_error *err);
+
+/**
  * Waits for the save in flight, if any.
  * @return its result (KS_OK when none failed since the last call), with err filled.
  */

@@ -84,6 +84,8 @@ class CheckpointManager:
         staging: the :class:`keepsake.torch.HostStaging` that CUDA tensors are copied into at each
             save (a page-locked host buffer the manager reuses from save to save and frees on
             :meth:`close`); None: one of its own, allocated at the first save with CUDA tensors.
+            An ``exclusive`` staging (the manager's own is) is the background save's snapshot
+            itself: the tensors are copied once, from the device into the file's image.
     """
 
     def __new__(cls, *args: Any, distributed: bool = False, **kw: Any) -> "CheckpointManager":
@@ -115,7 +117,7 @@ class CheckpointManager:
         self.last_report: Optional[LoadReport] = None
         self.last_saved: Optional[str] = None
         self.save_errors = 0
-        self._staging = staging if staging is not None else _staging.HostStaging()
+        self._staging = staging if staging is not None else _staging.HostStaging(exclusive=True)
         loc = fspath(run_dir)
         # s3:// and http(s):// run directories: the library's paths there are keys of the store;
         # Python names checkpoints by URL, which every keepsake function takes.
@@ -192,9 +194,14 @@ class CheckpointManager:
                                               c["eval_metrics"], self.timestamp, self.rng, self.extra,
                                               c["dataset_state"], c["callbacks"], self.run_name,
                                               self.rank_zero_seed, self._staging)
-        self._staging.stage(fl.entries)  # CUDA tensors: copied into the host staging, waited for
         meta = fl.record({"keepsake.state": '{"layout_version":1}'})
-        return fl, meta, _metrics.metrics_meta(descs)
+        metrics = _metrics.metrics_meta(descs)
+        if self._staging.exclusive:  # CUDA tensors: copied where the snapshot wants them, waited for
+            self._staging.stage_image(fl.entries, lambda address, size: self._native.stage_into(
+                fl.entries, meta, metrics, address, size, self._staging.buffer))
+        else:
+            self._staging.stage(fl.entries)  # CUDA tensors: copied into the host staging, waited for
+        return fl, meta, metrics
 
     def _location(self, path: str) -> str:
         return f"{self._url}/{path.rsplit('/', 1)[-1]}" if self._url else path

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from . import _tensors
 
 ALIGN = 64
+IMAGE_ALIGN = 4096  # KS_IMAGE_ALIGN: where a save's image must start (the library refuses others)
 GRAIN = 1 << 21  # sizes are rounded up to 2 MiB; a buffer that must grow gets 1/8 more room
 
 
@@ -52,6 +53,11 @@ def pinned(nbytes: int) -> Any:
     return buf
 
 
+def torch_uint8() -> Any:
+    import torch
+    return torch.uint8
+
+
 def _is_cuda(t: Any) -> bool:
     return t.is_cuda
 
@@ -77,6 +83,11 @@ class HostStaging:
             non_blocking=True)``).
         sync: ``sync(device)`` waits for the copies queued for that device (default: its current
             stream's ``synchronize()``), once per device per save.
+        exclusive: the staging serves one :class:`keepsake.CheckpointManager` only (as the one a
+            manager makes for itself): its buffer becomes the manager's background-save snapshot
+            (:meth:`stage_image`), so device tensors are copied once, into the file's image, and
+            the library copies them no further. Not for ``save_checkpoint(staging=)`` or a second
+            manager: a background save may still be writing from the buffer.
 
     One save at a time: :meth:`entry` for each tensor while the state is flattened, then
     :meth:`stage` with the entries (the copies and the wait), the library call, then :meth:`done`.
@@ -85,12 +96,15 @@ class HostStaging:
     def __init__(self, alloc: Optional[Callable[[int], Any]] = None,
                  is_device: Optional[Callable[[Any], bool]] = None,
                  copy: Optional[Callable[[Any, Any], None]] = None,
-                 sync: Optional[Callable[[Any], None]] = None) -> None:
+                 sync: Optional[Callable[[Any], None]] = None, exclusive: bool = False) -> None:
+        self.exclusive = exclusive
         self._alloc = alloc or pinned
         self._is_device = is_device or _is_cuda
         self._copy = copy or _copy_async
         self._sync = sync or _sync_stream
         self._buf: Any = None
+        self._given = False  # the buffer is the library's staging (stage_image)
+        self._retired: List[Any] = []
         self._jobs: Dict[int, Tuple[tuple, Any]] = {}  # id(placeholder entry) -> (placeholder, source)
         self._closed = False
         self.allocations = 0  # buffers allocated over the staging's life
@@ -127,6 +141,9 @@ class HostStaging:
         waits once per device, and points their entries at the copies (in place)."""
         if not self._jobs:
             return
+        if self._given:
+            raise RuntimeError("keepsake: this HostStaging is a manager's exclusive staging (its buffer is the "
+                               "manager's background-save snapshot); give other saves a staging of their own")
         slots, size = [], 0
         for i, e in enumerate(entries):
             job = self._jobs.get(id(e))
@@ -150,6 +167,62 @@ class HostStaging:
             for d in devices.values():  # even after a failed copy: none may still be writing
                 self._sync(d)
 
+    def stage_image(self, entries: List[tuple], place: Callable[[int, int], Tuple[int, Optional[Dict[str, int]]]]
+                    ) -> None:
+        """:meth:`stage` straight into a background save's snapshot: the buffer is the save's
+        image, and each device tensor is copied to the offset the library gives it there, so the
+        library copies none of them again (one host copy of the state, not two).
+
+        ``place(address, size)`` is ``ks_ckpt_manager_stage_into`` for this state: it waits for a
+        save in flight (which may still be writing from the buffer), then returns (the bytes the
+        image takes, ``{name: offset}``), or (bytes, None) when the buffer is too small, which is
+        then grown and given again. The library keeps the buffer as its staging: it must stay
+        alive (this object holds it) until the manager is closed or given a new one."""
+        if not self._jobs:
+            return
+        need, offsets = place(*self._image_span())
+        if offsets is None:
+            if self._closed:
+                raise RuntimeError("keepsake: the host staging is closed")
+            want = (need + need // 8 + IMAGE_ALIGN + GRAIN - 1) // GRAIN * GRAIN
+            old = self._buf  # still the library's until the new one is given: freed after that
+            self._buf = self._alloc(want)
+            self.allocations += 1
+            need, offsets = place(*self._image_span())
+            if offsets is not None:
+                del old
+            elif old is not None:
+                self._retired.append(old)
+            if offsets is None:
+                raise RuntimeError(f"keepsake: the staging does not fit a {need}-byte image")
+        self._given = True
+        base = self._image_span()[0] - self._buf.data_ptr()
+        devices: Dict[str, Any] = {}
+        try:
+            for i, e in enumerate(entries):
+                job = self._jobs.get(id(e))
+                if job is None or job[0] is not e:
+                    continue
+                name, code, shape, _, n = e
+                at = base + offsets[name]
+                # As bytes: the image packs tensors, so a slice need not be aligned for the dtype.
+                src = job[1] if job[1].is_contiguous() else job[1].contiguous()
+                dst = self._buf[at:at + n]
+                self._copy(dst, src.reshape(-1).view(torch_uint8()))
+                devices.setdefault(str(job[1].device), job[1].device)
+                entries[i] = (name, code, shape, dst.data_ptr(), n)
+        finally:
+            for d in devices.values():
+                self._sync(d)
+
+    def _image_span(self) -> Tuple[int, int]:
+        """(address, size) of the buffer from its first IMAGE_ALIGN boundary; (0, 0) when none."""
+        if self._buf is None:
+            return 0, 0
+        ptr = self._buf.data_ptr()
+        skip = -ptr % IMAGE_ALIGN
+        return ptr + skip, max(0, self._buf.numel() - skip)
+
     def done(self) -> None:
         """The library has the bytes (written, or copied by a background save): the buffer is the
         next save's again. Safe after a failed save."""
@@ -158,5 +231,6 @@ class HostStaging:
     def close(self) -> None:
         """Frees the buffer; the staging stages nothing afterwards."""
         self._buf = None
+        self._retired.clear()
         self._jobs.clear()
         self._closed = True

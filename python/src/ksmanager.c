@@ -19,6 +19,7 @@ typedef struct {
   ks_storage *store, *upload;
   ks_io *cache[2]; /* cache_dir: read caches over a remote run directory and upload store, or NULL */
   int busy; /* a call is running with the GIL released: refuse a second one and close() */
+  PyObject *staging_owner; /* what holds the memory given by stage_into: kept until the manager is freed */
 } ksp_Manager;
 
 static PyObject *closed_error(void) { return ksp_raisef(KS_E_STATE, "the checkpoint manager is closed"); }
@@ -44,6 +45,7 @@ static void Manager_dealloc(ksp_Manager *self) {
     Py_BEGIN_ALLOW_THREADS release(self);
     Py_END_ALLOW_THREADS
   }
+  Py_CLEAR(self->staging_owner); /* after the saver that wrote from it is gone */
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -242,6 +244,91 @@ static PyObject *Manager_reserve(ksp_Manager *self, PyObject *args, PyObject *kw
   Py_RETURN_NONE;
 }
 
+/* entries with every tensor at address 0 (not yet staged: a device tensor's placeholder) pointed
+ * at `stand_in` instead: a layout reads sizes, never data, and the state dict refuses no-data. */
+static PyObject *layout_entries(PyObject *entries, const void *stand_in) {
+  PyObject *seq = PySequence_Fast(entries, "entries must be a sequence");
+  PyObject *out = seq ? PyList_New(PySequence_Fast_GET_SIZE(seq)) : NULL;
+  for (Py_ssize_t i = 0; out && i < PySequence_Fast_GET_SIZE(seq); i++) {
+    PyObject *e = PySequence_Fast_GET_ITEM(seq, i), *addr = NULL;
+    int zero = PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 5 && PyLong_Check(addr = PyTuple_GET_ITEM(e, 3)) &&
+               PyLong_AsUnsignedLongLong(addr) == 0;
+    PyObject *item = zero ? Py_BuildValue("(OOOKO)", PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 1),
+                                          PyTuple_GET_ITEM(e, 2), (unsigned long long)(uintptr_t)stand_in,
+                                          PyTuple_GET_ITEM(e, 4))
+                        : (Py_INCREF(e), e);
+    if (!item || PyErr_Occurred()) {
+      Py_XDECREF(item);
+      Py_CLEAR(out);
+      break;
+    }
+    PyList_SET_ITEM(out, i, item);
+  }
+  Py_XDECREF(seq);
+  return out;
+}
+
+/* {name: offset} of the tensor entries of sd, from ks_ckpt_manager_stage_into's offsets. */
+static PyObject *offsets_dict(const ks_statedict *sd, const uint64_t *off) {
+  PyObject *d = PyDict_New();
+  for (size_t i = 0; d && i < ks_statedict_count(sd); i++) {
+    ks_entry e;
+    if (off[i] == UINT64_MAX || ks_statedict_at(sd, i, &e)) continue;
+    PyObject *v = PyLong_FromUnsignedLongLong(off[i]);
+    if (!v || PyDict_SetItemString(d, e.name, v)) Py_CLEAR(d);
+    Py_XDECREF(v);
+  }
+  return d;
+}
+
+static PyObject *Manager_stage_into(ksp_Manager *self, PyObject *args, PyObject *kw) {
+  static char *names[] = {"entries", "metadata", "metrics", "address", "size", "owner", NULL};
+  static const unsigned char stand_in;
+  PyObject *entries, *metadata = Py_None, *owner = Py_None;
+  const char *metrics = NULL;
+  unsigned long long addr = 0, size = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOzKK|O", names, &entries, &metadata, &metrics, &addr, &size,
+                                   &owner) ||
+      !usable(self))
+    return NULL;
+  PyObject *sized = layout_entries(entries, &stand_in);
+  ks_statedict *sd = NULL;
+  ks_meta *meta = NULL;
+  int bad = !sized || ksp_save_prepare(sized, metadata, metrics, &sd, &meta);
+  Py_XDECREF(sized);
+  if (bad) return NULL;
+  size_t n = ks_statedict_count(sd), need = 0;
+  uint64_t *off = PyMem_Calloc(n ? n : 1, sizeof *off);
+  if (!off) {
+    ks_meta_free(meta);
+    ks_statedict_free(sd);
+    return PyErr_NoMemory();
+  }
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_stage_into(self->m, sd, meta, (void *)(uintptr_t)addr, (size_t)size,
+                                                         &need, off, &err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  PyObject *res = NULL;
+  if (st) {
+    ksp_raise(st, &err);
+  } else if (!addr || size < need || addr % KS_IMAGE_ALIGN) {
+    res = Py_BuildValue("(nO)", (Py_ssize_t)need, Py_None);
+  } else {
+    Py_INCREF(owner); /* the library writes from this memory from now on: it must outlive the saver */
+    Py_XSETREF(self->staging_owner, owner);
+    PyObject *d = offsets_dict(sd, off);
+    res = d ? Py_BuildValue("(nN)", (Py_ssize_t)need, d) : NULL;
+  }
+  PyMem_Free(off);
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  return res;
+}
+
 static PyObject *Manager_wait(ksp_Manager *self, PyObject *unused) {
   (void)unused;
   if (!usable(self)) return NULL;
@@ -308,6 +395,7 @@ static PyObject *Manager_close(ksp_Manager *self, PyObject *unused) {
   release(self);
   Py_END_ALLOW_THREADS
   self->busy = 0;
+  Py_CLEAR(self->staging_owner);
   if (st) return ksp_raise(st, &err);
   Py_RETURN_NONE;
 }
@@ -396,6 +484,11 @@ static PyMethodDef Manager_methods[] = {
     {"reserve", (PyCFunction)(void (*)(void))Manager_reserve, METH_VARARGS | METH_KEYWORDS,
      "reserve(entries, metadata=None, metrics=None)\n--\n\nks_ckpt_manager_reserve_dict: the background "
      "saves' staging for a state like entries, allocated and touched now (after a save in flight)."},
+    {"stage_into", (PyCFunction)(void (*)(void))Manager_stage_into, METH_VARARGS | METH_KEYWORDS,
+     "stage_into(entries, metadata, metrics, address, size, owner=None)\n--\n\nks_ckpt_manager_stage_into "
+     "(after a save in flight): (bytes the snapshot's image takes, {tensor name: offset} when the buffer at "
+     "address becomes the staging, owner (what holds it) then kept alive until the manager is freed; else "
+     "None). Entries at address 0 count by their size."},
     {"wait", (PyCFunction)Manager_wait, METH_NOARGS, "wait()\n--\n\nWaits for a background save; raises its error."},
     {"resume_path", (PyCFunction)Manager_resume_path, METH_NOARGS,
      "resume_path()\n--\n\n(path of the newest checkpoint that verifies, or None; checkpoints set aside)."},

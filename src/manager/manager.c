@@ -316,6 +316,15 @@ ks_status ks_ckpt_manager_reserve_dict(ks_ckpt_manager *m, const ks_statedict *s
   return s ? s : ks_async_saver_reserve_dict(m->saver, sd, meta, err);
 }
 
+ks_status ks_ckpt_manager_stage_into(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta, void *buf,
+                                     size_t size, size_t *need, uint64_t *offsets, ks_error *err) {
+  if (!m || !sd) return ks__err(err, KS_E_INVALID, "stage_into: NULL argument");
+  if (m->sharded)
+    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
+  ks_status s = saver(m, err);
+  return s ? s : ks_async_saver_stage_into(m->saver, sd, meta, buf, size, need, offsets, err);
+}
+
 ks_status ks_ckpt_manager_save_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
                                     const ks_timestamp *ts, int async, const char **saved, ks_error *err) {
   if (!m || !sd) return ks__err(err, KS_E_INVALID, "save: NULL argument");

@@ -125,8 +125,9 @@ static KS_NODISCARD ks_status staging_need(const ks_statedict *sd, size_t *need)
 
 /* A staging area of at least `need` bytes: the caller's if it is big enough (and aligned for an
    image, when `image`), else ours (grown; aligned for an image). */
-static unsigned char *staging(ks_async_saver *sv, size_t need, bool image) {
-  if (sv->given && sv->given_size >= need && (!image || (uintptr_t)sv->given % BASE_ALIGN == 0)) return sv->given;
+static unsigned char *staging(ks_async_saver *sv, size_t need, bool image, bool given_ok) {
+  if (given_ok && sv->given && sv->given_size >= need && (!image || (uintptr_t)sv->given % BASE_ALIGN == 0))
+    return sv->given;
   if (sv->own && sv->own_size >= need) return sv->own;
   unsigned char *base = need <= SIZE_MAX - BASE_ALIGN ? ks__malloc(&sv->alloc, need + BASE_ALIGN) : NULL;
   if (!base) return NULL;
@@ -149,7 +150,8 @@ static KS_NODISCARD ks_status copy_entries(const ks_allocator *a, const ks_state
     ks_entry e;
     s = ks_statedict_at(src, i, &e);
     if (!s && e.kind == KS_VAL_TENSOR) {
-      if (e.tensor.nbytes) pieces[n++] = (ks__copy){area + off, e.tensor.data, e.tensor.nbytes};
+      if (e.tensor.nbytes && e.tensor.data != area + off) /* else staged there by the caller (stage_into) */
+        pieces[n++] = (ks__copy){area + off, e.tensor.data, e.tensor.nbytes};
       e.tensor.data = area + off;
       off = packed ? off + e.tensor.nbytes : align_up(off + e.tensor.nbytes);
     }
@@ -170,13 +172,30 @@ static size_t image_room(ks_async_saver *sv, const ks_statedict *flat, const ks_
   return end + (BASE_ALIGN - end % BASE_ALIGN) % BASE_ALIGN;
 }
 
+/* Whether a tensor of flat lies inside the caller's staging buffer other than exactly where this
+   snapshot puts it (hlen and a packed layout): copying it there would overlap its own bytes. */
+static bool misplaced_in_given(const ks_async_saver *sv, const ks_statedict *flat, size_t hlen, bool packed) {
+  /* As addresses: the tensors' memory and the buffer are different objects to C. */
+  uintptr_t lo = (uintptr_t)sv->given, hi = lo + sv->given_size;
+  size_t off = hlen;
+  for (size_t i = 0; lo && i < ks_statedict_count(flat); i++) {
+    ks_entry e;
+    if (ks_statedict_at(flat, i, &e) || e.kind != KS_VAL_TENSOR) continue;
+    uintptr_t p = (uintptr_t)e.tensor.data;
+    if (e.tensor.nbytes && p + e.tensor.nbytes > lo && p < hi && p != lo + off) return true;
+    off = packed ? off + e.tensor.nbytes : align_up(off + e.tensor.nbytes);
+  }
+  return false;
+}
+
 /* sv->sd: every entry of flat, with every tensor copied into staging (as the file's image when it can be). */
 static KS_NODISCARD ks_status stage(ks_async_saver *sv, const ks_statedict *flat, ks_error *err) {
   size_t hlen = 0, need = image_room(sv, flat, sv->meta, &hlen);
   /* A caller's buffer is used as it was sized: as an image only when it is aligned and big enough. */
   bool image = need && (!sv->given || (sv->given_size >= need && (uintptr_t)sv->given % BASE_ALIGN == 0));
   if (!image && staging_need(flat, &need)) return ks__err(err, KS_E_LIMIT, "state too large to stage");
-  unsigned char *area = staging(sv, need, image);
+  if (!image) hlen = 0;
+  unsigned char *area = staging(sv, need, image, !misplaced_in_given(sv, flat, hlen, image));
   if (!area) return ks__err(err, KS_E_NOMEM, "out of memory for %zu bytes of staging", need);
   if (copy_entries(&sv->alloc, flat, sv->sd, image ? area + hlen : area, image))
     return ks__err(err, KS_E_NOMEM, "out of memory");
@@ -289,11 +308,35 @@ ks_status ks_async_saver_reserve_dict(ks_async_saver *sv, const ks_statedict *sd
   need = align_up(need + RESERVE_SLACK);
   if (sv->given && sv->given_size >= need && (uintptr_t)sv->given % BASE_ALIGN == 0) return KS_OK; /* the caller's */
   if (sv->own && sv->own_size >= need) return KS_OK;
-  unsigned char *area = staging(sv, need, true);
+  unsigned char *area = staging(sv, need, true, false);
   if (!area) return ks__err(err, KS_E_NOMEM, "out of memory for %zu bytes of staging", need);
   /* Touch every page now: a fresh buffer's first writes fault each page in, which would
      otherwise happen inside the first save, while the training loop waits. */
   memset(area, 0, need);
+  return KS_OK;
+}
+
+ks_status ks_async_saver_stage_into(ks_async_saver *sv, const ks_statedict *sd, const ks_meta *meta, void *buf,
+                                    size_t size, size_t *need, uint64_t *offsets, ks_error *err) {
+  if (!sv || !sd || !need) return ks__err(err, KS_E_INVALID, "async stage_into: NULL argument");
+  ks_status s = make_room(sv, err); /* the buffer may still be the save in flight's */
+  if (s) return s;
+  size_t hlen = 0;
+  uint64_t dlen = 0;
+  s = ks_save_layout(sd, meta, &sv->alloc, &hlen, &dlen, err); /* what ks_save would refuse, refused here */
+  if (s) return s;
+  *need = image_room(sv, sd, meta, &hlen);
+  if (!*need) return ks__err(err, KS_E_LIMIT, "a state of %llu bytes cannot be staged", (unsigned long long)dlen);
+  if (!buf || size < *need || (uintptr_t)buf % BASE_ALIGN) return KS_OK; /* the caller grows it and asks again */
+  sv->given = buf;
+  sv->given_size = size;
+  uint64_t off = hlen;
+  for (size_t i = 0; offsets && i < ks_statedict_count(sd); i++) {
+    ks_entry e;
+    bool tensor = ks_statedict_at(sd, i, &e) == KS_OK && e.kind == KS_VAL_TENSOR;
+    offsets[i] = tensor ? off : UINT64_MAX;
+    if (tensor) off += e.tensor.nbytes;
+  }
   return KS_OK;
 }
 

@@ -14,6 +14,9 @@ a torch without it). What it checks:
    file holds the bytes of the save's moment; the staging's chunks are page-locked;
 2. reuse: later saves of the same state allocate nothing and stage each tensor at the same
    address (data_ptr) as the first save;
+   1 and 2 run twice: with a caller's staging, and with an exclusive one (the manager's own
+   kind), whose buffer is the background save's image (device-to-host copies of packed,
+   unaligned byte ranges);
 3. save_checkpoint(staging=) and the default .cpu() path write the same tensors;
 4. loads onto the GPU: load_checkpoint into CUDA parameters, optimizer state and metric;
    load_file(device="cuda"), safe_open(device="cuda");
@@ -90,14 +93,21 @@ def cpu_copy(sd):
 def staged_entries(st):
     """Wraps st.stage to record (name, data_ptr) of every entry a save pointed into its buffer."""
     seen = []
-    real = st.stage
+    real, real_image = st.stage, st.stage_image
 
-    def spy(entries):
-        real(entries)
+    def record(entries):
         lo = st.buffer.data_ptr() if st.buffer is not None else 0
         hi = lo + st.nbytes
         seen.extend((e[0], e[3]) for e in entries if len(e) == 5 and lo <= e[3] < hi)
-    st.stage = spy
+
+    def spy(entries):
+        real(entries)
+        record(entries)
+
+    def spy_image(entries, place):
+        real_image(entries, place)
+        record(entries)
+    st.stage, st.stage_image = spy, spy_image
     return seen
 
 
@@ -113,11 +123,11 @@ def model_keys(model, prefix="state/model/"):
     return {prefix + k: v for k, v in model.state_dict().items()}
 
 
-def test_background_save_stages_through_pinned_memory():
+def test_background_save_stages_through_pinned_memory(exclusive=False):
     model, opt, metric = make_run(width=2048)  # 16 MiB of weights, 48 MiB with the moments
     step(model, opt, metric)
     ts = keepsake.Timestamp(batch=1)
-    st = kt.HostStaging()
+    st = kt.HostStaging(exclusive=exclusive)
     with tempfile.TemporaryDirectory(dir=WORK) as run:
         with keepsake.CheckpointManager(run, model=model, optimizers=opt, timestamp=ts, staging=st,
                                         train_metrics={"s": metric} if metric is not None else None,
@@ -142,11 +152,11 @@ def test_background_save_stages_through_pinned_memory():
         assert_file_has(path, want)
 
 
-def test_staging_is_reused_across_saves():
+def test_staging_is_reused_across_saves(exclusive=False):
     model, opt, metric = make_run()
     step(model, opt, metric)
     ts = keepsake.Timestamp()
-    st = kt.HostStaging()
+    st = kt.HostStaging(exclusive=exclusive)
     seen = staged_entries(st)
     per_save, allocs = [], []
     with tempfile.TemporaryDirectory(dir=WORK) as run:
@@ -266,7 +276,15 @@ if __name__ == "__main__":
     os.makedirs(WORK, exist_ok=True)
     print(f"cuda_paths: torch {torch.__version__} (CUDA {torch.version.cuda}), {torch.cuda.get_device_name(0)}, "
           f"{torch.cuda.device_count()} device(s); work in {WORK}")
+    def exclusive(fn):
+        def run():
+            fn(exclusive=True)
+        run.__name__ = f"{fn.__name__}[exclusive]"
+        return run
+
     for fn in (test_background_save_stages_through_pinned_memory, test_staging_is_reused_across_saves,
+               exclusive(test_background_save_stages_through_pinned_memory),
+               exclusive(test_staging_is_reused_across_saves),
                test_save_checkpoint_paths_agree, test_loads_onto_the_gpu, test_cuda_rng_round_trip):
         check(fn)
     print(f"cuda_paths: {len(failures)} failed" + (f": {', '.join(failures)}" if failures else ""))

@@ -43,8 +43,9 @@ class Fake:
     def sync(self, device):
         self.syncs.append(str(device))
 
-    def staging(self):
-        return kt.HostStaging(alloc=self.alloc, is_device=self.is_device, copy=self.copy, sync=self.sync)
+    def staging(self, exclusive=False):
+        return kt.HostStaging(alloc=self.alloc, is_device=self.is_device, copy=self.copy, sync=self.sync,
+                              exclusive=exclusive)
 
     def mark(self, *ts):
         for t in ts:
@@ -70,12 +71,16 @@ def inside(st, ptr):
 def spy_staged(st):
     """Records, at each stage(), the (name, address) of every entry it pointed into the buffer."""
     saves = []
-    real = st.stage
+    real, real_image = st.stage, st.stage_image
 
     def stage(entries):
         real(entries)
         saves.append([(e[0], e[3]) for e in entries if len(e) == 5 and inside(st, e[3])])
-    st.stage = stage
+
+    def stage_image(entries, place):
+        real_image(entries, place)
+        saves.append([(e[0], e[3]) for e in entries if len(e) == 5 and inside(st, e[3])])
+    st.stage, st.stage_image = stage, stage_image
     return saves
 
 
@@ -116,9 +121,10 @@ def test_only_device_tensors_are_staged_and_the_bytes_are_the_sources(tmp_path):
         st.entry("bad", t, [])
 
 
-def test_manager_reuses_the_staging_across_saves_and_frees_it_on_close(tmp_path):
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_manager_reuses_the_staging_across_saves_and_frees_it_on_close(tmp_path, exclusive):
     fake = Fake()
-    st = fake.staging()
+    st = fake.staging(exclusive)
     model = model_on_device(fake)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.randn(2, 64)).sum().backward()
@@ -145,12 +151,13 @@ def test_manager_reuses_the_staging_across_saves_and_frees_it_on_close(tmp_path)
     assert torch.equal(sd["state/optimizers/AdamW/state/0/exp_avg"], opt.state[model[0].weight]["exp_avg"])
 
 
-def test_background_save_holds_the_pre_mutation_bytes(tmp_path):
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_background_save_holds_the_pre_mutation_bytes(tmp_path, exclusive):
     fake = Fake()
     model = model_on_device(fake)
     want = {k: v.clone() for k, v in model.state_dict().items()}
     ts = keepsake.Timestamp(batch=1)
-    with keepsake.CheckpointManager(tmp_path, model=model, timestamp=ts, staging=fake.staging(),
+    with keepsake.CheckpointManager(tmp_path, model=model, timestamp=ts, staging=fake.staging(exclusive),
                                     preemption_signals=()) as mgr:
         path = mgr.save(blocking=False)
         with torch.no_grad():
@@ -164,6 +171,52 @@ def test_background_save_holds_the_pre_mutation_bytes(tmp_path):
     for k, v in want.items():
         assert torch.equal(first[f"state/model/{k}"], v)
         assert torch.equal(second[f"state/model/{k}"], torch.full_like(v, -3.0))
+
+
+def test_exclusive_staging_is_the_snapshot(tmp_path):
+    """An exclusive staging (the manager's own kind) receives the device tensors where the
+    background save's image wants them: one host copy of the state, not two. Packed tensors of
+    odd sizes land unaligned, as bytes; host tensors are copied by the library into the same
+    buffer; the file is the state's, and a manager's exclusive staging refuses other saves."""
+    import resource
+    fake = Fake()
+    st = fake.staging(exclusive=True)
+    big = torch.randn(2048, 4096)  # 32 MiB: 8192 pages
+    odd = {"flags": torch.tensor([True, False, True]), "f64": torch.arange(5, dtype=torch.float64),
+           "strided": torch.arange(20, dtype=torch.int16).reshape(4, 5).t(),
+           "bf16": torch.arange(7, dtype=torch.bfloat16)}
+    fake.mark(big, *odd.values())
+    extra = {"host": torch.ones(3), **odd}
+    ts = keepsake.Timestamp(batch=1)
+    pages = big.numel() * 4 // resource.getpagesize()
+    with keepsake.CheckpointManager(tmp_path / "run", extra={"big": big, **extra}, timestamp=ts, staging=st,
+                                    rng=False, async_save=True, preemption_signals=()) as mgr:
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        first = mgr.save(blocking=False)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+        assert st.allocations == 1 and fake.syncs == ["cpu"]
+        # the staging's pages fault in once; the library took no second buffer of the state's size
+        assert faults < pages * 3 // 2, (faults, pages)
+        big.fill_(-1.0)  # at once: the snapshot was taken
+        odd["f64"].fill_(-2.0)
+        ts.batch = 2
+        second = mgr.save(blocking=False)  # waits for the first, which writes from the same buffer
+        mgr.wait()
+        assert st.allocations == 1
+        with pytest.raises(RuntimeError, match="exclusive"):
+            kt.save_checkpoint(tmp_path / "other.keepsake", extra={"big": big}, staging=st, rng=False)
+    a, b = kt.load_file(first, verify=True), kt.load_file(second, verify=True)
+    assert not torch.equal(a["state/extra/big"], b["state/extra/big"]) and torch.equal(b["state/extra/big"], big)
+    assert torch.equal(a["state/extra/f64"], torch.arange(5, dtype=torch.float64))
+    for k, v in extra.items():
+        assert b[f"state/extra/{k}"].dtype == v.dtype and torch.equal(b[f"state/extra/{k}"], v), k
+    assert st.buffer is None and fake.live() == 0  # close() let it go, after the library was done
+
+
+def test_the_managers_own_staging_is_exclusive(tmp_path):
+    with keepsake.CheckpointManager(tmp_path, preemption_signals=()) as mgr:
+        assert mgr._staging.exclusive
+    assert not kt.HostStaging().exclusive
 
 
 def test_growth_and_release():
