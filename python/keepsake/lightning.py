@@ -23,8 +23,11 @@ resumed run would start its metrics from zero. :class:`KeepsakeMetrics` adds eve
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import sys
+import weakref
 from typing import Any, Dict, Optional
 
 from . import _errors, _metrics, _tensors, _tree
@@ -46,6 +49,19 @@ METRICS = "state/train_metrics/"
 
 __all__ = ["KeepsakeCheckpointIO", "KeepsakeMetrics", "METRICS_KEY"]
 
+# Plugins with a background writer: at interpreter exit, each save in flight is finished (its
+# error printed), so a program that never reached teardown() loses no committed work.
+_open_ios: "weakref.WeakSet[KeepsakeCheckpointIO]" = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_at_exit() -> None:
+    for io in list(_open_ios):
+        try:
+            io.wait()
+        except Exception as e:  # noqa: BLE001 - at exit, reported rather than raised
+            print(f"keepsake: warning: background checkpoint save failed: {e}", file=sys.stderr)
+
 
 class _MetricStates:
     """The metric entries of a loaded checkpoint, handed to KeepsakeMetrics.on_load_checkpoint."""
@@ -66,11 +82,38 @@ class KeepsakeCheckpointIO(CheckpointIO):
         fsync: False skips the fsyncs of each save (faster, not durable).
         verify: check every tensor's checksum before anything is returned (default: a resume
             from a damaged file raises ChecksumError); False skips it.
+        async_save: save in the background, through the library's background writer (the
+            checkpoint manager's): :meth:`save_checkpoint` returns once every tensor of the dict
+            (and the metric snapshots) has been copied, so training may change them at once; the
+            file is written on the library's thread, atomically and durably, without the GIL. At
+            most one save is in flight. A save's error is raised by the next
+            :meth:`save_checkpoint`, :meth:`load_checkpoint`, :meth:`remove_checkpoint` or
+            :meth:`teardown` (Lightning calls it when fit ends), never swallowed; each of them
+            first waits for the save in flight.
+        when_busy: with ``async_save``, a save asked for while one is in flight: ``"wait"`` for
+            it (default) or ``"fail"`` (StateError, nothing saved).
     """
 
-    def __init__(self, fsync: bool = True, verify: bool = True) -> None:
+    def __init__(self, fsync: bool = True, verify: bool = True, async_save: bool = False,
+                 when_busy: str = "wait") -> None:
         super().__init__()
         self.fsync, self.verify = fsync, verify
+        self._saver = _n.AsyncSaver(when_busy=when_busy) if async_save else None
+        if self._saver is not None:
+            _open_ios.add(self)
+
+    @property
+    def async_save(self) -> bool:
+        return self._saver is not None
+
+    def wait(self) -> None:
+        """Waits for a background save; raises its error."""
+        if self._saver is not None:
+            self._saver.wait()
+
+    def teardown(self) -> None:
+        """Finishes a background save (raising its error). The plugin stays usable."""
+        self.wait()
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         """Writes Lightning's checkpoint dict to `path`, atomically and durably."""
@@ -90,12 +133,16 @@ class KeepsakeCheckpointIO(CheckpointIO):
         rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", METRICS_KEY)}
         fl.add(REST.rstrip("/"), rest)
         meta = fl.record({"keepsake.lightning": json.dumps({"layout_version": 1})})
-        _n.save_file(path, fl.entries, meta, _metrics.metrics_meta(descs), self.fsync)
+        if self._saver is not None:  # the bytes are copied before start() returns
+            self._saver.start(path, fl.entries, meta, _metrics.metrics_meta(descs), self.fsync)
+        else:
+            _n.save_file(path, fl.entries, meta, _metrics.metrics_meta(descs), self.fsync)
 
     def load_checkpoint(self, path: Any, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> Dict[str, Any]:
         """Reads a checkpoint written by :meth:`save_checkpoint` (nothing is unpickled, whatever
         `weights_only` says). `map_location` may be a device or a device string."""
+        self.wait()  # a background save of this path must be whole first
         # Read into memory, not mapped: every leaf is cloned anyway, and a file truncated by
         # another program must raise, not kill the process with SIGBUS.
         reader = _n.Reader(fspath(path), verify=self.verify, backend="read")
@@ -127,6 +174,7 @@ class KeepsakeCheckpointIO(CheckpointIO):
 
     def remove_checkpoint(self, path: Any) -> None:
         """Removes a checkpoint file (no error when it is already gone)."""
+        self.wait()  # never beside a background save, which could be this file's
         try:
             os.remove(fspath(path))
         except FileNotFoundError:

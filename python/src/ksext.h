@@ -107,6 +107,8 @@ PyObject *ksp_fold_metric(PyObject *self, PyObject *args);
  * module with PyModule_AddFunctions, and the lazy rank file reader type. */
 /* Adds the Structure type (ksstructure.c) to the module; 0, or -1 with an exception set. */
 int ksp_structure_add_type(PyObject *m);
+/* keepsake._keepsake.AsyncSaver (ksasync.c): 0, or -1 with an exception. */
+int ksp_async_add_type(PyObject *m);
 extern PyMethodDef ksp_shard_methods[];
 extern PyTypeObject ksp_ShardFileType;
 

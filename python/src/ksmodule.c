@@ -294,6 +294,10 @@ PyMODINIT_FUNC PyInit__keepsake(void) {
     Py_DECREF(m);
     return NULL;
   }
+  if (ksp_async_add_type(m) < 0) { /* the background writer (ksasync.c) */
+    Py_DECREF(m);
+    return NULL;
+  }
   if (ksp_structure_add_type(m) < 0) { /* the structure document (ksstructure.c) */
     Py_DECREF(m);
     return NULL;

@@ -28,6 +28,24 @@ def test_manager_example_runs(tmp_path, monkeypatch, capsys):
     assert "loaded" in capsys.readouterr().out
 
 
+def test_lightning_example_runs(tmp_path, monkeypatch, capsys):
+    """The Lightning example: background saves, a resume with the metric states, and
+    load_from_checkpoint with the hyperparameters."""
+    import pytest
+    pytest.importorskip("lightning.pytorch")
+    import keepsake
+    from keepsake.lightning import is_keepsake_file
+    text = open(os.path.join(SRC, "docs", "PYTHON.md"), encoding="utf-8").read()
+    section = text.split("## Lightning", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "async_save=True" in code
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/PYTHON.md", "exec"), {"__name__": "example"})
+    assert is_keepsake_file(tmp_path / "ckpts" / "last.ckpt")
+    keepsake.verify(tmp_path / "ckpts" / "last.ckpt")
+    assert "samples counted: 192 width: 8" in capsys.readouterr().out  # 3 epochs of 64: resumed, not restarted
+
+
 def _blocks(rel):
     text = open(os.path.join(SRC, rel), encoding="utf-8").read()
     return re.findall(r"```python\n(.*?)```", text, re.S)

@@ -9,7 +9,7 @@ pl = pytest.importorskip("lightning.pytorch")
 torchmetrics = pytest.importorskip("torchmetrics")
 
 import keepsake  # noqa: E402
-from keepsake.lightning import KeepsakeCheckpointIO, KeepsakeMetrics  # noqa: E402
+from keepsake.lightning import METRICS_KEY, KeepsakeCheckpointIO, KeepsakeMetrics  # noqa: E402
 
 N, BATCH, EPOCHS, STOP_AT = 96, 8, 3, 17  # 12 batches an epoch; stop in the middle of the 2nd epoch
 
@@ -91,6 +91,8 @@ def checkpoint_io(kind):
     if kind == "async":
         from lightning.pytorch.plugins.io import AsyncCheckpointIO
         return AsyncCheckpointIO(KeepsakeCheckpointIO(fsync=False))
+    if kind == "keepsake-async":
+        return KeepsakeCheckpointIO(async_save=True)
     return None
 
 
@@ -113,7 +115,7 @@ def metric_states(m):
     return out
 
 
-@pytest.mark.parametrize("io", ["keepsake", "torch", "async"])
+@pytest.mark.parametrize("io", ["keepsake", "torch", "async", "keepsake-async"])
 def test_resume_mid_epoch_equals_uninterrupted(tmp_path, io):
     ref = Tiny()
     trainer(tmp_path / "ref").fit(ref)
@@ -236,3 +238,67 @@ def test_load_from_checkpoint_reads_a_keepsake_ckpt_with_its_hyperparameters(tmp
     assert torch.equal(back.net.weight, m.net.weight)
     back2 = WithHparams.load_from_checkpoint(str(path), map_location="cpu", lr=0.5)  # overrides still work
     assert back2.hparams.lr == 0.5
+
+
+def test_background_saves_of_the_plugin_hold_the_moment_of_the_save(tmp_path):
+    """KeepsakeCheckpointIO(async_save=True): save_checkpoint returns once the dict's tensors and
+    metric snapshots are copied; changed at once, in place, they do not reach the file, and each
+    file is whole when a later call (here load_checkpoint and teardown) returns."""
+    m = Tiny()
+    big = torch.randn(1024, 1024)  # 4 MiB: the write is still running when the state changes
+    m.acc.update(torch.randn(8, 3), torch.randint(0, 3, (8,)))
+    ck = {"state_dict": {**m.state_dict(), "big": big}, "epoch": 1}
+    KeepsakeMetrics().on_save_checkpoint(None, m, ck)
+    want_big, want_w = big.clone(), m.net[0].weight.detach().clone()
+    want_tp = m.acc.tp.clone()
+    io = KeepsakeCheckpointIO(async_save=True)
+    assert io.async_save
+    p = tmp_path / "a.ckpt"
+    io.save_checkpoint(ck, p)
+    big.fill_(-1.0)
+    with torch.no_grad():
+        m.net[0].weight.fill_(7.0)
+    ck[METRICS_KEY]["acc"]["state_dict"]["tp"].fill_(123)  # even the snapshot in the dict itself
+    m.acc.update(torch.randn(8, 3), torch.randint(0, 3, (8,)))
+    ck["epoch"] = 2
+    q = tmp_path / "b.ckpt"
+    io.save_checkpoint(ck, q)  # waits for the first, then snapshots the changed state
+    back = io.load_checkpoint(p)  # waits for the second
+    assert torch.equal(back["state_dict"]["big"], want_big) and back["epoch"] == 1
+    assert torch.equal(back["state_dict"]["net.0.weight"], want_w)
+    import keepsake.torch as kt
+    assert torch.equal(kt.load_file(p)["state/train_metrics/acc/state_dict/tp"], want_tp)
+    later = io.load_checkpoint(q)
+    assert torch.equal(later["state_dict"]["big"], big) and later["epoch"] == 2
+    io.teardown()
+
+
+def test_a_background_save_error_is_raised_by_the_next_call_and_leaves_nothing(tmp_path):
+    io = KeepsakeCheckpointIO(async_save=True)
+    ck = {"state_dict": {"w": torch.ones(3)}, "epoch": 0}
+    good = tmp_path / "good.ckpt"
+    io.save_checkpoint(ck, good)
+    blocked = tmp_path / "blocked.ckpt"  # a non-empty directory: the final rename cannot replace it
+    blocked.mkdir()
+    (blocked / "x").write_text("x")
+    io.save_checkpoint(ck, blocked)  # snapshotted; the write fails on the library's thread
+    with pytest.raises(keepsake.KeepsakeError) as e:
+        io.teardown()
+    assert "blocked.ckpt" in str(e.value)
+    io.teardown()  # raised once, not again
+    assert sorted(os.listdir(tmp_path)) == ["blocked.ckpt", "good.ckpt"]  # no temporary file left
+    assert torch.equal(io.load_checkpoint(good)["state_dict"]["w"], torch.ones(3))
+    busy = KeepsakeCheckpointIO(async_save=True, when_busy="fail")
+    big = {"state_dict": {"w": torch.randn(2048, 2048)}}  # 16 MiB: still being written at the next save
+    busy.save_checkpoint(big, tmp_path / "one.ckpt")
+    refused = 0
+    for i in range(50):
+        try:
+            busy.save_checkpoint(big, tmp_path / f"two{i}.ckpt")
+            break
+        except keepsake.StateError:
+            refused += 1
+    busy.teardown()
+    assert refused >= 1
+    with pytest.raises(ValueError):
+        KeepsakeCheckpointIO(async_save=True, when_busy="later")

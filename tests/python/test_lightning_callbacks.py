@@ -46,7 +46,8 @@ class Kill(pl.Callback):
 
 mc = ModelCheckpoint(dirpath=ckdir, save_top_k=2, monitor="val_loss", save_last=True, filename="{epoch}")
 es = EarlyStopping(monitor="val_loss", patience=2)
-plugins = [KeepsakeCheckpointIO(fsync=False)] if io_kind == "keepsake" else []
+plugins = {"keepsake": [KeepsakeCheckpointIO(fsync=False)], "keepsake-async": [KeepsakeCheckpointIO(async_save=True)],
+           "torch": []}[io_kind]
 t = pl.Trainer(max_epochs=12, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                callbacks=[mc, es, Kill(), KeepsakeMetrics()], plugins=plugins, num_sanity_val_steps=0)
 t.fit(M(), dl(), dl(), ckpt_path=os.path.join(ckdir, "last.ckpt") if resume else None)
@@ -65,11 +66,12 @@ def run(tmp_path, io, resume):
 
 def test_top_k_and_early_stopping_survive_a_kill_as_with_lightnings_own_io(tmp_path):
     out = {}
-    for io in ("torch", "keepsake"):
+    for io in ("torch", "keepsake", "keepsake-async"):
         killed = run(tmp_path, io, False)
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
         resumed = run(tmp_path, io, True)
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         out[io] = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert out["keepsake"] == out["torch"]
+    assert out["keepsake-async"] == out["torch"]  # background saves: a save the kill cut short was never a file
     assert out["torch"]["stopped"] > 0 and len(out["torch"]["best"]) == 2  # both callbacks did act

@@ -147,3 +147,28 @@ def test_http_is_read_only(served):
         kt.save_checkpoint(f"{url}/new.keepsake", model=model)
     with pytest.raises(keepsake.UnsupportedError, match="read-only"):
         keepsake.CheckpointManager(f"{url}/run", model=model)
+
+
+def test_docs_remote_example_runs(bucket, served, tmp_path, monkeypatch, capsys):
+    """The worked example of docs/PYTHON.md "Remote files", with this module's bucket and the
+    nginx URL: run twice, the second run resumes from the bucket."""
+    import re
+    import shutil
+    text = open(os.path.join(SRC, "docs", "PYTHON.md"), encoding="utf-8").read()
+    code = re.search(r"```python\n(.*?)```", text.split("## Remote files", 1)[1], re.S).group(1)
+    root, url = served
+    code = code.replace("s3://my-bucket/", f"s3://{bucket}/").replace("https://example.com/ckpts", url)
+    model = torch.nn.Linear(16, 4)
+    kt.save_checkpoint(tmp_path / "one.keepsake", model=model)
+    shutil.copy(tmp_path / "one.keepsake", os.path.join(root, "one.keepsake"))  # what nginx serves
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/PYTHON.md", "exec"), {"__name__": "example"})
+    assert f"resumed: False last: s3://{bucket}/runs/docs/managed/ep0-ba3.keepsake" in capsys.readouterr().out
+    assert os.listdir(tmp_path / "ks-cache")  # the cache kept what the first load read
+    exec(compile(code, "docs/PYTHON.md", "exec"), {"__name__": "example"})
+    assert f"resumed: True last: s3://{bucket}/runs/docs/managed/ep0-ba6.keepsake" in capsys.readouterr().out
+    kept = [f"s3://{bucket}/runs/docs/managed/ep0-ba{b}.keepsake" for b in (5, 6)]
+    for u in kept:
+        keepsake.verify(u)
+    with pytest.raises(keepsake.KeepsakeError):  # keep_last=2 deleted the older objects
+        keepsake.verify(f"s3://{bucket}/runs/docs/managed/ep0-ba4.keepsake")
