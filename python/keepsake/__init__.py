@@ -25,6 +25,7 @@ from ._paths import PathLike, fspath
 from ._report import LoadItem, LoadReport, Timestamp
 from ._safe_open import TensorSlice, safe_open
 from ._manager import EXIT_PREEMPTED, CheckpointManager, Preempted
+from ._early import EarlyStopping
 
 _errors._install(_native)
 
@@ -36,7 +37,7 @@ __all__ = [
     "DTypeError", "ShapeError", "ChecksumError", "VersionError", "MismatchError", "UnsupportedError",
     "ExistsError", "StateError", "ValueError_", "UnsafeError", "NetError", "NotDurableError", "LockedError",
     "safe_open", "TensorSlice", "LoadReport", "LoadItem", "Timestamp",
-    "CheckpointManager", "Preempted", "EXIT_PREEMPTED",
+    "CheckpointManager", "Preempted", "EXIT_PREEMPTED", "EarlyStopping",
     "convert", "verify", "compute_metrics", "metric_catalogue", "__version__", "FORMAT_VERSION",
 ]
 

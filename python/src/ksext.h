@@ -109,6 +109,8 @@ PyObject *ksp_fold_metric(PyObject *self, PyObject *args);
 int ksp_structure_add_type(PyObject *m);
 /* keepsake._keepsake.AsyncSaver (ksasync.c): 0, or -1 with an exception. */
 int ksp_async_add_type(PyObject *m);
+/* keepsake._keepsake.EarlyStop (ksearly.c): 0, or -1 with an exception. */
+int ksp_early_add_type(PyObject *m);
 extern PyMethodDef ksp_shard_methods[];
 extern PyTypeObject ksp_ShardFileType;
 

@@ -294,7 +294,7 @@ PyMODINIT_FUNC PyInit__keepsake(void) {
     Py_DECREF(m);
     return NULL;
   }
-  if (ksp_async_add_type(m) < 0) { /* the background writer (ksasync.c) */
+  if (ksp_async_add_type(m) < 0 || ksp_early_add_type(m) < 0) { /* ksasync.c, ksearly.c */
     Py_DECREF(m);
     return NULL;
   }

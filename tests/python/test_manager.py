@@ -345,3 +345,66 @@ def test_one_background_save_in_flight_and_the_busy_policy(tmp_path):
     assert len(names(tmp_path / "wait")) == 3
     with pytest.raises(ValueError):
         keepsake.CheckpointManager(tmp_path / "bad", model=model, when_busy="queue")
+
+
+def scalars(path):
+    """The scalar entries of a checkpoint (load_file gives the tensors)."""
+    return dict(keepsake._keepsake.Reader(str(path), verify=True, backend="read").scalars())
+
+
+VALUES = [0.9, 0.7, 0.72, 0.65, 0.66, 0.67, 0.647, 0.70, 0.71, 0.72, 0.73]  # a validation loss, epoch by epoch
+
+
+def early_run(run, stop_after=None):
+    """Epochs of a run that saves at each epoch end and stops early on VALUES; returns (epoch it
+    stopped at, the stopper) or, with stop_after, ends there as a killed run would."""
+    model = torch.nn.Linear(2, 2)
+    ts = keepsake.Timestamp()
+    es = keepsake.EarlyStopping("eval_metrics/val/loss", mode="min", patience=3, min_delta=0.005)
+    with keepsake.CheckpointManager(run, model=model, timestamp=ts, callbacks={"EarlyStopping": es}, rng=False,
+                                    save_every="1ep", preemption_signals=()) as mgr:
+        mgr.autoresume()
+        for epoch in range(ts.epoch, len(VALUES)):
+            stop = es.update(VALUES[epoch], epoch)
+            ts.epoch += 1
+            mgr.step(epoch_end=True)
+            if stop or (stop_after is not None and epoch == stop_after):
+                return epoch, es
+    return None, es
+
+
+def test_early_stopping_resumed_mid_patience_stops_at_the_same_epoch(tmp_path):
+    whole, es_whole = early_run(tmp_path / "whole")
+    assert whole == 6 and es_whole.should_stop and es_whole.best_score == 0.65  # 0.647 is not 0.005 better
+    early_run(tmp_path / "cut", stop_after=4)  # ends with a wait count of 1
+    cut, es_cut = early_run(tmp_path / "cut")
+    assert cut == whole and es_cut.state_dict() == es_whole.state_dict()
+    saved = scalars(tmp_path / "cut" / "ep5-ba0.keepsake")
+    assert saved["state/callbacks/EarlyStopping/wait_count"] == 1
+    assert saved["state/callbacks/EarlyStopping/monitor"] == "eval_metrics/val/loss"
+    other = keepsake.EarlyStopping("eval_metrics/val/acc", mode="max")
+    before = other.state_dict()
+    with pytest.raises(keepsake.MismatchError, match="monitor"):
+        kt.load_checkpoint(tmp_path / "cut" / "ep5-ba0.keepsake", model=torch.nn.Linear(2, 2),
+                           callbacks={"EarlyStopping": other}, rng=False)
+    assert other.state_dict() == before  # unchanged
+    with pytest.raises(ValueError):
+        keepsake.EarlyStopping("x", mode="sideways")
+    with pytest.raises(keepsake.InvalidError):
+        keepsake.EarlyStopping("x", patience=0)
+
+
+@pytest.mark.skipif(not os.environ.get("KS_DIGITS"), reason="the C demo (KS_DIGITS) is not built")
+def test_early_stopping_reads_what_the_c_demo_saved(tmp_path):
+    """A C program's ks_early_stop (keepsake-digits --early-stop) loads into keepsake.EarlyStopping:
+    one saved form, one rule."""
+    run = tmp_path / "c-run"
+    r = subprocess.run([os.environ["KS_DIGITS"], "--run-dir", str(run), "--epochs", "2", "--save-interval", "1ep",
+                        "--early-stop", "eval/MulticlassAccuracy:5:max"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ck = sorted(run.glob("*.keepsake"))[-1]
+    saved = scalars(ck)
+    es = keepsake.EarlyStopping("eval/MulticlassAccuracy", mode="max", patience=5)
+    es.load_state_dict({k.rsplit("/", 1)[1]: v for k, v in saved.items() if k.startswith("state/callbacks/EarlyStopping/")})
+    assert es.best_score == saved["state/callbacks/EarlyStopping/best_score"] and es.best_score > 0
+    assert es.wait_count == saved["state/callbacks/EarlyStopping/wait_count"] and es.stopped_epoch == -1
