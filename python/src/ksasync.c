@@ -104,18 +104,11 @@ static PyObject *AsyncSaver_start(ksp_AsyncSaver *self, PyObject *args, PyObject
   Py_RETURN_NONE;
 }
 
+static ks_status wait_for(void *sv, ks_error *err) { return ks_async_saver_wait(sv, err); }
+
 static PyObject *AsyncSaver_wait(ksp_AsyncSaver *self, PyObject *unused) {
   (void)unused;
-  if (!usable(self)) return NULL;
-  ks_error err;
-  ks_error_clear(&err);
-  ks_status st;
-  self->busy = 1;
-  Py_BEGIN_ALLOW_THREADS st = ks_async_saver_wait(self->sv, &err);
-  Py_END_ALLOW_THREADS
-  self->busy = 0;
-  if (st) return ksp_raise(st, &err);
-  Py_RETURN_NONE;
+  return usable(self) ? ksp_call_unlocked(&self->busy, wait_for, self->sv) : NULL;
 }
 
 static PyObject *AsyncSaver_close(ksp_AsyncSaver *self, PyObject *unused) {

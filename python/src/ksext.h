@@ -17,6 +17,9 @@
 PyObject *ksp_raise(ks_status st, const ks_error *err);
 /* As ksp_raise with a formatted message and no location. */
 PyObject *ksp_raisef(ks_status st, const char *fmt, ...);
+/* Runs fn(obj, err) with the GIL released and *busy set meanwhile (the object refuses other calls);
+ * returns None, or NULL with fn's error raised. */
+PyObject *ksp_call_unlocked(int *busy, ks_status (*fn)(void *obj, ks_error *err), void *obj);
 /* Replaces "<buffer>" in err->file with `path` (readers opened over a mapping we made). */
 void ksp_error_path(ks_error *err, const char *path);
 

@@ -329,18 +329,11 @@ static PyObject *Manager_stage_into(ksp_Manager *self, PyObject *args, PyObject 
   return res;
 }
 
+static ks_status wait_for(void *m, ks_error *err) { return ks_ckpt_manager_wait(m, err); }
+
 static PyObject *Manager_wait(ksp_Manager *self, PyObject *unused) {
   (void)unused;
-  if (!usable(self)) return NULL;
-  ks_error err;
-  ks_error_clear(&err);
-  ks_status st;
-  self->busy = 1;
-  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_wait(self->m, &err);
-  Py_END_ALLOW_THREADS
-  self->busy = 0;
-  if (st) return ksp_raise(st, &err);
-  Py_RETURN_NONE;
+  return usable(self) ? ksp_call_unlocked(&self->busy, wait_for, self->m) : NULL;
 }
 
 /* Where to resume from: the newest checkpoint that fully verifies (the library's choice; corrupt

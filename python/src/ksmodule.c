@@ -62,6 +62,18 @@ PyObject *ksp_raisef(ks_status st, const char *fmt, ...) {
   return ksp_raise(st, &e);
 }
 
+PyObject *ksp_call_unlocked(int *busy, ks_status (*fn)(void *obj, ks_error *err), void *obj) {
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  *busy = 1;
+  Py_BEGIN_ALLOW_THREADS st = fn(obj, &err);
+  Py_END_ALLOW_THREADS
+  *busy = 0;
+  if (st) return ksp_raise(st, &err);
+  Py_RETURN_NONE;
+}
+
 void ksp_error_path(ks_error *err, const char *path) {
   if (err && (!err->file[0] || !strcmp(err->file, "<buffer>"))) snprintf(err->file, sizeof err->file, "%s", path);
 }

@@ -414,6 +414,19 @@ static ks_statedict *three_tensors(float **data, float v) {
   return sd;
 }
 
+/* Whether the file at a has the bytes ks_save writes for sd. */
+static void assert_saved_as(const char *a, const ks_statedict *sd, const char *scratch) {
+  assert_int_equal(ks_save(scratch, sd, NULL, NULL, NULL), KS_OK);
+  size_t la, lb;
+  uint8_t *da = ks_test_read_file(a, &la), *db = ks_test_read_file(scratch, &lb);
+  assert_non_null(da);
+  assert_non_null(db);
+  assert_int_equal(la, lb);
+  assert_memory_equal(da, db, la);
+  free(da);
+  free(db);
+}
+
 static void async_reserve_takes_the_staging_before_the_first_save(void **state) {
   (void)state;
   char *dir = ks_test_tmpdir("async-reserve");
@@ -439,15 +452,7 @@ static void async_reserve_takes_the_staging_before_the_first_save(void **state) 
   /* Reserving again for the same state takes nothing new, and the file is ks_save's. */
   assert_int_equal(ks_async_saver_reserve_dict(sv, sd, NULL, NULL), KS_OK);
   assert_true(ba.largest < (size_t)1 << 20);
-  assert_int_equal(ks_save(b, sd, NULL, NULL, NULL), KS_OK);
-  size_t la, lb;
-  uint8_t *da = ks_test_read_file(a, &la), *db = ks_test_read_file(b, &lb);
-  assert_non_null(da);
-  assert_non_null(db);
-  assert_int_equal(la, lb);
-  assert_memory_equal(da, db, la);
-  free(da);
-  free(db);
+  assert_saved_as(a, sd, b);
   /* A sharded manager has no background saver to prepare. */
   ks_ckpt_manager *m = NULL;
   ks_ckpt_opts mo = {.run_dir = dir, .sharded = 1};
@@ -463,19 +468,6 @@ static void async_reserve_takes_the_staging_before_the_first_save(void **state) 
   free(b);
   ks_test_rmtree(dir);
   free(dir);
-}
-
-/* Whether the file at a has the bytes ks_save writes for sd. */
-static void assert_saved_as(const char *a, const ks_statedict *sd, const char *scratch) {
-  assert_int_equal(ks_save(scratch, sd, NULL, NULL, NULL), KS_OK);
-  size_t la, lb;
-  uint8_t *da = ks_test_read_file(a, &la), *db = ks_test_read_file(scratch, &lb);
-  assert_non_null(da);
-  assert_non_null(db);
-  assert_int_equal(la, lb);
-  assert_memory_equal(da, db, la);
-  free(da);
-  free(db);
 }
 
 static void async_stage_into_saves_from_the_callers_buffer(void **state) {
