@@ -13,6 +13,20 @@ def run(*args):
     return subprocess.run([sys.executable, DEMO, *args], capture_output=True, text=True)
 
 
+def why(cli, a, b, killed, resumed):
+    """What a failure report needs: the runs' progress lines, the files, and whether the checkpoint
+    the resumed run started from already differs from the uninterrupted run's of that name."""
+    import re
+    out = ["", "killed run:", killed.stdout[-1500:], "resumed run:", resumed.stdout[-1500:],
+           f"A: {sorted(os.listdir(a))}", f"B: {sorted(os.listdir(b))}"]
+    m = re.search(r"resumed from (\S+\.keepsake)", resumed.stdout)
+    if m and os.path.exists(os.path.join(a, m.group(1))):
+        d = subprocess.run([cli, "diff", os.path.join(a, m.group(1)), os.path.join(b, m.group(1)), "--ignore", "*_wct"],
+                           capture_output=True, text=True)
+        out += [f"{m.group(1)} of A against B's:", d.stdout[-3000:]]
+    return "\n".join(out)
+
+
 def test_killed_and_resumed_python_run_is_identical(tmp_path):
     a, b = str(tmp_path / "A"), str(tmp_path / "B")
     assert run("--run-dir", a, "--epochs", "3").returncode == 0
@@ -26,7 +40,7 @@ def test_killed_and_resumed_python_run_is_identical(tmp_path):
     if cli:
         d = subprocess.run([cli, "diff", os.path.join(a, "final.keepsake"), os.path.join(b, "final.keepsake"),
                             "--ignore", "*_wct"], capture_output=True, text=True)
-        assert d.returncode == 0 and "identical:" in d.stdout, d.stdout + d.stderr
+        assert d.returncode == 0 and "identical:" in d.stdout, d.stdout + d.stderr + why(cli, a, b, killed, resumed)
     import torch
     import keepsake.torch as kt
     fa, fb = (kt.load_file(os.path.join(p, "final.keepsake"), backend="read") for p in (a, b))
