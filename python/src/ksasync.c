@@ -104,7 +104,7 @@ static PyObject *AsyncSaver_start(ksp_AsyncSaver *self, PyObject *args, PyObject
   Py_RETURN_NONE;
 }
 
-static ks_status wait_for(void *sv, ks_error *err) { return ks_async_saver_wait(sv, err); }
+static KS_NODISCARD ks_status wait_for(void *sv, ks_error *err) { return ks_async_saver_wait(sv, err); }
 
 static PyObject *AsyncSaver_wait(ksp_AsyncSaver *self, PyObject *unused) {
   (void)unused;

@@ -329,7 +329,7 @@ static PyObject *Manager_stage_into(ksp_Manager *self, PyObject *args, PyObject 
   return res;
 }
 
-static ks_status wait_for(void *m, ks_error *err) { return ks_ckpt_manager_wait(m, err); }
+static KS_NODISCARD ks_status wait_for(void *m, ks_error *err) { return ks_ckpt_manager_wait(m, err); }
 
 static PyObject *Manager_wait(ksp_Manager *self, PyObject *unused) {
   (void)unused;
