@@ -162,14 +162,19 @@ static KS_NODISCARD ks_status copy_entries(const ks_allocator *a, const ks_state
   return s;
 }
 
+/* The bytes of an image of a hlen-byte header and dlen bytes of data, to the next aligned end; 0 past SIZE_MAX. */
+static size_t room_of(size_t hlen, uint64_t dlen) {
+  if (dlen > SIZE_MAX - hlen - BASE_ALIGN) return 0;
+  size_t end = hlen + (size_t)dlen;
+  return end + (BASE_ALIGN - end % BASE_ALIGN) % BASE_ALIGN;
+}
+
 /* The room of the file's image (header, then data, to the next aligned end), or 0 when the
    snapshot cannot be one (a state ks_save refuses, sizes past SIZE_MAX): it is then staged
    entry by entry, and the thread's ks_save says what is wrong. */
 static size_t image_room(ks_async_saver *sv, const ks_statedict *flat, const ks_meta *meta, size_t *hlen) {
   uint64_t dlen = 0;
-  if (ks_save_layout(flat, meta, &sv->alloc, hlen, &dlen, NULL) || dlen > SIZE_MAX - *hlen - BASE_ALIGN) return 0;
-  size_t end = *hlen + (size_t)dlen;
-  return end + (BASE_ALIGN - end % BASE_ALIGN) % BASE_ALIGN;
+  return ks_save_layout(flat, meta, &sv->alloc, hlen, &dlen, NULL) ? 0 : room_of(*hlen, dlen);
 }
 
 /* Whether a tensor of flat lies inside the caller's staging buffer other than exactly where this
@@ -325,7 +330,7 @@ ks_status ks_async_saver_stage_into(ks_async_saver *sv, const ks_statedict *sd, 
   uint64_t dlen = 0;
   s = ks_save_layout(sd, meta, &sv->alloc, &hlen, &dlen, err); /* what ks_save would refuse, refused here */
   if (s) return s;
-  *need = image_room(sv, sd, meta, &hlen);
+  *need = room_of(hlen, dlen);
   if (!*need) return ks__err(err, KS_E_LIMIT, "a state of %llu bytes cannot be staged", (unsigned long long)dlen);
   if (!buf || size < *need || (uintptr_t)buf % BASE_ALIGN) return KS_OK; /* the caller grows it and asks again */
   sv->given = buf;
