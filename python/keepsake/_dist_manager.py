@@ -80,6 +80,21 @@ def _writer_class() -> type:
 _Writer: Optional[type] = None
 
 
+def _checkpoint_exception() -> type:
+    from torch.distributed.checkpoint.api import CheckpointException
+    return CheckpointException
+
+
+def _save_failure(e: BaseException) -> bool:
+    """A failure of the save itself (storage, keepsake), which ``on_save_error="warn"`` reports and
+    goes on from: a KeepsakeError, an OSError, or DCP's CheckpointException whose every rank's
+    failure is one. Anything else (a bug, an interrupt) stops the run."""
+    if isinstance(e, (_errors.KeepsakeError, OSError)):
+        return True
+    return isinstance(e, _checkpoint_exception()) and bool(e.failures) and \
+        all(_save_failure(f[0]) for f in e.failures.values())
+
+
 class DistributedCheckpointManager(CheckpointManager):
     """The checkpoint manager of a torch.distributed run: every rank constructs it, with the same
     arguments, and calls :meth:`step`, :meth:`save`, :meth:`autoresume`, :meth:`wait` and
@@ -141,13 +156,17 @@ class DistributedCheckpointManager(CheckpointManager):
         # A remote run directory: the C manager names directories by the store's own paths (an S3
         # key prefix), DCP's storage takes the location (s3://bucket/prefix/name).
         self._url = loc.rstrip("/") if _n.is_remote(loc) else None
+        # The background save in flight: (its future, its directory). Every rank holds one or none
+        # at the same call: save() starts it on every rank, _finish_pending ends it on every rank.
         self._pending: Optional[Tuple[Any, str]] = None
-        self._pending_error: Optional[BaseException] = None
-        ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
+        # The exception _agree last raised when every failing rank's was a save failure (_save_failure):
+        # the one step() may turn into a warning, on every rank alike.
+        self._warnable: Optional[BaseException] = None
+        self._ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
         # Control collectives (decisions, agreement, blocking DCP) and async DCP on groups of their
         # own: gloo (CPU tensors, whatever the training backend), never interleaved with training's.
-        self._ctl = dist.new_group(ranks=ranks, backend="gloo")
-        self._async_group = dist.new_group(ranks=ranks, backend="gloo") if async_save else None
+        self._ctl = dist.new_group(ranks=self._ranks, backend="gloo")
+        self._async_group = dist.new_group(ranks=self._ranks, backend="gloo") if async_save else None
         self.rank = dist.get_rank(self._ctl)
         self.world_size = dist.get_world_size(self._ctl)
         # Rank 0 owns the run directory (lock, dead saves, `latest`, retention, the choice of what to
@@ -172,30 +191,37 @@ class DistributedCheckpointManager(CheckpointManager):
     # ---- collectives ----
 
     def _agree(self, err: Optional[BaseException], what: str) -> None:
-        """Every rank raises when any rank failed (the failing one its own error), as ks_dist_agree."""
+        """Every rank raises when any rank failed (the failing one its own error, the others a
+        StateError), as ks_dist_agree. Whether the failure is a save failure (every failing rank's
+        error is one, _save_failure) is agreed too: then the exception raised is ``self._warnable``
+        on every rank, so step()'s on_save_error takes the same branch on every rank."""
         import torch
         dist = _dist()
-        flag = torch.tensor([0 if err is None else self.rank + 1], dtype=torch.int64)
+        flag = torch.tensor([0 if err is None else self.rank + 1, int(err is not None and not _save_failure(err))],
+                            dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._ctl)
-        if err is not None:
-            raise err
-        if int(flag.item()):
-            raise _errors.error(_errors.StateError, f"{what} failed on rank {int(flag.item()) - 1}")
+        failed, fatal = int(flag[0].item()), bool(flag[1].item())
+        if not failed:
+            return
+        exc = err if err is not None else _errors.error(_errors.StateError, f"{what} failed on rank {failed - 1}")
+        self._warnable = None if fatal else exc
+        raise exc
 
-    def _broadcast_str(self, s: Optional[str]) -> Optional[str]:
+    def _broadcast_choice(self, s: Optional[str], *ints: int) -> Tuple[Optional[str], List[int]]:
+        """Rank 0's string (or None) and integers, on every rank."""
         import torch
         dist = _dist()
         data = s.encode("utf-8", "surrogateescape") if (self.rank == 0 and s is not None) else b""
-        n = torch.tensor([len(data) if (self.rank == 0 and s is not None) else -1], dtype=torch.int64)
+        n = torch.tensor([len(data) if (self.rank == 0 and s is not None) else -1, *ints], dtype=torch.int64)
         dist.broadcast(n, group_src=0, group=self._ctl)
-        k = int(n.item())
+        k, got = int(n[0].item()), [int(v) for v in n[1:].tolist()]
         if k < 0:
-            return None
+            return None, got
         buf = torch.zeros(k, dtype=torch.uint8)
         if self.rank == 0 and k:
             buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         dist.broadcast(buf, group_src=0, group=self._ctl)
-        return bytes(buf.numpy()).decode("utf-8", "surrogateescape")
+        return bytes(buf.numpy()).decode("utf-8", "surrogateescape"), got
 
     # ---- what is saved ----
 
@@ -253,11 +279,16 @@ class DistributedCheckpointManager(CheckpointManager):
     def save(self, blocking: bool = True) -> str:
         """Saves a checkpoint directory now on every rank (collective); returns its path.
 
-        Blocking: ``dcp.save``, then (after a barrier) rank 0 commits it: ``latest`` and retention,
-        which deletes pruned directories. ``blocking=False``: ``dcp.async_save`` (staged before it
-        returns) on the manager's own group; rank 0 commits it when :meth:`step` finds it done, or
-        at the next :meth:`save`, :meth:`wait` or :meth:`close`, which raise its error."""
+        Blocking: ``dcp.save``, then (once every rank's returned) rank 0 commits it: ``latest``
+        and retention, which deletes pruned directories. ``blocking=False``: ``dcp.async_save``
+        (staged before it returns) on the manager's own group; it is committed at the first
+        :meth:`step` at which every rank's save is done, or at the next :meth:`save`, :meth:`wait`
+        or :meth:`close`, which raise its error on every rank.
+
+        Every step that can fail on some ranks only is agreed (every rank raises) before the next
+        collective, so no rank is left waiting in one the others skipped."""
         import torch.distributed.checkpoint as dcp
+        caught = (Exception, _checkpoint_exception())  # DCP's CheckpointException is a BaseException
         self._finish_pending()  # at most one save in flight; dir_begin needs none
         ts = self._ts()
         path, err = None, None
@@ -270,7 +301,7 @@ class DistributedCheckpointManager(CheckpointManager):
             err = e
         self._agree(err, "starting the save")
         where = self._location(path)
-        values = self._keepsake_entries()
+        values = self._keepsake_entries()  # collective (the metrics over every rank)
         from . import _tensors, _tree
 
         def extra_entries(rank: int, keep: list) -> List[tuple]:
@@ -281,13 +312,33 @@ class DistributedCheckpointManager(CheckpointManager):
             keep.append(fl)
             return fl.entries
 
-        writer = _writer_class()(where, extra_entries, sync_files=self.sync_files)
-        sd = {**self._replicated(), **self._local()}
+        sd, writer, err = None, None, None
+        try:  # the components' state_dict(): a rank whose fails must not leave the others in DCP
+            writer = _writer_class()(where, extra_entries, sync_files=self.sync_files)
+            sd = {**self._replicated(), **self._local()}
+        except Exception as e:  # noqa: BLE001 - agreed, then raised on every rank
+            err = e
+        self._agree(err, f"preparing the save of {where}")
         if blocking:
-            dcp.save(sd, storage_writer=writer, process_group=self._ctl)
+            try:
+                dcp.save(sd, storage_writer=writer, process_group=self._ctl)
+            except caught as e:
+                err = e
+            self._agree(err, f"writing {where}")  # also: every rank's write returned before the commit
             self._commit(path)
         else:
-            fut = dcp.async_save(sd, storage_writer=writer, process_group=self._async_group)
+            fut = None
+            try:
+                fut = dcp.async_save(sd, storage_writer=writer, process_group=self._async_group)
+            except caught as e:
+                err = e
+            try:
+                self._agree(err, f"starting the background save of {where}")
+            except BaseException:
+                # The ranks whose save started have a background thread waiting on the async group
+                # for the ranks whose did not: the next background save goes on a fresh one.
+                self._async_group = _dist().new_group(ranks=self._ranks, backend="gloo")
+                raise
             self._pending = (fut, path)
         self.last_saved = where
         return where
@@ -297,8 +348,8 @@ class DistributedCheckpointManager(CheckpointManager):
         return f"{self._url}/{path.rsplit('/', 1)[-1]}" if self._url else path
 
     def _commit(self, path: str) -> None:
-        """After every rank's save returned: rank 0 points `latest` at it and applies retention."""
-        _dist().barrier(group=self._ctl)
+        """After every rank's save returned (agreed): rank 0 points `latest` at it and applies
+        retention; its error is raised on every rank."""
         err = None
         if self.rank == 0:
             try:
@@ -307,64 +358,70 @@ class DistributedCheckpointManager(CheckpointManager):
                 err = e
         self._agree(err, f"committing {path}")
 
-    def _poll(self) -> None:
-        """Rank 0 commits a finished background save as soon as it sees it done (not collective:
-        its index exists only once every rank's file was written); errors wait for a collective."""
-        if self._pending is None or self.rank != 0 or not self._pending[0].done():
+    def _finish_pending(self) -> None:
+        """Collective: waits for the background save in flight, commits it, raises its error on
+        every rank. Every rank holds one or none at the same call (``self._pending``), so every
+        rank makes the same collectives here, or none."""
+        if self._pending is None:
             return
         fut, path = self._pending
         self._pending = None
+        err = None
         try:
             fut.result()
-            self._native.dir_commit(path)
-        except BaseException as e:  # noqa: BLE001 - raised on every rank by _finish_pending
-            self._pending_error = e
+        except (Exception, _checkpoint_exception()) as e:  # DCP's CheckpointException is a BaseException
+            err = e
+        self._agree(err, f"the background save of {path}")
+        self._commit(path)
 
-    def _finish_pending(self) -> None:
-        """Collective: waits for the background save, commits it, raises its error on every rank."""
-        err = self._pending_error
-        self._pending_error = None
-        if self._pending is not None:
-            fut, path = self._pending
-            self._pending = None
-            try:
-                fut.result()
-            except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
-                err = e
-            self._agree(err, f"the background save of {path}")
-            self._commit(path)
-            return
-        self._agree(err, "a background save")
-
-    def step(self, epoch_end: bool = False) -> Optional[str]:
-        """Call on every rank at each batch end (and with ``epoch_end=True`` at each epoch end),
-        after the timestamp counts it. Collective: rank 0's manager decides the interval and clock
-        triggers, a preemption signal on any rank counts (all-reduce), so every rank saves at the
-        same step. After a preemption signal every rank saves, waits until it is committed and
-        raises :class:`Preempted`. Returns the directory saved, or None."""
-        import torch
-        dist = _dist()
-        self._poll()
-        mine = self._native.should_save(self._ts(), epoch_end) if self.rank == 0 else False
-        sig = 0 if epoch_end else _n.preemption_signal()
-        flags = torch.tensor([int(bool(mine)), sig], dtype=torch.int64)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._ctl)
-        due, signum = bool(flags[0].item()), int(flags[1].item())
-        if signum:
-            path = self.save(blocking=True)
-            self.wait()
-            self.close()  # the process is about to exit: our groups go now, not in its teardown
-            raise Preempted(path, signum)
-        if not due:
-            return None
+    def _or_warn(self, save: Any) -> Optional[str]:
+        """``save()``; with on_save_error="warn", a save failure agreed by every rank
+        (``self._warnable``) is reported and counted instead, on every rank alike."""
+        self._warnable = None
         try:
-            return self.save(blocking=not self.async_save)
-        except _errors.KeepsakeError as e:  # agreed: every rank takes the same branch
-            if self.on_save_error == "raise":
+            return save()
+        except BaseException as e:
+            if self.on_save_error == "raise" or e is not self._warnable:
                 raise
             self.save_errors += 1
             print(f"keepsake: warning: checkpoint save failed, training goes on: {e}", file=sys.stderr)
             return None
+        finally:
+            self._warnable = None
+
+    def step(self, epoch_end: bool = False) -> Optional[str]:
+        """Call on every rank at each batch end (and with ``epoch_end=True`` at each epoch end),
+        after the timestamp counts it. Collective: one all-reduce carries rank 0's decision (the
+        interval and clock triggers), a preemption signal on any rank and whether each rank's
+        background save is still in flight, so every rank takes every branch below at the same
+        step: a background save that every rank finished is committed (its error raised, or with
+        on_save_error="warn" reported, on every rank); a due save is made. After a preemption
+        signal every rank saves, waits until it is committed and raises :class:`Preempted`.
+        Returns the directory saved, or None."""
+        import torch
+        dist = _dist()
+        mine, err = False, None
+        if self.rank == 0:
+            try:
+                mine = self._native.should_save(self._ts(), epoch_end)
+            except Exception as e:  # noqa: BLE001 - raised on every rank below
+                err = e
+        sig = 0 if epoch_end else _n.preemption_signal()
+        busy = self._pending is not None and not self._pending[0].done()
+        flags = torch.tensor([int(bool(mine)), sig, int(busy), int(err is not None)], dtype=torch.int64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._ctl)
+        due, signum, busy = bool(flags[0].item()), int(flags[1].item()), bool(flags[2].item())
+        if flags[3].item():
+            raise err if err is not None else _errors.error(_errors.StateError, "the save trigger failed on rank 0")
+        if self._pending is not None and (not busy or signum):  # done on every rank (or waited for)
+            self._or_warn(self._finish_pending)
+        if signum:
+            path = self.save(blocking=True)
+            self.close()  # the process is about to exit: our groups go now, not in its teardown
+            raise Preempted(path, signum)
+        if not due:
+            return None
+        return self._or_warn(lambda: self.save(blocking=not self.async_save))
 
     def reserve(self) -> None:
         """Nothing to prepare: background saves go through ``dcp.async_save``, which stages
@@ -382,8 +439,7 @@ class DistributedCheckpointManager(CheckpointManager):
         if self._ctl is None:  # closed already
             return
         try:
-            if self._pending is not None or self._pending_error is not None:
-                self._finish_pending()
+            self._finish_pending()
         finally:
             self._native.close()
             self._destroy_groups()
@@ -419,30 +475,46 @@ class DistributedCheckpointManager(CheckpointManager):
         first of them (saved rank rank mod N when none). Returns False when there is none;
         ``self.last_resumed`` is the directory, ``self.skipped`` how many failed to verify."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
         from .distributed import KeepsakeReader
         self._finish_pending()
-        path, err = None, None
-        if self.rank == 0:
+        path, saved_world, err = None, 0, None
+        if self.rank == 0:  # rank 0 chooses, and reads the index it verified: every rank then loads it
             try:
                 path, self.skipped = self._native.dir_latest()
+                if path is not None:
+                    saved_world = int(_n.shard_index(self._location(path), check=False)["world_size"])
             except _errors.KeepsakeError as e:
                 err = e
         self._agree(err, "choosing the checkpoint to resume")
-        path = self._broadcast_str(path)
+        path, (saved_world, self.skipped) = self._broadcast_choice(path, saved_world, self.skipped)
         if path is None:
             return False
         path = self._location(path)
-        saved_world = int(_n.shard_index(path, check=False)["world_size"])
         if saved_world != self.world_size and self.rank == 0:
             print(f"keepsake: note: {path} was saved by {saved_world} ranks, this run has {self.world_size}: "
                   "each rank's metric states are the fold of the saved ranks assigned to it, its generators "
                   "and data positions those of the first of them (ks_shard_assigned)", file=sys.stderr)
-        sd = {**self._replicated(), **self._local(path)}  # placeholders for the saved ranks this rank takes
+        sd: Dict[str, Any] = {}
         fields = self._ts()
+        try:  # a rank that cannot describe what it loads must not leave the others in dcp.load
+            sd = {**self._replicated(), **self._local(path)}  # placeholders for the saved ranks this rank takes
+        except Exception as e:  # noqa: BLE001 - agreed, then raised on every rank
+            err = e
+        self._agree(err, f"preparing the load of {path}")
         for k, v in fields.items():
             sd[TIMESTAMP + k] = v
-        dcp.load(sd, storage_reader=KeepsakeReader(path), process_group=self._ctl, **load_kw)
+        dcp.load(sd, storage_reader=KeepsakeReader(path), process_group=self._ctl, **load_kw)  # DCP agrees its errors
+        try:
+            self._install(sd, fields, path)
+        except Exception as e:  # noqa: BLE001 - agreed: no rank trains on while another raised
+            err = e
+        self._agree(err, f"installing {path}")
+        self.last_resumed = path
+        return True
+
+    def _install(self, sd: Dict[str, Any], fields: Dict[str, Any], path: str) -> None:
+        """Installs what dcp.load filled into the components (local to this rank)."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
         c = self.components
         if c["model"] is not None:
             set_state_dict(c["model"], c["optimizers"] if c["optimizers"] is not None else [],
@@ -461,5 +533,3 @@ class DistributedCheckpointManager(CheckpointManager):
                 _dist_local.install_state(obj, sd[f"{kind}/{name}"], f"{kind[:-1]} {name!r}")
         _dist_local.restore_local(sd, metrics=c["train_metrics"], eval_metrics=c["eval_metrics"],
                                   dataset_state=c["dataset_state"], rng=self.rng, checkpoint=path, group=self._ctl)
-        self.last_resumed = path
-        return True
