@@ -291,12 +291,30 @@ KS_NODISCARD ks_status ks_ckpt_manager_dir_latest(ks_ckpt_manager *m, const char
  * Installs handlers that record the arrival of each signal in `signals` (e.g.
  * SIGTERM, SIGUSR1) instead of terminating; the program then saves at its next
  * batch boundary (ks_ckpt_manager_should_save turns true) and exits with
- * KS_EXIT_PREEMPTED. Signal dispositions are process-wide, and so is this one
- * flag: it is the library's only process-wide state, and is written only by the
- * handler.
- * @return KS_OK, KS_E_INVALID (n == 0 or a bad signal) or KS_E_IO (sigaction failed).
+ * KS_EXIT_PREEMPTED. The handler also calls the handler each signal had before
+ * (a function the program installed: it still runs; SIG_DFL and SIG_IGN are
+ * replaced). Installs are counted per signal: undo each with
+ * ks_preemption_uninstall (a manager's close), and the last one puts the
+ * previous disposition back, so after it SIGTERM ends the process again, or
+ * reaches the program's own handler. Only signals received while an install is
+ * in force are acted on: a signal recorded earlier is forgotten when the first
+ * install begins, and when the last one is undone. Signal dispositions are
+ * process-wide, and so is this state (the library's only process-wide state;
+ * the functions are thread safe).
+ * @return KS_OK, KS_E_INVALID (n == 0 or a bad signal) or KS_E_IO (sigaction
+ *         failed: nothing is installed).
  */
 KS_NODISCARD ks_status ks_preemption_install(const int *signals, size_t n, ks_error *err);
+
+/**
+ * Undoes one ks_preemption_install of the same signals: the last install of a
+ * signal to be undone restores the disposition its first install replaced
+ * (unless the program has set another one since, which stays).
+ * @return KS_OK, KS_E_INVALID (n == 0 or a bad signal), KS_E_STATE (a signal
+ *         that is not installed: nothing is undone) or KS_E_IO (sigaction failed;
+ *         the count is undone all the same).
+ */
+KS_NODISCARD ks_status ks_preemption_uninstall(const int *signals, size_t n, ks_error *err);
 
 /** The signal that asked for preemption, or 0. Async-signal-safe to call. */
 int ks_preemption_signal(void);

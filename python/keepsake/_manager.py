@@ -69,7 +69,9 @@ class CheckpointManager:
         on_save_error: ``"raise"`` (stop) or ``"warn"``: a failed save from :meth:`step` is
             reported on stderr and the next trigger tries again.
         preemption_signals: signals that ask for a save at the next :meth:`step`, which then
-            raises :class:`Preempted` (``()`` installs none).
+            raises :class:`Preempted` (``()`` installs none). Only signals received while the
+            manager is open count; a handler the program installed before still runs (chained),
+            and :meth:`close` puts it back (or the default: SIGTERM ends the process again).
         lock: ``"auto"`` (lock the run directory where the storage can), ``"require"``, ``"off"``.
         upload_to: save locally, then upload each checkpoint there (``s3://...``).
         cache_dir: a local directory for the C library's read cache over a remote ``run_dir`` and
@@ -131,8 +133,8 @@ class CheckpointManager:
                                   upload_to=fspath(upload_to) if upload_to is not None else None,
                                   upload_retention=upload_retention, retention_log=retention_log,
                                   cache_dir=fspath(cache_dir) if cache_dir is not None else None)
-        if preemption_signals:
-            _n.preemption_install(list(preemption_signals))
+        # Until close(): the handlers the signals had still run, and close() puts them back.
+        self._preempt = _n.preemption_install(list(preemption_signals)) if preemption_signals else ()
         _open.add(self)
 
     # ---- the context-manager protocol ----
@@ -239,10 +241,12 @@ class CheckpointManager:
         """Finishes a save in flight (raising its error), then releases the run directory.
         Managers left open are closed at interpreter exit."""
         _open.discard(self)
+        preempt, self._preempt = self._preempt, ()
         try:
             self._native.close()
         finally:
             self._staging.close()
+            _n.preemption_uninstall(preempt)  # SIGTERM ends the process again (or reaches the program's handler)
 
     # ---- resuming ----
 

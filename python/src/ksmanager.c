@@ -7,6 +7,7 @@
  * entries, as for save_file, and fills them back with load_checkpoint from the path autoresume
  * returns.
  */
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -516,27 +517,60 @@ PyTypeObject ksp_ManagerType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* The signal numbers of a sequence (1 to 16 of them) into sigs; 0, or -1 with an exception set. */
+static int signals_of(PyObject *seq, int *sigs, size_t *n, const char *what) {
+  PyObject *fast = PySequence_Fast(seq, "expected a sequence of signal numbers");
+  if (!fast) return -1;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+  if (len < 1 || len > 16) {
+    Py_DECREF(fast);
+    return ksp_raisef(KS_E_INVALID, "%s: give 1 to 16 signals", what), -1;
+  }
+  for (Py_ssize_t i = 0; i < len; i++) {
+    long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+    if (v == -1 && PyErr_Occurred()) return Py_DECREF(fast), -1;
+    sigs[i] = v < INT_MIN || v > INT_MAX ? -1 : (int)v;
+  }
+  Py_DECREF(fast);
+  *n = (size_t)len;
+  return 0;
+}
+
 PyObject *ksp_preemption_install(PyObject *self, PyObject *args) {
   (void)self;
   PyObject *seq;
-  if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
-  PyObject *fast = PySequence_Fast(seq, "preemption_install: expected a sequence of signal numbers");
-  if (!fast) return NULL;
   int sigs[16];
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  if (n < 1 || n > 16) {
-    Py_DECREF(fast);
-    return ksp_raisef(KS_E_INVALID, "preemption_install: give 1 to 16 signals");
-  }
-  for (Py_ssize_t i = 0; i < n; i++) {
-    long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
-    if (v == -1 && PyErr_Occurred()) return Py_DECREF(fast), NULL;
-    sigs[i] = (int)v;
-  }
-  Py_DECREF(fast);
+  size_t n = 0;
+  if (!PyArg_ParseTuple(args, "O", &seq) || signals_of(seq, sigs, &n, "preemption_install")) return NULL;
   ks_error err;
   ks_error_clear(&err);
-  ks_status st = ks_preemption_install(sigs, (size_t)n, &err);
+  ks_status st = ks_preemption_install(sigs, n, &err);
+  if (st) return ksp_raise(st, &err);
+  PyObject *out = PyTuple_New((Py_ssize_t)n); /* what preemption_uninstall takes back */
+  for (size_t i = 0; out && i < n; i++) {
+    PyObject *v = PyLong_FromLong(sigs[i]);
+    if (!v) Py_CLEAR(out);
+    else PyTuple_SET_ITEM(out, (Py_ssize_t)i, v);
+  }
+  if (!out) { /* undone here: the caller gets no signals to give back (the exception is out of memory) */
+    ks_status undone = ks_preemption_uninstall(sigs, n, NULL);
+    (void)undone;
+  }
+  return out;
+}
+
+PyObject *ksp_preemption_uninstall(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *seq;
+  int sigs[16];
+  size_t n = 0;
+  if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
+  int any = PyObject_IsTrue(seq);
+  if (any == 0) Py_RETURN_NONE; /* () or None: nothing was installed */
+  if (any < 0 || signals_of(seq, sigs, &n, "preemption_uninstall")) return NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st = ks_preemption_uninstall(sigs, n, &err);
   if (st) return ksp_raise(st, &err);
   Py_RETURN_NONE;
 }

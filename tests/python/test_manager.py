@@ -248,6 +248,88 @@ def test_sigterm_saves_at_the_next_step_and_exits_75(tmp_path):
     assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []
 
 
+def run_signal_program(tmp_path, body):
+    """Runs `body` in a fresh interpreter (run directory in `run`); its exit status and stdout lines."""
+    code = "import os, signal, sys, time, keepsake\nrun = sys.argv[1]\n" + textwrap.dedent(body)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
+                       timeout=120)
+    return r.returncode, r.stdout.split(), r.stderr
+
+
+def test_after_close_sigterm_ends_the_process_again(tmp_path):
+    rc, out, err = run_signal_program(tmp_path, """
+        with keepsake.CheckpointManager(run, timestamp=keepsake.Timestamp()) as mgr:
+            pass
+        print("closed", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        print("survived", flush=True)
+    """)
+    assert (rc, out) == (-signal.SIGTERM, ["closed"]), err
+
+
+def test_the_programs_handler_runs_while_open_and_is_back_after_close(tmp_path):
+    rc, out, err = run_signal_program(tmp_path, """
+        calls = []
+        signal.signal(signal.SIGTERM, lambda s, f: calls.append(s))
+        ts = keepsake.Timestamp()
+        mgr = keepsake.CheckpointManager(run, timestamp=ts, save_every="1000ba")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("open", len(calls), flush=True)
+        ts.batch += 1
+        try:
+            mgr.step()
+        except keepsake.Preempted as e:  # the manager acted on it too
+            print("preempted", e.code, flush=True)
+        mgr.close()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("closed", len(calls), flush=True)
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    """)
+    assert rc == 0, err
+    assert out == ["open", "1", "preempted", "75", "closed", "2"], err
+
+
+def test_a_signal_no_open_manager_received_is_not_acted_on(tmp_path):
+    rc, out, err = run_signal_program(tmp_path, """
+        signal.signal(signal.SIGTERM, lambda s, f: None)  # the process lives through SIGTERM
+        ts = keepsake.Timestamp()
+        with keepsake.CheckpointManager(run, timestamp=ts, save_every="1000ba") as mgr:
+            os.kill(os.getpid(), signal.SIGTERM)  # received while open, never stepped on
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)  # received while no manager is open
+        time.sleep(0.2)
+        for i in range(3):
+            with keepsake.CheckpointManager(run, timestamp=ts, save_every="1000ba") as mgr:
+                ts.batch += 1
+                print("step", mgr.step(), flush=True)  # never Preempted (exit 75)
+    """)
+    assert (rc, out) == (0, ["step", "None"] * 3), err
+    assert os.listdir(tmp_path / "run") == [".keepsake.lock"]
+
+
+def test_two_open_managers_share_the_handler(tmp_path):
+    rc, out, err = run_signal_program(tmp_path, """
+        a = keepsake.CheckpointManager(run + "/a", timestamp=keepsake.Timestamp())
+        ts = keepsake.Timestamp()
+        b = keepsake.CheckpointManager(run + "/b", timestamp=ts, save_every="1000ba")
+        a.close()  # b still listens
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        ts.batch += 1
+        try:
+            b.step()
+        except keepsake.Preempted as e:
+            print("preempted", os.path.basename(e.path), flush=True)
+        b.close()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+    """)
+    assert (rc, out) == (-signal.SIGTERM, ["preempted", "ep0-ba1.keepsake"]), err
+
+
 def test_sigkill_during_background_writes_loses_nothing_committed(tmp_path):
     for trial in range(3):
         run = tmp_path / f"r{trial}"
