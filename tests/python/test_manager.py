@@ -96,6 +96,72 @@ def test_keep_best_survives_a_resume_and_a_new_run_directory(tmp_path):
     assert names(run) == ["ep0-ba2.keepsake", "ep0-ba4.keepsake", "ep0-ba6.keepsake"]
 
 
+def test_keep_best_naming_no_metric_of_the_program_is_refused(tmp_path):
+    model, opt, m, ts = make_run()
+    with pytest.raises(keepsake.InvalidError) as e:
+        keepsake.CheckpointManager(tmp_path / "run", model=model, train_metrics={"acc": m},
+                                   eval_metrics={"val": {"loss": tm.MeanMetric()}}, timestamp=ts,
+                                   keep_best=1, best_metric="train_metrics/accuracy")
+    assert "'train_metrics/accuracy'" in str(e.value)
+    assert "train_metrics/acc, eval_metrics/val/loss" in str(e.value)  # what exists
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(keepsake.InvalidError, match="no metrics"):
+        keepsake.CheckpointManager(tmp_path / "run", model=model, timestamp=ts, keep_best=1,
+                                   best_metric="train_metrics/acc")
+    for spelling in ("train_metrics/acc", "train/acc", "val/loss", "eval_metrics/val/loss"):
+        keepsake.CheckpointManager(tmp_path / "run", train_metrics={"acc": m},
+                                   eval_metrics={"val": {"loss": tm.MeanMetric()}}, timestamp=ts, keep_best=1,
+                                   best_metric=spelling, preemption_signals=()).close()
+
+
+def test_keep_best_warns_once_when_the_metric_was_never_computed(tmp_path, capfd):
+    model, opt, m, ts = make_run()
+    with keepsake.CheckpointManager(tmp_path, model=model, train_metrics={"acc": m}, timestamp=ts, save_every="1ba",
+                                    keep_best=1, best_metric="train_metrics/acc") as mgr:
+        for _ in range(3):
+            m.update(1.0)  # updated, never computed: _computed is None in every checkpoint
+            ts.batch += 1
+            assert mgr.step() is not None
+    err = capfd.readouterr().err
+    assert err.count("keep_best cannot rank") == 1, err
+    assert "ep0-ba1.keepsake by 'train_metrics/acc': the metric was never computed" in err
+    with keepsake.CheckpointManager(tmp_path / "computed", model=model, train_metrics={"acc": m}, timestamp=ts,
+                                    save_every="1ba", keep_best=1, best_metric="train_metrics/acc") as mgr:
+        for v in (0.1, 0.2):
+            train_batch(model, opt, m, ts, v)
+            mgr.step()
+    assert "keep_best" not in capfd.readouterr().err
+
+
+def test_save_every_takes_an_int_of_batches(tmp_path):
+    model, opt, m, ts = make_run()
+    with keepsake.CheckpointManager(tmp_path, model=model, timestamp=ts, save_every=2) as mgr:
+        saved = []
+        for b in range(5):
+            train_batch(model, opt, m, ts, 1.0)
+            saved.append(mgr.step())
+    assert [p and os.path.basename(p) for p in saved] == [None, "ep0-ba2.keepsake", None, "ep0-ba4.keepsake", None]
+    with pytest.raises(TypeError):
+        keepsake.CheckpointManager(tmp_path / "b", timestamp=ts, save_every=True)
+    with pytest.raises(keepsake.InvalidError):
+        keepsake.CheckpointManager(tmp_path / "c", timestamp=ts, save_every=0)
+
+
+def test_a_timestamp_that_never_advances_is_warned_about_once(tmp_path, capfd):
+    model, opt, m, ts = make_run()
+    with keepsake.CheckpointManager(tmp_path, model=model, timestamp=ts, save_every="2ba") as mgr:
+        for _ in range(4):  # a healthy loop says nothing
+            train_batch(model, opt, m, ts, 1.0)
+            mgr.step()
+        assert capfd.readouterr().err == ""
+        ts.batch += 1
+        for _ in range(10):  # the loop forgot ts.batch += 1
+            assert mgr.step() is None
+    err = capfd.readouterr().err
+    assert err.count("saw the same timestamp") == 1, err
+    assert "3 batch ends in a row saw the same timestamp (epoch 0, batch 5)" in err
+
+
 def test_autoresume_skips_a_corrupt_newest_and_restores_everything(tmp_path):
     model, opt, m, ts = make_run()
     with keepsake.CheckpointManager(tmp_path, model=model, optimizers=opt, train_metrics={"m": m}, timestamp=ts,
