@@ -396,6 +396,61 @@ def test_two_open_managers_share_the_handler(tmp_path):
     assert (rc, out) == (-signal.SIGTERM, ["preempted", "ep0-ba1.keepsake"]), err
 
 
+WRITER = textwrap.dedent("""
+    import sys, torch, keepsake
+    model = torch.nn.Linear(64, 64)
+    ts = keepsake.Timestamp()
+    with keepsake.CheckpointManager(sys.argv[1], model=model, timestamp=ts, save_every="1ba", keep_last=1,
+                                    rng=False, preemption_signals=()) as mgr:
+        while True:  # every step saves, and retention deletes the checkpoint `latest` named before
+            with torch.no_grad():
+                model.weight.fill_(float(ts.batch + 1))
+            ts.batch += 1
+            mgr.step()
+            if ts.batch == 2:
+                print("ready", flush=True)
+""")
+
+
+def test_readers_of_latest_beside_a_run_never_fail(tmp_path):
+    import threading
+    run = tmp_path / "run"
+    w = subprocess.Popen([sys.executable, "-c", WRITER, str(run)], stdout=subprocess.PIPE)
+    try:
+        assert w.stdout.readline().strip() == b"ready"
+        failures, loads = [], []
+        first = int(os.readlink(run / "latest").split("ba")[1].split(".")[0])
+
+        def reader(kind):
+            model = torch.nn.Linear(64, 64)
+            for _ in range(150):
+                try:
+                    if kind == "checkpoint":
+                        kt.load_checkpoint(run / "latest", model=model, rng=False)
+                        w0 = model.weight[0, 0].item()
+                    else:
+                        with keepsake.safe_open(run / "latest", framework="pt") as f:
+                            w0 = f.get_tensor("state/model/weight")[0, 0].item()
+                    assert w0 >= 1.0  # a whole checkpoint of the run
+                    loads.append(w0)
+                except Exception as e:  # noqa: BLE001 - every failure counts
+                    failures.append(f"{kind}: {type(e).__name__}: {e}")
+        threads = [threading.Thread(target=reader, args=(k,)) for k in ("checkpoint", "checkpoint", "safe_open")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert w.poll() is None, "the writer stopped: the readers raced nothing"
+        saves = int(os.readlink(run / "latest").split("ba")[1].split(".")[0]) - first
+    finally:
+        w.kill()
+        w.wait()
+    assert failures == [], failures[:5]
+    assert len(loads) == 450
+    assert saves >= 3, f"only {saves} saves beside the readers: the test proves little"
+    print(f"{len(loads)} loads of latest beside {saves} saves, {len(failures)} failures")
+
+
 def test_sigkill_during_background_writes_loses_nothing_committed(tmp_path):
     for trial in range(3):
         run = tmp_path / f"r{trial}"
