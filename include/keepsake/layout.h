@@ -59,6 +59,8 @@
 #define KS_KEY_METRIC_STATES "state_dict/"
 /** Inside a metric's folder: its cached compute() result, a tensor or null. */
 #define KS_KEY_METRIC_COMPUTED "_computed"
+/** A described metric's attributes that are not states (a wrapper's): `<metric path>/attrs/<name>`. */
+#define KS_KEY_METRIC_ATTRS "attrs/"
 
 /**
  * What `keepsake convert` read from a torch.distributed.checkpoint directory (ks_torch_dcp_load's info

@@ -62,7 +62,8 @@ typedef struct ks_ckpt_opts {
    * layout's folders "train_metrics/Name" and "eval_metrics/label/Name", or a full path
    * "state/.../Name". A checkpoint whose value is absent, None or not
    * finite (e.g. saved before the first evaluation) is never among the best; other
-   * policies may still keep it.
+   * policies may still keep it. The first save whose value cannot rank is warned
+   * about on the log (once per manager). See also `metrics`.
    */
   const char *best_metric;
   ks_best_mode best_mode;
@@ -129,6 +130,16 @@ typedef struct ks_ckpt_opts {
    * directory and never delete).
    */
   ks_ckpt_lock lock;
+  /* --- appended in 0.5 --- */
+  /**
+   * The metrics the program saves, as their paths in a checkpoint
+   * ("state/train_metrics/Name", "state/eval_metrics/label/Name"): n_metrics of
+   * them; NULL = not given. When given, a keep_best whose best_metric names none
+   * of them is refused (KS_E_INVALID, the message lists them): it would rank no
+   * checkpoint, in silence. Copied at creation if needed: need not outlive it.
+   */
+  const char *const *metrics;
+  size_t n_metrics;
 } ks_ckpt_opts;
 
 /**
@@ -216,9 +227,14 @@ KS_NODISCARD ks_status ks_ckpt_manager_wait(ks_ckpt_manager *m, ks_error *err);
  * The manager's full save trigger: ks_ckpt_manager_due, or (at a batch boundary,
  * epoch_end = 0) save_every_seconds elapsed since the last save, or a pending
  * preemption signal (ks_preemption_signal). Call it where ks_ckpt_manager_due is
- * called.
+ * called. A loop that does not advance its timestamp never comes due: when
+ * KS_CKPT_STUCK_CALLS calls of one kind in a row (batch ends, or epoch ends) see
+ * the same timestamp (epoch and batch; epoch for epoch ends), the manager warns
+ * on its log, once.
  */
 int ks_ckpt_manager_should_save(const ks_ckpt_manager *m, const ks_timestamp *ts, int epoch_end);
+/** Calls of ks_ckpt_manager_should_save of one kind with the same timestamp that make the manager warn. */
+#define KS_CKPT_STUCK_CALLS 3
 
 /**
  * Loads the newest checkpoint of the run directory that fully verifies; corrupt
@@ -291,12 +307,30 @@ KS_NODISCARD ks_status ks_ckpt_manager_dir_latest(ks_ckpt_manager *m, const char
  * Installs handlers that record the arrival of each signal in `signals` (e.g.
  * SIGTERM, SIGUSR1) instead of terminating; the program then saves at its next
  * batch boundary (ks_ckpt_manager_should_save turns true) and exits with
- * KS_EXIT_PREEMPTED. Signal dispositions are process-wide, and so is this one
- * flag: it is the library's only process-wide state, and is written only by the
- * handler.
- * @return KS_OK, KS_E_INVALID (n == 0 or a bad signal) or KS_E_IO (sigaction failed).
+ * KS_EXIT_PREEMPTED. The handler also calls the handler each signal had before
+ * (a function the program installed: it still runs; SIG_DFL and SIG_IGN are
+ * replaced). Installs are counted per signal: undo each with
+ * ks_preemption_uninstall (a manager's close), and the last one puts the
+ * previous disposition back, so after it SIGTERM ends the process again, or
+ * reaches the program's own handler. Only signals received while an install is
+ * in force are acted on: a signal recorded earlier is forgotten when the first
+ * install begins, and when the last one is undone. Signal dispositions are
+ * process-wide, and so is this state (the library's only process-wide state;
+ * the functions are thread safe).
+ * @return KS_OK, KS_E_INVALID (n == 0 or a bad signal) or KS_E_IO (sigaction
+ *         failed: nothing is installed).
  */
 KS_NODISCARD ks_status ks_preemption_install(const int *signals, size_t n, ks_error *err);
+
+/**
+ * Undoes one ks_preemption_install of the same signals: the last install of a
+ * signal to be undone restores the disposition its first install replaced
+ * (unless the program has set another one since, which stays).
+ * @return KS_OK, KS_E_INVALID (n == 0 or a bad signal), KS_E_STATE (a signal
+ *         that is not installed: nothing is undone) or KS_E_IO (sigaction failed;
+ *         the count is undone all the same).
+ */
+KS_NODISCARD ks_status ks_preemption_uninstall(const int *signals, size_t n, ks_error *err);
 
 /** The signal that asked for preemption, or 0. Async-signal-safe to call. */
 int ks_preemption_signal(void);

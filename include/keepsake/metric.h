@@ -377,6 +377,46 @@ KS_NODISCARD ks_status ks_metric_describe_state(ks_metric *m, const char *name, 
  */
 KS_NODISCARD ks_status ks_metric_add_inner(ks_metric *m, const char *name, ks_metric *inner, ks_error *err);
 
+/** ks_metric_describe_attr flag: a plain integer (a KS_VAL_INT entry), not a tensor; dtype KS_I64, rank 0. */
+#define KS_ATTR_INT 1u
+
+/**
+ * Declares an attribute of a described metric that is not a state: what a torchmetrics wrapper
+ * keeps besides its states and needs to compute (Running's `_num_vals_seen`, MinMaxMetric's
+ * `min_val` / `max_val`), saved as `<path>/attrs/<name>` (KS_KEY_METRIC_ATTRS). A tensor attribute
+ * has a dtype and shape; a KS_ATTR_INT one is an integer within [min, max] (min and max are
+ * ignored for tensors). The load engine fills the metric only when every declared attribute is in
+ * the checkpoint as declared (ks_metric_load_attrs); otherwise the metric is `mismatched` and
+ * reset, never half-filled. Attributes are not merged, and a clone has no staged values.
+ * @return KS_OK, KS_E_INVALID (not a described metric, bad shape or range, duplicate name),
+ *         KS_E_LIMIT (more than 64 attributes, name too long), KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_metric_describe_attr(ks_metric *m, const char *name, ks_dtype dtype, int rank,
+                                               const int64_t *shape, unsigned flags, int64_t min, int64_t max,
+                                               ks_error *err);
+
+/**
+ * Checks every declared attribute of `m` (not of its inner metrics) against the entries under
+ * `prefix` (`<path>/attrs/`) and stages their values in `m`, all or none: each must be present,
+ * a KS_ATTR_INT one an integer entry within its range, a tensor one of the declared dtype and
+ * shape exactly. The load engine calls it for a described metric and each inner metric it
+ * fills; ks_metric_reset drops what was staged.
+ * @return KS_OK (also with no attributes), KS_E_NOTFOUND (absent), KS_E_DTYPE (another kind or
+ *         dtype), KS_E_SHAPE, KS_E_MISMATCH (an integer out of range), KS_E_LIMIT (key too long),
+ *         KS_E_NOMEM. On error nothing is staged (what was staged before is dropped).
+ */
+KS_NODISCARD ks_status ks_metric_load_attrs(ks_metric *m, const ks_statedict *src, const char *prefix,
+                                            ks_error *err);
+
+/**
+ * Attribute i of a described metric: its name and flags, and in *value the value a load staged,
+ * a view the metric owns until it is reset, loaded again or freed (a KS_ATTR_INT one as an I64
+ * scalar), or a tensor with data NULL when nothing is staged.
+ * @return KS_OK, or KS_E_NOTFOUND when i is out of range.
+ */
+KS_NODISCARD ks_status ks_metric_attr_at(const ks_metric *m, size_t i, const char **name, unsigned *flags,
+                                         ks_tensor *value);
+
 /** Number of inner metrics of `m` (0 for a catalogue metric). */
 size_t ks_metric_inner_count(const ks_metric *m);
 

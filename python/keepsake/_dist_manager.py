@@ -185,8 +185,7 @@ class DistributedCheckpointManager(CheckpointManager):
         except _errors.KeepsakeError as e:
             err = e
         self._agree(err, "creating the checkpoint manager")
-        if preemption_signals:
-            _n.preemption_install(list(preemption_signals))
+        self._preempt = _n.preemption_install(list(preemption_signals)) if preemption_signals else ()
 
     # ---- collectives ----
 
@@ -443,6 +442,7 @@ class DistributedCheckpointManager(CheckpointManager):
         finally:
             self._native.close()
             self._destroy_groups()
+            _n.preemption_uninstall(self._preempt)
 
     def _destroy_groups(self) -> None:
         """Destroys the manager's own gloo groups (collective). Left to the interpreter's teardown

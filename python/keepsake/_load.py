@@ -26,9 +26,10 @@ def _reduction(m: Any, state: str) -> Optional[str]:
 
 
 def describe_metric(name: str, m: Any, top: bool = True) -> tuple:
-    """(name, class, attributes JSON, states, inner metrics): a torchmetrics metric as the engine
-    sees it (ks_metric_describe). List states are cat states of any dtype; a tensor state keeps
-    its default's dtype and shape."""
+    """(name, class, attributes JSON, states, inner metrics, kept attributes): a torchmetrics metric
+    as the engine sees it (ks_metric_describe). List states are cat states of any dtype; a tensor
+    state keeps its default's dtype and shape; a wrapper's kept attributes (_num_vals_seen,
+    min_val, ...) are declared with their dtype, shape and range (ks_metric_describe_attr)."""
     codes = _tensors.torch_maps()[0]
     states = []
     for s, d in m._defaults.items():
@@ -41,7 +42,7 @@ def describe_metric(name: str, m: Any, top: bool = True) -> tuple:
             states.append((s, _reduction(m, s), code, tuple(d.shape)))
     # Every inner metric at any depth, by dotted name, under the top metric (the saved layout).
     inner = [(n, describe_metric(n, sub, False)) for n, sub in _metrics.inner_metrics(m)] if top else []
-    return (name, type(m).__name__, json.dumps(_metrics.arg_attrs(m)), states, inner)
+    return (name, type(m).__name__, json.dumps(_metrics.arg_attrs(m)), states, inner, _metrics.attr_decls(m))
 
 
 def _install_states(m: Any, values: Dict[str, Any]) -> None:
@@ -65,7 +66,7 @@ def install_metric(m: Any, path: str, values: Optional[Dict[str, Any]], kind: Op
     for metric, mpath, vals in parts:
         _install_states(metric, vals)
         metric._computed = _metrics.computed(items, kinds, mpath)
-        _metrics.restore_attrs(metric, mpath, items)
+        _metrics.install_attrs(metric, vals["attrs"])
         metric._update_count = int(vals["update_count"])
 
 

@@ -15,7 +15,7 @@ import atexit
 import signal as _signal
 import sys
 import weakref
-from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
 from . import _errors, _metrics, _staging, _state, _tree
 from . import _native_api as _n
@@ -59,17 +59,25 @@ class CheckpointManager:
         model, optimizers, schedulers, train_metrics, eval_metrics, timestamp, dataset_state,
             callbacks, extra, rng: the components, as :func:`keepsake.torch.save_checkpoint` takes
             them. ``timestamp`` (a :class:`keepsake.Timestamp`) names the files and drives the triggers.
-        save_every: ``"50ba"`` (every 50 batches) or ``"1ep"``; ``save_every_seconds`` adds a clock.
+        save_every: ``"50ba"`` (every 50 batches), ``"1ep"``, or an int (batches: ``50`` is
+            ``"50ba"``); ``save_every_seconds`` adds a clock. :meth:`step` counts on the timestamp
+            advancing: the library warns (once, on stderr) when 3 batch ends (or epoch ends) in a row
+            see the same one, since no interval would ever come due.
         keep_last: keep the N newest (0 keeps all). ``keep_best``, ``best_metric``
             (``"train_metrics/acc"``, ``"eval_metrics/val/acc"``, ``"eval/acc"``) and ``best_mode``
-            (``"max"``/``"min"``): keep the N best by the value stored in each checkpoint.
+            (``"max"``/``"min"``): keep the N best by the value stored in each checkpoint. A
+            ``best_metric`` that names none of ``train_metrics`` / ``eval_metrics`` is refused
+            (InvalidError, naming them); a save whose metric was never computed (so it cannot
+            rank) is warned about once, on stderr.
             ``keep_every`` (``"5ep"``) and ``keep_period_seconds`` keep more. The policies combine.
         filename: the name template (``{epoch}``, ``{batch}``, ``{sample}``).
         async_save: :meth:`step` saves in the background (``save(blocking=False)``).
         on_save_error: ``"raise"`` (stop) or ``"warn"``: a failed save from :meth:`step` is
             reported on stderr and the next trigger tries again.
         preemption_signals: signals that ask for a save at the next :meth:`step`, which then
-            raises :class:`Preempted` (``()`` installs none).
+            raises :class:`Preempted` (``()`` installs none). Only signals received while the
+            manager is open count; a handler the program installed before still runs (chained),
+            and :meth:`close` puts it back (or the default: SIGTERM ends the process again).
         lock: ``"auto"`` (lock the run directory where the storage can), ``"require"``, ``"off"``.
         upload_to: save locally, then upload each checkpoint there (``s3://...``).
         cache_dir: a local directory for the C library's read cache over a remote ``run_dir`` and
@@ -99,7 +107,8 @@ class CheckpointManager:
                  train_metrics: Any = None, eval_metrics: Any = None, timestamp: Optional[Timestamp] = None,
                  dataset_state: Any = None, callbacks: Any = None, extra: Optional[Mapping[str, Any]] = None,
                  rng: bool = True, run_name: str = "", rank_zero_seed: int = 0,
-                 save_every: Optional[str] = None, save_every_seconds: float = 0.0, filename: Optional[str] = None,
+                 save_every: Union[str, int, None] = None, save_every_seconds: float = 0.0,
+                 filename: Optional[str] = None,
                  keep_last: int = 0, keep_best: int = 0, best_metric: Optional[str] = None, best_mode: str = "max",
                  keep_every: Optional[str] = None, keep_period_seconds: float = 0.0, async_save: bool = False,
                  on_save_error: str = "raise", preemption_signals: Sequence[int] = (_signal.SIGTERM, _signal.SIGUSR1),
@@ -130,10 +139,19 @@ class CheckpointManager:
                                   save_every_seconds=save_every_seconds, lock=lock, async_busy=when_busy,
                                   upload_to=fspath(upload_to) if upload_to is not None else None,
                                   upload_retention=upload_retention, retention_log=retention_log,
-                                  cache_dir=fspath(cache_dir) if cache_dir is not None else None)
-        if preemption_signals:
-            _n.preemption_install(list(preemption_signals))
+                                  cache_dir=fspath(cache_dir) if cache_dir is not None else None,
+                                  metrics=self._metric_paths())
+        # Until close(): the handlers the signals had still run, and close() puts them back.
+        self._preempt = _n.preemption_install(list(preemption_signals)) if preemption_signals else ()
         _open.add(self)
+
+    def _metric_paths(self) -> list:
+        """Where the program's metrics are saved: the library refuses a best_metric naming none."""
+        c = self.components
+        paths = [f"state/train_metrics/{n}" for n, _ in _metrics.named_metrics(c["train_metrics"])]
+        for label, ms in _state._eval_groups(c["eval_metrics"]):
+            paths += [f"state/eval_metrics/{label}/{n}" for n, _ in _metrics.named_metrics(ms)]
+        return paths
 
     # ---- the context-manager protocol ----
 
@@ -239,10 +257,12 @@ class CheckpointManager:
         """Finishes a save in flight (raising its error), then releases the run directory.
         Managers left open are closed at interpreter exit."""
         _open.discard(self)
+        preempt, self._preempt = self._preempt, ()
         try:
             self._native.close()
         finally:
             self._staging.close()
+            _n.preemption_uninstall(preempt)  # SIGTERM ends the process again (or reaches the program's handler)
 
     # ---- resuming ----
 

@@ -84,10 +84,12 @@ def _cat(v: list):
     return torch.cat([x.detach() for x in items], dim=0)
 
 
-# Plain attributes of torchmetrics wrappers that their compute() needs besides the states
-# (Running* hands _num_vals_seen to its base metric as the update count). Tensor attributes
-# that are not states (MinMaxMetric's min_val and max_val) are kept too: see _tensor_attrs.
-WRAPPER_ATTRS = ("_num_vals_seen",)
+# Plain integer attributes of torchmetrics wrappers that they need besides the states, with the
+# values they can take: Running* writes its next update into slot ``_num_vals_seen % window`` and
+# hands the count to its base metric as the update count, so it is a count, never negative.
+# Tensor attributes that are not states (MinMaxMetric's min_val and max_val) are kept too: see
+# _tensor_attrs. The load engine checks each against this description (ks_metric_describe_attr).
+WRAPPER_ATTRS = {"_num_vals_seen": (0, 2**63 - 1)}
 _NOT_ATTRS = ("_computed", "_forward_cache")
 
 
@@ -120,7 +122,7 @@ def _states_of(m: Any, copy: bool) -> Dict[str, Any]:
     out: Dict[str, Any] = {"state_dict": {s: c(_cat(v) if isinstance(v, list) else v)
                                           for s, v in ((s, getattr(m, s)) for s in m._defaults)},
                            "_computed": c(getattr(m, "_computed", None))}
-    attrs = {a: int(getattr(m, a)) for a in WRAPPER_ATTRS if isinstance(getattr(m, a, None), int)}
+    attrs = {a: int(getattr(m, a)) for a in WRAPPER_ATTRS if _int_attr(m, a)}
     attrs.update({a: c(getattr(m, a)) for a in _tensor_attrs(m)})
     if attrs:
         out["attrs"] = attrs
@@ -213,16 +215,31 @@ def computed(items: Dict[str, Any], kinds: Dict[str, Any], path: str) -> Any:
     return None
 
 
-def restore_attrs(metric: Any, path: str, items: Dict[str, Any]) -> None:
-    """The plain attributes a wrapper's compute() needs besides its states (see WRAPPER_ATTRS)."""
-    for a in WRAPPER_ATTRS:
-        v = items.get(f"{path}/attrs/{a}")
-        if isinstance(v, int) and isinstance(getattr(metric, a, None), int):
+def attr_decls(m: Any) -> List[tuple]:
+    """The attributes a wrapper keeps besides its states, as the engine checks them: (name, dtype
+    code or -1 for an int, shape, min, max), what snapshot() saves under ``attrs/``."""
+    codes = _tensors.torch_maps()[0]
+    out = [(a, -1, (), lo, hi) for a, (lo, hi) in WRAPPER_ATTRS.items() if _int_attr(m, a)]
+    for a in _tensor_attrs(m):
+        t = getattr(m, a)
+        if codes.get(t.dtype) is None:
+            raise TypeError(f"metric attribute '{a}' has dtype {t.dtype}, which keepsake does not store")
+        out.append((a, codes[t.dtype], tuple(t.shape), 0, 0))
+    return out
+
+
+def _int_attr(m: Any, a: str) -> bool:
+    v = getattr(m, a, None)
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def install_attrs(metric: Any, values: Dict[str, Any]) -> None:
+    """Sets the attributes the engine checked and staged (ks_metric_load_attrs): every declared one."""
+    for a, v in values.items():
+        if isinstance(v, int):
             setattr(metric, a, v)
-    for a in _tensor_attrs(metric):
-        v, mine = items.get(f"{path}/attrs/{a}"), getattr(metric, a)
-        if hasattr(v, "shape") and tuple(v.shape) == tuple(mine.shape) and v.dtype == mine.dtype:
-            setattr(metric, a, v.clone().to(mine.device))
+        else:
+            setattr(metric, a, _tensors.torch_from_copy(v).to(getattr(metric, a).device))
 
 
 def load_metrics_from(items: Dict[str, Any], metrics_meta: Dict[str, Any], kinds: Dict[str, Any],

@@ -92,6 +92,7 @@ const ks_reader *ksp_reader_get(PyObject *reader);
 extern PyTypeObject ksp_ReaderType;
 extern PyTypeObject ksp_ManagerType;
 PyObject *ksp_preemption_install(PyObject *self, PyObject *args);
+PyObject *ksp_preemption_uninstall(PyObject *self, PyObject *args);
 PyObject *ksp_preemption_signal(PyObject *self, PyObject *unused);
 /* Fills *io with the POSIX table, or without fsync ks__io_posix_nosync() (fast, not durable). */
 const ks_io *ksp_io_posix(int fsync, ks_io *io);

@@ -162,7 +162,8 @@ static int add_model(load_job *j, PyObject *model, ks_error *err) {
 }
 
 /* ---- metrics: (name, class, attrs JSON or None, [(state, reduction name or None, dtype or -1, shape)],
- *      [(inner, desc)]); dtype -1: a list state ---- */
+ *      [(inner, desc)], optionally [(attribute, dtype or -1, shape, min, max)]); dtype -1: a list
+ *      state, an int attribute ---- */
 
 static KS_NODISCARD ks_status describe(PyObject *desc, const ks_allocator *alloc, ks_metric **out, ks_error *err);
 
@@ -208,14 +209,36 @@ static KS_NODISCARD ks_status describe_inner(ks_metric *m, PyObject *inner, cons
   return n < 0 ? KS_E_INVALID : KS_OK;
 }
 
+/* A wrapper's attributes: (name, dtype code or -1 for an int, shape, min, max); the engine checks them. */
+static KS_NODISCARD ks_status describe_attrs(ks_metric *m, PyObject *attrs, ks_error *err) {
+  Py_ssize_t n = attrs && attrs != Py_None ? PySequence_Size(attrs) : 0;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *item = PySequence_GetItem(attrs, i), *shape;
+    const char *name;
+    int code;
+    long long lo, hi;
+    int ok = item && PyArg_ParseTuple(item, "siOLL", &name, &code, &shape, &lo, &hi);
+    int64_t dims[KS_MAX_RANK];
+    int rank = 0;
+    ok = ok && shape_of(shape, dims, &rank);
+    Py_XDECREF(item);
+    if (!ok) return KS_E_INVALID;
+    ks_status s = code < 0 ? ks_metric_describe_attr(m, name, KS_I64, 0, NULL, KS_ATTR_INT, lo, hi, err)
+                           : ks_metric_describe_attr(m, name, (ks_dtype)code, rank, dims, 0, 0, 0, err);
+    if (s) return s;
+  }
+  return n < 0 ? KS_E_INVALID : KS_OK;
+}
+
 static KS_NODISCARD ks_status describe(PyObject *desc, const ks_allocator *alloc, ks_metric **out,
                                        ks_error *err) {
   const char *name, *cls, *attrs;
-  PyObject *states, *inner;
-  if (!PyArg_ParseTuple(desc, "sszOO", &name, &cls, &attrs, &states, &inner)) return KS_E_INVALID;
+  PyObject *states, *inner, *kept = NULL;
+  if (!PyArg_ParseTuple(desc, "sszOO|O", &name, &cls, &attrs, &states, &inner, &kept)) return KS_E_INVALID;
   ks_metric *m = NULL;
   ks_status s = ks_metric_describe(cls, attrs, alloc, &m, err);
   if (!s) s = describe_states(m, states, err);
+  if (!s) s = describe_attrs(m, kept, err);
   if (!s) s = describe_inner(m, inner, alloc, err);
   if (s) {
     ks_metric_free(m);
@@ -295,9 +318,24 @@ static int add_metrics(load_job *j, PyObject *spec, ks_error *err) {
 
 /* ---- results ---- */
 
+/* The attribute values the engine staged: {name: int or (dtype, shape, bytearray)}. */
+static PyObject *attr_values(const ks_metric *m) {
+  PyObject *out = PyDict_New();
+  const char *name;
+  unsigned flags;
+  ks_tensor v;
+  for (size_t i = 0; out && ks_metric_attr_at(m, i, &name, &flags, &v) == KS_OK; i++) {
+    if (!v.data) continue; /* nothing staged */
+    PyObject *x = (flags & KS_ATTR_INT) ? PyLong_FromLongLong(*(const int64_t *)v.data) : ksp_tensor_copy(&v);
+    if (!x || PyDict_SetItemString(out, name, x)) Py_CLEAR(out);
+    Py_XDECREF(x);
+  }
+  return out;
+}
+
 static PyObject *metric_values(ks_metric *m) {
-  PyObject *states = PyDict_New(), *inner = PyDict_New();
-  int bad = !states || !inner;
+  PyObject *states = PyDict_New(), *inner = PyDict_New(), *attrs = attr_values(m);
+  int bad = !states || !inner || !attrs;
   for (size_t i = 0; !bad && i < ks_metric_state_count(m); i++) {
     const char *name;
     ks_tensor cur;
@@ -312,10 +350,11 @@ static PyObject *metric_values(ks_metric *m) {
     bad = !v || PyDict_SetItemString(inner, name, v);
     Py_XDECREF(v);
   }
-  PyObject *out = bad ? NULL : Py_BuildValue("{s:O,s:L,s:O}", "states", states, "update_count",
-                                             (long long)ks_metric_update_count(m), "inner", inner);
+  PyObject *out = bad ? NULL : Py_BuildValue("{s:O,s:L,s:O,s:O}", "states", states, "update_count",
+                                             (long long)ks_metric_update_count(m), "inner", inner, "attrs", attrs);
   Py_XDECREF(states);
   Py_XDECREF(inner);
+  Py_XDECREF(attrs);
   return out;
 }
 

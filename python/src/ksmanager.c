@@ -7,6 +7,7 @@
  * entries, as for save_file, and fills them back with load_checkpoint from the path autoresume
  * returns.
  */
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -118,21 +119,57 @@ static int with_cache(ksp_Manager *self, int i, PyObject *cache_dir, const char 
   return s ? -1 : 0;
 }
 
+/* save_interval: "100ba", "2ep", None, or an int: that many batches. A new reference to the str, or NULL. */
+static PyObject *interval_arg(PyObject *v) {
+  if (v == Py_None || PyUnicode_Check(v)) return Py_INCREF(v), v;
+  if (PyLong_Check(v) && !PyBool_Check(v)) return PyUnicode_FromFormat("%Sba", v); /* the library checks n > 0 */
+  PyErr_Format(PyExc_TypeError, "save_every: expected \"<n>ba\", \"<n>ep\" or an int (batches), not %s",
+               Py_TYPE(v)->tp_name);
+  return NULL;
+}
+
+/* metrics: the program's metric paths (a sequence of str) for ks_ckpt_opts.metrics, or None. PyMem. */
+static int metrics_arg(PyObject *seq, PyObject **fast, const char ***paths, size_t *n) {
+  *fast = NULL, *paths = NULL, *n = 0;
+  if (seq == Py_None) return 0;
+  *fast = PySequence_Fast(seq, "metrics: expected a sequence of metric paths");
+  if (!*fast) return -1;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(*fast);
+  *paths = PyMem_Calloc((size_t)len + 1, sizeof **paths);
+  if (!*paths) return PyErr_NoMemory(), -1;
+  for (Py_ssize_t i = 0; i < len; i++)
+    if (!((*paths)[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(*fast, i)))) return -1;
+  *n = (size_t)len;
+  return 0;
+}
+
 static int Manager_init(ksp_Manager *self, PyObject *args, PyObject *kw) {
   static char *names[] = {"run_dir", "save_interval", "filename", "keep", "keep_best", "best_metric", "best_mode",
                           "keep_every", "keep_period_seconds", "save_every_seconds", "async_busy", "lock",
-                          "upload_to", "upload_retention", "retention_log", "sharded", "cache_dir", NULL};
-  PyObject *run_dir, *upload_to = Py_None, *cache = Py_None;
-  const char *interval = NULL, *filename = NULL, *best_metric = NULL, *best_mode = NULL, *keep_every = NULL;
+                          "upload_to", "upload_retention", "retention_log", "sharded", "cache_dir", "metrics", NULL};
+  PyObject *run_dir, *upload_to = Py_None, *cache = Py_None, *interval_o = Py_None, *metrics_o = Py_None;
+  const char *filename = NULL, *best_metric = NULL, *best_mode = NULL, *keep_every = NULL;
   const char *busy = NULL, *lock = NULL;
   int keep = 0, keep_best = 0, upload_retention = 0, retention_log = 0, sharded = 0;
   double period = 0, every_s = 0;
   if (self->m || self->busy) return ksp_raisef(KS_E_STATE, "Manager is already initialised"), -1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|zziizzzddzzOpppO", names, PyUnicode_FSConverter, &run_dir,
-                                   &interval, &filename, &keep, &keep_best, &best_metric, &best_mode, &keep_every,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|OziizzzddzzOpppOO", names, PyUnicode_FSConverter, &run_dir,
+                                   &interval_o, &filename, &keep, &keep_best, &best_metric, &best_mode, &keep_every,
                                    &period, &every_s, &busy, &lock, &upload_to, &upload_retention, &retention_log,
-                                   &sharded, &cache))
+                                   &sharded, &cache, &metrics_o))
     return -1;
+  PyObject *interval_s = interval_arg(interval_o), *metrics_fast = NULL;
+  const char *interval = interval_s && interval_s != Py_None ? PyUnicode_AsUTF8(interval_s) : NULL;
+  const char **metric_paths = NULL;
+  size_t n_metrics = 0;
+  if (!interval_s || (interval_s != Py_None && !interval) ||
+      metrics_arg(metrics_o, &metrics_fast, &metric_paths, &n_metrics)) {
+    Py_XDECREF(interval_s);
+    Py_XDECREF(metrics_fast);
+    PyMem_Free(metric_paths);
+    Py_DECREF(run_dir);
+    return -1;
+  }
   static const char *const modes[] = {"max", "min"}, *const busies[] = {"wait", "fail"},
                            *const locks[] = {"auto", "require", "off"};
   int mode = 0, busy_mode = 0, lock_mode = 0;
@@ -148,7 +185,12 @@ static int Manager_init(ksp_Manager *self, PyObject *args, PyObject *kw) {
   Py_DECREF(run_dir);
   Py_XDECREF(up);
   Py_XDECREF(cache_dir);
-  if (rc) return release(self), -1;
+  if (rc) {
+    Py_XDECREF(interval_s);
+    Py_XDECREF(metrics_fast);
+    PyMem_Free(metric_paths);
+    return release(self), -1;
+  }
   ks_ckpt_opts co = {.run_dir = ks_storage_path(self->store),
                      .io = self->cache[0] ? self->cache[0] : ks_storage_io(self->store),
                      .save_interval = interval,
@@ -165,7 +207,9 @@ static int Manager_init(ksp_Manager *self, PyObject *args, PyObject *kw) {
                      .sharded = sharded,
                      .lock = lock_mode == 1   ? KS_CKPT_LOCK_REQUIRE
                              : lock_mode == 2 ? KS_CKPT_LOCK_OFF
-                                              : KS_CKPT_LOCK_AUTO};
+                                              : KS_CKPT_LOCK_AUTO,
+                     .metrics = metric_paths,
+                     .n_metrics = n_metrics};
   if (self->upload) {
     co.upload_io = self->cache[1] ? self->cache[1] : ks_storage_io(self->upload);
     co.upload_dir = ks_storage_path(self->upload);
@@ -176,6 +220,9 @@ static int Manager_init(ksp_Manager *self, PyObject *args, PyObject *kw) {
   ks_status st;
   Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_create(&co, &self->m, &err);
   Py_END_ALLOW_THREADS
+  Py_XDECREF(interval_s); /* the options are copied or used by now */
+  Py_XDECREF(metrics_fast);
+  PyMem_Free(metric_paths);
   if (st) {
     release(self);
     ksp_raise(st, &err);
@@ -516,27 +563,60 @@ PyTypeObject ksp_ManagerType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* The signal numbers of a sequence (1 to 16 of them) into sigs; 0, or -1 with an exception set. */
+static int signals_of(PyObject *seq, int *sigs, size_t *n, const char *what) {
+  PyObject *fast = PySequence_Fast(seq, "expected a sequence of signal numbers");
+  if (!fast) return -1;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+  if (len < 1 || len > 16) {
+    Py_DECREF(fast);
+    return ksp_raisef(KS_E_INVALID, "%s: give 1 to 16 signals", what), -1;
+  }
+  for (Py_ssize_t i = 0; i < len; i++) {
+    long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+    if (v == -1 && PyErr_Occurred()) return Py_DECREF(fast), -1;
+    sigs[i] = v < INT_MIN || v > INT_MAX ? -1 : (int)v;
+  }
+  Py_DECREF(fast);
+  *n = (size_t)len;
+  return 0;
+}
+
 PyObject *ksp_preemption_install(PyObject *self, PyObject *args) {
   (void)self;
   PyObject *seq;
-  if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
-  PyObject *fast = PySequence_Fast(seq, "preemption_install: expected a sequence of signal numbers");
-  if (!fast) return NULL;
   int sigs[16];
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  if (n < 1 || n > 16) {
-    Py_DECREF(fast);
-    return ksp_raisef(KS_E_INVALID, "preemption_install: give 1 to 16 signals");
-  }
-  for (Py_ssize_t i = 0; i < n; i++) {
-    long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
-    if (v == -1 && PyErr_Occurred()) return Py_DECREF(fast), NULL;
-    sigs[i] = (int)v;
-  }
-  Py_DECREF(fast);
+  size_t n = 0;
+  if (!PyArg_ParseTuple(args, "O", &seq) || signals_of(seq, sigs, &n, "preemption_install")) return NULL;
   ks_error err;
   ks_error_clear(&err);
-  ks_status st = ks_preemption_install(sigs, (size_t)n, &err);
+  ks_status st = ks_preemption_install(sigs, n, &err);
+  if (st) return ksp_raise(st, &err);
+  PyObject *out = PyTuple_New((Py_ssize_t)n); /* what preemption_uninstall takes back */
+  for (size_t i = 0; out && i < n; i++) {
+    PyObject *v = PyLong_FromLong(sigs[i]);
+    if (!v) Py_CLEAR(out);
+    else PyTuple_SET_ITEM(out, (Py_ssize_t)i, v);
+  }
+  if (!out) { /* undone here: the caller gets no signals to give back (the exception is out of memory) */
+    ks_status undone = ks_preemption_uninstall(sigs, n, NULL);
+    (void)undone;
+  }
+  return out;
+}
+
+PyObject *ksp_preemption_uninstall(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *seq;
+  int sigs[16];
+  size_t n = 0;
+  if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
+  int any = PyObject_IsTrue(seq);
+  if (any == 0) Py_RETURN_NONE; /* () or None: nothing was installed */
+  if (any < 0 || signals_of(seq, sigs, &n, "preemption_uninstall")) return NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st = ks_preemption_uninstall(sigs, n, &err);
   if (st) return ksp_raise(st, &err);
   Py_RETURN_NONE;
 }

@@ -270,7 +270,11 @@ static PyMethodDef methods[] = {
      "fold_metric(description, blobs)\n--\n\nks_metric_fold of every rank's states (keepsake bytes, rank order)."},
     {"catalogue", ksp_catalogue, METH_NOARGS, "catalogue()\n--\n\nThe metric classes the C library implements."},
     {"preemption_install", ksp_preemption_install, METH_VARARGS,
-     "preemption_install(signals)\n--\n\nks_preemption_install: these signals ask for a save at the next step."},
+     "preemption_install(signals)\n--\n\nks_preemption_install: these signals ask for a save at the next step "
+     "(the handlers they had still run). Returns the signals, for preemption_uninstall."},
+    {"preemption_uninstall", ksp_preemption_uninstall, METH_VARARGS,
+     "preemption_uninstall(signals)\n--\n\nks_preemption_uninstall: undoes one preemption_install of these signals "
+     "(the last one puts back the dispositions the first replaced); () does nothing."},
     {"preemption_signal", ksp_preemption_signal, METH_NOARGS,
      "preemption_signal()\n--\n\nThe preemption signal received (0 when none)."},
     {"report_text", ksp_report_text, METH_O,

@@ -67,7 +67,7 @@ ks_status ks__fmap_open(ks__fmap *m, const char *path, const ks_io *io, bool cop
   m->io = ks__io_v2(io);
   int fd = -1;
   uint64_t size = 0;
-  int rc = m->io->open_fn(m->io->ctx, path, &fd, &size);
+  int rc = ks__io_open_follow(m->io, path, &fd, &size); /* a run's `latest` moving on is followed */
   if (rc == EISDIR || rc == ENODEV) return ks__err_at(err, KS_E_IO, path, NULL, -1, "not a regular file");
   if (rc) return io_err(path, "cannot open file", rc, err);
   if (size > SIZE_MAX)

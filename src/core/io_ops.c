@@ -23,6 +23,44 @@ int ks__io_rmdir(const ks_io *io, const char *path) {
   return t->rmdir_fn ? t->rmdir_fn(t->ctx, path) : 0;
 }
 
+/*
+ * The targets of the `latest` links along path, one per line, into sig (cap bytes). 0 when at
+ * least one such link was read, else nonzero (no `latest` in the path, or none is a link).
+ */
+static int latest_targets(const ks_io *t, const char *path, char *sig, size_t cap) {
+  char prefix[PATH_CAP];
+  size_t used = 0, n = strlen(path), name_len = strlen(KS__LATEST);
+  int found = 0;
+  sig[0] = '\0';
+  for (size_t i = 0; i + name_len <= n && n < sizeof prefix; i++) {
+    if ((i && path[i - 1] != '/') || strncmp(path + i, KS__LATEST, name_len) ||
+        (path[i + name_len] && path[i + name_len] != '/'))
+      continue;
+    memcpy(prefix, path, i + name_len);
+    prefix[i + name_len] = '\0';
+    size_t len = 0;
+    if (used + 2 >= cap || t->readlink_fn(t->ctx, prefix, sig + used, cap - used - 2, &len)) continue;
+    used += len < cap - used - 2 ? len : cap - used - 2;
+    sig[used++] = '\n';
+    sig[used] = '\0';
+    found = 1;
+  }
+  return !found;
+}
+
+int ks__io_open_follow(const ks_io *io, const char *path, int *fd, uint64_t *size) {
+  const ks_io *t = ks__io_v2(io);
+  int rc = t->open_fn(t->ctx, path, fd, size);
+  char before[PATH_CAP], after[PATH_CAP];
+  if (rc != ENOENT || !t->readlink_fn || latest_targets(t, path, before, sizeof before)) return rc;
+  for (int i = 0; i < KS__LATEST_TRIES; i++) {
+    rc = t->open_fn(t->ctx, path, fd, size); /* through the link as it is now */
+    if (rc != ENOENT || latest_targets(t, path, after, sizeof after) || !strcmp(before, after)) return rc;
+    memcpy(before, after, sizeof before); /* moved on since: the next one may be there */
+  }
+  return rc;
+}
+
 ks_status ks_io_check(const ks_io *io, ks_error *err) {
   if (!io) return KS_OK;
   if (io->version == 0) return ks__err(err, KS_E_INVALID, "ks_io: version is 0 (set .version = KS_IO_VERSION)");

@@ -21,6 +21,22 @@ int ks__io_rmdir(const ks_io *io, const char *path);
  * KS_READ_MMAP: ks_reader_open then reports what is wrong with it. */
 int ks__io_read_mode(const ks_io *io);
 
+/* The name of the pointer a checkpoint manager keeps at a run's newest checkpoint. */
+#define KS__LATEST "latest"
+
+/*
+ * open_fn of `path` through io (NULL: POSIX), for readers: a path through a run's `latest` (a
+ * component named KS__LATEST that is a link, `run/latest` or `run/latest/rank0.keepsake`) may
+ * name a checkpoint that retention deleted between the reading of the link and the opening of
+ * its target (a second step in a store that follows pointers itself, a path walk in a kernel).
+ * When open fails with ENOENT and such a link exists, it is opened again; and again while each
+ * failure finds the links pointing elsewhere than before it (a manager moved `latest` on and
+ * deleted the previous one), at most KS__LATEST_TRIES times. A link that still names the same
+ * missing target is the answer: ENOENT. Same results as open_fn (errno-style).
+ */
+#define KS__LATEST_TRIES 64
+int ks__io_open_follow(const ks_io *io, const char *path, int *fd, uint64_t *size);
+
 /*
  * Creates dir and every missing parent; after each mkdir the parent directory is
  * fsynced so the new entry survives a crash, and dir's parent

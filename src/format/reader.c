@@ -81,7 +81,7 @@ static KS_NODISCARD ks_status load_file(ks_reader *r, const ks_io *io, ks_read_m
   r->io = ks__io_v2(io);
   int fd = -1;
   uint64_t size = 0;
-  int rc = r->io->open_fn(r->io->ctx, r->path, &fd, &size);
+  int rc = ks__io_open_follow(r->io, r->path, &fd, &size); /* a run's `latest` moving on is followed */
   if (rc == EISDIR || rc == ENODEV) return ks__err_at(err, KS_E_IO, r->path, NULL, -1, "not a regular file");
   if (rc) return io_err(r, "cannot open file", rc, err);
   if (size > SIZE_MAX)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/io_ops.h"
+#include "keepsake/layout.h"
 #include "manager/manager_internal.h"
 
 static KS_NODISCARD ks_status parse_interval(const char *spec, int64_t *every, int *epochs) {
@@ -56,6 +57,28 @@ static KS_NODISCARD ks_status metric_key(const char *metric, char *key, size_t c
   return w < 0 || (size_t)w >= cap ? KS_E_LIMIT : KS_OK;
 }
 
+/*
+ * With the program's metrics given (opts.metrics), keep_best must name one of them: a metric
+ * the program never saves would rank nothing, and no error would ever say so.
+ */
+static KS_NODISCARD ks_status check_best_metric(const ks_ckpt_opts *o, const ks__retention *r, ks_error *err) {
+  if (!o->keep_best || !o->metrics) return KS_OK;
+  size_t len = strlen(r->metric_key) - strlen("/" KS_KEY_METRIC_COMPUTED); /* metric_key ends with it */
+  char have[KS_ERROR_MSG_MAX / 2] = "";
+  size_t used = 0;
+  for (size_t i = 0; i < o->n_metrics; i++) {
+    const char *p = o->metrics[i];
+    if (!p) continue;
+    if (strlen(p) == len && !strncmp(p, r->metric_key, len)) return KS_OK;
+    const char *shown = strncmp(p, "state/", 6) ? p : p + 6; /* as best_metric spells it */
+    int w = snprintf(have + used, sizeof have - used, "%s%s", used ? ", " : "", shown);
+    if (w > 0) used = (size_t)w < sizeof have - used ? used + (size_t)w : sizeof have - 1;
+  }
+  return ks__err(err, KS_E_INVALID, "keep_best: best_metric '%s' (%.*s) names no metric of the program; %s%s",
+                 r->metric_name, (int)len, r->metric_key, used ? "its metrics: " : "it gives the manager no metrics",
+                 have);
+}
+
 /* The preservation policies of opts, checked. */
 static KS_NODISCARD ks_status parse_retention(const ks_ckpt_opts *o, ks__retention *r, ks_error *err) {
   *r = (ks__retention){.keep_latest = o->keep, .keep_best = o->keep_best, .best_min = o->best_mode == KS_BEST_MIN,
@@ -68,6 +91,8 @@ static KS_NODISCARD ks_status parse_retention(const ks_ckpt_opts *o, ks__retenti
       return ks__err(err, KS_E_INVALID, "keep_best: metric '%s': expected label/Name (eval/MulticlassAccuracy), "
                      "train/Name or a state/... path", o->best_metric ? o->best_metric : "(none)");
     snprintf(r->metric_name, sizeof r->metric_name, "%s", o->best_metric);
+    ks_status s = check_best_metric(o, r, err);
+    if (s) return s;
   }
   if (o->keep_every && parse_interval(o->keep_every, &r->every, &r->every_epochs))
     return ks__err(err, KS_E_INVALID, "keep_every '%s': expected e.g. 5ep or 500ba", o->keep_every);
@@ -205,8 +230,35 @@ int ks_ckpt_manager_due(const ks_ckpt_manager *m, const ks_timestamp *ts, int ep
   return !epoch_end && ts->batch > 0 && ts->batch % m->every == 0;
 }
 
+/*
+ * A loop that never advances its timestamp never comes due, and nothing would say so: the
+ * calls of one kind (batch ends, epoch ends) that see the same timestamp in a row are counted,
+ * and the log is told once. The watch is the manager's own bookkeeping, not its state: the
+ * call stays const to its callers (a manager is never used from two threads at once).
+ */
+static void watch_progress(const ks_ckpt_manager *cm, const ks_timestamp *ts, int epoch_end) {
+  ks_ckpt_manager *m = (ks_ckpt_manager *)(uintptr_t)cm; /* allocated by ks_ckpt_manager_create: not const */
+  int k = epoch_end != 0;
+  int64_t batch = k ? 0 : ts->batch; /* an epoch end is stuck when its epoch is */
+  if (m->seen[k].repeats && m->seen[k].epoch == ts->epoch && m->seen[k].batch == batch) {
+    m->seen[k].repeats++;
+  } else {
+    m->seen[k].epoch = ts->epoch;
+    m->seen[k].batch = batch;
+    m->seen[k].repeats = 1;
+  }
+  if (m->warned_stuck || m->seen[k].repeats < KS_CKPT_STUCK_CALLS) return;
+  m->warned_stuck = 1;
+  fprintf(m->log, "keepsake: warning: %d %s in a row saw the same timestamp (epoch %lld, batch %lld): the "
+          "training loop does not advance it, so no save interval comes due; count each batch (and epoch) in "
+          "the timestamp before the step (said once)\n", KS_CKPT_STUCK_CALLS,
+          k ? "epoch ends" : "batch ends", (long long)ts->epoch, (long long)ts->batch);
+  fflush(m->log);
+}
+
 int ks_ckpt_manager_should_save(const ks_ckpt_manager *m, const ks_timestamp *ts, int epoch_end) {
   if (!m || !ts) return 0;
+  watch_progress(m, ts, epoch_end);
   if (ks_ckpt_manager_due(m, ts, epoch_end)) return 1;
   if (epoch_end) return 0;
   if (ks_preemption_signal()) return 1;

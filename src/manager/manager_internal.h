@@ -59,6 +59,14 @@ struct ks_ckpt_manager {
   const char *where;       /* "" for run_dir; "uploaded " in the upload view's retention log */
   int sharded; /* checkpoints are sharded directories */
   int lock_handle; /* the run directory's lock (lock_fn's handle), or -1 */
+  int warned_unranked; /* the log was told that a saved checkpoint holds no value keep_best can rank */
+  /* ks_ckpt_manager_should_save's watch on a loop that never advances its timestamp: per kind of
+   * call (0 batch ends, 1 epoch ends) the last timestamp seen and how often in a row. */
+  struct {
+    int64_t epoch, batch;
+    int repeats;
+  } seen[2];
+  int warned_stuck;
 };
 
 /* One entry of the run directory that matches the template. */
@@ -72,6 +80,7 @@ typedef struct ckpt {
   double wct;
   int has_metric;
   double metric;
+  const char *unranked; /* keep_best: why its value cannot rank (NULL when it can, or when keep_best is off) */
   char why[KS_ERROR_MSG_MAX + 40]; /* why it is not readable */
 } ckpt;
 

@@ -50,13 +50,18 @@ static int is_candidate(const ks_ckpt_manager *m, const char *name, ks_io_kind k
   return kind == (m->sharded ? KS_IO_DIR : KS_IO_FILE) && name[0] != '.' && matches_template(m->tmpl, name);
 }
 
-/* The stored value of the best-N metric: a finite one-element `_computed` tensor, or none. */
+/* The stored value of the best-N metric: a finite one-element `_computed` tensor, or none (and why). */
 static void probe_metric(const ks_ckpt_manager *m, const ks_reader *r, ckpt *c) {
   ks_tensor t;
-  if (!m->ret.keep_best || ks_reader_tensor(r, m->ret.metric_key, &t, NULL)) return;
+  if (!m->ret.keep_best) return;
+  c->unranked = "the metric was never computed before the save (its _computed is None or absent)";
+  if (ks_reader_tensor(r, m->ret.metric_key, &t, NULL)) return;
+  c->unranked = "its _computed is not one floating-point number";
   if (ks_tensor_numel(&t) != 1 || !ks_dtype_is_float(t.dtype)) return;
   double v = ks_dtype_get_f64(t.dtype, t.data, 0);
+  c->unranked = "its _computed is NaN or infinite";
   if (v != v || v - v != 0) return; /* NaN or infinite */
+  c->unranked = NULL;
   c->metric = v;
   c->has_metric = 1;
 }
@@ -183,10 +188,23 @@ static KS_NODISCARD ks_status apply(ks_ckpt_manager *m, const ks__ckpt_info *v, 
   return s;
 }
 
+/* keep_best that silently ranks nothing is said once: the checkpoint just saved holds no value it can rank. */
+static void warn_unranked(ks_ckpt_manager *m, const ckpt_list *l, const char *keep_name) {
+  for (size_t i = 0; !m->warned_unranked && i < l->n; i++) {
+    const ckpt *c = &l->v[i];
+    if (!c->readable || !c->unranked || strcmp(c->name, keep_name)) continue;
+    fprintf(m->log, "keepsake: warning: keep_best cannot rank %s%s by '%s': %s; such checkpoints are never "
+            "among the best (said once)\n", m->where ? m->where : "", c->name, m->ret.metric_name, c->unranked);
+    fflush(m->log);
+    m->warned_unranked = 1;
+  }
+}
+
 ks_status ks__mgr_prune(ks_ckpt_manager *m, const char *keep_name, ks_error *err) {
   ckpt_list l = {0};
   ks_status s = ks__mgr_list(m, &l, err);
   if (s) return s;
+  warn_unranked(m, &l, keep_name);
   ks__ckpt_info *v = NULL;
   size_t n = 0;
   s = infos(m, &l, &v, &n);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/json.h"
+#include "core/keys.h"
 #include "metrics/internal.h"
 
 static KS_NODISCARD ks_status no_update(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err) {
@@ -167,6 +168,142 @@ ks_status ks_metric_add_inner(ks_metric *m, const char *name, ks_metric *inner, 
   return KS_OK;
 }
 
+/* ---- attributes: what a wrapper keeps besides its states, checked and staged by a load ---- */
+
+static KS_NODISCARD ks_status check_new_attr(const ks_metric *m, const char *name, ks_dtype dtype, int rank,
+                                             const int64_t *shape, unsigned flags, int64_t min, int64_t max,
+                                             ks_error *err) {
+  if (!m || !m->described || !name)
+    return ks__err(err, KS_E_INVALID, "ks_metric_describe_attr: not a described metric");
+  ks_status st = ks_name_check(name, err);
+  if (st) return st;
+  if (flags & ~KS_ATTR_INT) return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "attribute '%s': bad flags", name);
+  if (flags & KS_ATTR_INT) {
+    if (dtype != KS_I64 || rank != 0 || min > max)
+      return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "attribute '%s': an integer is I64 of rank 0, min <= max",
+                        name);
+  } else {
+    uint64_t numel;
+    if (rank < 0 || rank > KS_MAX_RANK || (rank && !shape) || ks_dtype_size(dtype) == 0 ||
+        ks_shape_size(dtype, rank, shape, &numel, NULL))
+      return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "attribute '%s': bad dtype or shape", name);
+  }
+  for (size_t i = 0; i < m->n_attrs; i++)
+    if (!strcmp(m->attrs[i].name, name))
+      return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "attribute '%s' is declared twice", name);
+  if (m->n_attrs >= KS__MAX_ATTRS)
+    return ks__err_at(err, KS_E_LIMIT, NULL, name, -1, "more than %d attributes", KS__MAX_ATTRS);
+  return KS_OK;
+}
+
+ks_status ks_metric_describe_attr(ks_metric *m, const char *name, ks_dtype dtype, int rank, const int64_t *shape,
+                                  unsigned flags, int64_t min, int64_t max, ks_error *err) {
+  ks_status st = check_new_attr(m, name, dtype, rank, shape, flags, min, max, err);
+  if (st) return st;
+  st = ks__grow(&m->alloc, &m->attrs, &m->cap_attrs, m->n_attrs + 1, sizeof *m->attrs);
+  char *own = st ? NULL : ks__strdup(&m->alloc, name);
+  if (!own) return ks__err(err, KS_E_NOMEM, "out of memory describing attribute '%s'", name);
+  ks__attr *a = &m->attrs[m->n_attrs++];
+  memset(a, 0, sizeof *a);
+  a->name = own;
+  a->dtype = dtype;
+  a->rank = rank;
+  for (int i = 0; i < rank; i++) a->shape[i] = shape[i];
+  a->flags = flags;
+  a->min = min;
+  a->max = max;
+  return KS_OK;
+}
+
+void ks__attrs_unstage(ks_metric *m) {
+  for (size_t i = 0; i < m->n_attrs; i++) {
+    ks__free(&m->alloc, m->attrs[i].data);
+    m->attrs[i].data = NULL;
+    m->attrs[i].nbytes = 0;
+    m->attrs[i].staged = 0;
+  }
+}
+
+static const char *kind_name(ks_value_kind k) {
+  static const char *const names[] = {"a tensor", "an integer", "a float", "a bool", "a string", "None"};
+  return (unsigned)k < sizeof names / sizeof *names ? names[k] : "a value";
+}
+
+/* Whether the entry e fits attribute a; the refusal in err. */
+static KS_NODISCARD ks_status attr_fits(const ks__attr *a, const char *key, const ks_entry *e, ks_error *err) {
+  if (a->flags & KS_ATTR_INT) {
+    if (e->kind != KS_VAL_INT)
+      return ks__err_at(err, KS_E_DTYPE, NULL, key, -1, "attribute '%s': %s in the checkpoint, an integer in the "
+                        "program", a->name, kind_name(e->kind));
+    if (e->i < a->min || e->i > a->max)
+      return ks__err_at(err, KS_E_MISMATCH, NULL, key, -1, "attribute '%s' is %lld in the checkpoint, outside "
+                        "[%lld, %lld]", a->name, (long long)e->i, (long long)a->min, (long long)a->max);
+    return KS_OK;
+  }
+  if (e->kind != KS_VAL_TENSOR)
+    return ks__err_at(err, KS_E_DTYPE, NULL, key, -1, "attribute '%s': %s in the checkpoint, a %s tensor in the "
+                      "program", a->name, kind_name(e->kind), ks_dtype_name(a->dtype));
+  if (e->tensor.dtype != a->dtype)
+    return ks__err_at(err, KS_E_DTYPE, NULL, key, -1, "attribute '%s': %s in the checkpoint, %s in the program",
+                      a->name, ks_dtype_name(e->tensor.dtype), ks_dtype_name(a->dtype));
+  int same = e->tensor.rank == a->rank;
+  for (int i = 0; same && i < a->rank; i++) same = e->tensor.shape[i] == a->shape[i];
+  if (!same)
+    return ks__err_at(err, KS_E_SHAPE, NULL, key, -1, "attribute '%s': another shape in the checkpoint (rank %d) "
+                      "than in the program (rank %d)", a->name, e->tensor.rank, a->rank);
+  return KS_OK;
+}
+
+ks_status ks_metric_load_attrs(ks_metric *m, const ks_statedict *src, const char *prefix, ks_error *err) {
+  if (!m || !src || !prefix) return ks__err(err, KS_E_INVALID, "ks_metric_load_attrs: NULL argument");
+  ks__attrs_unstage(m);
+  char key[KS__KEY_MAX + 1];
+  ks_entry e;
+  for (size_t i = 0; i < m->n_attrs; i++) { /* every one checked before any is staged */
+    const ks__attr *a = &m->attrs[i];
+    if (ks__key(key, prefix, a->name)) return ks__key_limit(err, prefix, a->name);
+    if (ks_statedict_get(src, key, &e))
+      return ks__err_at(err, KS_E_NOTFOUND, NULL, key, -1, "attribute '%s' is not in the checkpoint", a->name);
+    ks_status st = attr_fits(a, key, &e, err);
+    if (st) return st;
+  }
+  for (size_t i = 0; i < m->n_attrs; i++) {
+    ks__attr *a = &m->attrs[i];
+    if (ks__key(key, prefix, a->name) || ks_statedict_get(src, key, &e)) continue; /* checked above */
+    if (a->flags & KS_ATTR_INT) {
+      a->ival = e.i;
+    } else {
+      size_t n = e.tensor.nbytes;
+      a->data = ks__malloc(&m->alloc, n ? n : 1);
+      if (!a->data) {
+        ks__attrs_unstage(m);
+        return ks__err_at(err, KS_E_NOMEM, NULL, key, -1, "out of memory staging attribute '%s'", a->name);
+      }
+      if (n) memcpy(a->data, e.tensor.data, n);
+      a->nbytes = n;
+    }
+    a->staged = 1;
+  }
+  return KS_OK;
+}
+
+ks_status ks_metric_attr_at(const ks_metric *m, size_t i, const char **name, unsigned *flags, ks_tensor *value) {
+  if (!m || i >= m->n_attrs) return KS_E_NOTFOUND;
+  const ks__attr *a = &m->attrs[i];
+  if (name) *name = a->name;
+  if (flags) *flags = a->flags;
+  if (!value) return KS_OK;
+  memset(value, 0, sizeof *value);
+  value->dtype = a->dtype;
+  value->rank = a->rank;
+  for (int d = 0; d < a->rank; d++) value->shape[d] = a->shape[d];
+  if (a->staged) {
+    value->data = (a->flags & KS_ATTR_INT) ? (void *)(uintptr_t)&a->ival : a->data;
+    value->nbytes = (a->flags & KS_ATTR_INT) ? sizeof a->ival : a->nbytes;
+  }
+  return KS_OK;
+}
+
 size_t ks_metric_inner_count(const ks_metric *m) { return m ? m->n_inner : 0; }
 
 ks_metric *ks_metric_inner_at(const ks_metric *m, size_t i, const char **name) {
@@ -182,6 +319,11 @@ void ks__described_free(ks_metric *m) {
     m->st = m->st_inline;
     m->n_states = 0;
   }
+  ks__attrs_unstage(m);
+  for (size_t i = 0; i < m->n_attrs; i++) ks__free(&m->alloc, m->attrs[i].name);
+  ks__free(&m->alloc, m->attrs);
+  m->attrs = NULL;
+  m->n_attrs = m->cap_attrs = 0;
   if (!m->described) return;
   for (size_t i = 0; i < m->n_inner; i++) {
     ks_metric_free(m->inner[i]);
@@ -193,7 +335,26 @@ void ks__described_free(ks_metric *m) {
   ks__free(&m->alloc, m->described);
 }
 
+/* The attribute declarations of m into c (names owned, nothing staged: a clone serves merges). */
+static KS_NODISCARD ks_status clone_attrs(const ks_metric *m, ks_metric *c, const ks_allocator *a) {
+  if (!m->n_attrs) return KS_OK;
+  c->attrs = ks__calloc(a, m->n_attrs, sizeof *c->attrs);
+  if (!c->attrs) return KS_E_NOMEM;
+  c->cap_attrs = m->n_attrs;
+  for (size_t i = 0; i < m->n_attrs; i++) {
+    c->attrs[i] = m->attrs[i];
+    c->attrs[i].staged = 0;
+    c->attrs[i].data = NULL;
+    c->attrs[i].nbytes = 0;
+    if (!(c->attrs[i].name = ks__strdup(a, m->attrs[i].name))) return KS_E_NOMEM;
+    c->n_attrs = i + 1;
+  }
+  return KS_OK;
+}
+
 ks_status ks__described_clone(const ks_metric *m, ks_metric *c, const ks_allocator *a) {
+  c->attrs = NULL; /* copied last: until then the clone owns none */
+  c->n_attrs = c->cap_attrs = 0;
   c->st = c->st_inline; /* a catalogue metric's states are inline; a described one's get their own array */
   if (m->st != m->st_inline) {
     ks__state *st = ks__calloc(a, m->cap_states, sizeof *st);
@@ -225,6 +386,7 @@ ks_status ks__described_clone(const ks_metric *m, ks_metric *c, const ks_allocat
       ks_metric_free(in);
     fail = c->n_inner != i + 1;
   }
+  if (!fail) fail = clone_attrs(m, c, a) != KS_OK;
   return fail ? KS_E_NOMEM : KS_OK;
 }
 

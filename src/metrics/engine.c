@@ -109,6 +109,7 @@ void ks_metric_reset(ks_metric *m) {
   for (size_t i = 0; i < m->n_states; i++) state_fill_default(&m->st[i]);
   computed_drop(m);
   m->update_count = 0;
+  ks__attrs_unstage(m);
   for (size_t i = 0; i < m->n_inner; i++) ks_metric_reset(m->inner[i]);
 }
 

@@ -81,6 +81,23 @@ typedef struct ks__state {
 
 typedef struct ks__class ks__class;
 
+/* A described metric's attribute (ks_metric_describe_attr), and the value a load staged for it. */
+typedef struct ks__attr {
+  char *name; /* owned */
+  ks_dtype dtype;
+  int rank;
+  int64_t shape[KS_MAX_RANK];
+  unsigned flags; /* KS_ATTR_INT */
+  int64_t min, max;
+  int staged;
+  int64_t ival;   /* KS_ATTR_INT: the staged integer */
+  void *data;     /* a tensor's staged bytes (owned), or NULL */
+  size_t nbytes;
+} ks__attr;
+
+/* A described metric keeps at most this many attributes. */
+#define KS__MAX_ATTRS 64
+
 struct ks_metric {
   ks_allocator alloc;
   const ks__class *cls;
@@ -100,6 +117,8 @@ struct ks_metric {
   ks_metric **inner;
   char **inner_names;
   size_t n_inner, cap_inner;
+  ks__attr *attrs; /* declared attributes (described metrics) */
+  size_t n_attrs, cap_attrs;
 };
 
 struct ks__class {
@@ -117,6 +136,8 @@ struct ks__class {
 
 /* described.c */
 void ks__described_free(ks_metric *m);
+/* Drops the values a load staged for m's attributes (ks_metric_reset). */
+void ks__attrs_unstage(ks_metric *m);
 /* Deep copies of m's described parts (names, inner metrics) into c, a shallow copy of m. */
 KS_NODISCARD ks_status ks__described_clone(const ks_metric *m, ks_metric *c, const ks_allocator *a);
 

@@ -61,6 +61,13 @@ static stored_info stored_of(const ks__jv *me) {
   return si;
 }
 
+/* The attributes a described metric declares (a wrapper's), from `<path>/attrs/`: a refusal in *e. */
+static KS_NODISCARD ks_status load_attrs(ks__load_ctx *c, ks_metric *m, const char *path, ks_error *e) {
+  char prefix[KS__KEY_MAX + 1];
+  if (ks__key(prefix, path, "/" KS_KEY_METRIC_ATTRS)) return ks__key_limit(c->err, path, "/" KS_KEY_METRIC_ATTRS);
+  return ks_metric_load_attrs(m, c->src, prefix, e);
+}
+
 static KS_NODISCARD ks_status restore_computed(ks__load_ctx *c, ks_metric *m, const char *path, int64_t count) {
   char k[KS__KEY_MAX + 1];
   if (ks__key(k, path, "/" KS_KEY_METRIC_COMPUTED)) return ks__key_limit(c->err, path, "/" KS_KEY_METRIC_COMPUTED);
@@ -105,6 +112,7 @@ static KS_NODISCARD ks_status fill_inner(ks__load_ctx *c, ks_metric *m, const ch
                                     name);
     s = ks_metric_load_state_dict(in, c->src, prefix, KS_METRIC_SCHEMA_VERSION, c->o.allow_narrowing, migrated,
                                   converted, e);
+    if (!s) s = load_attrs(c, in, ipath, e);
     if (!s) s = restore_computed(c, in, ipath, inner_count(c, ipath));
     if (!s) s = fill_inner(c, in, ipath, NULL, migrated, converted, e);
     if (s) return s;
@@ -126,7 +134,8 @@ static KS_NODISCARD ks_status fill(ks__load_ctx *c, ks_metric *m, const char *pa
     ks_metric_reset(m);
     return ks__note(c, KS_LOAD_MISMATCHED, path, "%s; left at defaults", e.message);
   }
-  s = restore_computed(c, m, path, si.update_count);
+  s = load_attrs(c, m, path, &e); /* a wrapper is filled whole or not at all: its attributes too */
+  if (!s) s = restore_computed(c, m, path, si.update_count);
   if (!s) s = fill_inner(c, m, path, me, &inner_mig, &inner_conv, &e);
   if (s == KS_E_NOMEM && !e.code) return s;
   if (s == KS_E_NOMEM) return ks__err(c->err, s, "out of memory loading %s", path);

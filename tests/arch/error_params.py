@@ -25,6 +25,7 @@ ALLOWED = {
     "ks_reader_tensor_info": LOOKUP,
     "ks_reader_tensor_desc": LOOKUP,
     "ks_metric_state_info": LOOKUP,
+    "ks_metric_attr_at": LOOKUP,
     "ks_shard_map_at": LOOKUP,
     "ks_shard_map_get": LOOKUP,
     "ks_shard_index_sharded_at": LOOKUP,

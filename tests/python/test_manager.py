@@ -96,6 +96,72 @@ def test_keep_best_survives_a_resume_and_a_new_run_directory(tmp_path):
     assert names(run) == ["ep0-ba2.keepsake", "ep0-ba4.keepsake", "ep0-ba6.keepsake"]
 
 
+def test_keep_best_naming_no_metric_of_the_program_is_refused(tmp_path):
+    model, opt, m, ts = make_run()
+    with pytest.raises(keepsake.InvalidError) as e:
+        keepsake.CheckpointManager(tmp_path / "run", model=model, train_metrics={"acc": m},
+                                   eval_metrics={"val": {"loss": tm.MeanMetric()}}, timestamp=ts,
+                                   keep_best=1, best_metric="train_metrics/accuracy")
+    assert "'train_metrics/accuracy'" in str(e.value)
+    assert "train_metrics/acc, eval_metrics/val/loss" in str(e.value)  # what exists
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(keepsake.InvalidError, match="no metrics"):
+        keepsake.CheckpointManager(tmp_path / "run", model=model, timestamp=ts, keep_best=1,
+                                   best_metric="train_metrics/acc")
+    for spelling in ("train_metrics/acc", "train/acc", "val/loss", "eval_metrics/val/loss"):
+        keepsake.CheckpointManager(tmp_path / "run", train_metrics={"acc": m},
+                                   eval_metrics={"val": {"loss": tm.MeanMetric()}}, timestamp=ts, keep_best=1,
+                                   best_metric=spelling, preemption_signals=()).close()
+
+
+def test_keep_best_warns_once_when_the_metric_was_never_computed(tmp_path, capfd):
+    model, opt, m, ts = make_run()
+    with keepsake.CheckpointManager(tmp_path, model=model, train_metrics={"acc": m}, timestamp=ts, save_every="1ba",
+                                    keep_best=1, best_metric="train_metrics/acc") as mgr:
+        for _ in range(3):
+            m.update(1.0)  # updated, never computed: _computed is None in every checkpoint
+            ts.batch += 1
+            assert mgr.step() is not None
+    err = capfd.readouterr().err
+    assert err.count("keep_best cannot rank") == 1, err
+    assert "ep0-ba1.keepsake by 'train_metrics/acc': the metric was never computed" in err
+    with keepsake.CheckpointManager(tmp_path / "computed", model=model, train_metrics={"acc": m}, timestamp=ts,
+                                    save_every="1ba", keep_best=1, best_metric="train_metrics/acc") as mgr:
+        for v in (0.1, 0.2):
+            train_batch(model, opt, m, ts, v)
+            mgr.step()
+    assert "keep_best" not in capfd.readouterr().err
+
+
+def test_save_every_takes_an_int_of_batches(tmp_path):
+    model, opt, m, ts = make_run()
+    with keepsake.CheckpointManager(tmp_path, model=model, timestamp=ts, save_every=2) as mgr:
+        saved = []
+        for b in range(5):
+            train_batch(model, opt, m, ts, 1.0)
+            saved.append(mgr.step())
+    assert [p and os.path.basename(p) for p in saved] == [None, "ep0-ba2.keepsake", None, "ep0-ba4.keepsake", None]
+    with pytest.raises(TypeError):
+        keepsake.CheckpointManager(tmp_path / "b", timestamp=ts, save_every=True)
+    with pytest.raises(keepsake.InvalidError):
+        keepsake.CheckpointManager(tmp_path / "c", timestamp=ts, save_every=0)
+
+
+def test_a_timestamp_that_never_advances_is_warned_about_once(tmp_path, capfd):
+    model, opt, m, ts = make_run()
+    with keepsake.CheckpointManager(tmp_path, model=model, timestamp=ts, save_every="2ba") as mgr:
+        for _ in range(4):  # a healthy loop says nothing
+            train_batch(model, opt, m, ts, 1.0)
+            mgr.step()
+        assert capfd.readouterr().err == ""
+        ts.batch += 1
+        for _ in range(10):  # the loop forgot ts.batch += 1
+            assert mgr.step() is None
+    err = capfd.readouterr().err
+    assert err.count("saw the same timestamp") == 1, err
+    assert "3 batch ends in a row saw the same timestamp (epoch 0, batch 5)" in err
+
+
 def test_autoresume_skips_a_corrupt_newest_and_restores_everything(tmp_path):
     model, opt, m, ts = make_run()
     with keepsake.CheckpointManager(tmp_path, model=model, optimizers=opt, train_metrics={"m": m}, timestamp=ts,
@@ -246,6 +312,143 @@ def test_sigterm_saves_at_the_next_step_and_exits_75(tmp_path):
     keepsake.verify(tmp_path / ck)
     assert os.readlink(tmp_path / "latest") == ck
     assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []
+
+
+def run_signal_program(tmp_path, body):
+    """Runs `body` in a fresh interpreter (run directory in `run`); its exit status and stdout lines."""
+    code = "import os, signal, sys, time, keepsake\nrun = sys.argv[1]\n" + textwrap.dedent(body)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
+                       timeout=120)
+    return r.returncode, r.stdout.split(), r.stderr
+
+
+def test_after_close_sigterm_ends_the_process_again(tmp_path):
+    rc, out, err = run_signal_program(tmp_path, """
+        with keepsake.CheckpointManager(run, timestamp=keepsake.Timestamp()) as mgr:
+            pass
+        print("closed", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        print("survived", flush=True)
+    """)
+    assert (rc, out) == (-signal.SIGTERM, ["closed"]), err
+
+
+def test_the_programs_handler_runs_while_open_and_is_back_after_close(tmp_path):
+    rc, out, err = run_signal_program(tmp_path, """
+        calls = []
+        signal.signal(signal.SIGTERM, lambda s, f: calls.append(s))
+        ts = keepsake.Timestamp()
+        mgr = keepsake.CheckpointManager(run, timestamp=ts, save_every="1000ba")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("open", len(calls), flush=True)
+        ts.batch += 1
+        try:
+            mgr.step()
+        except keepsake.Preempted as e:  # the manager acted on it too
+            print("preempted", e.code, flush=True)
+        mgr.close()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("closed", len(calls), flush=True)
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    """)
+    assert rc == 0, err
+    assert out == ["open", "1", "preempted", "75", "closed", "2"], err
+
+
+def test_a_signal_no_open_manager_received_is_not_acted_on(tmp_path):
+    rc, out, err = run_signal_program(tmp_path, """
+        signal.signal(signal.SIGTERM, lambda s, f: None)  # the process lives through SIGTERM
+        ts = keepsake.Timestamp()
+        with keepsake.CheckpointManager(run, timestamp=ts, save_every="1000ba") as mgr:
+            os.kill(os.getpid(), signal.SIGTERM)  # received while open, never stepped on
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)  # received while no manager is open
+        time.sleep(0.2)
+        for i in range(3):
+            with keepsake.CheckpointManager(run, timestamp=ts, save_every="1000ba") as mgr:
+                ts.batch += 1
+                print("step", mgr.step(), flush=True)  # never Preempted (exit 75)
+    """)
+    assert (rc, out) == (0, ["step", "None"] * 3), err
+    assert os.listdir(tmp_path / "run") == [".keepsake.lock"]
+
+
+def test_two_open_managers_share_the_handler(tmp_path):
+    rc, out, err = run_signal_program(tmp_path, """
+        a = keepsake.CheckpointManager(run + "/a", timestamp=keepsake.Timestamp())
+        ts = keepsake.Timestamp()
+        b = keepsake.CheckpointManager(run + "/b", timestamp=ts, save_every="1000ba")
+        a.close()  # b still listens
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        ts.batch += 1
+        try:
+            b.step()
+        except keepsake.Preempted as e:
+            print("preempted", os.path.basename(e.path), flush=True)
+        b.close()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+    """)
+    assert (rc, out) == (-signal.SIGTERM, ["preempted", "ep0-ba1.keepsake"]), err
+
+
+WRITER = textwrap.dedent("""
+    import sys, torch, keepsake
+    model = torch.nn.Linear(64, 64)
+    ts = keepsake.Timestamp()
+    with keepsake.CheckpointManager(sys.argv[1], model=model, timestamp=ts, save_every="1ba", keep_last=1,
+                                    rng=False, preemption_signals=()) as mgr:
+        while True:  # every step saves, and retention deletes the checkpoint `latest` named before
+            with torch.no_grad():
+                model.weight.fill_(float(ts.batch + 1))
+            ts.batch += 1
+            mgr.step()
+            if ts.batch == 2:
+                print("ready", flush=True)
+""")
+
+
+def test_readers_of_latest_beside_a_run_never_fail(tmp_path):
+    import threading
+    run = tmp_path / "run"
+    w = subprocess.Popen([sys.executable, "-c", WRITER, str(run)], stdout=subprocess.PIPE)
+    try:
+        assert w.stdout.readline().strip() == b"ready"
+        failures, loads = [], []
+        first = int(os.readlink(run / "latest").split("ba")[1].split(".")[0])
+
+        def reader(kind):
+            model = torch.nn.Linear(64, 64)
+            for _ in range(150):
+                try:
+                    if kind == "checkpoint":
+                        kt.load_checkpoint(run / "latest", model=model, rng=False)
+                        w0 = model.weight[0, 0].item()
+                    else:
+                        with keepsake.safe_open(run / "latest", framework="pt") as f:
+                            w0 = f.get_tensor("state/model/weight")[0, 0].item()
+                    assert w0 >= 1.0  # a whole checkpoint of the run
+                    loads.append(w0)
+                except Exception as e:  # noqa: BLE001 - every failure counts
+                    failures.append(f"{kind}: {type(e).__name__}: {e}")
+        threads = [threading.Thread(target=reader, args=(k,)) for k in ("checkpoint", "checkpoint", "safe_open")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert w.poll() is None, "the writer stopped: the readers raced nothing"
+        saves = int(os.readlink(run / "latest").split("ba")[1].split(".")[0]) - first
+    finally:
+        w.kill()
+        w.wait()
+    assert failures == [], failures[:5]
+    assert len(loads) == 450
+    assert saves >= 3, f"only {saves} saves beside the readers: the test proves little"
+    print(f"{len(loads)} loads of latest beside {saves} saves, {len(failures)} failures")
 
 
 def test_sigkill_during_background_writes_loses_nothing_committed(tmp_path):

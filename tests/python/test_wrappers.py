@@ -1,6 +1,7 @@
 """torchmetrics wrappers and compositions keep every inner metric through a checkpoint: after
 load_checkpoint, compute() equals the saved one, with no "compute before update" warning, and
 update() goes on accumulating as in a run that never stopped."""
+import copy
 import warnings
 
 import pytest
@@ -99,3 +100,104 @@ def test_a_wrapper_file_without_its_inner_metrics_is_refused_not_mixed(tmp_path)
     rep = kt.load_checkpoint(path, train_metrics={"m": w}, rng=False)
     item = rep.find("state/train_metrics/m")
     assert item.kind == "mismatched", str(rep)
+
+
+# ---- a wrapper's kept attributes are the engine's to check: all of them, or the wrapper is reset ----
+
+def minmax():
+    return W.MinMaxMetric(tm.MeanMetric())
+
+
+def running():
+    return W.Running(tm.MeanMetric(), window=3)
+
+
+def nested():
+    return W.MinMaxMetric(W.Running(tm.SumMetric(), window=2))
+
+
+def filled(make, values=(0.81, 0.59, 0.3)):
+    m = make()
+    for v in values:
+        m.update(torch.tensor(v))
+        m.compute()  # MinMaxMetric keeps the extremes of what compute() returned
+    return m
+
+
+def del_attr(name):
+    def edit(m):
+        delattr(m, name)
+    return edit
+
+
+def set_attr(name, value, inner=None):
+    def edit(m):
+        target = getattr(m, inner) if inner else m
+        setattr(target, name, value(getattr(target, name)) if callable(value) else value)
+    return edit
+
+
+TAMPERED = {
+    "minmax-missing": (minmax, del_attr("max_val"), "'max_val' is not in the checkpoint"),
+    "minmax-dtype": (minmax, set_attr("max_val", lambda t: t.double()), "F64 in the checkpoint, F32"),
+    "minmax-shape": (minmax, set_attr("max_val", lambda t: t.reshape(1)), "another shape"),
+    "running-missing": (running, set_attr("_num_vals_seen", None), "'_num_vals_seen' is not in the checkpoint"),
+    "running-negative": (running, set_attr("_num_vals_seen", -7), "is -7 in the checkpoint, outside [0, "),
+    "running-too-big": (running, set_attr("_num_vals_seen", 2**70), "a string in the checkpoint, an integer"),
+    "nested-negative": (nested, set_attr("_num_vals_seen", -1, inner="_base_metric"), "is -1 in the checkpoint"),
+}
+
+
+def state_of(m):
+    """Everything of a wrapper the tests compare: states, kept attributes and counts, inner ones too."""
+    out = {}
+    for prefix, x in [("", m)] + [(n + ".", sub) for n, sub in m.named_modules() if n and hasattr(sub, "_defaults")]:
+        for s in x._defaults:
+            out[prefix + s] = getattr(x, s)
+        for a in ("min_val", "max_val", "_num_vals_seen", "_update_count"):
+            if hasattr(x, a):
+                out[prefix + a] = getattr(x, a)
+    return out
+
+
+def same_state(a, b):
+    return a.keys() == b.keys() and all(
+        (torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) if not isinstance(a[k], list)
+         else len(a[k]) == len(b[k])) for k in a)
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERED))
+def test_a_wrapper_with_a_bad_kept_attribute_is_mismatched_and_reset(tmp_path, case):
+    make, edit, why = TAMPERED[case]
+    saved = filled(make)
+    edit(saved)
+    path = tmp_path / "ck.keepsake"
+    kt.save_checkpoint(path, train_metrics={"m": saved}, rng=False)
+    fresh, running_one = make(), filled(make, (0.1, 0.2))  # as the program built it; mid-run
+    want = copy.deepcopy(running_one)
+    want.reset()  # what any mismatched metric gets (torchmetrics' reset)
+    rep = kt.load_checkpoint(path, train_metrics={"m": running_one}, rng=False)
+    item = rep.find("state/train_metrics/m")
+    assert item.kind == "mismatched", str(rep)
+    assert why in item.reason, item.reason
+    assert same_state(state_of(running_one), state_of(want)), state_of(running_one)
+    kt.save_checkpoint(path, train_metrics={"a": saved}, rng=False)
+    rep = kt.load_checkpoint(path, train_metrics={"a": fresh}, rng=False)
+    assert rep.find("state/train_metrics/a").kind == "mismatched", str(rep)
+    assert same_state(state_of(fresh), state_of(make())), state_of(fresh)  # never half-filled
+
+
+@pytest.mark.parametrize("make", [minmax, running, nested])
+def test_a_wrapper_with_its_kept_attributes_loads_exactly(tmp_path, make):
+    saved = filled(make)
+    want = saved.compute()
+    path = tmp_path / "ck.keepsake"
+    kt.save_checkpoint(path, train_metrics={"m": saved}, rng=False)
+    target = filled(make, (0.1, 0.2))
+    rep = kt.load_checkpoint(path, train_metrics={"m": target}, rng=False)
+    assert rep.find("state/train_metrics/m").kind == "loaded", str(rep)
+    assert same_state(state_of(target), state_of(saved))
+    got = target.compute()
+    assert same(got, want), (got, want)
+    if make is minmax:
+        assert got["max"].item() == pytest.approx(0.81) and got["max"] == want["max"]

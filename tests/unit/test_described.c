@@ -137,8 +137,10 @@ static ks_status wrapper_factory(void *ctx, const char *label, const ks_allocato
   ks_status s = ks_metric_collection_create(alloc, &c, err);
   if (!s && !label) s = ks_metric_describe("MinMaxMetric", NULL, alloc, &w, err);
   if (!s && w) s = ks_metric_describe_state(w, "min_val", KS_REDUCE_MIN, KS_F32, 0, NULL, 0, err);
+  if (!s && w) s = ks_metric_describe_attr(w, "max_val", KS_F32, 0, NULL, 0, 0, 0, err);
   if (!s && w) s = ks_metric_describe("SumMetric", NULL, alloc, &in, err);
   if (!s && in) s = ks_metric_describe_state(in, "sum_value", KS_REDUCE_SUM, KS_F32, 0, NULL, 0, err);
+  if (!s && in) s = ks_metric_describe_attr(in, "_num_vals_seen", KS_I64, 0, NULL, KS_ATTR_INT, 0, INT64_MAX, err);
   if (!s && in) s = ks_metric_add_inner(w, "base", in, err);
   if (!s) in = NULL;
   if (!s && w) s = ks_metric_collection_add(c, "W", w, err);
@@ -182,7 +184,9 @@ static ks_statedict *wrapper_file(int with_inner) {
   ks_statedict *sd;
   assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
   put_f(sd, "state/train_metrics/W/state_dict/min_val", KS_F32, 0, NULL, -1.0);
+  put_f(sd, "state/train_metrics/W/attrs/max_val", KS_F32, 0, NULL, 0.81);
   if (with_inner) put_f(sd, "state/train_metrics/W/inner/base/state_dict/sum_value", KS_F32, 0, NULL, 9.0);
+  assert_int_equal(ks_statedict_set_int(sd, "state/train_metrics/W/inner/base/attrs/_num_vals_seen", 5, NULL), KS_OK);
   assert_int_equal(ks_statedict_set_int(sd, "state/train_metrics/W/inner/base/update_count", 4, NULL), KS_OK);
   put_f(sd, "state/optimizers/good/x", KS_F32, 0, NULL, 1.0);
   put_f(sd, "state/optimizers/bad/x", KS_F32, 0, NULL, 1.0);
@@ -238,6 +242,133 @@ static void inner_metrics_and_components(void **unused) {
   assert_true(sum == 0.0 && count == 0);
   ks_statedict_free(sd);
   ks_load_report_free(rep);
+}
+
+/* What the engine staged for the wrapper and its inner metric after a load of sd (non-strict). */
+typedef struct staged {
+  const char *kind;
+  const char *reason;
+  int has_max, has_seen;
+  float max_val;
+  int64_t seen;
+} staged;
+
+static staged load_attrs_of(const ks_statedict *sd, ks_load_report *rep) {
+  staged out = {0};
+  ks_state *st = NULL;
+  assert_int_equal(ks_state_create("", 0, NULL, &st, NULL), KS_OK);
+  assert_int_equal(ks_state_build_metrics(st, wrapper_factory, NULL, NULL, 0, NULL), KS_OK);
+  ks_load_opts o = {.non_strict_model = 1};
+  ks_load_report_clear(rep);
+  assert_int_equal(ks_state_load_state_dict(st, sd, NULL, &o, rep, NULL), KS_OK);
+  ks_metric *w = ks_metric_collection_get(ks_state_train_metrics(st), "W");
+  const char *name;
+  unsigned flags;
+  ks_tensor v;
+  assert_int_equal(ks_metric_attr_at(w, 0, &name, &flags, &v), KS_OK);
+  assert_string_equal(name, "max_val");
+  assert_int_equal(flags, 0);
+  if ((out.has_max = v.data != NULL)) out.max_val = *(const float *)v.data;
+  assert_int_equal(ks_metric_attr_at(ks_metric_inner_at(w, 0, NULL), 0, &name, &flags, &v), KS_OK);
+  assert_true(flags == KS_ATTR_INT && v.dtype == KS_I64 && v.rank == 0);
+  if ((out.has_seen = v.data != NULL)) out.seen = *(const int64_t *)v.data;
+  assert_int_equal(ks_metric_attr_at(w, 1, NULL, NULL, NULL), KS_E_NOTFOUND);
+  out.kind = kind_of(rep, "state/train_metrics/W");
+  const ks_load_item *it = ks_load_report_find(rep, "state/train_metrics/W");
+  static char why[512];
+  snprintf(why, sizeof why, "%s", it && it->reason ? it->reason : "");
+  out.reason = why;
+  ks_state_free(st);
+  return out;
+}
+
+static void kept_attributes_all_or_nothing(void **unused) {
+  (void)unused;
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
+  ks_statedict *sd = wrapper_file(1);
+  staged g = load_attrs_of(sd, rep);
+  assert_string_equal(g.kind, "loaded");
+  assert_true(g.has_max && g.max_val == 0.81f && g.has_seen && g.seen == 5);
+  const char *W = "state/train_metrics/W/attrs/max_val", *N = "state/train_metrics/W/inner/base/attrs/_num_vals_seen";
+  static const int64_t two[1] = {1};
+  struct {
+    const char *key;
+    int what; /* 0 remove, 1 F64, 2 shape [1], 3 int value, 4 string, 5 float */
+    int64_t v;
+    const char *why;
+  } cases[] = {
+      {W, 0, 0, "attribute 'max_val' is not in the checkpoint"},
+      {W, 1, 0, "attribute 'max_val': F64 in the checkpoint, F32 in the program"},
+      {W, 2, 0, "attribute 'max_val': another shape"},
+      {W, 3, 1, "attribute 'max_val': an integer in the checkpoint, a F32 tensor"},
+      {N, 0, 0, "attribute '_num_vals_seen' is not in the checkpoint"},
+      {N, 3, -7, "attribute '_num_vals_seen' is -7 in the checkpoint, outside [0, 9223372036854775807]"},
+      {N, 4, 0, "attribute '_num_vals_seen': a string in the checkpoint, an integer in the program"},
+      {N, 5, 0, "attribute '_num_vals_seen': a float in the checkpoint, an integer in the program"},
+      {N, 1, 0, "attribute '_num_vals_seen': a tensor in the checkpoint, an integer in the program"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    ks_statedict_free(sd);
+    sd = wrapper_file(1);
+    assert_int_equal(ks_statedict_remove(sd, cases[i].key), KS_OK);
+    if (cases[i].what == 1) put_f(sd, cases[i].key, KS_F64, 0, NULL, 0.5);
+    if (cases[i].what == 2) put_f(sd, cases[i].key, KS_F32, 1, two, 0.5);
+    if (cases[i].what == 3) assert_int_equal(ks_statedict_set_int(sd, cases[i].key, cases[i].v, NULL), KS_OK);
+    if (cases[i].what == 4) assert_int_equal(ks_statedict_set_string(sd, cases[i].key, "1e30", NULL), KS_OK);
+    if (cases[i].what == 5) assert_int_equal(ks_statedict_set_float(sd, cases[i].key, 3.0, NULL), KS_OK);
+    staged b = load_attrs_of(sd, rep);
+    if (strcmp(b.kind, "mismatched") || !strstr(b.reason, cases[i].why))
+      fail_msg("case %zu: %s: %s", i, b.kind, b.reason);
+    assert_false(b.has_max || b.has_seen); /* nothing staged: the binding installs nothing */
+  }
+  ks_statedict_free(sd);
+  ks_load_report_free(rep);
+}
+
+static void attribute_declarations(void **unused) {
+  (void)unused;
+  ks_metric *m = described_sum(NULL), *cat = NULL, *c = NULL;
+  ks_error e;
+  const int64_t neg[1] = {-1};
+  assert_int_equal(ks_metric_describe_attr(m, "a", KS_F32, 1, one, 0, 0, 0, &e), KS_OK);
+  assert_int_equal(ks_metric_describe_attr(m, "a", KS_F32, 0, NULL, 0, 0, 0, &e), KS_E_INVALID); /* twice */
+  assert_int_equal(ks_metric_describe_attr(m, "b", KS_F32, 1, neg, 0, 0, 0, &e), KS_E_INVALID);
+  assert_int_equal(ks_metric_describe_attr(m, "b", KS_F32, 1, NULL, 0, 0, 0, &e), KS_E_INVALID);
+  assert_int_equal(ks_metric_describe_attr(m, "b", KS_F32, 0, NULL, 4u, 0, 0, &e), KS_E_INVALID); /* flags */
+  assert_int_equal(ks_metric_describe_attr(m, "b", KS_F32, 0, NULL, KS_ATTR_INT, 0, 1, &e), KS_E_INVALID);
+  assert_int_equal(ks_metric_describe_attr(m, "b", KS_I64, 0, NULL, KS_ATTR_INT, 2, 1, &e), KS_E_INVALID);
+  assert_int_equal(ks_metric_describe_attr(m, "", KS_I64, 0, NULL, KS_ATTR_INT, 0, 1, &e), KS_E_INVALID);
+  assert_int_equal(ks_metric_describe_attr(m, "b", KS_I64, 0, NULL, KS_ATTR_INT, -3, 3, &e), KS_OK);
+  assert_int_equal(ks_metric_create("SumMetric", NULL, NULL, &cat, NULL), KS_OK);
+  assert_int_equal(ks_metric_describe_attr(cat, "b", KS_F32, 0, NULL, 0, 0, 0, &e), KS_E_INVALID);
+  ks_metric_free(cat);
+  /* Loaded directly: staged; a clone has the declarations only; a refused load or a reset drops the values. */
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  put_f(sd, "p/a", KS_F32, 1, one, 2.5);
+  assert_int_equal(ks_statedict_set_int(sd, "p/b", -3, NULL), KS_OK);
+  assert_int_equal(ks_metric_load_attrs(m, sd, "p/", &e), KS_OK);
+  ks_tensor v;
+  assert_int_equal(ks_metric_attr_at(m, 0, NULL, NULL, &v), KS_OK);
+  assert_true(v.data && *(const float *)v.data == 2.5f && v.rank == 1 && v.shape[0] == 1);
+  assert_int_equal(ks_metric_clone(m, NULL, &c, NULL), KS_OK);
+  const char *name;
+  assert_int_equal(ks_metric_attr_at(c, 1, &name, NULL, &v), KS_OK);
+  assert_string_equal(name, "b");
+  assert_null(v.data);
+  ks_metric_free(c);
+  assert_int_equal(ks_statedict_set_int(sd, "p/b", 4, NULL), KS_OK); /* out of range: nothing staged */
+  assert_int_equal(ks_metric_load_attrs(m, sd, "p/", &e), KS_E_MISMATCH);
+  assert_int_equal(ks_metric_attr_at(m, 0, NULL, NULL, &v), KS_OK);
+  assert_null(v.data);
+  assert_int_equal(ks_statedict_set_int(sd, "p/b", 3, NULL), KS_OK);
+  assert_int_equal(ks_metric_load_attrs(m, sd, "p/", &e), KS_OK);
+  ks_metric_reset(m);
+  assert_int_equal(ks_metric_attr_at(m, 1, NULL, NULL, &v), KS_OK);
+  assert_null(v.data);
+  ks_statedict_free(sd);
+  ks_metric_free(m);
 }
 
 static void every_allocation_failure_leaks_nothing(void **unused) {
@@ -319,6 +450,8 @@ int main(void) {
       cmocka_unit_test(twin_gives_legacy_names_args_and_reshapes),
       cmocka_unit_test(lists_keep_their_dtype_and_merge),
       cmocka_unit_test(inner_metrics_and_components),
+      cmocka_unit_test(kept_attributes_all_or_nothing),
+      cmocka_unit_test(attribute_declarations),
       cmocka_unit_test(every_allocation_failure_leaks_nothing),
       cmocka_unit_test(records_from_a_description),
   };

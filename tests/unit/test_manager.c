@@ -218,6 +218,139 @@ static void manager_refuses_bad_policies(void **state) {
   free(dir);
 }
 
+/* What a manager wrote on its log, read back from the temporary file it was given. */
+static char *log_text(FILE *log) {
+  static char buf[8192];
+  fflush(log);
+  rewind(log);
+  size_t n = fread(buf, 1, sizeof buf - 1, log);
+  buf[n] = '\0';
+  return buf;
+}
+
+static size_t count_of(const char *text, const char *what) {
+  size_t n = 0;
+  for (const char *p = strstr(text, what); p; p = strstr(p + 1, what)) n++;
+  return n;
+}
+
+static void keep_best_must_name_a_metric_of_the_program(void **state) {
+  (void)state;
+  char *dir = ks_test_tmpdir("mgr-best-name");
+  char *run = ks_test_path(dir, "run");
+  const char *mine[] = {"state/train_metrics/acc", "state/eval_metrics/val/loss"};
+  ks_ckpt_opts co = {.run_dir = run, .keep_best = 1, .best_metric = "train_metrics/accuracy",
+                     .metrics = mine, .n_metrics = 2};
+  ks_ckpt_manager *m = NULL;
+  ks_error e;
+  assert_int_equal(ks_ckpt_manager_create(&co, &m, &e), KS_E_INVALID);
+  assert_null(m);
+  assert_non_null(strstr(e.message, "'train_metrics/accuracy'"));
+  assert_non_null(strstr(e.message, "train_metrics/acc, eval_metrics/val/loss")); /* what it could name */
+  assert_false(ks_test_exists(run)); /* refused before anything was made */
+  co.n_metrics = 0; /* a program without metrics */
+  assert_int_equal(ks_ckpt_manager_create(&co, &m, &e), KS_E_INVALID);
+  assert_non_null(strstr(e.message, "no metrics"));
+  const char *spellings[] = {"train_metrics/acc", "train/acc", "state/train_metrics/acc", "val/loss",
+                             "eval_metrics/val/loss"};
+  co.n_metrics = 2;
+  for (size_t i = 0; i < sizeof spellings / sizeof *spellings; i++) {
+    co.best_metric = spellings[i];
+    assert_int_equal(ks_ckpt_manager_create(&co, &m, &e), KS_OK);
+    ks_ckpt_manager_free(m);
+    m = NULL;
+  }
+  co.metrics = NULL; /* not given: not checked (a C program with ks_state) */
+  co.best_metric = "train_metrics/accuracy";
+  assert_int_equal(ks_ckpt_manager_create(&co, &m, &e), KS_OK);
+  ks_ckpt_manager_free(m);
+  free(run);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
+static void a_save_keep_best_cannot_rank_is_warned_once(void **state) {
+  (void)state;
+  char *dir = ks_test_tmpdir("mgr-unranked");
+  FILE *log = tmpfile();
+  assert_non_null(log);
+  prog p;
+  prog_init(&p);
+  ks_ckpt_opts co = {.run_dir = dir, .io = ks_test_io_nosync(), .keep_best = 1, .best_metric = "eval/MeanMetric",
+                     .log = log};
+  ks_ckpt_manager *m = NULL;
+  assert_int_equal(ks_ckpt_manager_create(&co, &m, NULL), KS_OK);
+  for (int64_t b = 1; b <= 3; b++) { /* the metric is never computed */
+    p.ts.batch = b;
+    assert_int_equal(ks_ckpt_manager_save(m, p.st, NULL, NULL), KS_OK);
+  }
+  const char *text = log_text(log);
+  assert_int_equal(count_of(text, "keep_best cannot rank"), 1);
+  assert_non_null(strstr(text, "ep0-ba1.keepsake by 'eval/MeanMetric': the metric was never computed"));
+  ks_ckpt_manager_free(m);
+  /* A run whose metric is computed before each save says nothing. */
+  fclose(log);
+  log = tmpfile();
+  co.log = log;
+  ks_test_rmtree(dir);
+  assert_int_equal(ks_ckpt_manager_create(&co, &m, NULL), KS_OK);
+  for (int64_t b = 1; b <= 3; b++) {
+    prog_step(&p, b, 0.1 * (double)b);
+    assert_int_equal(ks_ckpt_manager_save(m, p.st, NULL, NULL), KS_OK);
+  }
+  assert_string_equal(log_text(log), "");
+  ks_ckpt_manager_free(m);
+  fclose(log);
+  prog_free(&p);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
+static void a_timestamp_that_never_advances_is_warned_once(void **state) {
+  (void)state;
+  char *dir = ks_test_tmpdir("mgr-stuck");
+  FILE *log = tmpfile();
+  assert_non_null(log);
+  ks_ckpt_opts co = {.run_dir = dir, .save_interval = "2ba", .log = log};
+  ks_ckpt_manager *m = NULL;
+  assert_int_equal(ks_ckpt_manager_create(&co, &m, NULL), KS_OK);
+  ks_timestamp ts;
+  ks_timestamp_init(&ts);
+  for (int i = 0; i < 4; i++) { /* a healthy loop: batch ends, then the epoch end at the same timestamp */
+    ts.batch++;
+    (void)ks_ckpt_manager_should_save(m, &ts, 0);
+    if (i % 2) {
+      ts.epoch++;
+      (void)ks_ckpt_manager_should_save(m, &ts, 1);
+    }
+  }
+  assert_string_equal(log_text(log), "");
+  for (int i = 0; i < KS_CKPT_STUCK_CALLS - 1; i++) (void)ks_ckpt_manager_should_save(m, &ts, 0);
+  assert_string_equal(log_text(log), ""); /* not yet */
+  for (int i = 0; i < 5; i++) (void)ks_ckpt_manager_should_save(m, &ts, 0);
+  const char *text = log_text(log);
+  assert_int_equal(count_of(text, "saw the same timestamp"), 1);
+  assert_non_null(strstr(text, "batch ends in a row saw the same timestamp (epoch 2, batch 4)"));
+  ks_ckpt_manager_free(m);
+  fclose(log);
+  /* Epoch ends that never advance the epoch ("1ep" never comes due). */
+  log = tmpfile();
+  co.log = log;
+  co.save_interval = "1ep";
+  assert_int_equal(ks_ckpt_manager_create(&co, &m, NULL), KS_OK);
+  ts.epoch = 0;
+  for (int i = 0; i < KS_CKPT_STUCK_CALLS; i++) {
+    ts.batch += 10; /* batches are counted, epochs are not */
+    assert_int_equal(ks_ckpt_manager_should_save(m, &ts, 0), 0);
+    assert_int_equal(ks_ckpt_manager_should_save(m, &ts, 1), 0);
+  }
+  assert_int_equal(count_of(log_text(log), "epoch ends in a row saw the same timestamp"), 1);
+  ks_ckpt_manager_free(m);
+  fclose(log);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
 /* ---- background saves ---- */
 
 /* An io whose first write blocks until released, so a save can be held in flight. */
@@ -625,6 +758,9 @@ int main(void) {
     cmocka_unit_test(keep_best_ignores_a_corrupt_newest_after_autoresume),
     cmocka_unit_test(retention_every_and_period_policies),
     cmocka_unit_test(manager_refuses_bad_policies),
+    cmocka_unit_test(keep_best_must_name_a_metric_of_the_program),
+    cmocka_unit_test(a_save_keep_best_cannot_rank_is_warned_once),
+    cmocka_unit_test(a_timestamp_that_never_advances_is_warned_once),
     cmocka_unit_test(async_save_writes_the_snapshot_and_equals_sync),
     cmocka_unit_test(async_busy_mode_refuses_a_second_save),
     cmocka_unit_test(async_errors_surface_once_and_leave_no_temp_file),
