@@ -105,7 +105,8 @@ KS_BEGIN_DECLS
  * file system and create_fn's handles are file descriptors, so the library may
  * use them directly (see "What bypasses the table"). KS_IO_CAP_LOCK: lock_fn
  * and unlock_fn take locks that no other process can hold at the same time and
- * that end when the holder dies. KS_IO_CAP_MAP: map_fn maps (informative; the
+ * that end when the holder dies (at once, or, for a lease such as the S3
+ * table's, once its time to live passes without renewal). KS_IO_CAP_MAP: map_fn maps (informative; the
  * library still falls back to reading when map_fn returns ENOTSUP).
  * KS_IO_CAP_READ_ONLY: every write (create_fn, rename_fn, mkdir_fn, ...)
  * fails with EROFS (an HTTP location), so parts that must write, such as the
@@ -203,8 +204,10 @@ typedef struct ks_io {
    * On success *handle is set and `owner` (a NUL-terminated line naming the
    * holder, e.g. "pid 4242 on host n1") is recorded. When another holds it:
    * EWOULDBLOCK, with the holder's record copied into holder (cap bytes,
-   * NUL-terminated; "" when unknown). A holder that dies releases it. May be
-   * NULL (together with unlock_fn): the backend has no locks.
+   * NUL-terminated; "" when unknown). A holder that dies releases it. ENOTSUP:
+   * the backend turned out unable to lock (a store that ignores conditional
+   * writes); the checkpoint manager then treats the table as one without locks.
+   * May be NULL (together with unlock_fn): the backend has no locks.
    */
   int (*lock_fn)(void *ctx, const char *path, const char *owner, int *handle, char *holder, size_t cap);
   /** Releases a lock of lock_fn; the handle is gone even when an error is returned. */

@@ -290,13 +290,13 @@ static void expired_lease_is_taken_over(void **state) {
 static void live_holder_keeps_it_by_renewing(void **state) {
   (void)state;
   char prefix[64], url[128];
-  ks_storage *a = open_prefix(prefix, sizeof prefix, ks_test_remote("KS_TEST_S3_ENDPOINT"), 1000);
+  ks_storage *a = open_prefix(prefix, sizeof prefix, ks_test_remote("KS_TEST_S3_ENDPOINT"), 2000);
   snprintf(url, sizeof url, "s3://" BUCKET "/%s", prefix);
-  ks_storage *b = open_at(url, ks_test_remote("KS_TEST_S3_ENDPOINT"), 1000);
+  ks_storage *b = open_at(url, ks_test_remote("KS_TEST_S3_ENDPOINT"), 2000);
   ks_ckpt_manager *m1, *m2;
   ks_error e;
   assert_int_equal(manager(a, KS_CKPT_LOCK_AUTO, &m1, &e), KS_OK);
-  sleep_ms(3500); /* three and a half times its time to live: only renewals keep it */
+  sleep_ms(5000); /* two and a half times its time to live: only renewals keep it */
   assert_int_equal(manager(b, KS_CKPT_LOCK_AUTO, &m2, &e), KS_E_LOCKED);
   ks_ckpt_manager_free(m1);
   ks_storage_free(a);

@@ -521,6 +521,14 @@ static void object_of(const ks__remote *r, const char *url, char *out, size_t ca
   snprintf(out + o, cap - o, " at endpoint %s", r->endpoint ? r->endpoint : r->base);
 }
 
+/* snprintf whose output is cut to fit on purpose (a message: its start is what matters). */
+static void KS__PRINTF(3, 4) fit(char *buf, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, cap, fmt, ap);
+  va_end(ap);
+}
+
 /* Records the failure of q (unless its answer is a quiet one) and returns its errno. */
 static int fail_request(ks__remote *r, const ks__req *q, const ks__resp *p, CURLcode c, const char *ebuf,
                         unsigned tries, int expired, unsigned quiet) {
@@ -544,12 +552,12 @@ static int fail_request(ks__remote *r, const ks__req *q, const ks__resp *p, CURL
   if (tries) snprintf(retries, sizeof retries, " after %u %s", tries, tries == 1 ? "retry" : "retries");
   if (!(quiet & KS__QUIET_ALL)) {
     pthread_mutex_lock(&r->lock);
-    snprintf(r->last_err, sizeof r->last_err, "%s %s: %s%s%s", q->method, q->url, what, retries, last);
+    fit(r->last_err, sizeof r->last_err, "%s %s: %s%s%s", q->method, q->url, what, retries, last);
     r->last_status = cls;
     pthread_mutex_unlock(&r->lock);
   }
   object_of(r, q->url, obj, sizeof obj);
-  snprintf(text, sizeof text, "%s %s: %s%s%s", q->method, obj, what, retries, last);
+  fit(text, sizeof text, "%s %s: %s%s%s", q->method, obj, what, retries, last);
   note(r, e, text);
   return e;
 }

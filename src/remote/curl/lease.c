@@ -328,35 +328,6 @@ static ks__lease *lease_new(ks__remote *r, const char *path, const char *url, co
   return l;
 }
 
-/* Registers a lease just written (etag) and starts its renewals; the lock handle into *handle. */
-static int lease_hold(ks__remote *r, const char *path, const char *url, const char *owner, const char *etag,
-                      int *handle) {
-  ks__lease *l = lease_new(r, path, url, owner);
-  if (!l) return ENOMEM;
-  snprintf(l->etag, sizeof l->etag, "%s", etag);
-  l->renewed = mono_ns();
-  int slot = -1;
-  pthread_mutex_lock(&r->lock);
-  for (int i = 0; i < KS__LEASES_MAX && slot < 0; i++)
-    if (!r->leases[i]) slot = i;
-  if (slot >= 0) r->leases[slot] = l;
-  pthread_mutex_unlock(&r->lock);
-  int rc = slot < 0 ? EMFILE : 0;
-  if (!rc && pthread_create(&l->thread, NULL, renewer, l)) rc = EAGAIN;
-  else if (!rc) l->running = 1;
-  if (rc) {
-    if (slot >= 0) {
-      pthread_mutex_lock(&r->lock);
-      r->leases[slot] = NULL;
-      pthread_mutex_unlock(&r->lock);
-    }
-    lease_free(l);
-    return rc;
-  }
-  *handle = slot;
-  return 0;
-}
-
 static int remove_lease(ks__remote *r, const char *url, const char *etag) {
   char cond[300];
   snprintf(cond, sizeof cond, "If-Match: %s", etag);
@@ -366,6 +337,39 @@ static int remove_lease(ks__remote *r, const char *url, const char *etag) {
   int rc = ks__http_do(r, &q, &p, KS__QUIET_404 | KS__QUIET_412);
   ks__resp_free(&p);
   return rc == ENOENT || rc == EEXIST ? 0 : rc; /* gone, or someone else's now: not ours to remove */
+}
+
+/* Registers a lease just written (etag) and starts its renewals; the lock handle into *handle. */
+static int lease_hold(ks__remote *r, const char *path, const char *url, const char *owner, const char *etag,
+                      int *handle) {
+  ks__lease *l = lease_new(r, path, url, owner);
+  if (!l) {
+    (void)remove_lease(r, url, etag); /* written, but it cannot be held: not left to block others */
+    return ENOMEM;
+  }
+  snprintf(l->etag, sizeof l->etag, "%s", etag);
+  l->renewed = mono_ns();
+  int slot = -1;
+  pthread_mutex_lock(&r->lock);
+  for (int i = 0; i < KS__LEASES_MAX && slot < 0; i++)
+    if (!r->leases[i]) slot = i;
+  if (slot >= 0) r->leases[slot] = l;
+  pthread_mutex_unlock(&r->lock);
+  int rc = slot < 0 ? EMFILE : 0;
+  if (!rc && pthread_create(&l->thread, NULL, renewer, l)) rc = ENOMEM; /* not EAGAIN: that means "again" here */
+  else if (!rc) l->running = 1;
+  if (rc) {
+    if (slot >= 0) {
+      pthread_mutex_lock(&r->lock);
+      r->leases[slot] = NULL;
+      pthread_mutex_unlock(&r->lock);
+    }
+    lease_free(l);
+    (void)remove_lease(r, url, etag); /* written, but it could not be held: not left to block others */
+    return rc;
+  }
+  *handle = slot;
+  return 0;
 }
 
 /* The conditional writes were ignored (a second If-None-Match PUT of one key succeeded): no locks. */
