@@ -19,7 +19,11 @@
  *        unlock_fn (the checkpoint manager's exclusive lock on its run directory);
  *   - 5: also pwrite_fn (a write at an offset, with which ks_save hashes each
  *        tensor as it writes it and then fills the checksums into the header it
- *        wrote first, instead of reading all the data twice).
+ *        wrote first, instead of reading all the data twice);
+ *   - 6: also validator_fn (what identifies the content of a file open for
+ *        reading, an HTTP ETag: a read cache keys its pieces by it) and
+ *        detail_fn (the backend's own account of a failure, e.g. the request and
+ *        the endpoint, which the library adds to its messages).
  * Rules, so the struct can grow without breaking programs already built:
  *   - members are only ever appended, each new group under a new version;
  *   - the library reads only the members the table's version has; an operation
@@ -35,7 +39,8 @@
  *     (a store without directories: removing a prefix's last object removes it),
  *     and lock_fn and unlock_fn, which may both be NULL (no locks: see caps),
  *     and pwrite_fn, which may be NULL (the writers then hash the data in a pass
- *     of its own before writing it; the file is byte for byte the same).
+ *     of its own before writing it; the file is byte for byte the same), and
+ *     validator_fn and detail_fn, which may be NULL (no validators, no details).
  * Always set `.version = KS_IO_VERSION` so a rebuilt program gets the current
  * layout. A table written from scratch has caps 0 (the library assumes nothing).
  *
@@ -93,14 +98,15 @@
 KS_BEGIN_DECLS
 
 /** The version of ks_io this header describes. */
-#define KS_IO_VERSION 5u
+#define KS_IO_VERSION 6u
 
 /**
  * caps bits (version 4). KS_IO_CAP_LOCAL: paths name files of this machine's
  * file system and create_fn's handles are file descriptors, so the library may
  * use them directly (see "What bypasses the table"). KS_IO_CAP_LOCK: lock_fn
  * and unlock_fn take locks that no other process can hold at the same time and
- * that end when the holder dies. KS_IO_CAP_MAP: map_fn maps (informative; the
+ * that end when the holder dies (at once, or, for a lease such as the S3
+ * table's, once its time to live passes without renewal). KS_IO_CAP_MAP: map_fn maps (informative; the
  * library still falls back to reading when map_fn returns ENOTSUP).
  * KS_IO_CAP_READ_ONLY: every write (create_fn, rename_fn, mkdir_fn, ...)
  * fails with EROFS (an HTTP location), so parts that must write, such as the
@@ -198,8 +204,10 @@ typedef struct ks_io {
    * On success *handle is set and `owner` (a NUL-terminated line naming the
    * holder, e.g. "pid 4242 on host n1") is recorded. When another holds it:
    * EWOULDBLOCK, with the holder's record copied into holder (cap bytes,
-   * NUL-terminated; "" when unknown). A holder that dies releases it. May be
-   * NULL (together with unlock_fn): the backend has no locks.
+   * NUL-terminated; "" when unknown). A holder that dies releases it. ENOTSUP:
+   * the backend turned out unable to lock (a store that ignores conditional
+   * writes); the checkpoint manager then treats the table as one without locks.
+   * May be NULL (together with unlock_fn): the backend has no locks.
    */
   int (*lock_fn)(void *ctx, const char *path, const char *owner, int *handle, char *holder, size_t cap);
   /** Releases a lock of lock_fn; the handle is gone even when an error is returned. */
@@ -213,6 +221,28 @@ typedef struct ks_io {
    * writing the file instead of while writing it.
    */
   int (*pwrite_fn)(void *ctx, int fd, const void *buf, size_t n, uint64_t off, size_t *written);
+  /* --- version 6 --- */
+  /**
+   * The validator of a handle of open_fn: a string the store changes whenever the
+   * file's content is replaced (an HTTP ETag, else its Last-Modified time), as
+   * open_fn found it. Copied into buf (cap bytes, NUL-terminated). ENOTSUP when the
+   * store gave none, ENAMETOOLONG when it does not fit, EBADF for another handle.
+   * A read cache (io_cache.h) keys the bytes it keeps by it and checks it on every
+   * open, so an object replaced by another of the same size is read anew. May be
+   * NULL: the backend has no validators (a cache then knows a file by its path and
+   * size only).
+   */
+  int (*validator_fn)(void *ctx, int fd, char *buf, size_t cap);
+  /**
+   * The backend's account of the failure of its most recent call made by the
+   * calling thread, when that call returned rc: e.g. "PUT s3://b/run/x at endpoint
+   * http://127.0.0.1:9: Failed to connect ... after 5 retries". Copied into buf (cap
+   * bytes, NUL-terminated, truncated to fit). @return its full length; 0 (and "")
+   * when the backend has nothing to add. The library adds it, in parentheses, to
+   * its messages about a failed call of the table ("cannot rename into place
+   * temporary file '...': Connection refused (PUT s3://...)"). May be NULL.
+   */
+  size_t (*detail_fn)(void *ctx, int rc, char *buf, size_t cap);
 } ks_io;
 
 /**

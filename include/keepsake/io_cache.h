@@ -25,9 +25,16 @@ KS_BEGIN_DECLS
 /**
  * Creates a table that forwards to `inner` and keeps the bytes it reads in
  * `cache_dir`, so reading the same bytes of the same file twice downloads them
- * once. Checkpoints are immutable once committed, so a file is identified by
- * its path and its size (as inner's open_fn reports it); each range read from
- * inner is kept as one "piece" file under cache_dir/<hash of path>-<size>/. A
+ * once. A file is identified by its path, its size (as inner's open_fn reports
+ * it) and its validator (inner's validator_fn, version 6 of io.h: a remote
+ * store's ETag, else its Last-Modified), asked of inner at every open, so an
+ * object another writer replaced on the server, even by one of the same size,
+ * is read anew and never served from the old one's pieces; an inner table
+ * without validators identifies a file by path and size only (then a file
+ * replaced behind the cache by one of the same size is not noticed). Each
+ * range read from inner is kept as one "piece" file under
+ * cache_dir/<hash of path>-<size>[-<hash of validator>]/; the first open of a
+ * new version deletes the pieces of the path's other versions. A
  * later read is assembled from the pieces that cover it (several adjacent or
  * overlapping ones when it spans them), and only the gaps between them are
  * read from inner, each kept as a new piece; a read that would take more than
@@ -37,16 +44,18 @@ KS_BEGIN_DECLS
  * read costs a binary search and a pass over the pieces near its range, not a
  * directory listing. Pieces
  * are written with the durable replace (temp file, fsync, rename, fsync dir)
- * and carry the path, the range and the XXH3-64 of their bytes (the hash
- * "keepsake.checksums" uses): a piece whose size, header or hash does not
+ * and carry the path (and validator), the range and the XXH3-64 of their bytes
+ * (the hash "keepsake.checksums" uses): a piece whose size, header or hash does not
  * match (torn, truncated, corrupted) is never trusted: it is deleted and its
  * part of the read is read from inner again. On top, readers verify tensor
  * checksums as in any mode.
  *
  * Only file contents are cached: stat_fn, list_fn, readlink_fn (`latest`) and
- * open_fn (the size) always go to inner, and every write goes to inner
- * unchanged. unlink_fn and rename_fn drop the cached pieces of the path removed
- * or replaced. The table has no map_fn: readers read (use KS_READ_LAZY).
+ * open_fn (the size and validator) always go to inner, and every write goes to
+ * inner unchanged. unlink_fn and rename_fn drop the cached pieces of the path
+ * removed or replaced. validator_fn, detail_fn and the run directory lock
+ * (lock_fn, unlock_fn and KS_IO_CAP_LOCK, as KS_IO_CAP_READ_ONLY) are inner's.
+ * The table has no map_fn: readers read (use KS_READ_LAZY).
  * A failure to write a piece (full disk) is not an error: the read still
  * succeeds, and the failure is counted in the statistics.
  *

@@ -120,11 +120,14 @@ typedef struct ks_ckpt_opts {
    * The run directory's lock. Two managers on one run directory would delete each
    * other's checkpoints and share `latest`'s temporary link, so a manager holds an
    * exclusive lock (`run_dir/.keepsake.lock`, an flock on the local file system,
+   * a lease object written with conditional writes on s3:// (storage.h, "Locks"),
    * recording "pid N on host H since T") until ks_ckpt_manager_free. A second
    * manager is refused with KS_E_LOCKED naming the holder; a killed holder's lock
-   * is gone with it. KS_CKPT_LOCK_AUTO (0): lock where the table can (KS_IO_CAP_LOCK,
-   * io.h: the local file system); a table that cannot (s3://, custom tables) runs
-   * unlocked, and the caller must not share the run directory. KS_CKPT_LOCK_REQUIRE:
+   * is gone with it (on s3://: at once from the same machine, else when its lease
+   * expires). KS_CKPT_LOCK_AUTO (0): lock where the table can (KS_IO_CAP_LOCK, io.h:
+   * the local file system, s3://); a table that cannot (custom tables, a store
+   * without conditional writes, whose lock_fn answers ENOTSUP) runs unlocked, and
+   * the caller must not share the run directory. KS_CKPT_LOCK_REQUIRE:
    * refuse (KS_E_UNSUPPORTED) a table that cannot lock. KS_CKPT_LOCK_OFF: no lock
    * (the ranks of a distributed run other than rank 0, which share rank 0's run
    * directory and never delete).

@@ -29,6 +29,35 @@
  * HTTP(S) is read-only: opening (HEAD) and ranged reads (Range GET); writes
  * fail with EROFS, listing with ENOTSUP.
  *
+ * Validators. Opening an object (HEAD) keeps the validator the server gives,
+ * its ETag, else its Last-Modified; the table's validator_fn (io.h) reports
+ * it, so a read cache (io_cache.h) never serves an object replaced on the
+ * server from the pieces of the one before. With a strong ETag, every ranged
+ * read of the handle carries `If-Match`: an object replaced while it is open
+ * fails the read with ESTALE ("the object changed since it was opened")
+ * instead of giving bytes of two objects.
+ *
+ * Locks (S3). The table has KS_IO_CAP_LOCK: the checkpoint manager's run
+ * directory lock (lock_fn on run_dir/.keepsake.lock) is a lease object at that
+ * key, JSON naming its holder (the manager's "pid N on host H since T" line,
+ * host, pid, boot id, pid namespace) and its time to live
+ * (ks_storage_opts.lock_ttl_ms, 1 min). It is created with a conditional
+ * write (PUT with `If-None-Match: *`): of two managers only one can, and the
+ * other reads the lease and gets EWOULDBLOCK with the holder (KS_E_LOCKED from
+ * the manager). While held, a thread of the storage object rewrites it every
+ * third of its time to live with `If-Match: <its own last ETag>` (an upload
+ * into the run directory renews an overdue one too), and unlock_fn deletes it
+ * with `If-Match`. A lease not renewed for its time to live, measured on the
+ * server's clock (Date minus Last-Modified, 1 s slack), or held by a process of
+ * this machine (same host name, boot and pid namespace) that no longer exists,
+ * is taken over with a PUT conditional on the ETag read, then read back. A
+ * holder whose lease was taken over (or removed) meanwhile uploads nothing more
+ * under the run directory: rename_fn there fails with ENOLCK. A store that
+ * ignores conditional writes (a second `If-None-Match: *` PUT of one key
+ * succeeds) or refuses them (501) has no locks: lock_fn returns ENOTSUP, so the
+ * manager runs unlocked under KS_CKPT_LOCK_AUTO and refuses under
+ * KS_CKPT_LOCK_REQUIRE. A negative lock_ttl_ms removes the capability.
+ *
  * Deadlines and budgets. A hostile or dying server can neither hang a program
  * nor make it hold unbounded memory:
  *   - every remote operation has an overall deadline (ks_storage_opts.deadline_ms),
@@ -56,10 +85,13 @@
  * stat_fn still reports the pointer itself (KS_IO_LINK), as lstat(2) does.
  *
  * Errors. The table returns errno values as io.h requires (404: ENOENT, 403
- * and 401: EACCES, 5xx and network failures after the retries: EIO, ...), so
- * the library's messages say e.g. "cannot open file: No such file or
- * directory"; ks_storage_last_error() gives the detail (URL, HTTP status, S3
- * error code and message) of the last failure.
+ * and 401: EACCES, 5xx and network failures after the retries: EIO, ...), and
+ * its detail_fn gives the calling thread the detail of its own failed call,
+ * which the library adds to its messages: e.g. "cannot rename into place
+ * temporary file 'run/.x.tmp-AbC123': Connection refused (PUT s3://b/run/x at
+ * endpoint http://127.0.0.1:9: Failed to connect ... after 5 retries)".
+ * ks_storage_last_error() gives the detail (URL, HTTP status, S3 error code
+ * and message) of the storage object's last failure, whatever thread it was.
  */
 #ifndef KEEPSAKE_STORAGE_H
 #define KEEPSAKE_STORAGE_H
@@ -102,6 +134,9 @@ typedef struct ks_storage_opts {
   uint64_t list_max_pages;   /**< most pages one listing may take; 0: 10000 */
   uint64_t list_max_keys;    /**< most entries one listing may return, over all its pages; 0: 1000000 */
   uint64_t list_max_bytes;   /**< most answer bytes one listing may read, over all its pages; 0: 1 GiB */
+  long lock_ttl_ms;          /**< S3: how long a run directory lock (a lease, see "Locks" above) lasts without
+                                  renewal, so a dead holder's is taken over; renewed every third of it;
+                                  0: 60000 (1 min); negative: no locks (the table lacks KS_IO_CAP_LOCK) */
 } ks_storage_opts;
 
 /** An open storage location (opaque). */

@@ -26,9 +26,11 @@
  * writer's close and its rename; a killed writer's lock is gone at once. */
 #define STALE_AGE_S 60
 
+/* The table's own account of the failure (a remote store's request and endpoint) ends the message. */
 static KS_NODISCARD ks_status io_fail(ks__durable *d, int rc, const char *what) {
+  char why[KS__IO_WHY_MAX];
   return ks__err_at(d->err, KS_E_IO, d->path, NULL, -1, "%s '%s': %s", what, d->have_tmp ? d->tmp : d->path,
-                    strerror(rc));
+                    ks__io_why(d->io, rc, why, sizeof why));
 }
 
 ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
@@ -229,10 +231,12 @@ ks_status ks__durable_commit(ks__durable *d) {
   if ((rc = d->io->rename_fn(d->io->ctx, d->tmp, d->path)) != 0)
     return io_fail(d, rc, "cannot rename into place temporary file");
   d->have_tmp = false;
-  if ((rc = d->io->fsync_dir_fn(d->io->ctx, d->dir)) != 0)
+  if ((rc = d->io->fsync_dir_fn(d->io->ctx, d->dir)) != 0) {
+    char why[KS__IO_WHY_MAX];
     return ks__err_at(d->err, KS_E_NOT_DURABLE, d->path, NULL, -1,
                       "file saved, but fsync of directory '%s' failed (%s): durability unknown", d->dir,
-                      strerror(rc));
+                      ks__io_why(d->io, rc, why, sizeof why));
+  }
   return KS_OK;
 }
 

@@ -7,8 +7,9 @@
 
 #include "core/io_ops.h"
 
-static KS_NODISCARD ks_status io_err(const char *path, const char *what, int rc, ks_error *err) {
-  return ks__err_at(err, KS_E_IO, path, NULL, -1, "%s: %s", what, strerror(rc));
+static KS_NODISCARD ks_status io_err(const ks_io *io, const char *path, const char *what, int rc, ks_error *err) {
+  char why[KS__IO_WHY_MAX];
+  return ks__err_at(err, KS_E_IO, path, NULL, -1, "%s: %s", what, ks__io_why(io, rc, why, sizeof why));
 }
 
 /*
@@ -36,7 +37,7 @@ static KS_NODISCARD ks_status read_whole(ks__fmap *m, const char *path, int fd, 
   while (got < size) {
     size_t want = size - got < ((size_t)1 << 30) ? size - got : ((size_t)1 << 30), n = 0;
     int rc = m->io->read_fn(m->io->ctx, fd, m->copy + got, want, got, &n);
-    if (rc) return io_err(path, "cannot read file", rc, err);
+    if (rc) return io_err(m->io, path, "cannot read file", rc, err);
     if (n == 0) return ks__err_at(err, KS_E_IO, path, NULL, (int64_t)got, "file shrank while being read");
     got += n;
   }
@@ -51,7 +52,7 @@ static KS_NODISCARD ks_status map_whole(ks__fmap *m, const char *path, int fd, s
   const void *p = NULL;
   int rc = m->io->map_fn ? m->io->map_fn(m->io->ctx, fd, size, &p) : ENOTSUP;
   if (rc == ENOTSUP) return read_whole(m, path, fd, size, a, err);
-  if (rc) return io_err(path, "cannot map file", rc, err);
+  if (rc) return io_err(m->io, path, "cannot map file", rc, err);
   m->map = (void *)(uintptr_t)p;
   m->map_len = size;
   m->bytes = p;
@@ -69,7 +70,7 @@ ks_status ks__fmap_open(ks__fmap *m, const char *path, const ks_io *io, bool cop
   uint64_t size = 0;
   int rc = ks__io_open_follow(m->io, path, &fd, &size); /* a run's `latest` moving on is followed */
   if (rc == EISDIR || rc == ENODEV) return ks__err_at(err, KS_E_IO, path, NULL, -1, "not a regular file");
-  if (rc) return io_err(path, "cannot open file", rc, err);
+  if (rc) return io_err(m->io, path, "cannot open file", rc, err);
   if (size > SIZE_MAX)
     s = ks__err_at(err, KS_E_LIMIT, path, NULL, -1, "file too large for this platform");
   else if (!copy && (size_t)size >= min_map && size > 0)

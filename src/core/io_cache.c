@@ -43,6 +43,7 @@ static ks__cache_slot *slot_of(ks__cache *c, int h) {
 static void slot_clear(ks__cache *c, ks__cache_slot *s) {
   ks__free(&c->alloc, s->path);
   ks__free(&c->alloc, s->dir);
+  ks__free(&c->alloc, s->ident);
   ks__free(&c->alloc, s->pieces);
   *s = (ks__cache_slot){0};
 }
@@ -118,10 +119,11 @@ static int k_readlink(void *ctx, const char *p, char *b, size_t cap, size_t *len
 
 /* ---- reading ---- */
 
-/* cache_dir/<XXH3 of the path>-<size>: the folder of one file's pieces. */
-static char *file_dir(ks__cache *c, const char *path, uint64_t size) {
-  char name[64];
-  snprintf(name, sizeof name, "/%016" PRIx64 "-%" PRIu64, ks__hash(path, strlen(path)), size);
+/* cache_dir/<XXH3 of the path>-<size>[-<XXH3 of the validator>]: the folder of one version of a file. */
+static char *file_dir(ks__cache *c, const char *path, uint64_t size, const char *validator) {
+  char name[80];
+  int w = snprintf(name, sizeof name, "/%016" PRIx64 "-%" PRIu64, ks__hash(path, strlen(path)), size);
+  if (validator[0]) snprintf(name + w, sizeof name - (size_t)w, "-%016" PRIx64, ks__hash(validator, strlen(validator)));
   size_t n = strlen(c->dir), m = strlen(name);
   char *d = ks__malloc(&c->alloc, n + m + 1);
   if (d) {
@@ -131,26 +133,75 @@ static char *file_dir(ks__cache *c, const char *path, uint64_t size) {
   return d;
 }
 
+/* What the pieces of a version carry: the path, then a NUL and the validator when there is one. */
+static char *identity(ks__cache *c, const char *path, const char *validator, size_t *len) {
+  size_t pl = strlen(path), vl = strlen(validator);
+  *len = vl ? pl + 1 + vl : pl;
+  char *id = ks__malloc(&c->alloc, *len + 1);
+  if (id) {
+    memcpy(id, path, pl + 1);
+    if (vl) memcpy(id + pl + 1, validator, vl + 1);
+  }
+  return id;
+}
+
+/* A version seen for the first time (its folder does not exist yet): the pieces of the versions
+ * it replaced are never used again, so they go now. */
+static void first_sight(ks__cache *c, const char *path, const char *dir) {
+  ks_io_stat st;
+  if (!ks_io_posix()->stat_fn(NULL, dir, &st)) return;
+  ks__cache_forget_others(c, path, strrchr(dir, '/') + 1);
+}
+
+/* Every open asks inner (open_fn, then validator_fn): the size and the validator of what the path
+ * names now choose the folder of pieces, so an object replaced on the server is never served from
+ * the pieces of the one before, whatever its size. */
 static int k_open(void *ctx, const char *path, int *h, uint64_t *size) {
   ks__cache *c = ctx;
   int fd, rc = c->v2->open_fn(c->v2->ctx, path, &fd, size);
   if (rc) return rc;
-  char *p = ks__strdup(&c->alloc, path), *d = file_dir(c, path, *size);
-  if (!p || !d || (rc = new_slot(c, fd, h)) != 0) {
+  char validator[KS__CACHE_VALIDATOR_MAX];
+  if (ks__io_validator(c->inner, fd, validator, sizeof validator)) validator[0] = '\0';
+  size_t il = 0;
+  char *p = ks__strdup(&c->alloc, path), *d = file_dir(c, path, *size, validator);
+  char *id = identity(c, path, validator, &il);
+  if (!p || !d || !id || (rc = new_slot(c, fd, h)) != 0) {
     ks__free(&c->alloc, p);
     ks__free(&c->alloc, d);
+    ks__free(&c->alloc, id);
     c->v2->close_fn(c->v2->ctx, fd);
     return rc ? rc : ENOMEM;
   }
+  first_sight(c, path, d);
   pthread_mutex_lock(&c->lock);
   ks__cache_slot *s = &c->slots[*h];
   s->reading = true;
   s->path = p;
   s->dir = d;
+  s->ident = id;
+  s->ident_len = il;
   s->size = *size;
   pthread_mutex_unlock(&c->lock);
   return 0;
 }
+
+/* The inner handle's validator: a cache is as good a validator source as the store behind it. */
+static int k_validator(void *ctx, int h, char *buf, size_t cap) {
+  int fd = inner_fd(CC(ctx), h);
+  return fd < 0 ? EBADF : ks__io_validator(CC(ctx)->inner, fd, buf, cap);
+}
+
+static size_t k_detail(void *ctx, int rc, char *buf, size_t cap) {
+  return ks__io_detail(CC(ctx)->inner, rc, buf, cap);
+}
+
+/* The run directory lock is inner's own (an S3 lease): the cache only reads through. */
+static int k_lock(void *ctx, const char *path, const char *owner, int *handle, char *holder, size_t cap) {
+  const ks_io *in = CC(ctx)->inner;
+  return in->lock_fn(in->ctx, path, owner, handle, holder, cap);
+}
+
+static int k_unlock(void *ctx, int handle) { return CC(ctx)->inner->unlock_fn(CC(ctx)->inner->ctx, handle); }
 
 /* Forwards a read of `want` bytes (all of them unless the file ended early). */
 static int read_inner(ks__cache *c, int fd, uint8_t *buf, size_t want, uint64_t off, size_t *got) {
@@ -231,6 +282,7 @@ ks_status ks_io_cache_create(const ks_io *inner, const char *cache_dir, const ks
   ks__cache *c = ks__calloc(a, 1, sizeof *c);
   if (!c) return ks__err(err, KS_E_NOMEM, "out of memory");
   c->alloc = *ks__alloc_or_default(a);
+  c->inner = ks__io_v1(inner);
   c->v1 = ks__io_v1(inner);
   c->v2 = ks__io_v2(inner);
   if ((s = take_dir(c, cache_dir, err)) != KS_OK) {
@@ -242,8 +294,17 @@ ks_status ks_io_cache_create(const ks_io *inner, const char *cache_dir, const ks
   c->io = (ks_io){.version = KS_IO_VERSION, .ctx = c, .create_fn = k_create, .write_fn = k_write, .fsync_fn = k_fsync,
                   .close_fn = k_close, .rename_fn = k_rename, .unlink_fn = k_unlink, .fsync_dir_fn = k_fsync_dir,
                   .open_fn = k_open, .read_fn = k_read, .stat_fn = k_stat, .list_fn = k_list, .mkdir_fn = k_mkdir,
-                  .symlink_fn = k_symlink, .readlink_fn = k_readlink};
+                  .symlink_fn = k_symlink, .readlink_fn = k_readlink, .validator_fn = k_validator,
+                  .detail_fn = k_detail};
   if (ks__io_can_pwrite(inner)) c->io.pwrite_fn = k_pwrite;
+  /* What inner is, less what the cache changes: its handles are not file descriptors and it cannot map. */
+  unsigned caps = ks_io_caps(inner);
+  c->io.caps = caps & KS_IO_CAP_READ_ONLY;
+  if (caps & KS_IO_CAP_LOCK) {
+    c->io.caps |= KS_IO_CAP_LOCK;
+    c->io.lock_fn = k_lock;
+    c->io.unlock_fn = k_unlock;
+  }
   *out = &c->io;
   return KS_OK;
 }

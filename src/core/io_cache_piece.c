@@ -141,6 +141,8 @@ int ks__cache_lookup(ks__cache *c, int h, size_t n, uint64_t off, ks__cache_read
   q->fd = s->fd;
   q->path = s->path;
   q->dir = s->dir;
+  q->ident = s->ident;
+  q->ident_len = s->ident_len;
   q->size = s->size;
   q->off = off;
   q->want = off >= s->size ? 0 : s->size - off < n ? (size_t)(s->size - off) : n;
@@ -156,16 +158,17 @@ static int read_all(int fd, void *buf, size_t n, uint64_t off) {
   return rc ? rc : got == n ? 0 : EIO;
 }
 
-/* The header and path of an open piece file match the piece, the file and its length. */
+/* The header and identity (path, validator) of an open piece file match the piece, the file and its length. */
 static bool header_ok(const ks__cache_read *q, const ks__cache_piece *pc, int fd, uint64_t fsize, uint64_t *hash) {
-  size_t plen = strlen(q->path);
+  size_t plen = q->ident_len;
   uint8_t h[HDR];
-  char path[4096];
-  if (plen >= sizeof path || fsize != HDR + plen + pc->len || read_all(fd, h, HDR, 0) || read_all(fd, path, plen, HDR))
+  char ident[4096 + KS__CACHE_VALIDATOR_MAX];
+  if (plen > sizeof ident || fsize != HDR + plen + pc->len || read_all(fd, h, HDR, 0) ||
+      read_all(fd, ident, plen, HDR))
     return false;
   *hash = ks__le64(h + 32);
   return !memcmp(h, MAGIC, 8) && ks__le64(h + 8) == q->size && ks__le64(h + 16) == pc->off &&
-         ks__le64(h + 24) == pc->len && ks__le64(h + 40) == plen && !memcmp(path, q->path, plen);
+         ks__le64(h + 24) == pc->len && ks__le64(h + 40) == plen && !memcmp(ident, q->ident, plen);
 }
 
 /* Reads the part out of its piece; an unverified piece is read whole and
@@ -174,7 +177,7 @@ static bool header_ok(const ks__cache_read *q, const ks__cache_piece *pc, int fd
 static int read_piece(ks__cache *c, const ks__cache_read *q, const ks__cache_part *p, int fd, uint64_t hash,
                       void *buf) {
   const ks__cache_piece *pc = &p->piece;
-  uint64_t data = HDR + strlen(q->path), skip = p->off - pc->off;
+  uint64_t data = HDR + q->ident_len, skip = p->off - pc->off;
   if (pc->verified) return read_all(fd, buf, p->len, data + skip) ? -1 : 0;
   bool whole = skip == 0 && p->len == pc->len;
   uint8_t *tmp = whole ? buf : ks__malloc(&c->alloc, (size_t)pc->len);
@@ -224,7 +227,7 @@ int ks__cache_serve(ks__cache *c, const ks__cache_read *q, const ks__cache_part 
 static KS_NODISCARD ks_status write_piece(ks__cache *c, const ks__cache_read *q, const ks__cache_part *p,
                                           const void *buf, const char *path) {
   ks_error e;
-  size_t plen = strlen(q->path);
+  size_t plen = q->ident_len;
   uint8_t h[HDR];
   memcpy(h, MAGIC, 8);
   ks__put_le64(h + 8, q->size);
@@ -237,7 +240,7 @@ static KS_NODISCARD ks_status write_piece(ks__cache *c, const ks__cache_read *q,
   if (!s) s = ks__durable_prepare(&d, path, local(), &c->alloc, &e);
   if (!s) s = ks__durable_open(&d);
   if (!s) s = ks__durable_write(&d, h, HDR);
-  if (!s) s = ks__durable_write(&d, q->path, plen);
+  if (!s) s = ks__durable_write(&d, q->ident, plen);
   if (!s) s = ks__durable_write(&d, buf, p->len);
   if (!s) s = ks__durable_commit(&d);
   ks__durable_abort(&d);
@@ -286,6 +289,30 @@ static int empty_folder(void *ctx, const char *name, ks_io_kind kind) {
   if (kind == KS_IO_DIR && snprintf(dir, sizeof dir, "%s/%s", ((ks__cache *)ctx)->dir, name) < (int)sizeof dir)
     local()->list_fn(local()->ctx, dir, "", unlink_piece, dir);
   return 0;
+}
+
+typedef struct other_ctx {
+  ks__cache *c;
+  const char *keep;
+} other_ctx;
+
+/* A folder of another version: its pieces, then the folder itself. */
+static int drop_other(void *ctx, const char *name, ks_io_kind kind) {
+  other_ctx *o = ctx;
+  char dir[4096];
+  if (kind != KS_IO_DIR || !strcmp(name, o->keep) ||
+      snprintf(dir, sizeof dir, "%s/%s", o->c->dir, name) >= (int)sizeof dir)
+    return 0;
+  local()->list_fn(local()->ctx, dir, "", unlink_piece, dir);
+  (void)ks__io_rmdir(local(), dir); /* fails harmlessly when another writer just added a piece */
+  return 0;
+}
+
+void ks__cache_forget_others(ks__cache *c, const char *path, const char *keep) {
+  char prefix[24];
+  snprintf(prefix, sizeof prefix, "%016" PRIx64 "-", ks__hash(path, strlen(path)));
+  other_ctx o = {c, keep};
+  local()->list_fn(local()->ctx, c->dir, prefix, drop_other, &o);
 }
 
 void ks__cache_forget(ks__cache *c, const char *path) {

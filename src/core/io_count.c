@@ -62,6 +62,11 @@ static int c_readlink(void *ctx, const char *p, char *b, size_t cap, size_t *len
   return C(ctx)->v2->readlink_fn(C(ctx)->v2->ctx, p, b, cap, len);
 }
 
+static int c_validator(void *ctx, int fd, char *buf, size_t cap) {
+  return ks__io_validator(C(ctx)->v1, fd, buf, cap);
+}
+static size_t c_detail(void *ctx, int rc, char *buf, size_t cap) { return ks__io_detail(C(ctx)->v1, rc, buf, cap); }
+
 ks_status ks_io_counter_create(const ks_io *inner, int no_map, const ks_allocator *a, ks_io **out, ks_error *err) {
   if (!out) return ks__err(err, KS_E_INVALID, "ks_io_counter_create: out is required");
   ks_status s = ks_io_check(inner, err);
@@ -74,7 +79,8 @@ ks_status ks_io_counter_create(const ks_io *inner, int no_map, const ks_allocato
   c->io = (ks_io){.version = KS_IO_VERSION, .ctx = c, .create_fn = c_create, .write_fn = c_write, .fsync_fn = c_fsync,
                   .close_fn = c_close, .rename_fn = c_rename, .unlink_fn = c_unlink, .fsync_dir_fn = c_fsync_dir,
                   .open_fn = c_open, .read_fn = c_read, .stat_fn = c_stat, .list_fn = c_list, .mkdir_fn = c_mkdir,
-                  .symlink_fn = c_symlink, .readlink_fn = c_readlink};
+                  .symlink_fn = c_symlink, .readlink_fn = c_readlink, .validator_fn = c_validator,
+                  .detail_fn = c_detail};
   if (ks__io_can_pwrite(inner)) c->io.pwrite_fn = c_pwrite;
   if (!no_map && c->v2->map_fn) {
     c->io.map_fn = c_map;

@@ -61,6 +61,28 @@ int ks__io_open_follow(const ks_io *io, const char *path, int *fd, uint64_t *siz
   return rc;
 }
 
+int ks__io_validator(const ks_io *io, int fd, char *buf, size_t cap) {
+  if (!io || io->version < 6 || !io->validator_fn) return ENOTSUP;
+  return io->validator_fn(io->ctx, fd, buf, cap);
+}
+
+size_t ks__io_detail(const ks_io *io, int rc, char *buf, size_t cap) {
+  if (buf && cap) buf[0] = '\0';
+  if (!io || io->version < 6 || !io->detail_fn || !buf || !cap) return 0;
+  size_t n = io->detail_fn(io->ctx, rc, buf, cap);
+  buf[cap - 1] = '\0'; /* a table's own answer: never trusted to terminate */
+  return n;
+}
+
+const char *ks__io_why(const ks_io *io, int rc, char *buf, size_t cap) {
+  char detail[KS__IO_WHY_MAX];
+  if (!buf || !cap) return "";
+  if (ks__io_detail(io, rc, detail, sizeof detail) && detail[0])
+    snprintf(buf, cap, "%s (%s)", strerror(rc), detail);
+  else snprintf(buf, cap, "%s", strerror(rc));
+  return buf;
+}
+
 ks_status ks_io_check(const ks_io *io, ks_error *err) {
   if (!io) return KS_OK;
   if (io->version == 0) return ks__err(err, KS_E_INVALID, "ks_io: version is 0 (set .version = KS_IO_VERSION)");
@@ -121,7 +143,10 @@ static KS_NODISCARD ks_status sync_parent(const ks_io *io, const char *buf, size
   char parent[PATH_CAP];
   parent_of(buf, len, parent);
   int rc = v1->fsync_dir_fn(v1->ctx, parent);
-  return rc ? ks__err_at(err, KS_E_IO, parent, NULL, -1, "fsync of the parent of '%s': %s", buf, strerror(rc)) : KS_OK;
+  char why[KS__IO_WHY_MAX];
+  return rc ? ks__err_at(err, KS_E_IO, parent, NULL, -1, "fsync of the parent of '%s': %s", buf,
+                         ks__io_why(v1, rc, why, sizeof why))
+            : KS_OK;
 }
 
 /* Creates buf (one level) unless it is a directory already; fsyncs the parent after creating it. */
@@ -134,7 +159,8 @@ static KS_NODISCARD ks_status mkdir_one(const ks_io *orig, const char *buf, size
     return ks__err_at(err, KS_E_IO, buf, NULL, -1, "mkdir: exists and is not a directory");
   if (rc == 0 || rc == ENOENT) rc = io->mkdir_fn(io->ctx, buf);
   if (rc == EEXIST) return KS_OK; /* created meanwhile, or a link to a directory */
-  if (rc) return ks__err_at(err, KS_E_IO, buf, NULL, -1, "mkdir: %s", strerror(rc));
+  char why[KS__IO_WHY_MAX];
+  if (rc) return ks__err_at(err, KS_E_IO, buf, NULL, -1, "mkdir: %s", ks__io_why(io, rc, why, sizeof why));
   return sync ? sync_parent(orig, buf, len, err) : KS_OK;
 }
 
@@ -164,16 +190,19 @@ ks_status ks__io_pointer_set(const ks_io *io, const char *dir, const char *name,
   int a = snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name), b = snprintf(dst, sizeof dst, "%s/%s", dir, name);
   if (a < 0 || b < 0 || (size_t)a >= sizeof tmp || (size_t)b >= sizeof dst)
     return ks__err(err, KS_E_LIMIT, "pointer path too long");
+  char why[KS__IO_WHY_MAX];
   int rc = v1->unlink_fn(v1->ctx, tmp); /* a stale link of a save that was killed */
-  if (rc && rc != ENOENT) return ks__err_at(err, KS_E_IO, tmp, NULL, -1, "cannot remove stale link: %s", strerror(rc));
+  if (rc && rc != ENOENT)
+    return ks__err_at(err, KS_E_IO, tmp, NULL, -1, "cannot remove stale link: %s", ks__io_why(v1, rc, why, sizeof why));
   if ((rc = v2->symlink_fn(v2->ctx, target, tmp)) != 0)
-    return ks__err_at(err, KS_E_IO, tmp, NULL, -1, "symlink: %s", strerror(rc));
+    return ks__err_at(err, KS_E_IO, tmp, NULL, -1, "symlink: %s", ks__io_why(v2, rc, why, sizeof why));
   if ((rc = v1->rename_fn(v1->ctx, tmp, dst)) != 0) {
+    ks__io_why(v1, rc, why, sizeof why); /* before the unlink below can replace the table's account */
     v1->unlink_fn(v1->ctx, tmp); /* best effort: autoresume removes it too; the rename error is what matters */
-    return ks__err_at(err, KS_E_IO, dst, NULL, -1, "rename: %s", strerror(rc));
+    return ks__err_at(err, KS_E_IO, dst, NULL, -1, "rename: %s", why);
   }
   rc = v1->fsync_dir_fn(v1->ctx, dir);
   return rc ? ks__err_at(err, KS_E_NOT_DURABLE, dir, NULL, -1, "'%s' updated, but fsync of the directory failed (%s): "
-                         "durability unknown", name, strerror(rc))
+                         "durability unknown", name, ks__io_why(v1, rc, why, sizeof why))
             : KS_OK;
 }

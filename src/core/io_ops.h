@@ -16,6 +16,17 @@ const ks_io *ks__io_v2(const ks_io *io);
 /* The rmdir of a table: its own from version 3 (possibly NULL: none), else ks_io_posix()'s. */
 int ks__io_rmdir(const ks_io *io, const char *path);
 
+/* The validator of handle fd of open_fn (validator_fn, version 6); ENOTSUP when the table has none. */
+int ks__io_validator(const ks_io *io, int fd, char *buf, size_t cap);
+/* The table's own account of a failed call of this thread that returned rc (detail_fn, version 6), into buf;
+ * its length, 0 and "" when the table has none. */
+size_t ks__io_detail(const ks_io *io, int rc, char *buf, size_t cap);
+/* What the library's messages say about a failed call of the table: strerror(rc), followed by the
+ * table's detail in parentheses when it has one ("Connection refused (PUT s3://b/x at endpoint ...)").
+ * Into buf (cap bytes; KS__IO_WHY_MAX holds any message); returns buf. */
+#define KS__IO_WHY_MAX 512
+const char *ks__io_why(const ks_io *io, int rc, char *buf, size_t cap);
+
 /* The read mode for a whole-file load through io: KS_READ_MMAP when the table can map,
  * else KS_READ_LAZY (header first, then parallel ranged reads). An invalid table gets
  * KS_READ_MMAP: ks_reader_open then reports what is wrong with it. */

@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "core/io_ops.h"
 #include "format/fmt_internal.h"
 
 /* The first read: most headers fit, so a small file opens in one round trip. */
@@ -17,9 +18,10 @@ static KS_NODISCARD ks_status read_at(const ks_reader *r, uint64_t off, void *bu
   while (done < n) {
     size_t got = 0;
     int rc = r->io->read_fn(r->io->ctx, r->fd, (uint8_t *)buf + done, n - done, off + done, &got);
+    char why[KS__IO_WHY_MAX];
     if (rc)
       return ks__err_at(err, KS_E_IO, r->path, NULL, (int64_t)(off + done), "cannot read %zu bytes: %s", n - done,
-                        strerror(rc));
+                        ks__io_why(r->io, rc, why, sizeof why));
     if (got == 0)
       return ks__err_at(err, KS_E_IO, r->path, NULL, (int64_t)(off + done), "file shrank while being read");
     done += got;

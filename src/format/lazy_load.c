@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/fmap.h"
+#include "core/io_ops.h"
 #include "format/fmt_internal.h"
 
 #define LOAD_THREADS 4
@@ -65,9 +66,11 @@ static void read_range(load_job *j, size_t k) {
     uint64_t off = r->data_off + a + done;
     int rc = r->io->read_fn(r->io->ctx, r->fd, r->data + a + done, n - done, off, &got);
     ks_error er;
+    char why[KS__IO_WHY_MAX];
     if (rc || got == 0) {
       if (rc)
-        ks__err_at(&er, KS_E_IO, r->path, NULL, (int64_t)off, "cannot read %zu bytes: %s", n - done, strerror(rc));
+        ks__err_at(&er, KS_E_IO, r->path, NULL, (int64_t)off, "cannot read %zu bytes: %s", n - done,
+                   ks__io_why(r->io, rc, why, sizeof why));
       else ks__err_at(&er, KS_E_IO, r->path, NULL, (int64_t)off, "file shrank while being read");
       fail(j, KS_E_IO, &er);
       return;

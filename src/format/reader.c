@@ -42,7 +42,8 @@ void ks_reader_free(ks_reader *r) {
 }
 
 static KS_NODISCARD ks_status io_err(const ks_reader *r, const char *what, int rc, ks_error *err) {
-  return ks__err_at(err, KS_E_IO, r->path, NULL, -1, "%s: %s", what, strerror(rc));
+  char why[KS__IO_WHY_MAX];
+  return ks__err_at(err, KS_E_IO, r->path, NULL, -1, "%s: %s", what, ks__io_why(r->io, rc, why, sizeof why));
 }
 
 static KS_NODISCARD ks_status read_whole(ks_reader *r, int fd, size_t size, ks_error *err) {

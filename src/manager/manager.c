@@ -121,18 +121,23 @@ static void lock_owner(char *buf, size_t cap) {
   snprintf(buf, cap, "pid %ld on host %s since %s\n", (long)getpid(), host, when);
 }
 
+/* A table without locks: unlocked under KS_CKPT_LOCK_AUTO, refused under KS_CKPT_LOCK_REQUIRE. `why`: what the
+ * table said when asked (a store without conditional writes answers lock_fn with ENOTSUP), or NULL. */
+static KS_NODISCARD ks_status no_lock(const char *run_dir, ks_ckpt_lock policy, const char *why, ks_error *err) {
+  if (policy == KS_CKPT_LOCK_AUTO) return KS_OK;
+  return ks__err_at(err, KS_E_UNSUPPORTED, run_dir, NULL, -1,
+                    "checkpoint manager: this storage cannot lock the run directory (KS_CKPT_LOCK_REQUIRE)%s%s",
+                    why ? ": " : "", why ? why : "");
+}
+
 /* Takes the run directory's lock where the policy and the table allow; *handle -1 when none. */
 static KS_NODISCARD ks_status take_lock(const ks_io *io, const char *run_dir, ks_ckpt_lock policy, int *handle,
                                         ks_error *err) {
   *handle = -1;
   if (policy == KS_CKPT_LOCK_OFF) return KS_OK;
   const ks_io *t = io ? io : ks_io_posix();
-  if (!(ks_io_caps(t) & KS_IO_CAP_LOCK) || !t->lock_fn) {
-    if (policy == KS_CKPT_LOCK_AUTO) return KS_OK;
-    return ks__err_at(err, KS_E_UNSUPPORTED, run_dir, NULL, -1,
-                      "checkpoint manager: this storage cannot lock the run directory (KS_CKPT_LOCK_REQUIRE)");
-  }
-  char path[4096], owner[400], holder[400];
+  if (!(ks_io_caps(t) & KS_IO_CAP_LOCK) || !t->lock_fn) return no_lock(run_dir, policy, NULL, err);
+  char path[4096], owner[400], holder[400], why[KS__IO_WHY_MAX];
   int w = snprintf(path, sizeof path, "%s/.keepsake.lock", run_dir);
   if (w < 0 || (size_t)w >= sizeof path)
     return ks__err_at(err, KS_E_LIMIT, run_dir, NULL, -1, "run directory path too long");
@@ -142,10 +147,11 @@ static KS_NODISCARD ks_status take_lock(const ks_io *io, const char *run_dir, ks
     return ks__err_at(err, KS_E_LOCKED, run_dir, NULL, -1,
                       "run directory is in use by another checkpoint manager (%s, lock %s); refusing to share it",
                       *holder ? holder : "holder unknown", path);
-  if (rc) {
-    *handle = -1;
-    return ks__err_at(err, KS_E_IO, run_dir, NULL, -1, "cannot lock the run directory (%s): %s", path, strerror(rc));
-  }
+  if (rc) *handle = -1;
+  if (rc == ENOTSUP) return no_lock(run_dir, policy, ks__io_why(t, rc, why, sizeof why), err);
+  if (rc)
+    return ks__err_at(err, KS_E_IO, run_dir, NULL, -1, "cannot lock the run directory (%s): %s", path,
+                      ks__io_why(t, rc, why, sizeof why));
   return KS_OK;
 }
 

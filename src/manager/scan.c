@@ -144,7 +144,9 @@ ks_status ks__mgr_list(const ks_ckpt_manager *m, ckpt_list *l, ks_error *err) {
   if (c.s || rc) {
     ks__mgr_list_free(&m->alloc, l);
     if (c.s) return ks__err(err, c.s, "listing checkpoints: %s", ks_strerror(c.s));
-    return ks__err_at(err, KS_E_IO, m->run_dir, NULL, -1, "listing checkpoints: %s", strerror(rc));
+    char why[KS__IO_WHY_MAX];
+    return ks__err_at(err, KS_E_IO, m->run_dir, NULL, -1, "listing checkpoints: %s",
+                      ks__io_why(io, rc, why, sizeof why));
   }
   if (l->n) qsort(l->v, l->n, sizeof(ckpt), newest_first);
   return KS_OK;

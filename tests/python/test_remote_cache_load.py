@@ -210,3 +210,87 @@ def test_autoresume_loads_a_remote_checkpoint_through_the_managers_cache(env, bu
     # second resume finds everything in the cache and reads none of it.
     assert size <= read[0] <= size + (1 << 16), (read, size)
     assert read[1] == 0, read
+
+
+# ---- an object replaced on the server by another of the same size ----
+# The cache keys its pieces by the validator the server gives (the ETag), checked on every open: the
+# replaced object is read anew, never served from the pieces of the one before.
+
+def same_size_versions(seed):
+    """Two checkpoints of one model with different values: files of the same size."""
+    a = trained(seed)
+    b = trained(seed + 100)
+    return a, b
+
+
+def replaced_load_checkpoint(url, path, size_of, replace, want_a, want_b, tmp_path):
+    cache = tmp_path / "cache"
+    fresh, fopt, fmetric = make_run(9)
+    kt.load_checkpoint(url, model=fresh, optimizers=fopt, train_metrics={"loss": fmetric}, cache_dir=cache)
+    check_same(*want_a, fresh, fopt, fmetric)
+    size = size_of()
+    replace()
+    assert size_of() == size  # the same size: the path and the size alone cannot tell them apart
+    fresh, fopt, fmetric = make_run(9)
+    start = len(remote_env.proxy_log())
+    kt.load_checkpoint(url, model=fresh, optimizers=fopt, train_metrics={"loss": fmetric}, cache_dir=cache)
+    check_same(*want_b, fresh, fopt, fmetric)  # the new values, not the cached old ones
+    assert body_bytes(gets(remote_env.settled_log(start), path)) >= size  # read anew from the server
+    assert len(os.listdir(cache)) == 1  # and the old version's pieces are gone
+
+
+def save_ck(url, want):
+    kt.save_checkpoint(url, model=want[0], optimizers=want[1], train_metrics={"loss": want[2]},
+                       timestamp=keepsake.Timestamp(batch=3))
+
+
+def test_s3_replaced_object_is_not_served_from_the_cache(env, bucket, tmp_path):
+    a, b = same_size_versions(20)
+    url = f"s3://{bucket}/rep-{uuid.uuid4().hex[:8]}.keepsake"
+    direct(env)
+    save_ck(url, a)
+    via_proxy(env)
+
+    def replace():
+        direct(env)
+        save_ck(url, b)  # another writer, straight to the store
+        via_proxy(env)
+
+    replaced_load_checkpoint(url, "/" + url[len("s3://"):], lambda: s3_size(bucket, url), replace, a, b, tmp_path)
+
+
+def test_http_replaced_file_is_not_served_from_the_cache(env, tmp_path):
+    a, b = same_size_versions(30)
+    name = f"rep-{uuid.uuid4().hex[:12]}.keepsake"
+    local = os.path.join(env["KS_TEST_HTTP_ROOT"], name)
+    save_ck(local, a)
+
+    def replace():
+        st = os.stat(local)
+        save_ck(local, b)
+        # nginx's ETag is the mtime in seconds and the size: a file replaced within the same second as
+        # the one before would look the same to any HTTP client; a later one does not.
+        os.utime(local, (st.st_mtime + 7, st.st_mtime + 7))
+
+    replaced_load_checkpoint(f"{env['KS_TEST_PROXY_HTTP']}/{name}", f"/{name}", lambda: os.path.getsize(local),
+                             replace, a, b, tmp_path)
+
+
+def test_load_file_and_safe_open_see_a_replaced_object(env, bucket, tmp_path):
+    url = f"s3://{bucket}/files-{uuid.uuid4().hex[:8]}.keepsake"
+    one = {"w": torch.full((64, 64), 1.0), "b": torch.arange(64)}
+    two = {"w": torch.full((64, 64), 2.0), "b": torch.arange(64) * 2}
+    direct(env)
+    kt.save_file(one, url)
+    cache = tmp_path / "cache"
+    got = kt.load_file(url, cache_dir=cache)
+    assert torch.equal(got["w"], one["w"])
+    with keepsake.safe_open(url, framework="pt", cache_dir=cache) as f:
+        assert torch.equal(f.get_tensor("b"), one["b"])
+    size = s3_size(bucket, url)
+    kt.save_file(two, url)
+    assert s3_size(bucket, url) == size
+    got = kt.load_file(url, cache_dir=cache)
+    assert torch.equal(got["w"], two["w"]) and torch.equal(got["b"], two["b"])
+    with keepsake.safe_open(url, framework="pt", cache_dir=cache) as f:
+        assert torch.equal(f.get_tensor("w"), two["w"]) and torch.equal(f.get_tensor("b"), two["b"])

@@ -172,3 +172,77 @@ def test_docs_remote_example_runs(bucket, served, tmp_path, monkeypatch, capsys)
         keepsake.verify(u)
     with pytest.raises(keepsake.KeepsakeError):  # keep_last=2 deleted the older objects
         keepsake.verify(f"s3://{bucket}/runs/docs/managed/ep0-ba4.keepsake")
+
+
+# ---- the run directory lock on S3: a lease object written with conditional writes ----
+
+def test_second_manager_on_one_prefix_is_refused_naming_the_holder(bucket):
+    run = f"s3://{bucket}/locked-{uuid.uuid4().hex[:8]}"
+    first = keepsake.CheckpointManager(run, model=torch.nn.Linear(2, 2), preemption_signals=())
+    try:
+        with pytest.raises(keepsake.LockedError) as ei:
+            keepsake.CheckpointManager(run, model=torch.nn.Linear(2, 2), preemption_signals=())
+        assert f"pid {os.getpid()} on host " in str(ei.value)
+    finally:
+        first.close()
+    # released on close: another takes it
+    with keepsake.CheckpointManager(run, model=torch.nn.Linear(2, 2), preemption_signals=()):
+        pass
+
+
+def test_killed_holders_lease_is_taken_over(bucket):
+    import subprocess
+    import textwrap
+    run = f"s3://{bucket}/killed-{uuid.uuid4().hex[:8]}"
+    holder = textwrap.dedent(f"""
+        import os, sys, torch, keepsake
+        m = keepsake.CheckpointManager({run!r}, model=torch.nn.Linear(2, 2), preemption_signals=())
+        print("holding", flush=True)
+        sys.stdin.read()  # until killed
+    """)
+    p = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=os.environ)
+    try:
+        assert p.stdout.readline().strip() == b"holding"
+        with pytest.raises(keepsake.LockedError, match=f"pid {p.pid} on host"):
+            keepsake.CheckpointManager(run, model=torch.nn.Linear(2, 2), preemption_signals=())
+    finally:
+        p.kill()
+        p.wait()
+    # its lease would live a minute more without renewal; a holder of this machine that is gone is known dead
+    with keepsake.CheckpointManager(run, model=torch.nn.Linear(2, 2), preemption_signals=()):
+        pass
+
+
+def test_expired_lease_of_another_machine_is_taken_over(bucket):
+    import json
+    import time
+    prefix = f"expired-{uuid.uuid4().hex[:8]}"
+    lease = {"owner": "pid 4242 on host elsewhere since 2020-01-01T00:00:00Z", "host": "elsewhere", "pid": 4242,
+             "ttl_ms": 1000}
+    rc, status, _ = remote_env.s3("PUT", f"{bucket}/{prefix}/.keepsake.lock", data=json.dumps(lease).encode())
+    assert rc == 0 and status == 200
+    run = f"s3://{bucket}/{prefix}"
+    with pytest.raises(keepsake.LockedError, match="pid 4242 on host elsewhere"):
+        keepsake.CheckpointManager(run, model=torch.nn.Linear(2, 2), preemption_signals=())
+    time.sleep(3.2)  # its second to live, a second for the server's clock, and some
+    with keepsake.CheckpointManager(run, model=torch.nn.Linear(2, 2), preemption_signals=()):
+        rc, status, body = remote_env.s3("GET", f"{bucket}/{prefix}/.keepsake.lock")
+        assert status == 200 and json.loads(body)["pid"] == os.getpid()
+
+
+# ---- failures name the s3:// object and the endpoint ----
+
+def test_unreachable_endpoint_is_named_in_the_error(bucket, monkeypatch):
+    import socket
+    with socket.socket() as s:  # a port of 127.0.0.1 nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    with pytest.raises(keepsake.KeepsakeError) as ei:
+        kt.save_file({"w": torch.ones(3)}, f"s3://{bucket}/gone/w.keepsake")
+    msg = str(ei.value)
+    assert "cannot rename into place" in msg and f"s3://{bucket}/gone/w.keepsake" in msg and endpoint in msg, msg
+    with pytest.raises(keepsake.KeepsakeError) as ei:
+        keepsake.CheckpointManager(f"s3://{bucket}/gone", model=torch.nn.Linear(2, 2), preemption_signals=())
+    assert f"s3://{bucket}/gone" in str(ei.value) and endpoint in str(ei.value), str(ei.value)

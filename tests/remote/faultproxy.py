@@ -19,8 +19,8 @@ Everything listens on and connects to 127.0.0.1 only. The control API (on its ow
 A rule (only "action" is required):
 
     {"target": "s3"|"http"|"any", "method": "PUT", "path_re": "regex", "query_re": "regex",
-     "action": "status"|"stall"|"truncate"|"drop", "status": 503, "stall_ms": 2000,
-     "after_bytes": 1000, "phase": "request"|"response", "times": N, "skip": K}
+     "action": "status"|"stall"|"truncate"|"drop"|"strip", "status": 503, "stall_ms": 2000,
+     "after_bytes": 1000, "phase": "request"|"response", "times": N, "skip": K, "headers": ["If-Match"]}
 
   - target: which front it applies to (default "any"); method: exact, case-insensitive (default any);
     path_re / query_re: re.search on the request path / query string (default: match all).
@@ -38,6 +38,8 @@ A rule (only "action" is required):
   - drop: request phase: reads `after_bytes` (default 0) of the request body, then closes the client
     connection without forwarding or answering. Response phase: sends the response headers and
     `after_bytes` (default 0) body bytes, then closes.
+  - strip: forwards the request without the request headers named in `headers` (case-insensitive),
+    as a store that ignores them would see it (e.g. S3 conditional writes: If-None-Match, If-Match).
 """
 
 import argparse
@@ -65,8 +67,11 @@ class Rule:
         self.path_re = re.compile(spec.get("path_re") or "")
         self.query_re = re.compile(spec.get("query_re") or "")
         self.action = spec.get("action")
-        if self.action not in ("status", "stall", "truncate", "drop"):
-            raise ValueError("action must be status, stall, truncate or drop")
+        if self.action not in ("status", "stall", "truncate", "drop", "strip"):
+            raise ValueError("action must be status, stall, truncate, drop or strip")
+        self.headers = [h.lower() for h in spec.get("headers", [])]
+        if self.action == "strip" and (not self.headers or not all(isinstance(h, str) for h in self.headers)):
+            raise ValueError("strip needs a list of header names")
         self.phase = spec.get("phase")
         if self.phase not in (None, "request", "response"):
             raise ValueError("phase must be request or response")
@@ -290,6 +295,10 @@ class FrontHandler(socketserver.StreamRequestHandler):
         has_body = body.chunked or (body.length() or 0) > 0
         rule = srv.state.pick(srv.target, method, path, query)
         phase = None
+        if rule is not None and rule.action == "strip":
+            headers = without(headers, *rule.headers)
+            entry["fault"] = "strip"
+            rule = None
         if rule is not None:
             phase = rule.phase or ("request" if has_body else "response")
             entry["fault"] = rule.action + "/" + phase

@@ -397,8 +397,9 @@ static void manager_keep_latest_autoresume(void **state) {
   assert_int_equal(ks_ckpt_manager_wait(m, &e), KS_OK);
   names l = {0};
   assert_int_equal(io->list_fn(io->ctx, "run", "", collect, &l), 0);
-  assert_int_equal(l.n, 3); /* keep 2, plus the pointer */
+  assert_int_equal(l.n, 4); /* keep 2, plus the pointer and the manager's lock (a lease object, as on disk) */
   assert_true(has(&l, "ba40.keepsake") && has(&l, "ba50.keepsake") && has(&l, "latest"));
+  assert_true(has(&l, ".keepsake.lock"));
   latest_is(io, "ba50.keepsake");
   ks_ckpt_manager_free(m);
   ks_state_free(p.st);

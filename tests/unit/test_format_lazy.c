@@ -399,6 +399,79 @@ static void test_cache_forgets_replaced_files(void **state) {
 }
 
 /* Every allocation of the cache and the reader fails in turn: an error or success, never a leak. */
+/* A store whose files carry a validator (as an HTTP ETag): what validator_fn reports, set by the test. */
+static char g_validator[64];
+static int g_detail_calls;
+
+static int test_validator(void *ctx, int fd, char *buf, size_t cap) {
+  (void)ctx;
+  (void)fd;
+  if (!g_validator[0]) return ENOTSUP;
+  snprintf(buf, cap, "%s", g_validator);
+  return 0;
+}
+
+static size_t test_detail(void *ctx, int rc, char *buf, size_t cap) {
+  (void)ctx;
+  g_detail_calls++;
+  return (size_t)snprintf(buf, cap, "store says %d", rc);
+}
+
+/* A file replaced behind the cache (not through it) by one of the same size: the cache tells them apart by
+ * the validator open_fn's handle reports, never by path and size alone, and drops the old version's pieces. */
+static void test_cache_keys_pieces_by_validator(void **state) {
+  fixture *fx = *state;
+  char *cdir = ks_test_path(fx->dir, "cache-validator"), *p = ks_test_path(fx->dir, "validated.keepsake");
+  ks_io store = *ks_test_io_nosync(), *cache;
+  store.validator_fn = test_validator;
+  store.detail_fn = test_detail;
+  assert_int_equal(ks_io_cache_create(&store, cdir, NULL, &cache, NULL), KS_OK);
+  ks_statedict *one = fmt_small_dict(1), *two = fmt_small_dict(2);
+  ks_save_opts so = {.io = ks_test_io_nosync()}; /* another writer: not through the cache */
+  float w[6];
+  ks_error e;
+  char v[64];
+  snprintf(g_validator, sizeof g_validator, "\"etag-1\"");
+  assert_int_equal(ks_save(p, one, NULL, &so, &e), KS_OK);
+  ks_reader *r = open_lazy(p, cache);
+  uint64_t size1 = ks_reader_file_size(r);
+  assert_int_equal(ks_reader_fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
+  ks_reader_free(r);
+  int h;
+  uint64_t size;
+  assert_int_equal(cache->open_fn(cache->ctx, p, &h, &size), 0);
+  assert_int_equal(cache->validator_fn(cache->ctx, h, v, sizeof v), 0); /* passed on from the store */
+  assert_string_equal(v, "\"etag-1\"");
+  assert_int_equal(cache->close_fn(cache->ctx, h), 0);
+  assert_int_equal(ks_save(p, two, NULL, &so, &e), KS_OK);
+  r = open_lazy(p, cache);
+  assert_int_equal(ks_reader_file_size(r), size1);
+  assert_int_equal(ks_reader_fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
+  assert_memory_equal(w, ks_statedict_tensor(one, "model/w")->data, sizeof w); /* same validator: the pieces */
+  ks_reader_free(r);
+  snprintf(g_validator, sizeof g_validator, "\"etag-2\""); /* the store says the content changed */
+  r = open_lazy(p, cache);
+  assert_int_equal(ks_reader_fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
+  assert_memory_equal(w, ks_statedict_tensor(two, "model/w")->data, sizeof w);
+  ks_reader_free(r);
+  assert_int_equal(ks_test_dir_entries(cdir), 1); /* the old version's folder is gone */
+  /* the store's account of a failure reaches the library's messages through the cache */
+  g_detail_calls = 0;
+  char *missing = ks_test_path(fx->dir, "no-such.keepsake");
+  ks_read_opts ro = {.mode = KS_READ_LAZY, .io = cache};
+  assert_int_equal(ks_reader_open(missing, &ro, &r, &e), KS_E_IO);
+  assert_non_null(strstr(e.message, "(store says 2)"));
+  assert_true(g_detail_calls > 0);
+  g_validator[0] = '\0';
+  free(missing);
+  ks_statedict_free(one);
+  ks_statedict_free(two);
+  ks_io_cache_free(cache);
+  ks_test_rmtree(cdir);
+  free(cdir);
+  free(p);
+}
+
 static void test_cache_alloc_failure_sweep(void **state) {
   fixture *fx = *state;
   char *cdir = ks_test_path(fx->dir, "cache4");
@@ -875,6 +948,7 @@ int main(void) {
       cmocka_unit_test(test_cache_downloads_once),
       cmocka_unit_test(test_cache_rejects_damaged_pieces),
       cmocka_unit_test(test_cache_forgets_replaced_files),
+      cmocka_unit_test(test_cache_keys_pieces_by_validator),
       cmocka_unit_test(test_cache_alloc_failure_sweep),
       cmocka_unit_test(test_cache_assembles_adjacent_pieces),
       cmocka_unit_test(test_cache_reads_only_gaps),

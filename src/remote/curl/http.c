@@ -39,6 +39,71 @@ ks_status ks__curl_init_once(ks_error *err) {
   return curl_init_rc == CURLE_OK ? KS_OK : ks__err(err, KS_E_NET, "libcurl could not be initialised");
 }
 
+/* ---- per-thread notes: what detail_fn tells a thread about its own last failure ---- */
+
+/* This thread's note, or NULL; call with the lock held. */
+static ks__note *own_note(ks__remote *r) {
+  pthread_t self = pthread_self();
+  for (size_t i = 0; i < KS__NOTES; i++)
+    if (r->notes[i].seq && pthread_equal(r->notes[i].tid, self)) return &r->notes[i];
+  return NULL;
+}
+
+/* This thread's note, else a free one or the oldest, made this thread's; call with the lock held. */
+static ks__note *take_note(ks__remote *r) {
+  ks__note *n = own_note(r);
+  if (!n) {
+    n = &r->notes[0];
+    for (size_t i = 1; i < KS__NOTES; i++) /* a free one has seq 0: the smallest */
+      if (r->notes[i].seq < n->seq) n = &r->notes[i];
+  }
+  n->tid = pthread_self();
+  n->seq = ++r->note_seq;
+  return n;
+}
+
+static void note(ks__remote *r, int e, const char *text) {
+  pthread_mutex_lock(&r->lock);
+  ks__note *n = take_note(r);
+  n->e = e;
+  snprintf(n->text, sizeof n->text, "%s", text);
+  pthread_mutex_unlock(&r->lock);
+}
+
+void ks__note_clear(ks__remote *r) {
+  pthread_mutex_lock(&r->lock);
+  ks__note *n = own_note(r);
+  if (n) n->seq = 0;
+  pthread_mutex_unlock(&r->lock);
+}
+
+void ks__note_get(ks__remote *r, ks__note *out) {
+  pthread_mutex_lock(&r->lock);
+  ks__note *n = own_note(r);
+  if (n) *out = *n;
+  else out->seq = 0;
+  pthread_mutex_unlock(&r->lock);
+}
+
+void ks__note_put(ks__remote *r, const ks__note *src) {
+  if (!src->seq) return;
+  note(r, src->e, src->text);
+}
+
+size_t ks__remote_detail_fn(void *ctx, int rc, char *buf, size_t cap) {
+  ks__remote *r = ctx;
+  size_t len = 0;
+  if (buf && cap) buf[0] = '\0';
+  pthread_mutex_lock(&r->lock);
+  ks__note *n = own_note(r);
+  if (n && (n->e == 0 || n->e == rc)) { /* another errno: the failure came from elsewhere (no request) */
+    len = strlen(n->text);
+    if (buf && cap) snprintf(buf, cap, "%s", n->text);
+  }
+  pthread_mutex_unlock(&r->lock);
+  return len;
+}
+
 static void record(ks__remote *r, ks_status cls, const char *fmt, va_list ap) {
   char msg[sizeof r->last_err];
   vsnprintf(msg, sizeof msg, fmt, ap);
@@ -46,6 +111,7 @@ static void record(ks__remote *r, ks_status cls, const char *fmt, va_list ap) {
   memcpy(r->last_err, msg, sizeof msg);
   r->last_status = cls;
   pthread_mutex_unlock(&r->lock);
+  note(r, 0, msg);
 }
 
 void ks__remote_fail(ks__remote *r, const char *fmt, ...) {
@@ -223,7 +289,7 @@ static size_t on_header(char *d, size_t sz, size_t nm, void *ctx) {
   if (n > 5 && !strncmp(d, "HTTP/", 5)) { /* a new response (after 100 Continue or a redirect) */
     p->status = strtol(memchr(d, ' ', n) ? (char *)memchr(d, ' ', n) + 1 : d, NULL, 10);
     p->has_length = p->has_range_total = p->has_range_span = p->pointer = 0;
-    p->etag[0] = '\0';
+    p->etag[0] = p->last_modified[0] = p->date[0] = '\0';
   } else if (hdr_is(d, n, "Content-Length", &v, &vl)) {
     p->content_length = parse_u64(v, vl, &ok);
     p->has_length = ok;
@@ -234,6 +300,10 @@ static size_t on_header(char *d, size_t sz, size_t nm, void *ctx) {
     parse_span(p, v, slash ? (size_t)(slash - v) : vl);
   } else if (hdr_is(d, n, "ETag", &v, &vl)) {
     snprintf(p->etag, sizeof p->etag, "%.*s", (int)vl, v);
+  } else if (hdr_is(d, n, "Last-Modified", &v, &vl)) {
+    snprintf(p->last_modified, sizeof p->last_modified, "%.*s", (int)vl, v);
+  } else if (hdr_is(d, n, "Date", &v, &vl)) {
+    snprintf(p->date, sizeof p->date, "%.*s", (int)vl, v);
   } else if (hdr_is(d, n, "x-amz-meta-keepsake-pointer", &v, &vl)) {
     p->pointer = 1;
   }
@@ -392,7 +462,7 @@ static CURLcode attempt_once(ks__remote *r, CURL *h, const ks__req *q, ks__resp 
   p->status = 0;
   p->len = p->dst_len = 0;
   p->overflow = p->has_length = p->has_range_total = p->has_range_span = p->pointer = 0;
-  p->etag[0] = ebuf[0] = '\0';
+  p->etag[0] = p->last_modified[0] = p->date[0] = ebuf[0] = '\0';
   curl_easy_reset(h);
   set_common(r, h, q, p, hdrs, ebuf, left_ms);
   set_method(h, q, &u);
@@ -420,9 +490,48 @@ static int transfer_failure(const ks__resp *p, CURLcode c, const char *ebuf, cha
   return errno_of_curl(c);
 }
 
-/* Records the failure of q (unless a quiet 404) and returns its errno. */
+/* Appends s[0..n) to out, %XX sequences decoded (a key as S3 names it). */
+static void put_decoded(char *out, size_t cap, const char *s, size_t n) {
+  size_t o = strlen(out);
+  for (size_t i = 0; i < n && o + 1 < cap; i++) {
+    unsigned hi, lo;
+    if (s[i] == '%' && i + 2 < n && sscanf(s + i + 1, "%1x%1x", &hi, &lo) == 2 && (hi || lo)) {
+      out[o++] = (char)(hi << 4 | lo);
+      i += 2;
+    } else {
+      out[o++] = s[i];
+    }
+  }
+  out[o] = '\0';
+}
+
+/* What a request was about, for this thread's note: "s3://bucket/key at endpoint E" (a listing names
+ * its prefix), or the URL itself for HTTP. */
+static void object_of(const ks__remote *r, const char *url, char *out, size_t cap) {
+  size_t bl = r->base ? strlen(r->base) : 0;
+  if (!r->s3 || !bl || strncmp(url, r->base, bl) || url[bl] != '/') {
+    snprintf(out, cap, "%s", url);
+    return;
+  }
+  const char *key = url + bl + 1, *query = strchr(key, '?'), *pre = query ? strstr(query, "prefix=") : NULL;
+  snprintf(out, cap, "s3://%s/", r->bucket);
+  if (query == key && pre) put_decoded(out, cap, pre + 7, strcspn(pre + 7, "&"));
+  else put_decoded(out, cap, key, query ? (size_t)(query - key) : strlen(key));
+  size_t o = strlen(out);
+  snprintf(out + o, cap - o, " at endpoint %s", r->endpoint ? r->endpoint : r->base);
+}
+
+/* snprintf whose output is cut to fit on purpose (a message: its start is what matters). */
+static void KS__PRINTF(3, 4) fit(char *buf, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, cap, fmt, ap);
+  va_end(ap);
+}
+
+/* Records the failure of q (unless its answer is a quiet one) and returns its errno. */
 static int fail_request(ks__remote *r, const ks__req *q, const ks__resp *p, CURLcode c, const char *ebuf,
-                        unsigned tries, int expired, int quiet_404) {
+                        unsigned tries, int expired, unsigned quiet) {
   char what[700], last[720] = "";
   ks_status cls = KS_E_IO;
   int e;
@@ -438,16 +547,26 @@ static int fail_request(ks__remote *r, const ks__req *q, const ks__resp *p, CURL
     cls = KS_E_NET;
     e = ETIMEDOUT;
   }
-  if (!(quiet_404 && e == ENOENT))
-    ks__remote_fail_as(r, cls, "%s %s: %s%s%.0u%s%s", q->method, q->url, what, tries ? " after " : "", tries,
-                       tries ? (tries == 1 ? " retry" : " retries") : "", last);
+  if ((quiet & KS__QUIET_404 && e == ENOENT) || (quiet & KS__QUIET_412 && e == EEXIST)) return e;
+  char retries[40] = "", obj[512], text[sizeof r->notes[0].text];
+  if (tries) snprintf(retries, sizeof retries, " after %u %s", tries, tries == 1 ? "retry" : "retries");
+  if (!(quiet & KS__QUIET_ALL)) {
+    pthread_mutex_lock(&r->lock);
+    fit(r->last_err, sizeof r->last_err, "%s %s: %s%s%s", q->method, q->url, what, retries, last);
+    r->last_status = cls;
+    pthread_mutex_unlock(&r->lock);
+  }
+  object_of(r, q->url, obj, sizeof obj);
+  fit(text, sizeof text, "%s %s: %s%s%s", q->method, obj, what, retries, last);
+  note(r, e, text);
   return e;
 }
 
-int ks__http_do(ks__remote *r, const ks__req *q, ks__resp *p, int quiet_404) {
+int ks__http_do(ks__remote *r, const ks__req *q, ks__resp *p, unsigned quiet) {
   *p = (ks__resp){.alloc = &r->alloc, .max = q->max_body ? q->max_body : KS__ERR_BODY_MAX, .dst = q->dst,
                   .dst_cap = q->dst_cap, .nobody = !strcmp(q->method, "HEAD")};
   uint64_t dl = q->deadline ? q->deadline : ks__remote_deadline(r);
+  ks__note_clear(r); /* what this thread is told about a failure is about this request */
   CURL *h = handle_get(r);
   struct curl_slist *hdrs = build_headers(r, q);
   if (!h || !hdrs) {
@@ -478,13 +597,14 @@ int ks__http_do(ks__remote *r, const ks__req *q, ks__resp *p, int quiet_404) {
   curl_slist_free_all(hdrs);
   handle_put(r, h);
   if (!expired && c == CURLE_OK && p->status / 100 == 2) return 0;
-  return fail_request(r, q, p, c, ebuf, tries, expired, quiet_404);
+  return fail_request(r, q, p, c, ebuf, tries, expired, quiet | q->quiet);
 }
 
 typedef struct par {
   pthread_mutex_t lock;
   size_t next, n;
   int rc;
+  pthread_t failed; /* the thread whose job failed first (rc) */
   int (*job)(void *, size_t);
   void *ctx;
 } par;
@@ -499,7 +619,10 @@ static void *worker(void *arg) {
     int rc = w->job(w->ctx, i);
     if (rc) {
       pthread_mutex_lock(&w->lock);
-      if (!w->rc) w->rc = rc;
+      if (!w->rc) {
+        w->rc = rc;
+        w->failed = pthread_self();
+      }
       pthread_mutex_unlock(&w->lock);
     }
   }
@@ -516,5 +639,31 @@ int ks__remote_parallel(ks__remote *r, size_t n, int (*job)(void *ctx, size_t i)
   worker(&w);
   for (size_t i = 0; i < started; i++) pthread_join(t[i], NULL);
   pthread_mutex_destroy(&w.lock);
+  if (w.rc && !pthread_equal(w.failed, pthread_self())) { /* the caller is told what failed on a worker */
+    ks__note copy;
+    pthread_mutex_lock(&r->lock);
+    ks__note *f = NULL;
+    for (size_t i = 0; i < KS__NOTES && !f; i++)
+      if (r->notes[i].seq && pthread_equal(r->notes[i].tid, w.failed)) f = &r->notes[i];
+    copy = f ? *f : (ks__note){0};
+    pthread_mutex_unlock(&r->lock);
+    ks__note_put(r, &copy);
+  }
   return w.rc;
+}
+
+/* "Sun, 06 Nov 1994 08:49:37 GMT" (RFC 9110's IMF-fixdate, the one S3 and nginx send). */
+int64_t ks__http_date(const char *s) {
+  static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+  char mon[4] = "";
+  int d, y, hh, mm, ss;
+  if (!s || sscanf(s, "%*3s, %2d %3s %4d %2d:%2d:%2d GMT", &d, mon, &y, &hh, &mm, &ss) != 6) return -1;
+  const char *at = strstr(months, mon);
+  if (!at || (at - months) % 3 || d < 1 || d > 31 || y < 1970 || hh > 23 || mm > 59 || ss > 60) return -1;
+  int m = (int)(at - months) / 3 + 1;
+  /* days from 1970-01-01 of a civil date (Howard Hinnant's algorithm) */
+  int yy = y - (m <= 2), era = yy / 400, yoe = yy - era * 400;
+  int doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1, doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  int64_t days = (int64_t)era * 146097 + doe - 719468;
+  return days * 86400 + hh * 3600 + mm * 60 + ss;
 }

@@ -13,27 +13,26 @@ static int size_cap(ks__remote *r, const char *url, uint64_t size) {
   return EFBIG;
 }
 
-/* The size from HEAD; a server that sends none is asked for byte 0 (Content-Range: bytes 0-0/total). */
-static int probe_size(ks__remote *r, const char *url, uint64_t *size) {
+/* The size from HEAD; a server that sends none is asked for byte 0 (Content-Range: bytes 0-0/total).
+ * *p keeps the answer that gave it (its ETag and Last-Modified: the validator); the caller frees it. */
+static int probe_size(ks__remote *r, const char *url, uint64_t *size, ks__resp *p) {
   uint64_t dl = ks__remote_deadline(r); /* one deadline for the HEAD and the GET after it */
   ks__req q = {.method = "HEAD", .url = url, .deadline = dl};
-  ks__resp p;
-  int rc = ks__http_do(r, &q, &p, 0);
-  int have = !rc && p.has_length;
-  *size = p.content_length;
-  ks__resp_free(&p);
+  int rc = ks__http_do(r, &q, p, 0);
+  int have = !rc && p->has_length;
+  *size = p->content_length;
   if (rc || have) return rc ? rc : size_cap(r, url, *size);
+  ks__resp_free(p);
   uint8_t byte;
   const char *h[] = {"Range: bytes=0-0"};
   ks__req g = {.method = "GET", .url = url, .headers = h, .n_headers = 1, .dst = &byte, .dst_cap = 1,
                .deadline = dl};
-  rc = ks__http_do(r, &g, &p, 0);
-  if (!rc && !p.has_range_total) {
+  rc = ks__http_do(r, &g, p, 0);
+  if (!rc && !p->has_range_total) {
     ks__remote_fail(r, "GET %s: the server gives neither Content-Length nor Content-Range", url);
     rc = ENOTSUP;
   }
-  *size = p.range_total;
-  ks__resp_free(&p);
+  *size = p->range_total;
   return rc ? rc : size_cap(r, url, *size);
 }
 
@@ -41,12 +40,12 @@ static int http_open(void *ctx, const char *path, int *fd, uint64_t *size) {
   ks__remote *r = ctx;
   char *url = ks__strdup(&r->alloc, path);
   if (!url) return ENOMEM;
-  int rc = probe_size(r, url, size);
-  if (rc) {
-    ks__free(&r->alloc, url);
-    return rc;
-  }
-  return ks__remote_open_url(r, url, *size, fd);
+  ks__resp p;
+  int rc = probe_size(r, url, size, &p);
+  if (!rc) rc = ks__remote_open_url(r, url, *size, &p, fd); /* takes url */
+  else ks__free(&r->alloc, url);
+  ks__resp_free(&p);
+  return rc;
 }
 
 static int http_close(void *ctx, int fd) {
@@ -56,7 +55,9 @@ static int http_close(void *ctx, int fd) {
 
 static int http_stat(void *ctx, const char *path, ks_io_stat *st) {
   uint64_t size;
-  int rc = probe_size(ctx, path, &size);
+  ks__resp p;
+  int rc = probe_size(ctx, path, &size, &p);
+  ks__resp_free(&p);
   if (!rc) *st = (ks_io_stat){KS_IO_FILE, size};
   return rc;
 }
@@ -90,6 +91,7 @@ ks_status ks__http_open(ks_storage *st, const char *url, const ks_storage_opts *
                    .fsync_fn = ro_fd, .close_fn = http_close, .rename_fn = ro_two, .unlink_fn = ro_one,
                    .fsync_dir_fn = ro_one, .open_fn = http_open, .read_fn = ks__remote_read_fn,
                    .stat_fn = http_stat, .list_fn = no_list, .mkdir_fn = ro_one, .symlink_fn = ro_two,
-                   .readlink_fn = no_link, .caps = KS_IO_CAP_READ_ONLY};
+                   .readlink_fn = no_link, .caps = KS_IO_CAP_READ_ONLY,
+                   .validator_fn = ks__remote_validator_fn, .detail_fn = ks__remote_detail_fn};
   return KS_OK;
 }

@@ -111,6 +111,8 @@ static void abort_upload(ks__remote *r, const char *url, const char *id_enc) {
   char saved[sizeof r->last_err];
   ks_status cls = ks__remote_last_status(r, saved, sizeof saved); /* kept: a deadline stays KS_E_NET */
   if (cls == KS_OK) cls = KS_E_IO;
+  ks__note first; /* what this thread is told: the failure, not the abort's own request */
+  ks__note_get(r, &first);
   size_t ul = strlen(url) + strlen(id_enc) + 16;
   char *u = ks__malloc(&r->alloc, ul);
   if (u) {
@@ -123,6 +125,7 @@ static void abort_upload(ks__remote *r, const char *url, const char *id_enc) {
     else ks__remote_fail_as(r, cls, "%s (multipart upload aborted)", saved);
     ks__free(&r->alloc, u);
   }
+  ks__note_put(r, &first);
 }
 
 int ks__s3_multipart(ks__remote *r, const char *url, const uint8_t *data, size_t len) {

@@ -19,6 +19,8 @@
 #define DEFAULT_LIST_PAGES ((uint64_t)10000)   /* 10^7 keys at S3's 1000 a page */
 #define DEFAULT_LIST_KEYS ((uint64_t)1000000)  /* far more checkpoints than a run directory holds */
 #define DEFAULT_LIST_BYTES ((uint64_t)1 << 30) /* 1 GiB of XML (about 3M keys) */
+#define DEFAULT_LOCK_TTL_MS 60000L             /* a lease without renewal: a dead holder's ends after a minute */
+#define LOCK_TTL_MIN_MS 1000L                  /* the server's clock counts whole seconds */
 
 int ks__s3_key(ks__remote *r, const char *path, char **key) {
   (void)r;
@@ -151,9 +153,14 @@ static int copy_object(ks__remote *r, const char *from, const char *to) {
 
 static int s3_rename(void *ctx, const char *from, const char *to) {
   ks__remote *r = ctx;
-  ks__slot *s = ks__slot_take_staged(r, from, 1);
+  int rc = ks__lease_check(r, to); /* a manager that lost its run directory's lock writes nothing more there */
+  ks__slot *s = rc ? NULL : ks__slot_take_staged(r, from, 1);
+  if (rc) {
+    ks__slot_free(r, ks__slot_take_staged(r, from, 1)); /* gone, as after any failed rename */
+    return rc;
+  }
   if (!s) return is_staging_name(from) ? ENOENT : copy_object(r, from, to);
-  int rc = s3_upload(r, to, s->buf, s->len, s->is_link);
+  rc = s3_upload(r, to, s->buf, s->len, s->is_link);
   ks__slot_free(r, s); /* uploaded or failed: the temporary file is gone either way, as after a failed rename */
   return rc;
 }
@@ -219,6 +226,7 @@ static KS_NODISCARD ks_status make_base(ks__remote *r, const ks_storage_opts *o,
     return ks__err(err, KS_E_INVALID, "S3 endpoint '%s': expected http://host[:port] or https://...", ep);
   size_t el = strlen(ep);
   while (el && ep[el - 1] == '/') el--;
+  if (!(r->endpoint = ks__strndup(&r->alloc, ep, el))) return ks__err(err, KS_E_NOMEM, "out of memory");
   size_t n = el + strlen(r->bucket) + 4;
   if (!(r->base = ks__malloc(&r->alloc, n))) return ks__err(err, KS_E_NOMEM, "out of memory");
   if (path_style) snprintf(r->base, n, "%.*s/%s", (int)el, ep, r->bucket);
@@ -267,6 +275,9 @@ ks_status ks__remote_new(ks_storage *st, const ks_storage_opts *o, int s3, ks_er
   r->list_pages = o->list_max_pages ? o->list_max_pages : DEFAULT_LIST_PAGES;
   r->list_keys = o->list_max_keys ? o->list_max_keys : DEFAULT_LIST_KEYS;
   r->list_bytes = o->list_max_bytes ? o->list_max_bytes : DEFAULT_LIST_BYTES;
+  r->lock_ttl_ms = o->lock_ttl_ms == 0 ? DEFAULT_LOCK_TTL_MS : o->lock_ttl_ms < 0 ? -1 : o->lock_ttl_ms;
+  if (r->lock_ttl_ms > 0 && r->lock_ttl_ms < LOCK_TTL_MIN_MS) r->lock_ttl_ms = LOCK_TTL_MIN_MS;
+  if (r->lock_ttl_ms > DEADLINE_MAX_MS) r->lock_ttl_ms = DEADLINE_MAX_MS;
   st->remote = r;
   return KS_OK;
 }
@@ -285,16 +296,24 @@ ks_status ks__s3_open(ks_storage *st, const char *rest, const ks_storage_opts *o
                    .fsync_fn = s3_fsync, .close_fn = s3_close, .rename_fn = s3_rename, .unlink_fn = s3_unlink,
                    .fsync_dir_fn = s3_nothing, .open_fn = ks__s3_open_fn, .read_fn = ks__remote_read_fn,
                    .stat_fn = ks__s3_stat_fn, .list_fn = ks__s3_list_fn, .mkdir_fn = s3_nothing,
-                   .symlink_fn = s3_symlink, .readlink_fn = ks__s3_readlink_fn};
+                   .symlink_fn = s3_symlink, .readlink_fn = ks__s3_readlink_fn,
+                   .validator_fn = ks__remote_validator_fn, .detail_fn = ks__remote_detail_fn};
+  if (r->lock_ttl_ms > 0) { /* a lease object written with S3's conditional writes (lease.c) */
+    st->io.caps |= KS_IO_CAP_LOCK;
+    st->io.lock_fn = ks__s3_lock_fn;
+    st->io.unlock_fn = ks__s3_unlock_fn;
+  }
   return KS_OK;
 }
 
 void ks__remote_free(ks__remote *r) {
   if (!r) return;
+  ks__leases_free(r);
   for (size_t i = 0; i < r->nslots; i++) ks__slot_free(r, r->slots[i]);
   for (size_t i = 0; i < r->npool; i++) curl_easy_cleanup(r->pool[i]);
   ks__free(&r->alloc, r->slots);
   ks__free(&r->alloc, r->base);
+  ks__free(&r->alloc, r->endpoint);
   ks__free(&r->alloc, r->bucket);
   ks__free(&r->alloc, r->prefix);
   if (r->userpwd) memset(r->userpwd, 0, strlen(r->userpwd)); /* the secret does not outlive its use */

@@ -6,7 +6,20 @@
 #include "remote/curl/curl_internal.h"
 
 
-int ks__remote_open_url(ks__remote *r, char *url, uint64_t size, int *fd) {
+/* The validator of an answer: its ETag, else its Last-Modified; *strong when it is a strong ETag. */
+static void validator_of(const ks__resp *p, char *out, size_t cap, int *strong) {
+  *strong = 0;
+  out[0] = '\0';
+  if (!p) return;
+  if (p->etag[0] && strlen(p->etag) < cap) {
+    snprintf(out, cap, "%s", p->etag);
+    *strong = strncmp(p->etag, "W/", 2) != 0;
+  } else if (p->last_modified[0] && strlen(p->last_modified) < cap) {
+    snprintf(out, cap, "%s", p->last_modified);
+  }
+}
+
+int ks__remote_open_url(ks__remote *r, char *url, uint64_t size, const ks__resp *p, int *fd) {
   ks__slot *s;
   int rc = ks__slot_new(r, fd, &s);
   if (rc) {
@@ -16,11 +29,22 @@ int ks__remote_open_url(ks__remote *r, char *url, uint64_t size, int *fd) {
   s->reading = 1;
   s->path = url;
   s->size = size;
+  validator_of(p, s->validator, sizeof s->validator, &s->strong_etag);
+  return 0;
+}
+
+int ks__remote_validator_fn(void *ctx, int fd, char *buf, size_t cap) {
+  ks__remote *r = ctx;
+  ks__slot *s = ks__slot_get(r, fd);
+  if (!s || !s->reading) return EBADF;
+  if (!s->validator[0]) return ENOTSUP;
+  if (!buf || strlen(s->validator) >= cap) return ENAMETOOLONG;
+  snprintf(buf, cap, "%s", s->validator);
   return 0;
 }
 
 /* HEAD of url: 0 with *p filled (the caller frees it), or an errno value. dl: the operation's deadline (0: now). */
-static int head(ks__remote *r, const char *url, ks__resp *p, int quiet, uint64_t dl) {
+static int head(ks__remote *r, const char *url, ks__resp *p, unsigned quiet, uint64_t dl) {
   ks__req q = {.method = "HEAD", .url = url, .deadline = dl};
   return ks__http_do(r, &q, p, quiet);
 }
@@ -108,30 +132,38 @@ int ks__s3_open_fn(void *ctx, const char *path, int *fd, uint64_t *size) {
   ks__resp p;
   int rc = head_following(r, path, &url, &p);
   if (!rc) rc = object_size(r, url, &p, size);
+  if (!rc) rc = ks__remote_open_url(r, url, *size, &p, fd); /* takes url */
+  else ks__free(&r->alloc, url);
   ks__resp_free(&p);
-  if (rc) {
-    ks__free(&r->alloc, url);
-    return rc;
-  }
-  return ks__remote_open_url(r, url, *size, fd);
+  return rc;
 }
 
 typedef struct ranged {
   ks__remote *r;
-  const char *url;
+  const ks__slot *s;
   uint8_t *buf;
   uint64_t off;
   size_t n, chunk;
 } ranged;
 
-/* One ranged GET of bytes [off, off+n) into buf; a short answer is an error (the transport retries it). */
-static int get_range(ks__remote *r, const char *url, uint8_t *buf, uint64_t off, size_t n) {
-  char range[80];
+/* One ranged GET of bytes [off, off+n) into buf; a short answer is an error (the transport retries it).
+ * With the strong ETag open_fn saw, only bytes of that very object are taken: an object replaced since
+ * (412) gives ESTALE, never a mix of two objects' bytes. */
+static int get_range(ks__remote *r, const ks__slot *s, uint8_t *buf, uint64_t off, size_t n) {
+  const char *url = s->path;
+  char range[80], match[KS__VALIDATOR_MAX + 16];
   snprintf(range, sizeof range, "Range: bytes=%llu-%llu", (unsigned long long)off, (unsigned long long)(off + n - 1));
-  const char *h[] = {range};
-  ks__req q = {.method = "GET", .url = url, .headers = h, .n_headers = 1, .dst = buf, .dst_cap = n};
+  snprintf(match, sizeof match, "If-Match: %s", s->validator);
+  const char *h[] = {range, match};
+  ks__req q = {.method = "GET", .url = url, .headers = h, .n_headers = s->strong_etag ? 2 : 1, .dst = buf,
+               .dst_cap = n};
   ks__resp p;
-  int rc = ks__http_do(r, &q, &p, 0);
+  int rc = ks__http_do(r, &q, &p, KS__QUIET_412);
+  if (rc == EEXIST) {
+    ks__remote_fail(r, "GET %s (%s): the object changed since it was opened (ETag no longer %s)", url, range + 7,
+                    s->validator);
+    rc = ESTALE;
+  }
   /* bytes of another range than the one asked (a 200 is the whole object: right only from byte 0) */
   if (!rc && ((p.status == 206 && (!p.has_range_span || p.range_first != off || p.range_last != off + n - 1)) ||
               (p.status != 206 && off != 0))) {
@@ -150,7 +182,7 @@ static int get_range(ks__remote *r, const char *url, uint8_t *buf, uint64_t off,
 static int range_job(void *ctx, size_t i) {
   ranged *g = ctx;
   size_t at = i * g->chunk, n = g->n - at < g->chunk ? g->n - at : g->chunk;
-  return get_range(g->r, g->url, g->buf + at, g->off + at, n);
+  return get_range(g->r, g->s, g->buf + at, g->off + at, n);
 }
 
 /* Large reads (a full load) go as parallel ranges of part_size bytes. */
@@ -162,10 +194,9 @@ int ks__remote_read_fn(void *ctx, int fd, void *buf, size_t n, uint64_t off, siz
   if (off >= s->size || n == 0) return 0;
   if ((uint64_t)n > s->size - off) n = (size_t)(s->size - off);
   size_t chunk = r->part_size > SIZE_MAX ? SIZE_MAX : (size_t)r->part_size;
-  ranged g = {r, s->path, buf, off, n, chunk};
+  ranged g = {r, s, buf, off, n, chunk};
   size_t jobs = n / chunk + (n % chunk != 0);
-  int rc =
-      jobs > 1 && r->parallel > 1 ? ks__remote_parallel(r, jobs, range_job, &g) : get_range(r, s->path, buf, off, n);
+  int rc = jobs > 1 && r->parallel > 1 ? ks__remote_parallel(r, jobs, range_job, &g) : get_range(r, s, buf, off, n);
   if (!rc) *got = n;
   return rc;
 }
