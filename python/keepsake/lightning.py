@@ -20,6 +20,11 @@ torchmetrics states are not in a LightningModule's ``state_dict`` (they are not 
 resumed run would start its metrics from zero. :class:`KeepsakeMetrics` adds every torchmetrics
 ``Metric`` of the module to the checkpoint (``state/train_metrics/<module path>``, with
 ``_computed`` and the update count) and fills them back by name on resume.
+
+Lightning drops a stateful train dataloader's position in some resumes (a checkpoint written at
+an epoch's end, or ``trainer.estimated_stepping_batches`` read in ``configure_optimizers``): the
+loader then starts over with a fresh shuffle. :class:`KeepsakeDataPosition` saves each train
+dataloader's ``state_dict()`` and puts it back before the first batch of a resumed ``fit``.
 """
 from __future__ import annotations
 
@@ -46,8 +51,9 @@ METRICS_KEY = "keepsake_metrics"
 MODEL = "state/model/"
 REST = "lightning/"
 METRICS = "state/train_metrics/"
+DATA_KEY = "keepsake_data_position"
 
-__all__ = ["KeepsakeCheckpointIO", "KeepsakeMetrics", "METRICS_KEY"]
+__all__ = ["KeepsakeCheckpointIO", "KeepsakeMetrics", "KeepsakeDataPosition", "METRICS_KEY", "DATA_KEY"]
 
 # Plugins with a background writer: at interpreter exit, each save in flight is finished (its
 # error printed), so a program that never reached teardown() loses no committed work.
@@ -277,6 +283,79 @@ class KeepsakeMetrics(Callback):
             self.last_report = saved.load_into(mine, self.allow_narrowing)
         elif isinstance(saved, dict):  # snapshots, as another CheckpointIO gives them back
             self.last_report = _snapshots_into(saved, mine, self.allow_narrowing)
+
+
+def _train_loaders(trainer: Any) -> list:
+    """The fit loop's train dataloaders that have ``state_dict``/``load_state_dict``, in the order
+    of Lightning's CombinedLoader (a loader, or a list or dict of them)."""
+    try:
+        from lightning.pytorch.utilities import CombinedLoader
+    except ImportError:  # pragma: no cover - pytorch_lightning only
+        from pytorch_lightning.utilities import CombinedLoader  # type: ignore
+    iterables = trainer.train_dataloader
+    if iterables is None:
+        return []
+    return [dl for dl in CombinedLoader(iterables).flattened
+            if callable(getattr(dl, "state_dict", None)) and callable(getattr(dl, "load_state_dict", None))]
+
+
+class KeepsakeDataPosition(Callback):
+    """Resumes each stateful train dataloader (torchdata's ``StatefulDataLoader``, workers
+    included) at the exact sample where the checkpoint left it, with the epoch's shuffle.
+
+    Lightning 2.6 keeps such a loader's ``state_dict()`` in the checkpoint's loop state but loses
+    it in two cases: a checkpoint written at an epoch's end (``ModelCheckpoint``'s default) does
+    not count as a restart, so the state is never loaded and the rebuilt loader's first epoch
+    is a fresh shuffle, the first epoch's order again when the run is seeded; and a
+    ``configure_optimizers`` that reads ``trainer.estimated_stepping_batches`` builds the loader
+    before the loop state is restored, so the state is never loaded either. A checkpoint saved
+    at the last batch's end is loaded, but as the end of that epoch: the next epoch then has no
+    batches. This callback saves every stateful train dataloader's ``state_dict()`` (under
+    ``keepsake_data_position``) and whether its epoch was finished; when ``fit`` resumes, before
+    the first batch, it loads each state into the loader, starts the next epoch's iterator when
+    the saved one was finished, and makes the fit loop iterate the loaders afresh. The remaining
+    batches are those of the run that never stopped.
+    """
+
+    def __init__(self) -> None:
+        self._pending: Optional[Dict[str, Any]] = None
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._pending = None  # a state is for the fit that loaded it
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
+        loaders = _train_loaders(trainer)
+        if loaders:
+            done = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+            checkpoint[DATA_KEY] = {"loaders": [dl.state_dict() for dl in loaders], "epoch_finished": done}
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
+        self._pending = checkpoint.get(DATA_KEY)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # The fit loop has built the loaders and an iterator over them (setup_data), and fetched
+        # nothing yet: the saved states go in now, and the loop's iterator is made again.
+        saved, self._pending = self._pending, None
+        if not isinstance(saved, dict):
+            return
+        loaders, states = _train_loaders(trainer), list(saved.get("loaders") or [])
+        if len(loaders) != len(states):
+            raise _errors.error(_errors.MismatchError, f"the checkpoint has the positions of {len(states)} "
+                                f"train dataloaders, the trainer has {len(loaders)} stateful ones", key=DATA_KEY)
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if fetcher is None:
+            raise _errors.error(_errors.UnsupportedError, "this Lightning's fit loop has no data fetcher "
+                                "to restart: the data position cannot be restored", key=DATA_KEY)
+        for dl, state in zip(loaders, states):
+            dl.load_state_dict(state)
+            # The first iter() after load_state_dict resumes the saved epoch. Lightning stops
+            # at an epoch's last batch without asking for one more, so a finished epoch's state
+            # still says "not finished": that iterator is made here, and the fit loop's iter()
+            # below starts the next epoch, as in the run that never stopped. (A state saved after
+            # StopIteration says finished, and torchdata starts the next epoch by itself.)
+            if saved.get("epoch_finished") and not (isinstance(state, dict) and state.get("_iterator_finished")):
+                iter(dl)
+        iter(fetcher)  # what Lightning does at each epoch's start: iter() of every loader
 
 
 try:

@@ -46,6 +46,20 @@ def test_lightning_example_runs(tmp_path, monkeypatch, capsys):
     assert "samples counted: 192 width: 8" in capsys.readouterr().out  # 3 epochs of 64: resumed, not restarted
 
 
+def test_data_position_example_runs(tmp_path, monkeypatch, capsys):
+    """The exact data position example: a StatefulDataLoader with workers, stopped mid-epoch,
+    resumed from the checkpoint into a loader seeded otherwise."""
+    import pytest
+    pytest.importorskip("torchdata.stateful_dataloader")
+    text = open(os.path.join(SRC, "docs", "PYTHON.md"), encoding="utf-8").read()
+    section = text.split("## Exact data position", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "num_workers=2" in code and "dataset_state=" in code
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/PYTHON.md", "exec"), {"__name__": "example"})
+    assert "resumed at batch 9 of 18: exact" in capsys.readouterr().out
+
+
 def _blocks(rel):
     text = open(os.path.join(SRC, rel), encoding="utf-8").read()
     return re.findall(r"```python\n(.*?)```", text, re.S)
