@@ -89,6 +89,12 @@ KS_NODISCARD ks_status ks__shard_check_sizes(const char *dir, const ks_shard_ind
 KS_NODISCARD ks_status ks__shard_file_facts(const ks_io *io, const ks_allocator *a, const char *path,
                                             ks_shard_file_info *info, ks_error *err);
 
+/* The same hash of the file at `path` through `io` (NULL = POSIX): *size its size, *hash the XXH3-64 of its
+   first 8 + N bytes, read (never mapped). errno-style result; *opened tells a failed open (nonzero result,
+   *opened 0) from a failed read; *bad set (0 returned) when the length prefix is not one a valid file has. */
+int ks__shard_header_hash(const ks_io *io, const ks_allocator *a, const char *path, uint64_t *size, uint64_t *hash,
+                          int *bad, int *opened);
+
 /* "dir/name" through the allocator; NULL when out of memory. */
 char *ks__shard_join(const ks_allocator *a, const char *dir, const char *name);
 /* The timestamp counters of a state dict (has = 0 when there is none). */

@@ -284,9 +284,9 @@ def load_outcome(ckpt: str, verify_files: bool) -> str:
 
 
 def test_flipped_header_byte_everywhere(ckpt):
-    """Each byte of the rank file's header flipped, never a crash: with verify_files a keepsake error
-    every time (the header hash); without, a keepsake error, exact values (a flip in the padding),
-    or, for a flip in a replicated tensor's name, DCP's report that the key is missing."""
+    """Each byte of the rank file's length and header flipped, never a crash, and never loaded: with
+    or without verify_files the header no longer hashes to the index's header_xxh3 (checked on every
+    read_metadata, so a flip in the padding or in a replicated tensor's name is caught too)."""
     p = os.path.join(ckpt, RANK0)
     good = open(p, "rb").read()
     end = native.Reader(p, backend="read").data_offset
@@ -298,7 +298,7 @@ def test_flipped_header_byte_everywhere(ckpt):
         assert strict in ("ChecksumError", "FormatError", "MismatchError", "NotFoundError", "DTypeError",
                           "ShapeError", "LimitError", "ExistsError", "VersionError"), (i, strict)
         kinds.add(load_outcome(ckpt, False))
-    assert {"FormatError", "ok"} <= kinds, kinds
+    assert kinds == {"ChecksumError"}, kinds
 
 
 def test_bad_object_json_is_a_format_error(tmp_path):
@@ -335,3 +335,125 @@ def test_c_written_directory_loads(tmp_path):
         assert torch.equal(out[name], want), name
     assert isinstance(out["state/run_name"], str) and out["state/run_name"]
     shutil.rmtree(d)
+
+
+# ---- the index's header_xxh3 is held against every rank file's header on every open ----
+
+def scalar_dir(d: str, lr: float, name: str, world: int = 1, seed: int = 0) -> None:
+    """A directory as the C library writes one: rank 0 holds `w` whole and the scalars lr and name in
+    its header (keepsake.scalars); at world 2 rank 1 holds the one chunk of `v`. Values that differ
+    only in `seed`, `lr` and `name` give files of the same sizes."""
+    from keepsake import _tensors
+    os.makedirs(d)
+    keep: list = []
+    g = torch.Generator().manual_seed(seed)
+    w, v = torch.randn(6, 4, generator=g), torch.randn(5, generator=g)
+    files = [native.shard_write_rank(d, 0, world, [_tensors.torch_entry("w", w, keep), ("lr", lr), ("name", name)],
+                                     [], {}, False)]
+    if world == 2:
+        files.append(native.shard_write_rank(d, 1, 2, [_tensors.torch_entry("v", v, keep)], [("v", (5,), (0,))],
+                                             {}, False))
+    native.shard_write_index(d, files, fsync=False)
+
+
+def scalar_target(world: int) -> dict:
+    out = {"w": torch.zeros(6, 4), "lr": 0.0, "name": ""}
+    if world == 2:
+        out["v"] = torch.zeros(5)
+    return out
+
+
+def dcp_load_error(d: str, out: dict):
+    """The keepsake error dcp.load with KeepsakeReader raises (directly or in DCP's report), else None."""
+    try:
+        dcp.load(out, storage_reader=KeepsakeReader(d), no_dist=True)
+    except keepsake.KeepsakeError as e:
+        return e
+    except CheckpointException as e:
+        [x] = failures(e)
+        if isinstance(x, keepsake.KeepsakeError):
+            return x
+        # DCP reports a failed read_metadata as its own AssertionError carrying the message: the typed error
+        assert "global metadata read failed" in str(x), repr(x)
+        try:
+            KeepsakeReader(d).read_metadata()
+        except keepsake.KeepsakeError as k:
+            assert str(k) in str(x), (str(k), str(x))
+            return k
+        raise
+    return None
+
+
+def edit_header(path: str, old: bytes, new: bytes) -> None:
+    """Replaces `old` by `new` (same length) in the file's header, in place: the size stays."""
+    raw = bytearray(open(path, "rb").read())
+    end = 8 + int.from_bytes(raw[:8], "little")
+    at = raw.find(old, 8, end)
+    assert at > 0 and len(old) == len(new), (old, new)
+    raw[at:at + len(old)] = new
+    with open(path, "r+b") as f:
+        f.write(bytes(raw))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_scalars_load_from_an_untouched_directory(tmp_path, world):
+    d = str(tmp_path / "c")
+    scalar_dir(d, 0.125, "alpha", world)
+    out = scalar_target(world)
+    assert dcp_load_error(d, out) is None
+    assert out["lr"] == 0.125 and out["name"] == "alpha"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_header_edited_in_place_is_refused(tmp_path, world):
+    """Two scalars edited in rank 0's header (same lengths, so the size and every tensor checksum
+    still match): the header no longer hashes to the index's header_xxh3."""
+    d = str(tmp_path / "c")
+    scalar_dir(d, 0.125, "alpha", world)
+    p = os.path.join(d, native.shard_file_name(0, world))
+    edit_header(p, b"0.125", b"9.125")
+    edit_header(p, b'\\"alpha\\"', b'\\"omega\\"')  # inside the keepsake.scalars string
+    out = scalar_target(world)
+    err = dcp_load_error(d, out)
+    assert isinstance(err, keepsake.ChecksumError) and "header XXH3" in str(err), (err, out)
+    assert out["lr"] == 0.0 and out["name"] == ""
+    with pytest.raises(keepsake.ChecksumError):
+        KeepsakeReader(d).read_metadata()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_one_bit_lie_in_the_index_header_hash_is_refused(tmp_path, world):
+    d = str(tmp_path / "c")
+    scalar_dir(d, 0.125, "alpha", world)
+    p = os.path.join(d, INDEX_NAME)
+    index = json.load(open(p))
+    f = index["keepsake"]["files"][world - 1]
+    f["header_xxh3"] = "%016x" % (int(f["header_xxh3"], 16) ^ 1)
+    with open(p, "w") as fh:
+        json.dump(index, fh)
+    err = dcp_load_error(d, scalar_target(world))
+    assert isinstance(err, keepsake.ChecksumError), err
+    assert native.shard_file_name(world - 1, world) in str(err.file), err.file
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_rank_file_swapped_for_one_of_the_same_size_is_refused(tmp_path, world):
+    """Another checkpoint's rank file of the same size (lr 9.125, name omega, other tensors): its
+    own tensor checksums match, only the index's header hash tells it from the one written."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    scalar_dir(a, 0.125, "alpha", world, seed=0)
+    scalar_dir(b, 9.125, "omega", world, seed=1)
+    for r in range(world):
+        name = native.shard_file_name(r, world)
+        mine = open(os.path.join(a, name), "rb").read()
+        assert len(mine) == os.path.getsize(os.path.join(b, name))
+        shutil.copyfile(os.path.join(b, name), os.path.join(a, name))
+        err = dcp_load_error(a, scalar_target(world))
+        assert isinstance(err, keepsake.ChecksumError) and name in str(err.file), (r, err)
+        with open(os.path.join(a, name), "wb") as f:
+            f.write(mine)
+    out = scalar_target(world)
+    assert dcp_load_error(a, out) is None and out["lr"] == 0.125 and out["name"] == "alpha"
+    out = scalar_target(world)
+    assert dcp_load_error(b, out) is None and out["lr"] == 9.125 and out["name"] == "omega"
+
