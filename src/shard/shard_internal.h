@@ -15,6 +15,8 @@
 #define KS__DCP_INFO "DCP_SHARDING_INFO"      /* torch DCP: {fqn: {"saved_offsets": [...]}} */
 #define KS__DCP_VERSION "DCP_VERSION"
 #define KS__METRICS_META "keepsake.metrics"
+/* Name prefix of a DCP non-tensor value: a 1-d U8 tensor of typed JSON (FORMAT.md 9.1). */
+#define KS__DCP_OBJECT "keepsake.dcp.object/"
 
 /* Counters of the timestamp, or has = 0. */
 typedef struct ks__shard_ts {
@@ -65,10 +67,10 @@ typedef struct ks__shard_tally {
   size_t chunks;   /* chunks of all tensors so far */
 } ks__shard_tally;
 
-/* Checks that the chunks of sharded tensor `ti` tile its global shape exactly (overflow-checked
-   volumes adding up to the global volume, no two overlapping, one a rank file at most) and that
-   each file's chunks hold at most its recorded size. KS_E_FORMAT or KS_E_LIMIT naming `path` and
-   the tensor; KS_E_NOMEM. Allocates nothing from the shapes. */
+/* Checks that sharded tensor `ti` has chunks (a DCP value exactly one, of a 1-d U8 tensor), that they
+   tile its global shape exactly (overflow-checked volumes adding up to the global volume, no two
+   overlapping, one a rank file at most) and that each file's chunks hold at most its recorded size.
+   KS_E_FORMAT or KS_E_LIMIT naming `path` and the tensor; KS_E_NOMEM. Allocates nothing from the shapes. */
 KS_NODISCARD ks_status ks__shard_check_tiling(const ks_shard_index *idx, size_t ti, ks__shard_tally *t,
                                               const char *path, ks_error *err);
 

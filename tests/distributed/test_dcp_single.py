@@ -457,3 +457,34 @@ def test_rank_file_swapped_for_one_of_the_same_size_is_refused(tmp_path, world):
     out = scalar_target(world)
     assert dcp_load_error(b, out) is None and out["lr"] == 9.125 and out["name"] == "omega"
 
+
+def cli() -> str:
+    for p in (os.environ.get("KS_CLI"), os.path.join(ROOT, "build", "keepsake")):
+        if p and os.access(p, os.X_OK):
+            return p
+    pytest.skip("the keepsake CLI is not built")
+
+
+@pytest.mark.parametrize("entry", [
+    {"dtype": "U8", "global_shape": [0], "chunks": []},  # no chunk at all: nothing holds the value
+    {"dtype": "U8", "global_shape": [4, 0], "chunks": [{"rank": 0, "offsets": [0, 0], "shape": [4, 0]}]},
+    {"dtype": "F32", "global_shape": [0], "chunks": [{"rank": 0, "offsets": [0], "shape": [0]}]},
+])
+def test_object_entry_without_its_one_chunk_is_refused_alike(ckpt, entry):
+    """An index entry for a DCP value that is not one whole 1-d U8 chunk (here with a global shape
+    of no volume, which the tiling alone accepts): the C index check refuses it, naming the entry,
+    so read_metadata raises a FormatError (not an IndexError) and `keepsake verify DIR` agrees."""
+    name = OBJECT_PREFIX + "ghost"
+    p = os.path.join(ckpt, INDEX_NAME)
+    index = json.load(open(p))
+    index["keepsake"]["sharded"][name] = entry
+    with open(p, "w") as f:
+        json.dump(index, f)
+    with pytest.raises(keepsake.FormatError) as e:
+        KeepsakeReader(ckpt).read_metadata()
+    assert e.value.key == name, (e.value.key, str(e.value))
+    err = dcp_load_error(ckpt, empty())
+    assert isinstance(err, keepsake.FormatError) and err.key == name, err
+    r = subprocess.run([cli(), "verify", ckpt], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and name in r.stdout and "BAD" in r.stdout, (r.returncode, r.stdout, r.stderr)
+

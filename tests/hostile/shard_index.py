@@ -242,6 +242,9 @@ VARIANTS = [
     ("chunk-number", lambda ix, d: (chunks(ix, W).__setitem__(0, 7), (INDEX, W))[1]),
     ("tensor-name-empty", tile("", "F32", [2], [(0, [0], [2])], INDEX, "keepsake.sharded")),
     ("tensor-name-long", tile("x" * 2000, "F32", [2], [(0, [0], [2])], INDEX, "keepsake.sharded")),
+    # DCP values: one whole 1-d U8 tensor (an entry with no chunk tiles an empty global shape)
+    ("object-no-chunks", tile("keepsake.dcp.object/x", "U8", [0], [])),
+    ("object-two-chunks", tile("keepsake.dcp.object/x", "U8", [4], [(0, [0], [2]), (1, [2], [2])])),
 ]
 
 

@@ -107,6 +107,17 @@ static void past_the_file(json_t *ix) {
   json_object_set_new(json_array_get(json_object_get(json_object_get(ix, "keepsake"), "files"), 0), "size",
                       json_integer(40));
 }
+static void no_chunks(json_t *ix) {
+  json_t *v = json_object_get(json_object_get(json_object_get(ix, "keepsake"), "sharded"), V);
+  json_object_set_new(v, "global_shape", dims2(0, 6)); /* an empty tensor: no volume to miss */
+  json_object_set_new(v, "chunks", json_array());
+}
+#define OBJ "keepsake.dcp.object/w"
+static void object_of_three_chunks(json_t *ix) {
+  json_t *sharded = json_object_get(json_object_get(ix, "keepsake"), "sharded");
+  json_object_set(sharded, OBJ, json_object_get(sharded, W));
+  json_object_del(sharded, W);
+}
 static void negative(json_t *ix) { json_object_set_new(chunk_of(ix, W, 0), "offsets", dims2(-1, 0)); }
 static void fractional(json_t *ix) { json_object_set_new(chunk_of(ix, W, 0), "offsets", json_pack("[f, i]", 0.5, 0)); }
 
@@ -124,6 +135,8 @@ static void sharded_sections_are_validated(void **s) {
       {"more chunks than files", more_chunks_than_files, W, "more chunks than its 3 rank files"},
       {"volume overflow", overflow, W, "overflows"},
       {"chunks past the file size", past_the_file, W, "need more bytes than its 40"},
+      {"no chunks", no_chunks, V, "has no chunks"},
+      {"a DCP value in chunks", object_of_three_chunks, OBJ, "one whole 1-d U8 tensor"},
       {"negative offset", negative, W, "malformed"},
       {"fractional offset", fractional, W, "malformed"},
   };
