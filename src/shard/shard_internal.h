@@ -8,6 +8,7 @@
 #include "core/internal.h"
 #include "core/json.h"
 #include "core/keys.h"
+#include "keepsake/dcpvalue.h"
 #include "keepsake/shard.h"
 
 /* Metadata keys of a rank file. */
@@ -121,5 +122,11 @@ void ks__shard_push(const ks_allocator *a, ks__jv *arr, ks__jv *val, ks_status *
 /* Parses one metadata JSON value of a rank file; NULL text gives NULL with KS_OK. */
 KS_NODISCARD ks_status ks__shard_parse_meta(const ks_allocator *a, const char *text, const char *key, ks__jv **out,
                                ks_error *err);
+
+/* Whether the n keys of a decoded dict (items[2k], dcpkeys.c) are distinct as Python compares them
+   (True == 1 == 1.0; a NaN or an io.BytesIO equals nothing). KS_OK; KS_E_EXISTS with the pair numbers of
+   the first repeated key in *second and of its first occurrence in *first; KS_E_NOMEM. */
+KS_NODISCARD ks_status ks__dcp_dict_keys_distinct(const ks_allocator *a, const ks_dcp_value *items, size_t n,
+                                                  size_t *first, size_t *second);
 
 #endif

@@ -164,6 +164,61 @@ def test_object_codec_refuses():
             decode_object(bad)
 
 
+# JSON of a key and a factory of the Python value it stands for (a new NaN object each time, as a
+# decoder makes one per NaN it reads).
+KEY_ATOMS = [("null", lambda: None), ("true", lambda: True), ("false", lambda: False), ("0", lambda: 0),
+             ("1", lambda: 1), ("-1", lambda: -1), ("2", lambda: 2), ("0.0", lambda: 0.0), ("-0.0", lambda: -0.0),
+             ("1.0", lambda: 1.0), ("2.0", lambda: 2.0), ("1.5", lambda: 1.5),
+             ("9223372036854775808", lambda: 2 ** 63), ("9.223372036854776e18", lambda: 2.0 ** 63),
+             ("9223372036854775807", lambda: 2 ** 63 - 1), ("-9223372036854775808", lambda: -2 ** 63),
+             ('{"float":"nan"}', lambda: float("nan")), ('{"float":"inf"}', lambda: math.inf),
+             ('{"float":"-inf"}', lambda: -math.inf), ('"a"', lambda: "a"), ('"1"', lambda: "1"), ('""', lambda: ""),
+             ('{"bytes":"YQ=="}', lambda: b"a"), ('{"bytes":""}', lambda: b"")]
+
+
+def test_object_dict_keys_are_distinct_as_python_compares_them():
+    """A dict whose keys a Python dict would fold into fewer (1 and True and 1.0, 0 and -0.0, 2**63 and
+    2.0**63, equal tuples) is refused naming the key; any other is decoded whole. 4,000 random dicts
+    of 1 to 5 keys, tuples of keys included, against dict.fromkeys."""
+    import random
+    rng = random.Random(29)
+
+    def key():
+        if rng.random() < 0.25:
+            parts = [rng.choice(KEY_ATOMS) for _ in range(rng.randint(0, 2))]
+            return ('{"tuple":[' + ",".join(j for j, _ in parts) + "]}",
+                    lambda parts=parts: tuple(f() for _, f in parts))
+        return rng.choice(KEY_ATOMS)
+
+    refused = 0
+    for _ in range(4000):
+        keys = [key() for _ in range(rng.randint(1, 5))]
+        text = '{"dict":[' + ",".join("[%s,%d]" % (j, i) for i, (j, _) in enumerate(keys)) + "]}"
+        values = [f() for _, f in keys]
+        if len(dict.fromkeys(values)) == len(values):
+            got = decode_object(text.encode())
+            assert list(got.values()) == list(range(len(keys))), text
+        else:
+            refused += 1
+            with pytest.raises(keepsake.FormatError, match="a dict holds"):
+                decode_object(text.encode(), key="x")
+    assert 400 < refused < 3600, refused
+
+
+def test_object_base64_must_be_canonical():
+    """Padding bits must be zero (what b64encode writes): 'QR==' and 'QUJ=' are refused, naming the
+    character, though Python's b64decode(validate=True) would read them as b'A' and b'AB'."""
+    import base64
+    for bad, at in ((b"QR==", 1), (b"QUJ=", 2), (b"AAAAQf==", 5)):
+        assert base64.b64decode(bad, validate=True)  # Python reads them
+        for tag in (b"bytes", b"bytesio"):
+            with pytest.raises(keepsake.FormatError, match="character %d" % at):
+                decode_object(b'{"%s":"%s"}' % (tag, bad))
+    for raw in (b"", b"A", b"AB", b"ABC", bytes(range(256))):
+        enc = base64.b64encode(raw)
+        assert decode_object(b'{"bytes":"%s"}' % enc) == raw
+
+
 def test_unsupported_value_is_a_keepsake_error(tmp_path):
     with pytest.raises(CheckpointException) as e:
         dcp.save({"s": {1, 2}}, storage_writer=KeepsakeWriter(str(tmp_path / "c")), no_dist=True)
