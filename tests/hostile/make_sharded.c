@@ -14,6 +14,9 @@
  * bytes, a '/' every other byte) and, besides the default per-rank globs, G more that match none of
  * them (each a leading '*' and a tail no name has), in the index and every rank file's record.
  * Every load, reshard and diff matches each name against each glob.
+ *
+ * make_sharded DIR --pad-mib M: the same, plus "state/model/pad", F32 [3 * M * 2^18] split along
+ * dimension 0: M MiB of data in each rank file after a small header (tests/hostile/shard_truncate.py).
  * Exit status 0, or 1 with the error on stderr.
  */
 #include <stdint.h>
@@ -68,7 +71,18 @@ static ks_status metric(int r, ks_statedict *sd, ks_meta *meta, ks_error *err) {
 
 typedef struct hostile {
   int names, name_len, globs;
+  int pad_mib;
 } hostile;
+
+/* Rank r's M MiB chunk of "state/model/pad" (value = global index, modulo 2^24). */
+static ks_status pad(const hostile *h, int r, ks_statedict *sd, ks_shard_map *map, ks_error *err) {
+  int64_t g[1] = {(int64_t)N * h->pad_mib << 18}, off[1], shape[1];
+  ks_shard_split_dim0(1, g, r, N, off, shape);
+  float *p;
+  ks_status st = ks_statedict_new_tensor(sd, "state/model/pad", KS_F32, 1, shape, (void **)&p, err);
+  for (int64_t i = 0; !st && i < shape[0]; i++) p[i] = (float)((off[0] + i) & 0xFFFFFF);
+  return st ? st : ks_shard_map_add(map, "state/model/pad", 1, g, off, shape, err);
+}
 
 /* Rank 0's K scalars with long names of many '/' boundaries. */
 static ks_status long_names(const hostile *h, ks_statedict *sd, ks_error *err) {
@@ -124,13 +138,15 @@ static ks_status rank_state(int r, ks_statedict *sd, ks_meta *meta, ks_shard_map
 }
 
 int main(int argc, char **argv) {
-  hostile h = {0, 0, 0};
+  hostile h = {0, 0, 0, 0};
   if (argc == 7 && !strcmp(argv[2], "--long-names") && !strcmp(argv[5], "--globs")) {
     h.names = atoi(argv[3]);
     h.name_len = atoi(argv[4]);
     h.globs = atoi(argv[6]);
+  } else if (argc == 4 && !strcmp(argv[2], "--pad-mib")) {
+    h.pad_mib = atoi(argv[3]);
   } else if (argc != 2)
-    return fprintf(stderr, "usage: make_sharded DIR [--long-names K L --globs G]\n"), 2;
+    return fprintf(stderr, "usage: make_sharded DIR [--long-names K L --globs G | --pad-mib M]\n"), 2;
   const char *dir = argv[1];
   size_t n_globs = 0;
   char **globs = h.globs ? hostile_globs(&h, &n_globs) : NULL;
@@ -147,6 +163,7 @@ int main(int argc, char **argv) {
     if (!st) st = ks_shard_map_create(NULL, &map, &err);
     if (!st) st = rank_state(r, sd, meta, map, &err);
     if (!st && r == 0) st = long_names(&h, sd, &err);
+    if (!st && h.pad_mib > 0) st = pad(&h, r, sd, map, &err);
     if (!st)
       st = ks_shard_write_rank(dir, r, N, sd, meta, map, (const char *const *)globs, n_globs, NULL, &infos[r], &err);
     ks_statedict_free(sd);
