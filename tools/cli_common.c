@@ -307,15 +307,24 @@ void ks_cli_component_of(const char *key, char *out, size_t cap) {
   snprintf(out, cap, "%.*s", p ? (int)(p - key) : (int)strlen(key), key);
 }
 
+const ks_io *ks_cli_read_io(ks_io *io) {
+  *io = *ks_io_posix();
+  io->map_fn = NULL; /* the library then reads (map and unmap go together) */
+  io->unmap_fn = NULL;
+  io->caps &= ~KS_IO_CAP_MAP;
+  return io;
+}
+
 int ks_cli_input_open(const char *cmd, const char *arg, ks_cli_input *in) {
   ks_error err;
   *in = (ks_cli_input){.arg = arg, .path = arg, .ro = ks_cli_read_opts()};
+  in->read_io = ks_cli_read_io(&in->local);
   if (ks_storage_open(arg, NULL, &in->st, &err)) {
     ks_cli_print_error(stderr, cmd, &err);
     return -1;
   }
   in->path = ks_storage_path(in->st);
-  if (ks_storage_is_remote(in->st)) in->io = in->ro.io = ks_storage_io(in->st);
+  if (ks_storage_is_remote(in->st)) in->io = in->ro.io = in->read_io = ks_storage_io(in->st);
   return 0;
 }
 

@@ -44,6 +44,10 @@ int ks_cli_finish_output(const char *cmd, int rc);
 /* Read options for files the CLI is given: KS_READ_COPY, so that a file truncated
  * by another process while it is read gives an error, never SIGBUS (see format.h). */
 ks_read_opts ks_cli_read_opts(void);
+/* POSIX (ks_io_posix()) without map_fn, in *io: what the CLI hands the library for local files, so
+ * that a file truncated by another process while it is read (a rank file of a sharded directory
+ * that verify, diff or reshard reads) is a short read and an error, never SIGBUS. Returns io. */
+const ks_io *ks_cli_read_io(ks_io *io);
 /* Reads a whole regular file into memory with read(2) (never mapped). FIFOs, devices
  * and directories are refused at once. *buf is malloc'd. Returns 0, or -1 with err set. */
 int ks_cli_read_file(const char *path, void **buf, size_t *len, ks_error *err);
@@ -61,6 +65,8 @@ typedef struct ks_cli_input {
   const char *path; /* the path to use with io */
   const ks_io *io;  /* NULL for a local file (the library's POSIX default) */
   ks_read_opts ro;  /* ks_cli_read_opts() with io */
+  ks_io local;      /* a local input's table: POSIX without map_fn (ks_cli_read_io) */
+  const ks_io *read_io; /* every read of the input by the library: io, or &local for a local one */
 } ks_cli_input;
 /* Opens arg; prints "keepsake <cmd>: ..." and returns -1 when it cannot be (bad URL, no libcurl). */
 int ks_cli_input_open(const char *cmd, const char *arg, ks_cli_input *in);

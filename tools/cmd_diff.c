@@ -250,17 +250,18 @@ static void side_free(side *x) {
 
 /* The sharded checkpoint `in` as its ranks (merge = 1: merged onto one rank), verified first. */
 KS_NODISCARD static ks_status dir_load(const ks_cli_input *in, int merge, side *x, ks_error *err) {
-  ks_status s = ks_shard_index_read_io(in->path, NULL, in->io, &x->idx, err);
+  /* Every read through read_io: a local rank file is read, never mapped (copy mode). */
+  ks_status s = ks_shard_index_read_io(in->path, NULL, in->read_io, &x->idx, err);
   int world = ks_shard_index_world_size(x->idx);
-  for (int f = 0; !s && f < world; f++) s = ks_shard_verify_file_io(in->path, x->idx, f, in->io, err);
+  for (int f = 0; !s && f < world; f++) s = ks_shard_verify_file_io(in->path, x->idx, f, in->read_io, err);
   if (!s) /* the index against every file */
-    s = ks_shard_check(in->path, x->idx, in->io, KS_SHARD_CHECK_HEADERS, NULL, NULL, err);
+    s = ks_shard_check(in->path, x->idx, in->read_io, KS_SHARD_CHECK_HEADERS, NULL, NULL, err);
   if (s) return s;
   x->n = merge ? 1 : world;
   x->sd = calloc((size_t)x->n, sizeof *x->sd);
   x->meta = calloc((size_t)x->n, sizeof *x->meta);
   if (!x->sd || !x->meta) return KS_E_NOMEM;
-  ks_shard_load_opts lo = {.no_verify = 1, .io = in->io};
+  ks_shard_load_opts lo = {.no_verify = 1, .io = in->read_io};
   for (int r = 0; !s && r < x->n; r++)
     s = ks_shard_load_rank(in->path, x->idx, r, x->n, NULL, &lo, &x->sd[r], &x->meta[r], err);
   return s;

@@ -54,11 +54,13 @@ int ks_cmd_reshard(int argc, char **argv) {
   if (n_pos != 2 || world == 0) return reshard_usage(stderr), KS_EXIT_USAGE;
   ks_error err;
   ks_shard_index *idx = NULL;
-  ks_status st = ks_shard_index_read(pos[0], NULL, &idx, &err);
+  ks_io local; /* DIR's files are read, never mapped: one truncated meanwhile is an error, not SIGBUS */
+  ks_save_opts so = {.size = sizeof so, .io = ks_cli_read_io(&local)};
+  ks_status st = ks_shard_index_read_io(pos[0], NULL, so.io, &idx, &err);
   int from = st ? 0 : ks_shard_index_world_size(idx);
   long long ep = st ? -1 : (long long)ks_shard_index_epoch(idx), ba = st ? -1 : (long long)ks_shard_index_batch(idx);
   ks_shard_index_free(idx);
-  if (!st) st = ks_shard_reshard(pos[0], world, pos[1], NULL, &err);
+  if (!st) st = ks_shard_reshard(pos[0], world, pos[1], &so, &err);
   if (st) {
     ks_cli_print_error(stderr, "reshard", &err);
     return KS_EXIT_BAD;

@@ -36,7 +36,7 @@ int ks_cli_is_dir(const char *path) {
 
 static int open_index(const char *cmd, const ks_cli_input *in, ks_shard_index **idx) {
   ks_error err;
-  ks_status st = ks_shard_index_read_io(in->path, NULL, in->io, idx, &err);
+  ks_status st = ks_shard_index_read_io(in->path, NULL, in->read_io, idx, &err);
   if (st == KS_OK) return 0;
   ks_cli_input_error(in, &err);
   ks_cli_print_error(stdout, cmd, &err);
@@ -75,14 +75,15 @@ static int count_problem(void *ctx, const ks_error *problem) {
 /* One rank file: its whole-file hash against the index, then every tensor's checksum. */
 static size_t verify_rank_file(const ks_cli_input *in, const ks_shard_index *idx, int r) {
   ks_error err;
-  if (ks_shard_verify_file_io(in->path, idx, r, in->io, &err)) {
+  if (ks_shard_verify_file_io(in->path, idx, r, in->read_io, &err)) {
     ks_cli_input_error(in, &err);
     ks_cli_print_error(stdout, "verify", &err);
     return 1;
   }
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", in->path, ks_shard_index_file(idx, r, NULL));
-  ks_read_opts ro = {.io = in->io, .mode = in->io ? KS_READ_LAZY : KS_READ_MMAP};
+  /* read, never mapped: a remote file on demand, a local one whole (the CLI's copy mode) */
+  ks_read_opts ro = {.io = in->read_io, .mode = in->io ? KS_READ_LAZY : KS_READ_COPY};
   ks_reader *rd;
   if (ks_reader_open(path, &ro, &rd, &err)) {
     ks_cli_input_error(in, &err);
@@ -113,7 +114,7 @@ static int verify_dir_at(const ks_cli_input *in) {
     return KS_EXIT_BAD;
   }
   ks_status st =
-      ks_shard_check(in->path, idx, in->io, KS_SHARD_CHECK_SIZES | KS_SHARD_CHECK_HEADERS, on_problem, &d, &err);
+      ks_shard_check(in->path, idx, in->read_io, KS_SHARD_CHECK_SIZES | KS_SHARD_CHECK_HEADERS, on_problem, &d, &err);
   if (st && d.n == 0) ks_cli_input_error(in, &err), ks_cli_print_error(stdout, "verify", &err), d.n++; /* e.g. ENOMEM */
   size_t problems = d.n;
   for (int r = 0; r < n; r++)
@@ -239,8 +240,8 @@ static ks_shard_index *checked_index(const char *dir) {
   ks_error err;
   ks_cli_input in;
   if (ks_cli_input_open("inspect", dir, &in)) return NULL;
-  ks_status st = ks_shard_index_read_io(in.path, NULL, in.io, &idx, &err);
-  if (!st) st = ks_shard_check(in.path, idx, in.io, KS_SHARD_CHECK_SIZES, NULL, NULL, &err);
+  ks_status st = ks_shard_index_read_io(in.path, NULL, in.read_io, &idx, &err);
+  if (!st) st = ks_shard_check(in.path, idx, in.read_io, KS_SHARD_CHECK_SIZES, NULL, NULL, &err);
   if (st) {
     ks_cli_input_error(&in, &err);
     ks_cli_print_error(stderr, "inspect", &err);

@@ -112,10 +112,12 @@ typedef struct ks_dcp_doc ks_dcp_doc;
  * of at most KS_DCP_MAX_DIGITS digits, a finite number, a string (UTF-8, escapes, \\u0000 and lone
  * surrogate escapes too), an
  * array, or an object of one member: "float" ("nan", "inf", "-inf"), "tuple" (array), "dict"
- * (array of [key, value] arrays, no key a list or dict or a tuple holding one), "bytes" or
- * "bytesio" (standard base64 with padding).
+ * (array of [key, value] arrays, no key a list or dict or a tuple holding one, no two keys equal
+ * as Python compares them: 1, true and 1.0 are one key; a NaN equals nothing), "bytes" or
+ * "bytesio" (standard base64 with padding, canonical: the bits under the padding are zero).
  * @return KS_OK; KS_E_FORMAT (anything else: not UTF-8, not JSON, trailing bytes, an unknown or
- *         malformed tag, bad base64, a number out of range of a double), the offset in err;
+ *         malformed tag, bad or non-canonical base64, a repeated dict key (the message names the key
+ *         and both items' positions), a number out of range of a double), the offset in err;
  *         KS_E_LIMIT (nested deeper than KS_DCP_MAX_DEPTH, too many digits); KS_E_NOMEM.
  *         Free *out with ks_dcp_doc_free.
  */

@@ -202,10 +202,12 @@ KS_NODISCARD ks_status ks_shard_verify_file_io(const char *dir, const ks_shard_i
 /** ks_shard_check: every rank file exists and has the index's size (stat through the table). */
 #define KS_SHARD_CHECK_SIZES 1u
 /**
- * ks_shard_check: every rank file's header agrees with the index: its keepsake.shard record
- * (rank, world size, timestamp), every chunk the index lists is there with the index's dtype,
- * shape and DCP offsets, and every chunk the file holds is listed. Implies
- * KS_SHARD_CHECK_SIZES: a header is read only from a file of the recorded size.
+ * ks_shard_check: every rank file's header agrees with the index: in a version 2 index its
+ * length and header hash to the recorded header_xxh3 (read, never mapped: a header edited in
+ * place or a file swapped for another of the same size is KS_E_CHECKSUM before it is parsed),
+ * its keepsake.shard record (rank, world size, timestamp), every chunk the index lists is there
+ * with the index's dtype, shape and DCP offsets, and every chunk the file holds is listed.
+ * Implies KS_SHARD_CHECK_SIZES: a header is read only from a file of the recorded size.
  */
 #define KS_SHARD_CHECK_HEADERS 2u
 
@@ -217,15 +219,17 @@ KS_NODISCARD ks_status ks_shard_verify_file_io(const char *dir, const ks_shard_i
  * the recorded size of their file; this adds what needs the files: with KS_SHARD_CHECK_SIZES
  * each file's real size (stat_fn of `io`, NULL = ks_io_posix()) must be the recorded one, so
  * every sharded tensor's bytes are bounded by the files' real sizes; with
- * KS_SHARD_CHECK_HEADERS each file's header (mapped; its data is not read) must agree with the
- * index. ks_shard_load_rank (and so ks_shard_reshard, ks_dist_load and `keepsake diff`) runs the
- * size check on the files it reads before it allocates; `keepsake verify DIR` runs both.
+ * KS_SHARD_CHECK_HEADERS each file's header (read; its data is not) must hash to the index's
+ * header_xxh3 and agree with the index. ks_shard_load_rank (and so ks_shard_reshard, ks_dist_load
+ * and `keepsake diff`) runs the size check on the files it reads before it allocates; `keepsake
+ * verify DIR`, `keepsake diff`, ks_shard_reshard and the Python KeepsakeReader run both.
  * @param what a set of KS_SHARD_CHECK_* bits.
  * @param on_problem optional; called for each problem (file and key set), nonzero stops;
  *        NULL stops at the first problem.
  * @return KS_OK, or the status of the first problem: KS_E_NOTFOUND (a missing file or tensor),
- *         KS_E_FORMAT (another size, a malformed record), KS_E_MISMATCH (dtype, shape, offsets,
- *         timestamp or rank differ; a chunk the index does not list), KS_E_IO, KS_E_NOMEM;
+ *         KS_E_FORMAT (another size, a malformed record), KS_E_CHECKSUM (a header that does not
+ *         hash to header_xxh3), KS_E_MISMATCH (dtype, shape, offsets, timestamp or rank differ;
+ *         a chunk the index does not list), KS_E_IO, KS_E_NOMEM;
  *         err receives the first problem.
  */
 KS_NODISCARD ks_status ks_shard_check(const char *dir, const ks_shard_index *idx, const ks_io *io, unsigned what,

@@ -285,14 +285,15 @@ class KeepsakeReader(StorageReader):
     :class:`KeepsakeWriter` or by the C library).
 
     On ``read_metadata`` the index is validated and held against every rank file's size and header
-    (ks_shard_check); each tensor a plan asks for is read alone (pread of its byte range, or one
-    ranged GET) and its checksum verified before it is used. A checkpoint written at any world size
-    loads at any other: DCP's planner asks for the regions each rank needs.
+    (ks_shard_check: the length and header hash to the index's header_xxh3, so a header edited in
+    place or a rank file swapped for another of the same size is a ChecksumError, and the header
+    agrees with the index); each tensor a plan asks for is read alone (pread of its byte range, or
+    one ranged GET) and its checksum verified before it is used. A checkpoint written at any world
+    size loads at any other: DCP's planner asks for the regions each rank needs.
 
     Args:
         path: the checkpoint directory, ``s3://bucket/prefix`` or ``http(s)://host/path``. On a
-            remote location ``read_metadata`` holds the index against each object's size only
-            (the C library's header check reads a file it cannot map whole), unless verify_files.
+            remote location the header check costs a few ranged reads per rank file, never its data.
         verify_files: also hash every rank file, whole, against the index in ``read_metadata``
             (every rank reads every file once): a damaged byte anywhere is then a ChecksumError
             before anything is planned, not only in the tensors a plan reads.

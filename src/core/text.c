@@ -34,34 +34,50 @@ bool ks__utf8_valid(const uint8_t *s, size_t n) {
   return true;
 }
 
-/* Glob over the first n bytes of t. */
-static bool glob_n(const char *p, const char *t, size_t n) {
-  const char *star = NULL;
-  size_t i = 0, resume = 0;
-  while (i < n) {
-    if (*p == '*') {
-      star = p++;
-      resume = i;
-    } else if (*p && (*p == '?' || *p == t[i])) {
-      p++;
-      i++;
-    } else if (star) {
-      p = star + 1;
-      i = ++resume;
-    } else {
-      return false;
-    }
-  }
-  while (*p == '*') p++;
-  return *p == '\0';
+/*
+ * ks_path_match in one pass over the path. A glob is segments (runs of bytes and '?') joined by
+ * '*': s0*s1*...*sk. It matches a '/'-prefix of the path (or the path), ending at a boundary j
+ * (j == n, or 0 < j < n with path[j] == '/'), when s0 starts the path, s1..s(k-1) follow in order
+ * and sk ends at j. Each middle segment is placed at its leftmost possible start: that leaves the
+ * most room for what follows, for every j at once, so no boundary needs a run of its own (the old
+ * matcher ran the glob again over each prefix: quadratic in the name, for every glob).
+ */
+
+/* Length of the segment at p: up to the next '*' or the end. */
+static size_t seg_len(const char *p) {
+  size_t m = 0;
+  while (p[m] && p[m] != '*') m++;
+  return m;
 }
 
+/* Whether the m bytes of segment p match t[0..m) ('?' any byte). */
+static bool seg_at(const char *p, size_t m, const char *t) {
+  for (size_t i = 0; i < m; i++)
+    if (p[i] != '?' && p[i] != t[i]) return false;
+  return true;
+}
+
+/* Whether a match may end at j in a path of n bytes. */
+static bool boundary(const char *t, size_t n, size_t j) { return j == n || (j > 0 && j < n && t[j] == '/'); }
 
 int ks_path_match(const char *glob, const char *path) {
   if (!glob || !path) return 0;
-  size_t n = strlen(path);
-  if (glob_n(glob, path, n)) return 1;
-  for (size_t j = 1; j < n; j++)
-    if (path[j] == '/' && glob_n(glob, path, j)) return 1;
+  size_t n = strlen(path), m = seg_len(glob);
+  const char *p = glob;
+  if (!p[m]) return m <= n && boundary(path, n, m) && seg_at(p, m, path); /* no '*': one length */
+  if (m > n || !seg_at(p, m, path)) return 0;
+  size_t pos = m; /* where the next segment may start */
+  for (p += m;;) {
+    while (*p == '*') p++;
+    m = seg_len(p);
+    if (!p[m]) break; /* the last segment */
+    size_t q = pos;
+    while (q + m <= n && !seg_at(p, m, path + q)) q++;
+    if (q + m > n) return 0;
+    pos = q + m;
+    p += m;
+  }
+  for (size_t j = pos + m; j <= n; j++)
+    if (boundary(path, n, j) && seg_at(p, m, path + j - m)) return 1;
   return 0;
 }

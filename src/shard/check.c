@@ -3,8 +3,9 @@
  * checked that the `sharded` section is consistent in itself and that each
  * file's chunks fit in the file's recorded size; here the recorded sizes are
  * compared with the real ones (so nothing sized from the index can exceed the
- * files), and the headers with the index (the chunks it lists are there with
- * its dtype, shape and offsets, and nothing else is). Every problem is named
+ * files), and the headers with the index (their length and bytes hash to its
+ * header_xxh3; the chunks it lists are there with its dtype, shape and
+ * offsets, and nothing else is). Every problem is named
  * by the file and the key and handed to the caller's callback, so
  * `keepsake verify DIR` lists them all.
  */
@@ -182,7 +183,35 @@ static void check_chunks(checker *c, int f, const char *path, const ks_reader *r
   ks__jv_free(a, dcp);
 }
 
+/* Version 2 index: the file's length and header hash to the recorded header_xxh3 (FORMAT.md 9.3), so
+   no header that differs from the one written (an edited scalar, a file swapped for another of the
+   same size) is parsed, let alone loaded. The header only: one or two reads, never the data. A
+   version 1 index records the whole file's hash, which only ks_shard_verify_file reads. */
+static int check_header_hash(checker *c, int f, const char *path) {
+  const ks_shard_file_info *want = &c->idx->infos[f];
+  const char *name = c->idx->files[f];
+  int bad = 0, opened = 0;
+  uint64_t size = 0, hash = 0;
+  if (c->idx->version < 2) return 0;
+  int rc = ks__shard_header_hash(c->io, &c->idx->alloc, path, &size, &hash, &bad, &opened);
+  if (rc == ENOMEM) problem(c, KS_E_NOMEM, path, NULL, "rank %d: out of memory hashing the header of %s", f, name);
+  else if (rc) problem(c, KS_E_IO, path, NULL, "rank %d: cannot read %s: %s", f, name, strerror(rc));
+  else if (size != want->size)
+    problem(c, KS_E_FORMAT, path, FILES_KEY,
+            "rank %d: shard file %s changed while checked: %llu bytes, the index says %llu", f, name,
+            (unsigned long long)size, (unsigned long long)want->size);
+  else if (bad)
+    problem(c, KS_E_CHECKSUM, path, NULL, "rank %d: shard file %s is corrupt: no valid header length", f, name);
+  else if (hash != want->checksum)
+    problem(c, KS_E_CHECKSUM, path, NULL,
+            "rank %d: shard file %s is corrupt: header XXH3 %016llx, the index says %016llx", f, name,
+            (unsigned long long)hash, (unsigned long long)want->checksum);
+  else return 0;
+  return -1;
+}
+
 static void check_header(checker *c, int f, const char *path) {
+  if (check_header_hash(c, f, path)) return;
   /* Lazy: the length and the header are read, never a tensor's bytes (tensors are described by
      ks_reader_tensor_desc), so a remote rank file costs one or two ranged reads, not its size. */
   ks_read_opts ro = {.alloc = &c->idx->alloc, .mode = KS_READ_LAZY, .io = c->io};

@@ -17,6 +17,7 @@
 #include "core/internal.h"
 #include "core/json.h"
 #include "keepsake/dcpvalue.h"
+#include "shard/shard_internal.h"
 
 #define MAX_REAL 400 /* bytes of a number literal with a fraction or exponent */
 
@@ -412,6 +413,57 @@ static KS_NODISCARD ks_status parse_number(decoder *d, ks_dcp_value *v) {
   return KS_OK;
 }
 
+/* Up to 40 bytes of s as a Python literal would show them ('...' or b'...'), for a message. */
+static void quoted(char *buf, size_t cap, const char *prefix, const char *s, size_t n) {
+  size_t w = (size_t)snprintf(buf, cap, "%s'", prefix);
+  for (size_t i = 0; i < n && i < 40 && w + 8 < cap; i++) {
+    uint8_t c = (uint8_t)s[i];
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') buf[w++] = (char)c;
+    else w += (size_t)snprintf(buf + w, cap - w, "\\x%02x", c);
+  }
+  snprintf(buf + w, cap - w, "%s'", n > 40 ? "..." : "");
+}
+
+/* A float as Python shows it: the shortest digits that read back, with ".0" when they look integral. */
+static void float_text(double f, char *buf, size_t cap) {
+  for (int p = 1; p <= 17; p++) {
+    snprintf(buf, cap, "%.*g", p, f);
+    if (!isfinite(f) || strtod(buf, NULL) == f) break;
+  }
+  if (!strpbrk(buf, ".eni")) snprintf(buf + strlen(buf), cap - strlen(buf), ".0");
+}
+
+/* A dict key as a message shows it. */
+static void key_text(const ks_dcp_value *v, char *buf, size_t cap) {
+  switch (v->kind) {
+    case KS_DCP_NONE: snprintf(buf, cap, "None"); break;
+    case KS_DCP_BOOL: snprintf(buf, cap, "%s", v->i ? "True" : "False"); break;
+    case KS_DCP_INT: snprintf(buf, cap, "%lld", (long long)v->i); break;
+    case KS_DCP_FLOAT: float_text(v->f, buf, cap); break;
+    case KS_DCP_BIGINT: snprintf(buf, cap, "%.40s%s", v->s, v->len > 40 ? "..." : ""); break;
+    case KS_DCP_STR: quoted(buf, cap, "", v->s, v->len); break;
+    case KS_DCP_BYTES: quoted(buf, cap, "b", v->s, v->len); break;
+    default: snprintf(buf, cap, "(a tuple of %zu items)", v->count); break;
+  }
+}
+
+/* A Python dict never holds two equal keys: a second one would silently replace the first's value. */
+static KS_NODISCARD ks_status distinct_keys(decoder *d, const ks_dcp_value *items, size_t n) {
+  size_t first = 0, second = 0;
+  ks_status st = ks__dcp_dict_keys_distinct(d->a, items, n, &first, &second);
+  if (st == KS_E_NOMEM) return nomem(d);
+  if (!st) return KS_OK;
+  char a[200], b[200];
+  key_text(&items[2 * first], a, sizeof a);
+  key_text(&items[2 * second], b, sizeof b);
+  if (!strcmp(a, b))
+    return ks__json_fail(&d->j, KS_E_FORMAT, NULL, "object: a dict holds the key %s twice (items %zu and %zu)", a,
+                         first, second);
+  return ks__json_fail(&d->j, KS_E_FORMAT, NULL,
+                       "object: a dict holds equal keys %s and %s (items %zu and %zu): a Python dict keeps one", a, b,
+                       first, second);
+}
+
 /* Items of a JSON array, each parsed by parse_value (pair: each a [key, value] array) into a
    growing array; *n gets the count of items (or pairs). */
 static KS_NODISCARD ks_status parse_items(decoder *d, int depth, int key, int pairs, ks_dcp_value **items,
@@ -447,6 +499,7 @@ static KS_NODISCARD ks_status parse_items(decoder *d, int depth, int key, int pa
       len++;
     }
   }
+  if (!st && pairs) st = distinct_keys(d, *items, len / 2);
   if (st) {
     for (size_t i = 0; i < len; i++) value_free(d->a, &(*items)[i]);
     ks__free(d->a, *items);
@@ -464,7 +517,8 @@ static int b64_value(uint8_t c) {
   return c == '+' ? 62 : c == '/' ? 63 : -1;
 }
 
-/* Standard base64 with padding (what Python's b64decode(validate=True) accepts). */
+/* Standard base64 with padding, canonical: what Python's b64encode writes (b64decode(validate=True)
+   also accepts nonzero padding bits, which would give one value two encodings). */
 static KS_NODISCARD ks_status parse_base64(decoder *d, const uint8_t *s, size_t n, ks_dcp_value *v) {
   if (n % 4) return bad(d, "base64 whose length is not a multiple of 4");
   size_t pad = n && s[n - 1] == '=' ? (n >= 2 && s[n - 2] == '=' ? 2 : 1) : 0;
@@ -487,6 +541,15 @@ static KS_NODISCARD ks_status parse_base64(decoder *d, const uint8_t *s, size_t 
     size_t k = 3 - last;
     memcpy(o + w, three, k);
     w += k;
+  }
+  /* Canonical: the bits the padding leaves unused are zero ("QQ==", never "QR=="), so one value has
+     one encoding, the one the encoder writes. */
+  int last = pad ? b64_value(s[n - pad - 1]) : 0;
+  if (last & (pad == 2 ? 0x0F : 0x03)) {
+    ks__free(d->a, o);
+    return ks__json_fail(&d->j, KS_E_FORMAT, NULL,
+                         "object: base64 that is not canonical: character %zu ('%c') sets bits the padding drops",
+                         n - pad - 1, (char)s[n - pad - 1]);
   }
   o[w] = '\0';
   v->s = (const char *)o;

@@ -205,17 +205,29 @@ static int hash_header_fd(const ks_io *io, const ks_allocator *a, int fd, uint64
   return rc;
 }
 
-ks_status ks__shard_file_facts(const ks_io *io, const ks_allocator *a, const char *path, ks_shard_file_info *info,
-                               ks_error *err) {
+int ks__shard_header_hash(const ks_io *io, const ks_allocator *a, const char *path, uint64_t *size, uint64_t *hash,
+                          int *bad, int *opened) {
   io = ks__io_v2(io);
   a = ks__alloc_or_default(a);
-  int fd = -1, bad = 0;
-  uint64_t size = 0, hash = 0;
-  int rc = io->open_fn(io->ctx, path, &fd, &size);
-  if (rc) return ks__err_at(err, rc == ENOMEM ? KS_E_NOMEM : KS_E_IO, path, NULL, -1, "cannot reopen the file: %s",
-                            strerror(rc));
-  rc = hash_header_fd(io, a, fd, size, &hash, &bad);
+  int fd = -1;
+  *bad = 0;
+  *opened = 0;
+  int rc = io->open_fn(io->ctx, path, &fd, size);
+  if (rc) return rc;
+  *opened = 1;
+  rc = hash_header_fd(io, a, fd, *size, hash, bad);
   io->close_fn(io->ctx, fd); /* read-only: nothing a failed close could lose */
+  return rc;
+}
+
+ks_status ks__shard_file_facts(const ks_io *io, const ks_allocator *a, const char *path, ks_shard_file_info *info,
+                               ks_error *err) {
+  int bad = 0, opened = 0;
+  uint64_t size = 0, hash = 0;
+  int rc = ks__shard_header_hash(io, a, path, &size, &hash, &bad, &opened);
+  if (rc && !opened)
+    return ks__err_at(err, rc == ENOMEM ? KS_E_NOMEM : KS_E_IO, path, NULL, -1, "cannot reopen the file: %s",
+                      strerror(rc));
   if (rc == ENOMEM) return ks__err(err, KS_E_NOMEM, "out of memory hashing the header");
   if (rc) return ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot read the header back: %s", strerror(rc));
   if (bad) return ks__err_at(err, KS_E_FORMAT, path, NULL, 0, "the file written has no valid header length");

@@ -8,6 +8,7 @@
 #include "core/internal.h"
 #include "core/json.h"
 #include "core/keys.h"
+#include "keepsake/dcpvalue.h"
 #include "keepsake/shard.h"
 
 /* Metadata keys of a rank file. */
@@ -15,6 +16,8 @@
 #define KS__DCP_INFO "DCP_SHARDING_INFO"      /* torch DCP: {fqn: {"saved_offsets": [...]}} */
 #define KS__DCP_VERSION "DCP_VERSION"
 #define KS__METRICS_META "keepsake.metrics"
+/* Name prefix of a DCP non-tensor value: a 1-d U8 tensor of typed JSON (FORMAT.md 9.1). */
+#define KS__DCP_OBJECT "keepsake.dcp.object/"
 
 /* Counters of the timestamp, or has = 0. */
 typedef struct ks__shard_ts {
@@ -65,10 +68,10 @@ typedef struct ks__shard_tally {
   size_t chunks;   /* chunks of all tensors so far */
 } ks__shard_tally;
 
-/* Checks that the chunks of sharded tensor `ti` tile its global shape exactly (overflow-checked
-   volumes adding up to the global volume, no two overlapping, one a rank file at most) and that
-   each file's chunks hold at most its recorded size. KS_E_FORMAT or KS_E_LIMIT naming `path` and
-   the tensor; KS_E_NOMEM. Allocates nothing from the shapes. */
+/* Checks that sharded tensor `ti` has chunks (a DCP value exactly one, of a 1-d U8 tensor), that they
+   tile its global shape exactly (overflow-checked volumes adding up to the global volume, no two
+   overlapping, one a rank file at most) and that each file's chunks hold at most its recorded size.
+   KS_E_FORMAT or KS_E_LIMIT naming `path` and the tensor; KS_E_NOMEM. Allocates nothing from the shapes. */
 KS_NODISCARD ks_status ks__shard_check_tiling(const ks_shard_index *idx, size_t ti, ks__shard_tally *t,
                                               const char *path, ks_error *err);
 
@@ -88,6 +91,12 @@ KS_NODISCARD ks_status ks__shard_check_sizes(const char *dir, const ks_shard_ind
    header length). */
 KS_NODISCARD ks_status ks__shard_file_facts(const ks_io *io, const ks_allocator *a, const char *path,
                                             ks_shard_file_info *info, ks_error *err);
+
+/* The same hash of the file at `path` through `io` (NULL = POSIX): *size its size, *hash the XXH3-64 of its
+   first 8 + N bytes, read (never mapped). errno-style result; *opened tells a failed open (nonzero result,
+   *opened 0) from a failed read; *bad set (0 returned) when the length prefix is not one a valid file has. */
+int ks__shard_header_hash(const ks_io *io, const ks_allocator *a, const char *path, uint64_t *size, uint64_t *hash,
+                          int *bad, int *opened);
 
 /* "dir/name" through the allocator; NULL when out of memory. */
 char *ks__shard_join(const ks_allocator *a, const char *dir, const char *name);
@@ -113,5 +122,11 @@ void ks__shard_push(const ks_allocator *a, ks__jv *arr, ks__jv *val, ks_status *
 /* Parses one metadata JSON value of a rank file; NULL text gives NULL with KS_OK. */
 KS_NODISCARD ks_status ks__shard_parse_meta(const ks_allocator *a, const char *text, const char *key, ks__jv **out,
                                ks_error *err);
+
+/* Whether the n keys of a decoded dict (items[2k], dcpkeys.c) are distinct as Python compares them
+   (True == 1 == 1.0; a NaN or an io.BytesIO equals nothing). KS_OK; KS_E_EXISTS with the pair numbers of
+   the first repeated key in *second and of its first occurrence in *first; KS_E_NOMEM. */
+KS_NODISCARD ks_status ks__dcp_dict_keys_distinct(const ks_allocator *a, const ks_dcp_value *items, size_t n,
+                                                  size_t *first, size_t *second);
 
 #endif

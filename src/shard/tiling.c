@@ -146,10 +146,28 @@ KS_NODISCARD static ks_status disjoint(const ks_shard_index *idx, const ks__shar
   return st;
 }
 
+/* What a sharded entry is besides a tiling: some rank file holds it (a writer lists a tensor because a
+   file holds a chunk of it, so an entry with none, even of an empty global shape, is no checkpoint's),
+   and a DCP value (FORMAT.md 9.1) is one whole 1-d U8 tensor, held by one file. */
+KS_NODISCARD static ks_status check_entry(const ks__sharded *s, const char *path, ks_error *err) {
+  if (s->n_chunks == 0)
+    return ks__err_at(err, KS_E_FORMAT, path, s->name, -1, "index: '%s' has no chunks: no rank file holds it",
+                      s->name);
+  if (strncmp(s->name, KS__DCP_OBJECT, strlen(KS__DCP_OBJECT))) return KS_OK;
+  if (s->dtype != KS_U8 || s->rank != 1 || s->n_chunks != 1)
+    return ks__err_at(err, KS_E_FORMAT, path, s->name, -1,
+                      "index: '%s' is a DCP value: one whole 1-d U8 tensor in one rank file, not %s of rank %d in "
+                      "%zu chunks",
+                      s->name, ks_dtype_name(s->dtype), s->rank, s->n_chunks);
+  return KS_OK;
+}
+
 ks_status ks__shard_check_tiling(const ks_shard_index *idx, size_t ti, ks__shard_tally *t, const char *path,
                                  ks_error *err) {
   const ks__sharded *s = &idx->sharded[ti];
   uint64_t whole, bytes, covered = 0;
+  ks_status est = check_entry(s, path, err);
+  if (est) return est;
   if (!volume(s->rank, s->global_shape, &whole) || !ks__mul_u64(whole, ks_dtype_size(s->dtype), &bytes))
     return ks__err_at(err, KS_E_FORMAT, path, s->name, -1, "index: '%s': the global shape's byte count overflows",
                       s->name);

@@ -287,6 +287,34 @@ def test_read_over_http(env, tmp_path):
         shutil.rmtree(local)
 
 
+def test_rank_file_swapped_over_http_is_refused(env):
+    """A rank file replaced by another checkpoint's of the same size (lr 9.125 for 0.125, other
+    weights; every tensor checksum in its header matches its data): read_metadata hashes each
+    header against the index's header_xxh3 through ranged GETs, so nothing of it loads."""
+    name = f"dcp-{uuid.uuid4().hex[:12]}"
+    a, b = (os.path.join(env["KS_TEST_HTTP_ROOT"], name + s) for s in ("-a", "-b"))
+    try:
+        for d, seed, lr in ((a, 0, 0.125), (b, 1, 9.125)):
+            g = torch.Generator().manual_seed(seed)
+            dcp.save({"w": torch.randn(64, 32, generator=g), "lr": lr}, storage_writer=KeepsakeWriter(d),
+                     no_dist=True)
+        assert os.path.getsize(os.path.join(a, RANK0)) == os.path.getsize(os.path.join(b, RANK0))
+        shutil.copyfile(os.path.join(b, RANK0), os.path.join(a, RANK0))
+        url = f"{env['KS_TEST_HTTP_URL']}/{name}-a"
+        with pytest.raises(keepsake.ChecksumError) as e:
+            KeepsakeReader(url).read_metadata()
+        assert "header XXH3" in str(e.value), str(e.value)
+        out = {"w": torch.zeros(64, 32), "lr": 0.0}
+        with pytest.raises(CheckpointException):
+            dcp.load(out, storage_reader=KeepsakeReader(url), no_dist=True)
+        assert out["lr"] == 0.0 and not out["w"].any()
+        v = cli("verify", url)
+        assert v.returncode == 1 and "header XXH3" in v.stdout, (v.stdout, v.stderr)
+    finally:
+        shutil.rmtree(a, ignore_errors=True)
+        shutil.rmtree(b, ignore_errors=True)
+
+
 # ----------------------------------------------------------------------------------------------
 # What a load reads, counted at the fault proxy.
 # ----------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 
   shard_index.py corpus       KEEPSAKE MAKE_SHARDED WORKDIR
   shard_index.py inspect-json KEEPSAKE MAKE_SHARDED WORKDIR
+  shard_index.py globs        KEEPSAKE MAKE_SHARDED WORKDIR
 
 corpus: MAKE_SHARDED writes a valid 3-rank directory; this generator derives from
 it at least 50 variants whose index `sharded` section (or the files it names) is
@@ -16,6 +17,11 @@ naming the key. No run may die from a signal, and each child's peak RSS
 
 inspect-json: `keepsake inspect --json DIR` prints the index and each rank file
 as `inspect --json FILE` shows it, metrics with class, update count and value.
+
+globs: MAKE_SHARDED --long-names 1 1000 --globs 4092 writes the hostile case of per-rank globs
+(a 170 KB index, 165 KB rank files: 4,096 globs, a name with 500 '/' boundaries); verify, diff
+and reshard must each take at most 5 s of CPU (a matcher that runs every glob over every
+'/'-prefix of every name took 17 s to reshard it).
 
 Standard library only.
 """
@@ -32,8 +38,9 @@ RANK = ["rank-%05d-of-00003.keepsake" % r for r in range(3)]
 SLACK = 64 << 20  # bytes of peak RSS allowed above the size of the files
 
 
-def run_measured(argv):
-    """Runs argv and reaps it with os.wait4, so ru_maxrss is that child's own peak (bytes)."""
+def run_measured(argv, cpu=None):
+    """Runs argv and reaps it with os.wait4, so ru_maxrss is that child's own peak (bytes); with a
+    list `cpu`, the child's CPU seconds (user + system) are appended to it."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -53,6 +60,8 @@ def run_measured(argv):
         chunks.append(b)
     os.close(r)
     _, status, ru = os.wait4(pid, 0)
+    if cpu is not None:
+        cpu.append(ru.ru_utime + ru.ru_stime)
     if os.WIFSIGNALED(status):
         raise SystemExit("FAIL: %s died from signal %d" % (" ".join(argv), os.WTERMSIG(status)))
     return os.WEXITSTATUS(status), b"".join(chunks).decode("utf-8", "replace"), ru.ru_maxrss * 1024
@@ -242,6 +251,9 @@ VARIANTS = [
     ("chunk-number", lambda ix, d: (chunks(ix, W).__setitem__(0, 7), (INDEX, W))[1]),
     ("tensor-name-empty", tile("", "F32", [2], [(0, [0], [2])], INDEX, "keepsake.sharded")),
     ("tensor-name-long", tile("x" * 2000, "F32", [2], [(0, [0], [2])], INDEX, "keepsake.sharded")),
+    # DCP values: one whole 1-d U8 tensor (an entry with no chunk tiles an empty global shape)
+    ("object-no-chunks", tile("keepsake.dcp.object/x", "U8", [0], [])),
+    ("object-two-chunks", tile("keepsake.dcp.object/x", "U8", [4], [(0, [0], [2]), (1, [2], [2])])),
 ]
 
 
@@ -344,13 +356,36 @@ def inspect_json(cli, make, work):
     return 0
 
 
+GLOBS_CPU = 5.0  # seconds of CPU per command (0.1 s in a release build)
+
+
+def globs(cli, make, work):
+    d, out = os.path.join(work, "globs"), os.path.join(work, "globs-2")
+    subprocess.check_call([make, d, "--long-names", "1", "1000", "--globs", "4092"])
+    with open(os.path.join(d, INDEX)) as f:
+        assert len(json.load(f)["keepsake"]["per_rank"]) == 4096
+    failures = []
+    for argv, want in (([cli, "verify", d], 0), ([cli, "diff", d, d], 0),
+                       ([cli, "reshard", d, "--world-size", "2", out], 0), ([cli, "diff", d, out], 0)):
+        cpu = []
+        status, text, _ = run_measured(argv, cpu)
+        print("%-7s %.2f s of CPU, exit %d" % (argv[1], cpu[0], status))
+        if status != want:
+            failures.append("%s: exit %d, want %d\n%s" % (" ".join(argv[1:2]), status, want, text[-600:]))
+        if cpu[0] > GLOBS_CPU:
+            failures.append("%s: %.2f s of CPU, more than %.0f s" % (argv[1], cpu[0], GLOBS_CPU))
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
 def main():
-    if len(sys.argv) != 5 or sys.argv[1] not in ("corpus", "inspect-json"):
+    if len(sys.argv) != 5 or sys.argv[1] not in ("corpus", "inspect-json", "globs"):
         raise SystemExit(__doc__)
     mode, cli, make, work = sys.argv[1:]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    return corpus(cli, make, work) if mode == "corpus" else inspect_json(cli, make, work)
+    return {"corpus": corpus, "inspect-json": inspect_json, "globs": globs}[mode](cli, make, work)
 
 
 if __name__ == "__main__":

@@ -429,6 +429,73 @@ static void the_encoder_refuses_and_latches(void **s) {
   free(digits);
 }
 
+/* A dict holds no two keys a Python dict would take as one (its value would replace the first's),
+   and base64 is canonical (zero padding bits): each refused naming the key or the character. */
+static void repeated_keys_and_noncanonical_base64_are_refused(void **s) {
+  (void)s;
+  static const struct {
+    const char *text, *message;
+  } refused[] = {
+      {"{\"dict\":[[\"lr\",0.1],[\"lr\",0.2]]}", "the key 'lr' twice (items 0 and 1)"},
+      {"{\"dict\":[[\"a\",1],[\"b\",2],[\"c\",3],[\"b\",4],[\"a\",5]]}", "the key 'b' twice (items 1 and 3)"},
+      {"{\"dict\":[[1,1],[true,2]]}", "equal keys 1 and True (items 0 and 1)"},
+      {"{\"dict\":[[0,1],[-0.0,2]]}", "equal keys 0 and -0.0"},
+      {"{\"dict\":[[2,1],[2.0,2]]}", "equal keys 2 and 2.0"},
+      {"{\"dict\":[[9223372036854775808,1],[9.223372036854776e18,2]]}", "(items 0 and 1)"},
+      {"{\"dict\":[[{\"float\":\"inf\"},1],[1e999999,2]]}", NULL}, /* 1e999999 is out of range anyway */
+      {"{\"dict\":[[{\"float\":\"inf\"},1],[{\"float\":\"inf\"},2]]}", "the key inf twice"},
+      {"{\"dict\":[[null,1],[null,2]]}", "the key None twice"},
+      {"{\"dict\":[[{\"bytes\":\"YQ==\"},1],[{\"bytes\":\"YQ==\"},2]]}", "the key b'a' twice"},
+      {"{\"dict\":[[{\"tuple\":[1,\"x\"]},1],[{\"tuple\":[1.0,\"x\"]},2]]}", "(a tuple of 2 items) twice"},
+      {"[{\"dict\":[]},{\"dict\":[[\"k\",{\"dict\":[[\"j\",1],[\"j\",2]]}]]}]", "the key 'j' twice"},
+      {"{\"bytes\":\"QR==\"}", "character 1 ('R') sets bits the padding drops"},
+      {"{\"bytes\":\"QUJ=\"}", "character 2 ('J') sets bits the padding drops"},
+      {"{\"bytesio\":\"AAAAQf==\"}", "character 5 ('f')"},
+  };
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    ks_dcp_doc *doc = NULL;
+    ks_error err;
+    ks_status st = decode(refused[i].text, strlen(refused[i].text), &doc, &err);
+    if (st != KS_E_FORMAT || (refused[i].message && !strstr(err.message, refused[i].message)))
+      fail_msg("%s: %s: %s", refused[i].text, ks_status_name(st), err.message);
+    assert_null(doc);
+  }
+  static const char *const kept[] = {
+      "{\"dict\":[[{\"float\":\"nan\"},1],[{\"float\":\"nan\"},2]]}", /* NaN equals nothing */
+      "{\"dict\":[[1,1],[\"1\",2],[{\"tuple\":[1]},3],[{\"bytes\":\"MQ==\"},4],[1.5,5],[null,6]]}",
+      "{\"dict\":[[9223372036854775807,1],[9.223372036854776e18,2]]}", /* 2^63 - 1 is no double */
+      "{\"dict\":[[9223372036854775809,1],[9223372036854775808,2]]}",
+      "{\"dict\":[[{\"tuple\":[{\"float\":\"nan\"}]},1],[{\"tuple\":[{\"float\":\"nan\"}]},2]]}",
+      "{\"dict\":[[\"lr\",1]]}",
+      "[{\"dict\":[[\"k\",1]]},{\"dict\":[[\"k\",2]]}]", /* the same key in two dicts */
+      "{\"bytes\":\"QQ==\"}",
+      "{\"bytes\":\"QUI=\"}",
+      "{\"bytes\":\"\"}",
+  };
+  for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) {
+    ks_dcp_doc *doc = NULL;
+    ks_error err;
+    ks_status st = decode(kept[i], strlen(kept[i]), &doc, &err);
+    if (st) fail_msg("%s: %s: %s", kept[i], ks_status_name(st), err.message);
+    ks_dcp_doc_free(doc);
+  }
+  /* Many keys: one repeat among 100,000 is found (sorted, not compared pairwise). */
+  size_t cap = 100000 * 24 + 64, n = 0;
+  char *big = malloc(cap);
+  assert_non_null(big);
+  n += (size_t)snprintf(big + n, cap - n, "{\"dict\":[");
+  for (int k = 0; k < 100000; k++) n += (size_t)snprintf(big + n, cap - n, "%s[\"k%d\",%d]", k ? "," : "", k, k);
+  snprintf(big + n, cap - n, "]}");
+  ks_dcp_doc *doc = NULL;
+  assert_int_equal(decode(big, strlen(big), &doc, NULL), KS_OK);
+  ks_dcp_doc_free(doc);
+  memcpy(strstr(big, "[\"k99999\""), "[\"k77777\"", 9);
+  ks_error err;
+  assert_int_equal(decode(big, strlen(big), &doc, &err), KS_E_FORMAT);
+  assert_non_null(strstr(err.message, "the key 'k77777' twice (items 77777 and 99999)"));
+  free(big);
+}
+
 /* Every allocation failing in turn: KS_E_NOMEM, nothing leaked. */
 static void allocation_failures_leak_nothing(void **s) {
   (void)s;
@@ -472,6 +539,7 @@ int main(void) {
       cmocka_unit_test(hostile_nesting_and_numbers_are_refused),
       cmocka_unit_test(malformed_text_and_tags_are_format_errors),
       cmocka_unit_test(the_encoder_refuses_and_latches),
+      cmocka_unit_test(repeated_keys_and_noncanonical_base64_are_refused),
       cmocka_unit_test(allocation_failures_leak_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -34,8 +34,9 @@ static void add_chunk(ks_statedict *sd, ks_shard_map *map, const char *name, con
   assert_int_equal(ks_shard_map_add(map, name, 2, g, off, shape, NULL), KS_OK);
 }
 
-static char *write_dir(const char *root) {
-  char *dir = ks_test_path(root, "ckpt");
+/* Rank 0 also holds the scalar "lr" = lr in its header (keepsake.scalars). */
+static char *write_dir_at(const char *root, const char *sub, double lr) {
+  char *dir = ks_test_path(root, sub);
   assert_int_equal(mkdir(dir, 0777), 0);
   ks_shard_file_info infos[N];
   ks_save_opts so = {.io = ks_test_io_nosync()};
@@ -50,6 +51,7 @@ static char *write_dir(const char *root) {
     int64_t voff[2] = {0, 2 * r}, vshape[2] = {4, 2};
     add_chunk(sd, map, V, gv, voff, vshape);
     assert_int_equal(ks_statedict_set_int(sd, "state/timestamp/Timestamp/epoch", 1, NULL), KS_OK);
+    if (r == 0) assert_int_equal(ks_statedict_set_float(sd, "lr", lr, NULL), KS_OK);
     ks_error err;
     assert_int_equal(ks_shard_write_rank(dir, r, N, sd, NULL, map, NULL, 0, &so, &infos[r], &err), KS_OK);
     ks_statedict_free(sd);
@@ -58,6 +60,8 @@ static char *write_dir(const char *root) {
   assert_int_equal(ks_shard_write_index(dir, N, infos, &so, NULL), KS_OK);
   return dir;
 }
+
+static char *write_dir(const char *root) { return write_dir_at(root, "ckpt", 0.125); }
 
 static json_t *load_index(const char *dir) {
   char *p = ks_test_path(dir, KS_SHARD_INDEX_NAME);
@@ -103,6 +107,17 @@ static void past_the_file(json_t *ix) {
   json_object_set_new(json_array_get(json_object_get(json_object_get(ix, "keepsake"), "files"), 0), "size",
                       json_integer(40));
 }
+static void no_chunks(json_t *ix) {
+  json_t *v = json_object_get(json_object_get(json_object_get(ix, "keepsake"), "sharded"), V);
+  json_object_set_new(v, "global_shape", dims2(0, 6)); /* an empty tensor: no volume to miss */
+  json_object_set_new(v, "chunks", json_array());
+}
+#define OBJ "keepsake.dcp.object/w"
+static void object_of_three_chunks(json_t *ix) {
+  json_t *sharded = json_object_get(json_object_get(ix, "keepsake"), "sharded");
+  json_object_set(sharded, OBJ, json_object_get(sharded, W));
+  json_object_del(sharded, W);
+}
 static void negative(json_t *ix) { json_object_set_new(chunk_of(ix, W, 0), "offsets", dims2(-1, 0)); }
 static void fractional(json_t *ix) { json_object_set_new(chunk_of(ix, W, 0), "offsets", json_pack("[f, i]", 0.5, 0)); }
 
@@ -120,6 +135,8 @@ static void sharded_sections_are_validated(void **s) {
       {"more chunks than files", more_chunks_than_files, W, "more chunks than its 3 rank files"},
       {"volume overflow", overflow, W, "overflows"},
       {"chunks past the file size", past_the_file, W, "need more bytes than its 40"},
+      {"no chunks", no_chunks, V, "has no chunks"},
+      {"a DCP value in chunks", object_of_three_chunks, OBJ, "one whole 1-d U8 tensor"},
       {"negative offset", negative, W, "malformed"},
       {"fractional offset", fractional, W, "malformed"},
   };
@@ -302,6 +319,81 @@ static void files_are_checked_against_the_index(void **s) {
   free(root);
 }
 
+static char *rank_path(const char *dir, int r) {
+  char name[64];
+  assert_int_equal(ks_shard_file_name(r, N, name, sizeof name), KS_OK);
+  return ks_test_path(dir, name);
+}
+
+/* Replaces `from` with `to` (same length) in the header of the file at p, in place. */
+static void edit_header(const char *p, const char *from, const char *to) {
+  size_t len, n = strlen(from);
+  uint8_t *b = ks_test_read_file(p, &len);
+  assert_true(len > 8 && strlen(to) == n);
+  uint64_t hl = 0;
+  for (int i = 7; i >= 0; i--) hl = hl << 8 | b[i];
+  uint8_t *at = NULL;
+  for (size_t i = 8; !at && i + n <= 8 + hl; i++)
+    if (!memcmp(b + i, from, n)) at = b + i;
+  assert_non_null(at);
+  memcpy(at, to, n);
+  assert_int_equal(ks_test_write_file(p, b, len), 0);
+  free(b);
+}
+
+static void expect_one_corrupt_header(const char *dir, int rank) {
+  seen x = check_headers(dir);
+  if (x.n != 1 || x.codes[0] != KS_E_CHECKSUM || x.files[rank] != 1)
+    fail_msg("rank %d: %d problems, the first %s", rank, x.n, ks_status_name(x.n ? x.codes[0] : KS_OK));
+}
+
+/* The header check holds every file's length and header against the index's header_xxh3: a value
+   edited in place (same size, every tensor checksum intact), a one-bit lie in the index, a rank
+   file swapped for another checkpoint's of the same size. Reshard and a verified load refuse them. */
+static void headers_hash_to_the_index(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shardcheck");
+  char *dir = write_dir(root), *other = write_dir_at(root, "other", 9.125);
+  assert_int_equal(check_headers(dir).n, 0);
+  char *p0 = rank_path(dir, 0), *q0 = rank_path(other, 0);
+  size_t len, olen;
+  uint8_t *good = ks_test_read_file(p0, &len), *theirs = ks_test_read_file(q0, &olen);
+  assert_int_equal(len, olen);
+  /* lr 0.125 -> 9.125 in rank 0's header */
+  edit_header(p0, "0.125", "9.125");
+  expect_one_corrupt_header(dir, 0);
+  ks_error err;
+  char *out = ks_test_path(root, "out");
+  assert_int_equal(ks_shard_reshard(dir, 1, out, NULL, &err), KS_E_CHECKSUM);
+  assert_int_equal(ks_test_write_file(p0, good, len), 0);
+  /* one bit of rank 1's header_xxh3 in the index */
+  json_t *valid = load_index(dir), *ix = json_deep_copy(valid);
+  json_t *f1 = json_array_get(json_object_get(json_object_get(ix, "keepsake"), "files"), 1);
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016llx",
+           strtoull(json_string_value(json_object_get(f1, "header_xxh3")), NULL, 16) ^ 1ull);
+  json_object_set_new(f1, "header_xxh3", json_string(hex));
+  save_index(dir, ix);
+  json_decref(ix);
+  expect_one_corrupt_header(dir, 1);
+  save_index(dir, valid);
+  json_decref(valid);
+  /* another checkpoint's rank 0 file, of the same size */
+  assert_int_equal(ks_test_write_file(p0, theirs, olen), 0);
+  expect_one_corrupt_header(dir, 0);
+  assert_int_equal(ks_test_write_file(p0, good, len), 0);
+  assert_int_equal(check_headers(dir).n, 0);
+  free(good);
+  free(theirs);
+  free(p0);
+  free(q0);
+  free(out);
+  ks_test_rmtree(root);
+  free(dir);
+  free(other);
+  free(root);
+}
+
 static void allocation_failures_leak_nothing(void **s) {
   (void)s;
   char *root = ks_test_tmpdir("shardcheck");
@@ -330,6 +422,7 @@ int main(void) {
       cmocka_unit_test(sharded_sections_are_validated),
       cmocka_unit_test(wide_column_splits_are_checked),
       cmocka_unit_test(files_are_checked_against_the_index),
+      cmocka_unit_test(headers_hash_to_the_index),
       cmocka_unit_test(allocation_failures_leak_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
