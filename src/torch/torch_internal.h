@@ -30,6 +30,7 @@ typedef struct ks__zip_entry {
   uint32_t crc;
   uint16_t method;
   uint16_t flags;
+  bool crc_checked; /* ks__zip_read verified it already: each BINPERSID of one storage must not pay again */
 } ks__zip_entry;
 
 typedef struct ks__zip ks__zip;
@@ -44,7 +45,8 @@ size_t ks__zip_count(const ks__zip *z);
 const ks__zip_entry *ks__zip_at(const ks__zip *z, size_t i);
 /* Nonzero when the bytes live in a mapping owned by the zip (not the caller's buffer). */
 int ks__zip_owns_data(const ks__zip *z);
-/* Finds root+rel and returns its stored bytes; refuses compressed or encrypted entries. */
+/* Finds root+rel and returns its stored bytes; refuses compressed or encrypted entries. The CRC32 is checked
+ * on the first read of an entry only. */
 KS_NODISCARD ks_status ks__zip_read(const ks__zip *z, const char *rel, int verify_crc, const uint8_t **data,
                        size_t *len, ks_error *err);
 
