@@ -26,6 +26,7 @@ container counted with its record). A 20 MiB flood thus stays under 512 MiB.
 Standard library only; exits 77 (skipped) without /usr/bin/time.
 """
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -201,17 +202,21 @@ def run_measured(cmd, work):
     """(exit status or -signal, peak RSS in bytes, seconds, output) of cmd, measured by /usr/bin/time."""
     stats = os.path.join(work, "time.txt")
     t0 = time.monotonic()
+    p = subprocess.Popen([TIME, "-f", "%x %M", "-o", stats] + cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)
     try:
-        r = subprocess.run([TIME, "-f", "%x %M", "-o", stats] + cmd, capture_output=True, timeout=HANG_S)
+        out, _ = p.communicate(timeout=HANG_S)
     except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
         return None, 0, HANG_S, "hang"
     took = time.monotonic() - t0
-    out = (r.stdout + r.stderr).decode("utf-8", "replace")
-    last = open(stats).read().split()
-    # GNU time writes "Command terminated by signal N" before the numbers when the child was killed
-    sig = open(stats).read().split("signal ")[1].split()[0] if "signal" in open(stats).read() else None
-    rc = -int(sig) if sig else int(last[-2])
-    return rc, int(last[-1]) * 1024, took, out
+    with open(stats) as f:
+        text = f.read()
+    # GNU time writes "Command terminated by signal N" before "%x %M" when the child was killed
+    words = text.split()
+    rc = -int(text.split("signal ")[1].split()[0]) if "terminated by signal" in text else int(words[-2])
+    return rc, int(words[-1]) * 1024, took, out.decode("utf-8", "replace")
 
 
 def main():
