@@ -58,13 +58,15 @@ KS_BEGIN_DECLS
 
 /**
  * Options for reading. Zero-initialise; zero limits mean the defaults below.
- * Besides these, two fixed bounds keep a small hostile file cheap: the pickle
+ * Besides these, three fixed bounds keep a small hostile file cheap: the pickle
  * program's work (opcodes run plus items copied by constructors such as set()
- * or OrderedDict() of a memoised list) is capped at 32 per pickle byte + 2^20,
- * and integers longer than 4096 bytes are refused (KS_E_LIMIT) when they would
- * become an entry; shorter ones are converted to decimal once, however many
- * times the pickle references them. Nesting of _rebuild_from_type_v2 is
- * unwrapped iteratively, at any depth.
+ * or OrderedDict() of a memoised list) is capped at 32 per pickle byte + 2^20;
+ * the memory it holds for its values, strings, items, stack, marks and memo at
+ * 16 bytes per pickle byte + 1 MiB (real pickles take 4 to 13); and integers
+ * longer than 4096 bytes are refused (KS_E_LIMIT) when they would become an
+ * entry; shorter ones are converted to decimal once, however many times the
+ * pickle references them. Nesting of _rebuild_from_type_v2 is unwrapped
+ * iteratively, at any depth.
  */
 typedef struct ks_torch_read_opts {
   size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
@@ -73,14 +75,15 @@ typedef struct ks_torch_read_opts {
   size_t max_memo;           /**< memo slots; default 1<<24 (and never more than pickle bytes) */
   size_t max_stack;          /**< pickle stack + mark depth; default 1<<20 */
   uint64_t max_string;       /**< one string or bytes object; default 1 GiB */
-  uint64_t max_view_bytes;   /**< bytes materialised for strided views; default 2*file+64 MiB */
+  uint64_t max_view_bytes;   /**< bytes materialised for strided views and byte-swapped numpy arrays;
+                                  default 2*file+64 MiB */
   size_t max_depth;          /**< nesting depth of the flattened tree; default 64 */
   size_t max_entries; /**< flattened entries, and separately containers visited while flattening (a pickle can share one
                          container many times); default 8*pickle bytes + 4096 */
   uint64_t max_output_bytes; /**< bytes of all flattened names, tensors, bytes and strings together,
-                                  a value shared by n paths counting n times (a list, tuple, set, dict
-                                  or object reached again by another path: its name plus 512 bytes);
-                                  default 4*file+64 MiB */
+                                  a value shared by n paths counting n times, and the records they make:
+                                  256 bytes per entry, and for each path to a list, tuple, set, dict
+                                  or object its name plus 512 bytes; default 4*file+64 MiB */
   /** The table the file is read through (open, map or read, close; stat for the import's size):
    *  NULL = ks_io_posix(). A table that cannot map (remote, cache) reads the file into memory. */
   const ks_io *io;

@@ -259,15 +259,15 @@ static KS_NODISCARD ks_status alloc_tensors(rd *r) {
     if (!e->tensor) continue;
     ks_status st = check_cover(r, e);
     if (st) return st;
-    ks__pk_node *n = ks__pk_new(r->ar, PK_TENSOR);
+    ks__pk_node *n = ks__pk_new_tensor(r->ar);
     if (!n) return nomem(r->err);
     size_t bytes = 0;
     if ((st = ks_shape_size(e->dtype, e->rank, e->shape, NULL, &bytes)) != KS_OK) return ks__err(r->err, st, "dcp");
     void *data = bytes ? ks__pk_buffer(r->ar, bytes) : NULL;
     if (bytes && !data) return nomem(r->err);
     r->ar->buf_bytes -= bytes; /* the budget of views materialised by objects counts their own bytes only */
-    if ((st = ks_tensor_init(&n->u.t, e->dtype, e->rank, e->shape, data)) != KS_OK) return ks__err(r->err, st, "dcp");
-    n->u.t.ownership = KS_OWNED; /* arena memory: the flattened dict views it and keeps the arena */
+    if ((st = ks_tensor_init(n->u.t, e->dtype, e->rank, e->shape, data)) != KS_OK) return ks__err(r->err, st, "dcp");
+    n->u.t->ownership = KS_OWNED; /* arena memory: the flattened dict views it and keeps the arena */
     e->value = n;
   }
   return KS_OK;
@@ -336,7 +336,7 @@ static KS_NODISCARD ks_status read_chunk(rd *r, const ks__dcp_item *it, const ui
   ks__zip *z = NULL;
   ks__pk_node *root = NULL;
   ks_status st = run_item(r, it, buf, len, &tmp, &lim, &z, &root);
-  const ks_tensor *t = !st && root->kind == PK_TENSOR ? &root->u.t : NULL;
+  const ks_tensor *t = !st && root->kind == PK_TENSOR ? root->u.t : NULL;
   if (!st && !t)
     st = ks__err_at(r->err, KS_E_FORMAT, r->path, e->fqn, (int64_t)it->offset,
                     "dcp: the chunk's archive holds a %s, not a tensor", ks__pk_kind_name(root->kind));
@@ -348,7 +348,7 @@ static KS_NODISCARD ks_status read_chunk(rd *r, const ks__dcp_item *it, const ui
     st = ks__err_at(r->err, KS_E_SHAPE, r->path, e->fqn, (int64_t)it->offset,
                     "dcp: the chunk's tensor does not have the chunk's sizes");
   if (!st) {
-    copy_ctx c = {e->value->u.t.data, t->data, ks_dtype_size(e->dtype)};
+    copy_ctx c = {e->value->u.t->data, t->data, ks_dtype_size(e->dtype)};
     if (ks__dcp_for_rows(e->rank, e->shape, k->off, k->size, copy_row, &c)) st = KS_E_FORMAT; /* never: copy is 0 */
   }
   ks__pk_arena_release(&tmp);
@@ -363,8 +363,8 @@ static const char *not_plain(const ks__pk_node *n, size_t depth, size_t *visits,
     case PK_NONE: case PK_BOOL: case PK_INT: case PK_FLOAT: case PK_STR: case PK_BYTES: case PK_TENSOR: return NULL;
     case PK_BIGINT: return n->u.s.p ? NULL : "an integer of more than 4096 bytes";
     case PK_OBJECT:
-      if (n->u.obj.cls && n->u.obj.cls->kind == PK_GLOBAL) {
-        snprintf(buf, cap, "an object of class %.200s.%.200s", n->u.obj.cls->u.g.module, n->u.obj.cls->u.g.name);
+      if (n->u.obj->cls && n->u.obj->cls->kind == PK_GLOBAL) {
+        snprintf(buf, cap, "an object of class %.200s.%.200s", n->u.obj->cls->u.g.module, n->u.obj->cls->u.g.name);
         return buf;
       }
       return "an object";

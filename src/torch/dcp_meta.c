@@ -56,11 +56,13 @@ static int allowed_global(const char *m, const char *n) {
   return 0;
 }
 
-/* Every GLOBAL the program made (each one is a node of the arena, reachable or not). */
+static bool refused_global(const ks__pk_node *n) {
+  return n->kind == PK_GLOBAL && !allowed_global(n->u.g.module, n->u.g.name);
+}
+
+/* Every GLOBAL the program made (each one is a node of the arena, reachable or not); the first is named. */
 static KS_NODISCARD ks_status check_globals(const ks__pk_arena *ar, ks_error *err) {
-  const ks__pk_node *first = NULL; /* nodes are chained newest first: the last one found came first */
-  for (const ks__pk_node *n = ar->nodes; n; n = n->next_alloc)
-    if (n->kind == PK_GLOBAL && !allowed_global(n->u.g.module, n->u.g.name)) first = n;
+  const ks__pk_node *first = ks__pk_find_node(ar, refused_global);
   if (first)
     return ks__err(err, KS_E_UNSAFE,
                    "dcp: .metadata names %.200s.%.200s, which is not part of DCP metadata: refused (nothing was "
@@ -72,8 +74,8 @@ static KS_NODISCARD ks_status check_globals(const ks__pk_arena *ar, ks_error *er
 /* ---- reading the dataclasses ---- */
 
 static int is_class(const ks__pk_node *o, const char *name) {
-  if (!o || o->kind != PK_OBJECT || !o->u.obj.cls || o->u.obj.cls->kind != PK_GLOBAL) return 0;
-  const ks__pk_node *g = o->u.obj.cls;
+  if (!o || o->kind != PK_OBJECT || !o->u.obj->cls || o->u.obj->cls->kind != PK_GLOBAL) return 0;
+  const ks__pk_node *g = o->u.obj->cls;
   return IN(g->u.g.module, meta_modules) && !strcmp(g->u.g.name, name);
 }
 
@@ -92,7 +94,7 @@ static const ks__pk_node *dict_get(const ks__pk_node *d, const char *key) {
 
 /* An attribute from the BUILD state: a dict, or (dict, slots) for dataclasses with __slots__. */
 static const ks__pk_node *field(const ks__pk_node *o, const char *name) {
-  const ks__pk_node *s = o && o->kind == PK_OBJECT ? o->u.obj.state : NULL;
+  const ks__pk_node *s = o && o->kind == PK_OBJECT ? o->u.obj->state : NULL;
   if (!s) return NULL;
   if (s->kind == PK_DICT) return dict_get(s, name);
   if (s->kind != PK_TUPLE) return NULL;
@@ -125,7 +127,7 @@ static KS_NODISCARD ks_status read_dims(const ks__pk_node *n, const char *key, c
 
 static KS_NODISCARD ks_status read_dtype(const ks__pk_node *props, const char *key, ks_dtype *dt, ks_error *err) {
   if (!is_class(props, "TensorProperties")) return bad(err, key, "properties is not a TensorProperties");
-  const ks__pk_node *s = props->u.obj.state, *g = NULL;
+  const ks__pk_node *s = props->u.obj->state, *g = NULL;
   if (s && s->kind == PK_TUPLE && s->u.seq.n) g = s->u.seq.v[0]; /* __getstate__: (dtype, layout, ...) */
   else g = field(props, "dtype");                                   /* older torch: the attribute dict */
   if (!g || g->kind != PK_GLOBAL || strcmp(g->u.g.module, "torch"))

@@ -96,9 +96,9 @@ ks_status ks__pk_ctor_tensor_v3(ks__pk_arena *ar, const ks__pk_limits *lim, ks__
   if (st) return st;
   if (rank != srank)
     return ks__err_at(err, KS_E_FORMAT, NULL, NULL, off, "pickle: tensor size and stride differ in length");
-  ks__pk_node *n = ks__pk_new(ar, PK_TENSOR);
-  if (!n) return ks__err(err, KS_E_NOMEM, "pickle: out of memory");
+  ks__pk_node *n = ks__pk_new_tensor(ar);
+  if (!n) return ks__pk_nomem(ar, off, err);
   *out = n;
   return ks__pk_view(ar, lim, dt, stor->u.st.data, bytes / ks_dtype_size(dt), (uint64_t)args->u.seq.v[1]->u.i, rank,
-                     shape, stride, off, &n->u.t, err);
+                     shape, stride, off, n->u.t, err);
 }

@@ -8,16 +8,17 @@
  * and two values that still reach one name (an int key 1 beside a str key "1",
  * a state attribute named like an object's own `__class__`) are refused, as is
  * a name that is both a value and a folder. Shared references are copied once
- * per path, against a budget of output bytes relative to the input's size: a
- * container reached again by another path counts as its name plus
- * KS__PK_SHARED_CONTAINER_BYTES (its record in the structure document), so a
- * small DAG of shared containers cannot build records far beyond the input.
+ * per path, against a budget of output bytes relative to the input's size that
+ * counts what the results hold in memory: an entry its name, its value and
+ * KS__PK_ENTRY_BYTES (its record in the state dict), a container (each path to
+ * it) its name plus KS__PK_CONTAINER_BYTES (its record in the structure
+ * document), so neither a small DAG of shared containers nor a flood of one-byte
+ * items can build records far beyond the input.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "core/hindex.h"
 #include "keepsake/structure.h"
 #include "torch/torch_internal.h"
 
@@ -28,9 +29,6 @@ typedef struct flat {
   ks__structure *shape; /* container kinds, or NULL when not asked for */
   size_t len, entries, containers;
   uint64_t bytes;
-  const ks__pk_node **seen; /* the containers visited so far, indexed by address */
-  size_t nseen, capseen;
-  ks__hindex seen_ix;
   char path[KS_MAX_NAME + 2];
 } flat;
 
@@ -38,6 +36,19 @@ static KS_NODISCARD ks_status visit(flat *f, const ks__pk_node *n, size_t depth)
 
 static KS_NODISCARD ks_status too_long(flat *f) {
   return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: key longer than %d bytes", KS_MAX_NAME);
+}
+
+/* Shared references are copied once per path: the total of names, records, tensors, bytes and
+   strings is bounded against the input's size. */
+static KS_NODISCARD ks_status spend(flat *f, uint64_t n) {
+  if (n <= f->lim->max_output_bytes && f->bytes <= f->lim->max_output_bytes - n) {
+    f->bytes += n;
+    return KS_OK;
+  }
+  return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1,
+                    "torch: flattened values would exceed %" PRIu64 " bytes (the budget for this input: "
+                    "each entry and container counts with its record, and a value shared by many paths is "
+                    "copied once per path)", f->lim->max_output_bytes);
 }
 
 /* Appends one component, percent-escaping '/' and '%' so that a key's own slashes stay its own. */
@@ -142,7 +153,11 @@ static KS_NODISCARD ks_status distinct_keys(flat *f, const ks__pk_seq *seq) {
 
 static KS_NODISCARD ks_status visit_dict(flat *f, const ks__pk_seq *seq, size_t depth) {
   char buf[40];
-  ks_status dst = distinct_keys(f, seq);
+  /* Each key becomes at least an entry: a dict too large for the budget is refused before its keys are
+     sorted (distinct_keys holds 56 bytes per key). */
+  uint64_t least = (uint64_t)(seq->n / 2) * KS__PK_ENTRY_BYTES;
+  ks_status dst = least > f->lim->max_output_bytes - f->bytes ? spend(f, least) : KS_OK;
+  if (!dst) dst = distinct_keys(f, seq);
   if (dst) return dst;
   for (size_t i = 0; i + 1 < seq->n; i += 2) {
     const char *s = NULL;
@@ -179,6 +194,7 @@ static KS_NODISCARD ks_status add_class(flat *f, const ks__pk_node *cls) {
   size_t saved;
   ks_status st = push_comp(f, "__class__", 9, &saved);
   if (!st) st = claim(f);
+  if (!st) st = spend(f, f->len + (uint64_t)w + KS__PK_ENTRY_BYTES);
   if (!st) st = check(f, ks_statedict_set_string(f->sd, f->path, name, NULL));
   pop_comp(f, saved);
   f->entries++;
@@ -186,8 +202,8 @@ static KS_NODISCARD ks_status add_class(flat *f, const ks__pk_node *cls) {
 }
 
 static KS_NODISCARD ks_status visit_object(flat *f, const ks__pk_node *o, size_t depth) {
-  const ks__pk_node *state = o->u.obj.state, *items = o->u.obj.items, *args = o->u.obj.args;
-  ks_status st = add_class(f, o->u.obj.cls);
+  const ks__pk_node *state = o->u.obj->state, *items = o->u.obj->items, *args = o->u.obj->args;
+  ks_status st = add_class(f, o->u.obj->cls);
   if (!st && state && state->kind == PK_DICT) st = visit_dict(f, &state->u.seq, depth);
   else if (!st && state && state->kind == PK_TUPLE) {
     for (size_t i = 0; !st && i < state->u.seq.n; i++) /* (dict, slots) */
@@ -209,18 +225,6 @@ static KS_NODISCARD ks_status bigint_text(flat *f, const ks__pk_node *n) {
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1, "torch: integer of %zu bytes is longer than %d",
                       n->u.s.n, KS__PK_BIGINT_MAX);
   return check(f, ks_statedict_set_string(f->sd, f->path, n->u.s.p, NULL));
-}
-
-/* Shared references are copied once per path: the total of names, tensors, bytes and strings
-   is bounded against the input's size. */
-static KS_NODISCARD ks_status spend(flat *f, uint64_t n) {
-  if (n <= f->lim->max_output_bytes && f->bytes <= f->lim->max_output_bytes - n) {
-    f->bytes += n;
-    return KS_OK;
-  }
-  return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1,
-                    "torch: flattened values would exceed %" PRIu64 " bytes (the budget for this input: "
-                    "a value shared by many paths is copied once per path)", f->lim->max_output_bytes);
 }
 
 static KS_NODISCARD ks_status add_tensor(flat *f, const ks_tensor *t) {
@@ -258,7 +262,8 @@ static KS_NODISCARD ks_status leaf(flat *f, const ks__pk_node *n) {
   }
   if (n->kind <= PK_BYTES || n->kind == PK_TENSOR || n->kind == PK_STORAGE) {
     ks_status st = claim(f);
-    if (!st) st = spend(f, f->len + (n->kind == PK_STR || (n->kind == PK_BIGINT && n->u.s.p) ? n->u.s.n : 0));
+    uint64_t text = n->kind == PK_STR || (n->kind == PK_BIGINT && n->u.s.p) ? n->u.s.n : 0;
+    if (!st) st = spend(f, f->len + text + KS__PK_ENTRY_BYTES);
     if (st) return st;
   }
   switch (n->kind) {
@@ -269,39 +274,10 @@ static KS_NODISCARD ks_status leaf(flat *f, const ks__pk_node *n) {
     case PK_STR: return check(f, ks_statedict_set_string(f->sd, f->path, n->u.s.p, NULL));
     case PK_BIGINT: return bigint_text(f, n);
     case PK_BYTES: return add_bytes(f, n);
-    case PK_TENSOR: return add_tensor(f, &n->u.t);
+    case PK_TENSOR: return add_tensor(f, n->u.t);
     case PK_STORAGE: return add_storage(f, n);
     default: f->entries--; return KS_OK; /* globals, dtypes: no data */
   }
-}
-
-static uint64_t seen_hash(const void *ctx, size_t i) {
-  const flat *f = ctx;
-  return ks__hash(&f->seen[i], sizeof f->seen[i]);
-}
-
-static const char *seen_key(const void *ctx, size_t i, size_t *len) {
-  const flat *f = ctx;
-  *len = sizeof f->seen[i];
-  return (const char *)&f->seen[i];
-}
-
-static const ks__hindex_ops seen_ops = {seen_hash, seen_key};
-
-/* Records container n as visited; *again when it was already (a shared reference). */
-static KS_NODISCARD ks_status first_visit(flat *f, const ks__pk_node *n, bool *again) {
-  uint64_t h = ks__hash(&n, sizeof n);
-  *again = ks__hindex_find(&f->seen_ix, (const char *)&n, sizeof n, h, &seen_ops, f) >= 0;
-  if (*again) return KS_OK;
-  const ks_allocator *a = ks_statedict_allocator(f->sd);
-  size_t cap = f->capseen;
-  ks_status st = ks__grow(a, &f->seen, &cap, f->nseen + 1, sizeof *f->seen);
-  if (!st) f->capseen = cap;
-  if (!st) st = ks__hindex_reserve(&f->seen_ix, a, f->nseen + 1, f->nseen, &seen_ops, f);
-  if (st) return ks__err(f->err, KS_E_NOMEM, "torch: out of memory");
-  f->seen[f->nseen] = n;
-  ks__hindex_insert(&f->seen_ix, f->nseen++, h);
-  return KS_OK;
 }
 
 static KS_NODISCARD ks_status visit(flat *f, const ks__pk_node *n, size_t depth) {
@@ -314,10 +290,8 @@ static KS_NODISCARD ks_status visit(flat *f, const ks__pk_node *n, size_t depth)
   if (container && f->containers++ >= f->lim->max_entries)
     return ks__err_at(f->err, KS_E_LIMIT, NULL, f->path, -1,
                       "torch: more than %zu containers visited (shared references?)", f->lim->max_entries);
-  if (container) { /* a second path to one container copies it: charged like a copied value */
-    bool again;
-    ks_status st = first_visit(f, n, &again);
-    if (!st && again) st = spend(f, (uint64_t)f->len + KS__PK_SHARED_CONTAINER_BYTES);
+  if (container) { /* each path to a container records it (a second path copies it) */
+    ks_status st = spend(f, (uint64_t)f->len + KS__PK_CONTAINER_BYTES);
     if (st) return st;
   }
   if (container && n->kind != PK_OBJECT && f->shape) {
@@ -350,13 +324,8 @@ ks_status ks__pk_flatten_structured(const ks__pk_node *root, const ks__pk_limits
   f->shape = shape;
   f->len = f->entries = f->containers = 0;
   f->bytes = 0;
-  f->seen = NULL;
-  f->nseen = f->capseen = 0;
-  f->seen_ix = (ks__hindex){0};
   f->path[0] = 0;
   ks_status st = visit(f, root, 0);
-  ks__hindex_free(&f->seen_ix, ks_statedict_allocator(sd));
-  ks__free(ks_statedict_allocator(sd), f->seen);
   ks__free(ks_statedict_allocator(sd), f);
   if (!st) st = ks__torch_names_prefix_free(sd, err);
   return st;

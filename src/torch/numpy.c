@@ -40,13 +40,13 @@ static const ks__pk_node *item(const ks__pk_node *seq, size_t i, ks__pk_kind kin
 
 ks_status ks__pk_np_dtype(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                           ks__pk_node **out, ks_error *err) {
-  (void)lim, (void)off;
+  (void)lim;
   const ks__pk_node *code = item(args, 0, PK_STR);
   ks_dtype dt;
   int swap;
   if (!code || !parse_np_type(code->u.s.p, &dt, &swap)) return KS_OK; /* structured etc.: inert */
   ks__pk_node *n = ks__pk_new(ar, PK_NPDTYPE);
-  if (!n) return ks__err(err, KS_E_NOMEM, "pickle: out of memory");
+  if (!n) return ks__pk_nomem(ar, off, err);
   n->u.npd.dtype = dt;
   n->u.npd.swap = swap;
   *out = n;
@@ -82,8 +82,13 @@ static KS_NODISCARD ks_status fill(ks__pk_arena *ar, const ks__pk_limits *lim, c
   for (int i = 0; i < rank; i++) stride[fortran ? i : rank - 1 - i] = s, s *= shape[fortran ? i : rank - 1 - i];
   const uint8_t *src = (const uint8_t *)raw->u.s.p;
   if (dtn->u.npd.swap) {
+    /* A copy per array: a memoised bytes object swapped again and again counts against the views' budget. */
+    if (nbytes > lim->max_view_bytes || ar->buf_bytes > lim->max_view_bytes - nbytes)
+      return ks__err_at(err, KS_E_LIMIT, NULL, NULL, off,
+                        "pickle: byte-swapped arrays exceed %llu bytes (an array of %zu bytes after %llu)",
+                        (unsigned long long)lim->max_view_bytes, nbytes, (unsigned long long)ar->buf_bytes);
     uint8_t *tmp = ks__pk_buffer(ar, nbytes);
-    if (!tmp) return ks__err(err, KS_E_NOMEM, "pickle: out of memory");
+    if (!tmp) return ks__pk_nomem(ar, off, err);
     if (nbytes) memcpy(tmp, src, nbytes);
     swap_bytes(tmp, nbytes, ks_dtype_size(dt));
     src = tmp;
@@ -109,17 +114,15 @@ ks_status ks__pk_np_array_build(ks__pk_arena *ar, const ks__pk_limits *lim, ks__
   ks_tensor t;
   ks_status st = fill(ar, lim, dtn, raw, fortran && fortran->u.i, (int)shape->u.seq.n, dims, off, &t, err);
   if (st) return st;
-  obj->kind = PK_TENSOR;
-  obj->u.t = t;
-  return KS_OK;
+  return ks__pk_make_tensor(ar, obj, &t) ? KS_OK : ks__pk_nomem(ar, off, err);
 }
 
 ks_status ks__pk_np_scalar(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                            ks__pk_node **out, ks_error *err) {
   const ks__pk_node *dtn = item(args, 0, PK_NPDTYPE), *raw = item(args, 1, PK_BYTES);
   if (!dtn || !raw) return KS_OK;
-  ks__pk_node *n = ks__pk_new(ar, PK_TENSOR);
-  if (!n) return ks__err(err, KS_E_NOMEM, "pickle: out of memory");
+  ks__pk_node *n = ks__pk_new_tensor(ar);
+  if (!n) return ks__pk_nomem(ar, off, err);
   *out = n;
-  return fill(ar, lim, dtn, raw, 0, 0, NULL, off, &n->u.t, err);
+  return fill(ar, lim, dtn, raw, 0, 0, NULL, off, n->u.t, err);
 }

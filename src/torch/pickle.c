@@ -44,16 +44,20 @@ KS__PRINTF(3, 4) static ks_status fail(vm_t *vm, ks_status code, const char *fmt
   return ks__err_at(vm->err, code, NULL, NULL, vm->op_off, "pickle: %s", msg);
 }
 
-static KS_NODISCARD ks_status nomem(vm_t *vm) { return fail(vm, KS_E_NOMEM, "out of memory"); }
+static KS_NODISCARD ks_status nomem(vm_t *vm) { return ks__pk_nomem(vm->ar, vm->op_off, vm->err); }
 static KS_NODISCARD ks_status truncated(vm_t *vm) {
   return fail(vm, KS_E_FORMAT, "truncated operand of opcode 0x%02x", *(vm->c.base + vm->op_off));
 }
 
 static size_t floor_sp(const vm_t *vm) { return vm->nm ? vm->marks[vm->nm - 1] : 0; }
 
+/* The stack and the marks, each at most max_stack slots, counted in the arena's memory as they grow. */
 static KS_NODISCARD ks_status grow(vm_t *vm, void **arr, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return KS_OK;
   if (need > vm->lim->max_stack) return fail(vm, KS_E_LIMIT, "stack deeper than %zu", vm->lim->max_stack);
+  size_t ncap = *cap ? *cap : 16, old = *cap;
+  while (ncap < need) ncap *= 2; /* as ks__grow does; need <= max_stack keeps this small */
+  if (!ks__pk_charge(vm->ar, (ncap - old) * elem)) return nomem(vm);
   ks_status s = ks__grow(&vm->ar->alloc, arr, cap, need, elem);
   if (s == KS_E_LIMIT) return fail(vm, KS_E_LIMIT, "stack too large");
   return s ? nomem(vm) : KS_OK;
@@ -116,16 +120,10 @@ static KS_NODISCARD ks_status parse_decimal(vm_t *vm, const char *s, size_t n, i
 
 /* ---- scalars ---- */
 
-static KS_NODISCARD ks_status push_int(vm_t *vm, int64_t v) {
-  ks__pk_node *n = ks__pk_new(vm->ar, PK_INT);
-  if (n) n->u.i = v;
-  return push(vm, n);
-}
+static KS_NODISCARD ks_status push_int(vm_t *vm, int64_t v) { return push(vm, ks__pk_new_int(vm->ar, v)); }
 
 static KS_NODISCARD ks_status op_const(vm_t *vm, uint8_t op) {
-  ks__pk_node *n = ks__pk_new(vm->ar, op == 'N' ? PK_NONE : PK_BOOL);
-  if (n) n->u.i = op == 0x88;
-  return push(vm, n);
+  return push(vm, op == 'N' ? ks__pk_new_none(vm->ar) : ks__pk_new_bool(vm->ar, op == 0x88));
 }
 
 static KS_NODISCARD ks_status op_binint(vm_t *vm, uint8_t op) {
@@ -208,10 +206,8 @@ static KS_NODISCARD ks_status op_string(vm_t *vm, uint8_t op) {
 /* ---- containers ---- */
 
 static KS_NODISCARD ks_status make_seq(vm_t *vm, ks__pk_kind kind, size_t start) {
-  ks__pk_node *n = ks__pk_new(vm->ar, kind);
+  ks__pk_node *n = ks__pk_new_seq(vm->ar, kind, vm->stack + start, vm->sp - start);
   if (!n) return nomem(vm);
-  for (size_t i = start; i < vm->sp; i++)
-    if (!ks__pk_push(vm->ar, &n->u.seq, vm->stack[i])) return nomem(vm);
   vm->sp = start;
   return push(vm, n);
 }
@@ -239,8 +235,8 @@ static KS_NODISCARD ks_status op_tuple_n(vm_t *vm, uint8_t op) {
 /* The container items go into: a list/set/dict itself, or an inert object's item list. */
 static KS_NODISCARD ks_status target_seq(vm_t *vm, ks__pk_node *t, int pairs, ks__pk_seq **out) {
   if (t->kind == PK_OBJECT) {
-    if (!t->u.obj.items && !(t->u.obj.items = ks__pk_new(vm->ar, pairs ? PK_DICT : PK_LIST))) return nomem(vm);
-    t = t->u.obj.items;
+    if (!t->u.obj->items && !(t->u.obj->items = ks__pk_new(vm->ar, pairs ? PK_DICT : PK_LIST))) return nomem(vm);
+    t = t->u.obj->items;
   }
   int ok = pairs ? t->kind == PK_DICT : (t->kind == PK_LIST || t->kind == PK_SET);
   if (!ok) return fail(vm, KS_E_FORMAT, "cannot add items to a %s", ks__pk_kind_name(t->kind));
@@ -255,8 +251,7 @@ static KS_NODISCARD ks_status add_items(vm_t *vm, size_t start, int pairs) {
   ks__pk_seq *seq = NULL;
   ks_status st = target_seq(vm, vm->stack[start - 1], pairs, &seq);
   if (st) return st;
-  for (size_t i = start; i < vm->sp; i++)
-    if (!ks__pk_push(vm->ar, seq, vm->stack[i])) return nomem(vm);
+  if (!ks__pk_push_n(vm->ar, seq, vm->stack + start, vm->sp - start)) return nomem(vm);
   vm->sp = start;
   return KS_OK;
 }
@@ -306,6 +301,7 @@ static KS_NODISCARD ks_status memo_put(vm_t *vm, uint64_t idx) {
     while (ncap <= idx) ncap *= 2;
     if (ncap > vm->memo_max) ncap = vm->memo_max;
     if (!ks__mul_size(ncap, sizeof *vm->memo, &bytes)) return fail(vm, KS_E_LIMIT, "memo too large");
+    if (!ks__pk_charge(vm->ar, bytes - vm->memo_cap * sizeof *vm->memo)) return nomem(vm);
     ks__pk_node **m = ks__realloc(&vm->ar->alloc, vm->memo, bytes);
     if (!m) return nomem(vm);
     memset(m + vm->memo_cap, 0, (ncap - vm->memo_cap) * sizeof *m);
@@ -456,6 +452,7 @@ void ks__pk_limits_from_opts(const ks_torch_read_opts *o, size_t input_len, ks__
   uint64_t output = (uint64_t)input_len * 4 + ((uint64_t)64 << 20);
   out->max_output_bytes = o->max_output_bytes ? o->max_output_bytes : output;
   out->max_work = UINT64_MAX; /* capped per pickle by ks__pk_run */
+  out->max_mem = 0;           /* 0: KS__PK_MEM_PER_BYTE per pickle byte + KS__PK_MEM_BASE, set by ks__pk_run */
 }
 
 /* Real pickles copy each item a few times at most; 32 per byte leaves a wide margin. */
@@ -464,9 +461,19 @@ static uint64_t work_budget(const ks__pk_limits *lim, size_t n) {
   return lim->max_work < cap ? lim->max_work : cap;
 }
 
+/* The machine's memory: 16 bytes per pickle byte leaves real pickles (2 to 6) a wide margin, and keeps a
+ * flood of opcodes that each make a node (40 bytes and a stack slot for one byte) to a few times its size. */
+static uint64_t mem_budget(const ks__pk_limits *lim, size_t n) {
+  return lim->max_mem ? lim->max_mem : (uint64_t)n * KS__PK_MEM_PER_BYTE + KS__PK_MEM_BASE;
+}
+
 ks_status ks__pk_run(const uint8_t *p, size_t n, ks__pk_arena *ar, const ks__pk_limits *lim,
                      ks__pk_storage_fn storage, void *storage_ctx, ks__pk_node **root, ks_error *err) {
   vm_t vm = {0};
+  uint64_t budget = mem_budget(lim, n), before = ar->mem;
+  /* Relative to what the arena holds already (DCP reads several pickles into one arena). */
+  ar->mem_max = before > UINT64_MAX - budget ? UINT64_MAX : before + budget;
+  ar->over_budget = false;
   vm.ar = ar;
   vm.lim = lim;
   vm.err = err;
@@ -479,6 +486,8 @@ ks_status ks__pk_run(const uint8_t *p, size_t n, ks__pk_arena *ar, const ks__pk_
   ks__free(&ar->alloc, vm.stack);
   ks__free(&ar->alloc, vm.marks);
   ks__free(&ar->alloc, vm.memo);
+  ks__pk_uncharge(ar, vm.scap * sizeof *vm.stack + vm.mcap * sizeof *vm.marks + vm.memo_cap * sizeof *vm.memo);
+  ar->mem_max = UINT64_MAX; /* what callers add after the program is bounded by their own limits */
   if (st == KS_OK) *root = vm.result;
   return st;
 }

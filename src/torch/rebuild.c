@@ -15,7 +15,6 @@ static KS_NODISCARD ks_status bad(ks_error *err, int64_t off, const char *what) 
   return ks__err_at(err, KS_E_FORMAT, NULL, NULL, off, "pickle: %s", what);
 }
 
-static KS_NODISCARD ks_status nomem(ks_error *err) { return ks__err(err, KS_E_NOMEM, "pickle: out of memory"); }
 
 static ks__pk_node *arg(const ks__pk_node *args, size_t i, ks__pk_kind kind) {
   if (!args || (args->kind != PK_TUPLE && args->kind != PK_LIST) || i >= args->u.seq.n) return NULL;
@@ -88,7 +87,7 @@ ks_status ks__pk_persid(ks__pk_arena *ar, ks__pk_node *pid, ks__pk_storage_fn st
                       "pickle: storage of %lld elements needs %llu bytes, entry has %zu", (long long)numel->u.i,
                       (unsigned long long)need, len);
   ks__pk_node *n = ks__pk_new(ar, PK_STORAGE);
-  if (!n) return nomem(err);
+  if (!n) return ks__pk_nomem(ar, off, err);
   n->u.st.dtype = dt;
   n->u.st.data = data;
   n->u.st.numel = (uint64_t)numel->u.i;
@@ -173,7 +172,7 @@ ks_status ks__pk_view(ks__pk_arena *ar, const ks__pk_limits *lim, ks_dtype dt, c
                       "pickle: materialised views exceed %llu bytes (a view of %zu bytes after %llu)",
                       (unsigned long long)lim->max_view_bytes, nbytes, (unsigned long long)ar->buf_bytes);
   uint8_t *dst = ks__pk_buffer(ar, nbytes);
-  if (!dst) return nomem(err);
+  if (!dst) return ks__pk_nomem(ar, off, err);
   strided_copy(dst, src, esize, rank, shape, stride);
   t->data = dst;
   return KS_OK;
@@ -190,11 +189,11 @@ static KS_NODISCARD ks_status ctor_tensor(ks__pk_arena *ar, const ks__pk_limits 
   if (!st) st = read_dims(args->u.seq.v[3], stride, &srank, off, err);
   if (st) return st;
   if (rank != srank) return bad(err, off, "tensor size and stride differ in length");
-  ks__pk_node *n = ks__pk_new(ar, PK_TENSOR);
-  if (!n) return nomem(err);
+  ks__pk_node *n = ks__pk_new_tensor(ar);
+  if (!n) return ks__pk_nomem(ar, off, err);
   *out = n;
   return ks__pk_view(ar, lim, stor->u.st.dtype, stor->u.st.data, stor->u.st.numel, (uint64_t)offset->u.i,
-                     rank, shape, stride, off, &n->u.t, err);
+                     rank, shape, stride, off, n->u.t, err);
 }
 
 static KS_NODISCARD ks_status ctor_parameter(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args,
@@ -218,10 +217,8 @@ static KS_NODISCARD ks_status ctor_from_type(ks__pk_arena *ar, const ks__pk_limi
     fn = f2, inner = a2;
   }
   if (ks__pk_is_global(fn, "torch._tensor", "_rebuild_from_type_v2")) {
-    ks__pk_node *o = ks__pk_new(ar, PK_OBJECT);
-    if (!o) return nomem(err);
-    o->u.obj.cls = fn;
-    o->u.obj.args = inner;
+    ks__pk_node *o = ks__pk_new_object(ar, fn, inner);
+    if (!o) return ks__pk_nomem(ar, off, err);
     *out = o;
     return KS_OK;
   }
@@ -230,15 +227,15 @@ static KS_NODISCARD ks_status ctor_from_type(ks__pk_arena *ar, const ks__pk_limi
 
 static KS_NODISCARD ks_status ctor_odict(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                             ks__pk_node **out, ks_error *err) {
-  (void)lim, (void)off;
+  (void)lim;
   ks__pk_node *pairs = nargs(args) ? args->u.seq.v[0] : NULL;
   if (pairs && pairs->kind != PK_LIST && pairs->kind != PK_TUPLE) return KS_OK;
   ks__pk_node *d = ks__pk_new(ar, PK_DICT);
-  if (!d) return nomem(err);
+  if (!d) return ks__pk_nomem(ar, off, err);
   for (size_t i = 0; pairs && i < pairs->u.seq.n; i++) {
     ks__pk_node *kv = pairs->u.seq.v[i];
     if ((kv->kind != PK_TUPLE && kv->kind != PK_LIST) || kv->u.seq.n != 2) return KS_OK;
-    if (!ks__pk_push(ar, &d->u.seq, kv->u.seq.v[0]) || !ks__pk_push(ar, &d->u.seq, kv->u.seq.v[1])) return nomem(err);
+    if (!ks__pk_push_n(ar, &d->u.seq, kv->u.seq.v, 2)) return ks__pk_nomem(ar, off, err);
   }
   *out = d;
   return KS_OK;
@@ -246,26 +243,25 @@ static KS_NODISCARD ks_status ctor_odict(ks__pk_arena *ar, const ks__pk_limits *
 
 static KS_NODISCARD ks_status ctor_set(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                           ks__pk_node **out, ks_error *err) {
-  (void)lim, (void)off;
+  (void)lim;
   ks__pk_node *items = nargs(args) ? args->u.seq.v[0] : NULL;
   if (items && items->kind != PK_LIST && items->kind != PK_TUPLE && items->kind != PK_SET) return KS_OK;
   ks__pk_node *s = ks__pk_new(ar, PK_SET);
-  if (!s) return nomem(err);
-  for (size_t i = 0; items && i < items->u.seq.n; i++)
-    if (!ks__pk_push(ar, &s->u.seq, items->u.seq.v[i])) return nomem(err);
+  if (!s) return ks__pk_nomem(ar, off, err);
+  if (items && !ks__pk_push_n(ar, &s->u.seq, items->u.seq.v, items->u.seq.n)) return ks__pk_nomem(ar, off, err);
   *out = s;
   return KS_OK;
 }
 
 static KS_NODISCARD ks_status ctor_device(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *args, int64_t off,
                              ks__pk_node **out, ks_error *err) {
-  (void)lim, (void)off;
+  (void)lim;
   ks__pk_node *type = arg(args, 0, PK_STR), *index = arg(args, 1, PK_INT);
   if (!type || type->u.s.n > 64) return KS_OK;
   char buf[96];
   int n = index ? snprintf(buf, sizeof buf, "%s:%lld", type->u.s.p, (long long)index->u.i)
                 : snprintf(buf, sizeof buf, "%s", type->u.s.p);
-  if (!(*out = ks__pk_new_str(ar, PK_STR, buf, (size_t)n))) return nomem(err);
+  if (!(*out = ks__pk_new_str(ar, PK_STR, buf, (size_t)n))) return ks__pk_nomem(ar, off, err);
   return KS_OK;
 }
 
@@ -277,8 +273,8 @@ static KS_NODISCARD ks_status ctor_encode(ks__pk_arena *ar, const ks__pk_limits 
   if (!text || !enc) return KS_OK;
   if (strcmp(enc->u.s.p, "latin1") && strcmp(enc->u.s.p, "latin-1") && strcmp(enc->u.s.p, "iso-8859-1"))
     return KS_OK;
-  uint8_t *dst = ks__malloc(&ar->alloc, text->u.s.n + 1);
-  if (!dst) return nomem(err);
+  uint8_t *dst = ks__pk_bytes(ar, text->u.s.n + 1); /* a copy per call: counted in the arena's memory */
+  if (!dst) return ks__pk_nomem(ar, off, err);
   size_t n = 0;
   const uint8_t *s = (const uint8_t *)text->u.s.p;
   for (size_t i = 0; i < text->u.s.n; n++) {
@@ -288,15 +284,11 @@ static KS_NODISCARD ks_status ctor_encode(ks__pk_arena *ar, const ks__pk_limits 
       dst[n] = (uint8_t)((s[i] & 3) << 6 | (s[i + 1] & 0x3F));
       i += 2;
     } else {
-      ks__free(&ar->alloc, dst);
       return bad(err, off, "_codecs.encode: text has characters beyond latin-1");
     }
   }
   ks__pk_node *b = ks__pk_new(ar, PK_BYTES);
-  if (!b) {
-    ks__free(&ar->alloc, dst);
-    return nomem(err);
-  }
+  if (!b) return ks__pk_nomem(ar, off, err);
   dst[n] = 0;
   b->u.s.p = (char *)dst;
   b->u.s.n = n;
@@ -348,33 +340,30 @@ ks_status ks__pk_reduce(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node 
     ks_status st = fn(ar, lim, args, off, out, err);
     if (st || *out) return st;
   }
-  ks__pk_node *o = ks__pk_new(ar, PK_OBJECT);
-  if (!o) return nomem(err);
-  o->u.obj.cls = callable;
-  o->u.obj.args = args;
+  ks__pk_node *o = ks__pk_new_object(ar, callable, args);
+  if (!o) return ks__pk_nomem(ar, off, err);
   *out = o;
   return KS_OK;
 }
 
-static KS_NODISCARD ks_status merge_state(ks__pk_arena *ar, ks__pk_node *obj, ks__pk_node *state, ks_error *err) {
-  ks__pk_node *old = obj->u.obj.state;
+static KS_NODISCARD ks_status merge_state(ks__pk_arena *ar, ks__pk_node *obj, ks__pk_node *state, int64_t off,
+                                          ks_error *err) {
+  ks__pk_node *old = obj->u.obj->state;
   if (!old || old->kind != PK_DICT || state->kind != PK_DICT) {
-    obj->u.obj.state = state;
-    obj->u.obj.state_owned = false;
+    obj->u.obj->state = state;
+    obj->u.obj->state_owned = false;
     return KS_OK;
   }
   /* A dict of our own is extended in place: copying it on every BUILD would make a
      program of n BUILDs cost n^2 time and memory. Other dicts may be shared (memo). */
   ks__pk_node *d = old;
-  if (!obj->u.obj.state_owned) {
-    if (!(d = ks__pk_new(ar, PK_DICT))) return nomem(err);
-    for (size_t i = 0; i < old->u.seq.n; i++)
-      if (!ks__pk_push(ar, &d->u.seq, old->u.seq.v[i])) return nomem(err);
-    obj->u.obj.state = d;
-    obj->u.obj.state_owned = true;
+  if (!obj->u.obj->state_owned) {
+    if (!(d = ks__pk_new(ar, PK_DICT))) return ks__pk_nomem(ar, off, err);
+    if (!ks__pk_push_n(ar, &d->u.seq, old->u.seq.v, old->u.seq.n)) return ks__pk_nomem(ar, off, err);
+    obj->u.obj->state = d;
+    obj->u.obj->state_owned = true;
   }
-  for (size_t i = 0; i < state->u.seq.n; i++)
-    if (!ks__pk_push(ar, &d->u.seq, state->u.seq.v[i])) return nomem(err);
+  if (!ks__pk_push_n(ar, &d->u.seq, state->u.seq.v, state->u.seq.n)) return ks__pk_nomem(ar, off, err);
   return KS_OK;
 }
 
@@ -382,9 +371,9 @@ ks_status ks__pk_build(ks__pk_arena *ar, const ks__pk_limits *lim, ks__pk_node *
                        ks__pk_node *state, int64_t off, ks_error *err) {
   if (obj->kind == PK_NPDTYPE) return ks__pk_np_dtype_build(obj, state, off, err);
   if (obj->kind != PK_OBJECT) return KS_OK; /* e.g. OrderedDict._metadata: not data */
-  const ks__pk_node *cls = obj->u.obj.cls;
+  const ks__pk_node *cls = obj->u.obj->cls;
   if (ks__pk_is_global(cls, "numpy.core.multiarray", "_reconstruct") ||
       ks__pk_is_global(cls, "numpy._core.multiarray", "_reconstruct"))
     return ks__pk_np_array_build(ar, lim, obj, state, off, err);
-  return merge_state(ar, obj, state, err);
+  return merge_state(ar, obj, state, off, err);
 }

@@ -30,6 +30,7 @@ typedef struct ks__zip_entry {
   uint32_t crc;
   uint16_t method;
   uint16_t flags;
+  bool crc_checked; /* ks__zip_read verified it already: each BINPERSID of one storage must not pay again */
 } ks__zip_entry;
 
 typedef struct ks__zip ks__zip;
@@ -44,7 +45,8 @@ size_t ks__zip_count(const ks__zip *z);
 const ks__zip_entry *ks__zip_at(const ks__zip *z, size_t i);
 /* Nonzero when the bytes live in a mapping owned by the zip (not the caller's buffer). */
 int ks__zip_owns_data(const ks__zip *z);
-/* Finds root+rel and returns its stored bytes; refuses compressed or encrypted entries. */
+/* Finds root+rel and returns its stored bytes; refuses compressed or encrypted entries. The CRC32 is checked
+ * on the first read of an entry only. */
 KS_NODISCARD ks_status ks__zip_read(const ks__zip *z, const char *rel, int verify_crc, const uint8_t **data,
                        size_t *len, ks_error *err);
 
@@ -89,33 +91,36 @@ typedef enum ks__pk_kind {
 typedef struct ks__pk_node ks__pk_node;
 typedef struct ks__pk_seq {
   ks__pk_node **v;
-  size_t n, cap;
+  size_t n, cap; /* cap 0: the items live in the arena's chunks (all a tuple's; a list's first batch) */
 } ks__pk_seq;
 
+/* An inert object: the result of REDUCE/NEWOBJ on an unknown callable, and what BUILD and items added to it. */
+typedef struct ks__pk_obj {
+  ks__pk_node *cls, *args, *state, *items;
+  bool state_owned; /* state is a dict merge_state made, referenced from nowhere else */
+} ks__pk_obj;
+
+/* 32 bytes: every opcode may make one, so the node stays small; objects and tensors live beside it. */
 struct ks__pk_node {
   ks__pk_kind kind;
-  ks__pk_node *next_alloc; /* arena chain */
   union {
     int64_t i;
     double f;
     struct {
-      char *p;
+      char *p; /* in the arena's chunks */
       size_t n;
     } s;
     ks__pk_seq seq;
     struct {
       char *module, *name;
     } g;
-    struct {
-      ks__pk_node *cls, *args, *state, *items;
-      bool state_owned; /* state is a dict merge_state made, referenced from nowhere else */
-    } obj;
+    ks__pk_obj *obj; /* in the arena's chunks */
     struct {
       ks_dtype dtype;
       const uint8_t *data;
       uint64_t numel;
     } st;
-    ks_tensor t;
+    ks_tensor *t; /* in the arena's chunks */
     struct {
       ks_dtype dtype;
       int swap;
@@ -123,32 +128,71 @@ struct ks__pk_node {
   } u;
 };
 
-/* Owns every node and every buffer materialised while reading one pickle. */
+typedef struct ks__pk_block ks__pk_block; /* nodes, made together and kept in the order they were made */
+typedef struct ks__pk_chunk ks__pk_chunk; /* bytes handed out in order: strings, tuples' items, tensors */
+
+/* Owns every node and every buffer materialised while reading one pickle.
+ * Its memory besides materialised views (nodes, strings, items, the machine's stack, marks and memo) is
+ * counted in `mem` and refused past `mem_max`: ks__pk_run sets it to KS__PK_MEM_PER_BYTE bytes per pickle
+ * byte plus KS__PK_MEM_BASE for the time of one program. Views count against max_view_bytes instead. */
 typedef struct ks__pk_arena {
   ks_allocator alloc;
-  ks__pk_node *nodes;
+  ks__pk_block *first, *last;
+  ks__pk_chunk *chunks;
+  ks__pk_node *none, *bools[2]; /* immutable leaves, made once and shared */
+  ks__pk_node ***ints;           /* likewise ints 0..65535: 2048 pages of 32, made when first used */
   void **bufs;
   size_t nbufs, capbufs;
   uint64_t buf_bytes;
+  uint64_t mem, mem_max, mem_peak;
+  bool over_budget; /* an allocation was refused by mem_max (KS_E_LIMIT), not by the allocator */
   uint64_t work; /* items copied into sequences: the cost the pickle's opcodes cause (see max_work) */
   ks__zip *zip; /* kept alive when tensors point into its mapping */
 } ks__pk_arena;
 
+/* The machine's memory budget for one program of n bytes: KS__PK_MEM_PER_BYTE * n + KS__PK_MEM_BASE.
+ * Real pickles take 2 to 6 bytes per byte (docs/DESIGN.md, "Hostile inputs"). */
+#define KS__PK_MEM_PER_BYTE 16u
+#define KS__PK_MEM_BASE ((uint64_t)1 << 20)
+
 void ks__pk_arena_init(ks__pk_arena *ar, const ks_allocator *a);
 void ks__pk_arena_release(ks__pk_arena *ar); /* frees nodes, buffers and the zip */
+/* A zeroed node of kind (PK_OBJECT and PK_TENSOR nodes come from ks__pk_new_object and ks__pk_new_tensor). */
 ks__pk_node *ks__pk_new(ks__pk_arena *ar, ks__pk_kind kind);
+/* None, True/False, and ints 0..65535 are shared (nothing changes a leaf once made). */
+ks__pk_node *ks__pk_new_none(ks__pk_arena *ar);
+ks__pk_node *ks__pk_new_bool(ks__pk_arena *ar, bool v);
+ks__pk_node *ks__pk_new_int(ks__pk_arena *ar, int64_t v);
 ks__pk_node *ks__pk_new_str(ks__pk_arena *ar, ks__pk_kind kind, const void *p, size_t n);
 ks__pk_node *ks__pk_new_global(ks__pk_arena *ar, const char *module, size_t mlen, const char *name,
                                size_t nlen);
-/* Appends v (one unit of ar->work). */
+/* A PK_OBJECT of cls(args), with no state or items yet. */
+ks__pk_node *ks__pk_new_object(ks__pk_arena *ar, ks__pk_node *cls, ks__pk_node *args);
+/* A PK_TENSOR with a zeroed tensor. */
+ks__pk_node *ks__pk_new_tensor(ks__pk_arena *ar);
+/* Turns n into a PK_TENSOR holding a copy of t (numpy's BUILD of an array object). */
+bool ks__pk_make_tensor(ks__pk_arena *ar, ks__pk_node *n, const ks_tensor *t);
+/* A sequence of kind holding a copy of items[0..n) (in the arena's chunks). */
+ks__pk_node *ks__pk_new_seq(ks__pk_arena *ar, ks__pk_kind kind, ks__pk_node *const *items, size_t n);
+/* Appends v[0..k) to a list, set or dict (k units of ar->work); ks__pk_push appends one. */
+bool ks__pk_push_n(ks__pk_arena *ar, ks__pk_seq *s, ks__pk_node *const *v, size_t k);
 bool ks__pk_push(ks__pk_arena *ar, ks__pk_seq *s, ks__pk_node *v);
+/* n bytes of the arena's chunks (8-aligned), freed with the arena. */
+void *ks__pk_bytes(ks__pk_arena *ar, size_t n);
+/* Counts n more (or fewer) bytes of the machine's memory: false, with ar->over_budget set, past mem_max. */
+bool ks__pk_charge(ks__pk_arena *ar, size_t n);
+void ks__pk_uncharge(ks__pk_arena *ar, size_t n);
+/* The error for a failed allocation: KS_E_LIMIT naming the budget when mem_max refused it, else KS_E_NOMEM. */
+KS_NODISCARD ks_status ks__pk_nomem(const ks__pk_arena *ar, int64_t off, ks_error *err);
 /* Longest integer (in bytes) converted to decimal; longer ones are kept without text. */
 #define KS__PK_BIGINT_MAX 4096
 /* A PK_BIGINT from n little-endian two's complement bytes, converted to decimal here, once,
  * however many times the pickle references it (the conversion is quadratic in n). */
 ks__pk_node *ks__pk_new_bigint(ks__pk_arena *ar, const uint8_t *le, size_t n);
-/* Allocates a buffer owned by the arena (freed with it). */
+/* Allocates a buffer owned by the arena (freed with it): views, counted in buf_bytes, not in mem. */
 void *ks__pk_buffer(ks__pk_arena *ar, size_t n);
+/* Calls fn on each node in the order they were made; stops at, and returns, the first for which it is true. */
+const ks__pk_node *ks__pk_find_node(const ks__pk_arena *ar, bool (*fn)(const ks__pk_node *n));
 /* Nonzero when g is a PK_GLOBAL naming module.name. */
 int ks__pk_is_global(const ks__pk_node *g, const char *module, const char *name);
 const char *ks__pk_kind_name(ks__pk_kind k);
@@ -167,6 +211,7 @@ typedef struct ks__pk_limits {
   size_t max_depth;
   size_t max_entries;
   uint64_t max_work; /* opcodes run plus items copied by constructors; capped at 32 per pickle byte + 1M */
+  uint64_t max_mem;  /* the machine's memory (see ks__pk_arena); 0: KS__PK_MEM_PER_BYTE per pickle byte + BASE */
   uint64_t max_output_bytes; /* bytes of flattened values (shared references count once per path) */
 } ks__pk_limits;
 
@@ -202,10 +247,11 @@ KS_NODISCARD ks_status ks__pk_ctor_tensor_v3(ks__pk_arena *ar, const ks__pk_limi
                                 ks__pk_node **out, ks_error *err);
 const char *ks__pk_storage_name(ks_dtype dt);
 
-/* What flattening charges against max_output_bytes, beyond the name, for each further path to a
- * list, tuple, set, dict or object already reached by another (a shared reference copies it, and
- * its record in the structure document takes about this much memory). */
-#define KS__PK_SHARED_CONTAINER_BYTES 512
+/* What flattening charges against max_output_bytes beyond names and values: for each path to a list,
+ * tuple, set, dict or object (its record in the structure document, and a copy when another path reached it
+ * first), and for each entry (its record in the state dict, about 250 bytes). */
+#define KS__PK_CONTAINER_BYTES 512
+#define KS__PK_ENTRY_BYTES 256
 
 /* ---- structure of flattened values (structure.c) ---- */
 /* Nesting of the flattened tree that ks_torch_load accepts by default; the writer refuses deeper names. */

@@ -287,13 +287,14 @@ ks_status ks__zip_read(const ks__zip *z, const char *rel, int verify_crc, const 
                       (unsigned)e->method);
   *data = z->data + e->data_off;
   *len = (size_t)e->size;
-  if (verify_crc) {
+  if (verify_crc && !e->crc_checked) {
     ks__crc32 t;
     ks__crc32_init(&t);
     uint32_t crc = ks__crc32_update(&t, 0, *data, *len);
     if (crc != e->crc)
       return ks__err_at(err, KS_E_CHECKSUM, NULL, e->name, (int64_t)e->data_off,
                         "zip: CRC32 mismatch: expected %08x, found %08x", e->crc, crc);
+    z->entries[e - z->entries].crc_checked = true; /* the entries are the zip's own, sorted once */
   }
   return KS_OK;
 }

@@ -4,6 +4,7 @@
   shard_index.py corpus       KEEPSAKE MAKE_SHARDED WORKDIR
   shard_index.py inspect-json KEEPSAKE MAKE_SHARDED WORKDIR
   shard_index.py globs        KEEPSAKE MAKE_SHARDED WORKDIR
+  shard_index.py fuzz-corpus  MAKE_SHARDED OUTDIR
 
 corpus: MAKE_SHARDED writes a valid 3-rank directory; this generator derives from
 it at least 50 variants whose index `sharded` section (or the files it names) is
@@ -22,6 +23,10 @@ globs: MAKE_SHARDED --long-names 1 1000 --globs 4092 writes the hostile case of 
 (a 170 KB index, 165 KB rank files: 4,096 globs, a name with 500 '/' boundaries); verify, diff
 and reshard must each take at most 5 s of CPU (a matcher that runs every glob over every
 '/'-prefix of every name took 17 s to reshard it).
+
+fuzz-corpus: writes the valid index and each variant's index (those under 64 KiB,
+the fuzzers' input size; the same index once) into OUTDIR, the seed corpus of
+tests/fuzz/fuzz_shard_index.c (tests/fuzz/corpus/shard_index/).
 
 Standard library only.
 """
@@ -379,7 +384,42 @@ def globs(cli, make, work):
     return 1 if failures else 0
 
 
+def fuzz_corpus(make, out):
+    work = out + ".work"
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    valid = os.path.join(work, "valid")
+    subprocess.check_call([make, valid])
+    os.makedirs(out, exist_ok=True)
+    seen, written = set(), 0
+    with open(os.path.join(valid, INDEX), "rb") as f:
+        texts = [("valid", f.read())]
+    ix = json.loads(texts[0][1])
+    texts.append(("valid-compact", json.dumps(ix, separators=(",", ":")).encode()))
+    v1 = copy.deepcopy(ix)  # a version 1 index records each whole file's hash as "xxh3"
+    v1["keepsake"]["version"] = 1
+    for f in v1["keepsake"]["files"]:
+        f["xxh3"] = f.pop("header_xxh3")
+    texts.append(("version-1", json.dumps(v1, indent=1, sort_keys=True).encode()))
+    for name, mutate in VARIANTS:
+        d, _, _ = make_variant(valid, work, name, mutate)
+        with open(os.path.join(d, INDEX), "rb") as f:
+            texts.append((name, f.read()))
+    for name, text in texts:
+        if len(text) > 65536 or text in seen:
+            continue
+        seen.add(text)
+        with open(os.path.join(out, name.replace("^", "p") + ".json"), "wb") as f:
+            f.write(text)
+        written += 1
+    shutil.rmtree(work)
+    print("%d indexes written to %s" % (written, out))
+    return 0
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "fuzz-corpus":
+        return fuzz_corpus(sys.argv[2], sys.argv[3])
     if len(sys.argv) != 5 or sys.argv[1] not in ("corpus", "inspect-json", "globs"):
         raise SystemExit(__doc__)
     mode, cli, make, work = sys.argv[1:]

@@ -125,8 +125,9 @@ static void shared_references_succeed_exactly_within_the_output_budget(void **s)
     ks_statedict *sd = NULL;
     ks_error err;
     ks_status st = ks_torch_load_buffer(pt.p, pt.n, &o, &sd, &err);
-    uint64_t need = (uint64_t)bytes * n; /* every copy, and every name ("0", "1", ...) */
-    for (size_t i = 0; i < n; i++) need += i < 10 ? 1 : 2;
+    /* every copy, every name ("0", "1", ...) with its entry's record, and the dict's record */
+    uint64_t need = (uint64_t)bytes * n + KS__PK_CONTAINER_BYTES;
+    for (size_t i = 0; i < n; i++) need += (i < 10 ? 1u : 2u) + KS__PK_ENTRY_BYTES;
     if (round % 3 == 0) o.max_output_bytes = budget = need - (uint64_t)(round % 2); /* right at the edge */
     if (round % 3 == 0) {
       ks_statedict_free(sd);
@@ -198,16 +199,16 @@ static buf shared_lists_pickle(int levels, size_t pad) {
   return p;
 }
 
-/* Property: a list reached by a second path is a copy and counts as its name plus
-   KS__PK_SHARED_CONTAINER_BYTES; the load (with its structure document) succeeds exactly
-   when the copies fit the budget. At depth j the 2^j lists have names of 2j - 1 bytes
-   ("0/1/..."), and one of them is the first path to its list. */
+/* Property: each path to a list (a second path is a copy) counts as its name plus
+   KS__PK_CONTAINER_BYTES; the load (with its structure document) succeeds exactly when the
+   copies fit the budget. At depth j the 2^j lists have names of 2j - 1 bytes ("0/1/..."),
+   and the root's name is empty. */
 static void shared_containers_are_copies_counted_exactly_against_the_budget(void **s) {
   (void)s;
   for (int levels = 1; levels <= 10; levels++) {
-    uint64_t need = 0;
+    uint64_t need = KS__PK_CONTAINER_BYTES;
     for (int j = 1; j <= levels; j++)
-      need += (((uint64_t)1 << j) - 1) * ((uint64_t)(2 * j - 1) + KS__PK_SHARED_CONTAINER_BYTES);
+      need += ((uint64_t)1 << j) * ((uint64_t)(2 * j - 1) + KS__PK_CONTAINER_BYTES);
     buf pkl = shared_lists_pickle(levels, 0), pt = archive(&pkl, NULL, 0);
     for (int under = 0; under <= 1; under++) {
       ks_torch_read_opts o = {0};
@@ -237,7 +238,7 @@ static void shared_containers_are_copies_counted_exactly_against_the_budget(void
 /* The report: 24 levels of shared empty lists (25 lists, 2^25 paths) padded to 64 KB after
    STOP: the container limit (8 x 64 KB + 4096) let 514128 paths through, each recorded in the
    structure document (~900 bytes of memory apiece: 463 MB, 0.8 s). Now the copies are stopped
-   by the output budget (4 x input + 64 MiB) at about 120000 paths, before that limit. */
+   by the output budget (4 x input + 64 MiB) at about 130000 paths, before that limit. */
 static void shared_empty_lists_padded_to_64_kib_stop_at_the_output_budget(void **s) {
   (void)s;
   buf pkl = shared_lists_pickle(24, 63754 - 198), pt = archive(&pkl, NULL, 0);

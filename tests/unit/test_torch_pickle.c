@@ -205,7 +205,7 @@ static void repeated_builds_extend_the_state_without_copying_it(void **s) {
   ks__pk_node *root = NULL;
   assert_int_equal(ks__pk_run((const uint8_t *)prog, n, &ar, &lim, NULL, NULL, &root, NULL), KS_OK);
   assert_int_equal(root->kind, PK_OBJECT);
-  assert_int_equal(root->u.obj.state->u.seq.n, 2 * (N + 1));
+  assert_int_equal(root->u.obj->state->u.seq.n, 2 * (N + 1));
   assert_true(ta.calls < N); /* copying the state on every BUILD allocates at least once per BUILD */
   ks__pk_arena_release(&ar);
   assert_int_equal(ta.live, 0);
