@@ -163,6 +163,7 @@ class CheckpointManager:
 
     @property
     def run_dir(self) -> str:
+        """The run directory or remote location, as the C manager resolved it."""
         return self._native.path
 
     def _ts(self) -> dict:

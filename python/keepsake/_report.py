@@ -43,6 +43,7 @@ class LoadReport:
         self.metadata: Dict[str, str] = {}
 
     def add(self, kind: str, path: str, reason: str = "") -> None:
+        """Appends one item: ``kind`` is one of :data:`KINDS`, ``path`` the component's '/' path."""
         assert kind in KINDS, kind
         self.items.append(LoadItem(kind, path, reason))
 
@@ -99,10 +100,12 @@ class Timestamp:
     batch_wct: float = 0.0
 
     def state_dict(self) -> Dict[str, Any]:
+        """The fields as a dict: counters as ints, the ``*_wct`` wall-clock totals as floats."""
         return {f.name: (float if f.name.endswith("_wct") else int)(getattr(self, f.name))
                 for f in dataclasses.fields(self)}
 
     def load_state_dict(self, d: Dict[str, Any]) -> None:
+        """Sets the fields ``d`` has (ints and floats as in :meth:`state_dict`); the others are kept."""
         for f in dataclasses.fields(self):
             if f.name in d:
                 setattr(self, f.name, (float if f.name.endswith("_wct") else int)(d[f.name]))

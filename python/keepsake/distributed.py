@@ -131,19 +131,25 @@ class KeepsakeWriter(StorageWriter):
         self.use_collectives = True
 
     def reset(self, checkpoint_id: Optional[PathLike] = None) -> None:
+        """Starts a new save, into ``checkpoint_id`` when given (DCP calls this before each save)."""
         if checkpoint_id is not None:
             self.path = _location(checkpoint_id, write=True)
         self.save_id = str(uuid.uuid4())
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Records whether this rank coordinates and whether DCP uses collectives."""
         self.is_coordinator = is_coordinator
         self.use_collectives = kwargs.get("use_collectives", True)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Creates the checkpoint directory (and its parents); the plan is unchanged."""
         _native.shard_prepare_dir(self.path, fsync=self.sync_files)
         return plan
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        """On the coordinator: refuses or uncommits an existing checkpoint, then gives each rank its
+        place (rank, world size) and rank 0 the merged planner data to record.
+        """
         if not self.use_collectives:
             raise _errors.error(_errors.UnsupportedError, "a keepsake checkpoint is committed once for all ranks: "
                                 "save with use_collectives=True")
@@ -165,6 +171,9 @@ class KeepsakeWriter(StorageWriter):
                 for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[WriteResult]]":
+        """Writes this rank's file: every item of its plan as one entry (chunks of sharded tensors
+        recorded for the index); the future holds the WriteResults, this rank's file size and hash last.
+        """
         where = plan.storage_data
         if not isinstance(where, _RankPlan):
             raise _errors.error(_errors.StateError, "write_data before prepare_global_plan")
@@ -231,6 +240,9 @@ class KeepsakeWriter(StorageWriter):
         return name, entries[-1][4]
 
     def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
+        """On the coordinator: writes the index over every rank's file (size and hash), which commits
+        the checkpoint.
+        """
         files: Dict[int, Tuple[int, int]] = {}
         for per_rank in results:
             for wr in per_rank:
@@ -242,14 +254,17 @@ class KeepsakeWriter(StorageWriter):
         _native.shard_write_index(self.path, [files[r] for r in range(world)], fsync=self.sync_files)
 
     def storage_meta(self) -> Optional[StorageMeta]:
+        """The checkpoint's location and this save's id."""
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
 
     @property
     def checkpoint_id(self) -> str:
+        """The checkpoint directory or remote location being written."""
         return self.path
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: PathLike) -> bool:
+        """True when ``checkpoint_id`` is a location this writer can write to."""
         try:
             _location(checkpoint_id, write=True)
         except (TypeError, _errors.KeepsakeError):
@@ -312,11 +327,15 @@ class KeepsakeReader(StorageReader):
         self._files: List[str] = []
 
     def reset(self, checkpoint_id: Optional[PathLike] = None) -> None:
+        """Starts a new load, from ``checkpoint_id`` when given (DCP calls this before each load)."""
         if checkpoint_id is not None:
             self.path = _location(checkpoint_id, write=False)
         self.load_id = str(uuid.uuid4())
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """DCP's metadata for the checkpoint: the index checked against every rank file's size and
+        header (and hashed whole with ``verify_files``), its sharded tensors and rank 0's entries.
+        """
         if kwargs.get("rank") is not None:
             raise _errors.error(_errors.NotFoundError, "keepsake checkpoints have no rank-local metadata",
                                 file=self.path)
@@ -388,17 +407,23 @@ class KeepsakeReader(StorageReader):
         return decode_object(pd.encode("utf-8"), key=META_KEY)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Keeps where each stored item is (from the metadata) for :meth:`read_data`."""
         self.storage_data = metadata.storage_data
         if not self._files:  # metadata read elsewhere: the file names come from the index
             self._files = [f for f, _size, _hash in _native.shard_index(self.path, check=False)["files"]]
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """Returns the plan unchanged: every rank reads what it needs itself."""
         return plan
 
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
+        """Returns the plans unchanged."""
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
+        """Reads each stored tensor or object the plan asks for once, verifying its checksum, and
+        hands it to the planner; the future is already done.
+        """
         by_entry: Dict[Tuple[int, str], List[ReadItem]] = {}
         for req in plan.items:
             where = self.storage_data[req.storage_index]
@@ -468,10 +493,12 @@ class KeepsakeReader(StorageReader):
 
     @property
     def checkpoint_id(self) -> str:
+        """The checkpoint directory or remote location being read."""
         return self.path
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: PathLike) -> bool:
+        """True when ``checkpoint_id`` holds a committed keepsake sharded checkpoint."""
         try:
             path = _location(checkpoint_id, write=False)
             return bool(_native.shard_committed(path))

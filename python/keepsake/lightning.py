@@ -110,6 +110,7 @@ class KeepsakeCheckpointIO(CheckpointIO):
 
     @property
     def async_save(self) -> bool:
+        """True when saves go through the library's background writer."""
         return self._saver is not None
 
     def wait(self) -> None:
@@ -270,6 +271,11 @@ class KeepsakeMetrics(Callback):
         self.last_report: Optional[LoadReport] = None
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
+        """Puts a snapshot of every torchmetrics metric of ``pl_module`` into ``checkpoint``.
+
+        The snapshots are copies made now, of plain tensors and containers, so a background save
+        writes the states of this moment and any CheckpointIO can store them.
+        """
         # Snapshots, not the Metric objects: copies taken now (an AsyncCheckpointIO writes them
         # later, while training goes on) made of plain tensors and containers, which any
         # CheckpointIO stores and torch.load(weights_only=True) reads back.
@@ -277,6 +283,11 @@ class KeepsakeMetrics(Callback):
                                    for name, m in module_metrics(pl_module).items()}
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
+        """Fills the module's metrics from ``checkpoint`` by name; the report is ``last_report``.
+
+        Reads the states :class:`KeepsakeCheckpointIO` loaded, or the snapshots another CheckpointIO
+        gave back; a checkpoint without metrics leaves them as they are.
+        """
         saved = checkpoint.get(METRICS_KEY)
         mine = module_metrics(pl_module)
         if isinstance(saved, _MetricStates):
@@ -387,6 +398,12 @@ if _ModelParallelStrategy is not None:
 
         def save_checkpoint(self, checkpoint: Dict[str, Any], filepath: Any,
                             storage_options: Optional[Any] = None) -> None:
+            """Saves ``checkpoint`` as a keepsake sharded directory at ``filepath`` (on every rank).
+
+            Rank 0 writes the non-tensor part of Lightning's dict to ``lightning.keepsake`` first; then
+            the model and optimizer shards go through DCP and :class:`keepsake.distributed.KeepsakeWriter`,
+            whose index, written last, commits the checkpoint. ``storage_options`` is refused.
+            """
             import torch.distributed.checkpoint as dcp
             from .distributed import KeepsakeWriter
             if storage_options is not None:
@@ -404,6 +421,11 @@ if _ModelParallelStrategy is not None:
             dcp.save(state, storage_writer=KeepsakeWriter(path))
 
         def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> Dict[str, Any]:
+            """Loads a sharded directory saved by :meth:`save_checkpoint` into the model and optimizers.
+
+            The shards are read through :class:`keepsake.distributed.KeepsakeReader` at this run's world
+            size; returns the rest of Lightning's dict. A directory without an index raises NotFoundError.
+            """
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                                  get_optimizer_state_dict, set_model_state_dict,
