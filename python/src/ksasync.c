@@ -59,7 +59,7 @@ static void AsyncSaver_dealloc(ksp_AsyncSaver *self) {
     Py_BEGIN_ALLOW_THREADS release(self);
     Py_END_ALLOW_THREADS
   }
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  ksp_free_self((PyObject *)self);
 }
 
 static PyObject *AsyncSaver_start(ksp_AsyncSaver *self, PyObject *args, PyObject *kw) {
@@ -147,24 +147,21 @@ static PyGetSetDef AsyncSaver_getset[] = {
     {"busy", (getter)AsyncSaver_get_busy, NULL, "a save is still being written", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
-static PyTypeObject AsyncSaverType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "keepsake._keepsake.AsyncSaver",
-    .tp_basicsize = sizeof(ksp_AsyncSaver),
-    .tp_dealloc = (destructor)AsyncSaver_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "AsyncSaver(when_busy='wait')\n--\n\nThe library's background writer for saves to named paths.",
-    .tp_methods = AsyncSaver_methods,
-    .tp_getset = AsyncSaver_getset,
-    .tp_init = (initproc)AsyncSaver_init,
-    .tp_new = PyType_GenericNew,
-};
+static const char AsyncSaver_doc[] =
+    "AsyncSaver(when_busy='wait')\n--\n\nThe library's background writer for saves to named paths.";
+
+static PyType_Slot AsyncSaver_slots[] = {
+    {Py_tp_dealloc, KSP_SLOT_FN(AsyncSaver_dealloc)},
+    {Py_tp_methods, AsyncSaver_methods},
+    {Py_tp_getset, AsyncSaver_getset},
+    {Py_tp_init, KSP_SLOT_FN(AsyncSaver_init)},
+    {Py_tp_new, KSP_SLOT_FN(PyType_GenericNew)},
+    {Py_tp_doc, (void *)AsyncSaver_doc},
+    {0, NULL}};
+
+static PyType_Spec AsyncSaverSpec = {"keepsake._keepsake.AsyncSaver", sizeof(ksp_AsyncSaver), 0,
+                                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, AsyncSaver_slots};
 
 int ksp_async_add_type(PyObject *m) {
-  if (PyType_Ready(&AsyncSaverType) < 0) return -1;
-  Py_INCREF(&AsyncSaverType);
-  if (PyModule_AddObject(m, "AsyncSaver", (PyObject *)&AsyncSaverType) < 0) {
-    Py_DECREF(&AsyncSaverType);
-    return -1;
-  }
-  return 0;
+  return ksp_add_type(m, &AsyncSaverSpec) ? 0 : -1;
 }

@@ -159,23 +159,21 @@ static PyGetSetDef EarlyStop_getset[] = {
     {"stopped_epoch", (getter)get_stopped, NULL, "the epoch at which it fired, or -1", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
-static PyTypeObject EarlyStopType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "keepsake._keepsake.EarlyStop",
-    .tp_basicsize = sizeof(ksp_EarlyStop),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "EarlyStop(monitor, mode='min', patience=3, min_delta=0.0)\n--\n\nThe library's early stopping.",
-    .tp_methods = EarlyStop_methods,
-    .tp_getset = EarlyStop_getset,
-    .tp_init = (initproc)EarlyStop_init,
-    .tp_new = PyType_GenericNew,
-};
+static const char EarlyStop_doc[] =
+    "EarlyStop(monitor, mode='min', patience=3, min_delta=0.0)\n--\n\nThe library's early stopping.";
+
+static PyType_Slot EarlyStop_slots[] = {
+    {Py_tp_methods, EarlyStop_methods},
+    {Py_tp_getset, EarlyStop_getset},
+    {Py_tp_init, KSP_SLOT_FN(EarlyStop_init)},
+    {Py_tp_new, KSP_SLOT_FN(PyType_GenericNew)},
+    {Py_tp_doc, (void *)EarlyStop_doc},
+    {0, NULL}};
+
+static PyType_Spec EarlyStopSpec = {"keepsake._keepsake.EarlyStop", sizeof(ksp_EarlyStop), 0,
+                                    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_IMMUTABLETYPE,
+                                    EarlyStop_slots};
 
 int ksp_early_add_type(PyObject *m) {
-  if (PyType_Ready(&EarlyStopType) < 0) return -1;
-  Py_INCREF(&EarlyStopType);
-  if (PyModule_AddObject(m, "EarlyStop", (PyObject *)&EarlyStopType) < 0) {
-    Py_DECREF(&EarlyStopType);
-    return -1;
-  }
-  return 0;
+  return ksp_add_type(m, &EarlyStopSpec) ? 0 : -1;
 }

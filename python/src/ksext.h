@@ -10,8 +10,51 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 
 #include "keepsake/keepsake.h"
+
+#ifdef Py_LIMITED_API
+/*
+ * The stable ABI (Py_LIMITED_API, python/CMakeLists.txt) has these only as functions: the macros
+ * the sources use name them. Each costs a call where the macro read a field, per entry, never per
+ * byte (the save_file and load_file rows of bench/python_bench.py, docs/BENCHMARKS.md). The SET_ITEM
+ * forms fill new tuples and lists, where the functions cannot fail.
+ */
+#define PyBytes_AS_STRING(o) PyBytes_AsString(o)
+#define PyBytes_GET_SIZE(o) PyBytes_Size(o)
+#define PyByteArray_AS_STRING(o) PyByteArray_AsString(o)
+#define PyFloat_AS_DOUBLE(o) PyFloat_AsDouble(o)
+#define PyTuple_GET_ITEM(o, i) PyTuple_GetItem(o, i)
+#define PyTuple_GET_SIZE(o) PyTuple_Size(o)
+#define PyList_GET_ITEM(o, i) PyList_GetItem(o, i)
+#define PyList_GET_SIZE(o) PyList_Size(o)
+#define PyTuple_SET_ITEM(o, i, v) ((void)PyTuple_SetItem(o, i, v))
+#define PyList_SET_ITEM(o, i, v) ((void)PyList_SetItem(o, i, v))
+#define PyUnicode_AsUTF8(o) PyUnicode_AsUTF8AndSize(o, NULL)
+#define PyObject_CallOneArg(f, a) PyObject_CallFunctionObjArgs(f, a, NULL)
+#define Py_XSETREF(dst, src)                                                                                      \
+  do {                                                                                                         \
+    PyObject *ksp_old_ = (PyObject *)(dst);                                                                    \
+    (dst) = (src);                                                                                             \
+    Py_XDECREF(ksp_old_);                                                                                      \
+  } while (0)
+#endif
+
+/*
+ * The module's types are heap types made from a PyType_Spec, which the stable ABI requires (it has
+ * no static PyTypeObject). ksp_add_type makes one and adds it to the module under the last part of
+ * its spec's name; it returns the type (the module holds it), or NULL with an exception set.
+ */
+PyTypeObject *ksp_add_type(PyObject *m, PyType_Spec *spec);
+/* A function in a PyType_Slot, whose pfunc is a void *: through uintptr_t, as ISO C has no conversion
+ * from a function pointer to an object pointer (-Wpedantic) and POSIX makes them the same size. */
+#define KSP_SLOT_FN(f) ((void *)(uintptr_t)(f))
+/* The end of such a type's tp_dealloc: frees the object and drops the reference to its type that
+ * every instance of a heap type holds. */
+void ksp_free_self(PyObject *self);
+/* The name of o's type ("float", "Tensor"), copied into buf: the stable ABI has no tp_name. */
+const char *ksp_type_name(PyObject *o, char *buf, size_t size);
 
 /* Sets the Python exception for a failed call: keepsake.KeepsakeError's subclass for `st`. */
 PyObject *ksp_raise(ks_status st, const ks_error *err);
@@ -88,9 +131,11 @@ PyObject *ksp_cache_stats(const ks_io *cache);
 /* The open file of a keepsake._keepsake.Reader, or NULL with TypeError set. */
 const ks_reader *ksp_reader_get(PyObject *reader);
 
-/* Module functions, by file. */
-extern PyTypeObject ksp_ReaderType;
-extern PyTypeObject ksp_ManagerType;
+/* Module functions, by file. The Reader and Manager types: their specs, and the types made from
+ * them when the module was initialised. */
+extern PyType_Spec ksp_ReaderSpec;
+extern PyType_Spec ksp_ManagerSpec;
+extern PyTypeObject *ksp_ReaderType;
 PyObject *ksp_preemption_install(PyObject *self, PyObject *args);
 PyObject *ksp_preemption_uninstall(PyObject *self, PyObject *args);
 PyObject *ksp_preemption_signal(PyObject *self, PyObject *unused);
@@ -116,7 +161,7 @@ int ksp_async_add_type(PyObject *m);
 /* keepsake._keepsake.EarlyStop (ksearly.c): 0, or -1 with an exception. */
 int ksp_early_add_type(PyObject *m);
 extern PyMethodDef ksp_shard_methods[];
-extern PyTypeObject ksp_ShardFileType;
+extern PyType_Spec ksp_ShardFileSpec;
 
 /* torch.distributed helpers (ksdist.c): the per-rank rules of the library, added with
  * PyModule_AddFunctions. */

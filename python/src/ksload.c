@@ -59,9 +59,10 @@ static KS_NODISCARD ks_status refusal(load_job *job, ks_error *err) {
   }
   PyObject *s = value ? PyObject_Str(value) : NULL;
   const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
+  char tname[128];
   ks_error_clear(err);
   err->code = KS_E_MISMATCH;
-  snprintf(err->message, sizeof err->message, "%s: %s", type ? ((PyTypeObject *)type)->tp_name : "Error",
+  snprintf(err->message, sizeof err->message, "%s: %s", value ? ksp_type_name(value, tname, sizeof tname) : "Error",
            msg ? msg : "?");
   PyErr_Clear();
   Py_XDECREF(s);

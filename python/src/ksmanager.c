@@ -47,7 +47,7 @@ static void Manager_dealloc(ksp_Manager *self) {
     Py_END_ALLOW_THREADS
   }
   Py_CLEAR(self->staging_owner); /* after the saver that wrote from it is gone */
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  ksp_free_self((PyObject *)self);
 }
 
 /* A ks_timestamp from a dict of Timestamp fields (missing ones are 0). 0, or -1 with an exception. */
@@ -550,18 +550,21 @@ static PyGetSetDef Manager_getset[] = {
     {"path", (getter)Manager_storage_path, NULL, "the run directory, as the storage location names it", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
-PyTypeObject ksp_ManagerType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "keepsake._keepsake.Manager",
-    .tp_basicsize = sizeof(ksp_Manager),
-    .tp_dealloc = (destructor)Manager_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Manager(run_dir, save_interval=None, ...)\n--\n\nThe C checkpoint manager (use "
-              "keepsake.CheckpointManager).",
-    .tp_methods = Manager_methods,
-    .tp_getset = Manager_getset,
-    .tp_init = (initproc)Manager_init,
-    .tp_new = PyType_GenericNew,
-};
+static const char Manager_doc[] =
+    "Manager(run_dir, save_interval=None, ...)\n--\n\nThe C checkpoint manager (use "
+    "keepsake.CheckpointManager).";
+
+static PyType_Slot Manager_slots[] = {
+    {Py_tp_dealloc, KSP_SLOT_FN(Manager_dealloc)},
+    {Py_tp_methods, Manager_methods},
+    {Py_tp_getset, Manager_getset},
+    {Py_tp_init, KSP_SLOT_FN(Manager_init)},
+    {Py_tp_new, KSP_SLOT_FN(PyType_GenericNew)},
+    {Py_tp_doc, (void *)Manager_doc},
+    {0, NULL}};
+
+PyType_Spec ksp_ManagerSpec = {"keepsake._keepsake.Manager", sizeof(ksp_Manager), 0,
+                               Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, Manager_slots};
 
 /* The signal numbers of a sequence (1 to 16 of them) into sigs; 0, or -1 with an exception set. */
 static int signals_of(PyObject *seq, int *sigs, size_t *n, const char *what) {

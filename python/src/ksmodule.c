@@ -285,28 +285,44 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_keepsake",
                                     "The C core of keepsake (use the keepsake package, not this module).", -1,
                                     methods, NULL, NULL, NULL, NULL};
 
+PyTypeObject *ksp_add_type(PyObject *m, PyType_Spec *spec) {
+  PyObject *t = PyType_FromModuleAndSpec(m, spec, NULL);
+  if (!t) return NULL;
+  int rc = PyModule_AddType(m, (PyTypeObject *)t); /* takes its own reference */
+  Py_DECREF(t);
+  return rc < 0 ? NULL : (PyTypeObject *)t;
+}
+
+void ksp_free_self(PyObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  freefunc free_fn = (freefunc)(uintptr_t)PyType_GetSlot(tp, Py_tp_free);
+  free_fn(self);
+  Py_DECREF(tp);
+}
+
+const char *ksp_type_name(PyObject *o, char *buf, size_t size) {
+  PyObject *name = PyType_GetName(Py_TYPE(o));
+  const char *s = name ? PyUnicode_AsUTF8AndSize(name, NULL) : NULL;
+  if (!s) PyErr_Clear();
+  snprintf(buf, size, "%s", s ? s : "?");
+  Py_XDECREF(name);
+  return buf;
+}
+
+PyTypeObject *ksp_ReaderType;
+
 PyMODINIT_FUNC PyInit__keepsake(void) {
-  if (PyType_Ready(&ksp_ReaderType) < 0 || PyType_Ready(&ksp_ManagerType) < 0) return NULL;
   PyObject *m = PyModule_Create(&module);
   if (!m) return NULL;
-  Py_INCREF(&ksp_ReaderType);
-  Py_INCREF(&ksp_ManagerType);
-  if (PyModule_AddObject(m, "Reader", (PyObject *)&ksp_ReaderType) < 0 ||
-      PyModule_AddObject(m, "Manager", (PyObject *)&ksp_ManagerType) < 0 ||
+  if (!(ksp_ReaderType = ksp_add_type(m, &ksp_ReaderSpec)) || !ksp_add_type(m, &ksp_ManagerSpec) ||
       PyModule_AddStringConstant(m, "version", KS_VERSION_STRING) < 0 ||
       PyModule_AddIntConstant(m, "format_version", KS_FORMAT_VERSION) < 0) {
     Py_DECREF(m);
     return NULL;
   }
   /* Sharded checkpoint directories (ksshard.c). */
-  if (PyType_Ready(&ksp_ShardFileType) < 0 || PyModule_AddFunctions(m, ksp_shard_methods) < 0 ||
-      PyModule_AddFunctions(m, ksp_dist_methods) < 0) {
-    Py_DECREF(m);
-    return NULL;
-  }
-  Py_INCREF(&ksp_ShardFileType);
-  if (PyModule_AddObject(m, "ShardFile", (PyObject *)&ksp_ShardFileType) < 0) {
-    Py_DECREF(&ksp_ShardFileType);
+  if (PyModule_AddFunctions(m, ksp_shard_methods) < 0 || PyModule_AddFunctions(m, ksp_dist_methods) < 0 ||
+      !ksp_add_type(m, &ksp_ShardFileSpec)) {
     Py_DECREF(m);
     return NULL;
   }

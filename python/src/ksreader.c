@@ -277,7 +277,7 @@ static void reader_dealloc(ksp_Reader *self) {
   free(self->heap);
   Py_XDECREF(self->path);
   Py_XDECREF(self->fspath);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  ksp_free_self((PyObject *)self);
 }
 
 static int reader_getbuffer(ksp_Reader *self, Py_buffer *view, int flags) {
@@ -291,8 +291,6 @@ static int reader_getbuffer(ksp_Reader *self, Py_buffer *view, int flags) {
   }
   return PyBuffer_FillInfo(view, (PyObject *)self, self->base, (Py_ssize_t)self->len, 0, flags);
 }
-
-static PyBufferProcs reader_buffer = {(getbufferproc)reader_getbuffer, NULL};
 
 static int check_open(const ksp_Reader *self) {
   if (self->r) return 0;
@@ -576,28 +574,29 @@ static PyGetSetDef reader_getset[] = {
     {"lazy", (getter)reader_lazy, NULL, "opened lazily (a remote file): no buffer, tensors through tensor()", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
-static PySequenceMethods reader_seq = {.sq_length = (lenfunc)reader_length};
+static const char reader_doc[] =
+    "Reader(path=None, verify=False, backend='mmap', data=None, lazy=False, cache_dir=None)\n--\n\n"
+    "An open keepsake or safetensors file, validated on open: a path (str, bytes or os.PathLike), "
+    "mapped ('mmap') or read into memory ('read'), or the file's bytes given as data=. A remote "
+    "location (s3://, http(s)://) is read whole, or with lazy=True header first and each tensor "
+    "when tensor() asks; cache_dir= reads it through a local read cache.";
 
-PyTypeObject ksp_ReaderType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "keepsake._keepsake.Reader",
-    .tp_basicsize = sizeof(ksp_Reader),
-    .tp_dealloc = (destructor)reader_dealloc,
-    .tp_as_sequence = &reader_seq,
-    .tp_as_buffer = &reader_buffer,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Reader(path=None, verify=False, backend='mmap', data=None, lazy=False, cache_dir=None)\n--\n\n"
-              "An open keepsake or safetensors file, validated on open: a path (str, bytes or os.PathLike), "
-              "mapped ('mmap') or read into memory ('read'), or the file's bytes given as data=. A remote "
-              "location (s3://, http(s)://) is read whole, or with lazy=True header first and each tensor "
-              "when tensor() asks; cache_dir= reads it through a local read cache.",
-    .tp_methods = reader_methods,
-    .tp_getset = reader_getset,
-    .tp_init = (initproc)reader_init,
-    .tp_new = PyType_GenericNew,
-};
+static PyType_Slot reader_slots[] = {
+    {Py_tp_dealloc, KSP_SLOT_FN(reader_dealloc)},
+    {Py_sq_length, KSP_SLOT_FN(reader_length)},
+    {Py_bf_getbuffer, KSP_SLOT_FN(reader_getbuffer)},
+    {Py_tp_doc, (void *)reader_doc},
+    {Py_tp_methods, reader_methods},
+    {Py_tp_getset, reader_getset},
+    {Py_tp_init, KSP_SLOT_FN(reader_init)},
+    {Py_tp_new, KSP_SLOT_FN(PyType_GenericNew)},
+    {0, NULL}};
+
+PyType_Spec ksp_ReaderSpec = {"keepsake._keepsake.Reader", sizeof(ksp_Reader), 0,
+                              Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, reader_slots};
 
 const ks_reader *ksp_reader_get(PyObject *reader) {
-  if (!PyObject_TypeCheck(reader, &ksp_ReaderType) || !((ksp_Reader *)reader)->r) {
+  if (!PyObject_TypeCheck(reader, ksp_ReaderType) || !((ksp_Reader *)reader)->r) {
     PyErr_SetString(PyExc_TypeError, "expected an open keepsake._keepsake.Reader");
     return NULL;
   }

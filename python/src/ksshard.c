@@ -701,12 +701,13 @@ static int enc_value(ks_dcp_encoder *e, PyObject *v, PyObject *bio, ks_error *er
     int is_bio = PyObject_IsInstance(v, bio);
     if (is_bio < 0) return -1;
     if (!is_bio) {
-      PyTypeObject *t = Py_TYPE(v);
-      PyObject *mod = PyObject_GetAttrString((PyObject *)t, "__module__");
+      char tname[128];
+      PyObject *mod = PyObject_GetAttrString((PyObject *)Py_TYPE(v), "__module__");
       const char *m = mod && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : NULL;
       PyErr_Clear();
       ksp_raisef(KS_E_UNSUPPORTED, "a %s.%s is not stored: keepsake keeps None, bool, int, float, str, bytes, "
-                 "io.BytesIO, and lists, tuples and dicts of them (no pickle)", m ? m : "?", t->tp_name);
+                 "io.BytesIO, and lists, tuples and dicts of them (no pickle)", m ? m : "?",
+                 ksp_type_name(v, tname, sizeof tname));
       Py_XDECREF(mod);
       return -1;
     }
@@ -867,7 +868,7 @@ static void shardfile_dealloc(ksp_ShardFile *self) {
   ks_reader_free(self->r); /* its handle of the table first */
   ksp_loc_close(&self->loc);
   Py_XDECREF(self->path);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  ksp_free_self((PyObject *)self);
 }
 
 static int shardfile_open(const ksp_ShardFile *self) {
@@ -950,17 +951,20 @@ static PyMethodDef shardfile_methods[] = {
     {"close", (PyCFunction)shardfile_close, METH_NOARGS, "close()\n--\n\nCloses the file."},
     {NULL, NULL, 0, NULL}};
 
-PyTypeObject ksp_ShardFileType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "keepsake._keepsake.ShardFile",
-    .tp_basicsize = sizeof(ksp_ShardFile),
-    .tp_dealloc = (destructor)shardfile_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "ShardFile(path)\n--\n\nA keepsake file (a path, s3:// or http(s)://) opened lazily: its header is read "
-              "and validated, tensors are read on demand (pread, ranged GETs) and verified.",
-    .tp_methods = shardfile_methods,
-    .tp_init = (initproc)shardfile_init,
-    .tp_new = PyType_GenericNew,
-};
+static const char shardfile_doc[] =
+    "ShardFile(path)\n--\n\nA keepsake file (a path, s3:// or http(s)://) opened lazily: its header is read "
+    "and validated, tensors are read on demand (pread, ranged GETs) and verified.";
+
+static PyType_Slot shardfile_slots[] = {
+    {Py_tp_dealloc, KSP_SLOT_FN(shardfile_dealloc)},
+    {Py_tp_methods, shardfile_methods},
+    {Py_tp_init, KSP_SLOT_FN(shardfile_init)},
+    {Py_tp_new, KSP_SLOT_FN(PyType_GenericNew)},
+    {Py_tp_doc, (void *)shardfile_doc},
+    {0, NULL}};
+
+PyType_Spec ksp_ShardFileSpec = {"keepsake._keepsake.ShardFile", sizeof(ksp_ShardFile), 0,
+                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, shardfile_slots};
 
 PyMethodDef ksp_shard_methods[] = {
     {"shard_file_name", shard_file_name, METH_VARARGS,

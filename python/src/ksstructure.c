@@ -15,7 +15,7 @@ typedef struct {
 
 static PyObject *structure_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   (void)args, (void)kw;
-  StructureObject *self = (StructureObject *)type->tp_alloc(type, 0);
+  StructureObject *self = (StructureObject *)PyType_GenericAlloc(type, 0);
   if (!self) return NULL;
   ks_error err;
   ks_error_clear(&err);
@@ -29,7 +29,7 @@ static PyObject *structure_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 
 static void structure_dealloc(StructureObject *self) {
   ks_structure_free(self->s);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  ksp_free_self((PyObject *)self);
 }
 
 /* k from a Python key; 0, or -1 with an exception naming `path`. Borrows str data from `o`. */
@@ -59,8 +59,9 @@ static int to_key(PyObject *o, const char *path, ks_key *k) {
   } else if (PyFloat_Check(o)) {
     k->type = KS_KEY_FLOAT, k->f = PyFloat_AS_DOUBLE(o);
   } else {
+    char tname[128];
     ksp_raisef(KS_E_UNSUPPORTED, "cannot store a dict key of type %s (the dict at '%s'): str, int, bool, None and "
-               "float keys are stored", Py_TYPE(o)->tp_name, path);
+               "float keys are stored", ksp_type_name(o, tname, sizeof tname), path);
     return -1;
   }
   return 0;
@@ -172,22 +173,19 @@ static PyMethodDef structure_methods[] = {
      "dump()\n--\n\nThe structure document (keepsake.torch_structure) as JSON, or None when empty."},
     {NULL, NULL, 0, NULL}};
 
-static PyTypeObject StructureType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "keepsake._keepsake.Structure",
-    .tp_basicsize = sizeof(StructureObject),
-    .tp_dealloc = (destructor)structure_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The structure document of the values being flattened (include/keepsake/structure.h).",
-    .tp_methods = structure_methods,
-    .tp_new = structure_new,
-};
+static const char structure_doc[] =
+    "The structure document of the values being flattened (include/keepsake/structure.h).";
+
+static PyType_Slot structure_slots[] = {
+    {Py_tp_dealloc, KSP_SLOT_FN(structure_dealloc)},
+    {Py_tp_methods, structure_methods},
+    {Py_tp_new, KSP_SLOT_FN(structure_new)},
+    {Py_tp_doc, (void *)structure_doc},
+    {0, NULL}};
+
+static PyType_Spec StructureSpec = {"keepsake._keepsake.Structure", sizeof(StructureObject), 0,
+                                    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, structure_slots};
 
 int ksp_structure_add_type(PyObject *m) {
-  if (PyType_Ready(&StructureType) < 0) return -1;
-  Py_INCREF(&StructureType);
-  if (PyModule_AddObject(m, "Structure", (PyObject *)&StructureType) < 0) {
-    Py_DECREF(&StructureType);
-    return -1;
-  }
-  return 0;
+  return ksp_add_type(m, &StructureSpec) ? 0 : -1;
 }

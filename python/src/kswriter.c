@@ -73,11 +73,12 @@ static int add_item(ks_statedict *sd, PyObject *item) {
   if (PyErr_Occurred()) return -1;
   if (st) {
     ks_error e;
+    char tname[128];
     ks_error_clear(&e);
     e.code = st;
     snprintf(e.key, sizeof e.key, "%s", name);
     snprintf(e.message, sizeof e.message, "cannot store '%s' (a %s): %s", name,
-             Py_TYPE(PyTuple_GET_ITEM(item, 1))->tp_name,
+             ksp_type_name(PyTuple_GET_ITEM(item, 1), tname, sizeof tname),
              st == KS_E_LIMIT ? "integer beyond 64 bits" : ks_strerror(st));
     ksp_raise(st, &e);
     return -1;
@@ -304,8 +305,12 @@ PyObject *ksp_save_bytes(PyObject *self, PyObject *args, PyObject *kw) {
     out = ksp_raise(st, &err);
     Py_XDECREF(mb.bytes);
   } else if (mb.bytes) {
-    out = mb.bytes; /* written in place; resized only if the sizes disagreed, which they never do */
-    if (mb.len != mb.cap && _PyBytes_Resize(&out, (Py_ssize_t)mb.len) < 0) out = NULL;
+    out = mb.bytes; /* written in place; copied only if the sizes disagreed, which they never do (the stable
+                       ABI cannot shrink a bytes object in place) */
+    if (mb.len != mb.cap) {
+      out = PyBytes_FromStringAndSize(PyBytes_AS_STRING(mb.bytes), (Py_ssize_t)mb.len);
+      Py_DECREF(mb.bytes);
+    }
   } else {
     out = PyBytes_FromStringAndSize(mb.p ? mb.p : "", (Py_ssize_t)mb.len);
   }
