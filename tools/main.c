@@ -35,7 +35,9 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"))
     return ks_cli_finish_output("help", usage(stdout));
   if (!strcmp(argv[1], "--version")) {
-    printf("keepsake %s\n", ks_version());
+    /* The Python distribution's name, as the package index knows it (pyproject.toml): its
+       "keepsake" is another project, with a command of the same name. */
+    printf("keepsake %s (" KS_DIST_NAME ")\n", ks_version());
     return ks_cli_finish_output("--version", 0);
   }
   for (size_t i = 0; i < N_COMMANDS; i++)

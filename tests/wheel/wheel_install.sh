@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# The Python package as a user gets it: scripts/build-sdist makes the sdist; a clean venv that sees
-# only the build tools (scikit-build-core, through a .pth to the test venv) builds it into a wheel,
-# as `pip install keepsake-*.tar.gz` does; a second venv with no C compiler on PATH installs that
-# wheel and runs the whole Python test suite (tests/python/test_*.py) against it, and the `keepsake`
+# The Python package as a user gets it: the wheel tests/wheel/sdist_install.sh built from the sdist
+# (`python -m build --sdist`, then pip in a clean venv) goes into a venv with no C compiler on PATH,
+# which runs the whole Python test suite (tests/python/test_*.py) against it, and the `keepsake`
 # console command on its files.
-#   usage: wheel_install.sh SOURCE_DIR WORK_DIR VENV_PYTHON
+#   usage: wheel_install.sh SOURCE_DIR WORK_DIR VENV_PYTHON WHEEL_DIR
 # KS_TEST_WHEEL=path/to.whl tests that wheel (e.g. scripts/build-wheel's manylinux one) instead of
-# building one from the sdist:  KS_TEST_WHEEL=$PWD/dist/keepsake-...whl ctest -L wheel
+# the one in WHEEL_DIR:  KS_TEST_WHEEL=$PWD/dist/keepsake_ckpt-...whl ctest -L wheel
 # KS_WHEEL_REMOTE=1 (set by ctest when the build has the curl backend): the wheel must have s3:// and
 # http(s):// storage, loading libcurl.so.4 at run time (KS_CURL_RUNTIME) and linking none; the
 # remote tests then run against it (KS_REMOTE_ENV, the remote_servers fixture), and, where a user
 # namespace can hide the system's libcurl, a remote location must fail with the clear error.
 set -euo pipefail
-src=$1 work=$2 py=$3
+src=$1 work=$2 py=$3 wheel_dir=$4
 rm -rf "$work" && mkdir -p "$work"
 cd "$work"
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -20,28 +19,13 @@ site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])';
 pip() { "$py" -m pip --disable-pip-version-check --no-input "$@"; }   # the test venv's pip, run for other venvs with --python
 venv_site=$(site_of "$py")
 
-# 1. The sdist: every C source it needs, and xxhash.h (compiled in), with the package.
-sdist=$(PYTHON=$py "$src/scripts/build-sdist" "$work/dist" | tail -n 1)
-[ -f "$sdist" ] || fail "build-sdist made no sdist"
-listing=$(tar tzf "$sdist")
-for f in CMakeLists.txt LICENSE pyproject.toml PKG-INFO third_party/xxhash/xxhash.h src/format/header_build.c \
-         tools/main.c python/CMakeLists.txt keepsake/__init__.py keepsake/_cli.py; do
-  grep -qx "keepsake-[^/]*/$f" <<<"$listing" || fail "the sdist lacks $f"
-done
-! grep -Eq '/(tests|build[^/]*|\.venv[^/]*)/|__pycache__|\.so$' <<<"$listing" || fail "the sdist carries build or test files"
-
-# 2. sdist -> wheel in a clean venv that sees the build tools only.
 if [ -n "${KS_TEST_WHEEL:-}" ]; then
   whl=$KS_TEST_WHEEL
   echo "testing the given $(basename "$whl")"
 else
-  "$py" -m venv --without-pip venv-build
-  echo "$venv_site" > "$(site_of venv-build/bin/python)/ks-build-tools.pth"
-  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} pip --python venv-build/bin/python wheel \
-    --no-deps --no-build-isolation --no-index --no-cache-dir -w "$work/dist" "$sdist" > build.log 2>&1 ||
-    { tail -n 40 build.log; fail "the sdist did not build"; }
-  whl=$(ls "$work"/dist/keepsake-*.whl)
-  echo "built $(basename "$whl") from $(basename "$sdist")"
+  whl=$(ls "$wheel_dir"/*.whl 2> /dev/null | head -n 1)
+  [ -f "$whl" ] || fail "no wheel in $wheel_dir (python_sdist_install makes it)"
+  echo "testing $(basename "$whl") (python_sdist_install's, built from the sdist)"
 fi
 
 # 3. What the wheel's binaries link: never libxxhash (compiled in); jansson not by the extension once
