@@ -14,10 +14,19 @@ Errors are :class:`KeepsakeError` subclasses carrying the file, key, byte offset
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Tuple
+# The distribution's name on the package index, whose `keepsake` is another project: _collision
+# refuses to run beside that one's files (it checks this name to know the __init__ is this one).
+__distribution__ = "keepsake-ckpt"
 
-from . import _errors
-from . import _keepsake as _native
+from typing import Any, Dict, Iterable, Tuple  # noqa: E402
+
+from . import _collision  # noqa: E402
+from . import _errors  # noqa: E402
+
+try:
+    from . import _keepsake as _native
+except ImportError as e:
+    raise ImportError("keepsake: " + _collision.missing_extension(e)) from e
 from ._errors import (ChecksumError, DTypeError, ExistsError, FileNotFoundError_, FormatError, InvalidError, IOError_,
                       KeepsakeError, LimitError, LockedError, MismatchError, NetError, NoMemoryError, NotDurableError,
                       NotFoundError, ShapeError, StateError, UnsafeError, UnsupportedError, ValueError_, VersionError)

@@ -10,6 +10,8 @@ import os
 import sys
 from typing import List, Optional
 
+from . import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
+
 
 def executable() -> str:
     """The path of the bundled ``keepsake`` CLI."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Iterable, Tuple
 
+from . import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
 from ._paths import PathLike, fspath
 
 __all__ = ["convert_dcp"]

@@ -35,6 +35,7 @@ import sys
 import weakref
 from typing import Any, Dict, Optional
 
+from . import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
 from . import _errors, _metrics, _tensors, _tree
 from . import _native_api as _n
 from ._paths import fspath

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Union
 
+from . import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
 from . import _tensors
 from ._paths import PathLike, fspath
 from ._keepsake import Reader, save_bytes, save_file as _save_file
