@@ -77,4 +77,50 @@ def test_readme_snippets_run_as_written(tmp_path, monkeypatch, capsys):
         out = capsys.readouterr().out
         if "load_checkpoint" in code:
             assert "  summary: " in out and "0 mismatched" in out, (rel, out)
-        assert (d / "ck.keepsake").exists() and (d / "composer.keepsake").exists(), rel
+        for name in ("run.keepsake", "ck.keepsake", "composer.keepsake"):  # each file a block names, it wrote
+            assert f'"{name}"' not in code or (d / name).exists(), (rel, name)
+        assert list(d.glob("*.keepsake")), rel
+
+
+def test_readme_first_screen_is_a_pytorch_users(tmp_path, monkeypatch, capsys):
+    """README.md's first 40 lines: pip install of the distribution, then a Python example that
+    saves a model, AdamW and a torchmetrics metric mid-epoch and resumes them into new objects."""
+    import tomllib
+
+    import torch
+    with open(os.path.join(SRC, "pyproject.toml"), "rb") as f:
+        dist = tomllib.load(f)["project"]["name"]
+    text = open(os.path.join(SRC, "README.md"), encoding="utf-8").read()
+    head = "\n".join(text.splitlines()[:40])
+    assert f"pip install {dist}" in head
+    code = re.search(r"```python\n(.*?)```", head, re.S)
+    assert code, "no complete Python example in the first 40 lines"
+    code = code.group(1)
+    assert "AdamW" in code and "torchmetrics" in code and ("load_checkpoint" in code or "CheckpointManager" in code)
+    monkeypatch.chdir(tmp_path)
+    ns = {"__name__": "example"}
+    exec(compile(code, "README.md", "exec"), ns)
+    assert "0 mismatched" in capsys.readouterr().out
+    # Resumed into new objects: the weights, AdamW's moments and step, the metric's states.
+    assert ns["model2"] is not ns["model"]
+    for a, b in zip(ns["model"].state_dict().values(), ns["model2"].state_dict().values()):
+        assert torch.equal(a, b)
+    s1, s2 = ns["opt"].state_dict()["state"], ns["opt2"].state_dict()["state"]
+    assert s1 and s1.keys() == s2.keys()
+    for k in s1:
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(s1[k][name], s2[k][name]), (k, name)
+    m1, m2 = ns["metrics"]["acc"], ns["metrics2"]["acc"]
+    assert m2.update_count == m1.update_count == 1
+    for name in m1._defaults:
+        assert torch.equal(getattr(m1, name), getattr(m2, name)), name
+
+
+def test_readme_code_fences_close_on_their_own_line():
+    """A closing fence followed by text leaves the block open on GitHub, rendering what follows as code."""
+    for rel in ("README.md", os.path.join("python", "README.md"), os.path.join("docs", "PYTHON.md")):
+        lines = open(os.path.join(SRC, rel), encoding="utf-8").read().splitlines()
+        fences = [(i + 1, l) for i, l in enumerate(lines) if l.lstrip().startswith("```")]
+        bad = [(i, l) for i, l in fences if not re.fullmatch(r"\s*```[\w+-]*", l)]
+        assert not bad, (rel, bad)
+        assert len(fences) % 2 == 0, (rel, "unbalanced fences")
