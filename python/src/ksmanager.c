@@ -123,8 +123,9 @@ static int with_cache(ksp_Manager *self, int i, PyObject *cache_dir, const char 
 static PyObject *interval_arg(PyObject *v) {
   if (v == Py_None || PyUnicode_Check(v)) return Py_INCREF(v), v;
   if (PyLong_Check(v) && !PyBool_Check(v)) return PyUnicode_FromFormat("%Sba", v); /* the library checks n > 0 */
+  char tname[128];
   PyErr_Format(PyExc_TypeError, "save_every: expected \"<n>ba\", \"<n>ep\" or an int (batches), not %s",
-               Py_TYPE(v)->tp_name);
+               ksp_type_name(v, tname, sizeof tname));
   return NULL;
 }
 
