@@ -333,18 +333,29 @@ class KeepsakeDataPosition(Callback):
         self._pending: Optional[Dict[str, Any]] = None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Forgets a state loaded for an earlier fit: a state is for the fit that loaded it."""
         self._pending = None  # a state is for the fit that loaded it
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
+        """Puts every stateful train dataloader's ``state_dict()`` into ``checkpoint``, and whether
+        its epoch was finished (the last batch done).
+        """
         loaders = _train_loaders(trainer)
         if loaders:
             done = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
             checkpoint[DATA_KEY] = {"loaders": [dl.state_dict() for dl in loaders], "epoch_finished": done}
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
+        """Keeps the saved data position until the fit starts (:meth:`on_train_start`)."""
         self._pending = checkpoint.get(DATA_KEY)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Loads the saved states into the train dataloaders before the first batch, starts the next
+        epoch where the saved one was finished, and has the fit loop iterate the loaders afresh.
+
+        Raises MismatchError when the checkpoint holds the positions of a different number of
+        stateful loaders than the trainer has.
+        """
         # The fit loop has built the loaders and an iterator over them (setup_data), and fetched
         # nothing yet: the saved states go in now, and the loop's iterator is made again.
         saved, self._pending = self._pending, None
