@@ -16,7 +16,9 @@
  *   METRIC = {"name": "MeanMetric", "class": "MeanMetric", "attrs": "{...}" or null,
  *             "states": [{"name": "mean_value", "reduce": "dim_zero_sum" or null, "dtype": "F32" or null,
  *                         "shape": []}, ...],
- *             "inner": [{"name": "base_metric", "metric": METRIC}, ...]}
+ *             "inner": [{"name": "base_metric", "metric": METRIC}, ...],
+ *             "kept": [{"name": "max_val", "dtype": "F32" or null (an int), "shape": [], "min": 0,
+ *                       "max": 0}, ...]}   (a wrapper's attributes: ks_metric_describe_attr)
  *
  * Model tensors get buffers of their own, components a load callback that accepts whatever it
  * is given, metrics are described metrics (ks_metric_describe) built through the factory.
@@ -116,6 +118,29 @@ static ks_status describe_states(ks_metric *m, const json_t *states, ks_error *e
   return KS_OK;
 }
 
+/* The attributes a wrapper keeps besides its states, as the binding declares them. */
+static ks_status describe_kept(ks_metric *m, const json_t *kept, ks_error *err) {
+  size_t i;
+  const json_t *a;
+  json_array_foreach(kept, i, a) {
+    const char *name = json_string_value(json_object_get(a, "name"));
+    int64_t dims[KS_MAX_RANK];
+    int rank = 0;
+    ks_dtype dt = KS_I64;
+    unsigned flags = 0, any = 0;
+    const json_t *dtype = json_object_get(a, "dtype");
+    ks_status s = name ? KS_OK : KS_E_INVALID;
+    if (!s && json_is_null(dtype)) flags = KS_ATTR_INT;
+    else if (!s) s = dtype_of(dtype, &dt, &any);
+    if (!s) s = shape_of(json_object_get(a, "shape"), &rank, dims);
+    if (!s)
+      s = ks_metric_describe_attr(m, name, dt, rank, dims, flags, (int64_t)json_integer_value(json_object_get(a, "min")),
+                                  (int64_t)json_integer_value(json_object_get(a, "max")), err);
+    if (s) return s;
+  }
+  return KS_OK;
+}
+
 static ks_status describe(const json_t *d, const ks_allocator *alloc, ks_metric **out, ks_error *err) {
   const char *cls = json_string_value(json_object_get(d, "class"));
   const char *attrs = json_string_value(json_object_get(d, "attrs")); /* NULL for null */
@@ -123,6 +148,7 @@ static ks_status describe(const json_t *d, const ks_allocator *alloc, ks_metric 
   ks_metric *m = NULL;
   ks_status s = ks_metric_describe(cls, attrs, alloc, &m, err);
   if (!s) s = describe_states(m, json_object_get(d, "states"), err);
+  if (!s) s = describe_kept(m, json_object_get(d, "kept"), err);
   size_t i;
   const json_t *in;
   json_array_foreach(json_object_get(d, "inner"), i, in) {

@@ -923,8 +923,10 @@ def named_objects(obj):
 
 
 def metric_json(desc):
-    name, cls, attrs, states, inner = desc
+    name, cls, attrs, states, inner, kept = desc
     return {"name": name, "class": cls, "attrs": attrs,
+            "kept": [{"name": a, "dtype": DTYPES[code] if code >= 0 else None, "shape": list(shape), "min": lo,
+                      "max": hi} for a, code, shape, lo, hi in kept],
             "states": [{"name": s, "reduce": red, "dtype": DTYPES[code] if code >= 0 else None, "shape": list(shape)}
                        for s, red, code, shape in states],
             "inner": [{"name": n, "metric": metric_json(d)} for n, d in inner]}
