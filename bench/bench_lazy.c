@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "benchutil.h"
+#include "keepsake/binding.h"
 #include "keepsake/io_cache.h"
 #include "keepsake/keepsake.h"
 

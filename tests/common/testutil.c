@@ -158,3 +158,14 @@ int ks_test_dir_entries(const char *dir) {
 }
 
 const ks_io *ks_test_io_nosync(void) { return ks__io_posix_nosync(); }
+
+uint32_t ks_test_to_bits(ks_dtype dt, float f) {
+  uint8_t b[2] = {0, 0};
+  ks_dtype_set_f64(dt, b, 0, (double)f);
+  return ks_dtype_size(dt) == 2 ? (uint32_t)b[0] | (uint32_t)b[1] << 8 : b[0];
+}
+
+float ks_test_from_bits(ks_dtype dt, uint32_t bits) {
+  uint8_t b[2] = {(uint8_t)bits, (uint8_t)(bits >> 8)};
+  return (float)ks_dtype_get_f64(dt, b, 0);
+}

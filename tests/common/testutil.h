@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "keepsake/binding.h"
 #include "keepsake/keepsake.h"
 
 /*
@@ -42,5 +43,9 @@ int ks_test_run(const char *cmd, char **out);
 int ks_test_dir_entries(const char *dir);
 /* Nonzero when path exists. */
 int ks_test_exists(const char *path);
+/* One float32 as the bits of float dtype dt (F16, BF16: 16 bits; the F8 formats: 8), through
+   ks_dtype_set_f64 (exact for a float32 argument), and back through ks_dtype_get_f64. */
+uint32_t ks_test_to_bits(ks_dtype dt, float f);
+float ks_test_from_bits(ks_dtype dt, uint32_t bits);
 
 #endif

@@ -294,7 +294,7 @@ static ks_status load_one_scalar(ks_metric *m, ks_dtype dt, const void *v, int a
 static void load_widens_but_refuses_narrowing_unless_allowed(void **st) {
   (void)st;
   ks_metric *m = mt_make("SumMetric", NULL);
-  uint16_t h = ks_f32_to_f16(1.5f);
+  uint16_t h = (uint16_t)ks_test_to_bits(KS_F16, 1.5f);
   double d = 2.25;
   int conv = 0;
   assert_int_equal(load_one_scalar(m, KS_F16, &h, 0, &conv), KS_OK);
