@@ -47,5 +47,10 @@ int ks_test_exists(const char *path);
    ks_dtype_set_f64 (exact for a float32 argument), and back through ks_dtype_get_f64. */
 uint32_t ks_test_to_bits(ks_dtype dt, float f);
 float ks_test_from_bits(ks_dtype dt, uint32_t bits);
+/* ks_torch_load / ks_torch_import of bytes in memory: opts (NULL = defaults) with data set. */
+KS_NODISCARD ks_status ks_test_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts,
+                                                 ks_statedict **out, char **structure, ks_error *err);
+KS_NODISCARD ks_status ks_test_torch_import_buffer(const void *buf, size_t len, const ks_import_opts *opts,
+                                                   ks_statedict **out, ks_meta **meta, ks_error *err);
 
 #endif

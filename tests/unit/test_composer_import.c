@@ -333,7 +333,7 @@ static void dict_layout_list_states_are_joined(void **s) {
 static ks_statedict *renamed_old(void) {
   ks_statedict *raw, *out;
   ks_error err;
-  ok(ks_torch_load(OLD, NULL, &raw, &err), &err, OLD);
+  ok(ks_torch_load(OLD, NULL, &raw, NULL, &err), &err, OLD);
   assert_int_equal(ks_statedict_create(NULL, &out, NULL), KS_OK);
   ks_entry e;
   for (size_t i = 0; ks_statedict_at(raw, i, &e) == KS_OK; i++) {
@@ -543,7 +543,7 @@ static void many_metrics_import(void **s) {
   ks_meta *meta;
   double t0 = now();
   ks_statedict *raw;
-  ok(ks_torch_load(pt, NULL, &raw, NULL), NULL, "load");
+  ok(ks_torch_load(pt, NULL, &raw, NULL, NULL), NULL, "load");
   double t1 = now();
   import_file(pt, NULL, &sd, &meta);
   double t2 = now();
