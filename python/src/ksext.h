@@ -11,6 +11,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "keepsake/binding.h"
 #include "keepsake/keepsake.h"
 
 /* Sets the Python exception for a failed call: keepsake.KeepsakeError's subclass for `st`. */

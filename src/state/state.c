@@ -129,10 +129,6 @@ ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks_scheduler *s
   return add_comp(st, &(st_comp){.kind = ST_SCHED, .name = (char *)name, .obj = sched}, err);
 }
 
-ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb, ks_error *err) {
-  return ks_state_add_component(st, KS_ROOT_CALLBACKS, name, cb, err);
-}
-
 ks_status ks_state_add_component(ks_state *st, ks_state_root root, const char *name, const ks_stateful *cb,
                                  ks_error *err) {
   if (!cb || !cb->to_state_dict || !cb->load_state_dict)

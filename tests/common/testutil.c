@@ -190,3 +190,11 @@ ks_status ks_test_torch_import_buffer(const void *buf, size_t len, const ks_impo
   io.read = &o;
   return ks_torch_import(NULL, &io, out, meta, err);
 }
+
+ks_status ks_test_save(ks_stateful cb, ks_statedict *dst, const char *prefix, ks_error *err) {
+  return cb.to_state_dict(cb.ctx, dst, prefix, err);
+}
+
+ks_status ks_test_load(ks_stateful cb, const ks_statedict *src, const char *prefix, ks_error *err) {
+  return cb.load_state_dict(cb.ctx, src, prefix, err);
+}

@@ -230,7 +230,7 @@ static void real_trainer_checkpoint_fills_a_program(void **s) {
       fail_msg("%s: not %s", k_real[i].path, want == KS_LOAD_LOADED ? "loaded" : "skipped");
     }
   }
-  assert_int_equal(ks_load_report_count_kind(rep, KS_LOAD_MISMATCHED), 0);
+  assert_int_equal(ks_load_report_count(rep, KS_LOAD_MISMATCHED), 0);
   ks_load_report_free(rep);
   ks_state_free(st);
   ks_meta_free(meta);

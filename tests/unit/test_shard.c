@@ -45,7 +45,7 @@ static void rank_state(int r, int64_t batch, ks_statedict **sd, ks_meta **meta, 
   assert_int_equal(ks_statedict_set_string(*sd, "state/run_name", "shard", NULL), KS_OK);
   ks_rng rng;
   ks_rng_seed(&rng, (uint64_t)r + 1);
-  assert_int_equal(ks_rng_to_state_dict(&rng, *sd, "rng/0/", NULL), KS_OK);
+  assert_int_equal(ks_test_save(ks_rng_stateful(&rng), *sd, "rng/0/", NULL), KS_OK);
   /* A SumMetric holding r+1 after r+1 updates. */
   ks_metric *m;
   assert_int_equal(ks_metric_create("SumMetric", NULL, NULL, &m, NULL), KS_OK);

@@ -480,7 +480,8 @@ static void every_export_reads_back_or_the_writer_refuses_it(void **s) {
       refused++;
     } else {
       assert_int_equal(st, KS_OK);
-      if (ks_test_torch_load_buffer(out, n, NULL, &back, NULL, &err) != KS_OK) fail_msg("round %d: %s", round, err.message);
+      if (ks_test_torch_load_buffer(out, n, NULL, &back, NULL, &err) != KS_OK)
+        fail_msg("round %d: %s", round, err.message);
       ks_entry e;
       assert_int_equal(ks_statedict_count(back), 1);
       assert_int_equal(ks_statedict_at(back, 0, &e), KS_OK);

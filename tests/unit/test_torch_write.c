@@ -351,7 +351,8 @@ static void composer_state_dict_layout_passes_through(void **s) {
   (void)s;
   ks_statedict *sd, *out;
   char *json;
-  assert_int_equal(ks_torch_load(KS_FIXTURES_DIR "/composer/composer-0.14-dict-metrics.pt", NULL, &sd, NULL, NULL), KS_OK);
+  const char *pt = KS_FIXTURES_DIR "/composer/composer-0.14-dict-metrics.pt";
+  assert_int_equal(ks_torch_load(pt, NULL, &sd, NULL, NULL), KS_OK);
   assert_int_equal(ks__composer_normalize(sd, KS_BORROW, NULL, &out, &json, NULL), KS_OK);
   assert_int_equal(ks_statedict_count(out), ks_statedict_count(sd));
   assert_non_null(strstr(json, "\"layout\":\"state-dict\""));
