@@ -16,6 +16,7 @@
 #include "core/io_ops.h"
 #include "core/json.h"
 #include "import/import_internal.h"
+#include "keepsake/binding.h"
 #include "keepsake/import.h"
 #include "keepsake/layout.h"
 #include "keepsake/metric.h"

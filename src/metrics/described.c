@@ -27,7 +27,7 @@ static KS_NODISCARD ks_status no_compute(ks_metric *m, ks_tensor *out, ks_error 
 
 static const ks__class described_class = {.name = "", .update = no_update, .compute = no_compute};
 
-int ks_metric_is_described(const ks_metric *m) { return m && m->described != NULL; }
+int ks__metric_is_described(const ks_metric *m) { return m && m->described != NULL; }
 
 /*
  * The attributes without the null ones (but ignore_index): torchmetrics keeps attributes the

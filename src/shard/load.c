@@ -376,7 +376,7 @@ static ks__jv *metric_def(const ks_allocator *a, const ks_metric *m) {
   ks_status st = KS_OK;
   ks__shard_put(a, def, "class", ks__jv_str(a, ks_metric_class(m)), &st);
   ks__shard_put(a, def, "args", args, &st);
-  ks__shard_put(a, def, "schema_version", ks__jv_int(a, ks_metric_schema_version(m)), &st);
+  ks__shard_put(a, def, "schema_version", ks__jv_int(a, KS_METRIC_SCHEMA_VERSION), &st);
   ks__shard_put(a, def, "update_count", ks__jv_int(a, ks_metric_update_count(m)), &st);
   if (st) {
     ks__jv_free(a, def);

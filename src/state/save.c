@@ -75,7 +75,7 @@ static KS_NODISCARD ks_status put_metric_json(const ks_allocator *a, const ks_me
   ks_status s = one ? KS_OK : KS_E_NOMEM;
   if (!s) s = ks__jv_set(a, one, "class", ks__jv_str(a, ks_metric_class(m)));
   if (!s) s = ks__jv_set(a, one, "args", metric_args(a, m));
-  if (!s) s = ks__jv_set(a, one, "schema_version", ks__jv_int(a, ks_metric_schema_version(m)));
+  if (!s) s = ks__jv_set(a, one, "schema_version", ks__jv_int(a, KS_METRIC_SCHEMA_VERSION));
   if (!s) s = ks__jv_set(a, one, "update_count", ks__jv_int(a, ks_metric_update_count(m)));
   ks__jv *lists = s ? NULL : list_states(a, m, &s);
   if (lists) s = ks__jv_set(a, one, "lists", lists);

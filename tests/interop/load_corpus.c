@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "keepsake/binding.h"
 #include "keepsake/keepsake.h"
 
 #define MAX_TENSORS 256

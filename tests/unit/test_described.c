@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "keepsake/keepsake.h"
+#include "metrics/internal.h"
 #include "state/state_internal.h"
 #include "testutil.h"
 
@@ -62,7 +63,7 @@ static void widening_and_refused_narrowing(void **unused) {
   assert_int_equal(ks_metric_load_state_dict(m, sd, "q/state_dict/", 99, 0, NULL, NULL, &err), KS_E_VERSION);
   assert_int_equal(ks_metric_update(m, NULL, 0, &err), KS_E_UNSUPPORTED);
   assert_string_equal(ks_metric_class(m), "SumMetric");
-  assert_true(ks_metric_is_described(m));
+  assert_true(ks__metric_is_described(m));
   ks_metric_free(m);
   ks_statedict_free(sd);
 }
