@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 
+#include "keepsake/binding.h"
 #include "keepsake/format.h"
 #include "keepsake/keepsake.h"
 

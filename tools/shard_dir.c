@@ -90,7 +90,7 @@ static size_t verify_rank_file(const ks_cli_input *in, const ks_shard_index *idx
     return 1;
   }
   size_t problems = 0;
-  if (ks_reader_verify_report(rd, count_problem, &problems, &err) && problems == 0) {
+  if (ks_reader_verify(rd, count_problem, &problems, &err) && problems == 0) {
     ks_cli_print_error(stdout, "verify", &err);
     problems++;
   }

@@ -30,6 +30,19 @@
 KS_BEGIN_BINDING_DECLS
 
 /* ------------------------------------------------------------------------ */
+/* Paths and globs.                                                          */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Matches a '/'-joined path against a glob ('*' any run of bytes, '/' included;
+ * '?' one byte). The glob also matches when it matches a '/'-prefix of the path,
+ * so "rng" matches "rng/0/state", and "state/optimizers/" followed by a star matches every
+ * optimizer entry.
+ * @return nonzero on a match; 0 when either argument is NULL. Pure; thread safe.
+ */
+int ks_path_match(const char *glob, const char *path);
+
+/* ------------------------------------------------------------------------ */
 /* Described metrics: a program's metric the catalogue need not implement.   */
 /* ------------------------------------------------------------------------ */
 
@@ -236,6 +249,33 @@ KS_NODISCARD ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, 
 /** The registered timestamp (borrowed), or NULL when none is (or st is NULL): the one the manager
  *  names checkpoint files by. */
 const ks_timestamp *ks_state_timestamp(const ks_state *st);
+
+/** The I/O table a checkpoint manager uses (ks_io_posix() when it was created with none): for the
+ *  collective manager (dist.h), which saves and loads through it. */
+const ks_io *ks_ckpt_manager_io(const ks_ckpt_manager *m);
+
+/* ------------------------------------------------------------------------ */
+/* Reading into a binding's own memory.                                      */
+/* ------------------------------------------------------------------------ */
+
+/** One tensor for ks_reader_fetch_many: tensor `index` into `cap` bytes at `buf`. */
+typedef struct ks_fetch {
+  size_t index;
+  void *buf;
+  size_t cap;
+} ks_fetch;
+
+/**
+ * ks_reader_fetch of every job, on up to `threads` threads (0: one per online CPU, at most 4;
+ * 1: this thread only; below 32 MiB in all, this thread only). The jobs are cut into runs of
+ * about equal bytes, one per thread. Each tensor is verified as ks_reader_fetch verifies it.
+ * @return KS_OK, or the error of the earliest job that failed (as ks_reader_fetch's): every
+ *         job before it was fetched; jobs after it may be skipped (their memory is unspecified).
+ * Thread safety: as ks_reader_fetch (the reader's table must allow concurrent reads, as
+ * ks_io_posix()'s and the storage tables' do).
+ */
+KS_NODISCARD ks_status ks_reader_fetch_many(const ks_reader *r, const ks_fetch *jobs, size_t n, unsigned threads,
+                                            ks_error *err);
 
 /* ------------------------------------------------------------------------ */
 /* A counting I/O table (tests and benchmarks).                              */

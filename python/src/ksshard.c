@@ -915,7 +915,9 @@ static PyObject *shardfile_fetch(ksp_ShardFile *self, PyObject *args) {
   long i = ks_reader_find(self->r, name);
   ks_tensor_info info;
   if (i < 0 || ks_reader_tensor_info(self->r, (size_t)i, &info)) {
-    st = ks_reader_fetch_name(self->r, name, view.buf, (size_t)view.len, &err); /* fills the NOTFOUND error */
+    st = KS_E_NOTFOUND;
+    snprintf(err.key, sizeof err.key, "%s", name);
+    snprintf(err.message, sizeof err.message, "no tensor named '%s'", name);
   } else if (info.end - info.begin != (uint64_t)view.len) {
     st = KS_E_SHAPE;
     snprintf(err.key, sizeof err.key, "%s", name);

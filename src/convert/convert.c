@@ -93,7 +93,7 @@ static KS_NODISCARD ks_status read_keepsake(conv *c) {
     ks_reader *r = NULL;
     if (ks_reader_open_buffer(c->input.bytes, c->input.size, &ro, &r, NULL) == KS_OK) {
       /* Safe to ignore: on_problem has reported each problem, and the load below decides. */
-      ks_status vs = ks_reader_verify_report(r, on_problem, c, NULL);
+      ks_status vs = ks_reader_verify(r, on_problem, c, NULL);
       (void)vs;
     }
     ks_reader_free(r);

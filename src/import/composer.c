@@ -508,7 +508,7 @@ ks_status ks__composer_normalize(const ks_statedict *flat, ks_take take, uint64_
                                  char **metrics_json, ks_error *err) {
   if (!flat || !out || (take != KS_COPY && take != KS_BORROW))
     return ks__err(err, KS_E_INVALID, "composer: bad argument");
-  norm nm = {.flat = flat, .take = take, .err = err, .a = ks_statedict_allocator(flat), .join_left = join_budget};
+  norm nm = {.flat = flat, .take = take, .err = err, .a = ks__statedict_allocator(flat), .join_left = join_budget};
   nm.list = ks__jv_array(nm.a);
   ks_status st = nm.list && !ks_statedict_create(nm.a, &nm.out, err) && !ks_statedict_create(nm.a, &nm.index, err) &&
                          !ks_statedict_create(nm.a, &nm.seen, err) && !ks_statedict_create(nm.a, &nm.joined, err)

@@ -149,16 +149,16 @@ static KS_NODISCARD ks_status import_metrics(ks_statedict *raw, uint64_t budget,
     ks_statedict_free(raw);
     return st;
   }
-  if (ks_statedict_attach(*sd, raw, release_dict, err)) {
+  if (ks__statedict_attach(*sd, raw, release_dict, err)) {
     ks_statedict_free(raw);
     st = nomem(err);
   }
-  describe_ctx c = {*sd, ks_statedict_allocator(*sd), budget, err};
+  describe_ctx c = {*sd, ks__statedict_allocator(*sd), budget, err};
   if (!st) st = set_meta(meta, KS_META_COMPOSER_METRICS, json, err);
   if (!st) st = metrics_meta(&c, json, &metrics);
   if (!st) st = set_meta(meta, KS_META_METRICS, metrics, err);
   ks__free(c.alloc, metrics);
-  ks_torch_free(ks_statedict_allocator(*sd), json);
+  ks_torch_free(ks__statedict_allocator(*sd), json);
   if (st) {
     ks_statedict_free(*sd);
     *sd = NULL;
@@ -194,12 +194,12 @@ static KS_NODISCARD ks_status structure_meta(ks_meta *meta, const ks_allocator *
 static KS_NODISCARD ks_status finish(ks_statedict *raw, const char *structure, uint64_t input_bytes,
                                      const ks_import_opts *opts, ks_statedict **out, ks_meta **meta, ks_error *err) {
   ks_meta *m = NULL;
-  if (ks_meta_create(ks_statedict_allocator(raw), &m, err)) {
+  if (ks_meta_create(ks__statedict_allocator(raw), &m, err)) {
     ks_statedict_free(raw);
     return nomem(err);
   }
   int normalized = has_metrics(raw);
-  ks_status sst = structure_meta(m, ks_statedict_allocator(raw), structure, normalized, err);
+  ks_status sst = structure_meta(m, ks__statedict_allocator(raw), structure, normalized, err);
   if (sst) {
     ks_meta_free(m);
     ks_statedict_free(raw);

@@ -96,7 +96,7 @@ static KS_NODISCARD ks_status put_metric(const ks_metric *m, const char *path, k
   const ks_tensor *c = ks_metric_computed(m);
   s = c ? ks_statedict_set_tensor(dst, k, c, KS_COPY, err) : ks_statedict_set_null(dst, k, err);
   if (s) return s;
-  s = put_metric_json(ks_statedict_allocator(dst), m, path, mj);
+  s = put_metric_json(ks__statedict_allocator(dst), m, path, mj);
   return s ? ks__err(err, s, "out of memory") : KS_OK;
 }
 
@@ -149,7 +149,7 @@ ks_status ks_state_to_state_dict(const ks_state *st, ks_statedict *dst, ks_meta 
   if (!s && st->ts) s = save_with(ks_timestamp_stateful(st->ts), dst, KS_KEY_TIMESTAMP, err);
   if (!s) s = put_kind(st, ST_DATASET, dst, err);
   if (!s) s = put_kind(st, ST_CUSTOM, dst, err);
-  const ks_allocator *a = ks_statedict_allocator(dst);
+  const ks_allocator *a = ks__statedict_allocator(dst);
   ks__jv *mj = ks__jv_object(a);
   if (!mj) s = s ? s : KS_E_NOMEM;
   if (!s) s = put_metrics(st, dst, mj, err);

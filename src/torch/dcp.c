@@ -677,7 +677,7 @@ static KS_NODISCARD ks_status flatten(rd *r, ks_statedict **out, char **structur
   if (!st && shape) st = ks__structure_dump(shape, r->a, &text, r->err);
   if (!st && info) st = describe(r, &doc);
   ks__structure_free(shape);
-  if (!st && (st = ks_statedict_attach(sd, r->ar, release_arena, r->err)) != KS_OK) st = nomem(r->err);
+  if (!st && (st = ks__statedict_attach(sd, r->ar, release_arena, r->err)) != KS_OK) st = nomem(r->err);
   if (st) {
     ks__free(r->a, text);
     ks__free(r->a, doc);

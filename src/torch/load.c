@@ -70,7 +70,7 @@ static KS_NODISCARD ks_status load_zip(ks__zip *z, size_t file_len, const ks_tor
   if (!st) st = run(ar, opts, file_len, sd, shape, err);
   if (!st && shape) st = ks__structure_dump(shape, ks__alloc_or_default(a), &text, err);
   ks__structure_free(shape);
-  if (!st && (st = ks_statedict_attach(sd, ar, release_arena, err)) != KS_OK) ks__err(err, st, "torch: out of memory");
+  if (!st && (st = ks__statedict_attach(sd, ar, release_arena, err)) != KS_OK) ks__err(err, st, "torch: out of memory");
   if (st) {
     ks__free(a, text);
     ks_statedict_free(sd);

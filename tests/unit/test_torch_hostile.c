@@ -84,7 +84,7 @@ static ks_status run(const prog *g, ks_statedict **out, ks_error *err) {
   if (!st && out) {
     ks_statedict *copy;
     assert_int_equal(ks_statedict_create(NULL, &copy, NULL), KS_OK);
-    assert_int_equal(ks_statedict_copy_prefix(copy, sd, "", "", NULL), KS_OK);
+    assert_int_equal(ks__statedict_copy_prefix(copy, sd, "", "", NULL), KS_OK);
     *out = copy;
   }
   ks_statedict_free(sd);
