@@ -14,6 +14,13 @@
 #include "keepsake/format.h"
 #include "keepsake/keepsake.h"
 
+/* What a sharded checkpoint's index records (ks_shard_index_get), by value. */
+static inline ks_shard_index_info ks_cli_shard_info(const ks_shard_index *idx) {
+  ks_shard_index_info info = KS_OPTS_INIT(ks_shard_index_info);
+  ks_shard_index_get(idx, &info);
+  return info;
+}
+
 /* Exit codes shared by all subcommands. */
 #define KS_EXIT_OK 0
 #define KS_EXIT_BAD 1   /* verify: file is bad; diff: files differ */

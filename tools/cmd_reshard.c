@@ -54,9 +54,10 @@ int ks_cmd_reshard(int argc, char **argv) {
   if (n_pos != 2 || world == 0) return reshard_usage(stderr), KS_EXIT_USAGE;
   ks_error err;
   ks_shard_index *idx = NULL;
-  ks_status st = ks_shard_index_read(pos[0], NULL, &idx, &err);
-  int from = st ? 0 : ks_shard_index_world_size(idx);
-  long long ep = st ? -1 : (long long)ks_shard_index_epoch(idx), ba = st ? -1 : (long long)ks_shard_index_batch(idx);
+  ks_status st = ks_shard_index_read(pos[0], NULL, NULL, &idx, &err);
+  ks_shard_index_info info = ks_cli_shard_info(idx); /* none read: world size 0, epoch and batch -1 */
+  int from = info.world_size;
+  long long ep = (long long)info.epoch, ba = (long long)info.batch;
   ks_shard_index_free(idx);
   if (!st) st = ks_shard_reshard(pos[0], world, pos[1], NULL, &err);
   if (st) {

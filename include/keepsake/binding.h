@@ -254,6 +254,15 @@ const ks_timestamp *ks_state_timestamp(const ks_state *st);
  *  collective manager (dist.h), which saves and loads through it. */
 const ks_io *ks_ckpt_manager_io(const ks_ckpt_manager *m);
 
+/* The chunks of a shard map (shard.h), read back: for the collective layer (dist.h), which hands
+   each rank's map to the writers. */
+/** Number of chunks. */
+size_t ks_shard_map_count(const ks_shard_map *m);
+/** Chunk i (borrowed; valid until the map changes). @return KS_OK or KS_E_NOTFOUND. */
+KS_NODISCARD ks_status ks_shard_map_at(const ks_shard_map *m, size_t i, ks_shard_chunk *out);
+/** The chunk of `name`. @return KS_OK or KS_E_NOTFOUND. */
+KS_NODISCARD ks_status ks_shard_map_get(const ks_shard_map *m, const char *name, ks_shard_chunk *out);
+
 /* ------------------------------------------------------------------------ */
 /* Reading into a binding's own memory.                                      */
 /* ------------------------------------------------------------------------ */

@@ -511,7 +511,7 @@ ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int ran
               ks__io_v2(opts ? opts->io : NULL), NULL, NULL, err};
   ks_status st = KS_OK;
   for (int f = 0; !st && !(opts && opts->no_verify) && f < idx->world_size; f++)
-    st = ks_shard_verify_file_io(dir, idx, f, L.io, err);
+    st = ks_shard_verify_file(dir, idx, f, L.io, err);
   if (!st && !(L.files = ks__calloc(L.a, (size_t)L.n, sizeof *L.files))) st = ks__err(err, KS_E_NOMEM, "out of memory");
   for (int f = 0; L.files && f < L.n; f++) L.files[f].fd = -1;
   if (!st && ks_statedict_create(L.a, &L.out, err)) st = ks__err(err, KS_E_NOMEM, "out of memory");

@@ -68,7 +68,7 @@ static void the_loader_follows_the_rule(void **state) {
   ks_error err;
   assert_int_equal(ks_shard_write_index(dir, SAVED, infos, &so, &err), KS_OK);
   ks_shard_index *idx;
-  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, &err), KS_OK);
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, &err), KS_OK);
   for (int m = 1; m <= 6; m++) {
     int covered = 0, next = 0;
     for (int r = 0; r < m; r++) {
