@@ -27,6 +27,8 @@
  * upgrades of a shared library. A size the library cannot honour (smaller than
  * the first layout with a size field, or larger with nonzero bytes beyond the
  * members it knows) is refused with KS_E_INVALID.
+ * ks_shard_index_info, an output, grows the same way: the library writes only
+ * the members the caller's size covers (size 0: the library's own layout).
  * ks_sgd_opts and ks_adamw_opts are hyperparameter values, not options, and
  * do not grow: a new optimizer setting comes with a new create function.
  */

@@ -1,6 +1,6 @@
 /*
  * torch.save / Composer import: the flat dict from the torch module, the
- * metric layout from ks_composer_normalize, and the "keepsake.metrics"
+ * metric layout from the Composer mapping (composer.c), and the "keepsake.metrics"
  * metadata the state loader needs, from what the metrics module knows about
  * older torchmetrics states. Uses torch, metrics and format (for ks_meta);
  * none of them knows this module. One byte budget, from the input's size,

@@ -3,7 +3,7 @@
  * The input is a pickle program (or a template, see expand.h); the target wraps it
  * in a valid torch archive with four 4 KiB storages (keys "0".."3"), so every run
  * gets past the zip layer, then: the library's import as convert runs it
- * (ks_torch_import_buffer: flattening, the Composer layout and the metric rebuild
+ * (ks_torch_import of the bytes: flattening, the Composer layout and the metric rebuild
  * from pickled attributes), and each metric its "keepsake.metrics" describes
  * created, filled from the dict and computed.
  */
