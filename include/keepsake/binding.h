@@ -4,10 +4,12 @@
  * of libkeepsake.so, and not included by keepsake.h.
  *
  * What a binding needs besides the public headers: describing a program's
- * metrics of any class to the load engine, the records and catalogue behind
- * them, the report lines and components a binding adds itself, multi-threaded
- * fetches into a binding's own memory, and instrumentation (a counting I/O
- * table for tests and benchmarks). These functions may change in any release,
+ * metrics of any class to the load engine, the metric records it saves and the
+ * recorded metrics it rebuilds, the report lines it adds itself, the rules
+ * about states older torchmetrics releases wrote, multi-threaded fetches into
+ * its own memory, the glob of ignore lists; what the collective layer (dist.h)
+ * reads back from a manager and a shard map; and instrumentation (a counting
+ * I/O table for tests and benchmarks). These functions may change in any release,
  * so they are not exported from the shared library (they are declared with
  * hidden visibility, see export.h): they are in the static library,
  * libkeepsake.a (CMake: keepsake::keepsake_static; pkg-config: link
