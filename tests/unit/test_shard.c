@@ -708,11 +708,54 @@ static void chunk_maps_check_their_bounds(void **s) {
   assert_int_equal(ks_shard_file_name(4, 4, name, sizeof name), KS_E_INVALID);
 }
 
+/* ks_shard_index_get fills what the caller's layout has (size), as the option structs are read. */
+static void index_info_fills_the_callers_layout(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shard-info");
+  char *dir = write_ckpt(root, "a", -1);
+  ks_shard_index *idx;
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, NULL), KS_OK);
+  ks_shard_index_info in = KS_OPTS_INIT(ks_shard_index_info);
+  ks_shard_index_get(idx, &in);
+  assert_int_equal(in.size, sizeof in);
+  assert_int_equal(in.version, KS_SHARD_INDEX_VERSION);
+  assert_int_equal(in.world_size, N);
+  assert_int_equal(in.epoch, 2);
+  assert_int_equal(in.batch, 5);
+  assert_int_equal(in.n_sharded, 1);
+  size_t np;
+  const char *const *def = ks_shard_default_per_rank(&np);
+  assert_int_equal(in.n_per_rank, np);
+  for (size_t i = 0; i < np; i++) assert_string_equal(in.per_rank[i], def[i]);
+  /* An older caller's struct, up to n_sharded: nothing past it is written. */
+  ks_shard_index_info old;
+  memset(&old, 0x5A, sizeof old);
+  old.size = offsetof(ks_shard_index_info, n_sharded);
+  ks_shard_index_get(idx, &old);
+  assert_int_equal(old.world_size, N);
+  assert_int_equal(old.batch, in.batch);
+  unsigned char rest[sizeof old - offsetof(ks_shard_index_info, n_sharded)];
+  memset(rest, 0x5A, sizeof rest);
+  assert_memory_equal((const unsigned char *)&old + offsetof(ks_shard_index_info, n_sharded), rest, sizeof rest);
+  ks_shard_index_free(idx);
+  /* No index: zeros, epoch and batch -1. */
+  ks_shard_index_get(NULL, &in);
+  assert_int_equal(in.world_size, 0);
+  assert_int_equal(in.epoch, -1);
+  assert_int_equal(in.batch, -1);
+  assert_null(in.per_rank);
+  ks_shard_index_get(NULL, NULL); /* no crash */
+  free(dir);
+  ks_test_rmtree(root);
+  free(root);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(loads_at_fewer_equal_and_more_ranks),
       cmocka_unit_test(timestamps_that_disagree_leave_no_index),
       cmocka_unit_test(bad_shards_are_named),
+      cmocka_unit_test(index_info_fills_the_callers_layout),
       cmocka_unit_test(a_file_from_another_checkpoint_is_refused),
       cmocka_unit_test(every_byte_is_verified_and_version_1_indexes_still_read),
       cmocka_unit_test(malformed_indexes_are_refused),

@@ -279,6 +279,13 @@ static void load_report_counts_and_survives_allocation_failure(void **s) {
     if (r) assert_int_equal(ks_load_report_count(r, KS_LOAD_ANY), added); /* a failed add changes nothing */
     if (!st) {
       assert_int_equal(ks_load_report_count(r, KS_LOAD_MISMATCHED), 3);
+      assert_int_equal(ks_load_report_count(r, KS_LOAD_LOADED), 4);
+      /* KS_LOAD_ANY counts; it, or any other number, is no kind of item. */
+      ks_error e;
+      assert_int_equal(ks_load_report_add(r, KS_LOAD_ANY, "state/x", "why", &e), KS_E_INVALID);
+      assert_int_equal(ks_load_report_add(r, (ks_load_kind)6, "state/x", "why", &e), KS_E_INVALID);
+      assert_int_equal(ks_load_report_count(r, KS_LOAD_ANY), 20);
+      assert_int_equal(ks_load_report_count(NULL, KS_LOAD_ANY), 0);
       assert_non_null(ks_load_report_find(r, "state/x"));
       assert_null(ks_load_report_find(r, "state/y"));
     }

@@ -364,6 +364,71 @@ static void torch_load_refuses_a_fifo_without_waiting_for_a_writer(void **s) {
   free(dir);
 }
 
+/* ks_torch_probe: one call for what a path or bytes in memory are (zip, legacy, DCP, other). */
+static void probe_says_what_torch_wrote(void **s) {
+  (void)s;
+  assert_int_equal(ks_torch_probe(FIX "torch/tensors.pt", NULL), KS_TORCH_ZIP);
+  assert_int_equal(ks_torch_probe(FIX "torch213/legacy.pt", NULL), KS_TORCH_LEGACY);
+  assert_int_equal(ks_torch_probe(FIX "dcp/basic", NULL), KS_TORCH_DCP);
+  assert_int_equal(ks_torch_probe(FIX "dcp", NULL), KS_TORCH_UNKNOWN); /* a directory without .metadata */
+  assert_int_equal(ks_torch_probe(FIX "torch/tensors.expected.json", NULL), KS_TORCH_UNKNOWN);
+  assert_int_equal(ks_torch_probe(FIX "torch/no-such-file.pt", NULL), KS_TORCH_UNKNOWN);
+  assert_int_equal(ks_torch_probe(NULL, NULL), KS_TORCH_UNKNOWN);
+  size_t len;
+  uint8_t *legacy = ks_test_read_file(FIX "torch213/legacy.pt", &len);
+  assert_non_null(legacy);
+  ks_torch_read_opts o = KS_OPTS_INIT(ks_torch_read_opts);
+  o.data = legacy;
+  o.data_len = len;
+  assert_int_equal(ks_torch_probe(NULL, &o), KS_TORCH_LEGACY);
+  o.data_len = 13; /* too short to tell */
+  assert_int_equal(ks_torch_probe(NULL, &o), KS_TORCH_UNKNOWN);
+  o.data = "PK\x05\x06";
+  o.data_len = 4; /* an empty archive's end record */
+  assert_int_equal(ks_torch_probe(NULL, &o), KS_TORCH_ZIP);
+  o.data = "PK\x01\x02";
+  assert_int_equal(ks_torch_probe(NULL, &o), KS_TORCH_UNKNOWN);
+  free(legacy);
+}
+
+/* ks_torch_load reads a path or opts->data: exactly one of them. */
+static void torch_load_takes_a_path_or_bytes(void **s) {
+  (void)s;
+  size_t len;
+  uint8_t *buf = ks_test_read_file(FIX "torch/tensors.pt", &len);
+  assert_non_null(buf);
+  ks_torch_read_opts o = KS_OPTS_INIT(ks_torch_read_opts);
+  ks_statedict *a = NULL, *b = NULL;
+  ks_error err;
+  assert_int_equal(ks_torch_load(NULL, &o, &a, NULL, &err), KS_E_INVALID); /* neither */
+  assert_int_equal(ks_torch_load(NULL, NULL, &a, NULL, &err), KS_E_INVALID);
+  o.data = buf;
+  o.data_len = len;
+  assert_int_equal(ks_torch_load(FIX "torch/tensors.pt", &o, &a, NULL, &err), KS_E_INVALID); /* both */
+  assert_null(a);
+  char *structure = NULL;
+  assert_int_equal(ks_torch_load(NULL, &o, &a, &structure, &err), KS_OK);
+  assert_non_null(structure);
+  free(buf); /* the dict copied what it keeps */
+  assert_int_equal(ks_torch_load(FIX "torch/tensors.pt", NULL, &b, NULL, &err), KS_OK);
+  assert_int_equal(ks_statedict_count(a), ks_statedict_count(b));
+  for (size_t i = 0; i < ks_statedict_count(b); i++) {
+    ks_entry x, y;
+    assert_int_equal(ks_statedict_at(b, i, &y), KS_OK);
+    assert_int_equal(ks_statedict_get(a, y.name, &x), KS_OK);
+    assert_int_equal(x.kind, y.kind);
+    if (x.kind == KS_VAL_TENSOR) {
+      assert_int_equal(x.tensor.nbytes, y.tensor.nbytes);
+      if (x.tensor.nbytes) assert_memory_equal(x.tensor.data, y.tensor.data, x.tensor.nbytes);
+    }
+  }
+  /* A legacy file is refused the same way from a path and from bytes. */
+  assert_int_equal(ks_torch_load(FIX "torch213/legacy.pt", NULL, &b, NULL, &err), KS_E_UNSUPPORTED);
+  ks_torch_free(NULL, structure);
+  ks_statedict_free(a);
+  ks_statedict_free(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(reads_every_dtype_view_and_special_value),
@@ -380,6 +445,8 @@ int main(void) {
       cmocka_unit_test(structure_reads_survive_every_allocation_failure),
       cmocka_unit_test(composer_list_state_items_of_different_rank_are_refused),
       cmocka_unit_test(torch_load_refuses_a_fifo_without_waiting_for_a_writer),
+      cmocka_unit_test(probe_says_what_torch_wrote),
+      cmocka_unit_test(torch_load_takes_a_path_or_bytes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
