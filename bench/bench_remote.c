@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "benchutil.h"
+#include "keepsake/binding.h"
 #include "keepsake/io_cache.h"
 #include "keepsake/keepsake.h"
 #include "keepsake/storage.h"

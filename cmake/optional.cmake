@@ -102,9 +102,11 @@ endmacro()
 ks_optional_module(KS_CURL_ENABLED remote/curl "${KS_CURL_LIB}" "${KS_CURL_DEFS}")
 ks_optional_module(KS_MPI_ENABLED dist MPI::MPI_C KS_HAVE_MPI=1)
 
-# What the installed package must find again for the modules that were linked.
-set(KS_CONFIG_DEPS "")
-set(KS_PC_LIBS_PRIVATE "")
+# What the installed package must find again for the modules that were linked: a program linking
+# the static library (libkeepsake.a, which binding.h's calls need) links them itself. Threads:
+# the background saves, the parallel reads and the counters' atomics.
+set(KS_CONFIG_DEPS "find_dependency(Threads)\n")
+set(KS_PC_LIBS_PRIVATE " -pthread")
 if("KS_CURL_RUNTIME=1" IN_LIST KS_OPTIONAL_DEFS)
   foreach(lib IN LISTS CMAKE_DL_LIBS)
     string(APPEND KS_PC_LIBS_PRIVATE " -l${lib}")

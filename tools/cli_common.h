@@ -10,8 +10,16 @@
 
 #include <jansson.h>
 
+#include "keepsake/binding.h"
 #include "keepsake/format.h"
 #include "keepsake/keepsake.h"
+
+/* What a sharded checkpoint's index records (ks_shard_index_get), by value. */
+static inline ks_shard_index_info ks_cli_shard_info(const ks_shard_index *idx) {
+  ks_shard_index_info info = KS_OPTS_INIT(ks_shard_index_info);
+  ks_shard_index_get(idx, &info);
+  return info;
+}
 
 /* Exit codes shared by all subcommands. */
 #define KS_EXIT_OK 0

@@ -251,9 +251,9 @@ static void side_free(side *x) {
 /* The sharded checkpoint `in` as its ranks (merge = 1: merged onto one rank), verified first. */
 KS_NODISCARD static ks_status dir_load(const ks_cli_input *in, int merge, side *x, ks_error *err) {
   /* Every read through read_io: a local rank file is read, never mapped (copy mode). */
-  ks_status s = ks_shard_index_read_io(in->path, NULL, in->read_io, &x->idx, err);
-  int world = ks_shard_index_world_size(x->idx);
-  for (int f = 0; !s && f < world; f++) s = ks_shard_verify_file_io(in->path, x->idx, f, in->read_io, err);
+  ks_status s = ks_shard_index_read(in->path, NULL, in->read_io, &x->idx, err);
+  int world = ks_cli_shard_info(x->idx).world_size;
+  for (int f = 0; !s && f < world; f++) s = ks_shard_verify_file(in->path, x->idx, f, in->read_io, err);
   if (!s) /* the index against every file */
     s = ks_shard_check(in->path, x->idx, in->read_io, KS_SHARD_CHECK_HEADERS, NULL, NULL, err);
   if (s) return s;
@@ -295,8 +295,8 @@ static int world_of(const char *path) {
   ks_storage *st = NULL;
   int n = 1;
   if (ks_cli_is_dir(path) && !ks_storage_open(path, NULL, &st, NULL) &&
-      !ks_shard_index_read_io(ks_storage_path(st), NULL, ks_storage_io(st), &idx, NULL))
-    n = ks_shard_index_world_size(idx);
+      !ks_shard_index_read(ks_storage_path(st), NULL, ks_storage_io(st), &idx, NULL))
+    n = ks_cli_shard_info(idx).world_size;
   ks_shard_index_free(idx);
   ks_storage_free(st);
   return n;
@@ -323,7 +323,11 @@ static int diff_sides(diff_ctx *c, const char *pa, const char *pb) {
   }
   if (merge) printf("world sizes differ (%d -> %d): comparing the states merged onto one rank\n", wa, wb);
   size_t np = 0;
-  const char *const *pr = a.idx ? ks_shard_index_per_rank(a.idx, &np) : ks_shard_default_per_rank(&np);
+  const char *const *pr = ks_shard_default_per_rank(&np);
+  if (a.idx) {
+    np = ks_cli_shard_info(a.idx).n_per_rank;
+    pr = ks_cli_shard_info(a.idx).per_rank;
+  }
   char label[32];
   c->per_rank = pr;
   c->n_per_rank = np;

@@ -56,9 +56,10 @@ int ks_cmd_reshard(int argc, char **argv) {
   ks_shard_index *idx = NULL;
   ks_io local; /* DIR's files are read, never mapped: one truncated meanwhile is an error, not SIGBUS */
   ks_save_opts so = {.size = sizeof so, .io = ks_cli_read_io(&local)};
-  ks_status st = ks_shard_index_read_io(pos[0], NULL, so.io, &idx, &err);
-  int from = st ? 0 : ks_shard_index_world_size(idx);
-  long long ep = st ? -1 : (long long)ks_shard_index_epoch(idx), ba = st ? -1 : (long long)ks_shard_index_batch(idx);
+  ks_status st = ks_shard_index_read(pos[0], NULL, so.io, &idx, &err);
+  ks_shard_index_info info = ks_cli_shard_info(idx); /* none read: world size 0, epoch and batch -1 */
+  int from = info.world_size;
+  long long ep = (long long)info.epoch, ba = (long long)info.batch;
   ks_shard_index_free(idx);
   if (!st) st = ks_shard_reshard(pos[0], world, pos[1], &so, &err);
   if (st) {

@@ -37,7 +37,7 @@ static int verify_file(const char *file) {
     return KS_EXIT_BAD;
   }
   size_t problems = 0;
-  ks_status st = ks_reader_verify_report(r, print_problem, &problems, &err);
+  ks_status st = ks_reader_verify(r, print_problem, &problems, &err);
   if (st && problems == 0) ks_cli_print_error(stdout, "verify", &err); /* e.g. out of memory */
   if (st)
     printf("%s: BAD (%zu problem%s)\n", path, problems, problems == 1 ? "" : "s");

@@ -36,7 +36,7 @@ int ks_cli_is_dir(const char *path) {
 
 static int open_index(const char *cmd, const ks_cli_input *in, ks_shard_index **idx) {
   ks_error err;
-  ks_status st = ks_shard_index_read_io(in->path, NULL, in->read_io, idx, &err);
+  ks_status st = ks_shard_index_read(in->path, NULL, in->read_io, idx, &err);
   if (st == KS_OK) return 0;
   ks_cli_input_error(in, &err);
   ks_cli_print_error(stdout, cmd, &err);
@@ -61,7 +61,7 @@ static int on_problem(void *ctx, const ks_error *problem) {
   dir_problems *d = ctx;
   d->n++;
   ks_cli_print_error(stdout, "verify", problem);
-  for (int r = 0; r < ks_shard_index_world_size(d->idx); r++)
+  for (int r = 0; r < ks_cli_shard_info(d->idx).world_size; r++)
     if (ends_with_file(problem->file, ks_shard_index_file(d->idx, r, NULL))) d->bad[r] = 1;
   return 0;
 }
@@ -75,7 +75,7 @@ static int count_problem(void *ctx, const ks_error *problem) {
 /* One rank file: its whole-file hash against the index, then every tensor's checksum. */
 static size_t verify_rank_file(const ks_cli_input *in, const ks_shard_index *idx, int r) {
   ks_error err;
-  if (ks_shard_verify_file_io(in->path, idx, r, in->read_io, &err)) {
+  if (ks_shard_verify_file(in->path, idx, r, in->read_io, &err)) {
     ks_cli_input_error(in, &err);
     ks_cli_print_error(stdout, "verify", &err);
     return 1;
@@ -91,7 +91,7 @@ static size_t verify_rank_file(const ks_cli_input *in, const ks_shard_index *idx
     return 1;
   }
   size_t problems = 0;
-  if (ks_reader_verify_report(rd, count_problem, &problems, &err) && problems == 0) {
+  if (ks_reader_verify(rd, count_problem, &problems, &err) && problems == 0) {
     ks_cli_print_error(stdout, "verify", &err);
     problems++;
   }
@@ -105,7 +105,7 @@ static int verify_dir_at(const ks_cli_input *in) {
   const char *dir = in->arg;
   ks_shard_index *idx;
   if (open_index("verify", in, &idx)) return KS_EXIT_BAD;
-  int n = ks_shard_index_world_size(idx);
+  int n = ks_cli_shard_info(idx).world_size;
   dir_problems d = {idx, 0, calloc((size_t)n, 1)};
   ks_error err;
   if (!d.bad) {
@@ -124,8 +124,8 @@ static int verify_dir_at(const ks_cli_input *in) {
     printf("%s: BAD (%zu problem%s)\n", ks_cli_esc(dir), problems, problems == 1 ? "" : "s");
   else
     printf("%s: OK (sharded checkpoint, %d rank file%s, epoch %lld batch %lld, index, files and checksums match)\n",
-           ks_cli_esc(dir), n, n == 1 ? "" : "s", (long long)ks_shard_index_epoch(idx),
-           (long long)ks_shard_index_batch(idx));
+           ks_cli_esc(dir), n, n == 1 ? "" : "s", (long long)ks_cli_shard_info(idx).epoch,
+           (long long)ks_cli_shard_info(idx).batch);
   ks_shard_index_free(idx);
   return problems ? KS_EXIT_BAD : KS_EXIT_OK;
 }
@@ -151,22 +151,22 @@ int ks_cli_inspect_dir(const char *dir) {
   int bad = open_index("inspect", &in, &idx);
   ks_cli_input_close(&in); /* the index is in memory */
   if (bad) return KS_EXIT_BAD;
-  int n = ks_shard_index_world_size(idx);
+  int n = ks_cli_shard_info(idx).world_size;
   printf("checkpoint: %s\nformat:     keepsake sharded, %d rank%s\ntimestamp:  epoch %lld batch %lld\n\n", dir, n,
-         n == 1 ? "" : "s", (long long)ks_shard_index_epoch(idx), (long long)ks_shard_index_batch(idx));
+         n == 1 ? "" : "s", (long long)ks_cli_shard_info(idx).epoch, (long long)ks_cli_shard_info(idx).batch);
   printf("files (%d)\n", n);
   for (int r = 0; r < n; r++) {
     ks_shard_file_info info;
     const char *f = ks_shard_index_file(idx, r, &info);
     printf("  rank %-5d %-32s %12" PRIu64 " bytes  %s %016" PRIx64 "\n", r, f, info.size,
-           ks_shard_index_version(idx) >= 2 ? "header xxh3" : "xxh3", info.checksum);
+           ks_cli_shard_info(idx).version >= 2 ? "header xxh3" : "xxh3", info.checksum);
   }
-  size_t np;
-  const char *const *pr = ks_shard_index_per_rank(idx, &np);
+  size_t np = ks_cli_shard_info(idx).n_per_rank;
+  const char *const *pr = ks_cli_shard_info(idx).per_rank;
   printf("\nper-rank entries (saved by every rank):");
   for (size_t i = 0; i < np; i++) printf(" %s", pr[i]);
-  printf("\n\nsharded tensors (%zu)\n", ks_shard_index_sharded_count(idx));
-  for (size_t i = 0; i < ks_shard_index_sharded_count(idx); i++) {
+  printf("\n\nsharded tensors (%zu)\n", ks_cli_shard_info(idx).n_sharded);
+  for (size_t i = 0; i < ks_cli_shard_info(idx).n_sharded; i++) {
     ks_shard_chunk whole;
     ks_dtype dt;
     size_t nc;
@@ -197,7 +197,7 @@ static json_t *dims_json(int rank, const int64_t *v) {
 
 static json_t *sharded_json(const ks_shard_index *idx) {
   json_t *arr = json_array();
-  for (size_t i = 0; i < ks_shard_index_sharded_count(idx); i++) {
+  for (size_t i = 0; i < ks_cli_shard_info(idx).n_sharded; i++) {
     ks_shard_chunk whole;
     ks_dtype dt;
     size_t nc;
@@ -230,7 +230,7 @@ static json_t *rank_file_json(const char *dir, const ks_shard_index *idx, int r)
   json_object_set_new(one, "index_size", json_integer((json_int_t)info.size));
   json_object_set_new(one, "index_xxh3", json_string(hex));
   /* what index_xxh3 hashes: the length and header (index version 2) or the whole file (version 1) */
-  json_object_set_new(one, "index_xxh3_of", json_string(ks_shard_index_version(idx) >= 2 ? "header" : "file"));
+  json_object_set_new(one, "index_xxh3_of", json_string(ks_cli_shard_info(idx).version >= 2 ? "header" : "file"));
   return one;
 }
 
@@ -240,7 +240,7 @@ static ks_shard_index *checked_index(const char *dir) {
   ks_error err;
   ks_cli_input in;
   if (ks_cli_input_open("inspect", dir, &in)) return NULL;
-  ks_status st = ks_shard_index_read_io(in.path, NULL, in.read_io, &idx, &err);
+  ks_status st = ks_shard_index_read(in.path, NULL, in.read_io, &idx, &err);
   if (!st) st = ks_shard_check(in.path, idx, in.read_io, KS_SHARD_CHECK_SIZES, NULL, NULL, &err);
   if (st) {
     ks_cli_input_error(&in, &err);
@@ -255,9 +255,9 @@ static ks_shard_index *checked_index(const char *dir) {
 int ks_cli_inspect_dir_json(const char *dir) {
   ks_shard_index *idx = checked_index(dir);
   if (!idx) return KS_EXIT_BAD;
-  int n = ks_shard_index_world_size(idx);
-  size_t np;
-  const char *const *pr = ks_shard_index_per_rank(idx, &np);
+  int n = ks_cli_shard_info(idx).world_size;
+  size_t np = ks_cli_shard_info(idx).n_per_rank;
+  const char *const *pr = ks_cli_shard_info(idx).per_rank;
   json_t *per_rank = json_array(), *files = json_array();
   for (size_t i = 0; i < np; i++) json_array_append_new(per_rank, json_string(pr[i]));
   int rc = 0;
@@ -265,7 +265,7 @@ int ks_cli_inspect_dir_json(const char *dir) {
     json_t *one = rank_file_json(dir, idx, r);
     rc = one ? json_array_append_new(files, one) : -1;
   }
-  int64_t ep = ks_shard_index_epoch(idx), ba = ks_shard_index_batch(idx);
+  int64_t ep = ks_cli_shard_info(idx).epoch, ba = ks_cli_shard_info(idx).batch;
   json_t *ts =
       ep < 0 && ba < 0 ? json_null() : json_pack("{s:I, s:I}", "epoch", (json_int_t)ep, "batch", (json_int_t)ba);
   json_t *root =

@@ -208,7 +208,7 @@ static int build(run *r) {
   if (!s && r->a.early_metric[0]) {
     s = ks_early_stop_init(&r->early, r->a.early_metric, r->a.early_mode, r->a.early_patience, 0.0, &e);
     ks_stateful es = ks_early_stop_stateful(&r->early);
-    if (!s) s = ks_state_add_stateful(r->st, "EarlyStopping", &es, NULL);
+    if (!s) s = ks_state_add_component(r->st, KS_ROOT_CALLBACKS, "EarlyStopping", &es, NULL);
   }
   if (s) return fail("building the training state", s, &e);
   ks_state_set_timestamp(r->st, &r->ts);

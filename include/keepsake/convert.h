@@ -17,16 +17,16 @@
  *     gives an error, not SIGBUS); a FIFO or device is refused at once. Its
  *     kind comes from its bytes: a zip archive (or torch's legacy format, which
  *     the import refuses with a message naming it) is a torch.save / Composer
- *     file, read by ks_torch_import_buffer (import.h); anything else is a
+ *     file, read by ks_torch_import (import.h); anything else is a
  *     keepsake or safetensors file, read by ks_load_buffer, whose metadata pairs
  *     are kept (but the writer's own keys). An IN that is a directory holding
- *     `.metadata` (ks_torch_dcp_probe) is a torch.distributed.checkpoint, read
+ *     `.metadata` (ks_torch_probe: KS_TORCH_DCP) is a torch.distributed.checkpoint, read
  *     item by item by ks_dcp_import (import.h) instead, through opts->in_io.
  *  3. Integrity: every zip entry's CRC32, every keepsake checksum is checked. A
  *     mismatch fails with KS_E_CHECKSUM and nothing is written, unless
  *     opts->salvage: then each problem becomes a warning of the report and the
  *     input is read again without the checks.
- *  4. opts->ignore: entries matching a glob (ks_path_match: a '/'-prefix match
+ *  4. opts->ignore: entries matching a glob (ks_path_match, binding.h: a '/'-prefix match
  *     counts) are left out, and so are the structure records (torch.h,
  *     KS_TORCH_STRUCTURE_META) of the containers they match.
  *  5. OUT ending in ".pt" or ".pth" is written by ks_torch_save with the
@@ -39,7 +39,7 @@
  * the preds and target of exact curve metrics) as a Python list of tensors, and
  * its next update() appends to it. keepsake stores such a state as one tensor,
  * all items joined along dim 0. The export builds each metric of KS_META_METRICS
- * from its class and args (ks_metric_create_bounded: the args come from the
+ * from its class and args (ks_metric_create_bounded, binding.h: the args come from the
  * file, so opts->max_metric_bytes bounds what the metrics may allocate) and asks
  * which states reduce by KS_REDUCE_CAT (ks_metric_state_info; this depends on
  * the args: BinaryAUROC with thresholds keeps a confusion matrix). A record
@@ -69,7 +69,7 @@ KS_BEGIN_DECLS
 typedef struct ks_convert_opts {
   size_t size;                /**< 0 or sizeof(this struct) */
   const ks_allocator *alloc;  /**< NULL = malloc; every allocation of the call, the report's too */
-  const char *const *ignore;  /**< globs of entries to leave out (ks_path_match); may be NULL */
+  const char *const *ignore;  /**< globs of entries to leave out (ks_path_match, binding.h); may be NULL */
   size_t n_ignore;            /**< number of globs in ignore */
   int salvage;                /**< nonzero: integrity problems become warnings, the input is converted anyway */
   int torch_compat;           /**< ks_torch_write_opts.torch_compat of a .pt output (KS_TORCH_COMPAT_1_13) */
@@ -98,7 +98,7 @@ typedef struct ks_convert_report ks_convert_report;
  *         file), KS_E_CHECKSUM (an integrity check failed and opts->salvage is 0), KS_E_LIMIT
  *         (metric arguments asking for more than max_metric_bytes), KS_E_FORMAT (also: a .pt
  *         output whose input's KS_META_METRICS is not a JSON object), or any status of
- *         ks_torch_import_buffer, ks_load_buffer, ks_save and ks_torch_save
+ *         ks_torch_import, ks_load_buffer, ks_save and ks_torch_save
  *         (KS_E_NOT_DURABLE: OUT is in place, its directory fsync failed). On failure before
  *         the write, OUT is untouched.
  * Thread safety: independent calls may run concurrently (on different OUT paths).

@@ -95,7 +95,7 @@ typedef struct ks_dist_save_opts {
   const ks_allocator *alloc; /**< scratch memory; NULL = malloc */
   const ks_io *io;           /**< passed to ks_save for the rank's file; NULL = POSIX */
   /**
-   * Globs (see ks_path_match) of the entries saved by every rank rather than once.
+   * Globs (ks_path_match, binding.h) of the entries saved by every rank rather than once.
    * NULL = ks_shard_default_per_rank(): rng, dataset positions and the train and eval metrics.
    */
   const char *const *per_rank;
@@ -171,7 +171,7 @@ int ks_dist_ckpt_should_save(MPI_Comm comm, const ks_ckpt_manager *m, const ks_t
  * retention (ks_ckpt_manager_dir_commit).
  * @param st     this rank's state; its timestamp names the directory (the same on every rank).
  * @param shards this rank's chunks of sharded tensors, or NULL (data parallel: all replicated).
- * @param opts   as for ks_dist_save; its io NULL = the manager's (ks_ckpt_manager_io); may be NULL.
+ * @param opts   as for ks_dist_save; its io NULL = the manager's (ks_ckpt_manager_io, binding.h); may be NULL.
  * @param saved  optional; receives the directory (owned by the manager, valid until its next call).
  * @return KS_OK or the first failure (any rank's), the same on every rank; on failure no index
  *         is written and `latest` still names the previous checkpoint.

@@ -68,31 +68,24 @@ int ks_dtype_is_complex(ks_dtype dt);
  */
 int ks_dtype_widens_to(ks_dtype from, ks_dtype to);
 
-/** IEEE binary16 <-> binary32, round to nearest even; NaN and inf preserved. */
-uint16_t ks_f32_to_f16(float f);
-float ks_f16_to_f32(uint16_t h);
-/** bfloat16 <-> binary32, round to nearest even; NaN stays NaN. */
-uint16_t ks_f32_to_bf16(float f);
-float ks_bf16_to_f32(uint16_t b);
-/** FP8 E4M3FN (no inf; NaN is S.1111.111; max 448; values that round past 448,
- *  and inf, become NaN as in PyTorch and ml_dtypes) <-> binary32, round to nearest even. */
-uint8_t ks_f32_to_f8e4m3(float f);
-float ks_f8e4m3_to_f32(uint8_t v);
-/** FP8 E5M2 (IEEE-like, with inf and NaN) <-> binary32, round to nearest even. */
-uint8_t ks_f32_to_f8e5m2(float f);
-float ks_f8e5m2_to_f32(uint8_t v);
-/** FP8 E4M3FNUZ and E5M2FNUZ <-> binary32, round to nearest even, as PyTorch converts them:
- *  NaN, inf and values that round past the largest finite value (240, 57344) become 0x80
- *  (NaN); -0.0, and negative values that round to zero, become 0x00. */
-uint8_t ks_f32_to_f8e4m3fnuz(float f);
-float ks_f8e4m3fnuz_to_f32(uint8_t v);
-uint8_t ks_f32_to_f8e5m2fnuz(float f);
-float ks_f8e5m2fnuz_to_f32(uint8_t v);
-
 /*
  * Element access. A complex element (C64) has no single real value: ks_dtype_get_f64 returns
  * NaN and ks_dtype_get_i64 0 for it, and the setters leave it unchanged. Read its two F32
  * parts directly (or with ks_dtype_get_f64(KS_F32, data, 2 * i) and 2 * i + 1).
+ *
+ * The float formats (in ks_dtype_set_f64 and ks_dtype_convert; a double is first rounded to
+ * float32, then to the format, round to nearest even; every format widens exactly to
+ * float32, so the decode is exact):
+ *  - F16: IEEE binary16; NaN and inf preserved.
+ *  - BF16: bfloat16; NaN stays NaN.
+ *  - F8_E4M3 (E4M3FN): no inf; NaN is S.1111.111; max 448; values that round past 448, and
+ *    inf, become NaN, as in PyTorch and ml_dtypes.
+ *  - F8_E5M2: IEEE-like, with inf and NaN.
+ *  - F8_E4M3FNUZ, F8_E5M2FNUZ: as PyTorch converts them: NaN, inf and values that round past
+ *    the largest finite value (240, 57344) become 0x80 (NaN); -0.0, and negative values that
+ *    round to zero, become 0x00.
+ * To convert one float32 `f` to F16 bits: `uint8_t h[2]; ks_dtype_set_f64(KS_F16, h, 0, f);`
+ * (little-endian bytes); back: `ks_dtype_get_f64(KS_F16, h, 0)`.
  */
 /** Reads element `i` of a little-endian buffer of dtype dt as a double. */
 double ks_dtype_get_f64(ks_dtype dt, const void *data, size_t i);

@@ -9,6 +9,10 @@
  * everything declared in between, so single declarations need no KS_API.
  * KS_API marks one declaration exported where the wrapper is not used.
  *
+ * The binding header (binding.h) wraps its declarations in KS_BEGIN_BINDING_DECLS /
+ * KS_END_BINDING_DECLS instead, which push hidden visibility: its functions are
+ * in the static library (libkeepsake.a) and not exported from libkeepsake.so.
+ *
  * Growing structs. The option structs (ks_save_opts, ks_read_opts,
  * ks_load_opts, ks_ckpt_opts, ks_async_opts, ks_torch_read_opts,
  * ks_torch_write_opts) start with `size_t size` (the ks_io table grows by its
@@ -23,6 +27,8 @@
  * upgrades of a shared library. A size the library cannot honour (smaller than
  * the first layout with a size field, or larger with nonzero bytes beyond the
  * members it knows) is refused with KS_E_INVALID.
+ * ks_shard_index_info, an output, grows the same way: the library writes only
+ * the members the caller's size covers (size 0: the library's own layout).
  * ks_sgd_opts and ks_adamw_opts are hyperparameter values, not options, and
  * do not grow: a new optimizer setting comes with a new create function.
  */
@@ -37,11 +43,13 @@
 #define KS_NODISCARD __attribute__((warn_unused_result))
 #define KS_API __attribute__((visibility("default")))
 #define KS__VISIBILITY_PUSH _Pragma("GCC visibility push(default)")
+#define KS__VISIBILITY_PUSH_HIDDEN _Pragma("GCC visibility push(hidden)")
 #define KS__VISIBILITY_POP _Pragma("GCC visibility pop")
 #else
 #define KS_NODISCARD
 #define KS_API
 #define KS__VISIBILITY_PUSH
+#define KS__VISIBILITY_PUSH_HIDDEN
 #define KS__VISIBILITY_POP
 #endif
 
@@ -52,9 +60,13 @@
 #ifdef __cplusplus
 #define KS_BEGIN_DECLS extern "C" { KS__VISIBILITY_PUSH
 #define KS_END_DECLS KS__VISIBILITY_POP }
+#define KS_BEGIN_BINDING_DECLS extern "C" { KS__VISIBILITY_PUSH_HIDDEN
+#define KS_END_BINDING_DECLS KS__VISIBILITY_POP }
 #else
 #define KS_BEGIN_DECLS KS__VISIBILITY_PUSH
 #define KS_END_DECLS KS__VISIBILITY_POP
+#define KS_BEGIN_BINDING_DECLS KS__VISIBILITY_PUSH_HIDDEN
+#define KS_END_BINDING_DECLS KS__VISIBILITY_POP
 #endif
 
 #endif

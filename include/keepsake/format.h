@@ -88,12 +88,6 @@ size_t ks_meta_count(const ks_meta *m);
  */
 KS_NODISCARD ks_status ks_meta_at(const ks_meta *m, size_t i, const char **key, const char **value);
 
-/**
- * Copies every pair of src into dst (insert or replace).
- * @return KS_OK, KS_E_INVALID or KS_E_NOMEM (dst may then hold some of the pairs).
- */
-KS_NODISCARD ks_status ks_meta_copy(ks_meta *dst, const ks_meta *src, ks_error *err);
-
 /* ------------------------------------------------------------------------ */
 /* Writing. */
 
@@ -212,7 +206,7 @@ typedef struct ks_read_opts {
   size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const ks_allocator *alloc; /**< NULL = malloc */
   ks_read_mode mode;
-  int verify_checksums; /**< nonzero: run ks_reader_verify during open and fail on mismatch */
+  int verify_checksums; /**< nonzero: run ks_reader_verify during open and fail at the first mismatch */
   const ks_io *io;       /**< file operations of ks_reader_open (open, map or read, close); NULL = ks_io_posix() */
 } ks_read_opts;
 
@@ -295,28 +289,6 @@ KS_NODISCARD ks_status ks_reader_tensor(const ks_reader *r, const char *name, ks
  */
 KS_NODISCARD ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, ks_error *err);
 
-/** One tensor for ks_reader_fetch_many: tensor `index` into `cap` bytes at `buf`. */
-typedef struct ks_fetch {
-  size_t index;
-  void *buf;
-  size_t cap;
-} ks_fetch;
-
-/**
- * ks_reader_fetch of every job, on up to `threads` threads (0: one per online CPU, at most 4;
- * 1: this thread only; below 32 MiB in all, this thread only). The jobs are cut into runs of
- * about equal bytes, one per thread. Each tensor is verified as ks_reader_fetch verifies it.
- * @return KS_OK, or the error of the earliest job that failed (as ks_reader_fetch's): every
- *         job before it was fetched; jobs after it may be skipped (their memory is unspecified).
- * Thread safety: as ks_reader_fetch (the reader's table must allow concurrent reads, as
- * ks_io_posix()'s and the storage tables' do).
- */
-KS_NODISCARD ks_status ks_reader_fetch_many(const ks_reader *r, const ks_fetch *jobs, size_t n, unsigned threads,
-                                            ks_error *err);
-
-/** ks_reader_fetch of the tensor named `name` (KS_E_NOTFOUND naming it when absent). */
-KS_NODISCARD ks_status ks_reader_fetch_name(const ks_reader *r, const char *name, void *buf, size_t cap, ks_error *err);
-
 /** Index of tensor `name`, or -1. */
 long ks_reader_find(const ks_reader *r, const char *name);
 
@@ -348,39 +320,22 @@ uint64_t ks_reader_file_size(const ks_reader *r);
 uint64_t ks_reader_data_offset(const ks_reader *r);
 
 /**
- * Checks tensor i against its stored checksum (keepsake files only). Parses the
- * checksum table on every call: to check many tensors use ks_reader_verify_report.
- * @return KS_OK (also for plain safetensors files, which carry no checksums);
- *         KS_E_CHECKSUM with key, byte offset, expected and found hashes;
- *         KS_E_FORMAT when the checksum table is malformed or lacks the tensor;
- *         KS_E_NOTFOUND for i >= count; KS_E_NOMEM.
- */
-KS_NODISCARD ks_status ks_reader_verify_tensor(const ks_reader *r, size_t i, ks_error *err);
-
-/**
- * Called by ks_reader_verify_report for each problem found. Return nonzero to
- * stop at this problem, 0 to go on looking for more.
+ * Called by ks_reader_verify for each problem found. Return nonzero to stop at
+ * this problem, 0 to go on looking for more.
  */
 typedef int (*ks_verify_fn)(void *ctx, const ks_error *problem);
 
 /**
- * Full verification that reports every problem: each tensor's checksum, the
- * checksum table itself (malformed, missing or extra entries) and the scalar
- * table. Structural rules were already enforced at open.
- * @param on_problem optional; NULL stops at the first problem.
+ * Full verification: every tensor's checksum, the checksum table itself
+ * (malformed, missing or extra entries: no entry for a tensor the file lacks) and
+ * the scalar table. Structural rules were already enforced at open.
+ * @param on_problem optional; called for each problem found (NULL stops at the first).
  * @param err receives the first problem.
- * @return KS_OK when the file is good, else the status of the first problem
- *         (KS_E_CHECKSUM, KS_E_FORMAT) or KS_E_NOMEM.
+ * @return KS_OK when the file is good (a plain safetensors file carries no
+ *         checksums), else the status of the first problem (KS_E_CHECKSUM with key,
+ *         byte offset, expected and found hashes; KS_E_FORMAT) or KS_E_NOMEM.
  */
-KS_NODISCARD ks_status ks_reader_verify_report(const ks_reader *r, ks_verify_fn on_problem, void *ctx, ks_error *err);
-
-/**
- * Full verification: every tensor's checksum, the checksum table (no entry for
- * a tensor the file lacks) and the scalar table. Structural rules were already
- * enforced at open. Reports the first problem.
- * @return KS_OK, KS_E_CHECKSUM, KS_E_FORMAT or KS_E_NOMEM.
- */
-KS_NODISCARD ks_status ks_reader_verify(const ks_reader *r, ks_error *err);
+KS_NODISCARD ks_status ks_reader_verify(const ks_reader *r, ks_verify_fn on_problem, void *ctx, ks_error *err);
 
 /**
  * Decodes the keepsake scalars of the file into dst (insert or replace), in
@@ -396,7 +351,7 @@ KS_NODISCARD ks_status ks_reader_scalars(const ks_reader *r, ks_statedict *dst, 
  * reader's memory (the mapping in KS_READ_MMAP mode, one heap copy in
  * KS_READ_COPY mode, one heap copy of the data section read in parallel ranges
  * and verified on arrival in KS_READ_LAZY mode, which then also returns
- * KS_E_CHECKSUM); the dict keeps the reader alive (ks_statedict_attach).
+ * KS_E_CHECKSUM); the dict keeps the reader alive until ks_statedict_free.
  * @param sd   receives the dict; free with ks_statedict_free.
  * @param meta optional; receives a copy of __metadata__; free with ks_meta_free.
  * @return any ks_reader_open status, or the status of building the dict.

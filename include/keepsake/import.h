@@ -9,7 +9,10 @@
  *
  * The file is read with ks_torch_load (nothing pickled is ever executed).
  * When it holds Composer metrics (state/train_metrics/, state/eval_metrics/),
- * they are mapped by ks_composer_normalize and described in two metadata keys
+ * each becomes <path>/state_dict/<state> (list states joined along dim 0) and
+ * <path>/_computed, whether the file holds Composer >= 0.14's
+ * `{state_dict, _computed}` or a whole pickled torchmetrics object (Composer
+ * <= 0.13.5), and they are described in two metadata keys
  * (layout.h): KS_META_COMPOSER_METRICS (what the file held) and
  * KS_META_METRICS, the layout ks_state_save writes:
  *   {"<metric path>": {"class": catalogue class (when known), "args": constructor
@@ -18,8 +21,8 @@
  *     "update_count": the object's _update_count, else 1,
  *     "lists": the states that were Python lists in the file (joined along dim 0;
  *       absent when none), so that a .pt export writes them as lists again}}
- * (ks_metric_from_attributes and ks_metric_stored_schema_version give args and
- * schema version). ks_state_load then fills a program's metrics by name, and
+ * (args are rebuilt from a pickled object's catalogue attributes, the schema
+ * version is guessed from the states' names and shapes). ks_state_load then fills a program's metrics by name, and
  * migrates old states. The metadata also holds KS_TORCH_STRUCTURE_META (torch.h):
  * the file's lists, tuples, typed keys and empty containers (without the metric
  * subtrees the mapping rewrote), which a .pt export (ks_torch_save with
@@ -55,9 +58,11 @@ typedef struct ks_import_opts {
 } ks_import_opts;
 
 /**
- * Reads a torch.save / Composer file into a state dict and its metadata.
+ * Reads a torch.save / Composer file, from a path or from bytes in memory, into a
+ * state dict and its metadata.
  *
- * @param path  file to read; memory-mapped, never modified.
+ * @param path  file to read, memory-mapped, never modified; or NULL to read the bytes
+ *              opts->read->data instead (copied: they may be freed after the call).
  * @param opts  NULL for defaults.
  * @param out   receives the dict (opts->read->alloc); tensors may be mapped views
  *              into the file, kept alive by the dict until ks_statedict_free.
@@ -73,10 +78,6 @@ typedef struct ks_import_opts {
  */
 KS_NODISCARD ks_status ks_torch_import(const char *path, const ks_import_opts *opts, ks_statedict **out, ks_meta **meta,
                           ks_error *err);
-
-/** Same as ks_torch_import, from bytes in memory (copied; buf may be freed after the call). */
-KS_NODISCARD ks_status ks_torch_import_buffer(const void *buf, size_t len, const ks_import_opts *opts,
-                                              ks_statedict **out, ks_meta **meta, ks_error *err);
 
 /**
  * Reads a torch.distributed.checkpoint directory (ks_torch_dcp_load, torch.h:

@@ -1,9 +1,10 @@
 /**
  * @file io_cache.h
- * Tables that wrap another ks_io table: a local cache of the bytes read from
- * it (for remote stores, where every read is a download), and a counter of
- * its reads (for tests and benchmarks). Both forward every operation to the
- * inner table, which must outlive them; they are KS_IO_VERSION tables.
+ * A table that wraps another ks_io table: a local cache of the bytes read from
+ * it (for remote stores, where every read is a download). It forwards every
+ * operation to the inner table, which must outlive it; it is a KS_IO_VERSION
+ * table. (A counter of a table's reads, for tests and benchmarks, is in
+ * binding.h.)
  */
 #ifndef KEEPSAKE_IO_CACHE_H
 #define KEEPSAKE_IO_CACHE_H
@@ -91,37 +92,6 @@ typedef struct ks_io_cache_stats {
 
 /** The statistics of a table made by ks_io_cache_create (all zero for another table or NULL). */
 void ks_io_cache_get_stats(const ks_io *cache, ks_io_cache_stats *out);
-
-/* ------------------------------------------------------------------------ */
-/* The counter.                                                              */
-
-/** What a counting table saw. */
-typedef struct ks_io_counts {
-  uint64_t open_calls; /**< open_fn calls */
-  uint64_t read_calls; /**< read_fn calls */
-  uint64_t read_bytes; /**< bytes read_fn returned */
-  uint64_t map_calls;  /**< successful map_fn calls */
-} ks_io_counts;
-
-/**
- * Creates a table that forwards every operation to `inner` and counts its
- * reads. With `no_map` nonzero it has no map_fn, like a remote backend, so
- * readers read through read_fn (what the tests and benchmarks of the lazy mode
- * measure).
- * @return KS_OK, KS_E_INVALID (out NULL, inner fails ks_io_check) or KS_E_NOMEM.
- * Thread safety: the counters are atomic; as thread safe as inner.
- */
-KS_NODISCARD ks_status ks_io_counter_create(const ks_io *inner, int no_map, const ks_allocator *a, ks_io **out,
-                                            ks_error *err);
-
-/** The counts of a table made by ks_io_counter_create (all zero for another table or NULL). */
-void ks_io_counter_get(const ks_io *counter, ks_io_counts *out);
-
-/** Sets the counts of a counting table back to zero. */
-void ks_io_counter_reset(const ks_io *counter);
-
-/** Frees a counting table. Accepts NULL. */
-void ks_io_counter_free(ks_io *counter);
 
 KS_END_DECLS
 #endif

@@ -32,7 +32,7 @@
 #define KS_META_PYTREE "keepsake.pytree"
 /** JSON object describing the state layout: {"layout_version": 1}. */
 #define KS_META_STATE "keepsake.state"
-/** JSON description of the metrics found in an imported Composer checkpoint (see ks_composer_normalize). */
+/** JSON description of the metrics found in an imported Composer checkpoint (ks_torch_import, import.h). */
 #define KS_META_COMPOSER_METRICS "keepsake.composer_metrics"
 /**
  * The torch structure document: which folders are lists, tuples, sets or dicts with typed keys

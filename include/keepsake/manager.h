@@ -156,11 +156,6 @@ typedef struct ks_ckpt_opts {
 KS_NODISCARD ks_status ks_ckpt_manager_create(const ks_ckpt_opts *opts, ks_ckpt_manager **out, ks_error *err);
 void ks_ckpt_manager_free(ks_ckpt_manager *m);
 /**
- * Nonzero when a checkpoint is due: call after every batch (epoch_end = 0) and
- * after every epoch (epoch_end = 1) with the updated timestamp.
- */
-int ks_ckpt_manager_due(const ks_ckpt_manager *m, const ks_timestamp *ts, int epoch_end);
-/**
  * Saves the state under the templated name (atomic, durable), then points
  * `latest` at it (symlink to a temporary name, rename, fsync the directory), then
  * deletes the oldest checkpoints beyond `keep`.
@@ -227,10 +222,11 @@ KS_NODISCARD ks_status ks_ckpt_manager_stage_into(ks_ckpt_manager *m, const ks_s
 KS_NODISCARD ks_status ks_ckpt_manager_wait(ks_ckpt_manager *m, ks_error *err);
 
 /**
- * The manager's full save trigger: ks_ckpt_manager_due, or (at a batch boundary,
- * epoch_end = 0) save_every_seconds elapsed since the last save, or a pending
- * preemption signal (ks_preemption_signal). Call it where ks_ckpt_manager_due is
- * called. A loop that does not advance its timestamp never comes due: when
+ * Nonzero when a checkpoint is due: call after every batch (epoch_end = 0) and
+ * after every epoch (epoch_end = 1) with the updated timestamp. Due when the
+ * timestamp reaches a multiple of the interval (every `every` batches or epochs),
+ * or (at a batch boundary) save_every_seconds elapsed since the last save, or a
+ * preemption signal is pending (ks_preemption_signal). A loop that does not advance its timestamp never comes due: when
  * KS_CKPT_STUCK_CALLS calls of one kind in a row (batch ends, or epoch ends) see
  * the same timestamp (epoch and batch; epoch for epoch ends), the manager warns
  * on its log, once.
@@ -278,9 +274,6 @@ KS_NODISCARD ks_status ks_ckpt_manager_dir_begin(ks_ckpt_manager *m, const ks_ti
  */
 KS_NODISCARD ks_status ks_ckpt_manager_dir_path(ks_ckpt_manager *m, const ks_timestamp *ts, const char **dir,
                                                 ks_error *err);
-
-/** The I/O table the manager uses (ks_io_posix() when it was created with none). */
-const ks_io *ks_ckpt_manager_io(const ks_ckpt_manager *m);
 
 /**
  * Finishes a sharded save whose index is durable: points `latest` at the

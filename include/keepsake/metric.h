@@ -137,9 +137,6 @@ const char *ks_metric_class(const ks_metric *m);
  */
 const char *ks_metric_args_json(const ks_metric *m);
 
-/** State schema version this metric writes (KS_METRIC_SCHEMA_VERSION). */
-int ks_metric_schema_version(const ks_metric *m);
-
 /**
  * Accumulates one batch, as torchmetrics' update().
  *
@@ -240,70 +237,13 @@ KS_NODISCARD ks_status ks_metric_load_state_dict(ks_metric *m, const ks_statedic
 KS_NODISCARD ks_status ks_metric_restore_computed(ks_metric *m, const ks_tensor *computed, int64_t update_count,
                                      ks_error *err);
 
-/* ---- States and objects written by older torchmetrics releases ---- */
-
-/**
- * Rebuilds a metric from the attributes of a pickled torchmetrics object (as
- * Composer <= 0.13.5 saved them). The attributes that are catalogue
- * constructor arguments (num_classes, average, top_k, threshold, thresholds,
- * ...) are taken; the rest (F1's beta = 1, module flags) are ignored, since
- * they do not change the states.
- *
- * @param class_name      catalogue class, e.g. "MulticlassAccuracy".
- * @param attrs_json      a JSON object of the object's scalar attributes.
- * @param alloc           NULL for malloc; the probes and *out use it.
- * @param state_budget    NULL = no cap; else in: the bytes this call may allocate
- *                        for the probes that check the attributes and for *out;
- *                        out: decreased by what it allocated. One budget can so
- *                        bound a whole import. The attributes are untrusted:
- *                        num_classes = 12000 makes a confusion matrix of 1.1 GB.
- * @param out             receives the metric (its ks_metric_args_json is the
- *                        canonical argument set), or NULL when the arguments
- *                        cannot be rebuilt reliably: unknown class, attributes that
- *                        do not build it, or a binned curve metric, whose
- *                        thresholds are a tensor and not an attribute.
- * @return KS_OK (*out may be NULL), KS_E_LIMIT (the metric would need more than
- *         the budget left; err names class and arguments), KS_E_INVALID
- *         (attrs_json is not a JSON object), KS_E_NOMEM.
- * Ownership: free *out with ks_metric_free. Thread safety: no shared state.
- */
-KS_NODISCARD ks_status ks_metric_from_attributes(const char *class_name, const char *attrs_json,
-                                                 const ks_allocator *alloc, uint64_t *state_budget, ks_metric **out,
-                                                 ks_error *err);
-
-/**
- * ks_metric_create with the bytes the metric's states may allocate bounded:
- * for arguments that come from an untrusted file (num_classes = 100000 asks a
- * confusion matrix for 80 GB). The metric is first built on a counting
- * allocator that refuses past the budget, then for real.
- *
- * @param state_budget NULL = ks_metric_create; else in: the bytes this call may
- *                     allocate, out: decreased by what it allocated (unchanged on failure).
- * @return as ks_metric_create; KS_E_LIMIT when the metric would need more than
- *         the budget left (err names class and arguments).
- * Ownership: free *out with ks_metric_free. Thread safety: no shared state.
- */
-KS_NODISCARD ks_status ks_metric_create_bounded(const char *class_name, const char *args_json,
-                                                const ks_allocator *alloc, uint64_t *state_budget, ks_metric **out,
-                                                ks_error *err);
-
-/**
- * The state schema version of states stored without keepsake metadata, from
- * their names and shapes: 1 when prefix+"value" is a tensor and the class is
- * not CatMetric (torchmetrics < 1.1 named the aggregation states `value`), or
- * prefix+"sum_squared_error" is 0-d and the class is MeanSquaredError or
- * unknown (the old MSE sum shape); otherwise KS_METRIC_SCHEMA_VERSION.
- *
- * @param class_name catalogue class, or NULL when unknown.
- * @param src        the stored states; NULL gives KS_METRIC_SCHEMA_VERSION.
- * @param prefix     key prefix of the states, e.g. "state/train_metrics/M/state_dict/".
- */
-int ks_metric_stored_schema_version(const char *class_name, const ks_statedict *src, const char *prefix);
-
 /** Number of classes in the catalogue. */
 size_t ks_metric_class_count(void);
 /** Name of catalogue class i, or NULL when i is out of range. */
 const char *ks_metric_class_name(size_t i);
+
+/* Described metrics (a program's metrics of any class, as a binding describes them to the
+   load engine) and the rules about states older torchmetrics releases wrote are in binding.h. */
 
 /* ---- Collection keyed by name (MetricCollection / Composer get_metrics()) ---- */
 
@@ -330,111 +270,6 @@ size_t ks_metric_collection_count(const ks_metric_collection *c);
 
 /** Metric at insertion position i (and its name in *name, if not NULL), or NULL when out of range. */
 ks_metric *ks_metric_collection_at(const ks_metric_collection *c, size_t i, const char **name);
-
-/* ---- Described metrics: a program's metric the catalogue need not implement ---- */
-
-/**
- * The reduction named `name`: "sum", "mean", "max", "min", "cat", or torchmetrics' function names
- * "dim_zero_sum" ... "dim_zero_cat" (a state's dist_reduce_fx).
- * @return KS_OK, or KS_E_NOTFOUND for any other name (a custom reduction, None), *out untouched.
- */
-KS_NODISCARD ks_status ks_reduce_parse(const char *name, ks_reduce *out);
-
-/** ks_metric_describe_state flag: a cat state whose rows keep the dtype they were stored with. */
-#define KS_STATE_ANY_DTYPE 1u
-
-/**
- * Creates a metric that only holds states: the description of a program's metric (any
- * torchmetrics class, catalogue or not), so that the load engine (ks_state_load_state_dict,
- * ks_metric_load_state_dict) decides what of a checkpoint fits it, and ks_metric_merge folds two
- * of them by their declared reductions. It cannot update or compute (KS_E_UNSUPPORTED).
- *
- * @param class_name the program's class name (copied), compared with the one a checkpoint records.
- * @param attrs_json the metric's attributes as JSON (see ks_metric_from_attributes), or NULL. When
- *                   the class is in the catalogue and the attributes give its arguments, the
- *                   metric carries those canonical arguments (ks_metric_args_json; otherwise NULL)
- *                   and its states inherit the catalogue's legacy names and reshape rules.
- * @return KS_OK, KS_E_INVALID (empty name), KS_E_NOMEM. Free *out with ks_metric_free.
- */
-KS_NODISCARD ks_status ks_metric_describe(const char *class_name, const char *attrs_json, const ks_allocator *alloc,
-                                          ks_metric **out, ks_error *err);
-
-/**
- * Declares the next state of a described metric: name (copied), reduction, dtype and shape (cat
- * states: the row shape after dim 0, whose size is ignored; rows of any shape fit unless the
- * catalogue class fixes them). `flags`: KS_STATE_ANY_DTYPE. The value starts at zero / no rows.
- * @return KS_OK, KS_E_INVALID (not a described metric, bad shape, duplicate name), KS_E_LIMIT
- *         (more than 32 states, name too long), KS_E_NOMEM.
- */
-KS_NODISCARD ks_status ks_metric_describe_state(ks_metric *m, const char *name, ks_reduce reduce, ks_dtype dtype,
-                                                int rank, const int64_t *shape, unsigned flags, ks_error *err);
-
-/**
- * Adds `inner` (a described metric, taken on success only) as the inner metric `name` of the
- * described metric `m`: a torchmetrics wrapper's base metric, task or side. The load engine
- * fills it from `<path>/inner/<name>/` with `m`, all or nothing; reset resets it with `m`.
- * @return KS_OK, KS_E_INVALID, KS_E_EXISTS (name taken), KS_E_LIMIT (name), KS_E_NOMEM.
- */
-KS_NODISCARD ks_status ks_metric_add_inner(ks_metric *m, const char *name, ks_metric *inner, ks_error *err);
-
-/** ks_metric_describe_attr flag: a plain integer (a KS_VAL_INT entry), not a tensor; dtype KS_I64, rank 0. */
-#define KS_ATTR_INT 1u
-
-/**
- * Declares an attribute of a described metric that is not a state: what a torchmetrics wrapper
- * keeps besides its states and needs to compute (Running's `_num_vals_seen`, MinMaxMetric's
- * `min_val` / `max_val`), saved as `<path>/attrs/<name>` (KS_KEY_METRIC_ATTRS). A tensor attribute
- * has a dtype and shape; a KS_ATTR_INT one is an integer within [min, max] (min and max are
- * ignored for tensors). The load engine fills the metric only when every declared attribute is in
- * the checkpoint as declared (ks_metric_load_attrs); otherwise the metric is `mismatched` and
- * reset, never half-filled. Attributes are not merged, and a clone has no staged values.
- * @return KS_OK, KS_E_INVALID (not a described metric, bad shape or range, duplicate name),
- *         KS_E_LIMIT (more than 64 attributes, name too long), KS_E_NOMEM.
- */
-KS_NODISCARD ks_status ks_metric_describe_attr(ks_metric *m, const char *name, ks_dtype dtype, int rank,
-                                               const int64_t *shape, unsigned flags, int64_t min, int64_t max,
-                                               ks_error *err);
-
-/**
- * Checks every declared attribute of `m` (not of its inner metrics) against the entries under
- * `prefix` (`<path>/attrs/`) and stages their values in `m`, all or none: each must be present,
- * a KS_ATTR_INT one an integer entry within its range, a tensor one of the declared dtype and
- * shape exactly. The load engine calls it for a described metric and each inner metric it
- * fills; ks_metric_reset drops what was staged.
- * @return KS_OK (also with no attributes), KS_E_NOTFOUND (absent), KS_E_DTYPE (another kind or
- *         dtype), KS_E_SHAPE, KS_E_MISMATCH (an integer out of range), KS_E_LIMIT (key too long),
- *         KS_E_NOMEM. On error nothing is staged (what was staged before is dropped).
- */
-KS_NODISCARD ks_status ks_metric_load_attrs(ks_metric *m, const ks_statedict *src, const char *prefix,
-                                            ks_error *err);
-
-/**
- * Attribute i of a described metric: its name and flags, and in *value the value a load staged,
- * a view the metric owns until it is reset, loaded again or freed (a KS_ATTR_INT one as an I64
- * scalar), or a tensor with data NULL when nothing is staged.
- * @return KS_OK, or KS_E_NOTFOUND when i is out of range.
- */
-KS_NODISCARD ks_status ks_metric_attr_at(const ks_metric *m, size_t i, const char **name, unsigned *flags,
-                                         ks_tensor *value);
-
-/** Number of inner metrics of `m` (0 for a catalogue metric). */
-size_t ks_metric_inner_count(const ks_metric *m);
-
-/** Inner metric i of `m` (and its name in *name, if not NULL), or NULL when out of range. */
-ks_metric *ks_metric_inner_at(const ks_metric *m, size_t i, const char **name);
-
-/**
- * The metric every rank of a group computes alike from the n ranks' copies of one metric
- * (parts[r] is rank r's): a clone of the last folded with ks_metric_merge down to the first, so
- * sums are added in one fixed order and cat rows end up in rank order. Every rank that folds the
- * same parts gets the same bits; the MPI sync (dist.h) and the bindings' syncs use this.
- * @return KS_OK, KS_E_INVALID (n == 0, a NULL part), ks_metric_merge's errors. Free *out.
- */
-KS_NODISCARD ks_status ks_metric_fold(const ks_metric *const *parts, size_t n, const ks_allocator *alloc,
-                                      ks_metric **out, ks_error *err);
-
-/** Nonzero when `m` was made by ks_metric_describe. */
-int ks_metric_is_described(const ks_metric *m);
 
 KS_END_DECLS
 #endif

@@ -74,13 +74,6 @@ void ks_shard_map_free(ks_shard_map *m);
  */
 KS_NODISCARD ks_status ks_shard_map_add(ks_shard_map *m, const char *name, int rank, const int64_t *global_shape,
                            const int64_t *offsets, const int64_t *shape, ks_error *err);
-/** Number of chunks. */
-size_t ks_shard_map_count(const ks_shard_map *m);
-/** Chunk i (borrowed; valid until the map changes). @return KS_OK or KS_E_NOTFOUND. */
-KS_NODISCARD ks_status ks_shard_map_at(const ks_shard_map *m, size_t i, ks_shard_chunk *out);
-/** The chunk of `name`. @return KS_OK or KS_E_NOTFOUND. */
-KS_NODISCARD ks_status ks_shard_map_get(const ks_shard_map *m, const char *name, ks_shard_chunk *out);
-
 /**
  * The even split along dimension 0 that torch.chunk makes: part `index` of
  * `count` gets ceil(d0 / count) rows (the last parts fewer, possibly none).
@@ -147,31 +140,35 @@ typedef struct ks_shard_index ks_shard_index;
  * overflow-checked, each tensor's chunks inside its global shape and tiling it exactly (no gap,
  * no overlap, at most one chunk per rank file), and the bytes of the chunks of each rank file
  * at most its recorded size. ks_shard_check compares the index with the files themselves.
+ * @param io every read goes through it (NULL = ks_io_posix()).
  * @return KS_OK, KS_E_NOTFOUND (no index: not a complete checkpoint), KS_E_FORMAT (malformed,
  *         the key named), KS_E_VERSION, KS_E_LIMIT, KS_E_IO, KS_E_NOMEM.
  */
-KS_NODISCARD ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_shard_index **out,
-                                           ks_error *err);
-/**
- * ks_shard_index_read with every read through `io` (NULL = ks_io_posix()): for
- * programs and modules whose checkpoints live behind a ks_io table.
- */
-KS_NODISCARD ks_status ks_shard_index_read_io(const char *dir, const ks_allocator *alloc, const ks_io *io,
-                                              ks_shard_index **out, ks_error *err);
+KS_NODISCARD ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, const ks_io *io,
+                                           ks_shard_index **out, ks_error *err);
 /** Frees an index. Accepts NULL. */
 void ks_shard_index_free(ks_shard_index *idx);
-/** World size the checkpoint was written with. */
-int ks_shard_index_world_size(const ks_shard_index *idx);
-/** Version of the index (1 or 2): what ks_shard_file_info.checksum hashes (the whole file in 1, the header in 2). */
-int ks_shard_index_version(const ks_shard_index *idx);
-/** The saved timestamp's epoch and batch (-1 when the state had no timestamp). */
-int64_t ks_shard_index_epoch(const ks_shard_index *idx);
-int64_t ks_shard_index_batch(const ks_shard_index *idx);
+/**
+ * What an index records about its checkpoint (ks_shard_index_get). An output that grows as the
+ * option structs do: set size to sizeof(ks_shard_index_info) (KS_OPTS_INIT) and the library
+ * fills only the members your header knows of (size 0: the library's own layout).
+ */
+typedef struct ks_shard_index_info {
+  size_t size;
+  int version;    /**< 1 or 2: what ks_shard_file_info.checksum hashes (the whole file in 1, the header in 2) */
+  int world_size; /**< ranks the checkpoint was written with */
+  int64_t epoch;  /**< the saved timestamp's epoch (-1 when the state had no timestamp) */
+  int64_t batch;  /**< and its batch (-1 likewise) */
+  size_t n_sharded;            /**< sharded tensors recorded (ks_shard_index_sharded_at) */
+  const char *const *per_rank; /**< the per-rank globs the checkpoint was saved with (owned by the index) */
+  size_t n_per_rank;
+} ks_shard_index_info;
+
+/** Fills *out (its size set) from idx; idx NULL gives zeros, with epoch and batch -1. */
+void ks_shard_index_get(const ks_shard_index *idx, ks_shard_index_info *out);
 
 /** The file of saved rank `rank` (NULL when out of range); *info (may be NULL) gets its recorded size and hash. */
 const char *ks_shard_index_file(const ks_shard_index *idx, int rank, ks_shard_file_info *info);
-/** Number of sharded tensors the index records. */
-size_t ks_shard_index_sharded_count(const ks_shard_index *idx);
 /**
  * Sharded tensor i: name, dtype and global shape in *whole (offsets all zero), and its number
  * of saved chunks. @return KS_OK or KS_E_NOTFOUND.
@@ -181,23 +178,19 @@ KS_NODISCARD ks_status ks_shard_index_sharded_at(const ks_shard_index *idx, size
 /** Chunk j of sharded tensor i and the saved rank whose file holds it. @return KS_OK or KS_E_NOTFOUND. */
 KS_NODISCARD ks_status ks_shard_index_chunk(const ks_shard_index *idx, size_t i, size_t j, ks_shard_chunk *chunk,
                                             int *file);
-/** The per-rank globs the checkpoint was saved with (n receives the count). Owned by the index. */
-const char *const *ks_shard_index_per_rank(const ks_shard_index *idx, size_t *n);
 
 /**
  * Checks rank `rank`'s file against the index: present, of the recorded size, and every byte
  * as recorded (reads the whole file once). Version 2 index: the length and header hash to the
  * recorded header_xxh3, the file's structure is valid (its tensors tile the data section) and
  * every tensor matches its checksum in that header. Version 1 index: the whole file hashes to
- * the recorded xxh3.
+ * the recorded xxh3. The file is opened, mapped or read through `io` (NULL = ks_io_posix()).
  * @return KS_OK, KS_E_NOTFOUND (missing), KS_E_FORMAT (truncated or grown),
  *         KS_E_CHECKSUM (corrupt: the header, a tensor, or a structure that no longer parses),
  *         KS_E_IO, KS_E_NOMEM; the message names the rank and err->file the file.
  */
-KS_NODISCARD ks_status ks_shard_verify_file(const char *dir, const ks_shard_index *idx, int rank, ks_error *err);
-/** ks_shard_verify_file with the file opened, mapped or read through `io` (NULL = ks_io_posix()). */
-KS_NODISCARD ks_status ks_shard_verify_file_io(const char *dir, const ks_shard_index *idx, int rank, const ks_io *io,
-                                               ks_error *err);
+KS_NODISCARD ks_status ks_shard_verify_file(const char *dir, const ks_shard_index *idx, int rank, const ks_io *io,
+                                            ks_error *err);
 
 /** ks_shard_check: every rank file exists and has the index's size (stat through the table). */
 #define KS_SHARD_CHECK_SIZES 1u

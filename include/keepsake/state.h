@@ -44,7 +44,8 @@ typedef enum ks_load_kind {
   KS_LOAD_CONVERTED = 2,  /**< filled after a dtype conversion (widening, or allowed narrowing) */
   KS_LOAD_SKIPPED = 3,    /**< in the checkpoint, not used: program lacks it, ignored by glob, weights-only */
   KS_LOAD_MISSING = 4,    /**< in the program, not in the checkpoint: kept at defaults */
-  KS_LOAD_MISMATCHED = 5  /**< in both but incompatible (args, shape, dtype): left at defaults */
+  KS_LOAD_MISMATCHED = 5, /**< in both but incompatible (args, shape, dtype): left at defaults */
+  KS_LOAD_ANY = -1        /**< ks_load_report_count: items of every kind */
 } ks_load_kind;
 
 typedef struct ks_load_report ks_load_report;
@@ -59,14 +60,9 @@ typedef struct ks_load_item {
 /** Creates an empty report. @return KS_OK or KS_E_NOMEM. Free with ks_load_report_free. */
 KS_NODISCARD ks_status ks_load_report_create(const ks_allocator *alloc, ks_load_report **out, ks_error *err);
 void ks_load_report_free(ks_load_report *r);
-/** Appends an item (the strings are copied). @return KS_OK or KS_E_NOMEM (report unchanged). */
-KS_NODISCARD ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason,
-                                          ks_error *err);
-/** Empties the report. */
-void ks_load_report_clear(ks_load_report *r);
-size_t ks_load_report_count(const ks_load_report *r);
-/** Number of items of one kind. */
-size_t ks_load_report_count_kind(const ks_load_report *r, ks_load_kind kind);
+/** Number of items of one kind, or of every kind with KS_LOAD_ANY (0 for NULL). Each load adds
+ *  its items to the report given: use a fresh report per load to see that load's alone. */
+size_t ks_load_report_count(const ks_load_report *r, ks_load_kind kind);
 /** Item i. @return KS_OK or KS_E_NOTFOUND. */
 KS_NODISCARD ks_status ks_load_report_at(const ks_load_report *r, size_t i, ks_load_item *out);
 /** Finds the first item whose path equals `path`; NULL when none. Valid until the report changes. */
@@ -82,17 +78,11 @@ void ks_load_report_print(const ks_load_report *r, FILE *out);
 
 typedef struct ks_state ks_state;
 
-/** A custom component: state goes out and comes back through two callbacks. */
-typedef struct ks_stateful {
-  void *ctx;
-  /** Writes entries named `prefix` + anything. */
-  ks_status (*to_state_dict)(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err);
-  /** Reads them back; should leave the component unchanged on error. */
-  ks_status (*load_state_dict)(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err);
-} ks_stateful;
+/* ks_stateful, a component whose state goes out and comes back through two callbacks, is in train.h. */
 
 /**
- * The component to register with ks_state_add_stateful (es is borrowed). Loading
+ * The component to register with ks_state_add_component(st, KS_ROOT_CALLBACKS, ...)
+ * (es is borrowed). Loading
  * refuses, with KS_E_MISMATCH and es unchanged, a saved monitor or mode other than
  * es's; patience and min_delta are the program's own.
  */
@@ -128,62 +118,31 @@ KS_NODISCARD ks_status ks_state_add_tensor(ks_state *st, const char *name, const
 KS_NODISCARD ks_status ks_state_add_optimizer(ks_state *st, const char *name, ks_optimizer *opt, ks_error *err);
 /** Registers a scheduler saved as state/schedulers/<name>/ (borrowed). */
 KS_NODISCARD ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks_scheduler *sched, ks_error *err);
-/** Registers a custom component saved as state/callbacks/<name>/ (the struct is copied). */
-KS_NODISCARD ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb, ks_error *err);
 /** Registers a dataset position saved as state/dataset_state/<name>/ (borrowed). */
 KS_NODISCARD ks_status ks_state_add_dataset(ks_state *st, const char *name, ks_dataset_state *ds, ks_error *err);
-
-/**
- * The `keepsake.metrics` metadata entry for metrics a binding describes, as JSON text (*out,
- * freed with the allocator's free; NULL alloc: free()). `description` is
- * `{"metrics": [{"path", "class", "update_count", "attrs", "lists", "inner"}, ...]}`: `class`
- * may carry its module (`torchmetrics.classification.MulticlassAccuracy`), `attrs` holds the
- * metric's attributes (see ks_metric_from_attributes), `lists` names its list states, `inner`
- * maps a wrapper's inner metrics to their classes (a load refuses other classes). Each record gets
- * the short class name, the update count, the schema version of the states stored in `sd`
- * under `<path>/state_dict/` (ks_metric_stored_schema_version), the lists, the inner classes and, for a
- * catalogue class its attributes build, the canonical args (ks_metric_describe's rule).
- * @return KS_OK, KS_E_INVALID / KS_E_FORMAT (description), KS_E_LIMIT (a path), KS_E_NOMEM.
- */
-KS_NODISCARD ks_status ks_metric_records_json(const char *description, const ks_statedict *sd,
-                                              const ks_allocator *alloc, char **out, ks_error *err);
-
-/**
- * Builds, as the program's metrics of `st`, the catalogue metrics that a file's
- * `keepsake.metrics` (in `meta`; none: empty collections) records with a class and args: the
- * train metrics and those of every eval label it names. Their states may allocate at most
- * `budget` bytes in all (the arguments come from the file: KS_E_LIMIT beyond).
- * @return KS_OK, KS_E_FORMAT (the entry is not a JSON object), KS_E_LIMIT, KS_E_INVALID, KS_E_NOMEM.
- */
-KS_NODISCARD ks_status ks_state_build_recorded_metrics(ks_state *st, const ks_meta *meta, uint64_t budget,
-                                                       ks_error *err);
-/** Number of eval labels whose metrics the state holds. */
-size_t ks_state_eval_count(const ks_state *st);
-/** Eval label i (owned by the state), or NULL when out of range. */
-const char *ks_state_eval_label(const ks_state *st, size_t i);
 
 /** Where a component added with ks_state_add_component lives. */
 typedef enum ks_state_root {
   KS_ROOT_OPTIMIZERS = 1,    /**< state/optimizers/<name>/ */
   KS_ROOT_SCHEDULERS = 2,    /**< state/schedulers/<name>/ */
-  KS_ROOT_CALLBACKS = 3,     /**< state/callbacks/<name>/ (as ks_state_add_stateful) */
+  KS_ROOT_CALLBACKS = 3,     /**< state/callbacks/<name>/: a program's own component (ks_early_stop_stateful) */
   KS_ROOT_DATASET_STATE = 4, /**< state/dataset_state/<name>/ */
   KS_ROOT_RNG = 5            /**< rng/<name>/ (name "0": the random generators of rank 0) */
 } ks_state_root;
 
 /**
  * Registers a component of the program's own kind under `root` (the struct is copied): a
- * binding's optimizer, scheduler, data position or random generators. The load engine decides
+ * custom callback (KS_ROOT_CALLBACKS, such as ks_early_stop_stateful), or a binding's
+ * optimizer, scheduler, data position or random generators. The load engine decides
  * for it as for the built-in kinds (ignored, missing, skipped, loaded or mismatched, strict or
  * not) and calls cb->load_state_dict with its prefix only when the checkpoint has entries there.
  * @return KS_OK, KS_E_INVALID (bad root, name or callbacks), KS_E_EXISTS, KS_E_LIMIT, KS_E_NOMEM.
  */
 KS_NODISCARD ks_status ks_state_add_component(ks_state *st, ks_state_root root, const char *name,
                                               const ks_stateful *cb, ks_error *err);
+
 /** The timestamp, saved as state/timestamp/Timestamp/ (borrowed; NULL unregisters). */
 void ks_state_set_timestamp(ks_state *st, ks_timestamp *ts);
-/** The registered timestamp (borrowed), or NULL when none is (or st is NULL). */
-const ks_timestamp *ks_state_timestamp(const ks_state *st);
 /** The rank-0 PRNG, saved as rng/0/ (borrowed; NULL unregisters). */
 void ks_state_set_rng(ks_state *st, ks_rng *rng);
 

@@ -27,20 +27,13 @@ KS_BEGIN_DECLS
 /**
  * Longest name accepted, in bytes (excluding the terminator): the one limit of
  * every name the library stores or builds (tensor and entry keys, metric names,
- * the keys built from a prefix and a name). Checked by
- * ks_name_check wherever a name enters, and every key built from parts is
- * checked against it (KS_E_LIMIT naming the key), never truncated.
+ * the keys built from a prefix and a name). Checked wherever a name enters
+ * (KS_E_INVALID for NULL or empty, KS_E_LIMIT for too long), and every key built
+ * from parts is checked against it (KS_E_LIMIT naming the key), never truncated.
  */
 #define KS_MAX_NAME 1024
 
 typedef struct ks_statedict ks_statedict;
-
-/**
- * Checks a name against the library's one name rule: non-NULL, 1..KS_MAX_NAME bytes.
- * @param err optional (NULL allowed): the key and the length found vs allowed.
- * @return KS_OK, KS_E_INVALID (NULL or empty) or KS_E_LIMIT (too long). Thread safe.
- */
-KS_NODISCARD ks_status ks_name_check(const char *name, ks_error *err);
 
 typedef enum ks_value_kind {
   KS_VAL_TENSOR = 0,
@@ -65,7 +58,7 @@ typedef struct ks_entry {
 typedef enum ks_take {
   KS_COPY = 0,   /**< copy the bytes into memory owned by the dict */
   KS_BORROW = 1, /**< keep the pointer; the caller keeps the data alive */
-  KS_MAPPED_VIEW = 2 /**< keep the pointer; data lives in a mapping kept by an attached owner */
+  KS_MAPPED_VIEW = 2 /**< keep the pointer; data lives in a mapping the dict keeps (the library's own readers) */
 } ks_take;
 
 /**
@@ -78,9 +71,6 @@ KS_NODISCARD ks_status ks_statedict_create(const ks_allocator *alloc, ks_statedi
 
 /** Frees the dict, its owned data and its attached owners. Accepts NULL. */
 void ks_statedict_free(ks_statedict *sd);
-
-/** The allocator the dict was created with (never NULL: a copy of the defaults). */
-const ks_allocator *ks_statedict_allocator(const ks_statedict *sd);
 
 /**
  * Inserts or replaces a tensor entry.
@@ -115,15 +105,6 @@ KS_NODISCARD ks_status ks_statedict_set_null(ks_statedict *sd, const char *name,
 KS_NODISCARD ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_entry *e, ks_take take,
                                               ks_error *err);
 
-/**
- * Matches a '/'-joined path against a glob ('*' any run of bytes, '/' included;
- * '?' one byte). The glob also matches when it matches a '/'-prefix of the path,
- * so "rng" matches "rng/0/state", and "state/optimizers/" followed by a star matches every
- * optimizer entry.
- * @return nonzero on a match; 0 when either argument is NULL. Pure; thread safe.
- */
-int ks_path_match(const char *glob, const char *path);
-
 /** Number of entries. */
 size_t ks_statedict_count(const ks_statedict *sd);
 
@@ -144,21 +125,6 @@ const ks_tensor *ks_statedict_tensor(const ks_statedict *sd, const char *name);
 
 /** Removes an entry, keeping the order of the rest. @return KS_OK or KS_E_NOTFOUND. */
 KS_NODISCARD ks_status ks_statedict_remove(ks_statedict *sd, const char *name);
-
-/**
- * Attaches an owner released when the dict is freed, e.g. a reader whose mapping
- * KS_MAPPED_VIEW tensors point into.
- * @return KS_OK or KS_E_NOMEM (then `release` is NOT called).
- */
-KS_NODISCARD ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(void *owner), ks_error *err);
-
-/**
- * Copies every entry of src whose name starts with `prefix` into dst, with the
- * prefix replaced by `new_prefix` (either may be ""). Tensor data is copied.
- * @return KS_OK, KS_E_NOMEM or KS_E_INVALID; on failure dst may hold some entries.
- */
-KS_NODISCARD ks_status ks_statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, const char *prefix,
-                                   const char *new_prefix, ks_error *err);
 
 KS_END_DECLS
 #endif

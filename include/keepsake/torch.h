@@ -1,8 +1,10 @@
 /**
  * @file torch.h
- * A safe bridge to PyTorch: reads torch.save files (zip + pickle) without
- * executing anything, writes files that torch.load(weights_only=True) accepts,
- * and maps Composer checkpoints onto keepsake's metric layout.
+ * A safe bridge to PyTorch: reads torch.save files (zip + pickle) and
+ * torch.distributed.checkpoint directories without executing anything, and
+ * writes files that torch.load(weights_only=True) accepts. (Composer
+ * checkpoints are mapped onto keepsake's metric layout by ks_torch_import,
+ * import.h.)
  *
  * Reading never imports or calls anything named by the pickle. Known
  * constructors (tensors, storages, OrderedDict, torch.device, numpy arrays of
@@ -27,7 +29,7 @@
  *
  * Structure: what names cannot say (which folders are lists, tuples or sets,
  * which dict keys are ints, bools, None or floats, which containers are empty)
- * is returned by the *_with_structure readers as a JSON document, which
+ * is returned by ks_torch_load (its `structure` argument) as a JSON document, which
  * `keepsake convert` keeps in the metadata key KS_TORCH_STRUCTURE_META and
  * hands back to ks_torch_save (opts.structure), so that an exported .pt has
  * the lists, tuples and int keys of the original:
@@ -87,21 +89,34 @@ typedef struct ks_torch_read_opts {
   /** The table the file is read through (open, map or read, close; stat for the import's size):
    *  NULL = ks_io_posix(). A table that cannot map (remote, cache) reads the file into memory. */
   const ks_io *io;
+  /** Appended in 0.3: the bytes of a torch.save file, read instead of a path when the path
+   *  argument of ks_torch_load, ks_torch_import or ks_torch_probe is NULL (data_len bytes). */
+  const void *data;
+  size_t data_len;
 } ks_torch_read_opts;
 
 /**
- * Reads a torch.save file into a flat state dict (see the key layout above).
+ * Reads a torch.save file, from a path or from bytes in memory, into a flat
+ * state dict (see the key layout above).
  *
- * @param path  file to read; memory-mapped, never modified. The mapping makes the
- *              same promise as KS_READ_MMAP (format.h): a file truncated by another
- *              process meanwhile raises SIGBUS. For files you do not control, read
- *              the bytes yourself and use ks_torch_load_buffer.
- * @param opts  NULL for defaults.
- * @param out   receives a new dict on success; untouched on failure. Contiguous
- *              tensors are KS_MAPPED views into the file's mapping, which the dict
- *              keeps alive (ks_statedict_attach) until ks_statedict_free.
+ * @param path  file to read, or NULL to read opts->data instead. A file is
+ *              memory-mapped, never modified. The mapping makes the same promise
+ *              as KS_READ_MMAP (format.h): a file truncated by another process
+ *              meanwhile raises SIGBUS. For files you do not control, read the
+ *              bytes yourself and pass them as opts->data.
+ * @param opts  NULL for defaults; opts->data and data_len: the bytes to read when
+ *              path is NULL (exactly one of the two is given).
+ * @param out   receives a new dict on success; untouched on failure. From a file,
+ *              contiguous tensors are KS_MAPPED views into the file's mapping,
+ *              which the dict keeps alive until ks_statedict_free; from bytes,
+ *              tensor data is copied into the dict, so they may be freed as soon as
+ *              the call returns.
+ * @param structure optional; receives the structure document of the containers
+ *              (see "Structure" above), NUL-terminated JSON allocated with
+ *              opts->alloc (free with ks_torch_free); untouched on failure.
  * @param err   optional; says which entry, key or pickle byte offset failed.
- * @return KS_OK, KS_E_IO, KS_E_FORMAT (not a zip / bad pickle), KS_E_UNSUPPORTED
+ * @return KS_OK, KS_E_INVALID (no path and no opts->data, or both), KS_E_IO,
+ *         KS_E_FORMAT (not a zip / bad pickle), KS_E_UNSUPPORTED
  *         (compressed entry, unknown opcode, the legacy non-zip format), KS_E_LIMIT (a limit
  *         of opts, e.g. max_output_bytes), KS_E_DTYPE (a dtype keepsake has no counterpart
  *         for: the message names it), KS_E_EXISTS (two values would get one name),
@@ -109,38 +124,26 @@ typedef struct ks_torch_read_opts {
  * Thread safety: independent calls may run concurrently.
  */
 KS_NODISCARD ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
-                        ks_error *err);
+                                     char **structure, ks_error *err);
+
+/** What ks_torch_probe finds. */
+typedef enum ks_torch_kind {
+  KS_TORCH_UNKNOWN = 0, /**< none of these (a keepsake or safetensors file, a missing path, ...) */
+  KS_TORCH_ZIP = 1,     /**< a torch.save zip archive (the format of torch >= 1.6) */
+  KS_TORCH_LEGACY = 2,  /**< torch's legacy, pre-1.6 serialization (`_use_new_zipfile_serialization=False`):
+                             a pickled magic number, then more pickles and raw storages. The readers
+                             refuse it with KS_E_UNSUPPORTED and a message naming the format */
+  KS_TORCH_DCP = 3      /**< a torch.distributed.checkpoint directory: a directory (or a link to one)
+                             holding a `.metadata` file (ks_torch_dcp_load) */
+} ks_torch_kind;
 
 /**
- * Same as ks_torch_load, and also describes the containers (see "Structure"
- * above). *structure receives a NUL-terminated JSON document allocated with
- * opts->alloc (free with ks_torch_free); untouched on failure. NULL structure
- * = ks_torch_load.
+ * What torch wrote at `path`, or in opts->data when path is NULL, without reading it:
+ * through opts->io (NULL = ks_io_posix()) a directory is only stat'ed (KS_TORCH_DCP
+ * or KS_TORCH_UNKNOWN) and a file's first 14 bytes are read; bytes in memory are
+ * looked at (14 suffice). Never fails: what cannot be read is KS_TORCH_UNKNOWN.
  */
-KS_NODISCARD ks_status ks_torch_load_with_structure(const char *path, const ks_torch_read_opts *opts,
-                                                    ks_statedict **out, char **structure, ks_error *err);
-
-/**
- * Same as ks_torch_load, from bytes in memory. Tensor data is copied into the
- * dict, so buf may be freed as soon as the call returns.
- */
-KS_NODISCARD ks_status ks_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts,
-                               ks_statedict **out, ks_error *err);
-
-/** ks_torch_load_buffer with a structure document, as ks_torch_load_with_structure. */
-KS_NODISCARD ks_status ks_torch_load_buffer_with_structure(const void *buf, size_t len, const ks_torch_read_opts *opts,
-                                              ks_statedict **out, char **structure, ks_error *err);
-
-/**
- * Nonzero when the bytes start like torch's legacy, pre-1.6 serialization
- * (`_use_new_zipfile_serialization=False`): a pickled magic number, then more
- * pickles and raw storages. Such files are refused by the readers with
- * KS_E_UNSUPPORTED and a message naming the format; 14 bytes suffice.
- */
-int ks_torch_is_legacy(const void *buf, size_t len);
-
-/** Nonzero when the bytes start like a zip archive ("PK\x03\x04" or an empty "PK\x05\x06"). */
-int ks_torch_is_zip(const void *buf, size_t len);
+ks_torch_kind ks_torch_probe(const char *path, const ks_torch_read_opts *opts);
 
 /** Options for writing. Zero-initialise. */
 typedef struct ks_torch_write_opts {
@@ -201,60 +204,7 @@ KS_NODISCARD ks_status ks_torch_save_buffer(const ks_statedict *sd, const ks_tor
 /** Frees memory this module returned (buffers, JSON). alloc NULL = libc. Accepts NULL p. */
 void ks_torch_free(const ks_allocator *alloc, void *p);
 
-/**
- * Maps the flattened tree of a Composer checkpoint onto keepsake's metric layout.
- *
- * Every metric found under `state/train_metrics/<Name>/` or
- * `state/eval_metrics/<label>/<Name>/` becomes
- *   <prefix><Name>/state_dict/<state>   (tensors; list states concatenated along dim 0)
- *   <prefix><Name>/_computed            (tensor, or null; nested results keep their sub-keys)
- * whether the checkpoint holds `{state_dict, _computed}` (Composer >= 0.14; a
- * list state's items state_dict/<state>/0, /1, ... are joined) or a whole
- * pickled torchmetrics object (<= 0.13.5; states are the names in its
- * `_persistent` / `_defaults` attributes). Names and labels may contain '/': a
- * metric's folder is the shortest one that holds `__class__`, `state_dict/` or
- * `_computed`. In the description an eval metric's name is its last folder and
- * its label the folders before it. Every other entry of `flat` is passed
- * through unchanged, in order. Linear in the number of entries.
- *
- * @param flat   a dict produced by ks_torch_load (or any dict with that layout).
- * @param take   KS_COPY copies passed-through tensors; KS_BORROW keeps pointers
- *               into `flat`, which must then outlive *out.
- * @param out    receives a new dict (flat's allocator); untouched on failure.
- * @param metrics_json optional; receives a JSON object describing the metrics:
- *   {"layout": "pickled-object" | "state-dict" | "mixed" (both kinds in one file) | "none",
- *    "metrics": [{"path": ".../<Name>", "group": "train" | "eval", "label": <label or null>,
- *                 "name": <Name>, "class": "module.Class" or null, "states": [...],
- *                 "update_count": <int or null>, "attrs": {<public scalar attributes>},
- *                 "lists": [the states that were Python lists, joined here; absent when none]}]}
- *   Free with ks_torch_free(allocator of flat, *metrics_json).
- * @return KS_OK, KS_E_NOMEM, KS_E_SHAPE / KS_E_DTYPE (list state items that cannot
- *         be concatenated), KS_E_INVALID.
- */
-KS_NODISCARD ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out,
-                                char **metrics_json, ks_error *err);
-
-/**
- * ks_composer_normalize with the bytes that joining list states may copy
- * bounded: list items can all view one shared storage, so a join can copy far
- * more than the file holds (384 references to a 256 KiB storage join to 96 MiB).
- *
- * @param join_budget NULL = no cap; else in: the bytes joins may allocate, out:
- *                    decreased by what they allocated.
- * @return as ks_composer_normalize; KS_E_LIMIT when a join would pass the budget
- *         (err names the state).
- */
-KS_NODISCARD ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, uint64_t *join_budget,
-                                        ks_statedict **out, char **metrics_json, ks_error *err);
-
 /* ---- torch.distributed.checkpoint (DCP) directories ---- */
-
-/**
- * Nonzero when `dir` is a directory (or a link to one) holding a `.metadata`
- * file: a checkpoint written by torch.distributed.checkpoint's FileSystemWriter.
- * Only stats through io (NULL = ks_io_posix()); reads nothing.
- */
-int ks_torch_dcp_probe(const char *dir, const ks_io *io);
 
 /**
  * Reads a torch.distributed.checkpoint directory (FileSystemWriter,
@@ -284,7 +234,7 @@ int ks_torch_dcp_probe(const char *dir, const ks_io *io);
  * @param dir       the checkpoint directory; only read.
  * @param opts      NULL for defaults; alloc, verify_crc (every zip entry read), limits and io as for ks_torch_load.
  * @param out       receives the dict; untouched on failure. Tensors are views into memory the dict owns.
- * @param structure optional; receives the structure document (as ks_torch_load_with_structure). Free with
+ * @param structure optional; receives the structure document (as ks_torch_load's). Free with
  *                  ks_torch_free.
  * @param info      optional; receives {"format": "torch.distributed.checkpoint", "version": <Metadata.version or
  *                  null>, "tensors": n, "chunks": n, "objects": n, "skipped": {"<DCP key>": "<why>"}}. Free with

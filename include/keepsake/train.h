@@ -2,7 +2,8 @@
  * @file train.h
  * The training helpers a program registers in a ks_state: the xoshiro256** PRNG,
  * the timestamp, dataset positions, SGD and AdamW with torch's state names, and a
- * warmup + cosine scheduler. Each writes and reads its own state dict entries.
+ * warmup + cosine scheduler. Each writes and reads its own state dict entries
+ * through its ks_stateful.
  *
  * Thread safety: none of these objects may be used from two threads at once;
  * distinct objects are independent (there is no global state).
@@ -20,6 +21,20 @@
 #include "keepsake/status.h"
 
 KS_BEGIN_DECLS
+
+/**
+ * A component that saves and restores its own state dict entries: the built-in
+ * components below give theirs (ks_rng_stateful, ks_timestamp_stateful,
+ * ks_optimizer_stateful, ks_scheduler_stateful), and a program writes its own
+ * (register it with ks_state_add_component, state.h).
+ */
+typedef struct ks_stateful {
+  void *ctx;
+  /** Writes entries named `prefix` + anything. */
+  ks_status (*to_state_dict)(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err);
+  /** Reads them back; should leave the component unchanged on error. */
+  ks_status (*load_state_dict)(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err);
+} ks_stateful;
 
 /* ------------------------------------------------------------------------ */
 /* PRNG: xoshiro256**, 256 bits of state, all of it saved.                   */
@@ -43,13 +58,13 @@ double ks_rng_normal(ks_rng *r);
 /** Fisher-Yates shuffle of n indices in place. */
 void ks_rng_shuffle(ks_rng *r, int64_t *idx, size_t n);
 /**
- * Writes `<prefix>xoshiro256starstar`: I64 [4] holding the bit patterns of the four
- * 64-bit state words (torch has no uint64, so the entry exports to .pt).
- * @return KS_OK or KS_E_NOMEM.
+ * The generator's state as a component (r is borrowed): to_state_dict writes
+ * `<prefix>xoshiro256starstar`, I64 [4] holding the bit patterns of the four 64-bit
+ * state words (torch has no uint64, so the entry exports to .pt): KS_OK or KS_E_NOMEM;
+ * load_state_dict reads it back (U64 accepted too): KS_OK, KS_E_NOTFOUND, KS_E_SHAPE,
+ * KS_E_DTYPE or KS_E_VALUE (all-zero state), r unchanged on error.
  */
-KS_NODISCARD ks_status ks_rng_to_state_dict(const ks_rng *r, ks_statedict *dst, const char *prefix, ks_error *err);
-/** Reads what ks_rng_to_state_dict wrote. @return KS_OK, KS_E_NOTFOUND, KS_E_SHAPE or KS_E_DTYPE (r unchanged). */
-KS_NODISCARD ks_status ks_rng_load_state_dict(ks_rng *r, const ks_statedict *src, const char *prefix, ks_error *err);
+ks_stateful ks_rng_stateful(ks_rng *r);
 
 /* ------------------------------------------------------------------------ */
 /* Timestamp: Composer's counters plus wall-clock totals (the *_wct fields). */
@@ -67,12 +82,13 @@ void ks_timestamp_init(ks_timestamp *ts);
 void ks_timestamp_batch_done(ks_timestamp *ts, int64_t samples, int64_t tokens, double seconds);
 /** Counts a finished epoch: epoch+1, in-epoch counters and epoch_wct back to zero. */
 void ks_timestamp_epoch_done(ks_timestamp *ts);
-/** Writes `<prefix>epoch` ... `<prefix>batch_wct` as scalars. @return KS_OK or KS_E_NOMEM. */
-KS_NODISCARD ks_status ks_timestamp_to_state_dict(const ks_timestamp *ts, ks_statedict *dst, const char *prefix,
-                                                  ks_error *err);
-/** Reads them back; integer fields must be ints. @return KS_OK, KS_E_NOTFOUND or KS_E_VALUE (ts unchanged). */
-KS_NODISCARD ks_status ks_timestamp_load_state_dict(ks_timestamp *ts, const ks_statedict *src, const char *prefix,
-                                       ks_error *err);
+/**
+ * The timestamp as a component (ts is borrowed): to_state_dict writes `<prefix>epoch` ...
+ * `<prefix>batch_wct` as scalars (KS_OK or KS_E_NOMEM); load_state_dict reads them back,
+ * integer fields as non-negative ints, the wall-clock ones when present: KS_OK,
+ * KS_E_NOTFOUND or KS_E_VALUE (ts unchanged).
+ */
+ks_stateful ks_timestamp_stateful(ks_timestamp *ts);
 
 /** Where a data loader is: which epoch's order, how far into it, and the shuffle seed. */
 typedef struct ks_dataset_state {
@@ -129,20 +145,16 @@ const char *ks_optimizer_name(const ks_optimizer *o);
 size_t ks_optimizer_param_count(const ks_optimizer *o);
 
 /**
- * Writes torch's optimizer.state_dict() flattened: `<prefix>state/<i>/exp_avg`,
- * `exp_avg_sq`, `step` (F32 0-d) for AdamW, `momentum_buffer` for SGD, and
- * `<prefix>param_groups/0/lr`, `betas/0`, ... `params/<i>`.
- * @return KS_OK or KS_E_NOMEM (dst may hold some entries).
+ * The optimizer as a component (o is borrowed; ks_state_add_optimizer registers it so).
+ * to_state_dict writes torch's optimizer.state_dict() flattened:
+ * `<prefix>state/<i>/exp_avg`, `exp_avg_sq`, `step` (F32 0-d) for AdamW,
+ * `momentum_buffer` for SGD, and `<prefix>param_groups/0/lr`, `betas/0`, ...
+ * `params/<i>`: KS_OK or KS_E_NOMEM (dst may hold some entries). load_state_dict
+ * restores state and hyperparameters; all entries are checked (presence, dtype F32
+ * or a widening of it, shape) before anything is written: KS_OK, KS_E_NOTFOUND,
+ * KS_E_SHAPE, KS_E_DTYPE or KS_E_VALUE, the optimizer unchanged on error.
  */
-KS_NODISCARD ks_status ks_optimizer_to_state_dict(const ks_optimizer *o, ks_statedict *dst, const char *prefix,
-                                                  ks_error *err);
-/**
- * Restores state and hyperparameters. All entries are checked (presence, dtype
- * F32 or a widening of it, shape) before anything is written.
- * @return KS_OK, KS_E_NOTFOUND, KS_E_SHAPE, KS_E_DTYPE or KS_E_VALUE; optimizer unchanged on error.
- */
-KS_NODISCARD ks_status ks_optimizer_load_state_dict(ks_optimizer *o, const ks_statedict *src, const char *prefix,
-                                       ks_error *err);
+ks_stateful ks_optimizer_stateful(ks_optimizer *o);
 
 /* ------------------------------------------------------------------------ */
 /* Scheduler: linear warmup then cosine decay, stepped once per batch.       */
@@ -168,12 +180,12 @@ void ks_scheduler_init(ks_scheduler *s, ks_optimizer *opt, double base_lr, int64
 double ks_scheduler_lr_at(const ks_scheduler *s, int64_t t);
 /** Advances one step and sets the new learning rate on `opt` (may be NULL). */
 void ks_scheduler_step(ks_scheduler *s, ks_optimizer *opt);
-/** Writes `<prefix>base_lrs/0`, `last_epoch`, `_step_count`, `_last_lr/0`, `t_warmup`, `t_max`, `alpha_f`. */
-KS_NODISCARD ks_status ks_scheduler_to_state_dict(const ks_scheduler *s, ks_statedict *dst, const char *prefix,
-                                                  ks_error *err);
-/** Restores it. @return KS_OK, KS_E_NOTFOUND or KS_E_VALUE (s unchanged). */
-KS_NODISCARD ks_status ks_scheduler_load_state_dict(ks_scheduler *s, const ks_statedict *src, const char *prefix,
-                                       ks_error *err);
+/**
+ * The scheduler as a component (s is borrowed): to_state_dict writes `<prefix>base_lrs/0`,
+ * `last_epoch`, `_step_count`, `_last_lr/0`, `t_warmup`, `t_max`, `alpha_f` (KS_OK or
+ * KS_E_NOMEM); load_state_dict restores them: KS_OK, KS_E_NOTFOUND or KS_E_VALUE (s unchanged).
+ */
+ks_stateful ks_scheduler_stateful(ks_scheduler *s);
 
 /** Which end of a metric is better, for keep-best and early stopping. */
 typedef enum ks_best_mode {

@@ -12,6 +12,7 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "keepsake/binding.h"
 #include "keepsake/keepsake.h"
 
 #ifdef Py_LIMITED_API

@@ -496,7 +496,7 @@ static PyObject *reader_verify(ksp_Reader *self, PyObject *unused) {
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
-  Py_BEGIN_ALLOW_THREADS st = ks_reader_verify(self->r, &err);
+  Py_BEGIN_ALLOW_THREADS st = ks_reader_verify(self->r, NULL, NULL, &err);
   Py_END_ALLOW_THREADS
   if (st) {
     ksp_error_path(&err, reader_cpath(self));

@@ -26,6 +26,13 @@
 #include "ksext.h"
 #include "io_nosync.h" /* internal: resolved in keepsake_static, see src/core/nosync/ */
 
+/* What the index records (ks_shard_index_get), by value. */
+static ks_shard_index_info index_info(const ks_shard_index *idx) {
+  ks_shard_index_info info = KS_OPTS_INIT(ks_shard_index_info);
+  ks_shard_index_get(idx, &info);
+  return info;
+}
+
 /* Per-rank globs: none. DCP decides who writes what, so no entry is per-rank by name. */
 static const char *const no_globs[1] = {NULL};
 
@@ -253,7 +260,7 @@ static PyObject *chunks_list(const ks_shard_index *idx, size_t i, size_t n) {
 
 /* [(name, dtype code, global shape, chunks)] of every sharded tensor. */
 static PyObject *sharded_list(const ks_shard_index *idx) {
-  size_t n = ks_shard_index_sharded_count(idx);
+  size_t n = index_info(idx).n_sharded;
   PyObject *list = PyList_New((Py_ssize_t)n);
   for (size_t i = 0; list && i < n; i++) {
     ks_shard_chunk whole;
@@ -277,7 +284,7 @@ static PyObject *sharded_list(const ks_shard_index *idx) {
 
 /* [(file name, size, xxh3)] per saved rank. */
 static PyObject *files_list(const ks_shard_index *idx) {
-  int world = ks_shard_index_world_size(idx);
+  int world = index_info(idx).world_size;
   PyObject *list = PyList_New(world);
   for (int r = 0; list && r < world; r++) {
     ks_shard_file_info fi = {0, 0};
@@ -291,8 +298,8 @@ static PyObject *files_list(const ks_shard_index *idx) {
 }
 
 static PyObject *per_rank_list(const ks_shard_index *idx) {
-  size_t n = 0;
-  const char *const *g = ks_shard_index_per_rank(idx, &n);
+  size_t n = index_info(idx).n_per_rank;
+  const char *const *g = index_info(idx).per_rank;
   PyObject *list = PyList_New((Py_ssize_t)n);
   for (size_t i = 0; list && i < n; i++) {
     PyObject *s = PyUnicode_FromString(g[i]);
@@ -305,9 +312,9 @@ static PyObject *per_rank_list(const ks_shard_index *idx) {
 static PyObject *index_dict(const ks_shard_index *idx) {
   PyObject *files = files_list(idx), *sharded = files ? sharded_list(idx) : NULL;
   PyObject *globs = sharded ? per_rank_list(idx) : NULL;
-  PyObject *out = globs ? Py_BuildValue("{s:i,s:L,s:L,s:O,s:O,s:O}", "world_size", ks_shard_index_world_size(idx),
-                                        "epoch", (long long)ks_shard_index_epoch(idx), "batch",
-                                        (long long)ks_shard_index_batch(idx), "files", files, "sharded", sharded,
+  PyObject *out = globs ? Py_BuildValue("{s:i,s:L,s:L,s:O,s:O,s:O}", "world_size", index_info(idx).world_size,
+                                        "epoch", (long long)index_info(idx).epoch, "batch",
+                                        (long long)index_info(idx).batch, "files", files, "sharded", sharded,
                                         "per_rank", globs)
                         : NULL;
   Py_XDECREF(files);
@@ -351,7 +358,7 @@ static PyObject *shard_index(PyObject *self, PyObject *args, PyObject *kw) {
   ksp_loc l;
   const char *d = PyBytes_AS_STRING(dir);
   Py_BEGIN_ALLOW_THREADS st = loc_open(d, ks_io_posix(), &l, &err);
-  if (!st) st = ks_shard_index_read_io(l.path, NULL, l.io, &idx, &err);
+  if (!st) st = ks_shard_index_read(l.path, NULL, l.io, &idx, &err);
   if (!st && what) st = ks_shard_check(l.path, idx, l.io, what, NULL, NULL, &err);
   if (st) error_location(&err, d, l.path);
   ksp_loc_close(&l);
@@ -364,7 +371,7 @@ static PyObject *shard_index(PyObject *self, PyObject *args, PyObject *kw) {
 
 /* Verifies rank r's file of location `loc` (opened as l); -1 with an exception set. */
 static int verify_one(const char *loc, const ksp_loc *l, const ks_shard_index *idx, long r) {
-  int world = ks_shard_index_world_size(idx);
+  int world = index_info(idx).world_size;
   if (r < 0 || r >= world) {
     ksp_raisef(KS_E_INVALID, "rank %ld is not in 0..%d", r, world - 1);
     return -1;
@@ -372,7 +379,7 @@ static int verify_one(const char *loc, const ksp_loc *l, const ks_shard_index *i
   ks_error err;
   ks_error_clear(&err);
   ks_status st;
-  Py_BEGIN_ALLOW_THREADS st = ks_shard_verify_file_io(l->path, idx, (int)r, l->io, &err);
+  Py_BEGIN_ALLOW_THREADS st = ks_shard_verify_file(l->path, idx, (int)r, l->io, &err);
   Py_END_ALLOW_THREADS
   if (st) {
     error_location(&err, loc, l->path);
@@ -381,7 +388,7 @@ static int verify_one(const char *loc, const ksp_loc *l, const ks_shard_index *i
   return st ? -1 : 0;
 }
 
-/* The rank files `ranks` (all when None) against the index (ks_shard_verify_file_io). */
+/* The rank files `ranks` (all when None) against the index (ks_shard_verify_file). */
 static PyObject *shard_verify(PyObject *self, PyObject *args, PyObject *kw) {
   (void)self;
   static char *names[] = {"dir", "ranks", NULL};
@@ -394,13 +401,13 @@ static PyObject *shard_verify(PyObject *self, PyObject *args, PyObject *kw) {
   ksp_loc l;
   const char *d = PyBytes_AS_STRING(dir);
   Py_BEGIN_ALLOW_THREADS st = loc_open(d, ks_io_posix(), &l, &err);
-  if (!st) st = ks_shard_index_read_io(l.path, NULL, l.io, &idx, &err);
+  if (!st) st = ks_shard_index_read(l.path, NULL, l.io, &idx, &err);
   if (st) error_location(&err, d, l.path);
   Py_END_ALLOW_THREADS
   int failed = st ? (ksp_raise(st, &err), 1) : 0;
   PyObject *seq = NULL;
   if (!failed && ranks != Py_None && !(seq = PySequence_Fast(ranks, "ranks must be a sequence of ints"))) failed = 1;
-  Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : (idx ? ks_shard_index_world_size(idx) : 0);
+  Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : (idx ? index_info(idx).world_size : 0);
   for (Py_ssize_t i = 0; !failed && i < n; i++) {
     long r = seq ? PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i)) : (long)i;
     failed = (r == -1 && PyErr_Occurred()) || verify_one(d, &l, idx, r);
@@ -916,7 +923,9 @@ static PyObject *shardfile_fetch(ksp_ShardFile *self, PyObject *args) {
   long i = ks_reader_find(self->r, name);
   ks_tensor_info info;
   if (i < 0 || ks_reader_tensor_info(self->r, (size_t)i, &info)) {
-    st = ks_reader_fetch_name(self->r, name, view.buf, (size_t)view.len, &err); /* fills the NOTFOUND error */
+    st = KS_E_NOTFOUND;
+    snprintf(err.key, sizeof err.key, "%s", name);
+    snprintf(err.message, sizeof err.message, "no tensor named '%s'", name);
   } else if (info.end - info.begin != (uint64_t)view.len) {
     st = KS_E_SHAPE;
     snprintf(err.key, sizeof err.key, "%s", name);
@@ -990,7 +999,7 @@ PyMethodDef ksp_shard_methods[] = {
      "shard_uncommit(dir, fsync=True)\n--\n\nRemoves the index durably (the directory is then no checkpoint); "
      "True when there was one."},
     {"shard_verify", (PyCFunction)(void (*)(void))shard_verify, METH_VARARGS | METH_KEYWORDS,
-     "shard_verify(dir, ranks=None)\n--\n\nks_shard_verify_file_io for each rank (all when None)."},
+     "shard_verify(dir, ranks=None)\n--\n\nks_shard_verify_file for each rank (all when None)."},
     {"shard_location", (PyCFunction)(void (*)(void))shard_location, METH_VARARGS | METH_KEYWORDS,
      "shard_location(dir, write=False)\n--\n\nThe location as the shard functions take it (a local path without "
      "file://, a remote location unchanged); UnsupportedError for a scheme the storage layer does not open, and "

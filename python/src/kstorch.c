@@ -25,14 +25,16 @@ PyObject *ksp_torch_load(PyObject *self, PyObject *args, PyObject *kw) {
   if (PyObject_CheckBuffer(src)) {
     Py_buffer v;
     if (PyObject_GetBuffer(src, &v, PyBUF_SIMPLE) < 0) return NULL;
-    Py_BEGIN_ALLOW_THREADS st = ks_torch_load_buffer_with_structure(v.buf, (size_t)v.len, &o, &sd, &structure, &err);
+    o.data = v.buf;
+    o.data_len = (size_t)v.len;
+    Py_BEGIN_ALLOW_THREADS st = ks_torch_load(NULL, &o, &sd, &structure, &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&v);
   } else {
     PyObject *fs;
     if (!PyUnicode_FSConverter(src, &fs)) return NULL;
     const char *p = PyBytes_AS_STRING(fs);
-    Py_BEGIN_ALLOW_THREADS st = ks_torch_load_with_structure(p, &o, &sd, &structure, &err);
+    Py_BEGIN_ALLOW_THREADS st = ks_torch_load(p, &o, &sd, &structure, &err);
     Py_END_ALLOW_THREADS
     ksp_error_path(&err, p);
     Py_DECREF(fs);

@@ -32,8 +32,10 @@ static KS_NODISCARD ks_status import_torch(conv *c, int verify_crc) {
   ks_torch_read_opts ro = {0};
   ro.alloc = c->a;
   ro.verify_crc = verify_crc;
+  ro.data = c->input.bytes;
+  ro.data_len = c->input.size;
   ks_import_opts io = {.read = &ro, .max_metric_bytes = c->o->max_metric_bytes};
-  ks_status st = ks_torch_import_buffer(c->input.bytes, c->input.size, &io, &c->sd, &c->meta, c->err);
+  ks_status st = ks_torch_import(NULL, &io, &c->sd, &c->meta, c->err);
   if (st) ks__err_set_file(c->err, c->in);
   return st;
 }
@@ -91,7 +93,7 @@ static KS_NODISCARD ks_status read_keepsake(conv *c) {
     ks_reader *r = NULL;
     if (ks_reader_open_buffer(c->input.bytes, c->input.size, &ro, &r, NULL) == KS_OK) {
       /* Safe to ignore: on_problem has reported each problem, and the load below decides. */
-      ks_status vs = ks_reader_verify_report(r, on_problem, c, NULL);
+      ks_status vs = ks_reader_verify(r, on_problem, c, NULL);
       (void)vs;
     }
     ks_reader_free(r);
@@ -164,15 +166,18 @@ static KS_NODISCARD ks_status run(conv *c) {
    * table says its paths are local files (KS_IO_CAP_LOCAL, io.h), not to a remote store. */
   bool local_out = (ks_io_caps(c->o->io) & KS_IO_CAP_LOCAL) != 0;
   ks_status st = local_out ? ks__convert_check_output(c->out, c->err) : KS_OK;
-  if (!st && ks_torch_dcp_probe(c->in, c->o->in_io)) {
+  ks_torch_read_opts probe = {0};
+  probe.io = c->o->in_io;
+  if (!st && ks_torch_probe(c->in, &probe) == KS_TORCH_DCP) {
     st = read_dcp(c);
     return st ? st : write_out(c);
   }
   if (!st) st = ks__fmap_open(&c->input, c->in, c->o->in_io, true, 0, c->a, c->err); /* never mapped: see convert.h */
   if (st) return st;
-  const uint8_t *b = c->input.bytes;
-  size_t n = c->input.size;
-  st = ks_torch_is_zip(b, n) || ks_torch_is_legacy(b, n) ? read_torch(c) : read_keepsake(c);
+  probe.data = c->input.bytes;
+  probe.data_len = c->input.size;
+  ks_torch_kind kind = ks_torch_probe(NULL, &probe);
+  st = kind == KS_TORCH_ZIP || kind == KS_TORCH_LEGACY ? read_torch(c) : read_keepsake(c);
   if (!st) st = write_out(c);
   return st;
 }

@@ -3,6 +3,7 @@
 #define KS_CONVERT_INTERNAL_H
 
 #include "core/internal.h"
+#include "keepsake/binding.h"
 #include "keepsake/convert.h"
 #include "keepsake/format.h"
 

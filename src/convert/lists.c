@@ -14,6 +14,7 @@
 
 #include "convert/convert_internal.h"
 #include "core/json.h"
+#include "keepsake/binding.h"
 #include "keepsake/layout.h"
 #include "keepsake/metric.h"
 #include "keepsake/torch.h"

@@ -98,12 +98,12 @@ ks_status ks__convert_ignore(const ks_statedict *src, const char *const *g, size
   if (!n) return KS_OK;
   globs gl = {g, n};
   ks_statedict *dst;
-  ks_status st = ks_statedict_create(ks_statedict_allocator(src), &dst, NULL);
+  ks_status st = ks_statedict_create(ks__statedict_allocator(src), &dst, NULL);
   ks_entry e;
   for (size_t i = 0; !st && ks_statedict_at(src, i, &e) == KS_OK; i++)
     if (!ignored(&gl, e.name)) st = ks_statedict_set_entry(dst, e.name, &e, KS_BORROW, NULL);
   if (st) st = ks__err(err, st, "convert: out of memory leaving out ignored entries");
-  if (!st) st = prune_structure(meta, ks_statedict_allocator(src), &gl, err);
+  if (!st) st = prune_structure(meta, ks__statedict_allocator(src), &gl, err);
   if (st) ks_statedict_free(dst);
   else *out = dst;
   return st;

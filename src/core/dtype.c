@@ -159,18 +159,18 @@ static double mf_decode(const minifloat *f, uint32_t bits) {
   return neg ? -v : v;
 }
 
-uint16_t ks_f32_to_f16(float f) { return (uint16_t)mf_encode(&fmt_f16, f); }
-float ks_f16_to_f32(uint16_t h) { return (float)mf_decode(&fmt_f16, h); }
-uint8_t ks_f32_to_f8e4m3(float f) { return (uint8_t)mf_encode(&fmt_e4m3, f); }
-float ks_f8e4m3_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e4m3, v); }
-uint8_t ks_f32_to_f8e5m2(float f) { return (uint8_t)mf_encode(&fmt_e5m2, f); }
-float ks_f8e5m2_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e5m2, v); }
-uint8_t ks_f32_to_f8e4m3fnuz(float f) { return (uint8_t)mf_encode(&fmt_e4m3fnuz, f); }
-float ks_f8e4m3fnuz_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e4m3fnuz, v); }
-uint8_t ks_f32_to_f8e5m2fnuz(float f) { return (uint8_t)mf_encode(&fmt_e5m2fnuz, f); }
-float ks_f8e5m2fnuz_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e5m2fnuz, v); }
+static uint16_t f32_to_f16(float f) { return (uint16_t)mf_encode(&fmt_f16, f); }
+static float f16_to_f32(uint16_t h) { return (float)mf_decode(&fmt_f16, h); }
+static uint8_t f32_to_f8e4m3(float f) { return (uint8_t)mf_encode(&fmt_e4m3, f); }
+static float f8e4m3_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e4m3, v); }
+static uint8_t f32_to_f8e5m2(float f) { return (uint8_t)mf_encode(&fmt_e5m2, f); }
+static float f8e5m2_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e5m2, v); }
+static uint8_t f32_to_f8e4m3fnuz(float f) { return (uint8_t)mf_encode(&fmt_e4m3fnuz, f); }
+static float f8e4m3fnuz_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e4m3fnuz, v); }
+static uint8_t f32_to_f8e5m2fnuz(float f) { return (uint8_t)mf_encode(&fmt_e5m2fnuz, f); }
+static float f8e5m2fnuz_to_f32(uint8_t v) { return (float)mf_decode(&fmt_e5m2fnuz, v); }
 
-uint16_t ks_f32_to_bf16(float f) {
+static uint16_t f32_to_bf16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
@@ -178,7 +178,7 @@ uint16_t ks_f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
-float ks_bf16_to_f32(uint16_t b) {
+static float bf16_to_f32(uint16_t b) {
   uint32_t u = (uint32_t)b << 16;
   float f;
   memcpy(&f, &u, 4);
@@ -211,14 +211,14 @@ double ks_dtype_get_f64(ks_dtype dt, const void *data, size_t i) {
     case KS_I32: return (int32_t)ks__le32(p);
     case KS_U64: return (double)ks__le64(p);
     case KS_I64: return (double)(int64_t)ks__le64(p);
-    case KS_F16: return ks_f16_to_f32(ks__le16(p));
-    case KS_BF16: return ks_bf16_to_f32(ks__le16(p));
+    case KS_F16: return f16_to_f32(ks__le16(p));
+    case KS_BF16: return bf16_to_f32(ks__le16(p));
     case KS_F32: return load_f32(p);
     case KS_F64: return load_f64(p);
-    case KS_F8_E4M3: return ks_f8e4m3_to_f32(p[0]);
-    case KS_F8_E5M2: return ks_f8e5m2_to_f32(p[0]);
-    case KS_F8_E4M3FNUZ: return ks_f8e4m3fnuz_to_f32(p[0]);
-    case KS_F8_E5M2FNUZ: return ks_f8e5m2fnuz_to_f32(p[0]);
+    case KS_F8_E4M3: return f8e4m3_to_f32(p[0]);
+    case KS_F8_E5M2: return f8e5m2_to_f32(p[0]);
+    case KS_F8_E4M3FNUZ: return f8e4m3fnuz_to_f32(p[0]);
+    case KS_F8_E5M2FNUZ: return f8e5m2fnuz_to_f32(p[0]);
     case KS_C64: return NAN; /* a complex element has no single real value */
     default: return 0.0;
   }
@@ -271,12 +271,12 @@ void ks_dtype_set_f64(ks_dtype dt, void *data, size_t i, double v) {
   uint8_t *p = (uint8_t *)data + i * ks_dtype_size(dt);
   switch (dt) {
     case KS_BOOL: p[0] = v != 0.0; break; /* NaN is true, as in torch */
-    case KS_F16: ks__put_le16(p, ks_f32_to_f16((float)v)); break;
-    case KS_BF16: ks__put_le16(p, ks_f32_to_bf16((float)v)); break;
-    case KS_F8_E4M3: p[0] = ks_f32_to_f8e4m3((float)v); break;
-    case KS_F8_E5M2: p[0] = ks_f32_to_f8e5m2((float)v); break;
-    case KS_F8_E4M3FNUZ: p[0] = ks_f32_to_f8e4m3fnuz((float)v); break;
-    case KS_F8_E5M2FNUZ: p[0] = ks_f32_to_f8e5m2fnuz((float)v); break;
+    case KS_F16: ks__put_le16(p, f32_to_f16((float)v)); break;
+    case KS_BF16: ks__put_le16(p, f32_to_bf16((float)v)); break;
+    case KS_F8_E4M3: p[0] = f32_to_f8e4m3((float)v); break;
+    case KS_F8_E5M2: p[0] = f32_to_f8e5m2((float)v); break;
+    case KS_F8_E4M3FNUZ: p[0] = f32_to_f8e4m3fnuz((float)v); break;
+    case KS_F8_E5M2FNUZ: p[0] = f32_to_f8e5m2fnuz((float)v); break;
     case KS_C64: break; /* no real value to write a complex element from: left unchanged */
     case KS_F32: {
       float f = (float)v;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "keepsake/alloc.h"
+#include "keepsake/statedict.h"
 #include "keepsake/status.h"
 
 #if defined(__GNUC__)
@@ -175,5 +176,30 @@ bool ks__utf8_valid(const uint8_t *s, size_t n);
 
 /* Shell-style glob over '/'-joined keys: '*' matches any run (including '/'), '?' one byte. */
 
+
+/* ---- state dicts (statedict.c) ---- */
+
+/*
+ * Checks a name against the library's one name rule (KS_MAX_NAME, statedict.h): non-NULL,
+ * 1..KS_MAX_NAME bytes. Every module calls it where a name enters.
+ * @param err optional: the key and the length found vs allowed.
+ * @return KS_OK, KS_E_INVALID (NULL or empty) or KS_E_LIMIT (too long). Thread safe.
+ */
+KS_NODISCARD ks_status ks__name_check(const char *name, ks_error *err);
+/* The allocator sd was created with (never NULL: a copy of the defaults). */
+const ks_allocator *ks__statedict_allocator(const ks_statedict *sd);
+/*
+ * Attaches an owner released when the dict is freed, e.g. a reader whose mapping
+ * KS_MAPPED_VIEW tensors point into. @return KS_OK or KS_E_NOMEM (then `release` is NOT called).
+ */
+KS_NODISCARD ks_status ks__statedict_attach(ks_statedict *sd, void *owner, void (*release)(void *owner),
+                                            ks_error *err);
+/*
+ * Copies every entry of src whose name starts with `prefix` into dst, with the prefix replaced
+ * by `new_prefix` (either may be ""). Tensor data is copied.
+ * @return KS_OK, KS_E_NOMEM or KS_E_INVALID; on failure dst may hold some entries.
+ */
+KS_NODISCARD ks_status ks__statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, const char *prefix,
+                                                 const char *new_prefix, ks_error *err);
 
 #endif

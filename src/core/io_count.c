@@ -5,6 +5,7 @@
 #include "core/durable.h"
 #include "core/internal.h"
 #include "core/io_ops.h"
+#include "keepsake/binding.h"
 #include "keepsake/io_cache.h"
 
 typedef struct counter {

@@ -55,7 +55,7 @@ ks_status ks_statedict_create(const ks_allocator *alloc, ks_statedict **out, ks_
   return KS_OK;
 }
 
-const ks_allocator *ks_statedict_allocator(const ks_statedict *sd) { return &sd->alloc; }
+const ks_allocator *ks__statedict_allocator(const ks_statedict *sd) { return &sd->alloc; }
 
 static void item_clear(ks_statedict *sd, sd_item *it) {
   if (it->kind == KS_VAL_TENSOR && it->tensor.ownership == KS_OWNED) ks__free(&sd->alloc, it->tensor.data);
@@ -91,7 +91,7 @@ static KS_NODISCARD ks_status reserve_one(ks_statedict *sd) {
   return ks__hindex_reserve(&sd->index, &sd->alloc, sd->count + 1, sd->count, &sd_ops, sd);
 }
 
-ks_status ks_name_check(const char *name, ks_error *err) {
+ks_status ks__name_check(const char *name, ks_error *err) {
   if (!name) return ks__err(err, KS_E_INVALID, "a name is NULL");
   size_t n = strlen(name);
   if (n == 0) return ks__err(err, KS_E_INVALID, "a name is empty");
@@ -111,7 +111,7 @@ static KS_NODISCARD ks_status set_failed(ks_error *err, ks_status code, const ch
 
 /* Installs a fully built value under name, replacing any entry of that name. */
 static KS_NODISCARD ks_status put(ks_statedict *sd, const char *name, sd_item *val, ks_error *err) {
-  ks_status st = ks_name_check(name, err);
+  ks_status st = ks__name_check(name, err);
   if (st) return st;
   long idx = find_index(sd, name);
   if (idx >= 0) {
@@ -170,7 +170,7 @@ ks_status ks_statedict_set_tensor(ks_statedict *sd, const char *name, const ks_t
 ks_status ks_statedict_new_tensor(ks_statedict *sd, const char *name, ks_dtype dtype, int rank,
                                   const int64_t *shape, void **out_data, ks_error *err) {
   if (!sd) return set_failed(err, KS_E_INVALID, name, "NULL state dict");
-  ks_status st = ks_name_check(name, err); /* before allocating the data */
+  ks_status st = ks__name_check(name, err); /* before allocating the data */
   if (st) return st;
   sd_item val = {0};
   val.kind = KS_VAL_TENSOR;
@@ -261,8 +261,8 @@ ks_status ks_statedict_remove(ks_statedict *sd, const char *name) {
   return KS_OK;
 }
 
-ks_status ks_statedict_attach(ks_statedict *sd, void *owner, void (*release)(void *owner), ks_error *err) {
-  if (!sd || !release) return ks__err(err, KS_E_INVALID, "ks_statedict_attach: NULL state dict or release");
+ks_status ks__statedict_attach(ks_statedict *sd, void *owner, void (*release)(void *owner), ks_error *err) {
+  if (!sd || !release) return ks__err(err, KS_E_INVALID, "ks__statedict_attach: NULL state dict or release");
   size_t bytes;
   if (!ks__mul_size(sd->nowners + 1, sizeof(sd_owner), &bytes)) return ks__err(err, KS_E_LIMIT, "too many owners");
   sd_owner *o = ks__realloc(&sd->alloc, sd->owners, bytes);
@@ -287,10 +287,10 @@ ks_status ks_statedict_set_entry(ks_statedict *sd, const char *name, const ks_en
   }
 }
 
-ks_status ks_statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, const char *prefix,
+ks_status ks__statedict_copy_prefix(ks_statedict *dst, const ks_statedict *src, const char *prefix,
                                    const char *new_prefix, ks_error *err) {
   if (!dst || !src || !prefix || !new_prefix)
-    return ks__err(err, KS_E_INVALID, "ks_statedict_copy_prefix: NULL argument");
+    return ks__err(err, KS_E_INVALID, "ks__statedict_copy_prefix: NULL argument");
   size_t plen = strlen(prefix), nlen = strlen(new_prefix);
   char name[KS_MAX_NAME + 1];
   for (size_t k = 0; k < src->count; k++) {

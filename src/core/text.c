@@ -1,6 +1,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "keepsake/binding.h"
 #include "keepsake/statedict.h"
 
 /* Length of the UTF-8 sequence starting with byte b, or 0 when b cannot start one. */

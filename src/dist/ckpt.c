@@ -11,6 +11,13 @@
 #include "core/io_ops.h"
 #include "dist/dist_internal.h"
 
+/* What the index records (ks_shard_index_get), by value. */
+static ks_shard_index_info index_info(const ks_shard_index *idx) {
+  ks_shard_index_info info = KS_OPTS_INIT(ks_shard_index_info);
+  ks_shard_index_get(idx, &info);
+  return info;
+}
+
 /* Temporary files a save that died left behind (".<name>.tmp-XXXXXX"): nothing else writes them. */
 typedef struct leftovers {
   const ks_io *io;
@@ -130,10 +137,10 @@ ks_status ks_dist_load(MPI_Comm comm, const char *dir, const ks_shard_map *want,
   const ks_allocator *a = opts ? opts->alloc : NULL;
   const ks_io *io = opts ? opts->io : NULL;
   ks_shard_index *idx = NULL;
-  if (!st) st = ks_shard_index_read_io(dir, a, io, &idx, err);
+  if (!st) st = ks_shard_index_read(dir, a, io, &idx, err);
   st = ks_dist_agree(comm, st, err);
-  for (int f = rank; !st && !(opts && opts->no_verify) && f < ks_shard_index_world_size(idx); f += size)
-    st = ks_shard_verify_file_io(dir, idx, f, io, err);
+  for (int f = rank; !st && !(opts && opts->no_verify) && f < index_info(idx).world_size; f += size)
+    st = ks_shard_verify_file(dir, idx, f, io, err);
   if (idx) st = ks_dist_agree(comm, st, err);
   ks_statedict *out = NULL;
   ks_meta *m = NULL;

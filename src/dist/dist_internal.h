@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "core/internal.h"
+#include "keepsake/binding.h"
 #include "keepsake/dist.h"
 
 typedef struct ks__wbuf {

@@ -14,6 +14,7 @@
 #include "core/hindex.h"
 #include "core/internal.h"
 #include "core/json.h"
+#include "keepsake/binding.h"
 #include "keepsake/format.h"
 
 /* One tensor of an open file; offsets are relative to the data section. */
@@ -104,6 +105,12 @@ int64_t ks__fmt_key_offset(const ks_reader *r, const char *name);
 
 /* True when the map holds key[0..klen). */
 bool ks__meta_has(const ks_meta *m, const char *key, size_t klen);
+/* Copies every pair of src into dst (insert or replace). @return KS_OK, KS_E_INVALID or KS_E_NOMEM (dst may
+ * then hold some of the pairs). */
+KS_NODISCARD ks_status ks__meta_copy(ks_meta *dst, const ks_meta *src, ks_error *err);
+/* Checks tensor i against its stored checksum (ks_reader_verify does every tensor).
+ * @return KS_OK (also for plain safetensors files), KS_E_CHECKSUM, KS_E_FORMAT, KS_E_NOTFOUND, KS_E_NOMEM. */
+KS_NODISCARD ks_status ks__reader_verify_tensor(const ks_reader *r, size_t i, ks_error *err);
 /* Appends a pair without looking for an existing key (the caller knows it is new). */
 KS_NODISCARD ks_status ks__meta_append(ks_meta *m, const char *key, size_t klen, const char *value, size_t vlen);
 

@@ -188,7 +188,7 @@ ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, k
                       buf ? cap : 0, n);
   if (!r->lazy) { /* mapped or copied: the bytes are in memory, verified now */
     if (n) memcpy(buf, r->bytes + r->data_off + e->begin, n);
-    return ks_reader_verify_tensor(r, i, err);
+    return ks__reader_verify_tensor(r, i, err);
   }
   const uint8_t *have = r->data ? r->data + e->begin : atomic_load(&r->fetched[i]);
   if (have) { /* verified when it arrived */
@@ -197,13 +197,4 @@ ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, k
   }
   ks_status st = lazy_read(r, i, buf, err); /* straight into the caller's buffer, verified there */
   return st ? st : ks__lazy_check(r, i, buf, err);
-}
-
-ks_status ks_reader_fetch_name(const ks_reader *r, const char *name, void *buf, size_t cap, ks_error *err) {
-  long i = ks_reader_find(r, name);
-  if (i < 0) {
-    ks_error_clear(err);
-    return ks__err_at(err, KS_E_NOTFOUND, r ? r->path : NULL, name, -1, "no tensor named '%s'", name ? name : "");
-  }
-  return ks_reader_fetch(r, (size_t)i, buf, cap, err);
 }

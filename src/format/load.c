@@ -22,8 +22,8 @@ static KS_NODISCARD ks_status load_reader(ks_reader *r, ks_statedict **out, ks_m
   ks_status st = r->lazy ? ks__lazy_load_all(r, err) : KS_OK; /* parallel ranged reads, verified on arrival */
   if (!st) st = ks_statedict_create(&r->alloc, &sd, err);
   if (!st) st = fill_dict(r, sd, err);
-  if (!st && meta && !(st = ks_meta_create(&r->alloc, &m, err))) st = ks_meta_copy(m, r->meta, err);
-  if (!st) st = ks_statedict_attach(sd, r, release_reader, err);
+  if (!st && meta && !(st = ks_meta_create(&r->alloc, &m, err))) st = ks__meta_copy(m, r->meta, err);
+  if (!st) st = ks__statedict_attach(sd, r, release_reader, err);
   if (st) {
     if (st == KS_E_NOMEM) ks__err_at(err, st, r->path, NULL, -1, "out of memory loading the file");
     ks_statedict_free(sd);
@@ -54,7 +54,7 @@ ks_status ks_load(const char *path, const ks_read_opts *opts, ks_statedict **sd,
   ks_status st = open_for_load(path, opts, &r, &verify_after, err);
   if (!st && verify_after) {
     /* tensors verified on arrival; the checksum and scalar tables then from memory, nothing read twice */
-    if (!(st = ks__lazy_load_all(r, err))) st = ks_reader_verify(r, err);
+    if (!(st = ks__lazy_load_all(r, err))) st = ks_reader_verify(r, NULL, NULL, err);
     if (st) ks_reader_free(r);
   }
   return st ? st : load_reader(r, sd, meta, err);

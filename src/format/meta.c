@@ -123,8 +123,8 @@ ks_status ks_meta_at(const ks_meta *m, size_t i, const char **key, const char **
   return KS_OK;
 }
 
-ks_status ks_meta_copy(ks_meta *dst, const ks_meta *src, ks_error *err) {
-  if (!dst || !src) return ks__err(err, KS_E_INVALID, "ks_meta_copy: NULL argument");
+ks_status ks__meta_copy(ks_meta *dst, const ks_meta *src, ks_error *err) {
+  if (!dst || !src) return ks__err(err, KS_E_INVALID, "meta copy: NULL argument");
   for (size_t i = 0; i < src->count; i++) {
     ks_status st = ks_meta_set(dst, src->pairs[i].key, src->pairs[i].value, err);
     if (st) return st;

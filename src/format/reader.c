@@ -100,7 +100,7 @@ static KS_NODISCARD ks_status load_file(ks_reader *r, const ks_io *io, ks_read_m
 static KS_NODISCARD ks_status finish_open(ks_reader *r, const ks_read_opts *opts, ks_reader **out, ks_error *err) {
   ks_status st = ks__fmt_parse(r, err);
   if (!st && r->lazy) st = ks__lazy_prepare(r, err);
-  if (!st && opts && opts->verify_checksums) st = ks_reader_verify(r, err);
+  if (!st && opts && opts->verify_checksums) st = ks_reader_verify(r, NULL, NULL, err);
   if (st) {
     ks__err_set_file(err, r->path);
     ks_reader_free(r);

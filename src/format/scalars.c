@@ -97,7 +97,7 @@ static KS_NODISCARD ks_status put_scalar(ks_statedict *dst, const char *name, co
 
 ks_status ks__scalars_decode(const char *json, const char *file, int64_t offset, ks_statedict *dst,
                              ks_error *err) {
-  const ks_allocator *a = ks_statedict_allocator(dst);
+  const ks_allocator *a = ks__statedict_allocator(dst);
   ks_error jerr;
   ks_error_clear(&jerr);
   ks__jv *root = NULL;

@@ -158,7 +158,7 @@ ks_status ks__fmt_sums(const ks_reader *r, uint64_t *want, uint8_t *have, ks_err
   return v.first;
 }
 
-ks_status ks_reader_verify_report(const ks_reader *r, ks_verify_fn on_problem, void *ctx, ks_error *err) {
+ks_status ks_reader_verify(const ks_reader *r, ks_verify_fn on_problem, void *ctx, ks_error *err) {
   ks_error_clear(err);
   if (!r) return ks__err(err, KS_E_INVALID, "ks_reader_verify: no reader");
   if (!r->version) return KS_OK; /* plain safetensors: open already checked everything there is */
@@ -168,9 +168,7 @@ ks_status ks_reader_verify_report(const ks_reader *r, ks_verify_fn on_problem, v
   return v.first;
 }
 
-ks_status ks_reader_verify(const ks_reader *r, ks_error *err) { return ks_reader_verify_report(r, NULL, NULL, err); }
-
-ks_status ks_reader_verify_tensor(const ks_reader *r, size_t i, ks_error *err) {
+ks_status ks__reader_verify_tensor(const ks_reader *r, size_t i, ks_error *err) {
   ks_error_clear(err);
   if (!r || i >= r->count) return ks__err(err, KS_E_NOTFOUND, "no tensor %zu", i);
   if (!r->version) return KS_OK;

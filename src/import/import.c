@@ -1,6 +1,6 @@
 /*
  * torch.save / Composer import: the flat dict from the torch module, the
- * metric layout from ks_composer_normalize, and the "keepsake.metrics"
+ * metric layout from the Composer mapping (composer.c), and the "keepsake.metrics"
  * metadata the state loader needs, from what the metrics module knows about
  * older torchmetrics states. Uses torch, metrics and format (for ks_meta);
  * none of them knows this module. One byte budget, from the input's size,
@@ -15,6 +15,8 @@
 #include "core/internal.h"
 #include "core/io_ops.h"
 #include "core/json.h"
+#include "import/import_internal.h"
+#include "keepsake/binding.h"
 #include "keepsake/import.h"
 #include "keepsake/layout.h"
 #include "keepsake/metric.h"
@@ -142,21 +144,21 @@ static void release_dict(void *sd) { ks_statedict_free(sd); }
 static KS_NODISCARD ks_status import_metrics(ks_statedict *raw, uint64_t budget, ks_statedict **sd, ks_meta *meta,
                                              ks_error *err) {
   char *json = NULL, *metrics = NULL;
-  ks_status st = ks_composer_normalize_bounded(raw, KS_BORROW, &budget, sd, &json, err);
+  ks_status st = ks__composer_normalize(raw, KS_BORROW, &budget, sd, &json, err);
   if (st) {
     ks_statedict_free(raw);
     return st;
   }
-  if (ks_statedict_attach(*sd, raw, release_dict, err)) {
+  if (ks__statedict_attach(*sd, raw, release_dict, err)) {
     ks_statedict_free(raw);
     st = nomem(err);
   }
-  describe_ctx c = {*sd, ks_statedict_allocator(*sd), budget, err};
+  describe_ctx c = {*sd, ks__statedict_allocator(*sd), budget, err};
   if (!st) st = set_meta(meta, KS_META_COMPOSER_METRICS, json, err);
   if (!st) st = metrics_meta(&c, json, &metrics);
   if (!st) st = set_meta(meta, KS_META_METRICS, metrics, err);
   ks__free(c.alloc, metrics);
-  ks_torch_free(ks_statedict_allocator(*sd), json);
+  ks_torch_free(ks__statedict_allocator(*sd), json);
   if (st) {
     ks_statedict_free(*sd);
     *sd = NULL;
@@ -165,7 +167,7 @@ static KS_NODISCARD ks_status import_metrics(ks_statedict *raw, uint64_t budget,
 }
 
 /* KS_TORCH_STRUCTURE_META: the container kinds of the file, without the metric subtrees when
-   ks_composer_normalize rewrote them (their records would describe no entry). */
+   the Composer mapping rewrote them (their records would describe no entry). */
 static int metric_path(void *ctx, const char *path) {
   (void)ctx;
   return !strncmp(path, KS_KEY_TRAIN_METRICS, strlen(KS_KEY_TRAIN_METRICS)) ||
@@ -192,12 +194,12 @@ static KS_NODISCARD ks_status structure_meta(ks_meta *meta, const ks_allocator *
 static KS_NODISCARD ks_status finish(ks_statedict *raw, const char *structure, uint64_t input_bytes,
                                      const ks_import_opts *opts, ks_statedict **out, ks_meta **meta, ks_error *err) {
   ks_meta *m = NULL;
-  if (ks_meta_create(ks_statedict_allocator(raw), &m, err)) {
+  if (ks_meta_create(ks__statedict_allocator(raw), &m, err)) {
     ks_statedict_free(raw);
     return nomem(err);
   }
   int normalized = has_metrics(raw);
-  ks_status sst = structure_meta(m, ks_statedict_allocator(raw), structure, normalized, err);
+  ks_status sst = structure_meta(m, ks__statedict_allocator(raw), structure, normalized, err);
   if (sst) {
     ks_meta_free(m);
     ks_statedict_free(raw);
@@ -228,27 +230,16 @@ static uint64_t file_size(const ks_io *table, const char *path) {
 
 ks_status ks_torch_import(const char *path, const ks_import_opts *opts, ks_statedict **out, ks_meta **meta,
                           ks_error *err) {
-  if (!path || !out) return ks__err(err, KS_E_INVALID, "ks_torch_import: NULL argument");
+  if (!out) return ks__err(err, KS_E_INVALID, "ks_torch_import: NULL argument");
+  const ks_torch_read_opts *ro = opts ? opts->read : NULL;
+  KS__TAKE_OPTS(ks_torch_read_opts, ro, KS__V1_SIZE(ks_torch_read_opts, max_entries), err);
   ks_statedict *raw = NULL;
   char *structure = NULL;
-  const ks_torch_read_opts *ro = opts ? opts->read : NULL;
-  ks_status st = ks_torch_load_with_structure(path, ro, &raw, &structure, err);
+  ks_status st = ks_torch_load(path, ro, &raw, &structure, err);
   if (st) return st;
-  uint64_t bytes = file_size(ro ? ro->io : NULL, path);
+  uint64_t bytes = path ? file_size(ro->io, path) : ro->data_len;
   st = finish(raw, structure, bytes, opts, out, meta, err);
-  ks_torch_free(ro ? ro->alloc : NULL, structure);
-  if (st) ks__err_set_file(err, path);
-  return st;
-}
-
-ks_status ks_torch_import_buffer(const void *buf, size_t len, const ks_import_opts *opts, ks_statedict **out,
-                                 ks_meta **meta, ks_error *err) {
-  if (!buf || !out) return ks__err(err, KS_E_INVALID, "ks_torch_import_buffer: NULL argument");
-  ks_statedict *raw = NULL;
-  char *structure = NULL;
-  const ks_torch_read_opts *ro = opts ? opts->read : NULL;
-  ks_status st = ks_torch_load_buffer_with_structure(buf, len, ro, &raw, &structure, err);
-  if (!st) st = finish(raw, structure, len, opts, out, meta, err);
-  ks_torch_free(ro ? ro->alloc : NULL, structure);
+  ks_torch_free(ro->alloc, structure);
+  if (st && path) ks__err_set_file(err, path);
   return st;
 }

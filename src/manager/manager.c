@@ -230,7 +230,8 @@ void ks_ckpt_manager_free(ks_ckpt_manager *m) {
   ks__free(&m->alloc, m);
 }
 
-int ks_ckpt_manager_due(const ks_ckpt_manager *m, const ks_timestamp *ts, int epoch_end) {
+/* The interval trigger: every `every` batches (or epochs) of the timestamp. */
+static int due(const ks_ckpt_manager *m, const ks_timestamp *ts, int epoch_end) {
   if (!m || !ts) return 0;
   if (m->by_epoch) return epoch_end && ts->epoch > 0 && ts->epoch % m->every == 0;
   return !epoch_end && ts->batch > 0 && ts->batch % m->every == 0;
@@ -265,7 +266,7 @@ static void watch_progress(const ks_ckpt_manager *cm, const ks_timestamp *ts, in
 int ks_ckpt_manager_should_save(const ks_ckpt_manager *m, const ks_timestamp *ts, int epoch_end) {
   if (!m || !ts) return 0;
   watch_progress(m, ts, epoch_end);
-  if (ks_ckpt_manager_due(m, ts, epoch_end)) return 1;
+  if (due(m, ts, epoch_end)) return 1;
   if (epoch_end) return 0;
   if (ks_preemption_signal()) return 1;
   return m->save_every_seconds > 0 && mono_now() - m->last_save_time >= m->save_every_seconds;

@@ -6,6 +6,7 @@
 
 #include "core/internal.h"
 #include "core/keys.h"
+#include "keepsake/binding.h"
 #include "keepsake/manager.h"
 
 /* The preservation policies, parsed from ks_ckpt_opts. */

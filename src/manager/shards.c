@@ -12,6 +12,13 @@
 #include "keepsake/shard.h"
 #include "manager/manager_internal.h"
 
+/* What the index records (ks_shard_index_get), by value. */
+static ks_shard_index_info index_info(const ks_shard_index *idx) {
+  ks_shard_index_info info = KS_OPTS_INIT(ks_shard_index_info);
+  ks_shard_index_get(idx, &info);
+  return info;
+}
+
 static KS_NODISCARD ks_status not_sharded(ks_error *err) {
   return ks__err(err, KS_E_STATE, "this manager keeps checkpoint files, not sharded directories (set opts.sharded)");
 }
@@ -20,7 +27,7 @@ void ks__mgr_probe_dir(const ks_ckpt_manager *m, const char *path, ckpt *c) {
   ks_shard_index *idx = NULL;
   ks_error e;
   ks_error_clear(&e);
-  ks_status s = ks_shard_index_read_io(path, &m->alloc, m->io, &idx, &e);
+  ks_status s = ks_shard_index_read(path, &m->alloc, m->io, &idx, &e);
   if (s == KS_E_NOTFOUND) {
     c->incomplete = 1;
     snprintf(c->why, sizeof c->why, "no index: a save that did not finish");
@@ -132,7 +139,7 @@ ks_status ks_ckpt_manager_dir_commit(ks_ckpt_manager *m, const char *dir, ks_err
   if (!m || !dir) return ks__err(err, KS_E_INVALID, "dir_commit: NULL argument");
   if (!m->sharded) return not_sharded(err);
   ks_shard_index *idx = NULL;
-  ks_status s = ks_shard_index_read_io(dir, &m->alloc, m->io, &idx, err);
+  ks_status s = ks_shard_index_read(dir, &m->alloc, m->io, &idx, err);
   ks_shard_index_free(idx);
   if (!s) s = ks__mgr_after_commit(m, dir, err);
   ks__mgr_touch(m); /* save_every_seconds counts from here */
@@ -148,8 +155,8 @@ static KS_NODISCARD ks_status verify_dir(const ks_ckpt_manager *m, const char *p
   ks_shard_index *idx = NULL;
   ks_error e;
   ks_error_clear(&e);
-  ks_status s = ks_shard_index_read_io(path, &m->alloc, m->io, &idx, &e);
-  for (int f = 0; !s && f < ks_shard_index_world_size(idx); f++) s = ks_shard_verify_file_io(path, idx, f, m->io, &e);
+  ks_status s = ks_shard_index_read(path, &m->alloc, m->io, &idx, &e);
+  for (int f = 0; !s && f < index_info(idx).world_size; f++) s = ks_shard_verify_file(path, idx, f, m->io, &e);
   ks_shard_index_free(idx);
   *bad = 0;
   if (s == KS_E_NOMEM) return ks__err(err, s, "out of memory verifying %s", path);
@@ -199,7 +206,7 @@ ks_status ks__mgr_autoresume_dir(ks_ckpt_manager *m, ks_state *st, const ks_load
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
   ks_shard_load_opts lo = {.alloc = &m->alloc, .no_verify = 1, .io = m->io}; /* just verified */
-  s = ks_shard_index_read_io(dir, &m->alloc, m->io, &idx, err);
+  s = ks_shard_index_read(dir, &m->alloc, m->io, &idx, err);
   if (!s) s = ks_shard_load_rank(dir, idx, 0, 1, NULL, &lo, &sd, &meta, err);
   if (!s) s = ks_state_load_state_dict(st, sd, meta, opts, report, err);
   if (s) ks__err_set_file(err, dir);

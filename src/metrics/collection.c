@@ -45,7 +45,7 @@ ks_metric *ks_metric_collection_get(const ks_metric_collection *c, const char *n
 ks_status ks_metric_collection_add(ks_metric_collection *c, const char *name, ks_metric *m, ks_error *err) {
   if (!c || !m)
     return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "ks_metric_collection_add: NULL collection or metric");
-  ks_status s = ks_name_check(name, err);
+  ks_status s = ks__name_check(name, err);
   if (s) return s;
   if (ks_metric_collection_get(c, name))
     return ks__err_at(err, KS_E_EXISTS, NULL, name, -1, "the collection already has a metric '%.200s'", name);

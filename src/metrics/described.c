@@ -27,7 +27,7 @@ static KS_NODISCARD ks_status no_compute(ks_metric *m, ks_tensor *out, ks_error 
 
 static const ks__class described_class = {.name = "", .update = no_update, .compute = no_compute};
 
-int ks_metric_is_described(const ks_metric *m) { return m && m->described != NULL; }
+int ks__metric_is_described(const ks_metric *m) { return m && m->described != NULL; }
 
 /*
  * The attributes without the null ones (but ignore_index): torchmetrics keeps attributes the
@@ -78,7 +78,7 @@ static KS_NODISCARD ks_status find_twin(ks_metric *m, const char *class_name, co
 ks_status ks_metric_describe(const char *class_name, const char *attrs_json, const ks_allocator *alloc,
                              ks_metric **out, ks_error *err) {
   if (!class_name || !*class_name || !out) return ks__err(err, KS_E_INVALID, "ks_metric_describe: bad argument");
-  ks_status st = ks_name_check(class_name, err);
+  ks_status st = ks__name_check(class_name, err);
   if (st) return st;
   ks_metric *m = ks__calloc(alloc, 1, sizeof *m);
   if (!m) return ks__err(err, KS_E_NOMEM, "out of memory describing %s", class_name);
@@ -111,7 +111,7 @@ static KS_NODISCARD ks_status check_new_state(const ks_metric *m, const char *na
                                               const int64_t *shape, ks_error *err) {
   if (!m || !m->described || !name)
     return ks__err(err, KS_E_INVALID, "ks_metric_describe_state: not a described metric");
-  ks_status st = ks_name_check(name, err);
+  ks_status st = ks__name_check(name, err);
   if (st) return st;
   if (reduce < KS_REDUCE_SUM || reduce > KS_REDUCE_CAT || rank < 0 || rank > KS_MAX_RANK || (rank && !shape))
     return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "state '%s': bad reduction or shape", name);
@@ -154,7 +154,7 @@ ks_status ks_metric_describe_state(ks_metric *m, const char *name, ks_reduce red
 ks_status ks_metric_add_inner(ks_metric *m, const char *name, ks_metric *inner, ks_error *err) {
   if (!m || !m->described || !inner || !inner->described || inner == m || !name)
     return ks__err(err, KS_E_INVALID, "ks_metric_add_inner: both metrics must be described");
-  ks_status st = ks_name_check(name, err);
+  ks_status st = ks__name_check(name, err);
   if (st) return st;
   for (size_t i = 0; i < m->n_inner; i++)
     if (!strcmp(m->inner_names[i], name)) return ks__err(err, KS_E_EXISTS, "inner metric '%s' exists", name);
@@ -175,7 +175,7 @@ static KS_NODISCARD ks_status check_new_attr(const ks_metric *m, const char *nam
                                              ks_error *err) {
   if (!m || !m->described || !name)
     return ks__err(err, KS_E_INVALID, "ks_metric_describe_attr: not a described metric");
-  ks_status st = ks_name_check(name, err);
+  ks_status st = ks__name_check(name, err);
   if (st) return st;
   if (flags & ~KS_ATTR_INT) return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "attribute '%s': bad flags", name);
   if (flags & KS_ATTR_INT) {

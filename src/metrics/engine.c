@@ -57,10 +57,6 @@ ks_status ks_metric_create(const char *class_name, const char *args_json, const 
 
 const char *ks_metric_class(const ks_metric *m) { return m->described ? m->described : m->cls->name; }
 const char *ks_metric_args_json(const ks_metric *m) { return m->args_json; }
-int ks_metric_schema_version(const ks_metric *m) {
-  (void)m;
-  return KS_METRIC_SCHEMA_VERSION;
-}
 int64_t ks_metric_update_count(const ks_metric *m) { return m->update_count; }
 size_t ks_metric_state_count(const ks_metric *m) { return m->n_states; }
 

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "core/internal.h"
+#include "keepsake/binding.h"
 #include "keepsake/metric.h"
 
 #define KS__MAX_STATES 4
@@ -135,6 +136,8 @@ struct ks__class {
 };
 
 /* described.c */
+/* Nonzero when m was made by ks_metric_describe. */
+int ks__metric_is_described(const ks_metric *m);
 void ks__described_free(ks_metric *m);
 /* Drops the values a load staged for m's attributes (ks_metric_reset). */
 void ks__attrs_unstage(ks_metric *m);

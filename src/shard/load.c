@@ -376,7 +376,7 @@ static ks__jv *metric_def(const ks_allocator *a, const ks_metric *m) {
   ks_status st = KS_OK;
   ks__shard_put(a, def, "class", ks__jv_str(a, ks_metric_class(m)), &st);
   ks__shard_put(a, def, "args", args, &st);
-  ks__shard_put(a, def, "schema_version", ks__jv_int(a, ks_metric_schema_version(m)), &st);
+  ks__shard_put(a, def, "schema_version", ks__jv_int(a, KS_METRIC_SCHEMA_VERSION), &st);
   ks__shard_put(a, def, "update_count", ks__jv_int(a, ks_metric_update_count(m)), &st);
   if (st) {
     ks__jv_free(a, def);
@@ -511,7 +511,7 @@ ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int ran
               ks__io_v2(opts ? opts->io : NULL), NULL, NULL, err};
   ks_status st = KS_OK;
   for (int f = 0; !st && !(opts && opts->no_verify) && f < idx->world_size; f++)
-    st = ks_shard_verify_file_io(dir, idx, f, L.io, err);
+    st = ks_shard_verify_file(dir, idx, f, L.io, err);
   if (!st && !(L.files = ks__calloc(L.a, (size_t)L.n, sizeof *L.files))) st = ks__err(err, KS_E_NOMEM, "out of memory");
   for (int f = 0; L.files && f < L.n; f++) L.files[f].fd = -1;
   if (!st && ks_statedict_create(L.a, &L.out, err)) st = ks__err(err, KS_E_NOMEM, "out of memory");

@@ -52,7 +52,7 @@ static int chunk_ok(int rank, const int64_t *g, const int64_t *o, const int64_t 
 
 ks_status ks_shard_map_add(ks_shard_map *m, const char *name, int rank, const int64_t *global_shape,
                            const int64_t *offsets, const int64_t *shape, ks_error *err) {
-  ks_status st = ks_name_check(name, err);
+  ks_status st = ks__name_check(name, err);
   if (st) return st;
   if (!m || (rank > 0 && (!global_shape || !offsets || !shape)))
     return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "ks_shard_map_add: NULL map or shape");

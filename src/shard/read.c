@@ -27,18 +27,27 @@ void ks_shard_index_free(ks_shard_index *idx) {
   ks__free(&copy, idx);
 }
 
-int ks_shard_index_world_size(const ks_shard_index *idx) { return idx ? idx->world_size : 0; }
-int ks_shard_index_version(const ks_shard_index *idx) { return idx ? idx->version : 0; }
-int64_t ks_shard_index_epoch(const ks_shard_index *idx) { return idx ? idx->ts.epoch : -1; }
-int64_t ks_shard_index_batch(const ks_shard_index *idx) { return idx ? idx->ts.batch : -1; }
+void ks_shard_index_get(const ks_shard_index *idx, ks_shard_index_info *out) {
+  if (!out) return;
+  ks_shard_index_info in = {.size = out->size, .epoch = -1, .batch = -1};
+  if (idx) {
+    in.version = idx->version;
+    in.world_size = idx->world_size;
+    in.epoch = idx->ts.epoch;
+    in.batch = idx->ts.batch;
+    in.n_sharded = idx->n_sharded;
+    in.per_rank = (const char *const *)idx->per_rank;
+    in.n_per_rank = idx->n_per_rank;
+  }
+  /* The members the caller's layout has (size 0: this library's), as the option structs are read. */
+  memcpy(out, &in, out->size && out->size < sizeof in ? out->size : sizeof in);
+}
 
 const char *ks_shard_index_file(const ks_shard_index *idx, int rank, ks_shard_file_info *info) {
   if (!idx || rank < 0 || rank >= idx->world_size) return NULL;
   if (info) *info = idx->infos[rank];
   return idx->files[rank];
 }
-
-size_t ks_shard_index_sharded_count(const ks_shard_index *idx) { return idx ? idx->n_sharded : 0; }
 
 ks_status ks_shard_index_sharded_at(const ks_shard_index *idx, size_t i, ks_shard_chunk *whole, ks_dtype *dtype,
                                     size_t *n_chunks) {
@@ -74,11 +83,6 @@ ks_status ks_shard_index_chunk(const ks_shard_index *idx, size_t i, size_t j, ks
   return KS_OK;
 }
 
-const char *const *ks_shard_index_per_rank(const ks_shard_index *idx, size_t *n) {
-  if (n) *n = idx ? idx->n_per_rank : 0;
-  return idx ? (const char *const *)idx->per_rank : NULL;
-}
-
 /* The whole of `path` (at most cap bytes) through io; *buf is NUL-terminated. errno-style result. */
 static int read_all(const ks_io *io, const ks_allocator *a, const char *path, uint64_t cap, char **buf, size_t *len,
                     int *too_big) {
@@ -108,8 +112,8 @@ static int read_all(const ks_io *io, const ks_allocator *a, const char *path, ui
   return 0;
 }
 
-ks_status ks_shard_index_read_io(const char *dir, const ks_allocator *alloc, const ks_io *io, ks_shard_index **out,
-                                  ks_error *err) {
+ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, const ks_io *io, ks_shard_index **out,
+                               ks_error *err) {
   if (!dir || !out) return ks__err(err, KS_E_INVALID, "ks_shard_index_read: NULL argument");
   io = ks__io_v2(io);
   char *path = ks__shard_join(alloc, dir, KS_SHARD_INDEX_NAME), *text = NULL;
@@ -141,10 +145,6 @@ ks_status ks_shard_index_read_io(const char *dir, const ks_allocator *alloc, con
   }
   *out = idx;
   return KS_OK;
-}
-
-ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, ks_shard_index **out, ks_error *err) {
-  return ks_shard_index_read_io(dir, alloc, NULL, out, err);
 }
 
 /* XXH3-64 of an open file: mapped when the table can map, else read in blocks. errno-style result. */
@@ -256,8 +256,8 @@ KS_NODISCARD static ks_status verify_tensors(const char *path, const ks_io *io, 
                     rank, name, why);
 }
 
-ks_status ks_shard_verify_file_io(const char *dir, const ks_shard_index *idx, int rank, const ks_io *io,
-                                   ks_error *err) {
+ks_status ks_shard_verify_file(const char *dir, const ks_shard_index *idx, int rank, const ks_io *io,
+                               ks_error *err) {
   if (!dir || !idx || rank < 0 || rank >= idx->world_size)
     return ks__err(err, KS_E_INVALID, "ks_shard_verify_file: bad argument");
   io = ks__io_v2(io);
@@ -293,8 +293,4 @@ ks_status ks_shard_verify_file_io(const char *dir, const ks_shard_index *idx, in
   if (!st && idx->version >= 2) st = verify_tensors(path, io, &idx->alloc, rank, name, err);
   ks__free(&idx->alloc, path);
   return st;
-}
-
-ks_status ks_shard_verify_file(const char *dir, const ks_shard_index *idx, int rank, ks_error *err) {
-  return ks_shard_verify_file_io(dir, idx, rank, NULL, err);
 }

@@ -54,11 +54,11 @@ ks_status ks_shard_reshard(const char *dir, int world_size, const char *out_dir,
   const ks_allocator *a = opts ? opts->alloc : NULL;
   const ks_io *io = opts ? opts->io : NULL, *v2 = ks__io_v2(io);
   ks_shard_index *idx = NULL, *there = NULL;
-  ks_status st = ks_shard_index_read_io(dir, a, io, &idx, err);
-  if (!st && ks_shard_index_read_io(out_dir, a, io, &there, NULL) != KS_E_NOTFOUND)
+  ks_status st = ks_shard_index_read(dir, a, io, &idx, err);
+  if (!st && ks_shard_index_read(out_dir, a, io, &there, NULL) != KS_E_NOTFOUND)
     st = ks__err_at(err, KS_E_EXISTS, out_dir, NULL, -1, "already holds a checkpoint (or an unreadable index)");
   ks_shard_index_free(there);
-  for (int f = 0; !st && f < idx->world_size; f++) st = ks_shard_verify_file_io(dir, idx, f, io, err);
+  for (int f = 0; !st && f < idx->world_size; f++) st = ks_shard_verify_file(dir, idx, f, io, err);
   /* Every file is read anyway: check every header too, so that no chunk a load skips (an empty
      region reads nothing) is rewritten as something the files do not hold. */
   if (!st) st = ks_shard_check(dir, idx, io, KS_SHARD_CHECK_HEADERS, NULL, NULL, err);
@@ -102,7 +102,7 @@ static int on_dir(void *ctx, const char *name, ks_io_kind kind) {
   char *p = ks__shard_join(k->a, k->run_dir, name);
   ks_shard_index *idx = NULL;
   if (!p) k->st = ks__err(k->err, KS_E_NOMEM, "out of memory");
-  else if (ks_shard_index_read(p, k->a, &idx, NULL) != KS_OK) {
+  else if (ks_shard_index_read(p, k->a, NULL, &idx, NULL) != KS_OK) {
     ks__free(k->a, p); /* no index (a save that died) or not a checkpoint at all */
     return 0;
   }
@@ -134,9 +134,9 @@ KS_NODISCARD static ks_status collect(const char *run_dir, const ks_allocator *a
 
 static int verifies(const char *dir, const ks_allocator *a) {
   ks_shard_index *idx;
-  if (ks_shard_index_read(dir, a, &idx, NULL)) return 0;
+  if (ks_shard_index_read(dir, a, NULL, &idx, NULL)) return 0;
   int ok = 1;
-  for (int f = 0; ok && f < idx->world_size; f++) ok = ks_shard_verify_file(dir, idx, f, NULL) == KS_OK;
+  for (int f = 0; ok && f < idx->world_size; f++) ok = ks_shard_verify_file(dir, idx, f, NULL, NULL) == KS_OK;
   ks_shard_index_free(idx);
   return ok;
 }

@@ -8,6 +8,7 @@
 #include "core/internal.h"
 #include "core/json.h"
 #include "core/keys.h"
+#include "keepsake/binding.h"
 #include "keepsake/dcpvalue.h"
 #include "keepsake/shard.h"
 

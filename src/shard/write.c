@@ -107,7 +107,12 @@ KS_NODISCARD static ks_status build_meta(int rank, int world_size, const ks_stat
                                          size_t n_per_rank, const ks_allocator *a, ks_meta **out, ks_error *err) {
   ks_meta *m;
   if (ks_meta_create(a, &m, err)) return ks__err(err, KS_E_NOMEM, "out of memory building metadata");
-  ks_status st = meta ? ks_meta_copy(m, meta, err) : KS_OK;
+  ks_status st = KS_OK;
+  for (size_t i = 0; !st && meta && i < ks_meta_count(meta); i++) {
+    const char *k, *v;
+    st = ks_meta_at(meta, i, &k, &v);
+    if (!st) st = ks_meta_set(m, k, v, err);
+  }
   if (st) st = ks__err(err, st, "cannot copy the metadata");
   if (!st) st = set_json(a, m, KS__SHARD_META, shard_record(a, rank, world_size, sd, per_rank, n_per_rank), err);
   if (!st) {

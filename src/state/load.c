@@ -131,10 +131,14 @@ static KS_NODISCARD ks_status load_dataset(ks_dataset_state *ds, const ks_stated
   return s;
 }
 
+static KS_NODISCARD ks_status load_with(ks_stateful cb, const ks_statedict *src, const char *p, ks_error *err) {
+  return cb.load_state_dict(cb.ctx, src, p, err);
+}
+
 static KS_NODISCARD ks_status call_loader(const st_comp *m, const ks_statedict *src, const char *p, ks_error *err) {
   switch (m->kind) {
-  case ST_OPTIM: return ks_optimizer_load_state_dict(m->obj, src, p, err);
-  case ST_SCHED: return ks_scheduler_load_state_dict(m->obj, src, p, err);
+  case ST_OPTIM: return load_with(ks_optimizer_stateful(m->obj), src, p, err);
+  case ST_SCHED: return load_with(ks_scheduler_stateful(m->obj), src, p, err);
   case ST_CUSTOM: return m->cb.load_state_dict(m->cb.ctx, src, p, err);
   case ST_DATASET: return load_dataset(m->obj, src, p, err);
   case ST_TENSOR: break;
@@ -169,11 +173,11 @@ static KS_NODISCARD ks_status load_generic(ks__load_ctx *c, const char *prefix, 
 }
 
 static KS_NODISCARD ks_status ts_loader(void *obj, const ks_statedict *src, const char *p, ks_error *err) {
-  return ks_timestamp_load_state_dict(obj, src, p, err);
+  return load_with(ks_timestamp_stateful(obj), src, p, err);
 }
 
 static KS_NODISCARD ks_status rng_loader(void *obj, const ks_statedict *src, const char *p, ks_error *err) {
-  return ks_rng_load_state_dict(obj, src, p, err);
+  return load_with(ks_rng_stateful(obj), src, p, err);
 }
 
 static KS_NODISCARD ks_status load_components(ks__load_ctx *c) {

@@ -147,12 +147,12 @@ static KS_NODISCARD ks_status fill(ks__load_ctx *c, ks_metric *m, const char *pa
   migrated |= inner_mig;
   converted |= inner_conv;
   /* Old shapes (a 0-d MSE sum) are reshaped whatever version the metadata names, if any. */
-  if (migrated && si.schema_version < ks_metric_schema_version(m))
+  if (migrated && si.schema_version < KS_METRIC_SCHEMA_VERSION)
     return ks__note(c, KS_LOAD_MIGRATED, path, "schema v%d states migrated to v%d%s", si.schema_version,
-                    ks_metric_schema_version(m), converted ? ", dtypes converted" : "");
+                    KS_METRIC_SCHEMA_VERSION, converted ? ", dtypes converted" : "");
   if (migrated)
     return ks__note(c, KS_LOAD_MIGRATED, path, "old state shapes migrated to schema v%d%s",
-                    ks_metric_schema_version(m), converted ? ", dtypes converted" : "");
+                    KS_METRIC_SCHEMA_VERSION, converted ? ", dtypes converted" : "");
   if (converted)
     return ks__note(c, KS_LOAD_CONVERTED, path, "stored dtypes converted to the declared ones%s",
                     c->o.allow_narrowing ? " (narrowing allowed)" : "");

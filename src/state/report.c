@@ -35,7 +35,7 @@ ks_status ks_load_report_create(const ks_allocator *alloc, ks_load_report **out,
   return KS_OK;
 }
 
-void ks_load_report_clear(ks_load_report *r) {
+void ks__load_report_clear(ks_load_report *r) {
   if (!r) return;
   for (size_t i = 0; i < r->count; i++) {
     ks__free(&r->alloc, (char *)r->items[i].path);
@@ -47,7 +47,7 @@ void ks_load_report_clear(ks_load_report *r) {
 
 void ks_load_report_free(ks_load_report *r) {
   if (!r) return;
-  ks_load_report_clear(r);
+  ks__load_report_clear(r);
   ks__free(&r->alloc, r->items);
   ks__free(&r->alloc, r->hashes);
   ks__hindex_free(&r->index, &r->alloc);
@@ -69,6 +69,8 @@ ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *p
                              ks_error *err) {
   if (!r) return KS_OK; /* a NULL report means the caller does not want one */
   if (!path || !reason) return ks__err_at(err, KS_E_INVALID, NULL, path, -1, "ks_load_report_add: NULL path or reason");
+  if (kind < KS_LOAD_LOADED || kind > KS_LOAD_MISMATCHED)
+    return ks__err_at(err, KS_E_INVALID, NULL, path, -1, "ks_load_report_add: unknown kind %d", (int)kind);
   ks_status s = grow(r);
   if (s) return ks__err_at(err, s, NULL, path, -1, "cannot report on '%.200s': %s", path, ks_strerror(s));
   char *p = ks__strdup(&r->alloc, path), *why = ks__strdup(&r->alloc, reason);
@@ -87,9 +89,8 @@ ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *p
   return KS_OK;
 }
 
-size_t ks_load_report_count(const ks_load_report *r) { return r ? r->count : 0; }
-
-size_t ks_load_report_count_kind(const ks_load_report *r, ks_load_kind kind) {
+size_t ks_load_report_count(const ks_load_report *r, ks_load_kind kind) {
+  if (kind == KS_LOAD_ANY) return r ? r->count : 0;
   size_t n = 0;
   for (size_t i = 0; r && i < r->count; i++) n += r->items[i].kind == kind;
   return n;
@@ -122,6 +123,6 @@ void ks_load_report_print(const ks_load_report *r, FILE *out) {
       if ((size_t)r->items[i].kind == k)
         fprintf(out, "  %-10s %s: %s\n", kind_names[k], r->items[i].path, r->items[i].reason);
   fprintf(out, "  summary:");
-  for (size_t k = 0; k < nk; k++) fprintf(out, " %zu %s%s", ks_load_report_count_kind(r, (ks_load_kind)k),
+  for (size_t k = 0; k < nk; k++) fprintf(out, " %zu %s%s", ks_load_report_count(r, (ks_load_kind)k),
                                           kind_names[k], k + 1 < nk ? "," : "\n");
 }

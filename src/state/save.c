@@ -13,13 +13,17 @@
 #include "core/json.h"
 #include "state/state_internal.h"
 
+static KS_NODISCARD ks_status save_with(ks_stateful cb, ks_statedict *dst, const char *p, ks_error *err) {
+  return cb.to_state_dict(cb.ctx, dst, p, err);
+}
+
 static KS_NODISCARD ks_status put_component(const st_comp *c, ks_statedict *dst, ks_error *err) {
   char p[KS__KEY_MAX + 1];
   if (ks__comp_prefix(c, p)) return ks__err(err, KS_E_LIMIT, "component name too long: %s", c->name);
   switch (c->kind) {
   case ST_TENSOR: return ks_statedict_set_tensor(dst, p, &c->t, KS_BORROW, err);
-  case ST_OPTIM: return ks_optimizer_to_state_dict(c->obj, dst, p, err);
-  case ST_SCHED: return ks_scheduler_to_state_dict(c->obj, dst, p, err);
+  case ST_OPTIM: return save_with(ks_optimizer_stateful(c->obj), dst, p, err);
+  case ST_SCHED: return save_with(ks_scheduler_stateful(c->obj), dst, p, err);
   case ST_CUSTOM: return c->cb.to_state_dict(c->cb.ctx, dst, p, err);
   case ST_DATASET: {
     const ks_dataset_state *ds = c->obj;
@@ -71,7 +75,7 @@ static KS_NODISCARD ks_status put_metric_json(const ks_allocator *a, const ks_me
   ks_status s = one ? KS_OK : KS_E_NOMEM;
   if (!s) s = ks__jv_set(a, one, "class", ks__jv_str(a, ks_metric_class(m)));
   if (!s) s = ks__jv_set(a, one, "args", metric_args(a, m));
-  if (!s) s = ks__jv_set(a, one, "schema_version", ks__jv_int(a, ks_metric_schema_version(m)));
+  if (!s) s = ks__jv_set(a, one, "schema_version", ks__jv_int(a, KS_METRIC_SCHEMA_VERSION));
   if (!s) s = ks__jv_set(a, one, "update_count", ks__jv_int(a, ks_metric_update_count(m)));
   ks__jv *lists = s ? NULL : list_states(a, m, &s);
   if (lists) s = ks__jv_set(a, one, "lists", lists);
@@ -92,7 +96,7 @@ static KS_NODISCARD ks_status put_metric(const ks_metric *m, const char *path, k
   const ks_tensor *c = ks_metric_computed(m);
   s = c ? ks_statedict_set_tensor(dst, k, c, KS_COPY, err) : ks_statedict_set_null(dst, k, err);
   if (s) return s;
-  s = put_metric_json(ks_statedict_allocator(dst), m, path, mj);
+  s = put_metric_json(ks__statedict_allocator(dst), m, path, mj);
   return s ? ks__err(err, s, "out of memory") : KS_OK;
 }
 
@@ -123,7 +127,7 @@ static KS_NODISCARD ks_status put_metrics(const ks_state *st, ks_statedict *dst,
 static KS_NODISCARD ks_status put_rest(const ks_state *st, ks_statedict *dst) {
   ks_status s = ks_statedict_set_int(dst, KS_KEY_RANK_ZERO_SEED, st->rank_zero_seed, NULL);
   if (!s) s = ks_statedict_set_string(dst, KS_KEY_RUN_NAME, st->run_name, NULL);
-  if (!s && st->rng) s = ks_rng_to_state_dict(st->rng, dst, "rng/0/", NULL);
+  if (!s && st->rng) s = save_with(ks_rng_stateful(st->rng), dst, "rng/0/", NULL);
   return s;
 }
 
@@ -142,10 +146,10 @@ ks_status ks_state_to_state_dict(const ks_state *st, ks_statedict *dst, ks_meta 
   static const st_kind order[] = {ST_TENSOR, ST_OPTIM, ST_SCHED};
   ks_status s = KS_OK;
   for (size_t i = 0; i < 3 && !s; i++) s = put_kind(st, order[i], dst, err);
-  if (!s && st->ts) s = ks_timestamp_to_state_dict(st->ts, dst, KS_KEY_TIMESTAMP, err);
+  if (!s && st->ts) s = save_with(ks_timestamp_stateful(st->ts), dst, KS_KEY_TIMESTAMP, err);
   if (!s) s = put_kind(st, ST_DATASET, dst, err);
   if (!s) s = put_kind(st, ST_CUSTOM, dst, err);
-  const ks_allocator *a = ks_statedict_allocator(dst);
+  const ks_allocator *a = ks__statedict_allocator(dst);
   ks__jv *mj = ks__jv_object(a);
   if (!mj) s = s ? s : KS_E_NOMEM;
   if (!s) s = put_metrics(st, dst, mj, err);

@@ -49,7 +49,7 @@ void ks_state_free(ks_state *st) {
 }
 
 /* A name becomes one path segment of every key below it, so '/' would split it. Its length is
-   KS_MAX_NAME's business (ks_name_check), and the keys built from it are checked whole. */
+   KS_MAX_NAME's business (ks__name_check), and the keys built from it are checked whole. */
 static int valid_name(const char *name) { return !strchr(name, '/'); }
 
 static uint64_t comp_hash(const void *ctx, size_t i) { return ((const ks_state *)ctx)->comps[i].hash; }
@@ -80,7 +80,7 @@ static int valid_tensor_name(const char *name) {
 
 static KS_NODISCARD ks_status add_comp(ks_state *st, const st_comp *c, ks_error *err) {
   if (!st) return ks__err_at(err, KS_E_INVALID, NULL, c->name, -1, "NULL state");
-  ks_status s = ks_name_check(c->name, err);
+  ks_status s = ks__name_check(c->name, err);
   if (s) return s;
   if (c->kind == ST_TENSOR ? !valid_tensor_name(c->name) : !valid_name(c->name))
     return ks__err_at(err, KS_E_INVALID, NULL, c->name, -1,
@@ -127,10 +127,6 @@ ks_status ks_state_add_optimizer(ks_state *st, const char *name, ks_optimizer *o
 ks_status ks_state_add_scheduler(ks_state *st, const char *name, ks_scheduler *sched, ks_error *err) {
   if (!sched) return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "NULL scheduler");
   return add_comp(st, &(st_comp){.kind = ST_SCHED, .name = (char *)name, .obj = sched}, err);
-}
-
-ks_status ks_state_add_stateful(ks_state *st, const char *name, const ks_stateful *cb, ks_error *err) {
-  return ks_state_add_component(st, KS_ROOT_CALLBACKS, name, cb, err);
 }
 
 ks_status ks_state_add_component(ks_state *st, ks_state_root root, const char *name, const ks_stateful *cb,
@@ -185,7 +181,7 @@ static KS_NODISCARD ks_status build_evals(ks_state *st, ks_metrics_factory facto
   if (!ev) return KS_E_NOMEM;
   ks_status s = KS_OK;
   for (size_t i = 0; i < n && !s; i++) {
-    if ((s = ks_name_check(labels[i], err)) == KS_OK && !valid_name(labels[i]))
+    if ((s = ks__name_check(labels[i], err)) == KS_OK && !valid_name(labels[i]))
       s = ks__err_at(err, KS_E_INVALID, NULL, labels[i], -1, "evaluator label '%.200s' contains '/'", labels[i]);
     for (size_t j = 0; j < i && !s; j++)
       if (!strcmp(labels[i], labels[j])) s = ks__err(err, KS_E_EXISTS, "duplicate label '%s'", labels[i]);

@@ -10,8 +10,12 @@
 #include "core/hindex.h"
 #include "core/internal.h"
 #include "core/keys.h"
+#include "keepsake/binding.h"
 #include "keepsake/layout.h"
 #include "keepsake/state.h"
+
+/* Empties a load report (report.c; tests reuse one report for several loads). */
+void ks__load_report_clear(ks_load_report *r);
 
 /* Glob over '/' paths that also matches any '/'-prefix of `path`. */
 int ks__path_ignored(const char *const *globs, size_t n, const char *path);

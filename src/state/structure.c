@@ -150,7 +150,7 @@ static KS_NODISCARD ks_status build(const ks_state *st, const ks_statedict *sd, 
 }
 
 ks_status ks__state_structure(const ks_state *st, const ks_statedict *sd, ks_meta *meta, ks_error *err) {
-  const ks_allocator *a = ks_statedict_allocator(sd);
+  const ks_allocator *a = ks__statedict_allocator(sd);
   ks_structure *c = NULL;
   char *text = NULL;
   ks_status s = ks_structure_create(a, &c, NULL);

@@ -290,10 +290,11 @@ static KS_NODISCARD ks_status read_storage(void *ctx, const char *key, const uin
 static KS_NODISCARD ks_status run_item(rd *r, const ks__dcp_item *it, const uint8_t *buf, size_t len,
                                        ks__pk_arena *ar, const ks__pk_limits *lim, ks__zip **z, ks__pk_node **root) {
   int verify = r->opts && r->opts->verify_crc;
-  if (ks_torch_is_legacy(buf, len))
+  ks_torch_kind kind = ks__torch_sniff(buf, len);
+  if (kind == KS_TORCH_LEGACY)
     return ks__err_at(r->err, KS_E_UNSUPPORTED, r->path, it->fqn, (int64_t)it->offset,
                       "dcp: item in torch's legacy (non-zip) format");
-  if (!ks_torch_is_zip(buf, len))
+  if (kind != KS_TORCH_ZIP)
     return looks_safetensors(buf, len) ? refuse_safetensors(r, it->fqn)
                                        : ks__err_at(r->err, KS_E_FORMAT, r->path, it->fqn, (int64_t)it->offset,
                                                     "dcp: the item at %llu is not a torch.save archive",
@@ -676,7 +677,7 @@ static KS_NODISCARD ks_status flatten(rd *r, ks_statedict **out, char **structur
   if (!st && shape) st = ks__structure_dump(shape, r->a, &text, r->err);
   if (!st && info) st = describe(r, &doc);
   ks__structure_free(shape);
-  if (!st && (st = ks_statedict_attach(sd, r->ar, release_arena, r->err)) != KS_OK) st = nomem(r->err);
+  if (!st && (st = ks__statedict_attach(sd, r->ar, release_arena, r->err)) != KS_OK) st = nomem(r->err);
   if (st) {
     ks__free(r->a, text);
     ks__free(r->a, doc);
@@ -690,7 +691,7 @@ static KS_NODISCARD ks_status flatten(rd *r, ks_statedict **out, char **structur
   return KS_OK;
 }
 
-int ks_torch_dcp_probe(const char *dir, const ks_io *io) {
+int ks__torch_dcp_dir(const char *dir, const ks_io *io) {
   if (!dir || ks_io_check(io, NULL)) return 0;
   const ks_io *t = ks__io_v2(io);
   char path[PATH_CAP];

@@ -132,7 +132,7 @@ static int cmp_slot(const void *a, const void *b) {
 static KS_NODISCARD ks_status distinct_keys(flat *f, const ks__pk_seq *seq) {
   size_t n = seq->n / 2, bytes;
   if (n < 2) return KS_OK;
-  const ks_allocator *a = ks_statedict_allocator(f->sd);
+  const ks_allocator *a = ks__statedict_allocator(f->sd);
   key_slot *k = ks__mul_size(n, sizeof *k, &bytes) ? ks__malloc(a, bytes) : NULL;
   if (!k) return ks__err(f->err, KS_E_NOMEM, "torch: out of memory");
   ks_status st = KS_OK;
@@ -316,7 +316,7 @@ ks_status ks__pk_flatten(const ks__pk_node *root, const ks__pk_arena *ar, const 
 
 ks_status ks__pk_flatten_structured(const ks__pk_node *root, const ks__pk_limits *lim, ks_statedict *sd,
                                     ks__structure *shape, ks_error *err) {
-  flat *f = ks__malloc(ks_statedict_allocator(sd), sizeof *f);
+  flat *f = ks__malloc(ks__statedict_allocator(sd), sizeof *f);
   if (!f) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
   f->sd = sd;
   f->lim = lim;
@@ -326,7 +326,7 @@ ks_status ks__pk_flatten_structured(const ks__pk_node *root, const ks__pk_limits
   f->bytes = 0;
   f->path[0] = 0;
   ks_status st = visit(f, root, 0);
-  ks__free(ks_statedict_allocator(sd), f);
+  ks__free(ks__statedict_allocator(sd), f);
   if (!st) st = ks__torch_names_prefix_free(sd, err);
   return st;
 }

@@ -70,7 +70,7 @@ static KS_NODISCARD ks_status load_zip(ks__zip *z, size_t file_len, const ks_tor
   if (!st) st = run(ar, opts, file_len, sd, shape, err);
   if (!st && shape) st = ks__structure_dump(shape, ks__alloc_or_default(a), &text, err);
   ks__structure_free(shape);
-  if (!st && (st = ks_statedict_attach(sd, ar, release_arena, err)) != KS_OK) ks__err(err, st, "torch: out of memory");
+  if (!st && (st = ks__statedict_attach(sd, ar, release_arena, err)) != KS_OK) ks__err(err, st, "torch: out of memory");
   if (st) {
     ks__free(a, text);
     ks_statedict_free(sd);
@@ -84,10 +84,19 @@ static KS_NODISCARD ks_status load_zip(ks__zip *z, size_t file_len, const ks_tor
 
 /* torch.save(..., _use_new_zipfile_serialization=False): a pickled magic number (LONG1
    0x1950a86a20f9469cfc6c) at offset 2 after the protocol opcode, followed by more pickles. */
-int ks_torch_is_legacy(const void *buf, size_t len) {
+static int is_legacy(const uint8_t *p, size_t len) {
   static const uint8_t magic[12] = {0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
-  const uint8_t *p = buf;
   return p && len >= 14 && p[0] == 0x80 && !memcmp(p + 2, magic, sizeof magic);
+}
+
+/* A zip archive: a local file header, or the end record of an empty archive. */
+static int is_zip(const uint8_t *p, size_t len) {
+  if (!p || len < 4 || p[0] != 'P' || p[1] != 'K') return 0;
+  return (p[2] == 3 && p[3] == 4) || (p[2] == 5 && p[3] == 6);
+}
+
+ks_torch_kind ks__torch_sniff(const void *buf, size_t len) {
+  return is_zip(buf, len) ? KS_TORCH_ZIP : is_legacy(buf, len) ? KS_TORCH_LEGACY : KS_TORCH_UNKNOWN;
 }
 
 static KS_NODISCARD ks_status legacy_refused(ks_error *err) {
@@ -96,32 +105,25 @@ static KS_NODISCARD ks_status legacy_refused(ks_error *err) {
                  "load it in Python and torch.save it again with the default zip format");
 }
 
-/* The first bytes through the table (whose open_fn refuses a FIFO, never waits on one). */
-static int path_is_legacy(const char *path, const ks_io *table) {
+/* What the first bytes of the file say, read through the table (whose open_fn refuses a FIFO,
+   never waits on one). */
+static ks_torch_kind path_kind(const char *path, const ks_io *table) {
   const ks_io *io = ks__io_v2(table);
   uint8_t head[14];
   int fd;
   uint64_t size;
   size_t n = 0;
-  if (ks_io_check(table, NULL) || io->open_fn(io->ctx, path, &fd, &size)) return 0;
-  int rc = io->read_fn(io->ctx, fd, head, sizeof head, 0, &n);
+  if (ks_io_check(table, NULL) || io->open_fn(io->ctx, path, &fd, &size)) return KS_TORCH_UNKNOWN;
+  int rc = io->read_fn(io->ctx, fd, head, (size_t)(size < sizeof head ? size : sizeof head), 0, &n);
   io->close_fn(io->ctx, fd);
-  return !rc && n == sizeof head && ks_torch_is_legacy(head, sizeof head);
+  return rc ? KS_TORCH_UNKNOWN : ks__torch_sniff(head, n);
 }
 
-ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out, ks_error *err) {
-  return ks_torch_load_with_structure(path, opts, out, NULL, err);
-}
-
-ks_status ks_torch_load_with_structure(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
-                                       char **structure, ks_error *err) {
-  if (!path || !out) return ks__err(err, KS_E_INVALID, "torch: NULL argument");
-  KS__TAKE_OPTS(ks_torch_read_opts, opts, KS__V1_SIZE(ks_torch_read_opts, max_entries), err);
+static KS_NODISCARD ks_status load_path(const char *path, const ks_torch_read_opts *opts, ks_statedict **out,
+                                        char **structure, ks_error *err) {
   ks__zip *z;
-  ks_error_clear(err);
-  const ks_io *io = opts ? opts->io : NULL;
-  ks_status st = ks__zip_open_path(path, io, opts ? opts->alloc : NULL, &z, err);
-  if (st && st != KS_E_NOMEM && path_is_legacy(path, io)) {
+  ks_status st = ks__zip_open_path(path, opts->io, opts->alloc, &z, err);
+  if (st && st != KS_E_NOMEM && path_kind(path, opts->io) == KS_TORCH_LEGACY) {
     ks_error_clear(err);
     st = legacy_refused(err);
   }
@@ -140,27 +142,31 @@ ks_status ks_torch_load_with_structure(const char *path, const ks_torch_read_opt
   return st;
 }
 
-ks_status ks_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts, ks_statedict **out,
-                               ks_error *err) {
-  return ks_torch_load_buffer_with_structure(buf, len, opts, out, NULL, err);
-}
-
-ks_status ks_torch_load_buffer_with_structure(const void *buf, size_t len, const ks_torch_read_opts *opts,
-                                              ks_statedict **out, char **structure, ks_error *err) {
-  if (!buf || !out) return ks__err(err, KS_E_INVALID, "torch: NULL argument");
-  KS__TAKE_OPTS(ks_torch_read_opts, opts, KS__V1_SIZE(ks_torch_read_opts, max_entries), err);
+static KS_NODISCARD ks_status load_buffer(const ks_torch_read_opts *opts, ks_statedict **out, char **structure,
+                                          ks_error *err) {
   ks__zip *z;
-  ks_error_clear(err);
-  if (ks_torch_is_legacy(buf, len)) return legacy_refused(err);
-  ks_status st = ks__zip_open_buffer(buf, len, opts ? opts->alloc : NULL, &z, err);
+  if (is_legacy(opts->data, opts->data_len)) return legacy_refused(err);
+  ks_status st = ks__zip_open_buffer(opts->data, opts->data_len, opts->alloc, &z, err);
   if (st) return st;
-  return load_zip(z, len, opts, out, structure, err);
+  return load_zip(z, opts->data_len, opts, out, structure, err);
 }
 
-int ks_torch_is_zip(const void *buf, size_t len) {
-  const uint8_t *p = buf;
-  if (!p || len < 4 || p[0] != 'P' || p[1] != 'K') return 0;
-  return (p[2] == 3 && p[3] == 4) || (p[2] == 5 && p[3] == 6);
+ks_status ks_torch_load(const char *path, const ks_torch_read_opts *opts, ks_statedict **out, char **structure,
+                        ks_error *err) {
+  if (!out) return ks__err(err, KS_E_INVALID, "torch: NULL argument");
+  KS__TAKE_OPTS(ks_torch_read_opts, opts, KS__V1_SIZE(ks_torch_read_opts, max_entries), err);
+  if (!path == !opts->data)
+    return ks__err(err, KS_E_INVALID, "torch: give either a path or opts->data (%s)", path ? "both given" : "neither");
+  ks_error_clear(err);
+  return path ? load_path(path, opts, out, structure, err) : load_buffer(opts, out, structure, err);
+}
+
+ks_torch_kind ks_torch_probe(const char *path, const ks_torch_read_opts *opts) {
+  ks_torch_read_opts o;
+  if (ks__struct_in(&o, sizeof o, opts, KS__V1_SIZE(ks_torch_read_opts, max_entries))) return KS_TORCH_UNKNOWN;
+  if (!path) return ks__torch_sniff(o.data, o.data_len);
+  if (ks__torch_dcp_dir(path, o.io)) return KS_TORCH_DCP;
+  return path_kind(path, o.io);
 }
 
 void ks_torch_free(const ks_allocator *alloc, void *p) { ks__free(alloc, p); }

@@ -38,7 +38,7 @@ ks_status ks__torch_names_prefix_free(const ks_statedict *sd, ks_error *err) {
   size_t n = ks_statedict_count(sd), bytes;
   if (n < 2) return KS_OK;
   if (!ks__mul_size(n, sizeof(const char *), &bytes)) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
-  const char **names = ks__malloc(ks_statedict_allocator(sd), bytes);
+  const char **names = ks__malloc(ks__statedict_allocator(sd), bytes);
   if (!names) return ks__err(err, KS_E_NOMEM, "torch: out of memory");
   ks_entry e;
   for (size_t i = 0; i < n && ks_statedict_at(sd, i, &e) == KS_OK; i++) names[i] = e.name;
@@ -50,7 +50,7 @@ ks_status ks__torch_names_prefix_free(const ks_statedict *sd, ks_error *err) {
       st = ks__err_at(err, KS_E_EXISTS, NULL, names[i], -1, "torch: '%s' is both a value and a folder (of '%s')",
                       names[i], names[i + 1]);
   }
-  ks__free(ks_statedict_allocator(sd), names);
+  ks__free(ks__statedict_allocator(sd), names);
   return st;
 }
 

@@ -22,6 +22,13 @@ typedef struct ks__crc32 {
 void ks__crc32_init(ks__crc32 *c);
 uint32_t ks__crc32_update(const ks__crc32 *c, uint32_t crc, const void *p, size_t n);
 
+/* ---- what a file is (load.c, dcp.c) ---- */
+/* What the first bytes of a file say it is: KS_TORCH_ZIP, KS_TORCH_LEGACY or KS_TORCH_UNKNOWN. */
+ks_torch_kind ks__torch_sniff(const void *buf, size_t len);
+/* Nonzero when dir is a directory (or a link to one) holding a `.metadata` file: a torch DCP
+   checkpoint. Only stats through io (NULL = ks_io_posix()). */
+int ks__torch_dcp_dir(const char *dir, const ks_io *io);
+
 /* ---- zip reader (zip.c) ---- */
 typedef struct ks__zip_entry {
   const char *name; /* points into the central directory copy, NUL-terminated */

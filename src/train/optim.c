@@ -250,8 +250,9 @@ static KS_NODISCARD ks_status put_groups(const ks_optimizer *o, ks_statedict *ds
   return s;
 }
 
-ks_status ks_optimizer_to_state_dict(const ks_optimizer *o, ks_statedict *dst, const char *prefix, ks_error *err) {
-  if (!o || !dst || !prefix) return ks__err(err, KS_E_INVALID, "ks_optimizer_to_state_dict: NULL argument");
+static KS_NODISCARD ks_status optim_save(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err) {
+  const ks_optimizer *o = ctx;
+  if (!o || !dst || !prefix) return ks__err(err, KS_E_INVALID, "optimizer save: NULL argument");
   char gp[KS__KEY_MAX + 1];
   ks_status s = ks__key_err(gp, prefix, "param_groups/0/", err);
   if (!s) s = put_state(o, dst, prefix, err);
@@ -310,8 +311,8 @@ static KS_NODISCARD ks_status copy_in(float *dst, const ks_tensor *t, size_t n) 
   return ks_dtype_convert(KS_F32, dst, t->dtype, t->data, n);
 }
 
-ks_status ks_optimizer_load_state_dict(ks_optimizer *o, const ks_statedict *src, const char *prefix,
-                                       ks_error *err) {
+static KS_NODISCARD ks_status optim_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
+  ks_optimizer *o = ctx;
   if (!o || !src || !prefix) return ks__err(err, KS_E_INVALID, "optimizer load: NULL argument");
   char gp[KS__KEY_MAX + 1];
   if (ks__key(gp, prefix, "param_groups/0/")) return ks__err(err, KS_E_LIMIT, "key too long");
@@ -367,4 +368,8 @@ ks_status ks_optimizer_load_state_dict(ks_optimizer *o, const ks_statedict *src,
     o->nesterov = lp.nesterov != 0;
   }
   return KS_OK;
+}
+
+ks_stateful ks_optimizer_stateful(ks_optimizer *o) {
+  return (ks_stateful){.ctx = o, .to_state_dict = optim_save, .load_state_dict = optim_load};
 }

@@ -63,8 +63,9 @@ void ks_rng_shuffle(ks_rng *r, int64_t *idx, size_t n) {
 
 #define RNG_KEY "xoshiro256starstar"
 
-ks_status ks_rng_to_state_dict(const ks_rng *r, ks_statedict *dst, const char *prefix, ks_error *err) {
-  if (!r || !dst || !prefix) return ks__err(err, KS_E_INVALID, "ks_rng_to_state_dict: NULL argument");
+static KS_NODISCARD ks_status rng_save(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err) {
+  const ks_rng *r = ctx;
+  if (!r || !dst || !prefix) return ks__err(err, KS_E_INVALID, "rng save: NULL argument");
   char k[KS__KEY_MAX + 1];
   ks_status s = ks__key_err(k, prefix, RNG_KEY, err);
   if (s) return s;
@@ -77,7 +78,9 @@ ks_status ks_rng_to_state_dict(const ks_rng *r, ks_statedict *dst, const char *p
   return KS_OK;
 }
 
-ks_status ks_rng_load_state_dict(ks_rng *r, const ks_statedict *src, const char *prefix, ks_error *err) {
+static KS_NODISCARD ks_status rng_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
+  ks_rng *r = ctx;
+  if (!r || !src || !prefix) return ks__err(err, KS_E_INVALID, "rng load: NULL argument");
   char k[KS__KEY_MAX + 1];
   if (ks__key(k, prefix, RNG_KEY)) return ks__key_limit(err, prefix, RNG_KEY);
   const ks_tensor *t = ks_statedict_tensor(src, k);
@@ -93,4 +96,8 @@ ks_status ks_rng_load_state_dict(ks_rng *r, const ks_statedict *src, const char 
     return ks__err_at(err, KS_E_VALUE, NULL, k, -1, "PRNG state is all zero (xoshiro would be stuck)");
   memcpy(r->s, s, sizeof s);
   return KS_OK;
+}
+
+ks_stateful ks_rng_stateful(ks_rng *r) {
+  return (ks_stateful){.ctx = r, .to_state_dict = rng_save, .load_state_dict = rng_load};
 }

@@ -35,7 +35,9 @@ void ks_scheduler_step(ks_scheduler *s, ks_optimizer *opt) {
   if (opt) ks_optimizer_set_lr(opt, s->last_lr);
 }
 
-ks_status ks_scheduler_to_state_dict(const ks_scheduler *s, ks_statedict *dst, const char *prefix, ks_error *err) {
+static KS_NODISCARD ks_status sched_save(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err) {
+  const ks_scheduler *s = ctx;
+  if (!s || !dst || !prefix) return ks__err(err, KS_E_INVALID, "scheduler save: NULL argument");
   ks_status st = ks__put_float(dst, prefix, "base_lrs/0", s->base_lr, err);
   if (!st) st = ks__put_int(dst, prefix, "last_epoch", s->last_epoch, err);
   if (!st) st = ks__put_int(dst, prefix, "_step_count", s->last_epoch + 1, err);
@@ -46,8 +48,9 @@ ks_status ks_scheduler_to_state_dict(const ks_scheduler *s, ks_statedict *dst, c
   return st;
 }
 
-ks_status ks_scheduler_load_state_dict(ks_scheduler *s, const ks_statedict *src, const char *prefix,
-                                       ks_error *err) {
+static KS_NODISCARD ks_status sched_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
+  ks_scheduler *s = ctx;
+  if (!s || !src || !prefix) return ks__err(err, KS_E_INVALID, "scheduler load: NULL argument");
   ks_scheduler t;
   ks_status st = ks__get_float(src, prefix, "base_lrs/0", &t.base_lr, err);
   if (!st) st = ks__get_int(src, prefix, "last_epoch", &t.last_epoch, err);
@@ -60,4 +63,8 @@ ks_status ks_scheduler_load_state_dict(ks_scheduler *s, const ks_statedict *src,
     return ks__err_at(err, KS_E_VALUE, NULL, prefix, -1, "scheduler: negative step count");
   *s = t;
   return KS_OK;
+}
+
+ks_stateful ks_scheduler_stateful(ks_scheduler *s) {
+  return (ks_stateful){.ctx = s, .to_state_dict = sched_save, .load_state_dict = sched_load};
 }

@@ -36,7 +36,9 @@ static const ts_field wct_fields[] = {F(total_wct), F(epoch_wct), F(batch_wct)};
 #undef F
 #define NFIELDS(a) (sizeof a / sizeof a[0])
 
-ks_status ks_timestamp_to_state_dict(const ks_timestamp *ts, ks_statedict *dst, const char *prefix, ks_error *err) {
+static KS_NODISCARD ks_status ts_save(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err) {
+  const ks_timestamp *ts = ctx;
+  if (!ts || !dst || !prefix) return ks__err(err, KS_E_INVALID, "timestamp save: NULL argument");
   const char *base = (const char *)ts;
   ks_status s = KS_OK;
   for (size_t i = 0; i < NFIELDS(int_fields) && !s; i++) {
@@ -52,8 +54,9 @@ ks_status ks_timestamp_to_state_dict(const ks_timestamp *ts, ks_statedict *dst, 
   return s;
 }
 
-ks_status ks_timestamp_load_state_dict(ks_timestamp *ts, const ks_statedict *src, const char *prefix,
-                                       ks_error *err) {
+static KS_NODISCARD ks_status ts_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
+  ks_timestamp *ts = ctx;
+  if (!ts || !src || !prefix) return ks__err(err, KS_E_INVALID, "timestamp load: NULL argument");
   ks_timestamp t = *ts;
   char *base = (char *)&t;
   for (size_t i = 0; i < NFIELDS(int_fields); i++) {
@@ -73,4 +76,8 @@ ks_status ks_timestamp_load_state_dict(ks_timestamp *ts, const ks_statedict *src
   }
   *ts = t;
   return KS_OK;
+}
+
+ks_stateful ks_timestamp_stateful(ks_timestamp *ts) {
+  return (ks_stateful){.ctx = ts, .to_state_dict = ts_save, .load_state_dict = ts_load};
 }

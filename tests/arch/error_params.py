@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Every public function returning ks_status takes a trailing `ks_error *err`.
 
-Lists the declarations in include/keepsake/*.h that return ks_status without
+Lists the declarations in include/keepsake/*.h (binding.h included) that return ks_status without
 a ks_error parameter and fails when one is not in ALLOWED below. An entry of
 ALLOWED is a function that cannot fail for a reason worth a message: its only
 failures are a NULL argument or "not found", which its status already says in
@@ -46,7 +46,8 @@ def strip_comments(text):
 
 def declarations(include_dir):
     for h in sorted(include_dir.glob("keepsake/*.h")):
-        text = strip_comments(h.read_text())
+        # The opening of a declaration block ends what comes before the first declaration.
+        text = re.sub(r"\bKS_BEGIN_(?:BINDING_)?DECLS\b", ";", strip_comments(h.read_text()))
         for m in DECL.finditer(text):
             yield h.name, m.group(1), " ".join(m.group(2).split())
 

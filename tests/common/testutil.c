@@ -158,3 +158,43 @@ int ks_test_dir_entries(const char *dir) {
 }
 
 const ks_io *ks_test_io_nosync(void) { return ks__io_posix_nosync(); }
+
+uint32_t ks_test_to_bits(ks_dtype dt, float f) {
+  uint8_t b[2] = {0, 0};
+  ks_dtype_set_f64(dt, b, 0, (double)f);
+  return ks_dtype_size(dt) == 2 ? (uint32_t)b[0] | (uint32_t)b[1] << 8 : b[0];
+}
+
+float ks_test_from_bits(ks_dtype dt, uint32_t bits) {
+  uint8_t b[2] = {(uint8_t)bits, (uint8_t)(bits >> 8)};
+  return (float)ks_dtype_get_f64(dt, b, 0);
+}
+
+ks_status ks_test_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts, ks_statedict **out,
+                                    char **structure, ks_error *err) {
+  ks_torch_read_opts o = {0};
+  if (opts) o = *opts;
+  o.data = buf;
+  o.data_len = len;
+  return ks_torch_load(NULL, &o, out, structure, err);
+}
+
+ks_status ks_test_torch_import_buffer(const void *buf, size_t len, const ks_import_opts *opts, ks_statedict **out,
+                                      ks_meta **meta, ks_error *err) {
+  ks_import_opts io = {0};
+  ks_torch_read_opts o = {0};
+  if (opts) io = *opts;
+  if (io.read) o = *io.read;
+  o.data = buf;
+  o.data_len = len;
+  io.read = &o;
+  return ks_torch_import(NULL, &io, out, meta, err);
+}
+
+ks_status ks_test_save(ks_stateful cb, ks_statedict *dst, const char *prefix, ks_error *err) {
+  return cb.to_state_dict(cb.ctx, dst, prefix, err);
+}
+
+ks_status ks_test_load(ks_stateful cb, const ks_statedict *src, const char *prefix, ks_error *err) {
+  return cb.load_state_dict(cb.ctx, src, prefix, err);
+}

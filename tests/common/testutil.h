@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "keepsake/binding.h"
 #include "keepsake/keepsake.h"
 
 /*
@@ -42,5 +43,17 @@ int ks_test_run(const char *cmd, char **out);
 int ks_test_dir_entries(const char *dir);
 /* Nonzero when path exists. */
 int ks_test_exists(const char *path);
+/* One float32 as the bits of float dtype dt (F16, BF16: 16 bits; the F8 formats: 8), through
+   ks_dtype_set_f64 (exact for a float32 argument), and back through ks_dtype_get_f64. */
+uint32_t ks_test_to_bits(ks_dtype dt, float f);
+float ks_test_from_bits(ks_dtype dt, uint32_t bits);
+/* A component's save and load through its ks_stateful: ks_test_save(ks_rng_stateful(&r), sd, "rng/0/", &err). */
+KS_NODISCARD ks_status ks_test_save(ks_stateful cb, ks_statedict *dst, const char *prefix, ks_error *err);
+KS_NODISCARD ks_status ks_test_load(ks_stateful cb, const ks_statedict *src, const char *prefix, ks_error *err);
+/* ks_torch_load / ks_torch_import of bytes in memory: opts (NULL = defaults) with data set. */
+KS_NODISCARD ks_status ks_test_torch_load_buffer(const void *buf, size_t len, const ks_torch_read_opts *opts,
+                                                 ks_statedict **out, char **structure, ks_error *err);
+KS_NODISCARD ks_status ks_test_torch_import_buffer(const void *buf, size_t len, const ks_import_opts *opts,
+                                                   ks_statedict **out, ks_meta **meta, ks_error *err);
 
 #endif

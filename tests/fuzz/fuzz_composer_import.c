@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "keepsake/keepsake.h"
+#include "testutil.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -36,7 +37,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   o.read = &ro;
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
-  if (ks_torch_import_buffer(data, size, &o, &sd, &meta, NULL) == KS_OK) {
+  if (ks_test_torch_import_buffer(data, size, &o, &sd, &meta, NULL) == KS_OK) {
     ks_state *st = NULL;
     const char *labels[] = {"eval"};
     ks_load_opts lo = {0};

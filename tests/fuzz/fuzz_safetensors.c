@@ -46,7 +46,7 @@ static void exercise(const uint8_t *data, size_t size, ks_read_mode mode) {
   (void)sink;
   int problems = 0;
   /* Fuzzing: failing is an expected outcome of these calls; only crashes and leaks matter. */
-  ks_status ignored = ks_reader_verify_report(r, ignore_problem, &problems, NULL);
+  ks_status ignored = ks_reader_verify(r, ignore_problem, &problems, NULL);
   ks_statedict *sd;
   if (ks_statedict_create(NULL, &sd, NULL) == KS_OK) {
     ignored = ks_reader_scalars(r, sd, NULL);
@@ -111,7 +111,7 @@ static void exercise_lazy(const uint8_t *data, size_t size) {
     if (ks_reader_tensor_at(r, i, NULL, &v) == KS_OK && v.nbytes != n) __builtin_trap();
   }
   int problems = 0;
-  ks_status ignored = ks_reader_verify_report(r, ignore_problem, &problems, NULL); /* failing is expected */
+  ks_status ignored = ks_reader_verify(r, ignore_problem, &problems, NULL); /* failing is expected */
   (void)ignored;
   ks_reader_free(r);
   ks_statedict *sd = NULL;

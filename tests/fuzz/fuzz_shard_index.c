@@ -1,6 +1,6 @@
 /*
  * libFuzzer target: the index of a sharded checkpoint (model.safetensors.index.json, untrusted)
- * through ks_shard_index_read_io, served from memory by an I/O table (the file system is never
+ * through ks_shard_index_read, served from memory by an I/O table (the file system is never
  * touched). The input is the index's text. A parsed index is then walked through every accessor
  * (files, per-rank globs, sharded tensors and each of their chunks), and ks_shard_check's size
  * check runs against rank files that all "exist" with one size taken from the input, so the
@@ -72,17 +72,16 @@ static int keep_going(void *ctx, const ks_error *problem) {
 
 /* Reads every accessor of a parsed index; the sum keeps the reads from being optimised away. */
 static uint64_t walk(const ks_shard_index *idx) {
-  uint64_t sum = (uint64_t)ks_shard_index_world_size(idx) + (uint64_t)ks_shard_index_version(idx) +
-                 (uint64_t)ks_shard_index_epoch(idx) + (uint64_t)ks_shard_index_batch(idx);
-  for (int r = 0; r < ks_shard_index_world_size(idx); r++) {
+  ks_shard_index_info ix = {.size = sizeof ix};
+  ks_shard_index_get(idx, &ix);
+  uint64_t sum = (uint64_t)ix.world_size + (uint64_t)ix.version + (uint64_t)ix.epoch + (uint64_t)ix.batch;
+  for (int r = 0; r < ix.world_size; r++) {
     ks_shard_file_info info;
     const char *f = ks_shard_index_file(idx, r, &info);
     sum += f ? strlen(f) + info.size : 0;
   }
-  size_t n = 0;
-  const char *const *globs = ks_shard_index_per_rank(idx, &n);
-  for (size_t i = 0; i < n; i++) sum += strlen(globs[i]);
-  for (size_t i = 0; i < ks_shard_index_sharded_count(idx); i++) {
+  for (size_t i = 0; i < ix.n_per_rank; i++) sum += strlen(ix.per_rank[i]);
+  for (size_t i = 0; i < ix.n_sharded; i++) {
     ks_shard_chunk whole, chunk;
     ks_dtype dt;
     size_t chunks = 0;
@@ -112,7 +111,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   io.unmap_fn = NULL;
   ks_shard_index *idx = NULL;
   ks_error err;
-  if (ks_shard_index_read_io("/shard-fuzz", NULL, &io, &idx, &err) == KS_OK) {
+  if (ks_shard_index_read("/shard-fuzz", NULL, &io, &idx, &err) == KS_OK) {
     volatile uint64_t sum = walk(idx);
     (void)sum;
     int problems = 0;

@@ -3,7 +3,7 @@
  * The input is a pickle program (or a template, see expand.h); the target wraps it
  * in a valid torch archive with four 4 KiB storages (keys "0".."3"), so every run
  * gets past the zip layer, then: the library's import as convert runs it
- * (ks_torch_import_buffer: flattening, the Composer layout and the metric rebuild
+ * (ks_torch_import of the bytes: flattening, the Composer layout and the metric rebuild
  * from pickled attributes), and each metric its "keepsake.metrics" describes
  * created, filled from the dict and computed.
  */
@@ -18,6 +18,7 @@
 #include "expand.h"
 #include "keepsake/import.h"
 #include "keepsake/keepsake.h"
+#include "testutil.h"
 #include "keepsake/layout.h"
 #include "keepsake/torch.h"
 #include "torch/torch_internal.h"
@@ -93,7 +94,7 @@ static void import(const uint8_t *buf, size_t n) {
   ks_import_opts io = {.read = &o};
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
-  if (ks_torch_import_buffer(buf, n, &io, &sd, &meta, NULL) == KS_OK) {
+  if (ks_test_torch_import_buffer(buf, n, &io, &sd, &meta, NULL) == KS_OK) {
     const char *metrics = ks_meta_get(meta, KS_META_METRICS);
     if (metrics) rebuild_metrics(metrics, sd);
   }

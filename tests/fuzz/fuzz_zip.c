@@ -2,7 +2,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "import/import_internal.h"
 #include "keepsake/keepsake.h"
+#include "testutil.h"
 #include "keepsake/torch.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -13,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   o.max_view_bytes = (uint64_t)1 << 26;
   ks_statedict *sd = NULL;
   ks_error err;
-  if (ks_torch_load_buffer(data, size, &o, &sd, &err) == KS_OK) {
+  if (ks_test_torch_load_buffer(data, size, &o, &sd, NULL, &err) == KS_OK) {
     ks_entry e;
     uint64_t sum = 0;
     for (size_t i = 0; ks_statedict_at(sd, i, &e) == KS_OK; i++) /* touch every byte we return */
@@ -22,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     (void)sum;
     ks_statedict *norm = NULL;
     char *json = NULL;
-    if (ks_composer_normalize(sd, KS_BORROW, &norm, &json, NULL) == KS_OK) ks_torch_free(NULL, json);
+    if (ks__composer_normalize(sd, KS_BORROW, NULL, &norm, &json, NULL) == KS_OK) ks_torch_free(NULL, json);
     ks_statedict_free(norm);
   }
   ks_statedict_free(sd);

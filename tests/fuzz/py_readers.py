@@ -4,7 +4,7 @@
 libFuzzer cannot drive these in-process: they run inside CPython with torch loaded, so a
 coverage-guided target would have to embed both in an instrumented binary. What the extension
 parses itself is nothing: every byte goes to the library (ks_reader_open_buffer, ks_reader_open,
-ks_torch_load_buffer_with_structure), whose own libFuzzer targets (fuzz_safetensors, fuzz_torch,
+ks_torch_load of bytes in memory), whose own libFuzzer targets (fuzz_safetensors, fuzz_torch,
 fuzz_zip, fuzz_pickle, ...) run with coverage. This fuzzer covers the rest: the extension's
 conversion of what the library accepted into Python and torch objects (shapes, strides, dtypes,
 metadata, scalars), safe_open, load_checkpoint into live objects, compute_metrics, convert and

@@ -133,7 +133,8 @@ static ks_status rank_state(int r, ks_statedict *sd, ks_meta *meta, ks_shard_map
   if (!st) st = ks_statedict_set_string(sd, "state/run_name", "sharded-fixture", err);
   ks_rng rng;
   ks_rng_seed(&rng, (uint64_t)r + 1);
-  if (!st) st = ks_rng_to_state_dict(&rng, sd, "rng/0/", err);
+  ks_stateful rc = ks_rng_stateful(&rng);
+  if (!st) st = rc.to_state_dict(rc.ctx, sd, "rng/0/", err);
   return st ? st : metric(r, sd, meta, err);
 }
 

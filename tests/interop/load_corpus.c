@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "keepsake/binding.h"
 #include "keepsake/keepsake.h"
 
 #define MAX_TENSORS 256
@@ -133,9 +134,9 @@ static ks_status describe_kept(ks_metric *m, const json_t *kept, ks_error *err) 
     if (!s && json_is_null(dtype)) flags = KS_ATTR_INT;
     else if (!s) s = dtype_of(dtype, &dt, &any);
     if (!s) s = shape_of(json_object_get(a, "shape"), &rank, dims);
-    if (!s)
-      s = ks_metric_describe_attr(m, name, dt, rank, dims, flags, (int64_t)json_integer_value(json_object_get(a, "min")),
-                                  (int64_t)json_integer_value(json_object_get(a, "max")), err);
+    int64_t lo = (int64_t)json_integer_value(json_object_get(a, "min"));
+    int64_t hi = (int64_t)json_integer_value(json_object_get(a, "max"));
+    if (!s) s = ks_metric_describe_attr(m, name, dt, rank, dims, flags, lo, hi, err);
     if (s) return s;
   }
   return KS_OK;

@@ -11,6 +11,13 @@
 #include "keepsake/keepsake.h"
 #include "keepsake/shard.h"
 
+/* What the index records (ks_shard_index_get), by value. */
+static ks_shard_index_info index_info(const ks_shard_index *idx) {
+  ks_shard_index_info info = KS_OPTS_INIT(ks_shard_index_info);
+  ks_shard_index_get(idx, &info);
+  return info;
+}
+
 #define NAME "state/eval_metrics/eval/MulticlassAccuracy/"
 
 static double scalar(const ks_tensor *t) { return ks_dtype_get_f64(t->dtype, t->data, 0); }
@@ -23,13 +30,13 @@ int main(int argc, char **argv) {
   ks_metric *m = NULL;
   ks_error e;
   const ks_tensor *acc = NULL;
-  ks_status s = ks_shard_index_read(argv[1], NULL, &idx, &e);
+  ks_status s = ks_shard_index_read(argv[1], NULL, NULL, &idx, &e);
   if (!s) s = ks_shard_load_rank(argv[1], idx, 0, 1, NULL, NULL, &sd, &meta, &e);
   if (!s) s = ks_metric_create("MulticlassAccuracy", "{\"num_classes\":10,\"average\":\"micro\"}", NULL, &m, &e);
   if (!s) s = ks_metric_load_state_dict(m, sd, NAME "state_dict/", 2, 0, NULL, NULL, &e);
   if (!s) s = ks_metric_compute(m, &acc, &e);
   if (s) return fprintf(stderr, "merged_metric: %s\n", e.message), 2;
-  int bad = 0, world = ks_shard_index_world_size(idx);
+  int bad = 0, world = index_info(idx).world_size;
   for (int r = 0; r < world; r++) {
     ks_statedict *own = NULL;
     ks_meta *om = NULL;

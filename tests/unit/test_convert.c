@@ -45,7 +45,7 @@ typedef struct pt {
 
 static void pt_read(pt *p, const char *path) {
   ks_error err;
-  if (ks_torch_load_with_structure(path, NULL, &p->sd, &p->structure, &err)) fail_msg("%s", err.message);
+  if (ks_torch_load(path, NULL, &p->sd, &p->structure, &err)) fail_msg("%s", err.message);
   assert_non_null(p->structure);
   assert_int_equal(ks__jv_parse(NULL, p->structure, strlen(p->structure), "structure", &p->doc, &err), KS_OK);
 }

@@ -56,7 +56,7 @@ static void containers_come_back(void **unused) {
   if (ks_convert(in, out, &o, NULL, &err)) fail_msg("convert: %s", err.message);
   ks_statedict *sd = NULL;
   char *doc = NULL;
-  assert_int_equal(ks_torch_load_with_structure(out, NULL, &sd, &doc, &err), KS_OK);
+  assert_int_equal(ks_torch_load(out, NULL, &sd, &doc, &err), KS_OK);
   assert_non_null(doc);
   if (getenv("KS_TEST_VERBOSE")) printf("%s\n", doc);
   /* What the reader found in the pickle, recorded again in its own structure document. */
@@ -87,7 +87,7 @@ static void positional_str_keys_are_refused(void **unused) {
   assert_int_equal(ks_convert(in, out, &o, NULL, &err), KS_E_UNSUPPORTED);
   assert_string_equal(err.key, "typed");
   ks_statedict *sd = NULL;
-  assert_int_not_equal(ks_torch_load(out, NULL, &sd, NULL), KS_OK); /* nothing was written */
+  assert_int_not_equal(ks_torch_load(out, NULL, &sd, NULL, NULL), KS_OK); /* nothing was written */
   /* To keepsake the file converts as it is (the table travels along). */
   char *copy = ks_test_path(dir, "copy.keepsake");
   assert_int_equal(ks_convert(in, copy, &o, NULL, &err), KS_OK);

@@ -50,49 +50,49 @@ static void dtype_names_round_trip(void **s) {
 
 static void f16_rounds_to_nearest_even(void **s) {
   (void)s;
-  assert_int_equal(ks_f32_to_f16(1.0f), 0x3C00);
-  assert_int_equal(ks_f32_to_f16(65504.0f), 0x7BFF);
-  assert_int_equal(ks_f32_to_f16(65520.0f), 0x7C00); /* halfway to inf rounds up */
-  assert_int_equal(ks_f32_to_f16(-INFINITY), 0xFC00);
-  assert_true(isnan(ks_f16_to_f32(ks_f32_to_f16(NAN))));
+  assert_int_equal(ks_test_to_bits(KS_F16, 1.0f), 0x3C00);
+  assert_int_equal(ks_test_to_bits(KS_F16, 65504.0f), 0x7BFF);
+  assert_int_equal(ks_test_to_bits(KS_F16, 65520.0f), 0x7C00); /* halfway to inf rounds up */
+  assert_int_equal(ks_test_to_bits(KS_F16, -INFINITY), 0xFC00);
+  assert_true(isnan(ks_test_from_bits(KS_F16, ks_test_to_bits(KS_F16, NAN))));
   /* 1 + 2^-11 is exactly halfway between 1 and 1+2^-10: ties to even (1.0). */
-  assert_int_equal(ks_f32_to_f16(1.0f + 0x1p-11f), 0x3C00);
-  assert_int_equal(ks_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);
-  assert_int_equal(ks_f32_to_f16(0x1p-24f), 0x0001); /* smallest subnormal */
-  assert_int_equal(ks_f32_to_f16(0x1p-25f), 0x0000); /* tie to even: 0 */
-  assert_int_equal(ks_f32_to_f16(-0.0f), 0x8000);
+  assert_int_equal(ks_test_to_bits(KS_F16, 1.0f + 0x1p-11f), 0x3C00);
+  assert_int_equal(ks_test_to_bits(KS_F16, 1.0f + 3 * 0x1p-11f), 0x3C02);
+  assert_int_equal(ks_test_to_bits(KS_F16, 0x1p-24f), 0x0001); /* smallest subnormal */
+  assert_int_equal(ks_test_to_bits(KS_F16, 0x1p-25f), 0x0000); /* tie to even: 0 */
+  assert_int_equal(ks_test_to_bits(KS_F16, -0.0f), 0x8000);
   for (uint32_t h = 0; h < 0x10000; h++) {
-    float f = ks_f16_to_f32((uint16_t)h);
-    if (!isnan(f)) assert_int_equal(ks_f32_to_f16(f), h);
+    float f = ks_test_from_bits(KS_F16, (uint16_t)h);
+    if (!isnan(f)) assert_int_equal(ks_test_to_bits(KS_F16, f), h);
   }
 }
 
 static void bf16_rounds_to_nearest_even(void **s) {
   (void)s;
-  assert_int_equal(ks_f32_to_bf16(1.0f), 0x3F80);
-  assert_int_equal(ks_f32_to_bf16(1.0f + 0x1p-8f), 0x3F80); /* tie to even */
-  assert_int_equal(ks_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3F82);
-  assert_true(isnan(ks_bf16_to_f32(ks_f32_to_bf16(NAN))));
+  assert_int_equal(ks_test_to_bits(KS_BF16, 1.0f), 0x3F80);
+  assert_int_equal(ks_test_to_bits(KS_BF16, 1.0f + 0x1p-8f), 0x3F80); /* tie to even */
+  assert_int_equal(ks_test_to_bits(KS_BF16, 1.0f + 3 * 0x1p-8f), 0x3F82);
+  assert_true(isnan(ks_test_from_bits(KS_BF16, ks_test_to_bits(KS_BF16, NAN))));
   for (uint32_t b = 0; b < 0x10000; b++) {
-    float f = ks_bf16_to_f32((uint16_t)b);
-    if (!isnan(f)) assert_int_equal(ks_f32_to_bf16(f), b);
+    float f = ks_test_from_bits(KS_BF16, (uint16_t)b);
+    if (!isnan(f)) assert_int_equal(ks_test_to_bits(KS_BF16, f), b);
   }
 }
 
 static void f8_formats_match_their_definitions(void **s) {
   (void)s;
-  assert_true(ks_f8e4m3_to_f32(0x7E) == 448.0f);
-  assert_true(isnan(ks_f8e4m3_to_f32(0x7F)));
-  assert_int_equal(ks_f32_to_f8e4m3(448.0f), 0x7E);
-  assert_int_equal(ks_f32_to_f8e4m3(1000.0f), 0x7F); /* overflow is NaN */
-  assert_true(ks_f8e4m3_to_f32(0x01) == 0x1p-9f);
-  assert_true(ks_f8e5m2_to_f32(0x7B) == 57344.0f);
-  assert_int_equal(ks_f32_to_f8e5m2(INFINITY), 0x7C);
-  assert_int_equal(ks_f32_to_f8e5m2(1.0f), 0x3C);
+  assert_true(ks_test_from_bits(KS_F8_E4M3, 0x7E) == 448.0f);
+  assert_true(isnan(ks_test_from_bits(KS_F8_E4M3, 0x7F)));
+  assert_int_equal(ks_test_to_bits(KS_F8_E4M3, 448.0f), 0x7E);
+  assert_int_equal(ks_test_to_bits(KS_F8_E4M3, 1000.0f), 0x7F); /* overflow is NaN */
+  assert_true(ks_test_from_bits(KS_F8_E4M3, 0x01) == 0x1p-9f);
+  assert_true(ks_test_from_bits(KS_F8_E5M2, 0x7B) == 57344.0f);
+  assert_int_equal(ks_test_to_bits(KS_F8_E5M2, INFINITY), 0x7C);
+  assert_int_equal(ks_test_to_bits(KS_F8_E5M2, 1.0f), 0x3C);
   for (uint32_t v = 0; v < 256; v++) {
-    float a = ks_f8e4m3_to_f32((uint8_t)v), b = ks_f8e5m2_to_f32((uint8_t)v);
-    if (!isnan(a)) assert_int_equal(ks_f32_to_f8e4m3(a), v);
-    if (!isnan(b)) assert_int_equal(ks_f32_to_f8e5m2(b), v);
+    float a = ks_test_from_bits(KS_F8_E4M3, (uint8_t)v), b = ks_test_from_bits(KS_F8_E5M2, (uint8_t)v);
+    if (!isnan(a)) assert_int_equal(ks_test_to_bits(KS_F8_E4M3, a), v);
+    if (!isnan(b)) assert_int_equal(ks_test_to_bits(KS_F8_E5M2, b), v);
   }
 }
 

@@ -156,7 +156,7 @@ static void check_against_pt(const char *name, const char *skipped_key, const ch
   ks_error err;
   ks_status st = ks_dcp_import(dir, &io, &got, &meta, &err);
   if (st) fail_msg("%s: %s", name, err.message);
-  assert_int_equal(ks_torch_load_with_structure(pt, NULL, &want, &want_structure, &err), KS_OK);
+  assert_int_equal(ks_torch_load(pt, NULL, &want, &want_structure, &err), KS_OK);
   assert_same_dict(got, want);
   json_t *a = parse(ks_meta_get(meta, KS_TORCH_STRUCTURE_META)), *b = parse(want_structure);
   assert_true(json_equal(a, b));
@@ -202,7 +202,7 @@ static void test_convert_cli_and_library(void **state) {
   ks_statedict *got = NULL, *want = NULL;
   ks_meta *meta = NULL;
   assert_int_equal(ks_load(out, NULL, &got, &meta, NULL), KS_OK);
-  assert_int_equal(ks_torch_load(FIX "two_rank.pt", NULL, &want, NULL), KS_OK);
+  assert_int_equal(ks_torch_load(FIX "two_rank.pt", NULL, &want, NULL, NULL), KS_OK);
   assert_same_dict(got, want);
   assert_non_null(ks_meta_get(meta, KS_META_DCP_IMPORT));
   ks_meta_free(meta);
@@ -213,7 +213,7 @@ static void test_convert_cli_and_library(void **state) {
   assert_int_equal(ks_convert_report_written(rep), 7);
   ks_convert_report_free(rep);
   char *structure = NULL;
-  assert_int_equal(ks_torch_load_with_structure(pt, NULL, &got, &structure, NULL), KS_OK);
+  assert_int_equal(ks_torch_load(pt, NULL, &got, &structure, NULL), KS_OK);
   assert_same_dict(got, want);
   assert_non_null(strstr(structure, "\"tags\":{\"kind\":\"list\",\"len\":2}"));
   ks_torch_free(NULL, structure);
@@ -227,11 +227,11 @@ static void test_convert_cli_and_library(void **state) {
 
 static void test_probe(void **state) {
   (void)state;
-  assert_true(ks_torch_dcp_probe(FIX "basic", NULL));
-  assert_false(ks_torch_dcp_probe(FIX "basic.pt", NULL));
-  assert_false(ks_torch_dcp_probe(FIX "basic/.metadata", NULL));
-  assert_false(ks_torch_dcp_probe(KS_FIXTURES_DIR, NULL)); /* a directory without .metadata */
-  assert_false(ks_torch_dcp_probe(NULL, NULL));
+  assert_true((ks_torch_probe(FIX "basic", NULL) == KS_TORCH_DCP));
+  assert_false((ks_torch_probe(FIX "basic.pt", NULL) == KS_TORCH_DCP));
+  assert_false((ks_torch_probe(FIX "basic/.metadata", NULL) == KS_TORCH_DCP));
+  assert_false((ks_torch_probe(KS_FIXTURES_DIR, NULL) == KS_TORCH_DCP)); /* a directory without .metadata */
+  assert_false((ks_torch_probe(NULL, NULL) == KS_TORCH_DCP));
 }
 
 /* ---- hostile ---- */
@@ -384,7 +384,7 @@ static void test_truncated_and_garbage_distcp(void **state) {
      since with CRCs checked no changed tensor or pickle byte gets through */
   ro.verify_crc = 1;
   ks_statedict *ref = NULL;
-  assert_int_equal(ks_torch_load(FIX "two_rank.pt", NULL, &ref, NULL), KS_OK);
+  assert_int_equal(ks_torch_load(FIX "two_rank.pt", NULL, &ref, NULL, NULL), KS_OK);
   size_t checksum = 0;
   for (size_t i = 0; i < n; i++) {
     memcpy(bad, orig, n);

@@ -16,6 +16,8 @@
 #include <cmocka.h>
 
 #include "keepsake/keepsake.h"
+#include "metrics/internal.h"
+#include "state/state_internal.h"
 #include "testutil.h"
 
 static const int64_t one[1] = {1};
@@ -61,7 +63,7 @@ static void widening_and_refused_narrowing(void **unused) {
   assert_int_equal(ks_metric_load_state_dict(m, sd, "q/state_dict/", 99, 0, NULL, NULL, &err), KS_E_VERSION);
   assert_int_equal(ks_metric_update(m, NULL, 0, &err), KS_E_UNSUPPORTED);
   assert_string_equal(ks_metric_class(m), "SumMetric");
-  assert_true(ks_metric_is_described(m));
+  assert_true(ks__metric_is_described(m));
   ks_metric_free(m);
   ks_statedict_free(sd);
 }
@@ -231,12 +233,12 @@ static void inner_metrics_and_components(void **unused) {
   assert_string_equal(kind_of(rep, "rng/0"), "loaded");
   assert_string_equal(kind_of(rep, "state/schedulers/none"), "missing");
   assert_int_equal(called, 3);
-  ks_load_report_clear(rep);
+  ks__load_report_clear(rep);
   assert_int_equal(load_wrapper(sd, 1, NULL, rep, NULL, NULL), KS_E_MISMATCH); /* strict: the refusal is an error */
   ks_statedict_free(sd);
   /* Without the inner metric's states the wrapper is refused whole, and reset. */
   sd = wrapper_file(0);
-  ks_load_report_clear(rep);
+  ks__load_report_clear(rep);
   assert_int_equal(load_wrapper(sd, 0, NULL, rep, &sum, &count), KS_OK);
   assert_string_equal(kind_of(rep, "state/train_metrics/W"), "mismatched");
   assert_true(sum == 0.0 && count == 0);
@@ -259,7 +261,7 @@ static staged load_attrs_of(const ks_statedict *sd, ks_load_report *rep) {
   assert_int_equal(ks_state_create("", 0, NULL, &st, NULL), KS_OK);
   assert_int_equal(ks_state_build_metrics(st, wrapper_factory, NULL, NULL, 0, NULL), KS_OK);
   ks_load_opts o = {.non_strict_model = 1};
-  ks_load_report_clear(rep);
+  ks__load_report_clear(rep);
   assert_int_equal(ks_state_load_state_dict(st, sd, NULL, &o, rep, NULL), KS_OK);
   ks_metric *w = ks_metric_collection_get(ks_state_train_metrics(st), "W");
   const char *name;

@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include "format/fmt_internal.h"
 #include "test_format_helpers.h"
 
 static const char *const odd_names[] = {
@@ -58,7 +59,7 @@ static void odd_names_roundtrip_and_verify(void **state) {
     ks_tensor v;
     assert_int_equal(ks_reader_tensor(r, odd_names[i], &v, NULL), KS_OK);
     assert_memory_equal(v.data, data + 2 * i, 2 * sizeof(float));
-    assert_int_equal(ks_reader_verify_tensor(r, i, NULL), KS_OK);
+    assert_int_equal(ks__reader_verify_tensor(r, i, NULL), KS_OK);
   }
   ks_reader_free(r);
   ks_test_rmtree(dir);

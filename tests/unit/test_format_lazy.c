@@ -20,6 +20,12 @@
 #include "keepsake/io_cache.h"
 #include "test_format_helpers.h"
 
+/* ks_reader_fetch of the tensor named `name` (KS_E_NOTFOUND when there is none). */
+static ks_status fetch_name(const ks_reader *r, const char *name, void *buf, size_t cap, ks_error *err) {
+  long i = ks_reader_find(r, name);
+  return ks_reader_fetch(r, i < 0 ? SIZE_MAX : (size_t)i, buf, cap, err);
+}
+
 #define BIG_BYTES ((size_t)64 << 20)
 #define SMALL_N 40
 
@@ -112,7 +118,7 @@ static void test_open_reads_header_only(void **state) {
   assert_int_equal(counts(fx->counter).read_bytes, c.read_bytes);
   /* verifying reads forward in large windows: the 64 MiB tensor, then all small ones at once */
   ks_io_counter_reset(fx->counter);
-  assert_int_equal(ks_reader_verify(r, NULL), KS_OK);
+  assert_int_equal(ks_reader_verify(r, NULL, NULL, NULL), KS_OK);
   c = counts(fx->counter);
   assert_true(c.read_calls <= 3);
   assert_true(c.read_bytes <= fx->file_size);
@@ -125,7 +131,7 @@ static void test_fetch_reads_only_the_tensor(void **state) {
   ks_io_counter_reset(fx->counter);
   float buf[256];
   ks_error e;
-  assert_int_equal(ks_reader_fetch_name(r, "model/small07", buf, sizeof buf, &e), KS_OK);
+  assert_int_equal(fetch_name(r, "model/small07", buf, sizeof buf, &e), KS_OK);
   ks_io_counts c = counts(fx->counter);
   assert_int_equal(c.read_bytes, sizeof buf);
   assert_int_equal(c.read_calls, 1);
@@ -152,9 +158,9 @@ static void test_fetch_reads_only_the_tensor(void **state) {
   assert_int_equal(ks_reader_tensor_desc(r, ks_reader_count(r), &d), KS_E_NOTFOUND);
   assert_int_equal(ks_reader_tensor_desc(r, 0, NULL), KS_E_NOTFOUND);
   /* too small a buffer, unknown name */
-  assert_int_equal(ks_reader_fetch_name(r, "model/small07", buf, 16, &e), KS_E_INVALID);
-  assert_int_equal(ks_reader_fetch_name(r, "nope", buf, sizeof buf, &e), KS_E_NOTFOUND);
-  assert_string_equal(e.key, "nope");
+  assert_int_equal(fetch_name(r, "model/small07", buf, 16, &e), KS_E_INVALID);
+  assert_int_equal(ks_reader_find(r, "nope"), -1);
+  assert_int_equal(ks_reader_fetch(r, ks_reader_count(r), buf, sizeof buf, &e), KS_E_NOTFOUND);
   ks_reader_free(r);
 }
 
@@ -186,9 +192,9 @@ static void test_corrupt_tensor_fails_its_fetch_only(void **state) {
   ks_tensor v;
   assert_int_equal(ks_reader_tensor(r, "model/small03", &v, &e), KS_E_CHECKSUM);
   assert_int_equal(ks_reader_tensor_at(r, (size_t)i, NULL, &v), KS_E_CHECKSUM);
-  assert_int_equal(ks_reader_fetch_name(r, "model/small04", buf, sizeof buf, &e), KS_OK);
+  assert_int_equal(fetch_name(r, "model/small04", buf, sizeof buf, &e), KS_OK);
   assert_int_equal(ks_reader_tensor(r, "model/small02", &v, &e), KS_OK);
-  assert_int_equal(ks_reader_verify(r, &e), KS_E_CHECKSUM);
+  assert_int_equal(ks_reader_verify(r, NULL, NULL, &e), KS_E_CHECKSUM);
   assert_string_equal(e.key, "model/small03");
   ks_reader_free(r);
   /* ks_reader_fetch verifies in the other modes too */
@@ -196,7 +202,7 @@ static void test_corrupt_tensor_fails_its_fetch_only(void **state) {
   assert_int_equal(ks_reader_open(fx->path, &mm, &r, &e), KS_OK);
   assert_int_equal(ks_reader_fetch(r, (size_t)i, buf, sizeof buf, &e), KS_E_CHECKSUM);
   assert_int_equal(e.offset, (int64_t)info.begin);
-  assert_int_equal(ks_reader_fetch_name(r, "model/small04", buf, sizeof buf, &e), KS_OK);
+  assert_int_equal(fetch_name(r, "model/small04", buf, sizeof buf, &e), KS_OK);
   assert_memory_equal(buf, ks_statedict_tensor(fx->sd, "model/small04")->data, sizeof buf);
   ks_reader_free(r);
   /* a full load stops at the bad tensor */
@@ -284,7 +290,7 @@ static void fetch_small(const char *path, const ks_io *io, const ks_statedict *w
   ks_reader *r = open_lazy(path, io);
   float buf[256];
   ks_error e;
-  assert_int_equal(ks_reader_fetch_name(r, "model/small20", buf, sizeof buf, &e), KS_OK);
+  assert_int_equal(fetch_name(r, "model/small20", buf, sizeof buf, &e), KS_OK);
   assert_memory_equal(buf, ks_statedict_tensor(want, "model/small20")->data, sizeof buf);
   ks_reader_free(r);
 }
@@ -382,12 +388,12 @@ static void test_cache_forgets_replaced_files(void **state) {
   assert_int_equal(ks_save(p, one, NULL, &so, &e), KS_OK);
   ks_reader *r = open_lazy(p, cache);
   uint64_t size1 = ks_reader_file_size(r);
-  assert_int_equal(ks_reader_fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
+  assert_int_equal(fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
   ks_reader_free(r);
   assert_int_equal(ks_save(p, two, NULL, &so, &e), KS_OK); /* written through the cache's table */
   r = open_lazy(p, cache);
   assert_int_equal(ks_reader_file_size(r), size1); /* same key: only the forgetting protects it */
-  assert_int_equal(ks_reader_fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
+  assert_int_equal(fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
   assert_memory_equal(w, ks_statedict_tensor(two, "model/w")->data, sizeof w);
   ks_reader_free(r);
   ks_statedict_free(one);
@@ -435,7 +441,7 @@ static void test_cache_keys_pieces_by_validator(void **state) {
   assert_int_equal(ks_save(p, one, NULL, &so, &e), KS_OK);
   ks_reader *r = open_lazy(p, cache);
   uint64_t size1 = ks_reader_file_size(r);
-  assert_int_equal(ks_reader_fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
+  assert_int_equal(fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
   ks_reader_free(r);
   int h;
   uint64_t size;
@@ -446,12 +452,12 @@ static void test_cache_keys_pieces_by_validator(void **state) {
   assert_int_equal(ks_save(p, two, NULL, &so, &e), KS_OK);
   r = open_lazy(p, cache);
   assert_int_equal(ks_reader_file_size(r), size1);
-  assert_int_equal(ks_reader_fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
+  assert_int_equal(fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
   assert_memory_equal(w, ks_statedict_tensor(one, "model/w")->data, sizeof w); /* same validator: the pieces */
   ks_reader_free(r);
   snprintf(g_validator, sizeof g_validator, "\"etag-2\""); /* the store says the content changed */
   r = open_lazy(p, cache);
-  assert_int_equal(ks_reader_fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
+  assert_int_equal(fetch_name(r, "model/w", w, sizeof w, &e), KS_OK);
   assert_memory_equal(w, ks_statedict_tensor(two, "model/w")->data, sizeof w);
   ks_reader_free(r);
   assert_int_equal(ks_test_dir_entries(cdir), 1); /* the old version's folder is gone */
@@ -489,7 +495,7 @@ static void test_cache_alloc_failure_sweep(void **state) {
       ks_read_opts o = {.mode = KS_READ_LAZY, .io = cache, .alloc = &ta.a};
       ks_reader *r = NULL;
       st = ks_reader_open(p, &o, &r, NULL);
-      if (!st) st = ks_reader_fetch_name(r, "model/w", w, sizeof w, NULL);
+      if (!st) st = fetch_name(r, "model/w", w, sizeof w, NULL);
       ks_reader_free(r);
     }
     ks_io_cache_free(cache);
@@ -849,7 +855,7 @@ static void test_alloc_failure_sweep(void **state) {
     ks_status st = ks_reader_open(small, &o, &r, &e);
     float w[6];
     ks_tensor v;
-    if (!st) st = ks_reader_fetch_name(r, "model/w", w, sizeof w, &e);
+    if (!st) st = fetch_name(r, "model/w", w, sizeof w, &e);
     if (!st) st = ks_reader_tensor(r, "step", &v, &e);
     ks_reader_free(r);
     ks_statedict *got = NULL;
@@ -929,9 +935,8 @@ static void test_large_header_two_reads(void **state) {
   assert_true(ks_reader_data_offset(r) > 64 * 1024);
   assert_int_equal(c.read_bytes, ks_reader_data_offset(r));
   float two[2];
-  assert_int_equal(ks_reader_fetch_name(r, "model/layers/2999/a_rather_long_parameter_name_to_grow_the_header", two,
-                                        sizeof two, NULL),
-                   KS_OK);
+  const char *name = "model/layers/2999/a_rather_long_parameter_name_to_grow_the_header";
+  assert_int_equal(fetch_name(r, name, two, sizeof two, NULL), KS_OK);
   assert_true(two[0] == 2999.0f && two[1] == -2999.0f);
   ks_reader_free(r);
   ks_statedict_free(sd);

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "core/internal.h"
+#include "format/fmt_internal.h"
 #include "test_format_helpers.h"
 
 static char *tmp_dir;
@@ -72,7 +73,7 @@ static void expect_accept(const char *name, const char *header, size_t dlen, siz
   ks_error err;
   if (ks_reader_open_buffer(b, len, NULL, &r, &err)) fail_msg("%s: rejected: %s", name, err.message);
   assert_int_equal(ks_reader_count(r), ntensors);
-  assert_int_equal(ks_reader_verify(r, NULL), KS_OK);
+  assert_int_equal(ks_reader_verify(r, NULL, NULL, NULL), KS_OK);
   ks_reader_free(r);
   free(b);
 }
@@ -289,11 +290,11 @@ static void verify_catches_a_flipped_data_bit(void **state) {
   ks_reader *r;
   assert_int_equal(ks_reader_open_buffer(b, len, NULL, &r, NULL), KS_OK); /* structure is fine */
   ks_error err;
-  assert_int_equal(ks_reader_verify(r, &err), KS_E_CHECKSUM);
+  assert_int_equal(ks_reader_verify(r, NULL, NULL, &err), KS_E_CHECKSUM);
   assert_string_equal(err.key, "step");
   assert_int_equal(err.offset, (int64_t)len - 8);
-  assert_int_equal(ks_reader_verify_tensor(r, 0, NULL), KS_OK);
-  assert_int_equal(ks_reader_verify_tensor(r, 1, NULL), KS_E_CHECKSUM);
+  assert_int_equal(ks__reader_verify_tensor(r, 0, NULL), KS_OK);
+  assert_int_equal(ks__reader_verify_tensor(r, 1, NULL), KS_E_CHECKSUM);
   ks_reader_free(r);
   ks_read_opts o = {.alloc = NULL, .mode = KS_READ_COPY, .verify_checksums = 1};
   assert_int_equal(ks_reader_open_buffer(b, len, &o, &r, &err), KS_E_CHECKSUM);
@@ -321,7 +322,7 @@ static void verify_reports_every_problem(void **state) {
   assert_int_equal(ks_reader_open_buffer(b, len, NULL, &r, NULL), KS_OK);
   int problems = 0;
   ks_error err;
-  assert_int_equal(ks_reader_verify_report(r, count_problem, &problems, &err), KS_E_CHECKSUM);
+  assert_int_equal(ks_reader_verify(r, count_problem, &problems, &err), KS_E_CHECKSUM);
   assert_int_equal(problems, 2);
   assert_string_equal(err.key, "model/w");
   ks_reader_free(r);
@@ -340,7 +341,7 @@ static void verify_rejects_a_tampered_checksum_table(void **state) {
   assert_int_equal(ks_reader_open_buffer(b, len, NULL, &r, NULL), KS_OK);
   int problems = 0;
   ks_error err;
-  assert_int_equal(ks_reader_verify_report(r, count_problem, &problems, &err), KS_E_FORMAT);
+  assert_int_equal(ks_reader_verify(r, count_problem, &problems, &err), KS_E_FORMAT);
   assert_int_equal(problems, 2); /* "ghost" is not a tensor; "a" has no checksum */
   assert_string_equal(err.key, "ghost");
   ks_reader_free(r);

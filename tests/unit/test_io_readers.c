@@ -146,10 +146,10 @@ static void torch_files_through_the_table(void **state) {
   ks_io *io;
   assert_int_equal(ks_io_counter_create(NULL, 1, NULL, &io, NULL), KS_OK);
   ks_statedict *a = NULL, *b = NULL;
-  assert_int_equal(ks_torch_load(pt, NULL, &a, NULL), KS_OK);
+  assert_int_equal(ks_torch_load(pt, NULL, &a, NULL, NULL), KS_OK);
   ks_torch_read_opts ro = {.io = io};
   ks_error e;
-  assert_int_equal(ks_torch_load(pt, &ro, &b, &e), KS_OK);
+  assert_int_equal(ks_torch_load(pt, &ro, &b, NULL, &e), KS_OK);
   ks_io_counts c;
   ks_io_counter_get(io, &c);
   assert_int_equal(c.map_calls, 0);
@@ -176,7 +176,7 @@ static void torch_files_through_the_table(void **state) {
   ks_statedict_free(imp);
   ks_meta_free(meta);
   /* a table that fails to open: the error is the table's */
-  assert_int_equal(ks_torch_load(KS_FIXTURES_DIR "/torch/no-such-file.pt", &ro, &b, &e), KS_E_IO);
+  assert_int_equal(ks_torch_load(KS_FIXTURES_DIR "/torch/no-such-file.pt", &ro, &b, NULL, &e), KS_E_IO);
   ks_io_counter_free(io);
 }
 

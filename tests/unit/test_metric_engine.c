@@ -145,7 +145,6 @@ static void registry_lists_every_class_and_builds_it(void **st) {
   for (size_t i = 0; i < N_SPECS; i++) {
     ks_metric *m = mt_make(k_specs[i].cls, k_specs[i].args);
     assert_string_equal(ks_metric_class(m), k_specs[i].cls);
-    assert_int_equal(ks_metric_schema_version(m), KS_METRIC_SCHEMA_VERSION);
     ks_metric *again = mt_make(k_specs[i].cls, ks_metric_args_json(m)); /* canonical args rebuild it */
     assert_string_equal(ks_metric_args_json(again), ks_metric_args_json(m));
     ks_metric_free(again);
@@ -294,7 +293,7 @@ static ks_status load_one_scalar(ks_metric *m, ks_dtype dt, const void *v, int a
 static void load_widens_but_refuses_narrowing_unless_allowed(void **st) {
   (void)st;
   ks_metric *m = mt_make("SumMetric", NULL);
-  uint16_t h = ks_f32_to_f16(1.5f);
+  uint16_t h = (uint16_t)ks_test_to_bits(KS_F16, 1.5f);
   double d = 2.25;
   int conv = 0;
   assert_int_equal(load_one_scalar(m, KS_F16, &h, 0, &conv), KS_OK);

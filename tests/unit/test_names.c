@@ -1,5 +1,5 @@
 /*
- * The one name rule (KS_MAX_NAME, ks_name_check): a name or key of exactly the
+ * The one name rule (KS_MAX_NAME, ks__name_check): a name or key of exactly the
  * limit is accepted and one byte more is KS_E_LIMIT naming it, wherever a name
  * enters: the state dict, the metric collection, the state registry, the keys a
  * state save builds from metric names, a file's header on load, and a torch
@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "core/internal.h"
 #include "keepsake/keepsake.h"
 #include "testutil.h"
 
@@ -34,13 +35,13 @@ static void name_check_takes_exactly_the_limit(void **s) {
   (void)s;
   char *ok = name_of("", KS_MAX_NAME), *over = name_of("", KS_MAX_NAME + 1);
   ks_error err;
-  assert_int_equal(ks_name_check(ok, &err), KS_OK);
-  assert_int_equal(ks_name_check(over, &err), KS_E_LIMIT);
+  assert_int_equal(ks__name_check(ok, &err), KS_OK);
+  assert_int_equal(ks__name_check(over, &err), KS_E_LIMIT);
   assert_int_equal(err.code, KS_E_LIMIT);
   assert_non_null(strstr(err.message, "1025 bytes"));
   assert_int_equal(strncmp(err.key, over, 16), 0); /* names the key (its start: the field is short) */
-  assert_int_equal(ks_name_check("", &err), KS_E_INVALID);
-  assert_int_equal(ks_name_check(NULL, NULL), KS_E_INVALID);
+  assert_int_equal(ks__name_check("", &err), KS_E_INVALID);
+  assert_int_equal(ks__name_check(NULL, NULL), KS_E_INVALID);
   free(ok);
   free(over);
 }
@@ -60,7 +61,7 @@ static void the_state_dict_and_collection_use_it(void **s) {
   /* A prefix rename that would pass the limit is refused, not cut. */
   ks_statedict *dst;
   assert_int_equal(ks_statedict_create(NULL, &dst, NULL), KS_OK);
-  assert_int_equal(ks_statedict_copy_prefix(dst, sd, "", "x", &err), KS_E_LIMIT);
+  assert_int_equal(ks__statedict_copy_prefix(dst, sd, "", "x", &err), KS_E_LIMIT);
   assert_non_null(strstr(err.message, "1025 bytes"));
   ks_statedict_free(dst);
   ks_statedict_free(sd);

@@ -19,6 +19,13 @@
 #include "faultio.h"
 #include "testutil.h"
 
+/* What the index records (ks_shard_index_get), by value. */
+static ks_shard_index_info index_info(const ks_shard_index *idx) {
+  ks_shard_index_info info = KS_OPTS_INIT(ks_shard_index_info);
+  ks_shard_index_get(idx, &info);
+  return info;
+}
+
 #define N 3
 #define ROWS 7
 #define COLS 2
@@ -45,7 +52,7 @@ static void rank_state(int r, int64_t batch, ks_statedict **sd, ks_meta **meta, 
   assert_int_equal(ks_statedict_set_string(*sd, "state/run_name", "shard", NULL), KS_OK);
   ks_rng rng;
   ks_rng_seed(&rng, (uint64_t)r + 1);
-  assert_int_equal(ks_rng_to_state_dict(&rng, *sd, "rng/0/", NULL), KS_OK);
+  assert_int_equal(ks_test_save(ks_rng_stateful(&rng), *sd, "rng/0/", NULL), KS_OK);
   /* A SumMetric holding r+1 after r+1 updates. */
   ks_metric *m;
   assert_int_equal(ks_metric_create("SumMetric", NULL, NULL, &m, NULL), KS_OK);
@@ -100,8 +107,8 @@ static float metric_sum(const ks_statedict *sd) {
 static void check_load_at(const char *dir, int saved, int m, ks_test_alloc *ta) {
   ks_shard_index *idx;
   ks_error err;
-  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, &err), KS_OK);
-  assert_int_equal(ks_shard_index_world_size(idx), saved);
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, &err), KS_OK);
+  assert_int_equal(index_info(idx).world_size, saved);
   float total = 0;
   for (int r = 0; r < m; r++) {
     int64_t g[2] = {ROWS, COLS}, off[2], shape[2];
@@ -156,7 +163,7 @@ static void timestamps_that_disagree_leave_no_index(void **s) {
   char *root = ks_test_tmpdir("shard");
   char *dir = write_ckpt(root, "ep2-ba5", 2);
   ks_shard_index *idx = NULL;
-  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, NULL), KS_E_NOTFOUND);
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, NULL), KS_E_NOTFOUND);
   char *latest = (char *)1;
   assert_int_equal(ks_shard_latest(root, NULL, &latest, NULL, NULL), KS_OK);
   assert_null(latest);
@@ -173,19 +180,19 @@ static void bad_shards_are_named(void **s) {
   size_t len;
   uint8_t *bytes = ks_test_read_file(f1, &len);
   ks_shard_index *idx;
-  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, NULL), KS_OK);
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, NULL), KS_OK);
   ks_error err;
   bytes[len / 2] ^= 1;
   assert_int_equal(ks_test_write_file(f1, bytes, len), 0);
-  assert_int_equal(ks_shard_verify_file(dir, idx, 1, &err), KS_E_CHECKSUM);
+  assert_int_equal(ks_shard_verify_file(dir, idx, 1, NULL, &err), KS_E_CHECKSUM);
   assert_non_null(strstr(err.message, "rank 1"));
   assert_non_null(strstr(err.file, "rank-00001-of-00003.keepsake"));
   bytes[len / 2] ^= 1;
   assert_int_equal(ks_test_write_file(f1, bytes, len - 1), 0);
-  assert_int_equal(ks_shard_verify_file(dir, idx, 1, &err), KS_E_FORMAT);
+  assert_int_equal(ks_shard_verify_file(dir, idx, 1, NULL, &err), KS_E_FORMAT);
   assert_non_null(strstr(err.message, "truncated"));
   remove(f1);
-  assert_int_equal(ks_shard_verify_file(dir, idx, 1, &err), KS_E_NOTFOUND);
+  assert_int_equal(ks_shard_verify_file(dir, idx, 1, NULL, &err), KS_E_NOTFOUND);
   assert_non_null(strstr(err.message, "missing"));
   ks_statedict *sd;
   ks_meta *meta;
@@ -223,8 +230,8 @@ static void every_byte_is_verified_and_version_1_indexes_still_read(void **s) {
   uint8_t *bytes = ks_test_read_file(f1, &len);
   ks_shard_index *idx;
   ks_error err;
-  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, NULL), KS_OK);
-  assert_int_equal(ks_shard_index_version(idx), 2);
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, NULL), KS_OK);
+  assert_int_equal(index_info(idx).version, 2);
   ks_shard_file_info info;
   assert_non_null(ks_shard_index_file(idx, 1, &info));
   assert_int_equal(info.size, len);
@@ -236,14 +243,14 @@ static void every_byte_is_verified_and_version_1_indexes_still_read(void **s) {
   for (size_t i = 0; i < sizeof spots / sizeof spots[0]; i++) {
     bytes[spots[i]] ^= 0x20;
     assert_int_equal(ks_test_write_file(f1, bytes, len), 0);
-    ks_status st = ks_shard_verify_file(dir, idx, 1, &err);
+    ks_status st = ks_shard_verify_file(dir, idx, 1, NULL, &err);
     if (st != KS_E_CHECKSUM) fail_msg("byte %zu flipped: %s (%s)", spots[i], ks_status_name(st), err.message);
     assert_non_null(strstr(err.message, "rank 1"));
     assert_non_null(strstr(err.message, "corrupt"));
     bytes[spots[i]] ^= 0x20;
   }
   assert_int_equal(ks_test_write_file(f1, bytes, len), 0);
-  assert_int_equal(ks_shard_verify_file(dir, idx, 1, &err), KS_OK);
+  assert_int_equal(ks_shard_verify_file(dir, idx, 1, NULL, &err), KS_OK);
   ks_shard_index_free(idx);
 
   /* The same checkpoint under a version 1 index, each file's whole-file hash in "xxh3". */
@@ -265,9 +272,9 @@ static void every_byte_is_verified_and_version_1_indexes_still_read(void **s) {
   }
   assert_int_equal(json_dump_file(doc, ip, JSON_INDENT(1) | JSON_SORT_KEYS), 0);
   json_decref(doc);
-  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, &err), KS_OK);
-  assert_int_equal(ks_shard_index_version(idx), 1);
-  for (int r = 0; r < N; r++) assert_int_equal(ks_shard_verify_file(dir, idx, r, &err), KS_OK);
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, &err), KS_OK);
+  assert_int_equal(index_info(idx).version, 1);
+  for (int r = 0; r < N; r++) assert_int_equal(ks_shard_verify_file(dir, idx, r, NULL, &err), KS_OK);
   assert_int_equal(ks_shard_check(dir, idx, NULL, KS_SHARD_CHECK_HEADERS, NULL, NULL, &err), KS_OK);
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
@@ -280,7 +287,7 @@ static void every_byte_is_verified_and_version_1_indexes_still_read(void **s) {
   free(latest);
   bytes[len - 1] ^= 1; /* a data byte: whole-file hash mismatch */
   assert_int_equal(ks_test_write_file(f1, bytes, len), 0);
-  assert_int_equal(ks_shard_verify_file(dir, idx, 1, &err), KS_E_CHECKSUM);
+  assert_int_equal(ks_shard_verify_file(dir, idx, 1, NULL, &err), KS_E_CHECKSUM);
   assert_non_null(strstr(err.message, "corrupt"));
   ks_shard_index_free(idx);
 
@@ -290,7 +297,7 @@ static void every_byte_is_verified_and_version_1_indexes_still_read(void **s) {
   json_object_set_new(ks, "version", json_integer(2));
   assert_int_equal(json_dump_file(doc, ip, 0), 0);
   json_decref(doc);
-  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, &err), KS_E_FORMAT);
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, &err), KS_E_FORMAT);
   assert_non_null(strstr(err.message, "header_xxh3"));
   ks_test_rmtree(root);
   free(ip);
@@ -319,8 +326,8 @@ static void a_file_from_another_checkpoint_is_refused(void **s) {
   json_decref(idx_json);
   ks_shard_index *idx;
   ks_error err;
-  assert_int_equal(ks_shard_index_read(a, NULL, &idx, &err), KS_OK);
-  assert_int_equal(ks_shard_verify_file(a, idx, 1, &err), KS_OK);
+  assert_int_equal(ks_shard_index_read(a, NULL, NULL, &idx, &err), KS_OK);
+  assert_int_equal(ks_shard_verify_file(a, idx, 1, NULL, &err), KS_OK);
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
   assert_int_equal(ks_shard_load_rank(a, idx, 1, 3, NULL, NULL, &sd, &meta, &err), KS_E_MISMATCH);
@@ -380,7 +387,7 @@ static void malformed_indexes_are_refused(void **s) {
     write_index_text(root, cases[i].text);
     ks_shard_index *idx = NULL;
     ks_error err;
-    ks_status st = ks_shard_index_read(root, NULL, &idx, &err);
+    ks_status st = ks_shard_index_read(root, NULL, NULL, &idx, &err);
     if (st != cases[i].want)
       fail_msg("case %zu: %s, want %s (%s)", i, ks_status_name(st), ks_status_name(cases[i].want), err.message);
     ks_shard_index_free(idx);
@@ -394,7 +401,7 @@ static void allocation_failures_leak_nothing(void **s) {
   char *root = ks_test_tmpdir("shard");
   char *dir = write_ckpt(root, "ep2-ba5", -1);
   ks_shard_index *idx;
-  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, NULL), KS_OK);
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, NULL), KS_OK);
   ks_status st = KS_E_NOMEM;
   for (long n = 1; st == KS_E_NOMEM && n < 10000; n++) {
     ks_test_alloc ta;
@@ -558,7 +565,7 @@ static ks_status save_and_load_through(const char *dir, ks_test_alloc *ta, float
   }
   if (!st) st = ks_shard_write_index(dir, N, infos, &so, NULL);
   ks_shard_index *idx = NULL;
-  if (!st) st = ks_shard_index_read(dir, &ta->a, &idx, NULL);
+  if (!st) st = ks_shard_index_read(dir, &ta->a, NULL, &idx, NULL);
   ks_shard_load_opts lo = {.alloc = &ta->a};
   ks_statedict *out = NULL;
   ks_meta *meta = NULL;
@@ -641,7 +648,7 @@ static void a_failed_directory_fsync_is_not_durable(void **s) {
     int index_failed;
     int reached_index = write_through(dir, &f, &st, &index_failed);
     ks_shard_index *idx = NULL;
-    ks_status rd = ks_shard_index_read(dir, NULL, &idx, NULL);
+    ks_status rd = ks_shard_index_read(dir, NULL, NULL, &idx, NULL);
     int done = f.failed_op == -1;
     if (done) {
       assert_int_equal(st, KS_OK);
@@ -655,7 +662,7 @@ static void a_failed_directory_fsync_is_not_durable(void **s) {
       assert_int_equal(st, KS_E_NOT_DURABLE);
       /* committed: the index is there and names files that verify */
       assert_int_equal(rd, KS_OK);
-      for (int r = 0; r < N; r++) assert_int_equal(ks_shard_verify_file(dir, idx, r, NULL), KS_OK);
+      for (int r = 0; r < N; r++) assert_int_equal(ks_shard_verify_file(dir, idx, r, NULL, NULL), KS_OK);
       seen_not_durable = 1;
       seen_index_not_durable |= index_failed;
     } else {
@@ -701,11 +708,54 @@ static void chunk_maps_check_their_bounds(void **s) {
   assert_int_equal(ks_shard_file_name(4, 4, name, sizeof name), KS_E_INVALID);
 }
 
+/* ks_shard_index_get fills what the caller's layout has (size), as the option structs are read. */
+static void index_info_fills_the_callers_layout(void **s) {
+  (void)s;
+  char *root = ks_test_tmpdir("shard-info");
+  char *dir = write_ckpt(root, "a", -1);
+  ks_shard_index *idx;
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, NULL), KS_OK);
+  ks_shard_index_info in = KS_OPTS_INIT(ks_shard_index_info);
+  ks_shard_index_get(idx, &in);
+  assert_int_equal(in.size, sizeof in);
+  assert_int_equal(in.version, KS_SHARD_INDEX_VERSION);
+  assert_int_equal(in.world_size, N);
+  assert_int_equal(in.epoch, 2);
+  assert_int_equal(in.batch, 5);
+  assert_int_equal(in.n_sharded, 1);
+  size_t np;
+  const char *const *def = ks_shard_default_per_rank(&np);
+  assert_int_equal(in.n_per_rank, np);
+  for (size_t i = 0; i < np; i++) assert_string_equal(in.per_rank[i], def[i]);
+  /* An older caller's struct, up to n_sharded: nothing past it is written. */
+  ks_shard_index_info old;
+  memset(&old, 0x5A, sizeof old);
+  old.size = offsetof(ks_shard_index_info, n_sharded);
+  ks_shard_index_get(idx, &old);
+  assert_int_equal(old.world_size, N);
+  assert_int_equal(old.batch, in.batch);
+  unsigned char rest[sizeof old - offsetof(ks_shard_index_info, n_sharded)];
+  memset(rest, 0x5A, sizeof rest);
+  assert_memory_equal((const unsigned char *)&old + offsetof(ks_shard_index_info, n_sharded), rest, sizeof rest);
+  ks_shard_index_free(idx);
+  /* No index: zeros, epoch and batch -1. */
+  ks_shard_index_get(NULL, &in);
+  assert_int_equal(in.world_size, 0);
+  assert_int_equal(in.epoch, -1);
+  assert_int_equal(in.batch, -1);
+  assert_null(in.per_rank);
+  ks_shard_index_get(NULL, NULL); /* no crash */
+  free(dir);
+  ks_test_rmtree(root);
+  free(root);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(loads_at_fewer_equal_and_more_ranks),
       cmocka_unit_test(timestamps_that_disagree_leave_no_index),
       cmocka_unit_test(bad_shards_are_named),
+      cmocka_unit_test(index_info_fills_the_callers_layout),
       cmocka_unit_test(a_file_from_another_checkpoint_is_refused),
       cmocka_unit_test(every_byte_is_verified_and_version_1_indexes_still_read),
       cmocka_unit_test(malformed_indexes_are_refused),

@@ -35,7 +35,7 @@ static void write_rank(const char *dir, int s, ks_shard_file_info *info) {
   }
   ks_rng rng;
   ks_rng_seed(&rng, (uint64_t)s + 1);
-  assert_int_equal(ks_rng_to_state_dict(&rng, sd, "rng/0/", NULL), KS_OK);
+  assert_int_equal(ks_test_save(ks_rng_stateful(&rng), sd, "rng/0/", NULL), KS_OK);
   ks_metric *m;
   assert_int_equal(ks_metric_create("SumMetric", NULL, NULL, &m, NULL), KS_OK);
   float v = (float)(1 << s);
@@ -68,7 +68,7 @@ static void the_loader_follows_the_rule(void **state) {
   ks_error err;
   assert_int_equal(ks_shard_write_index(dir, SAVED, infos, &so, &err), KS_OK);
   ks_shard_index *idx;
-  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, &err), KS_OK);
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, &err), KS_OK);
   for (int m = 1; m <= 6; m++) {
     int covered = 0, next = 0;
     for (int r = 0; r < m; r++) {
@@ -91,7 +91,7 @@ static void the_loader_follows_the_rule(void **state) {
       assert_true(*(const float *)t->data == (float)want);
       covered |= want;
       ks_rng got, exp;
-      assert_int_equal(ks_rng_load_state_dict(&got, sd, "rng/0/", &err), KS_OK);
+      assert_int_equal(ks_test_load(ks_rng_stateful(&got), sd, "rng/0/", &err), KS_OK);
       ks_rng_seed(&exp, (uint64_t)first + 1);
       assert_true(ks_rng_next(&got) == ks_rng_next(&exp));
       ks_statedict_free(sd);

@@ -150,7 +150,7 @@ static void sharded_sections_are_validated(void **s) {
     json_decref(ix);
     ks_shard_index *idx = NULL;
     ks_error err;
-    ks_status st = ks_shard_index_read(dir, NULL, &idx, &err);
+    ks_status st = ks_shard_index_read(dir, NULL, NULL, &idx, &err);
     if (st != KS_E_FORMAT || strcmp(err.key, cases[i].key) || !strstr(err.message, cases[i].message) ||
         !strstr(err.file, KS_SHARD_INDEX_NAME))
       fail_msg("%s: %s, key '%s', file %s: %s", cases[i].what, ks_status_name(st), err.key, err.file, err.message);
@@ -197,7 +197,7 @@ static void wide_column_splits_are_checked(void **s) {
     free(text);
     ks_shard_index *idx = NULL;
     ks_error err;
-    ks_status st = ks_shard_index_read(root, NULL, &idx, &err);
+    ks_status st = ks_shard_index_read(root, NULL, NULL, &idx, &err);
     if (st != (overlap ? KS_E_FORMAT : KS_OK)) fail_msg("overlap %d: %s: %s", overlap, ks_status_name(st), err.message);
     if (overlap) assert_non_null(strstr(err.message, "overlaps"));
     ks_shard_index_free(idx);
@@ -232,7 +232,7 @@ static int on_problem(void *ctx, const ks_error *e) {
 static seen check_headers(const char *dir) {
   ks_shard_index *idx;
   ks_error err;
-  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, &err), KS_OK);
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, &err), KS_OK);
   seen x;
   memset(&x, 0, sizeof x);
   ks_status st = ks_shard_check(dir, idx, NULL, KS_SHARD_CHECK_SIZES | KS_SHARD_CHECK_HEADERS, on_problem, &x, &err);
@@ -297,7 +297,7 @@ static void files_are_checked_against_the_index(void **s) {
   memset(grown + len, 0, 16);
   assert_int_equal(ks_test_write_file(p, grown, len + 16), 0);
   ks_shard_index *idx;
-  assert_int_equal(ks_shard_index_read(dir, NULL, &idx, NULL), KS_OK);
+  assert_int_equal(ks_shard_index_read(dir, NULL, NULL, &idx, NULL), KS_OK);
   ks_shard_load_opts lo = {.no_verify = 1};
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
@@ -404,7 +404,7 @@ static void allocation_failures_leak_nothing(void **s) {
     ks_test_alloc ta;
     ks_test_alloc_init(&ta, n);
     ks_shard_index *idx = NULL;
-    st = ks_shard_index_read(dir, &ta.a, &idx, NULL);
+    st = ks_shard_index_read(dir, &ta.a, NULL, &idx, NULL);
     if (!st) st = ks_shard_check(dir, idx, NULL, KS_SHARD_CHECK_SIZES | KS_SHARD_CHECK_HEADERS, NULL, NULL, NULL);
     if (st != KS_OK && st != KS_E_NOMEM) fail_msg("allocation %ld failing: %s", n, ks_status_name(st));
     ks_shard_index_free(idx);

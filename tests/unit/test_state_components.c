@@ -21,12 +21,12 @@ static void rng_same_seed_same_stream_and_state_round_trips(void **s) {
   for (int i = 0; i < 100; i++) assert_int_equal(ks_rng_next(&a), ks_rng_next(&b));
   ks_statedict *sd;
   assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
-  assert_int_equal(ks_rng_to_state_dict(&a, sd, "rng/0/", NULL), KS_OK);
+  assert_int_equal(ks_test_save(ks_rng_stateful(&a), sd, "rng/0/", NULL), KS_OK);
   uint64_t expect[5];
   for (int i = 0; i < 5; i++) expect[i] = ks_rng_next(&a);
   ks_rng c;
   ks_rng_seed(&c, 999);
-  assert_int_equal(ks_rng_load_state_dict(&c, sd, "rng/0/", NULL), KS_OK);
+  assert_int_equal(ks_test_load(ks_rng_stateful(&c), sd, "rng/0/", NULL), KS_OK);
   for (int i = 0; i < 5; i++) assert_int_equal(ks_rng_next(&c), expect[i]);
   ks_statedict_free(sd);
 }
@@ -65,10 +65,10 @@ static void rng_load_rejects_wrong_shape_and_zero_state(void **s) {
   ks_rng r, before;
   ks_rng_seed(&r, 3);
   before = r;
-  assert_int_equal(ks_rng_load_state_dict(&r, sd, "rng/0/", NULL), KS_E_SHAPE);
+  assert_int_equal(ks_test_load(ks_rng_stateful(&r), sd, "rng/0/", NULL), KS_E_SHAPE);
   int64_t four = 4;
   assert_int_equal(ks_statedict_new_tensor(sd, "rng/0/xoshiro256starstar", KS_U64, 1, &four, NULL, NULL), KS_OK);
-  assert_int_equal(ks_rng_load_state_dict(&r, sd, "rng/0/", NULL), KS_E_VALUE);
+  assert_int_equal(ks_test_load(ks_rng_stateful(&r), sd, "rng/0/", NULL), KS_E_VALUE);
   assert_memory_equal(&r, &before, sizeof r);
   ks_statedict_free(sd);
 }
@@ -99,7 +99,7 @@ static void adamw_matches_torch(void **s) {
   for (int i = 0; i < 4; i++) assert_float_equal(p[i], ref_adamw[i], 2e-6);
   ks_statedict *sd;
   assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
-  assert_int_equal(ks_optimizer_to_state_dict(o, sd, "state/optimizers/AdamW/", NULL), KS_OK);
+  assert_int_equal(ks_test_save(ks_optimizer_stateful(o), sd, "state/optimizers/AdamW/", NULL), KS_OK);
   const ks_tensor *m = ks_statedict_tensor(sd, "state/optimizers/AdamW/state/0/exp_avg");
   assert_non_null(m);
   for (int i = 0; i < 4; i++) assert_float_equal(((float *)m->data)[i], ref_adamw_exp_avg[i], 1e-6);
@@ -142,8 +142,8 @@ static void optimizer_resumes_bit_identically(void **s) {
   run_three_steps(a, p1, g1);
   ks_statedict *sd;
   assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
-  assert_int_equal(ks_optimizer_to_state_dict(a, sd, "o/", NULL), KS_OK);
-  assert_int_equal(ks_optimizer_load_state_dict(b, sd, "o/", NULL), KS_OK);
+  assert_int_equal(ks_test_save(ks_optimizer_stateful(a), sd, "o/", NULL), KS_OK);
+  assert_int_equal(ks_test_load(ks_optimizer_stateful(b), sd, "o/", NULL), KS_OK);
   memcpy(p2, p1, sizeof p1);
   run_three_steps(a, p1, g1);
   run_three_steps(b, p2, g2);
@@ -167,13 +167,13 @@ static void optimizer_load_rejects_shape_mismatch_unchanged(void **s) {
   ks_optimizer_step(a);
   ks_statedict *sd;
   assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
-  assert_int_equal(ks_optimizer_to_state_dict(a, sd, "o/", NULL), KS_OK);
+  assert_int_equal(ks_test_save(ks_optimizer_stateful(a), sd, "o/", NULL), KS_OK);
   ks_error e;
-  assert_int_equal(ks_optimizer_load_state_dict(b, sd, "o/", &e), KS_E_SHAPE);
+  assert_int_equal(ks_test_load(ks_optimizer_stateful(b), sd, "o/", &e), KS_E_SHAPE);
   assert_string_equal(e.key, "o/state/0/exp_avg");
   ks_statedict *empty;
   assert_int_equal(ks_statedict_create(NULL, &empty, NULL), KS_OK);
-  assert_int_equal(ks_optimizer_to_state_dict(b, empty, "o/", NULL), KS_OK);
+  assert_int_equal(ks_test_save(ks_optimizer_stateful(b), empty, "o/", NULL), KS_OK);
   assert_null(ks_statedict_tensor(empty, "o/state/0/exp_avg")); /* still no state: nothing was written */
   ks_statedict_free(empty);
   ks_statedict_free(sd);
@@ -195,7 +195,7 @@ static void optimizer_state_dict_survives_every_allocation_failure(void **s) {
     if (!st) ks_optimizer_step(o);
     ks_statedict *sd = NULL;
     if (!st) st = ks_statedict_create(&ta.a, &sd, NULL);
-    if (!st) st = ks_optimizer_to_state_dict(o, sd, "o/", NULL);
+    if (!st) st = ks_test_save(ks_optimizer_stateful(o), sd, "o/", NULL);
     ks_statedict_free(sd);
     ks_optimizer_free(o);
     assert_int_equal(ta.live, 0);
@@ -217,10 +217,10 @@ static void scheduler_warms_up_then_decays_by_cosine(void **s) {
   assert_int_equal(sc.last_epoch, 1);
   ks_statedict *sd;
   assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
-  assert_int_equal(ks_scheduler_to_state_dict(&sc, sd, "s/", NULL), KS_OK);
+  assert_int_equal(ks_test_save(ks_scheduler_stateful(&sc), sd, "s/", NULL), KS_OK);
   ks_scheduler other;
   ks_scheduler_init(&other, NULL, 3.0, 1, 2, 0.5);
-  assert_int_equal(ks_scheduler_load_state_dict(&other, sd, "s/", NULL), KS_OK);
+  assert_int_equal(ks_test_load(ks_scheduler_stateful(&other), sd, "s/", NULL), KS_OK);
   assert_memory_equal(&other, &sc, sizeof sc);
   ks_statedict_free(sd);
 }
@@ -240,12 +240,12 @@ static void timestamp_counts_and_round_trips_without_wct(void **s) {
   assert_true(ts.total_wct == 1.0 && ts.epoch_wct == 0.5);
   ks_statedict *sd;
   assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
-  assert_int_equal(ks_timestamp_to_state_dict(&ts, sd, "t/", NULL), KS_OK);
+  assert_int_equal(ks_test_save(ks_timestamp_stateful(&ts), sd, "t/", NULL), KS_OK);
   assert_int_equal(ks_statedict_remove(sd, "t/total_wct"), KS_OK); /* as if ignored by '*_wct' */
   ks_timestamp back;
   ks_timestamp_init(&back);
   back.total_wct = 9.0;
-  assert_int_equal(ks_timestamp_load_state_dict(&back, sd, "t/", NULL), KS_OK);
+  assert_int_equal(ks_test_load(ks_timestamp_stateful(&back), sd, "t/", NULL), KS_OK);
   assert_int_equal(back.sample, 80);
   assert_true(back.total_wct == 9.0 && back.epoch_wct == 0.5);
   ks_statedict_free(sd);
@@ -276,9 +276,16 @@ static void load_report_counts_and_survives_allocation_failure(void **s) {
       st = ks_load_report_add(r, (ks_load_kind)(i % 6), "state/x", "why", NULL);
       added += st == KS_OK;
     }
-    if (r) assert_int_equal(ks_load_report_count(r), added); /* a failed add changes nothing */
+    if (r) assert_int_equal(ks_load_report_count(r, KS_LOAD_ANY), added); /* a failed add changes nothing */
     if (!st) {
-      assert_int_equal(ks_load_report_count_kind(r, KS_LOAD_MISMATCHED), 3);
+      assert_int_equal(ks_load_report_count(r, KS_LOAD_MISMATCHED), 3);
+      assert_int_equal(ks_load_report_count(r, KS_LOAD_LOADED), 4);
+      /* KS_LOAD_ANY counts; it, or any other number, is no kind of item. */
+      ks_error e;
+      assert_int_equal(ks_load_report_add(r, KS_LOAD_ANY, "state/x", "why", &e), KS_E_INVALID);
+      assert_int_equal(ks_load_report_add(r, (ks_load_kind)6, "state/x", "why", &e), KS_E_INVALID);
+      assert_int_equal(ks_load_report_count(r, KS_LOAD_ANY), 20);
+      assert_int_equal(ks_load_report_count(NULL, KS_LOAD_ANY), 0);
       assert_non_null(ks_load_report_find(r, "state/x"));
       assert_null(ks_load_report_find(r, "state/y"));
     }
@@ -326,7 +333,7 @@ static void registry_and_report_find_by_key_at_scale(void **s) {
   assert_non_null(it);
   assert_int_equal(it->kind, KS_LOAD_LOADED); /* the first of the three */
   assert_null(ks_load_report_find(r, "state/c1000"));
-  ks_load_report_clear(r);
+  ks__load_report_clear(r);
   assert_null(ks_load_report_find(r, "state/c0"));
   assert_int_equal(ks_load_report_add(r, KS_LOAD_SKIPPED, "state/c0", "again", NULL), KS_OK);
   assert_int_equal(ks_load_report_find(r, "state/c0")->kind, KS_LOAD_SKIPPED);

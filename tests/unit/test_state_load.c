@@ -11,6 +11,7 @@
 
 #include "keepsake/manager.h"
 #include "keepsake/state.h"
+#include "state/state_internal.h"
 #include "testutil.h"
 
 typedef struct mdef {
@@ -173,7 +174,7 @@ static void load_fills_metrics_so_compute_works_at_once(void **s) {
   assert_int_equal(kind_of(rep, "state/train_metrics/MulticlassAccuracy"), KS_LOAD_LOADED);
   assert_int_equal(kind_of(rep, "state/eval_metrics/eval/MulticlassConfusionMatrix"), KS_LOAD_LOADED);
   assert_int_equal(kind_of(rep, "state/optimizers/AdamW"), KS_LOAD_LOADED);
-  assert_int_equal(ks_load_report_count_kind(rep, KS_LOAD_MISMATCHED), 0);
+  assert_int_equal(ks_load_report_count(rep, KS_LOAD_MISMATCHED), 0);
   ks_load_report_free(rep);
   prog_free(&a);
   prog_free(&b);
@@ -322,10 +323,10 @@ static void f16_stored_states_are_widened_and_narrowing_is_refused(void **s) {
       ks_metric_state_info(ks_metric_collection_get(ks_state_train_metrics(b.st), "Loss"), 0, NULL, NULL, &cur), KS_OK);
   assert_int_equal(cur.dtype, KS_F32); /* the declared dtype is kept */
   assert_true(metric_value(b.st, "Loss") == 2.5);
-  ks_load_report_clear(rep);
+  ks__load_report_clear(rep);
   assert_int_equal(transfer(&a, &c, NULL, rep, NULL, NULL, to_f64), KS_OK);
   assert_int_equal(kind_of(rep, "state/train_metrics/Loss"), KS_LOAD_MISMATCHED);
-  ks_load_report_clear(rep);
+  ks__load_report_clear(rep);
   ks_load_opts o = {.allow_narrowing = 1};
   assert_int_equal(transfer(&a, &d, &o, rep, NULL, NULL, to_f64), KS_OK);
   assert_int_equal(kind_of(rep, "state/train_metrics/Loss"), KS_LOAD_CONVERTED);
@@ -397,7 +398,7 @@ static void strict_model_mismatch_fails_and_changes_nothing(void **s) {
   assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
   assert_int_equal(transfer(&a, &b, NULL, rep, NULL, NULL, NULL), KS_E_SHAPE);
   assert_memory_equal(b.b, bias_before, sizeof bias_before); /* nothing written, not even the matching bias */
-  ks_load_report_clear(rep);
+  ks__load_report_clear(rep);
   ks_load_opts o = {.non_strict_model = 1};
   assert_int_equal(transfer(&a, &b, &o, rep, NULL, NULL, NULL), KS_OK);
   assert_int_equal(kind_of(rep, "state/model/fc.weight"), KS_LOAD_MISMATCHED);

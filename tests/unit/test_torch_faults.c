@@ -209,7 +209,7 @@ static void pt_save_after_failures_writes_a_loadable_file(void **state) {
   assert_int_equal(ks_torch_save(fx->path, fx->next, NULL, NULL), KS_OK);
   assert_file_is(fx->path, fx->new_bytes, fx->new_len);
   ks_statedict *back;
-  assert_int_equal(ks_torch_load(fx->path, NULL, &back, NULL), KS_OK);
+  assert_int_equal(ks_torch_load(fx->path, NULL, &back, NULL, NULL), KS_OK);
   ks_entry e;
   assert_int_equal(ks_statedict_get(back, "step", &e), KS_OK);
   assert_int_equal(e.i, 200);

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "import/import_internal.h"
 #include "keepsake/keepsake.h"
 #include "keepsake/torch.h"
 #include "testutil.h"
@@ -93,8 +94,8 @@ static void check_fixture(const char *name, int composer) {
   snprintf(js, sizeof js, FIX "%s.expected.json", name);
   ks_statedict *sd, *norm = NULL;
   ks_error err;
-  assert_int_equal(ks_torch_load(pt, NULL, &sd, &err), KS_OK);
-  if (composer) assert_int_equal(ks_composer_normalize(sd, KS_BORROW, &norm, NULL, &err), KS_OK);
+  assert_int_equal(ks_torch_load(pt, NULL, &sd, NULL, &err), KS_OK);
+  if (composer) assert_int_equal(ks__composer_normalize(sd, KS_BORROW, NULL, &norm, NULL, &err), KS_OK);
   assert_true(expect_entries(norm ? norm : sd, js) > 0);
   ks_statedict_free(norm);
   ks_statedict_free(sd);
@@ -111,7 +112,7 @@ static void check_torch213_fixture(const char *dir, const char *name) {
   ks_statedict *sd = NULL;
   char *structure = NULL;
   ks_error err;
-  ks_status st = ks_torch_load_with_structure(pt, NULL, &sd, &structure, &err);
+  ks_status st = ks_torch_load(pt, NULL, &sd, &structure, &err);
   const char *error = json_string_value(json_object_get(want, "error"));
   if (error) {
     if (st == KS_OK || strcmp(ks_status_name(st), error) ||
@@ -173,7 +174,7 @@ static void malicious_payload_is_kept_inert_and_never_runs(void **s) {
   unlink(side_effect);
   ks_statedict *sd;
   ks_error err;
-  assert_int_equal(ks_torch_load(FIX "torch/malicious.pt", NULL, &sd, &err), KS_OK);
+  assert_int_equal(ks_torch_load(FIX "torch/malicious.pt", NULL, &sd, NULL, &err), KS_OK);
   assert_false(ks_test_exists(side_effect));
   ks_entry e;
   assert_int_equal(ks_statedict_get(sd, "payload/__class__", &e), KS_OK);
@@ -186,7 +187,7 @@ static void malicious_payload_is_kept_inert_and_never_runs(void **s) {
 static void contiguous_tensors_are_views_into_the_mapping(void **s) {
   (void)s;
   ks_statedict *sd;
-  assert_int_equal(ks_torch_load(FIX "torch/tensors.pt", NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_torch_load(FIX "torch/tensors.pt", NULL, &sd, NULL, NULL), KS_OK);
   assert_int_equal(ks_statedict_tensor(sd, "f32")->ownership, KS_MAPPED);
   ks_statedict_free(sd);
 }
@@ -197,7 +198,7 @@ static void buffer_input_gives_the_same_entries_and_outlives_the_buffer(void **s
   uint8_t *buf = ks_test_read_file(FIX "torch/tensors.pt", &len);
   assert_non_null(buf);
   ks_statedict *sd;
-  assert_int_equal(ks_torch_load_buffer(buf, len, NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_test_torch_load_buffer(buf, len, NULL, &sd, NULL, NULL), KS_OK);
   memset(buf, 0, len);
   free(buf);
   expect_entries(sd, FIX "torch/tensors.expected.json");
@@ -214,7 +215,7 @@ static void every_truncation_is_refused_without_crashing(void **s) {
     ks_error err;
     uint8_t *copy = malloc(n ? n : 1);
     memcpy(copy, buf, n);
-    assert_int_not_equal(ks_torch_load_buffer(copy, n, NULL, &sd, &err), KS_OK);
+    assert_int_not_equal(ks_test_torch_load_buffer(copy, n, NULL, &sd, NULL, &err), KS_OK);
     assert_null(sd);
     free(copy);
   }
@@ -237,7 +238,7 @@ static void random_corruption_is_an_error_or_data_never_a_crash(void **s) {
       buf[at] = (uint8_t)(rng >> 24);
     }
     ks_statedict *sd = NULL;
-    ks_status st = ks_torch_load_buffer(buf, len, NULL, &sd, NULL);
+    ks_status st = ks_test_torch_load_buffer(buf, len, NULL, &sd, NULL, NULL);
     assert_true(st == KS_OK ? sd != NULL : sd == NULL);
     ks_statedict_free(sd);
   }
@@ -261,9 +262,9 @@ static void crc_verification_catches_a_flipped_storage_byte(void **s) {
   ks_error err;
   ks_torch_read_opts o = {0};
   o.verify_crc = 1;
-  assert_int_equal(ks_torch_load_buffer(buf, len, &o, &sd, &err), KS_E_CHECKSUM);
+  assert_int_equal(ks_test_torch_load_buffer(buf, len, &o, &sd, NULL, &err), KS_E_CHECKSUM);
   assert_non_null(strstr(err.key, "data/0"));
-  assert_int_equal(ks_torch_load_buffer(buf, len, NULL, &sd, &err), KS_OK);
+  assert_int_equal(ks_test_torch_load_buffer(buf, len, NULL, &sd, NULL, &err), KS_OK);
   ks_statedict_free(sd);
   free(buf);
 }
@@ -280,8 +281,8 @@ static void allocation_failures_return_nomem_and_leak_nothing(void **s) {
     o.alloc = &ta.a;
     ks_statedict *sd = NULL, *norm = NULL;
     char *json = NULL;
-    ks_status st = ks_torch_load_buffer(buf, len, &o, &sd, NULL);
-    if (st == KS_OK) st = ks_composer_normalize(sd, KS_COPY, &norm, &json, NULL);
+    ks_status st = ks_test_torch_load_buffer(buf, len, &o, &sd, NULL, NULL);
+    if (st == KS_OK) st = ks__composer_normalize(sd, KS_COPY, NULL, &norm, &json, NULL);
     if (st == KS_OK) {
       assert_non_null(json);
       ks_torch_free(&ta.a, json);
@@ -310,7 +311,7 @@ static void structure_reads_survive_every_allocation_failure(void **s) {
     o.alloc = &ta.a;
     ks_statedict *sd = NULL;
     char *structure = NULL;
-    ks_status st = ks_torch_load_buffer_with_structure(buf, len, &o, &sd, &structure, NULL);
+    ks_status st = ks_test_torch_load_buffer(buf, len, &o, &sd, &structure, NULL);
     if (st == KS_OK) {
       assert_non_null(strstr(structure, "\"names\":{\"kind\":\"list\""));
       ks_torch_free(&ta.a, structure);
@@ -342,7 +343,7 @@ static void composer_list_state_items_of_different_rank_are_refused(void **s) {
   assert_int_equal(ks_statedict_set_tensor(sd, "state/train_metrics/M/x/0", &a, KS_COPY, NULL), KS_OK);
   assert_int_equal(ks_statedict_set_tensor(sd, "state/train_metrics/M/x/1", &b, KS_BORROW, NULL), KS_OK);
   ks_error err;
-  assert_int_equal(ks_composer_normalize(sd, KS_BORROW, &norm, NULL, &err), KS_E_SHAPE);
+  assert_int_equal(ks__composer_normalize(sd, KS_BORROW, NULL, &norm, NULL, &err), KS_E_SHAPE);
   assert_null(norm);
   ks_statedict_free(sd);
 }
@@ -355,12 +356,77 @@ static void torch_load_refuses_a_fifo_without_waiting_for_a_writer(void **s) {
   alarm(10); /* a blocking open would wait forever: let the alarm fail the test instead */
   ks_statedict *sd = NULL;
   ks_error err;
-  assert_int_equal(ks_torch_load(path, NULL, &sd, &err), KS_E_IO); /* as ks_reader_open says */
+  assert_int_equal(ks_torch_load(path, NULL, &sd, NULL, &err), KS_E_IO); /* as ks_reader_open says */
   alarm(0);
   assert_null(sd);
   ks_test_rmtree(dir);
   free(path);
   free(dir);
+}
+
+/* ks_torch_probe: one call for what a path or bytes in memory are (zip, legacy, DCP, other). */
+static void probe_says_what_torch_wrote(void **s) {
+  (void)s;
+  assert_int_equal(ks_torch_probe(FIX "torch/tensors.pt", NULL), KS_TORCH_ZIP);
+  assert_int_equal(ks_torch_probe(FIX "torch213/legacy.pt", NULL), KS_TORCH_LEGACY);
+  assert_int_equal(ks_torch_probe(FIX "dcp/basic", NULL), KS_TORCH_DCP);
+  assert_int_equal(ks_torch_probe(FIX "dcp", NULL), KS_TORCH_UNKNOWN); /* a directory without .metadata */
+  assert_int_equal(ks_torch_probe(FIX "torch/tensors.expected.json", NULL), KS_TORCH_UNKNOWN);
+  assert_int_equal(ks_torch_probe(FIX "torch/no-such-file.pt", NULL), KS_TORCH_UNKNOWN);
+  assert_int_equal(ks_torch_probe(NULL, NULL), KS_TORCH_UNKNOWN);
+  size_t len;
+  uint8_t *legacy = ks_test_read_file(FIX "torch213/legacy.pt", &len);
+  assert_non_null(legacy);
+  ks_torch_read_opts o = KS_OPTS_INIT(ks_torch_read_opts);
+  o.data = legacy;
+  o.data_len = len;
+  assert_int_equal(ks_torch_probe(NULL, &o), KS_TORCH_LEGACY);
+  o.data_len = 13; /* too short to tell */
+  assert_int_equal(ks_torch_probe(NULL, &o), KS_TORCH_UNKNOWN);
+  o.data = "PK\x05\x06";
+  o.data_len = 4; /* an empty archive's end record */
+  assert_int_equal(ks_torch_probe(NULL, &o), KS_TORCH_ZIP);
+  o.data = "PK\x01\x02";
+  assert_int_equal(ks_torch_probe(NULL, &o), KS_TORCH_UNKNOWN);
+  free(legacy);
+}
+
+/* ks_torch_load reads a path or opts->data: exactly one of them. */
+static void torch_load_takes_a_path_or_bytes(void **s) {
+  (void)s;
+  size_t len;
+  uint8_t *buf = ks_test_read_file(FIX "torch/tensors.pt", &len);
+  assert_non_null(buf);
+  ks_torch_read_opts o = KS_OPTS_INIT(ks_torch_read_opts);
+  ks_statedict *a = NULL, *b = NULL;
+  ks_error err;
+  assert_int_equal(ks_torch_load(NULL, &o, &a, NULL, &err), KS_E_INVALID); /* neither */
+  assert_int_equal(ks_torch_load(NULL, NULL, &a, NULL, &err), KS_E_INVALID);
+  o.data = buf;
+  o.data_len = len;
+  assert_int_equal(ks_torch_load(FIX "torch/tensors.pt", &o, &a, NULL, &err), KS_E_INVALID); /* both */
+  assert_null(a);
+  char *structure = NULL;
+  assert_int_equal(ks_torch_load(NULL, &o, &a, &structure, &err), KS_OK);
+  assert_non_null(structure);
+  free(buf); /* the dict copied what it keeps */
+  assert_int_equal(ks_torch_load(FIX "torch/tensors.pt", NULL, &b, NULL, &err), KS_OK);
+  assert_int_equal(ks_statedict_count(a), ks_statedict_count(b));
+  for (size_t i = 0; i < ks_statedict_count(b); i++) {
+    ks_entry x, y;
+    assert_int_equal(ks_statedict_at(b, i, &y), KS_OK);
+    assert_int_equal(ks_statedict_get(a, y.name, &x), KS_OK);
+    assert_int_equal(x.kind, y.kind);
+    if (x.kind == KS_VAL_TENSOR) {
+      assert_int_equal(x.tensor.nbytes, y.tensor.nbytes);
+      if (x.tensor.nbytes) assert_memory_equal(x.tensor.data, y.tensor.data, x.tensor.nbytes);
+    }
+  }
+  /* A legacy file is refused the same way from a path and from bytes. */
+  assert_int_equal(ks_torch_load(FIX "torch213/legacy.pt", NULL, &b, NULL, &err), KS_E_UNSUPPORTED);
+  ks_torch_free(NULL, structure);
+  ks_statedict_free(a);
+  ks_statedict_free(b);
 }
 
 int main(void) {
@@ -379,6 +445,8 @@ int main(void) {
       cmocka_unit_test(structure_reads_survive_every_allocation_failure),
       cmocka_unit_test(composer_list_state_items_of_different_rank_are_refused),
       cmocka_unit_test(torch_load_refuses_a_fifo_without_waiting_for_a_writer),
+      cmocka_unit_test(probe_says_what_torch_wrote),
+      cmocka_unit_test(torch_load_takes_a_path_or_bytes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -86,7 +86,7 @@ static ks_status run_mem(const prog *g, uint64_t max_mem, ks_statedict **out, ks
   if (!st && out) {
     ks_statedict *copy;
     assert_int_equal(ks_statedict_create(NULL, &copy, NULL), KS_OK);
-    assert_int_equal(ks_statedict_copy_prefix(copy, sd, "", "", NULL), KS_OK);
+    assert_int_equal(ks__statedict_copy_prefix(copy, sd, "", "", NULL), KS_OK);
     *out = copy;
   }
   ks_statedict_free(sd);

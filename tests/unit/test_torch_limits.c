@@ -124,7 +124,7 @@ static void shared_references_succeed_exactly_within_the_output_budget(void **s)
     o.max_output_bytes = budget;
     ks_statedict *sd = NULL;
     ks_error err;
-    ks_status st = ks_torch_load_buffer(pt.p, pt.n, &o, &sd, &err);
+    ks_status st = ks_test_torch_load_buffer(pt.p, pt.n, &o, &sd, NULL, &err);
     /* every copy, every name ("0", "1", ...) with its entry's record, and the dict's record */
     uint64_t need = (uint64_t)bytes * n + KS__PK_CONTAINER_BYTES;
     for (size_t i = 0; i < n; i++) need += (i < 10 ? 1u : 2u) + KS__PK_ENTRY_BYTES;
@@ -132,7 +132,7 @@ static void shared_references_succeed_exactly_within_the_output_budget(void **s)
     if (round % 3 == 0) {
       ks_statedict_free(sd);
       sd = NULL;
-      st = ks_torch_load_buffer(pt.p, pt.n, &o, &sd, &err);
+      st = ks_test_torch_load_buffer(pt.p, pt.n, &o, &sd, NULL, &err);
     }
     if (need <= budget) {
       assert_int_equal(st, KS_OK);
@@ -163,10 +163,10 @@ static void fifty_references_to_a_16_mib_storage_are_refused_by_default(void **s
   ks_test_write_file(path, pt.p, pt.n);
   ks_statedict *sd = NULL;
   ks_error err;
-  assert_int_equal(ks_torch_load(path, NULL, &sd, &err), KS_E_LIMIT);
+  assert_int_equal(ks_torch_load(path, NULL, &sd, NULL, &err), KS_E_LIMIT);
   assert_null(sd);
   assert_non_null(strstr(err.message, "would exceed"));
-  assert_int_equal(ks_torch_load_buffer(pt.p, pt.n, NULL, &sd, &err), KS_E_LIMIT);
+  assert_int_equal(ks_test_torch_load_buffer(pt.p, pt.n, NULL, &sd, NULL, &err), KS_E_LIMIT);
   /* the same storage referenced 4 times fits: tied weights and views stay readable */
   free(pkl.p);
   free(pt.p);
@@ -175,7 +175,7 @@ static void fifty_references_to_a_16_mib_storage_are_refused_by_default(void **s
   pt = archive(&pkl, storage, mib16);
   free(storage);
   ks_test_write_file(path, pt.p, pt.n);
-  assert_int_equal(ks_torch_load(path, NULL, &sd, &err), KS_OK);
+  assert_int_equal(ks_torch_load(path, NULL, &sd, NULL, &err), KS_OK);
   assert_int_equal(tensor_bytes(sd), 4ull * mib16);
   ks_statedict_free(sd);
   free(pkl.p);
@@ -217,7 +217,7 @@ static void shared_containers_are_copies_counted_exactly_against_the_budget(void
       ks_statedict *sd = NULL;
       char *structure = NULL;
       ks_error err;
-      ks_status st = ks_torch_load_buffer_with_structure(pt.p, pt.n, &o, &sd, &structure, &err);
+      ks_status st = ks_test_torch_load_buffer(pt.p, pt.n, &o, &sd, &structure, &err);
       if (!under) {
         assert_int_equal(st, KS_OK);
         assert_int_equal(ks_statedict_count(sd), 0); /* empty lists only: all in the structure */
@@ -246,12 +246,12 @@ static void shared_empty_lists_padded_to_64_kib_stop_at_the_output_budget(void *
   ks_statedict *sd = NULL;
   char *structure = NULL;
   ks_error err;
-  assert_int_equal(ks_torch_load_buffer_with_structure(pt.p, pt.n, NULL, &sd, &structure, &err), KS_E_LIMIT);
+  assert_int_equal(ks_test_torch_load_buffer(pt.p, pt.n, NULL, &sd, &structure, &err), KS_E_LIMIT);
   assert_null(sd);
   assert_null(structure);
   assert_non_null(strstr(err.message, "copied once per path"));
   /* without the structure document the same bound holds */
-  assert_int_equal(ks_torch_load_buffer(pt.p, pt.n, NULL, &sd, &err), KS_E_LIMIT);
+  assert_int_equal(ks_test_torch_load_buffer(pt.p, pt.n, NULL, &sd, NULL, &err), KS_E_LIMIT);
   assert_non_null(strstr(err.message, "copied once per path"));
   free(pkl.p);
   free(pt.p);
@@ -323,7 +323,7 @@ static void gen_dict(buf *p, model *m, uint32_t *rng, const char *path, int dept
 
 static ks_status load_tree(const buf *pkl, ks_statedict **sd, char **structure, ks_error *err) {
   buf pt = archive(pkl, NULL, 0);
-  ks_status st = ks_torch_load_buffer_with_structure(pt.p, pt.n, NULL, sd, structure, err);
+  ks_status st = ks_test_torch_load_buffer(pt.p, pt.n, NULL, sd, structure, err);
   free(pt.p);
   return st;
 }
@@ -362,7 +362,7 @@ static void generated_key_collisions_are_refused_and_everything_else_survives(vo
       void *out;
       size_t len;
       assert_int_equal(ks_torch_save_buffer(sd, &wo, &out, &len, &err), KS_OK);
-      assert_int_equal(ks_torch_load_buffer(out, len, NULL, &back, &err), KS_OK);
+      assert_int_equal(ks_test_torch_load_buffer(out, len, NULL, &back, NULL, &err), KS_OK);
       assert_int_equal(ks_statedict_count(back), m.n);
       for (size_t i = 0; i < m.n; i++) {
         ks_entry e;
@@ -481,7 +481,8 @@ static void every_export_reads_back_or_the_writer_refuses_it(void **s) {
       refused++;
     } else {
       assert_int_equal(st, KS_OK);
-      if (ks_torch_load_buffer(out, n, NULL, &back, &err) != KS_OK) fail_msg("round %d: %s", round, err.message);
+      if (ks_test_torch_load_buffer(out, n, NULL, &back, NULL, &err) != KS_OK)
+        fail_msg("round %d: %s", round, err.message);
       ks_entry e;
       assert_int_equal(ks_statedict_count(back), 1);
       assert_int_equal(ks_statedict_at(back, 0, &e), KS_OK);
@@ -536,7 +537,7 @@ static void a_wide_dict_exports_in_batches_that_read_back(void **s) {
   ks_torch_read_opts ro = {0};
   ro.max_stack = 4096; /* below the 10,000 items one MARK would hold */
   assert_int_equal(ks_torch_save_buffer(sd, NULL, &out, &len, NULL), KS_OK);
-  assert_int_equal(ks_torch_load_buffer(out, len, &ro, &back, NULL), KS_OK);
+  assert_int_equal(ks_test_torch_load_buffer(out, len, &ro, &back, NULL, NULL), KS_OK);
   assert_int_equal(ks_statedict_count(back), 5000);
   ks_statedict_free(back);
   ks_torch_free(NULL, out);

@@ -203,7 +203,7 @@ static void check_refused(const char *name, const buf *pkl) {
   o.alloc = &pa.a;
   ks_statedict *sd = NULL;
   ks_error err;
-  ks_status st = ks_torch_load_buffer(pt.p, pt.n, &o, &sd, &err);
+  ks_status st = ks_test_torch_load_buffer(pt.p, pt.n, &o, &sd, NULL, &err);
   if (st != KS_E_LIMIT || !strstr(err.message, "bytes of memory"))
     fail_msg("%s: status %d, '%s'", name, st, st ? err.message : "");
   /* the machine's budget, plus the zip's directory and what the load itself keeps (a few KiB) */
@@ -373,7 +373,7 @@ static void every_failed_allocation_is_nomem_and_frees_everything(void **s) {
   buf pkl = every_kind(), pt = archive(&pkl);
   ks_statedict *sd = NULL;
   ks_error err;
-  ks_status st0 = ks_torch_load_buffer(pt.p, pt.n, NULL, &sd, &err);
+  ks_status st0 = ks_test_torch_load_buffer(pt.p, pt.n, NULL, &sd, NULL, &err);
   if (st0) fail_msg("the program: %s", err.message); /* it is valid */
   ks_entry e;
   assert_int_equal(ks_statedict_get(sd, "t", &e), KS_OK);
@@ -386,7 +386,7 @@ static void every_failed_allocation_is_nomem_and_frees_everything(void **s) {
     ks_torch_read_opts o = {0};
     o.alloc = &pa.a;
     sd = NULL;
-    ks_status st = ks_torch_load_buffer(pt.p, pt.n, &o, &sd, &err);
+    ks_status st = ks_test_torch_load_buffer(pt.p, pt.n, &o, &sd, NULL, &err);
     ks_statedict_free(sd);
     assert_int_equal(pa.live, 0);
     if (st == KS_OK) break;

@@ -40,7 +40,7 @@ static ks_status run(const void *prog, size_t n, const ks_torch_read_opts *opts,
     /* copy out so the arena can go */
     ks_statedict *copy;
     assert_int_equal(ks_statedict_create(NULL, &copy, NULL), KS_OK);
-    assert_int_equal(ks_statedict_copy_prefix(copy, sd, "", "", NULL), KS_OK);
+    assert_int_equal(ks__statedict_copy_prefix(copy, sd, "", "", NULL), KS_OK);
     ks_statedict_free(sd);
     sd = copy;
   }

@@ -18,8 +18,9 @@
 #include <stdlib.h>
 
 #include "core/json.h"
+#include "core/keys.h"
+#include "import/import_internal.h"
 #include "keepsake/layout.h"
-#include "torch/torch_internal.h"
 
 #define TRAIN KS_KEY_TRAIN_METRICS
 #define EVAL KS_KEY_EVAL_METRICS
@@ -503,11 +504,11 @@ static void norm_free(norm *nm) {
   ks_statedict_free(nm->joined);
 }
 
-ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, uint64_t *join_budget,
-                                        ks_statedict **out, char **metrics_json, ks_error *err) {
+ks_status ks__composer_normalize(const ks_statedict *flat, ks_take take, uint64_t *join_budget, ks_statedict **out,
+                                 char **metrics_json, ks_error *err) {
   if (!flat || !out || (take != KS_COPY && take != KS_BORROW))
     return ks__err(err, KS_E_INVALID, "composer: bad argument");
-  norm nm = {.flat = flat, .take = take, .err = err, .a = ks_statedict_allocator(flat), .join_left = join_budget};
+  norm nm = {.flat = flat, .take = take, .err = err, .a = ks__statedict_allocator(flat), .join_left = join_budget};
   nm.list = ks__jv_array(nm.a);
   ks_status st = nm.list && !ks_statedict_create(nm.a, &nm.out, err) && !ks_statedict_create(nm.a, &nm.index, err) &&
                          !ks_statedict_create(nm.a, &nm.seen, err) && !ks_statedict_create(nm.a, &nm.joined, err)
@@ -524,9 +525,4 @@ ks_status ks_composer_normalize_bounded(const ks_statedict *flat, ks_take take, 
   if (metrics_json) *metrics_json = json;
   *out = nm.out;
   return KS_OK;
-}
-
-ks_status ks_composer_normalize(const ks_statedict *flat, ks_take take, ks_statedict **out, char **metrics_json,
-                                ks_error *err) {
-  return ks_composer_normalize_bounded(flat, take, NULL, out, metrics_json, err);
 }

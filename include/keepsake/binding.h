@@ -1,0 +1,323 @@
+/**
+ * @file binding.h
+ * Calls for language bindings, tools and experts: not part of the public API
+ * of libkeepsake.so, and not included by keepsake.h.
+ *
+ * What a binding needs besides the public headers: describing a program's
+ * metrics of any class to the load engine, the metric records it saves and the
+ * recorded metrics it rebuilds, the report lines it adds itself, the rules
+ * about states older torchmetrics releases wrote, multi-threaded fetches into
+ * its own memory, the glob of ignore lists; what the collective layer (dist.h)
+ * reads back from a manager and a shard map; and instrumentation (a counting
+ * I/O table for tests and benchmarks). These functions may change in any release,
+ * so they are not exported from the shared library (they are declared with
+ * hidden visibility, see export.h): they are in the static library,
+ * libkeepsake.a (CMake: keepsake::keepsake_static; pkg-config: link
+ * libkeepsake.a with `pkg-config --static --libs keepsake`), which the Python
+ * extension, the CLI, the tests and the benchmarks link. A program that uses
+ * them links libkeepsake.a; one linked with libkeepsake.so fails to link,
+ * never at run time. Like zstd's ZSTD_STATIC_LINKING_ONLY section, but in a
+ * header of its own.
+ */
+#ifndef KEEPSAKE_BINDING_H
+#define KEEPSAKE_BINDING_H
+
+#include "keepsake/export.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "keepsake/keepsake.h"
+
+KS_BEGIN_BINDING_DECLS
+
+/* ------------------------------------------------------------------------ */
+/* Paths and globs.                                                          */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Matches a '/'-joined path against a glob ('*' any run of bytes, '/' included;
+ * '?' one byte). The glob also matches when it matches a '/'-prefix of the path,
+ * so "rng" matches "rng/0/state", and "state/optimizers/" followed by a star matches every
+ * optimizer entry.
+ * @return nonzero on a match; 0 when either argument is NULL. Pure; thread safe.
+ */
+int ks_path_match(const char *glob, const char *path);
+
+/* ------------------------------------------------------------------------ */
+/* Described metrics: a program's metric the catalogue need not implement.   */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * The reduction named `name`: "sum", "mean", "max", "min", "cat", or torchmetrics' function names
+ * "dim_zero_sum" ... "dim_zero_cat" (a state's dist_reduce_fx).
+ * @return KS_OK, or KS_E_NOTFOUND for any other name (a custom reduction, None), *out untouched.
+ */
+KS_NODISCARD ks_status ks_reduce_parse(const char *name, ks_reduce *out);
+
+/** ks_metric_describe_state flag: a cat state whose rows keep the dtype they were stored with. */
+#define KS_STATE_ANY_DTYPE 1u
+
+/**
+ * Creates a metric that only holds states: the description of a program's metric (any
+ * torchmetrics class, catalogue or not), so that the load engine (ks_state_load_state_dict,
+ * ks_metric_load_state_dict) decides what of a checkpoint fits it, and ks_metric_merge folds two
+ * of them by their declared reductions. It cannot update or compute (KS_E_UNSUPPORTED).
+ *
+ * @param class_name the program's class name (copied), compared with the one a checkpoint records.
+ * @param attrs_json the metric's attributes as JSON (see ks_metric_from_attributes), or NULL. When
+ *                   the class is in the catalogue and the attributes give its arguments, the
+ *                   metric carries those canonical arguments (ks_metric_args_json; otherwise NULL)
+ *                   and its states inherit the catalogue's legacy names and reshape rules.
+ * @return KS_OK, KS_E_INVALID (empty name), KS_E_NOMEM. Free *out with ks_metric_free.
+ */
+KS_NODISCARD ks_status ks_metric_describe(const char *class_name, const char *attrs_json, const ks_allocator *alloc,
+                                          ks_metric **out, ks_error *err);
+
+/**
+ * Declares the next state of a described metric: name (copied), reduction, dtype and shape (cat
+ * states: the row shape after dim 0, whose size is ignored; rows of any shape fit unless the
+ * catalogue class fixes them). `flags`: KS_STATE_ANY_DTYPE. The value starts at zero / no rows.
+ * @return KS_OK, KS_E_INVALID (not a described metric, bad shape, duplicate name), KS_E_LIMIT
+ *         (more than 32 states, name too long), KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_metric_describe_state(ks_metric *m, const char *name, ks_reduce reduce, ks_dtype dtype,
+                                                int rank, const int64_t *shape, unsigned flags, ks_error *err);
+
+/**
+ * Adds `inner` (a described metric, taken on success only) as the inner metric `name` of the
+ * described metric `m`: a torchmetrics wrapper's base metric, task or side. The load engine
+ * fills it from `<path>/inner/<name>/` with `m`, all or nothing; reset resets it with `m`.
+ * @return KS_OK, KS_E_INVALID, KS_E_EXISTS (name taken), KS_E_LIMIT (name), KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_metric_add_inner(ks_metric *m, const char *name, ks_metric *inner, ks_error *err);
+
+/** ks_metric_describe_attr flag: a plain integer (a KS_VAL_INT entry), not a tensor; dtype KS_I64, rank 0. */
+#define KS_ATTR_INT 1u
+
+/**
+ * Declares an attribute of a described metric that is not a state: what a torchmetrics wrapper
+ * keeps besides its states and needs to compute (Running's `_num_vals_seen`, MinMaxMetric's
+ * `min_val` / `max_val`), saved as `<path>/attrs/<name>` (KS_KEY_METRIC_ATTRS). A tensor attribute
+ * has a dtype and shape; a KS_ATTR_INT one is an integer within [min, max] (min and max are
+ * ignored for tensors). The load engine fills the metric only when every declared attribute is in
+ * the checkpoint as declared (ks_metric_load_attrs); otherwise the metric is `mismatched` and
+ * reset, never half-filled. Attributes are not merged, and a clone has no staged values.
+ * @return KS_OK, KS_E_INVALID (not a described metric, bad shape or range, duplicate name),
+ *         KS_E_LIMIT (more than 64 attributes, name too long), KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_metric_describe_attr(ks_metric *m, const char *name, ks_dtype dtype, int rank,
+                                               const int64_t *shape, unsigned flags, int64_t min, int64_t max,
+                                               ks_error *err);
+
+/**
+ * Checks every declared attribute of `m` (not of its inner metrics) against the entries under
+ * `prefix` (`<path>/attrs/`) and stages their values in `m`, all or none: each must be present,
+ * a KS_ATTR_INT one an integer entry within its range, a tensor one of the declared dtype and
+ * shape exactly. The load engine calls it for a described metric and each inner metric it
+ * fills; ks_metric_reset drops what was staged.
+ * @return KS_OK (also with no attributes), KS_E_NOTFOUND (absent), KS_E_DTYPE (another kind or
+ *         dtype), KS_E_SHAPE, KS_E_MISMATCH (an integer out of range), KS_E_LIMIT (key too long),
+ *         KS_E_NOMEM. On error nothing is staged (what was staged before is dropped).
+ */
+KS_NODISCARD ks_status ks_metric_load_attrs(ks_metric *m, const ks_statedict *src, const char *prefix,
+                                            ks_error *err);
+
+/**
+ * Attribute i of a described metric: its name and flags, and in *value the value a load staged,
+ * a view the metric owns until it is reset, loaded again or freed (a KS_ATTR_INT one as an I64
+ * scalar), or a tensor with data NULL when nothing is staged.
+ * @return KS_OK, or KS_E_NOTFOUND when i is out of range.
+ */
+KS_NODISCARD ks_status ks_metric_attr_at(const ks_metric *m, size_t i, const char **name, unsigned *flags,
+                                         ks_tensor *value);
+
+/** Number of inner metrics of `m` (0 for a catalogue metric). */
+size_t ks_metric_inner_count(const ks_metric *m);
+
+/** Inner metric i of `m` (and its name in *name, if not NULL), or NULL when out of range. */
+ks_metric *ks_metric_inner_at(const ks_metric *m, size_t i, const char **name);
+
+/**
+ * The metric every rank of a group computes alike from the n ranks' copies of one metric
+ * (parts[r] is rank r's): a clone of the last folded with ks_metric_merge down to the first, so
+ * sums are added in one fixed order and cat rows end up in rank order. Every rank that folds the
+ * same parts gets the same bits; the MPI sync (dist.h) and the bindings' syncs use this.
+ * @return KS_OK, KS_E_INVALID (n == 0, a NULL part), ks_metric_merge's errors. Free *out.
+ */
+KS_NODISCARD ks_status ks_metric_fold(const ks_metric *const *parts, size_t n, const ks_allocator *alloc,
+                                      ks_metric **out, ks_error *err);
+
+/* ------------------------------------------------------------------------ */
+/* States and objects written by older torchmetrics releases.                */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Rebuilds a metric from the attributes of a pickled torchmetrics object (as
+ * Composer <= 0.13.5 saved them). The attributes that are catalogue
+ * constructor arguments (num_classes, average, top_k, threshold, thresholds,
+ * ...) are taken; the rest (F1's beta = 1, module flags) are ignored, since
+ * they do not change the states.
+ *
+ * @param class_name      catalogue class, e.g. "MulticlassAccuracy".
+ * @param attrs_json      a JSON object of the object's scalar attributes.
+ * @param alloc           NULL for malloc; the probes and *out use it.
+ * @param state_budget    NULL = no cap; else in: the bytes this call may allocate
+ *                        for the probes that check the attributes and for *out;
+ *                        out: decreased by what it allocated. One budget can so
+ *                        bound a whole import. The attributes are untrusted:
+ *                        num_classes = 12000 makes a confusion matrix of 1.1 GB.
+ * @param out             receives the metric (its ks_metric_args_json is the
+ *                        canonical argument set), or NULL when the arguments
+ *                        cannot be rebuilt reliably: unknown class, attributes that
+ *                        do not build it, or a binned curve metric, whose
+ *                        thresholds are a tensor and not an attribute.
+ * @return KS_OK (*out may be NULL), KS_E_LIMIT (the metric would need more than
+ *         the budget left; err names class and arguments), KS_E_INVALID
+ *         (attrs_json is not a JSON object), KS_E_NOMEM.
+ * Ownership: free *out with ks_metric_free. Thread safety: no shared state.
+ */
+KS_NODISCARD ks_status ks_metric_from_attributes(const char *class_name, const char *attrs_json,
+                                                 const ks_allocator *alloc, uint64_t *state_budget, ks_metric **out,
+                                                 ks_error *err);
+
+/**
+ * ks_metric_create with the bytes the metric's states may allocate bounded:
+ * for arguments that come from an untrusted file (num_classes = 100000 asks a
+ * confusion matrix for 80 GB). The metric is first built on a counting
+ * allocator that refuses past the budget, then for real.
+ *
+ * @param state_budget NULL = ks_metric_create; else in: the bytes this call may
+ *                     allocate, out: decreased by what it allocated (unchanged on failure).
+ * @return as ks_metric_create; KS_E_LIMIT when the metric would need more than
+ *         the budget left (err names class and arguments).
+ * Ownership: free *out with ks_metric_free. Thread safety: no shared state.
+ */
+KS_NODISCARD ks_status ks_metric_create_bounded(const char *class_name, const char *args_json,
+                                                const ks_allocator *alloc, uint64_t *state_budget, ks_metric **out,
+                                                ks_error *err);
+
+/**
+ * The state schema version of states stored without keepsake metadata, from
+ * their names and shapes: 1 when prefix+"value" is a tensor and the class is
+ * not CatMetric (torchmetrics < 1.1 named the aggregation states `value`), or
+ * prefix+"sum_squared_error" is 0-d and the class is MeanSquaredError or
+ * unknown (the old MSE sum shape); otherwise KS_METRIC_SCHEMA_VERSION.
+ *
+ * @param class_name catalogue class, or NULL when unknown.
+ * @param src        the stored states; NULL gives KS_METRIC_SCHEMA_VERSION.
+ * @param prefix     key prefix of the states, e.g. "state/train_metrics/M/state_dict/".
+ */
+int ks_metric_stored_schema_version(const char *class_name, const ks_statedict *src, const char *prefix);
+
+/* ------------------------------------------------------------------------ */
+/* The state: what a binding asks of the load engine and the registry.       */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * The `keepsake.metrics` metadata entry for metrics a binding describes, as JSON text (*out,
+ * freed with the allocator's free; NULL alloc: free()). `description` is
+ * `{"metrics": [{"path", "class", "update_count", "attrs", "lists", "inner"}, ...]}`: `class`
+ * may carry its module (`torchmetrics.classification.MulticlassAccuracy`), `attrs` holds the
+ * metric's attributes (see ks_metric_from_attributes), `lists` names its list states, `inner`
+ * maps a wrapper's inner metrics to their classes (a load refuses other classes). Each record gets
+ * the short class name, the update count, the schema version of the states stored in `sd`
+ * under `<path>/state_dict/` (ks_metric_stored_schema_version), the lists, the inner classes and, for a
+ * catalogue class its attributes build, the canonical args (ks_metric_describe's rule).
+ * @return KS_OK, KS_E_INVALID / KS_E_FORMAT (description), KS_E_LIMIT (a path), KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_metric_records_json(const char *description, const ks_statedict *sd,
+                                              const ks_allocator *alloc, char **out, ks_error *err);
+
+/**
+ * Builds, as the program's metrics of `st`, the catalogue metrics that a file's
+ * `keepsake.metrics` (in `meta`; none: empty collections) records with a class and args: the
+ * train metrics and those of every eval label it names. Their states may allocate at most
+ * `budget` bytes in all (the arguments come from the file: KS_E_LIMIT beyond).
+ * @return KS_OK, KS_E_FORMAT (the entry is not a JSON object), KS_E_LIMIT, KS_E_INVALID, KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_state_build_recorded_metrics(ks_state *st, const ks_meta *meta, uint64_t budget,
+                                                       ks_error *err);
+/** Number of eval labels whose metrics the state holds. */
+size_t ks_state_eval_count(const ks_state *st);
+/** Eval label i (owned by the state), or NULL when out of range. */
+const char *ks_state_eval_label(const ks_state *st, size_t i);
+
+/** Appends an item to a load report (the strings are copied): a binding's own notes about what
+ *  it installed. @return KS_OK, KS_E_INVALID (NULL path or reason) or KS_E_NOMEM (report unchanged). */
+KS_NODISCARD ks_status ks_load_report_add(ks_load_report *r, ks_load_kind kind, const char *path, const char *reason,
+                                          ks_error *err);
+
+/** The registered timestamp (borrowed), or NULL when none is (or st is NULL): the one the manager
+ *  names checkpoint files by. */
+const ks_timestamp *ks_state_timestamp(const ks_state *st);
+
+/** The I/O table a checkpoint manager uses (ks_io_posix() when it was created with none): for the
+ *  collective manager (dist.h), which saves and loads through it. */
+const ks_io *ks_ckpt_manager_io(const ks_ckpt_manager *m);
+
+/* The chunks of a shard map (shard.h), read back: for the collective layer (dist.h), which hands
+   each rank's map to the writers. */
+/** Number of chunks. */
+size_t ks_shard_map_count(const ks_shard_map *m);
+/** Chunk i (borrowed; valid until the map changes). @return KS_OK or KS_E_NOTFOUND. */
+KS_NODISCARD ks_status ks_shard_map_at(const ks_shard_map *m, size_t i, ks_shard_chunk *out);
+/** The chunk of `name`. @return KS_OK or KS_E_NOTFOUND. */
+KS_NODISCARD ks_status ks_shard_map_get(const ks_shard_map *m, const char *name, ks_shard_chunk *out);
+
+/* ------------------------------------------------------------------------ */
+/* Reading into a binding's own memory.                                      */
+/* ------------------------------------------------------------------------ */
+
+/** One tensor for ks_reader_fetch_many: tensor `index` into `cap` bytes at `buf`. */
+typedef struct ks_fetch {
+  size_t index;
+  void *buf;
+  size_t cap;
+} ks_fetch;
+
+/**
+ * ks_reader_fetch of every job, on up to `threads` threads (0: one per online CPU, at most 4;
+ * 1: this thread only; below 32 MiB in all, this thread only). The jobs are cut into runs of
+ * about equal bytes, one per thread. Each tensor is verified as ks_reader_fetch verifies it.
+ * @return KS_OK, or the error of the earliest job that failed (as ks_reader_fetch's): every
+ *         job before it was fetched; jobs after it may be skipped (their memory is unspecified).
+ * Thread safety: as ks_reader_fetch (the reader's table must allow concurrent reads, as
+ * ks_io_posix()'s and the storage tables' do).
+ */
+KS_NODISCARD ks_status ks_reader_fetch_many(const ks_reader *r, const ks_fetch *jobs, size_t n, unsigned threads,
+                                            ks_error *err);
+
+/* ------------------------------------------------------------------------ */
+/* A counting I/O table (tests and benchmarks).                              */
+
+/** What a counting table saw. */
+typedef struct ks_io_counts {
+  uint64_t open_calls; /**< open_fn calls */
+  uint64_t read_calls; /**< read_fn calls */
+  uint64_t read_bytes; /**< bytes read_fn returned */
+  uint64_t map_calls;  /**< successful map_fn calls */
+} ks_io_counts;
+
+/**
+ * Creates a table that forwards every operation to `inner` and counts its
+ * reads. With `no_map` nonzero it has no map_fn, like a remote backend, so
+ * readers read through read_fn (what the tests and benchmarks of the lazy mode
+ * measure).
+ * @return KS_OK, KS_E_INVALID (out NULL, inner fails ks_io_check) or KS_E_NOMEM.
+ * Thread safety: the counters are atomic; as thread safe as inner.
+ */
+KS_NODISCARD ks_status ks_io_counter_create(const ks_io *inner, int no_map, const ks_allocator *a, ks_io **out,
+                                            ks_error *err);
+
+/** The counts of a table made by ks_io_counter_create (all zero for another table or NULL). */
+void ks_io_counter_get(const ks_io *counter, ks_io_counts *out);
+
+/** Sets the counts of a counting table back to zero. */
+void ks_io_counter_reset(const ks_io *counter);
+
+/** Frees a counting table. Accepts NULL. */
+void ks_io_counter_free(ks_io *counter);
+
+KS_END_BINDING_DECLS
+#endif
