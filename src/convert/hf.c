@@ -191,9 +191,10 @@ static KS_NODISCARD ks_status write_index(hf_out *h, const ks_statedict *sd) {
   if (st == KS_E_NOMEM) st = nomem(h->err);
   char *path = NULL;
   if (!st) st = join(h, INDEX_NAME, &path);
-  ks__durable d;
-  if (!st && (st = ks__durable_prepare(&d, path, h->io, h->a, h->err)) == KS_OK) {
-    st = ks__durable_open(&d);
+  if (!st) { /* abort after prepare in every case: a failed prepare may hold memory */
+    ks__durable d;
+    st = ks__durable_prepare(&d, path, h->io, h->a, h->err);
+    if (!st) st = ks__durable_open(&d);
     if (!st) st = ks__durable_write(&d, text, strlen(text));
     if (!st) st = ks__durable_commit(&d);
     ks__durable_abort(&d);
