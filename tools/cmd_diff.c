@@ -335,7 +335,7 @@ static void diff_one(diff_ctx *c, const ks_statedict *a, const ks_statedict *b, 
 /* Rank by rank at equal world sizes (rank 0 everything, the others their per-rank entries), else merged. */
 static int diff_sides(diff_ctx *c, const char *pa, const char *pb) {
   int wa = world_of(pa), wb = world_of(pb), merge = wa != wb;
-  side a, b;
+  side a = {0}, b = {0}; /* both freed when either fails to load */
   ks_error err;
   ks_error_clear(&err);
   int rc = KS_EXIT_USAGE;

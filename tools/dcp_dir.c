@@ -33,36 +33,55 @@ static int is_safetensors(void *ctx, const char *name, ks_io_kind kind) {
   return 0;
 }
 
-/* Whether rank 0's file of a valid index records `keepsake.dcp` (KeepsakeWriter's planner data). */
+/* The rank 0 file's name: the directory's `rank-00000-of-*.keepsake`, listed (the index is not parsed here: a
+   command parses it once, and a hostile one can be large). */
+typedef struct rank0 {
+  char name[256];
+} rank0;
+
+static int on_rank0(void *ctx, const char *name, ks_io_kind kind) {
+  rank0 *r = ctx;
+  size_t n = strlen(name);
+  if ((kind == KS_IO_FILE || kind == KS_IO_LINK) && n < sizeof r->name && n > 9 && !strcmp(name + n - 9, ".keepsake"))
+    snprintf(r->name, sizeof r->name, "%s", name);
+  return 0;
+}
+
+/* Whether rank 0's file records `keepsake.dcp` (KeepsakeWriter's planner data): its header only. */
 static int keepsake_dcp(const ks_cli_input *in) {
-  ks_shard_index *idx = NULL;
-  if (ks_shard_index_read_io(in->path, NULL, in->read_io, &idx, NULL)) return 0;
+  rank0 r0 = {{0}};
   char path[4096];
+  if (in->read_io->list_fn(in->read_io->ctx, in->path, "rank-00000-of-", on_rank0, &r0) || !r0.name[0] ||
+      snprintf(path, sizeof path, "%s/%s", in->path, r0.name) >= (int)sizeof path)
+    return 0;
   int yes = 0;
   ks_reader *r = NULL;
   ks_read_opts ro = {.mode = KS_READ_LAZY, .io = in->read_io};
-  if (snprintf(path, sizeof path, "%s/%s", in->path, ks_shard_index_file(idx, 0, NULL)) < (int)sizeof path &&
-      !ks_reader_open(path, &ro, &r, NULL))
-    yes = ks_meta_get(ks_reader_meta(r), "keepsake.dcp") != NULL;
+  if (!ks_reader_open(path, &ro, &r, NULL)) yes = ks_meta_get(ks_reader_meta(r), "keepsake.dcp") != NULL;
   ks_reader_free(r);
-  ks_shard_index_free(idx);
   return yes;
 }
 
-/* An index with a `keepsake` member (or one that does not parse: its reader says why) is keepsake's. */
+/* Whether the index names keepsake's part (the text `"keepsake"`, read in windows, never parsed here); one that
+   cannot be read is keepsake's too: its reader says why. A Hugging Face index has no such member. */
 static int keepsake_index(const ks_cli_input *in) {
-  char path[4096];
+  char path[4096], buf[65536 + 16];
   if (snprintf(path, sizeof path, "%s/%s", in->path, KS_SHARD_INDEX_NAME) >= (int)sizeof path) return 1;
-  ks_cli_input idx = *in;
-  idx.path = path;
-  void *buf = NULL;
-  size_t len = 0;
-  ks_error err;
-  if (ks_cli_input_read(&idx, &buf, &len, &err)) return 1;
-  json_t *j = json_loadb(buf, len, 0, NULL);
-  int yes = !j || !json_is_object(j) || json_object_get(j, "keepsake") || !json_object_get(j, "weight_map");
-  json_decref(j);
-  free(buf);
+  const ks_io *io = in->read_io;
+  int fd;
+  uint64_t size, off = 0;
+  if (io->open_fn(io->ctx, path, &fd, &size)) return 1;
+  static const char needle[] = "\"keepsake\"";
+  size_t keep = 0, got = 0;
+  int yes = 0;
+  while (!yes && off < size && !io->read_fn(io->ctx, fd, buf + keep, 65536, off, &got) && got) {
+    size_t n = keep + got;
+    for (size_t i = 0; !yes && i + sizeof needle - 1 <= n; i++) yes = !memcmp(buf + i, needle, sizeof needle - 1);
+    keep = n < sizeof needle - 1 ? n : sizeof needle - 1; /* a match across two windows */
+    memmove(buf, buf + n - keep, keep);
+    off += got;
+  }
+  io->close_fn(io->ctx, fd);
   return yes;
 }
 

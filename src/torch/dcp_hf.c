@@ -57,9 +57,8 @@ typedef struct hf {
 
 /* ---- which files ---- */
 
+/* Appends a file (names repeat in a weight_map: unique_files sorts them and drops the repeats). */
 static KS_NODISCARD ks_status add_file(hf *h, const char *name) {
-  for (size_t i = 0; i < h->nfiles; i++)
-    if (!strcmp(h->files[i].name, name)) return KS_OK;
   if (!ks__dcp_plain_file_name(name))
     return ks__err_at(h->r->err, KS_E_FORMAT, h->r->dir, NULL, -1,
                       "dcp: '%.200s' is not a file name inside the checkpoint directory", name);
@@ -73,6 +72,42 @@ static KS_NODISCARD ks_status add_file(hf *h, const char *name) {
 
 static int cmp_file(const void *a, const void *b) {
   return strcmp(((const hf_file *)a)->name, ((const hf_file *)b)->name);
+}
+
+static void unique_files(hf *h) {
+  qsort(h->files, h->nfiles, sizeof *h->files, cmp_file);
+  size_t k = 0;
+  for (size_t i = 0; i < h->nfiles; i++) {
+    if (k && !strcmp(h->files[k - 1].name, h->files[i].name)) {
+      ks__free(h->r->a, h->files[i].name);
+      continue;
+    }
+    h->files[k++] = h->files[i];
+  }
+  h->nfiles = k;
+}
+
+/* The file of that name (files sorted), or NULL. */
+static const hf_file *file_named(const hf *h, const char *name) {
+  hf_file key = {0};
+  key.name = (char *)(uintptr_t)name;
+  return bsearch(&key, h->files, h->nfiles, sizeof *h->files, cmp_file);
+}
+
+/* The index's weight_map says where each of its names is: it must be there. */
+static KS_NODISCARD ks_status check_weight_map(hf *h, const ks__jv *index) {
+  const ks__jv *wm = ks__jv_get(index, "weight_map");
+  for (size_t i = 0; wm && i < wm->len; i++) {
+    const hf_file *f = file_named(h, ks__jv_string(wm->items[i]));
+    if (f && ks_reader_find(f->rd, wm->keys[i]) < 0) {
+      ks__dcp_rd *r = h->r;
+      ks_status st = ks__dcp_set_path(r, f->name);
+      return st ? st
+                : ks__err_at(r->err, KS_E_FORMAT, r->path, wm->keys[i], -1,
+                             "dcp: the index's weight_map puts the tensor in this file, which does not hold it");
+    }
+  }
+  return KS_OK;
 }
 
 static KS_NODISCARD ks_status files_of_index(hf *h, const ks__jv *index) {
@@ -142,7 +177,7 @@ static KS_NODISCARD ks_status offsets_of(hf *h, const hf_file *f, piece *p) {
   return KS_OK;
 }
 
-static KS_NODISCARD ks_status read_file(hf *h, size_t fi, const ks__jv *index) {
+static KS_NODISCARD ks_status read_file(hf *h, size_t fi) {
   ks__dcp_rd *r = h->r;
   hf_file *f = &h->files[fi];
   ks_read_opts ro = {.alloc = r->a, .mode = KS_READ_LAZY, .io = r->io};
@@ -163,12 +198,6 @@ static KS_NODISCARD ks_status read_file(hf *h, size_t fi, const ks__jv *index) {
     p->name = info.name;
     if ((st = offsets_of(h, f, p)) == KS_OK) h->npieces++;
   }
-  /* The index's weight_map says where each of its names is: it must be there. */
-  const ks__jv *wm = index ? ks__jv_get(index, "weight_map") : NULL;
-  for (size_t i = 0; !st && wm && i < wm->len; i++)
-    if (!strcmp(ks__jv_string(wm->items[i]), f->name) && ks_reader_find(f->rd, wm->keys[i]) < 0)
-      st = ks__err_at(r->err, KS_E_FORMAT, r->path, wm->keys[i], -1,
-                      "dcp: the index's weight_map puts the tensor in this file, which does not hold it");
   /* Scalars (a file keepsake wrote): kept under their own names. */
   ks_statedict *mine = NULL;
   if (!st) st = ks_statedict_create(r->a, &mine, r->err);
@@ -354,8 +383,9 @@ ks_status ks__dcp_hf_load(ks__dcp_rd *r, const ks__jv *index, ks_statedict **out
   h.r = r;
   ks_status st = ks_statedict_create(r->a, &h.scalars, r->err);
   if (!st) st = index ? files_of_index(&h, index) : files_of_listing(&h);
-  if (!st) qsort(h.files, h.nfiles, sizeof *h.files, cmp_file);
-  for (size_t i = 0; !st && i < h.nfiles; i++) st = read_file(&h, i, index);
+  if (!st) unique_files(&h);
+  for (size_t i = 0; !st && i < h.nfiles; i++) st = read_file(&h, i);
+  if (!st && index) st = check_weight_map(&h, index);
   if (!st) st = make_entries(&h);
   if (!st) st = paths(&h);
   if (!st) {
