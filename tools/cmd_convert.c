@@ -1,4 +1,6 @@
 /* keepsake convert IN OUT: between torch.save / Composer files and keepsake files. */
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,16 +13,30 @@
 
 static void convert_usage(FILE *out) {
   fprintf(out,
-          "usage: keepsake convert IN OUT [--ignore GLOB]... [--salvage] [--torch-compat 1.13]\n\n"
+          "usage: keepsake convert IN OUT [--ignore GLOB]... [--salvage] [--torch-compat 1.13]\n"
+          "                               [--hf [--hf-shard-size BYTES]]\n\n"
           "Converts a checkpoint. The input type is detected from its bytes: a zip archive\n"
           "is a torch.save / Composer file (read without executing any pickled code),\n"
-          "anything else a keepsake or safetensors file. A directory holding .metadata is a\n"
-          "torch.distributed.checkpoint (dcp.save, FileSystemWriter): tensors are assembled\n"
-          "from their chunks, plain non-tensor values kept, other objects left out (listed\n"
-          "in the metadata key " KS_META_DCP_IMPORT "). The direction follows OUT's name:\n"
+          "anything else a keepsake or safetensors file. A directory is one of:\n"
+          "  a torch.distributed.checkpoint (.metadata, dcp.save with FileSystemWriter):\n"
+          "    tensors assembled from their chunks, plain non-tensor values kept, other\n"
+          "    objects left out (listed in the metadata key " KS_META_DCP_IMPORT ")\n"
+          "  a DCP checkpoint keepsake.distributed.KeepsakeWriter wrote: the same state,\n"
+          "    named alike, every file verified against its index and checksums\n"
+          "  a Hugging Face safetensors layout: model.safetensors.index.json (weight_map)\n"
+          "    and its files, or every *.safetensors file (HuggingFaceStorageWriter's too)\n"
+          "Entries of a DCP checkpoint are named by their path in the state dict that was\n"
+          "saved (planner_data), as a torch.save file of it: model/emb.weight.\n"
+          "The direction follows OUT's name:\n"
           "  OUT ending in .pt or .pth   torch.save-compatible file that\n"
           "                              torch.load(OUT, weights_only=True) accepts\n"
-          "  any other name              keepsake file\n\n"
+          "  any other name              keepsake file\n"
+          "  --hf: OUT is a directory (absent or empty) in the Hugging Face layout that\n"
+          "    torch's HuggingFaceStorageReader and transformers' from_pretrained read:\n"
+          "    model.safetensors, or model-0000i-of-0000N.safetensors and\n"
+          "    model.safetensors.index.json (weight_map), written last. Tensors whole,\n"
+          "    named as DCP names them (model/emb.weight -> model.emb.weight); each file\n"
+          "    a keepsake file with its tensors' checksums; scalars in the first.\n\n"
           "Entries are named by their '/'-joined path in the pickled structure, e.g.\n"
           "state/optimizers/AdamW/state/0/exp_avg. Composer metrics of both layouts\n"
           "(pickled torchmetrics objects, or {state_dict, _computed}) are written as\n"
@@ -40,7 +56,9 @@ static void convert_usage(FILE *out) {
           "  --salvage      convert even when the input fails its integrity checks, after\n"
           "                 printing each problem ('salvaged despite: ...') to stderr\n"
           "  --torch-compat 1.13  a .pt that torch 1.13's weights_only loader reads: floats\n"
-          "                 as 0-d float64 tensors, uint16/32/64 widened, float8 refused\n\n"
+          "                 as 0-d float64 tensors, uint16/32/64 widened, float8 refused\n"
+          "  --hf           write the Hugging Face layout into the directory OUT\n"
+          "  --hf-shard-size BYTES  most tensor bytes per file of --hf (default 5000000000)\n\n"
           "The input's integrity is checked before anything is written: every keepsake\n"
           "checksum, every zip entry's CRC32. A mismatch stops the conversion (exit 1)\n"
           "unless --salvage is given. The input is read into memory, never mapped.\n"
@@ -62,8 +80,13 @@ static void print_warnings(const ks_convert_report *rep) {
 }
 
 /* The library's conversion (convert.h), nothing added: this prints what it reports. */
+typedef struct hf_opts {
+  int on;
+  uint64_t shard_bytes;
+} hf_opts;
+
 static int convert(const ks_cli_input *src, const ks_cli_input *dst, const char *const *globs, int nglobs, int salvage,
-                   int compat) {
+                   int compat, hf_opts hf) {
   const char *in = src->arg, *out = dst->arg;
   ks_convert_opts o = {0};
   o.size = sizeof o;
@@ -73,6 +96,8 @@ static int convert(const ks_cli_input *src, const ks_cli_input *dst, const char 
   o.n_ignore = (size_t)nglobs;
   o.salvage = salvage;
   o.torch_compat = compat;
+  o.hf = hf.on;
+  o.hf_shard_bytes = hf.shard_bytes;
   ks_convert_report *rep = NULL;
   ks_error err;
   ks_error_clear(&err);
@@ -92,6 +117,16 @@ static int convert(const ks_cli_input *src, const ks_cli_input *dst, const char 
   return st ? KS_EXIT_BAD : KS_EXIT_OK;
 }
 
+/* A positive decimal byte count; nonzero when s is not one. */
+static int parse_bytes(const char *s, uint64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *end || *s == '-' || v == 0) return 1;
+  *out = (uint64_t)v;
+  return 0;
+}
+
 int ks_cmd_convert(int argc, char **argv) {
   if (ks_cli_wants_help(argc, argv)) {
     convert_usage(stdout);
@@ -100,6 +135,7 @@ int ks_cmd_convert(int argc, char **argv) {
   const char **globs = calloc((size_t)argc, sizeof *globs);
   const char *paths[2] = {NULL, NULL};
   int nglobs = 0, npaths = 0, bad = !globs, salvage = 0, compat = 0;
+  hf_opts hf = {0, 0};
   for (int i = 1; i < argc && !bad; i++) {
     if (!strcmp(argv[i], "--torch-compat") && i + 1 < argc)
       compat = !strcmp(argv[++i], "1.13") ? KS_TORCH_COMPAT_1_13 : (bad = 1, 0);
@@ -111,19 +147,23 @@ int ks_cmd_convert(int argc, char **argv) {
       globs[nglobs++] = argv[i] + 9;
     else if (!strcmp(argv[i], "--salvage"))
       salvage = 1;
+    else if (!strcmp(argv[i], "--hf"))
+      hf.on = 1;
+    else if (!strcmp(argv[i], "--hf-shard-size") && i + 1 < argc)
+      bad = parse_bytes(argv[++i], &hf.shard_bytes);
     else if ((argv[i][0] == '-' && argv[i][1]) || npaths == 2)
       bad = 1;
     else
       paths[npaths++] = argv[i];
   }
   int rc = KS_EXIT_USAGE;
-  if (bad || npaths != 2)
+  if (bad || npaths != 2 || (hf.shard_bytes && !hf.on) || (hf.on && compat))
     convert_usage(stderr);
   else {
     ks_cli_input src, dst; /* local paths or storage URLs (s3://, http(s):// for the input) */
     if (!ks_cli_input_open("convert", paths[0], &src)) {
       rc = ks_cli_input_open("convert", paths[1], &dst) ? KS_EXIT_BAD
-                                                        : convert(&src, &dst, globs, nglobs, salvage, compat);
+                                                        : convert(&src, &dst, globs, nglobs, salvage, compat, hf);
       if (dst.st) ks_cli_input_close(&dst);
       ks_cli_input_close(&src);
     } else {

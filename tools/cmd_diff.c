@@ -40,7 +40,13 @@ static void diff_usage(FILE *out) {
           "A or B may be a sharded checkpoint directory (a file counts as one rank). The logical\n"
           "state is compared: sharded tensors reassembled, the replicated state, and at equal\n"
           "world sizes every rank's own per-rank state ([rank N]); at different world sizes the\n"
-          "states merged onto one rank (metrics merged by their rule).\n\n"
+          "states merged onto one rank (metrics merged by their rule).\n"
+          "A or B may also be a torch.distributed.checkpoint (torch's FileSystemWriter,\n"
+          "read without running its pickle, or keepsake's KeepsakeWriter) or a Hugging\n"
+          "Face safetensors layout: its state as 'keepsake convert' imports it, entries\n"
+          "named by their path in the saved state dict, so torch's and keepsake's DCP\n"
+          "checkpoints of one state compare equal. Metadata that is JSON compares as\n"
+          "JSON; what an import read (" KS_META_DCP_IMPORT ") is not compared.\n\n"
           "  --ignore GLOB  skip keys matching GLOB ('*' any run, '?' one byte), or whose\n"
           "                 '/'-prefix matches it ('rng' skips 'rng/torch'); repeatable\n\n"
           "exit status: 0 identical, 1 different, 2 bad command line or unreadable file\n");
@@ -205,10 +211,22 @@ static void diff_entries(diff_ctx *c, const ks_statedict *a, const ks_statedict 
   }
 }
 
-/* Metadata that is content: everything but what the writer derives or stamps itself. */
+/* Metadata that is content: everything but what the writer derives or stamps itself, and what an import
+   read (KS_META_DCP_IMPORT: the layout, version and counts of the files, not the state they hold). */
 static int meta_is_content(const diff_ctx *c, const char *k) {
   if (c->per_rank_only && strcmp(k, "keepsake.metrics")) return 0; /* the rest is rank 0's, compared once */
-  return strcmp(k, KS_META_WRITER) && strcmp(k, KS_META_CHECKSUMS) && strcmp(k, KS_META_SCALARS) && !ignored(c, k);
+  return strcmp(k, KS_META_WRITER) && strcmp(k, KS_META_CHECKSUMS) && strcmp(k, KS_META_SCALARS) &&
+         strcmp(k, KS_META_DCP_IMPORT) && !ignored(c, k);
+}
+
+/* Two metadata values alike: the same text, or the same JSON value (object members in any order). */
+static int same_meta(const char *v, const char *w) {
+  if (!strcmp(v, w)) return 1;
+  json_t *a = json_loads(v, JSON_DECODE_ANY, NULL), *b = a ? json_loads(w, JSON_DECODE_ANY, NULL) : NULL;
+  int same = a && b && json_equal(a, b);
+  json_decref(a);
+  json_decref(b);
+  return same;
 }
 
 static void diff_meta_side(diff_ctx *c, const ks_meta *x, const ks_meta *y, const char *sign, const char *side) {
@@ -221,7 +239,7 @@ static void diff_meta_side(diff_ctx *c, const ks_meta *x, const ks_meta *y, cons
     if (!w) {
       printf("%s %smetadata '%s': only in %s\n", sign, c->per_rank_only ? c->label : "", ks_cli_esc(k), side);
       c->differ++;
-    } else if (strcmp(v, w) != 0) {
+    } else if (!same_meta(v, w)) {
       printf("~ %smetadata '%s': values differ (%zu bytes -> %zu bytes)\n", c->per_rank_only ? c->label : "",
              ks_cli_esc(k), strlen(v), strlen(w));
       c->differ++;
@@ -267,6 +285,17 @@ KS_NODISCARD static ks_status dir_load(const ks_cli_input *in, int merge, side *
   return s;
 }
 
+/* A directory read by the import (torch DCP, KeepsakeWriter's, Hugging Face): one state, verified. */
+KS_NODISCARD static ks_status import_load(const ks_cli_input *in, side *x, ks_error *err) {
+  x->n = 1;
+  x->sd = calloc(1, sizeof *x->sd);
+  x->meta = calloc(1, sizeof *x->meta);
+  if (!x->sd || !x->meta) return KS_E_NOMEM;
+  return ks_cli_import(in, 1, &x->sd[0], &x->meta[0], err);
+}
+
+static int imported(ks_cli_dir_kind k) { return k != KS_CLI_DIR_SHARDED; }
+
 /* The checkpoint at path as n ranks (a file is one); merge = 1 loads a directory merged onto one rank. */
 KS_NODISCARD static ks_status side_load(const char *path, int merge, side *x, ks_error *err) {
   memset(x, 0, sizeof *x);
@@ -284,21 +313,22 @@ KS_NODISCARD static ks_status side_load(const char *path, int merge, side *x, ks
     snprintf(err->file, sizeof err->file, "%s", path);
     return err->code = KS_E_INVALID;
   }
-  ks_status s = dir_load(&in, merge, x, err);
+  ks_status s = imported(ks_cli_dir_kind_of(&in)) ? import_load(&in, x, err) : dir_load(&in, merge, x, err);
   if (s) ks_cli_input_error(&in, err);
   ks_cli_input_close(&in);
   return s;
 }
 
+/* Ranks compared: a sharded directory's world size; 1 for a file and for a directory read as one state. */
 static int world_of(const char *path) {
   ks_shard_index *idx = NULL;
-  ks_storage *st = NULL;
+  ks_cli_input in;
   int n = 1;
-  if (ks_cli_is_dir(path) && !ks_storage_open(path, NULL, &st, NULL) &&
-      !ks_shard_index_read(ks_storage_path(st), NULL, ks_storage_io(st), &idx, NULL))
+  if (!ks_cli_is_dir(path) || ks_cli_input_open("diff", path, &in)) return 1;
+  if (!imported(ks_cli_dir_kind_of(&in)) && !ks_shard_index_read(in.path, NULL, in.read_io, &idx, NULL))
     n = ks_cli_shard_info(idx).world_size;
   ks_shard_index_free(idx);
-  ks_storage_free(st);
+  ks_cli_input_close(&in);
   return n;
 }
 
@@ -311,7 +341,7 @@ static void diff_one(diff_ctx *c, const ks_statedict *a, const ks_statedict *b, 
 /* Rank by rank at equal world sizes (rank 0 everything, the others their per-rank entries), else merged. */
 static int diff_sides(diff_ctx *c, const char *pa, const char *pb) {
   int wa = world_of(pa), wb = world_of(pb), merge = wa != wb;
-  side a, b;
+  side a = {0}, b = {0}; /* both freed when either fails to load */
   ks_error err;
   ks_error_clear(&err);
   int rc = KS_EXIT_USAGE;

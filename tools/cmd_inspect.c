@@ -12,7 +12,9 @@ static void inspect_usage(FILE *out) {
           "Shows the tensors (name, dtype, shape, bytes), scalars and metadata of a keepsake\n"
           "or safetensors file. The file's structure is validated; checksums are not (use\n"
           "'keepsake verify'). DIR, a sharded checkpoint directory, shows its index; with\n"
-          "--json also each rank file as FILE --json shows it (\"files\").\n\n"
+          "--json also each rank file as FILE --json shows it (\"files\"). A torch\n"
+          "distributed checkpoint (.metadata, never run) or a Hugging Face safetensors layout\n"
+          "shows what the import reads: its tensors, values and sizes.\n\n"
           "  --json   print the same information as one JSON object\n"
           "  --help   show this help\n");
 }

@@ -13,7 +13,12 @@ static void verify_usage(FILE *out) {
           "XXH3-64 checksum and the scalar table. Any safetensors file is accepted.\n"
           "Prints each problem with the file, key and byte offset (control characters in\n"
           "names escaped). FILE is read into memory, not mapped: a file truncated by\n"
-          "another process meanwhile is reported BAD, never a crash.\n\n"
+          "another process meanwhile is reported BAD, never a crash.\n"
+          "A directory: a sharded checkpoint (the index against every file, every\n"
+          "checksum), a torch.distributed.checkpoint (.metadata read without running it\n"
+          "and held against the items, every item read, zip CRC-32s: DCP records no\n"
+          "checksums) or a Hugging Face safetensors layout (structure, index, chunks;\n"
+          "checksums where keepsake wrote them).\n\n"
           "exit status: 0 the file is good, 1 it is not, 2 bad command line\n");
 }
 

@@ -133,7 +133,8 @@ static int verify_dir_at(const ks_cli_input *in) {
 int ks_cli_verify_dir(const char *dir) {
   ks_cli_input in;
   if (ks_cli_input_open("verify", dir, &in)) return KS_EXIT_BAD;
-  int rc = verify_dir_at(&in);
+  ks_cli_dir_kind kind = ks_cli_dir_kind_of(&in);
+  int rc = kind == KS_CLI_DIR_TORCH_DCP || kind == KS_CLI_DIR_HF ? ks_cli_verify_import(&in, kind) : verify_dir_at(&in);
   ks_cli_input_close(&in);
   return rc;
 }
@@ -144,10 +145,23 @@ static void print_dims(const char *label, int rank, const int64_t *v) {
   printf("]");
 }
 
+/* A torch DCP directory or a Hugging Face layout: what the import reads. -1 for any other directory. */
+static int inspect_import(const char *dir, int as_json) {
+  ks_cli_input in;
+  if (ks_cli_input_open("inspect", dir, &in)) return KS_EXIT_BAD;
+  ks_cli_dir_kind kind = ks_cli_dir_kind_of(&in);
+  int rc = kind == KS_CLI_DIR_TORCH_DCP || kind == KS_CLI_DIR_HF ? ks_cli_inspect_import(&in, kind, as_json) : -1;
+  ks_cli_input_close(&in);
+  return rc;
+}
+
 int ks_cli_inspect_dir(const char *dir) {
   ks_shard_index *idx;
   ks_cli_input in;
+  int imported = inspect_import(dir, 0);
+  if (imported >= 0) return imported;
   if (ks_cli_input_open("inspect", dir, &in)) return KS_EXIT_BAD;
+  ks_cli_dir_kind kind = ks_cli_dir_kind_of(&in);
   int bad = open_index("inspect", &in, &idx);
   ks_cli_input_close(&in); /* the index is in memory */
   if (bad) return KS_EXIT_BAD;
@@ -185,6 +199,9 @@ int ks_cli_inspect_dir(const char *dir) {
     }
   }
   printf("\nEach rank file is a keepsake file: run 'keepsake inspect %s/<file>' for its contents.\n", dir);
+  if (kind == KS_CLI_DIR_KEEPSAKE_DCP)
+    printf("It is a torch.distributed.checkpoint (KeepsakeWriter): its files hold DCP's keys; 'keepsake diff' and\n"
+           "'keepsake convert' name its state by each key's path in the saved state dict, as for torch's own.\n");
   ks_shard_index_free(idx);
   return KS_EXIT_OK;
 }
@@ -253,6 +270,8 @@ static ks_shard_index *checked_index(const char *dir) {
 }
 
 int ks_cli_inspect_dir_json(const char *dir) {
+  int imported = inspect_import(dir, 1);
+  if (imported >= 0) return imported;
   ks_shard_index *idx = checked_index(dir);
   if (!idx) return KS_EXIT_BAD;
   int n = ks_cli_shard_info(idx).world_size;

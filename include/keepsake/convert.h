@@ -19,9 +19,10 @@
  *     the import refuses with a message naming it) is a torch.save / Composer
  *     file, read by ks_torch_import (import.h); anything else is a
  *     keepsake or safetensors file, read by ks_load_buffer, whose metadata pairs
- *     are kept (but the writer's own keys). An IN that is a directory holding
- *     `.metadata` (ks_torch_probe: KS_TORCH_DCP) is a torch.distributed.checkpoint, read
- *     item by item by ks_dcp_import (import.h) instead, through opts->in_io.
+ *     are kept (but the writer's own keys). An IN that is a directory is read
+ *     by ks_dcp_import (import.h) instead, through opts->in_io: a torch
+ *     distributed checkpoint (`.metadata`), a directory keepsake's DCP writer
+ *     wrote, or a Hugging Face safetensors layout.
  *  3. Integrity: every zip entry's CRC32, every keepsake checksum is checked. A
  *     mismatch fails with KS_E_CHECKSUM and nothing is written, unless
  *     opts->salvage: then each problem becomes a warning of the report and the
@@ -29,7 +30,8 @@
  *  4. opts->ignore: entries matching a glob (ks_path_match, binding.h: a '/'-prefix match
  *     counts) are left out, and so are the structure records (torch.h,
  *     KS_TORCH_STRUCTURE_META) of the containers they match.
- *  5. OUT ending in ".pt" or ".pth" is written by ks_torch_save with the
+ *  5. With opts->hf, OUT is a directory in the Hugging Face layout (see
+ *     ks_convert_opts.hf). Else OUT ending in ".pt" or ".pth" is written by ks_torch_save with the
  *     structure document (lists, tuples, typed keys come back as they were) and
  *     opts->torch_compat; list ("cat") states of the metrics named in the
  *     KS_META_METRICS metadata become one-item lists (see below). Any other OUT
@@ -78,6 +80,20 @@ typedef struct ks_convert_opts {
   const ks_io *io;            /**< file operations of the output's durable replace; NULL = ks_io_posix().
                                    The output checks (symlink, device, FIFO, read-only) apply to local outputs only */
   const ks_io *in_io; /**< file operations of reading the input (read whole, never mapped); NULL = ks_io_posix() */
+  /**
+   * Nonzero: OUT is a directory (absent, or empty; created) in the Hugging Face safetensors layout,
+   * which torch's HuggingFaceStorageReader and transformers' from_pretrained read as written: one
+   * `model.safetensors`, or `model-00001-of-0000N.safetensors` files and `model.safetensors.index.json`
+   * (`metadata.total_size`, `weight_map`), written last. Every tensor is whole (a sharded input is
+   * consolidated) and stored under the name torch DCP and Hugging Face give it: its keepsake name's
+   * components, '%2F' and '%25' read back, joined by '.' (`model/emb.weight` -> `model.emb.weight`), the
+   * keepsake name recorded beside it (KS_META_HF_NAMES). Each file is a keepsake file (per-tensor
+   * checksums in its header, with `format` = `pt`); the first also holds the scalars and metadata.
+   */
+  int hf;
+  /** With hf: the most tensor bytes one file holds (a larger tensor gets a file of its own); 0 = 5 GB,
+      transformers' default max_shard_size. */
+  uint64_t hf_shard_bytes;
 } ks_convert_opts;
 
 /** What a conversion did. Opaque; read with the functions below. */

@@ -80,11 +80,12 @@ KS_NODISCARD ks_status ks_torch_import(const char *path, const ks_import_opts *o
                           ks_error *err);
 
 /**
- * Reads a torch.distributed.checkpoint directory (ks_torch_dcp_load, torch.h:
- * nothing pickled is executed; a `.metadata` naming anything but DCP's own
- * classes is refused) into a state dict and its metadata: the structure
- * document (KS_TORCH_STRUCTURE_META) and KS_META_DCP_IMPORT, which records the DCP
- * version, the counts read and the non-tensor objects left out (with why).
+ * Reads a checkpoint directory (ks_torch_dcp_load, torch.h): a torch.distributed
+ * checkpoint (nothing pickled is executed; a `.metadata` naming anything but DCP's
+ * own classes is refused), one keepsake's DCP writer wrote, or a Hugging Face
+ * safetensors layout, into a state dict and its metadata: the structure
+ * document (KS_TORCH_STRUCTURE_META) and KS_META_DCP_IMPORT, which records the
+ * format and version, the counts read and the non-tensor objects left out (with why).
  *
  * @param dir  the checkpoint directory (holding `.metadata` and `*.distcp` files).
  * @param opts NULL for defaults; only `read` is used (allocator, CRC checks, limits, io table).

@@ -68,4 +68,12 @@
  */
 #define KS_META_DCP_IMPORT "keepsake.dcp_import"
 
+/**
+ * In the files of a Hugging Face layout that keepsake wrote (ks_convert_opts.hf): the keepsake name of
+ * each tensor stored under another key, as JSON {"<stored key>": "<keepsake name>"}. Tensors are stored
+ * under the name torch DCP and Hugging Face give them (the components of the keepsake name, '%2F' and
+ * '%25' read back, joined by '.'); reading the layout back (ks_dcp_import) renames them.
+ */
+#define KS_META_HF_NAMES "keepsake.hf_names"
+
 #endif

@@ -133,8 +133,10 @@ typedef enum ks_torch_kind {
   KS_TORCH_LEGACY = 2,  /**< torch's legacy, pre-1.6 serialization (`_use_new_zipfile_serialization=False`):
                              a pickled magic number, then more pickles and raw storages. The readers
                              refuse it with KS_E_UNSUPPORTED and a message naming the format */
-  KS_TORCH_DCP = 3      /**< a torch.distributed.checkpoint directory: a directory (or a link to one)
-                             holding a `.metadata` file (ks_torch_dcp_load) */
+  KS_TORCH_DCP = 3      /**< a checkpoint directory ks_torch_dcp_load reads: a directory (or a link to
+                             one) holding a `.metadata` file (torch.distributed.checkpoint's
+                             FileSystemWriter), a `model.safetensors.index.json` (keepsake's sharded
+                             index, or a Hugging Face one) or a `model.safetensors` */
 } ks_torch_kind;
 
 /**
@@ -226,6 +228,19 @@ void ks_torch_free(const ks_allocator *alloc, void *p);
  * saved: planner_data's paths ('/'-joined, list items by index), or the DCP
  * key itself when the metadata has none.
  *
+ * Without `.metadata`, `dir` may also be (docs/FORMAT.md 12):
+ * - a directory keepsake.distributed.KeepsakeWriter wrote (an index with a
+ *   keepsake member, rank 0 recording `keepsake.dcp`): checked against its index
+ *   (and, with verify_crc, every tensor against its checksum), loaded as one
+ *   rank, and named and flattened by the same rules from its planner data, so
+ *   the same state saved by either writer gives the same dict; a sharded
+ *   directory of the C library is KS_E_UNSUPPORTED;
+ * - a Hugging Face safetensors layout: the files a model.safetensors.index.json
+ *   names in its weight_map, or every *.safetensors file; chunks of one tensor
+ *   placed by their files' DCP_SHARDING_INFO offsets must cover it exactly once;
+ *   entries are named by their keys (or the names KS_META_HF_NAMES records).
+ * A directory holding none of these is KS_E_UNSUPPORTED.
+ *
  * Bounds: `.metadata` at most 1 GiB and opts' pickle limits per pickle; items
  * must lie inside their files and not overlap; the tensors together at most
  * opts->max_output_bytes (default 4 * (bytes of `.metadata` and the `.distcp`
@@ -236,9 +251,9 @@ void ks_torch_free(const ks_allocator *alloc, void *p);
  * @param out       receives the dict; untouched on failure. Tensors are views into memory the dict owns.
  * @param structure optional; receives the structure document (as ks_torch_load's). Free with
  *                  ks_torch_free.
- * @param info      optional; receives {"format": "torch.distributed.checkpoint", "version": <Metadata.version or
- *                  null>, "tensors": n, "chunks": n, "objects": n, "skipped": {"<DCP key>": "<why>"}}. Free with
- *                  ks_torch_free.
+ * @param info      optional; receives {"format": "torch.distributed.checkpoint" | "keepsake.distributed" |
+ *                  "safetensors", "version": <Metadata.version or null>, "tensors": n, "chunks": n, "objects": n,
+ *                  "files": n, "checksummed": n, "skipped": {"<DCP key>": "<why>"}}. Free with ks_torch_free.
  * @param err       optional; names the file (`.metadata` or the `.distcp`), the DCP key and the byte offset.
  * @return KS_OK; KS_E_IO (a file cannot be opened or read), KS_E_UNSAFE (a global outside the list above),
  *         KS_E_FORMAT (malformed metadata, a missing or overlapping item, chunks that do not cover a tensor

@@ -116,12 +116,18 @@ class KeepsakeWriter(StorageWriter):
             ``s3://bucket/prefix`` (each file uploaded whole when complete, the index last).
             ``http(s)://`` is read only: refused with UnsupportedError.
         sync_files: fsync every file and directory (the default). False is faster and not durable.
-        overwrite: a directory that already holds a committed checkpoint is refused (ExistsError)
-            unless True; then its index is removed durably before any rank writes, so a save that
-            dies midway leaves no checkpoint rather than a mix of two.
+        overwrite: a directory that already holds a committed checkpoint is overwritten, as torch's
+            ``FileSystemWriter`` overwrites (the default): its index is removed durably before any
+            rank writes, and the new one is written last, so a save that dies midway leaves no
+            checkpoint rather than a mix of two. False refuses such a directory (ExistsError).
+
+    Its state reads back under the same names as torch's own DCP checkpoint of that state
+    (``keepsake convert``, ``keepsake diff``: each key's path in the saved state dict). For torch's
+    ``HuggingFaceStorageReader`` and transformers, write its Hugging Face layout with
+    ``keepsake convert DIR OUT --hf`` (:func:`keepsake.distributed_import.convert_dcp` with ``hf=True``).
     """
 
-    def __init__(self, path: PathLike, *, sync_files: bool = True, overwrite: bool = False) -> None:
+    def __init__(self, path: PathLike, *, sync_files: bool = True, overwrite: bool = True) -> None:
         super().__init__()
         self.path = _location(path, write=True)
         self.sync_files = sync_files
@@ -155,9 +161,8 @@ class KeepsakeWriter(StorageWriter):
                                 "save with use_collectives=True")
         if _native.shard_committed(self.path):
             if not self.overwrite:
-                raise _errors.error(_errors.ExistsError, f"{self.path} already holds a checkpoint; pass "
-                                    "KeepsakeWriter(..., overwrite=True) or save into a new directory",
-                                    file=self.path)
+                raise _errors.error(_errors.ExistsError, f"{self.path} already holds a checkpoint (and "
+                                    "KeepsakeWriter(..., overwrite=False) refuses to replace it)", file=self.path)
             _native.shard_uncommit(self.path, fsync=self.sync_files)  # before any rank writes
         merged: Dict[Any, Any] = {}
         for p in plans:

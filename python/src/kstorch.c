@@ -95,11 +95,12 @@ static int warn_salvaged(const ks_convert_report *rep) {
 
 PyObject *ksp_convert(PyObject *self, PyObject *args, PyObject *kw) {
   (void)self;
-  static char *names[] = {"src", "dst", "ignore", "salvage", "torch_compat", NULL};
+  static char *names[] = {"src", "dst", "ignore", "salvage", "torch_compat", "hf", "hf_shard_bytes", NULL};
   PyObject *in, *out, *ignore = NULL;
-  int salvage = 0, compat = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&|Opp", names, PyUnicode_FSConverter, &in, PyUnicode_FSConverter,
-                                   &out, &ignore, &salvage, &compat))
+  int salvage = 0, compat = 0, hf = 0;
+  unsigned long long hf_shard_bytes = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&|OpppK", names, PyUnicode_FSConverter, &in, PyUnicode_FSConverter,
+                                   &out, &ignore, &salvage, &compat, &hf, &hf_shard_bytes))
     return NULL;
   PyObject *globs = !ignore || ignore == Py_None ? PyTuple_New(0) : (Py_INCREF(ignore), ignore);
   PyObject *seq = globs ? PySequence_Fast(globs, "ignore must be a sequence of str") : NULL;
@@ -108,6 +109,8 @@ PyObject *ksp_convert(PyObject *self, PyObject *args, PyObject *kw) {
   o.size = sizeof o;
   o.salvage = salvage;
   o.torch_compat = compat ? KS_TORCH_COMPAT_1_13 : 0;
+  o.hf = hf;
+  o.hf_shard_bytes = hf_shard_bytes;
   const char **g = NULL;
   PyObject *result = NULL;
   if (seq) {

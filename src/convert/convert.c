@@ -11,6 +11,7 @@
 
 #include "convert/convert_internal.h"
 #include "core/fmap.h"
+#include "core/io_ops.h"
 #include "keepsake/import.h"
 #include "keepsake/layout.h"
 #include "keepsake/torch.h"
@@ -140,7 +141,7 @@ static KS_NODISCARD ks_status write_pt(conv *c, const ks_statedict *kept) {
 
 static KS_NODISCARD ks_status write_out(conv *c) {
   ks_statedict *kept = NULL;
-  bool pt = ends_with(c->out, ".pt") || ends_with(c->out, ".pth");
+  bool pt = !c->o->hf && (ends_with(c->out, ".pt") || ends_with(c->out, ".pth"));
   /* Before --ignore, which prunes the structure document it makes along with the entries. */
   ks_status st = pt ? ks__convert_pytree(c->a, c->sd, c->meta, c->err) : KS_OK;
   if (!st) st = ks__convert_ignore(c->sd, c->o->ignore, c->o->n_ignore, c->meta, &kept, c->err);
@@ -148,7 +149,9 @@ static KS_NODISCARD ks_status write_out(conv *c) {
   const ks_statedict *w = kept ? kept : c->sd;
   c->rep->written = ks_statedict_count(w);
   c->rep->ignored = ks_statedict_count(c->sd) - c->rep->written;
-  if (pt) {
+  if (c->o->hf) {
+    st = ks__convert_write_hf(c->a, c->o->io, c->out, w, c->meta, c->o->hf_shard_bytes, c->err);
+  } else if (pt) {
     st = write_pt(c, w);
   } else {
     ks_save_opts so = {0};
@@ -161,19 +164,31 @@ static KS_NODISCARD ks_status write_out(conv *c) {
   return st;
 }
 
+/* A directory (or a link to a checkpoint directory): read by ks_dcp_import, which says what it holds or why
+   it reads none of it. */
+static bool is_dir(const char *path, const ks_io *io) {
+  if (ks_io_check(io, NULL)) return false;
+  const ks_io *t = ks__io_v2(io);
+  ks_io_stat s;
+  if (t->stat_fn(t->ctx, path, &s)) return false;
+  if (s.kind == KS_IO_DIR) return true;
+  ks_torch_read_opts probe = {0};
+  probe.io = io;
+  return s.kind == KS_IO_LINK && ks_torch_probe(path, &probe) == KS_TORCH_DCP;
+}
+
 static KS_NODISCARD ks_status run(conv *c) {
   /* The output checks are the local file system's (symlinks, devices, mode bits): they apply when the
    * table says its paths are local files (KS_IO_CAP_LOCAL, io.h), not to a remote store. */
-  bool local_out = (ks_io_caps(c->o->io) & KS_IO_CAP_LOCAL) != 0;
+  bool local_out = (ks_io_caps(c->o->io) & KS_IO_CAP_LOCAL) != 0 && !c->o->hf; /* hf: a directory (hf.c) */
   ks_status st = local_out ? ks__convert_check_output(c->out, c->err) : KS_OK;
-  ks_torch_read_opts probe = {0};
-  probe.io = c->o->in_io;
-  if (!st && ks_torch_probe(c->in, &probe) == KS_TORCH_DCP) {
+  if (!st && is_dir(c->in, c->o->in_io)) {
     st = read_dcp(c);
     return st ? st : write_out(c);
   }
   if (!st) st = ks__fmap_open(&c->input, c->in, c->o->in_io, true, 0, c->a, c->err); /* never mapped: see convert.h */
   if (st) return st;
+  ks_torch_read_opts probe = {0};
   probe.data = c->input.bytes;
   probe.data_len = c->input.size;
   ks_torch_kind kind = ks_torch_probe(NULL, &probe);

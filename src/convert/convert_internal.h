@@ -51,4 +51,12 @@ KS_NODISCARD ks_status ks__convert_pt_lists(const ks_allocator *a, const ks_stat
                                             uint64_t *budget, ks_statedict **out, char **structure_out, size_t *n_lists,
                                             ks_error *err);
 
+/*
+ * Writes sd (tensors, scalars) and meta as a Hugging Face safetensors layout in directory `dir` (absent: made;
+ * else it must be empty), through io: ks_convert_opts.hf (hf.c). shard_bytes 0: 5 GB.
+ */
+KS_NODISCARD ks_status ks__convert_write_hf(const ks_allocator *a, const ks_io *io, const char *dir,
+                                            const ks_statedict *sd, const ks_meta *meta, uint64_t shard_bytes,
+                                            ks_error *err);
+
 #endif

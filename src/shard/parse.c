@@ -374,6 +374,10 @@ KS_NODISCARD static ks_status parse_sharded(ks_shard_index *idx, const doc *d) {
 /* The checks of the small members, in the order a reader needs them. */
 KS_NODISCARD static ks_status check_head(ks_shard_index *idx, const doc *d) {
   const char *path = d->path;
+  if (d->weight_map && !d->keepsake) /* a Hugging Face layout: the import reads it (docs/FORMAT.md 12) */
+    return ks__err_at(d->err, KS_E_UNSUPPORTED, path, NULL, -1,
+                      "index: a Hugging Face index (a weight_map, no keepsake object): a safetensors layout, not a "
+                      "keepsake sharded checkpoint; 'keepsake convert' and ks_dcp_import read it");
   if (!d->weight_map || !d->keepsake)
     return bad(d->err, path, NULL, "not a keepsake sharded index (no weight_map / keepsake object)");
   const char *format = ks__jv_string(d->format);

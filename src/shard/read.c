@@ -112,6 +112,21 @@ static int read_all(const ks_io *io, const ks_allocator *a, const char *path, ui
   return 0;
 }
 
+/* No index: not a complete sharded checkpoint. A torch DCP directory (its `.metadata`) is named as such, for the
+   import reads it (docs/FORMAT.md 12); the status stays KS_E_NOTFOUND, which callers read as "no checkpoint". */
+KS_NODISCARD static ks_status no_index(const char *dir, const ks_allocator *alloc, const ks_io *io, const char *path,
+                                       ks_error *err) {
+  char *md = ks__shard_join(alloc, dir, ".metadata");
+  ks_io_stat s;
+  bool torch_dcp = md && io->stat_fn(io->ctx, md, &s) == 0 && s.kind == KS_IO_FILE;
+  ks__free(alloc, md);
+  if (torch_dcp)
+    return ks__err_at(err, KS_E_NOTFOUND, path, NULL, -1,
+                      "no index: not a keepsake sharded checkpoint but a torch.distributed.checkpoint (.metadata), "
+                      "which torch's FileSystemReader loads and 'keepsake convert' imports");
+  return ks__err_at(err, KS_E_NOTFOUND, path, NULL, -1, "no index: not a complete sharded checkpoint");
+}
+
 ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, const ks_io *io, ks_shard_index **out,
                                ks_error *err) {
   if (!dir || !out) return ks__err(err, KS_E_INVALID, "ks_shard_index_read: NULL argument");
@@ -121,7 +136,7 @@ ks_status ks_shard_index_read(const char *dir, const ks_allocator *alloc, const 
   size_t len = 0;
   int too_big = 0, rc = read_all(io, alloc, path, KS__MAX_INDEX, &text, &len, &too_big);
   ks_status st = KS_OK;
-  if (rc == ENOENT) st = ks__err_at(err, KS_E_NOTFOUND, path, NULL, -1, "no index: not a complete sharded checkpoint");
+  if (rc == ENOENT) st = no_index(dir, alloc, io, path, err);
   else if (rc == ENOMEM) st = ks__err(err, KS_E_NOMEM, "out of memory reading the index");
   else if (rc) st = ks__err_at(err, KS_E_IO, path, NULL, -1, "cannot read the index: %s", strerror(rc));
   else if (too_big) st = ks__err_at(err, KS_E_LIMIT, path, NULL, -1, "index is larger than %u bytes", KS__MAX_INDEX);

@@ -19,41 +19,25 @@
 
 #include "core/hindex.h"
 #include "core/io_ops.h"
+#include "core/fmap.h"
 #include "core/json.h"
 #include "torch/dcp_internal.h"
 
-#define PATH_CAP 4096
 #define DEFAULT_SLACK ((uint64_t)64 << 20)
 
-typedef struct file_info {
-  const char *name;
-  uint64_t size;
-} file_info;
-
-typedef struct rd {
-  const ks_torch_read_opts *opts;
-  const ks_allocator *a;
-  const ks_io *io;
-  ks__pk_arena *ar;
-  ks__dcp d;
-  const char *dir;
-  ks_error *err;
-  size_t *order; /* used items, by file then offset */
-  size_t norder;
-  uint64_t input_bytes, budget, tensor_bytes;
-  size_t nobjects, nskipped;
-  char path[PATH_CAP];
-} rd;
+typedef ks__dcp_rd rd;
 
 static KS_NODISCARD ks_status nomem(ks_error *err) { return ks__err(err, KS_E_NOMEM, "dcp: out of memory"); }
 
-static KS_NODISCARD ks_status set_path(rd *r, const char *name) {
+ks_status ks__dcp_set_path(rd *r, const char *name) {
   int n = snprintf(r->path, sizeof r->path, "%s/%s", r->dir, name);
   if (n < 0 || (size_t)n >= sizeof r->path)
     return ks__err_at(r->err, KS_E_LIMIT, r->dir, NULL, -1, "dcp: path of '%s' longer than %d bytes", name,
-                      PATH_CAP - 1);
+                      KS__DCP_PATH_CAP - 1);
   return KS_OK;
 }
+
+static KS_NODISCARD ks_status set_path(rd *r, const char *name) { return ks__dcp_set_path(r, name); }
 
 static KS_NODISCARD ks_status io_fail(rd *r, const char *what, int e) {
   return ks__err_at(r->err, KS_E_IO, r->path, NULL, -1, "dcp: cannot %s: %s", what, strerror(e));
@@ -191,12 +175,13 @@ static KS_NODISCARD ks_status check_files(rd *r) {
     r->io->close_fn(r->io->ctx, fd);
     if (st) return st;
     if (!ks__add_u64(r->input_bytes, size, &r->input_bytes)) r->input_bytes = UINT64_MAX;
+    r->nfiles++;
     i = end;
   }
   return KS_OK;
 }
 
-static KS_NODISCARD ks_status check_budget(rd *r) {
+ks_status ks__dcp_check_budget(rd *r) {
   const ks_torch_read_opts *o = r->opts;
   uint64_t n = r->input_bytes;
   r->budget = o && o->max_output_bytes ? o->max_output_bytes
@@ -253,7 +238,7 @@ static KS_NODISCARD ks_status check_cover(rd *r, const ks__dcp_entry *e) {
 }
 
 /* Every tensor's whole buffer, owned by the arena (and so by the state dict). */
-static KS_NODISCARD ks_status alloc_tensors(rd *r) {
+ks_status ks__dcp_alloc_tensors(rd *r) {
   for (size_t i = 0; i < r->d.nentries; i++) {
     ks__dcp_entry *e = &r->d.entries[i];
     if (!e->tensor) continue;
@@ -326,6 +311,12 @@ static int copy_row(void *ctx, uint64_t start, uint64_t row, uint64_t len) {
   return 0;
 }
 
+void ks__dcp_copy_chunk(const ks__dcp_entry *e, const ks__dcp_chunk *k, const uint8_t *src) {
+  copy_ctx c = {e->value->u.t->data, src, ks_dtype_size(e->dtype)};
+  int never = ks__dcp_for_rows(e->rank, e->shape, k->off, k->size, copy_row, &c); /* copy_row never stops it */
+  (void)never;
+}
+
 static KS_NODISCARD ks_status read_chunk(rd *r, const ks__dcp_item *it, const uint8_t *buf, size_t len) {
   const ks__dcp_entry *e = &r->d.entries[it->entry];
   const ks__dcp_chunk *k = &r->d.chunks[it->chunk];
@@ -348,10 +339,7 @@ static KS_NODISCARD ks_status read_chunk(rd *r, const ks__dcp_item *it, const ui
   if (!st && (t->rank != e->rank || (e->rank && memcmp(t->shape, k->size, (size_t)e->rank * sizeof *k->size))))
     st = ks__err_at(r->err, KS_E_SHAPE, r->path, e->fqn, (int64_t)it->offset,
                     "dcp: the chunk's tensor does not have the chunk's sizes");
-  if (!st) {
-    copy_ctx c = {e->value->u.t->data, t->data, ks_dtype_size(e->dtype)};
-    if (ks__dcp_for_rows(e->rank, e->shape, k->off, k->size, copy_row, &c)) st = KS_E_FORMAT; /* never: copy is 0 */
-  }
+  if (!st) ks__dcp_copy_chunk(e, k, t->data);
   ks__pk_arena_release(&tmp);
   ks__zip_free(z);
   return st;
@@ -385,6 +373,10 @@ static const char *not_plain(const ks__pk_node *n, size_t depth, size_t *visits,
     if (why) return why;
   }
   return NULL;
+}
+
+const char *ks__dcp_not_plain(const ks__pk_node *n, size_t max_visits, char *buf, size_t cap) {
+  return not_plain(n, 0, &max_visits, buf, cap);
 }
 
 static KS_NODISCARD ks_status read_object(rd *r, const ks__dcp_item *it, const uint8_t *buf, size_t len) {
@@ -623,7 +615,10 @@ static KS_NODISCARD ks_status describe(rd *r, char **out) {
   ks__sbuf_init(&b, r->a);
   size_t tensors = 0;
   for (size_t i = 0; i < r->d.nentries; i++) tensors += r->d.entries[i].tensor;
-  ks__sbuf_puts(&b, "{\"format\":\"torch.distributed.checkpoint\",\"version\":");
+  ks__sbuf_puts(&b, "{\"format\":");
+  const char *format = r->format ? r->format : "torch.distributed.checkpoint";
+  ks__sbuf_put_json_str(&b, format, strlen(format));
+  ks__sbuf_puts(&b, ",\"version\":");
   if (r->d.version) ks__sbuf_put_json_str(&b, r->d.version, strlen(r->d.version));
   else ks__sbuf_puts(&b, "null");
   ks__sbuf_puts(&b, ",\"tensors\":");
@@ -632,6 +627,10 @@ static KS_NODISCARD ks_status describe(rd *r, char **out) {
   ks__sbuf_put_u64(&b, r->d.nchunks);
   ks__sbuf_puts(&b, ",\"objects\":");
   ks__sbuf_put_u64(&b, r->nobjects);
+  ks__sbuf_puts(&b, ",\"files\":");
+  ks__sbuf_put_u64(&b, r->nfiles);
+  ks__sbuf_puts(&b, ",\"checksummed\":");
+  ks__sbuf_put_u64(&b, r->nchecksummed);
   ks__sbuf_puts(&b, ",\"skipped\":{");
   for (size_t i = 0, k = 0; i < r->d.nentries; i++) {
     const ks__dcp_entry *e = &r->d.entries[i];
@@ -660,7 +659,7 @@ static void release_arena(void *p) {
   ks__free(&a, ar);
 }
 
-static KS_NODISCARD ks_status flatten(rd *r, ks_statedict **out, char **structure, char **info) {
+ks_status ks__dcp_finish(rd *r, ks_statedict **out, char **structure, char **info) {
   ks__pk_node *root = NULL;
   ks_statedict *sd = NULL;
   ks__structure *shape = NULL;
@@ -691,15 +690,69 @@ static KS_NODISCARD ks_status flatten(rd *r, ks_statedict **out, char **structur
   return KS_OK;
 }
 
+/* ---- which layout ---- */
+
+#define INDEX_NAME "model.safetensors.index.json" /* keepsake's sharded index, or a Hugging Face one */
+
+/* 1: dir/name can be opened, 0: it does not exist, else the error (set). */
+static int exists(rd *r, const char *name, ks_status *st) {
+  int fd;
+  uint64_t size;
+  if ((*st = set_path(r, name)) != KS_OK) return -1;
+  int e = r->io->open_fn(r->io->ctx, r->path, &fd, &size);
+  if (e == ENOENT) return 0;
+  if (e) return (*st = io_fail(r, "open", e)), -1;
+  r->io->close_fn(r->io->ctx, fd);
+  return 1;
+}
+
+/* The index decides: keepsake's (a "keepsake" member) or Hugging Face's (a weight_map). */
+static KS_NODISCARD ks_status by_index(rd *r, ks_statedict **out, char **structure, char **info) {
+  ks__fmap m = {0};
+  ks__jv *index = NULL;
+  ks_status st = set_path(r, INDEX_NAME);
+  if (!st) st = ks__fmap_open(&m, r->path, r->io, true, 0, r->a, r->err);
+  if (!st && m.size > KS__DCP_MAX_METADATA)
+    st = ks__err_at(r->err, KS_E_LIMIT, r->path, NULL, -1, "dcp: index of %zu bytes is larger than %llu", m.size,
+                    (unsigned long long)KS__DCP_MAX_METADATA);
+  if (!st) st = ks__jv_parse(r->a, (const char *)m.bytes, m.size, INDEX_NAME, &index, r->err);
+  ks__fmap_close(&m, r->a);
+  if (!st && !ks__jv_is(index, KS__JV_OBJECT))
+    st = ks__err_at(r->err, KS_E_FORMAT, r->path, NULL, -1, "dcp: the index is not a JSON object");
+  if (st && r->err && !r->err->file[0]) ks__err_set_file(r->err, r->path);
+  if (!st)
+    st = ks__jv_get(index, "keepsake") ? ks__dcp_keepsake_load(r, out, structure, info)
+                                       : ks__dcp_hf_load(r, index, out, structure, info);
+  ks__jv_free(r->a, index);
+  return st;
+}
+
+/* A torch DCP directory (FileSystemWriter): `.metadata` and the items it points at. */
+static KS_NODISCARD ks_status torch_dcp(rd *r, ks_statedict **out, char **structure, char **info) {
+  ks_status st = read_metadata(r);
+  if (!st) st = sort_used(r);
+  if (!st) st = check_files(r);
+  if (!st) st = ks__dcp_check_budget(r);
+  if (!st) st = ks__dcp_alloc_tensors(r);
+  if (!st) st = read_items(r);
+  if (!st) st = ks__dcp_finish(r, out, structure, info);
+  return st;
+}
+
 int ks__torch_dcp_dir(const char *dir, const ks_io *io) {
   if (!dir || ks_io_check(io, NULL)) return 0;
   const ks_io *t = ks__io_v2(io);
-  char path[PATH_CAP];
+  char path[KS__DCP_PATH_CAP];
   ks_io_stat s;
-  int n = snprintf(path, sizeof path, "%s/.metadata", dir);
-  if (n < 0 || (size_t)n >= sizeof path) return 0;
   if (t->stat_fn(t->ctx, dir, &s) || (s.kind != KS_IO_DIR && s.kind != KS_IO_LINK)) return 0;
-  return !t->stat_fn(t->ctx, path, &s) && (s.kind == KS_IO_FILE || s.kind == KS_IO_LINK);
+  static const char *const names[] = {".metadata", INDEX_NAME, "model.safetensors"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    int n = snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    if (n > 0 && (size_t)n < sizeof path && !t->stat_fn(t->ctx, path, &s) &&
+        (s.kind == KS_IO_FILE || s.kind == KS_IO_LINK))
+      return 1;
+  }
+  return 0;
 }
 
 ks_status ks_torch_dcp_load(const char *dir, const ks_torch_read_opts *opts, ks_statedict **out, char **structure,
@@ -719,13 +772,11 @@ ks_status ks_torch_dcp_load(const char *dir, const ks_torch_read_opts *opts, ks_
   if (!r.ar) return nomem(err);
   ks__pk_arena_init(r.ar, r.a);
   r.d.alloc = r.a;
-  st = read_metadata(&r);
-  if (!st) st = sort_used(&r);
-  if (!st) st = check_files(&r);
-  if (!st) st = check_budget(&r);
-  if (!st) st = alloc_tensors(&r);
-  if (!st) st = read_items(&r);
-  if (!st) st = flatten(&r, out, structure, info);
+  int has = exists(&r, ".metadata", &st);
+  if (has == 0) has = exists(&r, INDEX_NAME, &st) == 1 ? 2 : st ? -1 : 3;
+  if (has == 1) st = torch_dcp(&r, out, structure, info);
+  else if (has == 2) st = by_index(&r, out, structure, info);
+  else if (has == 3) st = ks__dcp_hf_load(&r, NULL, out, structure, info);
   ks__dcp_free(&r.d);
   ks__free(r.a, r.order);
   if (r.ar) release_arena(r.ar);

@@ -1,7 +1,10 @@
 /*
- * torch.distributed.checkpoint (DCP) directories: the model of a `.metadata`
- * pickle (dcp_meta.c) and the reader of the items it points at (dcp.c). Not
- * installed.
+ * Checkpoint directories that ks_torch_dcp_load reads: the model of a torch
+ * DCP `.metadata` pickle (dcp_meta.c) and the reader of the items it points at
+ * (dcp.c); a directory keepsake's DCP StorageWriter wrote (dcp_keepsake.c); a
+ * Hugging Face safetensors layout (dcp_hf.c). Each fills the entries of one
+ * ks__dcp_rd; ks__dcp_finish names and flattens them the same way for all three
+ * (docs/FORMAT.md 9.1 and 12). Not installed.
  */
 #ifndef KS_TORCH_DCP_INTERNAL_H
 #define KS_TORCH_DCP_INTERNAL_H
@@ -10,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/json.h"
 #include "torch/torch_internal.h"
 
 /* The largest `.metadata` read: a million tensors of a thousand chunks each stay far below it. */
@@ -73,6 +77,9 @@ KS_NODISCARD ks_status ks__dcp_parse(const uint8_t *p, size_t n, ks__pk_arena *a
                                      ks__dcp *d, ks_error *err);
 void ks__dcp_free(ks__dcp *d);
 
+/* Reads planner_data ({fqn: (path components)}, a PK_DICT; NULL or anything else: none) into the entries' paths. */
+KS_NODISCARD ks_status ks__dcp_read_paths(ks__dcp *d, const ks__pk_node *pd, ks_error *err);
+
 /* Elements of a box (a zero dim makes it empty); false on overflow. */
 bool ks__dcp_volume(int rank, const int64_t *size, uint64_t *out);
 
@@ -81,5 +88,54 @@ bool ks__dcp_volume(int rank, const int64_t *size, uint64_t *out);
 typedef int (*ks__dcp_row_fn)(void *ctx, uint64_t start, uint64_t row, uint64_t len);
 int ks__dcp_for_rows(int rank, const int64_t *shape, const int64_t *off, const int64_t *size, ks__dcp_row_fn fn,
                      void *ctx);
+
+/* Longest path of a file of the directory. */
+#define KS__DCP_PATH_CAP 4096
+
+/* A directory being read: what one reader fills (the entries with their values) before ks__dcp_finish. */
+typedef struct ks__dcp_rd {
+  const ks_torch_read_opts *opts;
+  const ks_allocator *a;
+  const ks_io *io;   /* version 2 or newer */
+  ks__pk_arena *ar;  /* values, tensors' buffers; given to the state dict by ks__dcp_finish */
+  ks__dcp d;
+  const char *dir;
+  ks_error *err;
+  size_t *order; /* used items, by file then offset */
+  size_t norder;
+  uint64_t input_bytes, budget, tensor_bytes;
+  size_t nobjects, nskipped;
+  size_t nfiles, nchecksummed; /* data files read; of them, those whose tensors carry keepsake checksums */
+  const char *format;          /* "format" of the info document */
+  char path[KS__DCP_PATH_CAP];
+} ks__dcp_rd;
+
+/* r->path = dir/name (KS_E_LIMIT when too long). */
+KS_NODISCARD ks_status ks__dcp_set_path(ks__dcp_rd *r, const char *name);
+/* A plain file name of the directory: no separators, not "." or "..", at most 255 bytes. */
+int ks__dcp_plain_file_name(const char *s);
+/* Sets r->budget from r->input_bytes (or opts) and holds every tensor entry's bytes to it. */
+KS_NODISCARD ks_status ks__dcp_check_budget(ks__dcp_rd *r);
+/* Checks that every tensor's chunks cover it at most once (with volumes that add up: exactly once) and
+   gives it a zeroed whole buffer in the arena (its value). */
+KS_NODISCARD ks_status ks__dcp_alloc_tensors(ks__dcp_rd *r);
+/* Copies a chunk's bytes (row-major, its own sizes) into its box of the whole tensor of e. */
+void ks__dcp_copy_chunk(const ks__dcp_entry *e, const ks__dcp_chunk *k, const uint8_t *src);
+/* Why a value is not plain data (None, bool, int, float, str, bytes, tensors, and lists, tuples, sets and
+   dicts of them with keys that name entries), or NULL. buf holds the text of some reasons. */
+const char *ks__dcp_not_plain(const ks__pk_node *n, size_t max_visits, char *buf, size_t cap);
+/* Puts the entries' values back into the nesting their paths record (when every entry has a usable one; else
+   each is named by its key) and flattens it like a torch.save file of that state dict: *out (owning the
+   arena), the structure document and the info document (both optional; free with ks_torch_free). */
+KS_NODISCARD ks_status ks__dcp_finish(ks__dcp_rd *r, ks_statedict **out, char **structure, char **info);
+
+/* A directory keepsake's DCP StorageWriter (keepsake.distributed.KeepsakeWriter) wrote: its index and rank
+   files, as the state dict they hold (dcp_keepsake.c). KS_E_UNSUPPORTED for a sharded directory without the
+   `keepsake.dcp` record (one the C library wrote). */
+KS_NODISCARD ks_status ks__dcp_keepsake_load(ks__dcp_rd *r, ks_statedict **out, char **structure, char **info);
+/* A Hugging Face safetensors layout: the files `index` (a parsed model.safetensors.index.json without a
+   keepsake member, or NULL: every *.safetensors file of the directory) names (dcp_hf.c). */
+KS_NODISCARD ks_status ks__dcp_hf_load(ks__dcp_rd *r, const ks__jv *index, ks_statedict **out,
+                                       char **structure, char **info);
 
 #endif

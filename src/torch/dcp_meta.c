@@ -224,7 +224,7 @@ static KS_NODISCARD ks_status read_entries(ks__dcp *d, const ks__pk_node *sdm, s
 /* ---- storage items (storage_data) ---- */
 
 /* A name of a file inside the checkpoint directory: no separators, not "." or "..". */
-static int plain_file_name(const char *s) {
+int ks__dcp_plain_file_name(const char *s) {
   size_t n = strlen(s);
   return n > 0 && n <= 255 && !strchr(s, '/') && !strchr(s, '\\') && strcmp(s, ".") && strcmp(s, "..");
 }
@@ -241,7 +241,7 @@ static KS_NODISCARD ks_status read_item(const ks__pk_node *k, const ks__pk_node 
   if (!is_class(v, "_StorageInfo")) return bad(err, it->fqn, "a storage_data value is not a _StorageInfo");
   if ((st = str_of(field(v, "relative_path"), it->fqn, "_StorageInfo.relative_path", &it->file, err)) != KS_OK)
     return st;
-  if (!plain_file_name(it->file))
+  if (!ks__dcp_plain_file_name(it->file))
     return ks__err_at(err, KS_E_FORMAT, NULL, it->fqn, -1,
                       "dcp: relative_path '%.200s' is not a file name inside the checkpoint directory", it->file);
   const ks__pk_node *o = field(v, "offset"), *l = field(v, "length"), *t = field(v, "transform_descriptors");
@@ -324,7 +324,7 @@ static int cmp_entry_ptr(const void *a, const void *b) {
   return strcmp((*(ks__dcp_entry *const *)a)->fqn, (*(ks__dcp_entry *const *)b)->fqn);
 }
 
-static KS_NODISCARD ks_status read_paths(ks__dcp *d, const ks__pk_node *pd, ks_error *err) {
+ks_status ks__dcp_read_paths(ks__dcp *d, const ks__pk_node *pd, ks_error *err) {
   if (!pd || pd->kind != PK_DICT || !d->nentries) return KS_OK; /* absent: entries are named by fqn */
   size_t bytes;
   ks__dcp_entry **by = ks__mul_size(d->nentries, sizeof *by, &bytes) ? ks__malloc(d->alloc, bytes) : NULL;
@@ -356,7 +356,7 @@ ks_status ks__dcp_parse(const uint8_t *p, size_t n, ks__pk_arena *ar, const ks__
   if (ver && ver->kind == PK_STR) d->version = ver->u.s.p;
   if (!(st = read_entries(d, field(root, "state_dict_metadata"), n, err)) &&
       !(st = read_items(d, field(root, "storage_data"), err)) && !(st = match(d, err)))
-    st = read_paths(d, field(root, "planner_data"), err);
+    st = ks__dcp_read_paths(d, field(root, "planner_data"), err);
   return st;
 }
 

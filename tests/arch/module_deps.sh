@@ -17,7 +17,7 @@ allowed_pub() {
     train) echo "$core_pub train" ;;
     state) echo "$core_pub state train metric format" ;;
     manager) echo "$core_pub manager state train format shard" ;;
-    torch) echo "$core_pub torch" ;;
+    torch) echo "$core_pub torch shard dcpvalue format" ;;
     import) echo "$core_pub import torch metric format" ;;
     convert) echo "$core_pub convert import torch metric format" ;;
     shard) echo "$core_pub shard dcpvalue format metric" ;;

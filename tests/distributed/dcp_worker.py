@@ -156,13 +156,15 @@ def roundtrip(work: str) -> None:
         dcp.load(got, storage_reader=KeepsakeReader(apath))
         for k, v in snap_copy["model"].items():
             assert torch.equal(local(got["model"][k]), v), f"async {tag}: {k}"
-        # A second save into a committed directory is refused, on every rank.
+        # A second save into a committed directory is refused with overwrite=False, on every rank...
         try:
-            dcp.save(before, storage_writer=KeepsakeWriter(path))
+            dcp.save(before, storage_writer=KeepsakeWriter(path, overwrite=False))
         except CheckpointException as e:  # the coordinator's failure, on every rank
             assert [type(x) for x, _tb in e.failures.values()] == [keepsake.ExistsError], e
         else:
             raise AssertionError("a second save into a committed directory succeeded")
+        # ... and replaces the checkpoint by default, as torch's FileSystemWriter does.
+        dcp.save(before, storage_writer=KeepsakeWriter(path))
         dist.barrier()
 
 

@@ -42,28 +42,33 @@ def check_cli(path: str, world: int) -> None:
 
 
 def check_hf_reader(path: str) -> int:
-    """torch's HuggingFaceStorageReader loads the model tensors (through *.safetensors links), and they
-    equal what KeepsakeReader loads. Returns the number of tensors compared."""
+    """The directory in its Hugging Face layout (keepsake convert DIR OUT --hf: tensors consolidated,
+    DCP's names, model-0000i-of-0000N.safetensors and the index): torch's HuggingFaceStorageReader loads
+    the model tensors, equal to what KeepsakeReader loads, and the layout diffs equal to the directory.
+    Returns the number of tensors compared."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
     from keepsake.distributed import KeepsakeReader
 
-    links = path + "-hf"
-    os.makedirs(links, exist_ok=True)
-    for name in os.listdir(path):
-        if name.endswith(".keepsake"):
-            os.symlink(os.path.join(path, name), os.path.join(links, name[:-len(".keepsake")] + ".safetensors"))
-    meta = HuggingFaceStorageReader(links).read_metadata().state_dict_metadata
+    out = path + "-hf"
+    shutil.rmtree(out, ignore_errors=True)
+    c = subprocess.run([cli(), "convert", path, out, "--hf", "--hf-shard-size", "4096"], capture_output=True,
+                       text=True, timeout=60)
+    assert c.returncode == 0, (c.stdout, c.stderr)
+    assert "model.safetensors.index.json" in os.listdir(out), os.listdir(out)
+    meta = HuggingFaceStorageReader(out).read_metadata().state_dict_metadata
     model_keys = sorted(k for k in meta if k.startswith("model."))
     assert len(model_keys) >= 5, model_keys
     hf = {k: torch.full(tuple(meta[k].size), -7, dtype=meta[k].properties.dtype) for k in model_keys}
     ks = {k: torch.zeros_like(v) for k, v in hf.items()}
-    dcp.load(hf, storage_reader=HuggingFaceStorageReader(links), no_dist=True)
+    dcp.load(hf, storage_reader=HuggingFaceStorageReader(out), no_dist=True)
     dcp.load(ks, storage_reader=KeepsakeReader(path), no_dist=True)
     for k in model_keys:
         assert torch.equal(hf[k], ks[k]), f"HF reader: {k} differs"
         assert not torch.equal(hf[k], torch.full_like(hf[k], -7)), f"HF reader: {k} not loaded"
+    d = subprocess.run([cli(), "diff", path, out], capture_output=True, text=True, timeout=60)
+    assert d.returncode == 0 and "identical" in d.stdout, (d.stdout, d.stderr)
     return len(model_keys)
 
 

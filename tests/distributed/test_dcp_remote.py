@@ -239,15 +239,15 @@ def test_failed_save_leaves_no_index(direct, bucket):
 def test_overwrite_removes_the_index_first(direct, bucket):
     url = saved(bucket, "over")
     with pytest.raises(CheckpointException) as e:
-        dcp.save(state(), storage_writer=KeepsakeWriter(url), no_dist=True)
+        dcp.save(state(), storage_writer=KeepsakeWriter(url, overwrite=False), no_dist=True)
     assert [type(x) for x in failures(e.value)] == [keepsake.ExistsError]
-    # overwrite=True removes the index before any rank writes: a save that then dies leaves none
+    # overwriting (the default) removes the index before any rank writes: a save that then dies leaves none
     with pytest.raises(CheckpointException):
-        dcp.save(state(), storage_writer=DiesBeforeCommit(url, overwrite=True), no_dist=True)
+        dcp.save(state(), storage_writer=DiesBeforeCommit(url), no_dist=True)
     assert keys(bucket, "over").keys() == {RANK0} and not KeepsakeReader.validate_checkpoint_id(url)
     sd = state()
     sd["w"] = sd["w"] * 2
-    dcp.save(sd, storage_writer=KeepsakeWriter(url, overwrite=True), no_dist=True)
+    dcp.save(sd, storage_writer=KeepsakeWriter(url), no_dist=True)
     out = empty()
     dcp.load(out, storage_reader=KeepsakeReader(url), no_dist=True)
     assert torch.equal(out["w"], state()["w"] * 2)

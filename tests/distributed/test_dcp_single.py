@@ -227,15 +227,77 @@ def test_unsupported_value_is_a_keepsake_error(tmp_path):
 
 
 def test_overwrite(ckpt):
+    """A second save into one directory replaces the checkpoint, as torch's FileSystemWriter does; the
+    old index is gone before any rank writes. overwrite=False refuses instead."""
     with pytest.raises(CheckpointException) as e:
-        dcp.save(state(), storage_writer=KeepsakeWriter(ckpt), no_dist=True)
+        dcp.save(state(), storage_writer=KeepsakeWriter(ckpt, overwrite=False), no_dist=True)
     assert [type(x) for x in failures(e.value)] == [keepsake.ExistsError]
     sd = state()
     sd["w"] += 1
-    dcp.save(sd, storage_writer=KeepsakeWriter(ckpt, overwrite=True), no_dist=True)
+    dcp.save(sd, storage_writer=KeepsakeWriter(ckpt), no_dist=True)
     out = empty()
     dcp.load(out, storage_reader=KeepsakeReader(ckpt), no_dist=True)
     assert torch.equal(out["w"], sd["w"])
+
+
+def test_save_twice_into_one_directory(tmp_path):
+    """Code ported from torch: the same writer's directory saved again (a training loop's checkpoint_id
+    reused); each load gets the last save."""
+    path = str(tmp_path / "ckpt")
+    for step in (1, 2, 3):
+        sd = state()
+        sd["step"] = step
+        sd["w"] *= step
+        dcp.save(sd, storage_writer=KeepsakeWriter(path), no_dist=True)
+        out = empty()
+        dcp.load(out, storage_reader=KeepsakeReader(path, verify_files=True), no_dist=True)
+        assert out["step"] == step and torch.equal(out["w"], state()["w"] * step)
+    assert sorted(os.listdir(path)) == [INDEX_NAME, RANK0]
+
+
+class DiesWriting(KeepsakeWriter):
+    def write_data(self, plan, planner):
+        raise RuntimeError("killed")
+
+
+def test_overwrite_removes_the_old_index_first(ckpt):
+    """The overwrite protocol: a save that dies after the plan leaves no checkpoint, never the old one
+    under a half-written new one."""
+    with pytest.raises(CheckpointException):
+        dcp.save(state(), storage_writer=DiesWriting(ckpt), no_dist=True)
+    assert not os.path.exists(os.path.join(ckpt, INDEX_NAME))
+    with pytest.raises(Exception):
+        KeepsakeReader(ckpt).read_metadata()
+
+
+def test_hf_form_loads_in_torch_hf_reader(ckpt, tmp_path):
+    """keepsake's checkpoint in the Hugging Face layout (convert_dcp(hf=True), keepsake convert --hf):
+    torch's HuggingFaceStorageReader reads it as written, tensors equal; each file is a keepsake file
+    whose checksums still guard its tensors."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from keepsake.distributed_import import convert_dcp
+    out = str(tmp_path / "hf")
+    convert_dcp(ckpt, out, hf=True, hf_shard_bytes=4096)
+    files = sorted(os.listdir(out))
+    assert files == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", INDEX_NAME], files
+    index = json.load(open(os.path.join(out, INDEX_NAME)))
+    assert index["weight_map"] == {"w": files[0], "b": files[1], "h": files[1], "flag": files[1]}
+    meta = HuggingFaceStorageReader(out).read_metadata().state_dict_metadata
+    assert sorted(meta) == ["b", "flag", "h", "w"]
+    got = {k: v for k, v in empty().items() if isinstance(v, torch.Tensor)}
+    dcp.load(got, storage_reader=HuggingFaceStorageReader(out), no_dist=True)
+    want = state()
+    for k, v in got.items():
+        assert v.dtype == want[k].dtype and torch.equal(v, want[k]), k
+    for f in files[:2]:
+        keepsake.verify(os.path.join(out, f))
+    # back: the same state, plain values and all
+    back = str(tmp_path / "back.keepsake")
+    convert_dcp(out, back)
+    import keepsake.torch as kt
+    assert torch.equal(kt.load_file(back)["w"], want["w"])
+    with keepsake.safe_open(back, framework="pt") as f:
+        assert f.scalars()["step"] == 12 and f.scalars()["cfg/betas/1"] == 0.999
 
 
 def corrupt(path: str, offset: int, mode: str) -> None:

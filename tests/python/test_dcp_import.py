@@ -4,6 +4,7 @@ Checkpoints are written here by torch's own dcp.save (FileSystemWriter, one proc
 fixtures of tests/fixtures/dcp/ (made by make_dcp.py, including 2 ranks and hostile metadata). Values
 must come back bit for bit.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -164,3 +165,153 @@ def test_malformed(tmp_path):
     with pytest.raises(keepsake.UnsupportedError, match="SAFETENSORS"):
         convert_dcp(os.path.join(FIX, "safetensors"), tmp_path / "out.keepsake")
     assert not (tmp_path / "out.keepsake").exists()
+
+
+# ---- keepsake's own DCP directories: the same state under the same names ----
+
+def entries(path):
+    """Every entry of a keepsake file: tensors (as bytes with dtype and shape) and scalars."""
+    out = {k: (str(v.dtype), tuple(v.shape), bits(v).tolist()) for k, v in kt.load_file(path).items()}
+    with keepsake.safe_open(path, framework="pt") as f:
+        out.update(f.scalars())
+        structure = json.loads(f.metadata()["keepsake.torch_structure"])
+    return out, structure
+
+
+def test_keepsake_writer_converts_as_torch_dcp(tmp_path):
+    """A model, its AdamW state and plain values, saved by torch's FileSystemWriter and by KeepsakeWriter:
+    both convert to the same entries (each key's path in the state dict, plain values as scalars) and the
+    same structure document."""
+    from keepsake.distributed import KeepsakeWriter
+
+    def train():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 2))
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        model(torch.tensor([1, 2])).sum().backward()
+        opt.step()
+        return {"net": model.state_dict(), "adamw": opt.state_dict(), **state()}
+
+    dcp.save(train(), storage_writer=FileSystemWriter(str(tmp_path / "torch")))
+    dcp.save(train(), storage_writer=KeepsakeWriter(str(tmp_path / "ks")))
+    a, b = tmp_path / "torch.keepsake", tmp_path / "ks.keepsake"
+    convert_dcp(tmp_path / "torch", a)
+    convert_dcp(tmp_path / "ks", b)
+    ea, sa = entries(a)
+    eb, sb = entries(b)
+    assert ea == eb
+    assert sa == sb
+    assert eb["adamw/param_groups/0/lr"] == 0.01 and eb["model/fc.weight"][1] == (7, 5)
+    assert eb["net/0.weight"][1] == (5, 3) and eb["adamw/state/0/exp_avg"][1] == (5, 3)
+    assert eb["epoch"] == 3 and eb["tag"] == "run-β" and eb["adamw/param_groups/0/params/2"] == 2
+    assert sb["containers"]["adamw/param_groups/0/betas"] == {"kind": "tuple", "len": 2}
+
+
+@pytest.mark.parametrize("ks_dir, torch_dir", [("keepsake_writer", "basic"), ("keepsake_writer_two_rank", "two_rank")])
+def test_keepsake_0_1_directories_keep_loading(tmp_path, ks_dir, torch_dir):
+    """Directories keepsake 0.1.0's KeepsakeWriter wrote (fixtures): KeepsakeReader loads them as before,
+    and they convert to what their torch twins convert to."""
+    from keepsake.distributed import KeepsakeReader
+    convert_dcp(os.path.join(FIX, ks_dir), tmp_path / "k.keepsake")
+    convert_dcp(os.path.join(FIX, torch_dir), tmp_path / "t.keepsake")
+    assert entries(tmp_path / "k.keepsake") == entries(tmp_path / "t.keepsake")
+    md = KeepsakeReader(os.path.join(FIX, ks_dir)).read_metadata()
+    want = torch.load(os.path.join(FIX, torch_dir + ".pt"), weights_only=True)
+    if torch_dir == "two_rank":
+        target = {"model": {k: torch.zeros_like(v) for k, v in want["model"].items()}, "step": 0, "tags": []}
+    else:
+        target = {"model": {k: torch.zeros_like(v) for k, v in want["model"].items()}, "step": 0, "big": 0,
+                  "cfg": {"sizes": None, "pair": None, "nested": {"k": None}}}
+    dcp.load(target, storage_reader=KeepsakeReader(os.path.join(FIX, ks_dir), verify_files=True), no_dist=True)
+    for k, v in want["model"].items():
+        assert_same_tensor(target["model"][k], v, k)
+    assert target["step"] == want["step"] and "model.bias" in md.state_dict_metadata or torch_dir == "basic"
+    if torch_dir == "basic":
+        assert target["big"] == 2 ** 70 and target["cfg"] == want["cfg"]
+
+
+# ---- Hugging Face layouts ----
+
+def hf_state():
+    g = torch.Generator().manual_seed(5)
+    return {"model.emb.weight": torch.randn(5, 3, generator=g),
+            "model.lin.weight": torch.randn(2, 3, generator=g).bfloat16(),
+            "model.lin.bias": torch.arange(2)}
+
+
+@pytest.mark.parametrize("mapping", [None, {"model.emb.weight": 1, "model.lin.weight": 2, "model.lin.bias": 2}])
+def test_hf_storage_writer_directory_imports(tmp_path, mapping):
+    """What torch's HuggingFaceStorageWriter writes (safetensors files and model.safetensors.index.json, no
+    .metadata) imports: every tensor, under its key."""
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    d = tmp_path / "hf"
+    dcp.save(hf_state(), storage_writer=HuggingFaceStorageWriter(str(d), fqn_to_index_mapping=mapping), no_dist=True)
+    out = tmp_path / "hf.keepsake"
+    assert convert_dcp(d, out) == (3, 0)
+    got = kt.load_file(out)
+    for k, v in hf_state().items():
+        assert_same_tensor(got[k], v, k)
+    with keepsake.safe_open(out, framework="pt") as f:
+        info = json.loads(f.metadata()["keepsake.dcp_import"])
+    assert info["format"] == "safetensors" and info["files"] == (2 if mapping else 1) and info["checksummed"] == 0
+
+
+def test_hf_model_layouts_import(tmp_path):
+    """transformers' layouts: one model.safetensors, or shards and an index whose weight_map names them."""
+    from safetensors.torch import save_file
+    sd = hf_state()
+    one = tmp_path / "one"
+    one.mkdir()
+    save_file(sd, str(one / "model.safetensors"), metadata={"format": "pt"})
+    two = tmp_path / "two"
+    two.mkdir()
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    save_file({"model.emb.weight": sd["model.emb.weight"]}, str(two / names[0]), metadata={"format": "pt"})
+    save_file({k: sd[k] for k in ("model.lin.weight", "model.lin.bias")}, str(two / names[1]),
+              metadata={"format": "pt"})
+    wm = {"model.emb.weight": names[0], "model.lin.weight": names[1], "model.lin.bias": names[1]}
+    (two / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": wm}))
+    (two / "stray.safetensors").write_bytes(b"not read: the index does not name it")
+    for d in (one, two):
+        out = tmp_path / (d.name + ".keepsake")
+        convert_dcp(d, out)
+        got = kt.load_file(out)
+        assert set(got) == set(sd)
+        for k, v in sd.items():
+            assert_same_tensor(got[k], v, k)
+
+
+def test_hf_chunks_put_together(tmp_path):
+    """HuggingFaceStorageWriter(save_distributed=True): each rank's file holds its chunk of a tensor, placed by
+    DCP_SHARDING_INFO; chunks that do not cover the tensor exactly once are refused."""
+    from safetensors.torch import save_file
+    w = torch.arange(15, dtype=torch.float32).reshape(5, 3)
+
+    def write(d, second_offset):
+        d.mkdir()
+        save_file({"w": w[:3].clone()}, str(d / "shard-00001-model-00001-of-00001.safetensors"),
+                  metadata={"DCP_SHARDING_INFO": json.dumps({"w": {"saved_offsets": [0, 0]}})})
+        save_file({"w": w[3:].clone()}, str(d / "shard-00002-model-00001-of-00001.safetensors"),
+                  metadata={"DCP_SHARDING_INFO": json.dumps({"w": {"saved_offsets": second_offset}})})
+
+    write(tmp_path / "good", [3, 0])
+    convert_dcp(tmp_path / "good", tmp_path / "good.keepsake")
+    assert_same_tensor(kt.load_file(tmp_path / "good.keepsake")["w"], w, "w")
+    write(tmp_path / "gap", [4, 0])
+    with pytest.raises(keepsake.FormatError, match="exactly once"):
+        convert_dcp(tmp_path / "gap", tmp_path / "gap.keepsake")
+    assert not (tmp_path / "gap.keepsake").exists()
+
+
+def test_directories_without_a_checkpoint_are_unsupported(tmp_path):
+    """A directory that holds nothing keepsake reads is UnsupportedError, not an I/O error; a Hugging Face
+    index is not a keepsake sharded checkpoint (KeepsakeReader says so)."""
+    from keepsake.distributed import KeepsakeReader
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(keepsake.UnsupportedError, match="not a checkpoint directory"):
+        convert_dcp(tmp_path / "empty", tmp_path / "out.keepsake")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors.index.json").write_text('{"metadata": {}, "weight_map": {}}')
+    with pytest.raises(keepsake.UnsupportedError, match="Hugging Face index"):
+        KeepsakeReader(str(hf)).read_metadata()

@@ -478,6 +478,269 @@ static void test_output_budget(void **state) {
   assert_null(sd);
 }
 
+
+/* ---- directories keepsake's DCP writer wrote: the same state, named alike ---- */
+
+static void import_dir(const char *dir, ks_statedict **sd, ks_meta **meta) {
+  ks_torch_read_opts ro = {0};
+  ro.verify_crc = 1;
+  ks_import_opts io = {.read = &ro};
+  ks_error err;
+  ks_status st = ks_dcp_import(dir, &io, sd, meta, &err);
+  if (st) fail_msg("%s: %s (%s)", dir, err.message, ks_status_name(st));
+}
+
+/* Fixtures keepsake 0.1.0's KeepsakeWriter wrote (DCP keys `model.linear.weight`, values as typed JSON) import as
+   their torch twins do: the same names (planner_data's paths), values and structure document. */
+static void check_twins(const char *keepsake_dir, const char *torch_dir, size_t chunks) {
+  ks_statedict *a = NULL, *b = NULL;
+  ks_meta *ma = NULL, *mb = NULL;
+  import_dir(keepsake_dir, &a, &ma);
+  import_dir(torch_dir, &b, &mb);
+  assert_same_dict(a, b);
+  json_t *x = parse(ks_meta_get(ma, KS_TORCH_STRUCTURE_META)), *y = parse(ks_meta_get(mb, KS_TORCH_STRUCTURE_META));
+  assert_true(json_equal(x, y));
+  json_t *info = parse(ks_meta_get(ma, KS_META_DCP_IMPORT));
+  assert_string_equal(json_string_value(json_object_get(info, "format")), "keepsake.distributed");
+  assert_int_equal(json_integer_value(json_object_get(info, "chunks")), chunks);
+  assert_int_equal(json_object_size(json_object_get(info, "skipped")), 0);
+  assert_int_equal(json_integer_value(json_object_get(info, "checksummed")),
+                   json_integer_value(json_object_get(info, "files")));
+  assert_null(ks_meta_get(ma, "keepsake.dcp")); /* the stored layout's record is not state */
+  json_decref(info);
+  json_decref(x);
+  json_decref(y);
+  ks_meta_free(ma);
+  ks_meta_free(mb);
+  ks_statedict_free(a);
+  ks_statedict_free(b);
+}
+
+static void test_keepsake_writer_names_as_torch(void **state) {
+  (void)state;
+  /* basic's datetime.date is left out by the import; KeepsakeWriter could not store it at all */
+  check_twins(FIX "keepsake_writer", FIX "basic", 16);
+  /* two ranks: DTensors by rows and by columns, and values DCP gave to rank 1 */
+  check_twins(FIX "keepsake_writer_two_rank", FIX "two_rank", 6);
+}
+
+static void test_keepsake_writer_damage_refused(void **state) {
+  (void)state;
+  char *tmp = ks_test_tmpdir("dcp-ks");
+  char *dir = ks_test_path(tmp, "ks");
+  assert_int_equal(mkdir(dir, 0755), 0);
+  static const char *const files[] = {"model.safetensors.index.json", "rank-00000-of-00002.keepsake",
+                                      "rank-00001-of-00002.keepsake"};
+  char src[512], *dst[3];
+  for (int i = 0; i < 3; i++) {
+    snprintf(src, sizeof src, FIX "keepsake_writer_two_rank/%s", files[i]);
+    dst[i] = ks_test_path(dir, files[i]);
+    copy_file(src, dst[i]);
+  }
+  size_t n = 0;
+  uint8_t *b = ks_test_read_file(dst[2], &n);
+  b[n - 1] ^= 1; /* the last byte of a tensor of rank 1's file */
+  assert_int_equal(ks_test_write_file(dst[2], b, n), 0);
+  ks_torch_read_opts ro = {0};
+  ro.verify_crc = 1;
+  ks_import_opts io = {.read = &ro};
+  ks_statedict *sd = NULL;
+  ks_error err;
+  assert_int_equal(ks_dcp_import(dir, &io, &sd, NULL, &err), KS_E_CHECKSUM);
+  assert_null(sd);
+  free(b);
+  for (int i = 0; i < 3; i++) free(dst[i]);
+  free(dir);
+  ks_test_rmtree(tmp);
+  free(tmp);
+}
+
+/* ---- Hugging Face layouts ---- */
+
+/* dir/name: a safetensors file (written by ks_save) of the tensors `names` (rows x 3 F32 each, values from
+   `first`), recording the given DCP_SHARDING_INFO (NULL: none). */
+static void write_st(const char *dir, const char *name, const char *const *names, const int64_t *rows,
+                     const float *first, size_t n, const char *sharding) {
+  ks_statedict *sd = NULL;
+  ks_meta *m = NULL;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, &m, NULL), KS_OK);
+  for (size_t i = 0; i < n; i++) {
+    int64_t shape[2] = {rows[i], 3};
+    void *data = NULL;
+    assert_int_equal(ks_statedict_new_tensor(sd, names[i], KS_F32, 2, shape, &data, NULL), KS_OK);
+    for (int64_t k = 0; k < rows[i] * 3; k++) ((float *)data)[k] = first[i] + (float)k;
+  }
+  if (sharding) assert_int_equal(ks_meta_set(m, "DCP_SHARDING_INFO", sharding, NULL), KS_OK);
+  char *path = ks_test_path(dir, name);
+  assert_int_equal(ks_save(path, sd, m, NULL, NULL), KS_OK);
+  free(path);
+  ks_meta_free(m);
+  ks_statedict_free(sd);
+}
+
+static char *fresh_dir(const char *tmp, const char *name) {
+  char *dir = ks_test_path(tmp, name);
+  ks_test_rmtree(dir);
+  assert_int_equal(mkdir(dir, 0755), 0);
+  return dir;
+}
+
+static ks_status import_status(const char *dir, ks_statedict **sd, ks_error *err) {
+  ks_torch_read_opts ro = {0};
+  ro.verify_crc = 1;
+  ks_import_opts io = {.read = &ro};
+  return ks_dcp_import(dir, &io, sd, NULL, err);
+}
+
+/* HuggingFaceStorageWriter with save_distributed: one file per rank, each holding a chunk of `w` (rows 0-2 and 3-4)
+   placed by DCP_SHARDING_INFO, no index. */
+static void write_chunked(const char *dir, const char *second_offsets, int64_t second_rows) {
+  const char *w[] = {"model.w", "model.b"};
+  int64_t r1[] = {3, 1}, r2[] = {second_rows};
+  float f1[] = {0, 100}, f2[] = {9};
+  write_st(dir, "shard-00001-model-00001-of-00001.safetensors", w, r1, f1, 2,
+           "{\"model.w\":{\"saved_offsets\":[0,0]},\"model.b\":{\"saved_offsets\":[0,0]}}");
+  char info[256];
+  snprintf(info, sizeof info, "{\"model.w\":{\"saved_offsets\":%s}}", second_offsets);
+  write_st(dir, "shard-00002-model-00001-of-00001.safetensors", w, r2, f2, 1, info);
+}
+
+static void test_hf_layouts(void **state) {
+  (void)state;
+  char *tmp = ks_test_tmpdir("dcp-hf"), *dir;
+  ks_statedict *sd = NULL;
+  ks_error err;
+  /* chunks put together: rows 0-2 from the first file, 3-4 from the second */
+  dir = fresh_dir(tmp, "chunks");
+  write_chunked(dir, "[3,0]", 2);
+  assert_int_equal(import_status(dir, &sd, &err), KS_OK);
+  const ks_tensor *t = ks_statedict_tensor(sd, "model.w");
+  assert_non_null(t);
+  assert_int_equal(t->shape[0], 5);
+  for (int k = 0; k < 15; k++) assert_true(((const float *)t->data)[k] == (float)(k < 9 ? k : k - 9 + 9));
+  assert_non_null(ks_statedict_tensor(sd, "model.b"));
+  ks_statedict_free(sd);
+  sd = NULL;
+  free(dir);
+  /* overlapping chunks (rows 2-3 twice), and a gap the extents leave (rows 3-4 missing a row) */
+  static const struct {
+    const char *offsets;
+    int64_t rows;
+    ks_status want;
+    const char *says;
+  } bad[] = {{"[2,0]", 2, KS_E_FORMAT, "cover it exactly once"},
+             {"[4,0]", 2, KS_E_FORMAT, "cover it exactly once"},
+             {"[0]", 2, KS_E_FORMAT, "saved_offsets"},
+             {"[-1,0]", 2, KS_E_FORMAT, "saved_offsets"},
+             {"[9223372036854775807,0]", 2, KS_E_FORMAT, "saved_offsets"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    dir = fresh_dir(tmp, "bad");
+    write_chunked(dir, bad[i].offsets, bad[i].rows);
+    ks_status st = import_status(dir, &sd, &err);
+    if (st != bad[i].want || !strstr(err.message, bad[i].says))
+      fail_msg("%s: %s: %s", bad[i].offsets, ks_status_name(st), err.message);
+    assert_null(sd);
+    free(dir);
+  }
+  /* volumes that add up, but rows 1 twice and row 2 never: rows 0-1, row 1, row 3 of 4 */
+  dir = fresh_dir(tmp, "overlap");
+  const char *wn[] = {"w"};
+  int64_t two[] = {2}, one[] = {1};
+  float f0[] = {0};
+  write_st(dir, "a.safetensors", wn, two, f0, 1, "{\"w\":{\"saved_offsets\":[0,0]}}");
+  write_st(dir, "b.safetensors", wn, one, f0, 1, "{\"w\":{\"saved_offsets\":[1,0]}}");
+  write_st(dir, "c.safetensors", wn, one, f0, 1, "{\"w\":{\"saved_offsets\":[3,0]}}");
+  assert_int_equal(import_status(dir, &sd, &err), KS_E_FORMAT);
+  assert_non_null(strstr(err.message, "overlaps"));
+  assert_null(sd);
+  free(dir);
+  /* an index: the files its weight_map names; a name it places in a file that lacks it; a path outside */
+  dir = fresh_dir(tmp, "index");
+  const char *names[] = {"a.w", "a.b"};
+  int64_t rows[] = {2, 1};
+  float first[] = {1, 2};
+  write_st(dir, "model-00001-of-00001.safetensors", names, rows, first, 2, NULL);
+  char *index = ks_test_path(dir, "model.safetensors.index.json");
+  static const struct {
+    const char *text;
+    ks_status want;
+  } idx[] = {
+      {"{\"metadata\":{},\"weight_map\":{\"a.w\":\"model-00001-of-00001.safetensors\"}}", KS_OK},
+      {"{\"weight_map\":{\"a.x\":\"model-00001-of-00001.safetensors\"}}", KS_E_FORMAT},
+      {"{\"weight_map\":{\"a.w\":\"../model-00001-of-00001.safetensors\"}}", KS_E_FORMAT},
+      {"{\"weight_map\":{\"a.w\":\"missing.safetensors\"}}", KS_E_IO},
+      {"{\"weight_map\":{\"a.w\":7}}", KS_E_FORMAT},
+      {"{\"metadata\":{}}", KS_E_FORMAT},
+      {"[1]", KS_E_FORMAT},
+  };
+  for (size_t i = 0; i < sizeof idx / sizeof *idx; i++) {
+    assert_int_equal(ks_test_write_file(index, idx[i].text, strlen(idx[i].text)), 0);
+    ks_status st = import_status(dir, &sd, &err);
+    if (st != idx[i].want) fail_msg("%s: %s: %s", idx[i].text, ks_status_name(st), err.message);
+    if (!st) assert_int_equal(ks_statedict_count(sd), 2); /* every tensor of the files it names */
+    ks_statedict_free(sd);
+    sd = NULL;
+  }
+  free(index);
+  free(dir);
+  /* no checkpoint at all: refused as such, not as an I/O error */
+  dir = fresh_dir(tmp, "empty");
+  assert_int_equal(import_status(dir, &sd, &err), KS_E_UNSUPPORTED);
+  assert_non_null(strstr(err.message, "not a checkpoint directory"));
+  free(dir);
+  ks_test_rmtree(tmp);
+  free(tmp);
+}
+
+/* The Hugging Face layout ks_convert writes reads back as the state it came from; its index names every tensor by
+   the name DCP gives it. */
+static void test_hf_export_round_trip(void **state) {
+  (void)state;
+  char *tmp = ks_test_tmpdir("dcp-hfx");
+  char *out = ks_test_path(tmp, "hf");
+  ks_convert_opts o = {0};
+  o.size = sizeof o;
+  o.hf = 1;
+  o.hf_shard_bytes = 64; /* a file per tensor or two */
+  ks_error err;
+  ks_status st = ks_convert(FIX "keepsake_writer", out, &o, NULL, &err);
+  if (st) fail_msg("%s", err.message);
+  char *index = ks_test_path(out, "model.safetensors.index.json");
+  size_t n = 0;
+  char *text = (char *)ks_test_read_file(index, &n);
+  assert_non_null(text);
+  json_t *j = json_loadb(text, n, 0, NULL), *wm = json_object_get(j, "weight_map");
+  assert_non_null(wm);
+  assert_int_equal(json_object_size(wm), 16);
+  const char *first = json_string_value(json_object_get(wm, "model.linear.weight"));
+  assert_non_null(first);
+  assert_true(!strncmp(first, "model-0000", 10));
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "metadata"), "total_size")) > 0, 1);
+  ks_statedict *a = NULL, *b = NULL;
+  ks_meta *ma = NULL, *mb = NULL;
+  import_dir(out, &a, &ma);
+  import_dir(FIX "keepsake_writer", &b, &mb);
+  assert_same_dict(a, b);
+  json_t *x = parse(ks_meta_get(ma, KS_TORCH_STRUCTURE_META)), *y = parse(ks_meta_get(mb, KS_TORCH_STRUCTURE_META));
+  assert_true(json_equal(x, y));
+  /* into a directory that is not empty: refused, nothing written */
+  o.hf_shard_bytes = 0;
+  assert_int_equal(ks_convert(FIX "keepsake_writer", out, &o, NULL, &err), KS_E_EXISTS);
+  json_decref(x);
+  json_decref(y);
+  json_decref(j);
+  free(text);
+  free(index);
+  ks_meta_free(ma);
+  ks_meta_free(mb);
+  ks_statedict_free(a);
+  ks_statedict_free(b);
+  free(out);
+  ks_test_rmtree(tmp);
+  free(tmp);
+}
+
 static void test_every_allocation_failure(void **state) {
   (void)state;
   for (long n = 1;; n++) {
@@ -503,6 +766,57 @@ static void test_every_allocation_failure(void **state) {
   }
 }
 
+/* The same for a directory KeepsakeWriter wrote, a Hugging Face layout, and the export to one. */
+static void every_allocation_failure_of(const char *dir, const char *hf_out) {
+  for (long n = 1;; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_status st;
+    ks_statedict *sd = NULL;
+    ks_meta *meta = NULL;
+    if (hf_out) {
+      ks_test_rmtree(hf_out);
+      ks_convert_opts o = {0};
+      o.size = sizeof o;
+      o.alloc = &ta.a;
+      o.hf = 1;
+      o.hf_shard_bytes = 64;
+      st = ks_convert(dir, hf_out, &o, NULL, NULL);
+    } else {
+      ks_torch_read_opts ro = {0};
+      ro.alloc = &ta.a;
+      ro.verify_crc = 1;
+      ks_import_opts io = {.read = &ro};
+      st = ks_dcp_import(dir, &io, &sd, &meta, NULL);
+    }
+    ks_meta_free(meta);
+    ks_statedict_free(sd);
+    if (ta.live) fail_msg("%s%s: allocation %ld failing (%s) leaves %ld allocations", dir, hf_out ? " (export)" : "",
+                          n, ks_status_name(st), (long)ta.live);
+    if (st == KS_OK) {
+      assert_true(n > 20);
+      break;
+    }
+    if (st != KS_E_NOMEM) fail_msg("%s: allocation %ld failing gave %s", dir, n, ks_status_name(st));
+  }
+}
+
+static void test_every_allocation_failure_of_other_layouts(void **state) {
+  (void)state;
+  char *tmp = ks_test_tmpdir("dcp-alloc");
+  char *hf = ks_test_path(tmp, "hf");
+  every_allocation_failure_of(FIX "keepsake_writer_two_rank", NULL);
+  every_allocation_failure_of(FIX "keepsake_writer", hf); /* writes the layout, then reads it */
+  every_allocation_failure_of(hf, NULL);
+  char *chunks = fresh_dir(tmp, "chunks");
+  write_chunked(chunks, "[3,0]", 2);
+  every_allocation_failure_of(chunks, NULL);
+  free(chunks);
+  free(hf);
+  ks_test_rmtree(tmp);
+  free(tmp);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_basic_equals_torch_save),
@@ -517,7 +831,12 @@ int main(void) {
       cmocka_unit_test(test_shared_references_bounded),
       cmocka_unit_test(test_safetensors_format_refused),
       cmocka_unit_test(test_output_budget),
+      cmocka_unit_test(test_keepsake_writer_names_as_torch),
+      cmocka_unit_test(test_keepsake_writer_damage_refused),
+      cmocka_unit_test(test_hf_layouts),
+      cmocka_unit_test(test_hf_export_round_trip),
       cmocka_unit_test(test_every_allocation_failure),
+      cmocka_unit_test(test_every_allocation_failure_of_other_layouts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

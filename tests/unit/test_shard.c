@@ -360,6 +360,8 @@ static void malformed_indexes_are_refused(void **s) {
   } cases[] = {
       {"not json", KS_E_FORMAT},
       {"{}", KS_E_FORMAT},
+      /* a Hugging Face index (no keepsake object): a safetensors layout, which ks_dcp_import reads */
+      {"{\"metadata\":{\"total_size\":4},\"weight_map\":{\"w\":\"model.safetensors\"}}", KS_E_UNSUPPORTED},
       {"{\"weight_map\":{},\"keepsake\":{\"format\":\"other\",\"version\":1}}", KS_E_FORMAT},
       {"{\"weight_map\":{},\"keepsake\":{\"format\":\"keepsake-sharded\",\"version\":3,\"world_size\":1}}",
        KS_E_VERSION},
