@@ -20,12 +20,12 @@
  *     to fsync, as the background saver's image (ks_save_image). A file system that
  *     refuses direct I/O gets the pipeline below instead, or buffered writes of the
  *     chunks when it refuses only the writes;
- *   - else, with a second CPU: the caller writes the tensors straight from their
+ *   - else, with a second CPU and PIPE_MIN bytes or more: the caller writes the tensors straight from their
  *     memory through the page cache while a second thread hashes them a few MiB
  *     ahead, so the writes find the bytes in the cache and the hashing costs no
  *     wall time; whatever the thread has not hashed when the writes end, the caller
  *     hashes itself;
- *   - with one CPU (or when no thread starts): one thread hashes each piece just
+ *   - with one CPU, a small save, or when no thread starts: one thread hashes each piece just
  *     before writing it, while it is in the cache.
  * Small tensors are gathered in a staging buffer so that a file of 100,000 tiny
  * tensors does not cost 100,000 system calls.
@@ -43,6 +43,8 @@
 /* A durable save at least this large writes its image with direct I/O (when the table allows):
    below, the page cache's copy costs little and fsync little more. */
 #define DIRECT_MIN ((uint64_t)16 << 20)
+/* Below this, a save hashes on the caller's thread: one thread, as with one CPU. */
+#define PIPE_MIN ((uint64_t)4 << 20)
 
 typedef enum save_mode { MODE_SERIAL, MODE_PIPE, MODE_DIRECT, MODE_TWO_PASS } save_mode;
 
@@ -187,7 +189,8 @@ static save_mode plan(const ks_io *io, const ks__save_tuning *t, uint64_t data_l
   if ((caps & KS_IO_CAP_LOCAL) && t->direct >= 0 && hlen <= KS__RING_CHUNK &&
       (t->direct > 0 || (durable && data_len >= DIRECT_MIN && hlen <= data_len / 16)))
     return MODE_DIRECT;
-  return two_threads(t) ? MODE_PIPE : MODE_SERIAL;
+  /* A small data section is hashed in less time than a thread takes to start and meet the writes. */
+  return two_threads(t) && (t->threads >= 2 || data_len >= PIPE_MIN) ? MODE_PIPE : MODE_SERIAL;
 }
 
 ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra, const ks_save_opts *opts,
