@@ -82,6 +82,12 @@ void ks__lazy_window_free(const ks_reader *r, ks__lazy_window *w);
 /* Lazy mode: reads the whole data section into r->data with a few threads issuing
    large ranged reads concurrently, verifying each tensor's checksum as it arrives. */
 KS_NODISCARD ks_status ks__lazy_load_all(ks_reader *r, ks_error *err);
+/* The tensor indices of r in the order of their bytes in the file (count of them into order). */
+void ks__fmt_order(const ks_reader *r, size_t *order);
+/* KS_READ_COPY after the header is parsed (copy_load.c): reads the data section into r->copy
+   from the open handle r->fd, on a few threads where ks__reader_parallel allows, in pieces, each
+   tensor hashed into got[i] (when got is not NULL) as its bytes land; closes the handle. */
+KS_NODISCARD ks_status ks__copy_load(ks_reader *r, uint64_t *got, ks_error *err);
 /* Parses the checksum table into want/have (count entries each); the first problem. */
 KS_NODISCARD ks_status ks__fmt_sums(const ks_reader *r, uint64_t *want, uint8_t *have, ks_error *err);
 /* KS_E_CHECKSUM (or KS_E_FORMAT when the table lacks it) unless tensor i's bytes p hash to

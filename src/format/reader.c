@@ -53,8 +53,8 @@ static KS_NODISCARD ks_status io_err(const ks_reader *r, const char *what, int r
 /*
  * A copy of the file in memory: here its start (the 8-byte length and the header, all of them
  * when the length says more than the first piece holds); the data section is read after the
- * header is parsed (read_data), each tensor on one of a few threads and hashed as it lands when
- * the open verifies. fd stays open until then (r->fd).
+ * header is parsed (ks__copy_load, copy_load.c), on a few threads, each tensor hashed as it lands
+ * when the open verifies. fd stays open until then (r->fd).
  */
 static KS_NODISCARD ks_status read_head(ks_reader *r, int fd, size_t size, ks_error *err) {
   r->copy = ks__malloc(&r->alloc, size ? size : 1);
@@ -72,45 +72,6 @@ static KS_NODISCARD ks_status read_head(ks_reader *r, int fd, size_t size, ks_er
   if (n > size - 8 || 8 + n <= r->have) return KS_OK; /* a bad length is the parser's to report */
   st = ks__reader_read(r, r->have, r->copy + r->have, (size_t)(8 + n) - r->have, NULL, err);
   if (!st) r->have = (size_t)(8 + n);
-  return st;
-}
-
-typedef struct data_job {
-  ks_reader *r;
-  uint64_t *got; /* tensor i's hash when verifying, else NULL */
-} data_job;
-
-static uint64_t entry_bytes(void *ctx, size_t i) {
-  const fmt_entry *e = &((data_job *)ctx)->r->entries[i];
-  return e->end - e->begin;
-}
-
-/* Reads tensor i's bytes into the copy (those the head did not bring), hashing them when asked. */
-static KS_NODISCARD ks_status read_entry(void *ctx, size_t i, ks_error *err) {
-  data_job *j = ctx;
-  ks_reader *r = j->r;
-  const fmt_entry *e = &r->entries[i];
-  uint64_t a = r->data_off + e->begin, b = r->data_off + e->end;
-  ks__xxh3_state xx;
-  ks__xxh3_reset(&xx);
-  if (a < r->have) {
-    uint64_t m = (b < r->have ? b : r->have) - a;
-    if (j->got) ks__xxh3_update(&xx, r->copy + a, (size_t)m);
-    a += m;
-  }
-  ks_status st = a < b ? ks__reader_read(r, a, r->copy + a, (size_t)(b - a), j->got ? &xx : NULL, err) : KS_OK;
-  if (!st && j->got) j->got[i] = e->end > e->begin ? ks__xxh3_digest(&xx) : ks__xxh3(NULL, 0);
-  return st;
-}
-
-/* The rest of the copy: every tensor's bytes, on a few threads where the table allows it; with
-   `got`, each tensor's hash too, computed as its bytes arrive. Closes the handle. */
-static KS_NODISCARD ks_status read_data(ks_reader *r, uint64_t *got, ks_error *err) {
-  data_job j = {r, got};
-  ks__par_job job = {&j, entry_bytes, read_entry};
-  ks_status st = ks__par_each(&job, r->count, ks__reader_parallel(r) ? 0 : 1, err);
-  r->io->close_fn(r->io->ctx, r->fd); /* read-only: nothing a failed close could lose */
-  r->fd = -1;
   return st;
 }
 
@@ -153,7 +114,7 @@ static KS_NODISCARD ks_status load_file(ks_reader *r, const ks_io *io, ks_read_m
 static KS_NODISCARD ks_status finish_copy(ks_reader *r, bool verify, ks_error *err) {
   uint64_t *got = verify && r->version ? ks__calloc(&r->alloc, r->count ? r->count : 1, sizeof *got) : NULL;
   if (verify && r->version && !got) return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory");
-  ks_status st = read_data(r, got, err);
+  ks_status st = ks__copy_load(r, got, err);
   if (!st && verify) st = ks__reader_verify_with(r, 0, r->count, got, true, err);
   ks__free(&r->alloc, got);
   return st;

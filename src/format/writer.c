@@ -20,7 +20,7 @@
  *     to fsync, as the background saver's image (ks_save_image). A file system that
  *     refuses direct I/O gets the pipeline below instead, or buffered writes of the
  *     chunks when it refuses only the writes;
- *   - else, with a second CPU and PIPE_MIN bytes or more: the caller writes the tensors straight from their
+ *   - else, with a second CPU and enough bytes (PIPE_MIN): the caller writes the tensors straight from their
  *     memory through the page cache while a second thread hashes them a few MiB
  *     ahead, so the writes find the bytes in the cache and the hashing costs no
  *     wall time; whatever the thread has not hashed when the writes end, the caller
@@ -43,8 +43,10 @@
 /* A durable save at least this large writes its image with direct I/O (when the table allows):
    below, the page cache's copy costs little and fsync little more. */
 #define DIRECT_MIN ((uint64_t)16 << 20)
-/* Below this, a save hashes on the caller's thread: one thread, as with one CPU. */
+/* Below this, or with tensors smaller than PIPE_MIN_AVERAGE on average, a save hashes on the
+   caller's thread: one thread, as with one CPU. */
 #define PIPE_MIN ((uint64_t)4 << 20)
+#define PIPE_MIN_AVERAGE ((uint64_t)4 << 10)
 
 typedef enum save_mode { MODE_SERIAL, MODE_PIPE, MODE_DIRECT, MODE_TWO_PASS } save_mode;
 
@@ -181,7 +183,7 @@ static void cleanup(save_ctx *c) {
 }
 
 /* Which way the bytes go (see the top of this file). */
-static save_mode plan(const ks_io *io, const ks__save_tuning *t, uint64_t data_len, size_t hlen) {
+static save_mode plan(const ks_io *io, const ks__save_tuning *t, uint64_t data_len, size_t hlen, size_t tensors) {
   const ks_io *v = ks__io_v1(io);
   if (!ks__io_can_pwrite(io)) return MODE_TWO_PASS;
   unsigned caps = ks_io_caps(v);
@@ -189,8 +191,10 @@ static save_mode plan(const ks_io *io, const ks__save_tuning *t, uint64_t data_l
   if ((caps & KS_IO_CAP_LOCAL) && t->direct >= 0 && hlen <= KS__RING_CHUNK &&
       (t->direct > 0 || (durable && data_len >= DIRECT_MIN && hlen <= data_len / 16)))
     return MODE_DIRECT;
-  /* A small data section is hashed in less time than a thread takes to start and meet the writes. */
-  return two_threads(t) && (t->threads >= 2 || data_len >= PIPE_MIN) ? MODE_PIPE : MODE_SERIAL;
+  /* A small data section is hashed in less time than a thread takes to start and meet the writes,
+     and tiny tensors cost the threads more in handing them over than in hashing them. */
+  bool worth = data_len >= PIPE_MIN && data_len / (tensors ? tensors : 1) >= PIPE_MIN_AVERAGE;
+  return two_threads(t) && (t->threads >= 2 || worth) ? MODE_PIPE : MODE_SERIAL;
 }
 
 ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra, const ks_save_opts *opts,
@@ -215,7 +219,7 @@ ks_status ks__save_tuned(const char *path, const ks_statedict *sd, const ks_meta
   ks_status st = ks__save_job_make(&c.job, sd, c.alloc, err);
   if (!st) st = ks__build_header(sd, extra, c.alloc, &hdr, &data_len, c.job.sum_at, err);
   /* ks_io_check first: a table that fails it is refused by prepare, whatever its members say. */
-  save_mode mode = st || ks_io_check(io, NULL) ? MODE_SERIAL : plan(io, &t, data_len, hdr.len);
+  save_mode mode = st || ks_io_check(io, NULL) ? MODE_SERIAL : plan(io, &t, data_len, hdr.len, c.job.n);
   if (!st) st = ks__durable_prepare(&c.out, path, io, c.alloc, err);
   c.stage_cap = data_len < STAGE_CAP ? (size_t)data_len + 1 : STAGE_CAP;
   if (!st && !(c.stage = ks__malloc(c.alloc, c.stage_cap))) st = ks__err(err, KS_E_NOMEM, "out of memory");
