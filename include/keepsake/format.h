@@ -101,9 +101,12 @@ typedef struct ks_save_opts {
  * Atomically and durably writes every entry of sd (tensors and scalars, in
  * insertion order) to `path`, with keepsake's metadata plus the `extra` pairs.
  *
- * The data is streamed: checksums are computed in a first pass over the
- * tensors, then the header and the tensor bytes are written with large writes
- * to `<dir>/.<name>.tmp-<6 random characters>`, which is fsynced, renamed over `path`, and the
+ * The data is streamed, each byte of sd read once (docs/FORMAT.md section 6):
+ * the header, then the tensor bytes, hashed as they are written (on a second
+ * thread where there is a second CPU; a large durable save through a local
+ * table writes with O_DIRECT, around the page cache), then the checksums
+ * patched into the header, all to
+ * `<dir>/.<name>.tmp-<6 random characters>`, which is fsynced, renamed over `path`, and the
  * directory fsynced. On any failure before the rename the temp file is removed
  * and the previous file at `path` is untouched. With the default (POSIX) io the
  * writer holds an flock on its temp file, and first removes temp files of this
@@ -123,7 +126,9 @@ typedef struct ks_save_opts {
  * @param err   optional details (file, key, expected vs found).
  * @return KS_OK, KS_E_INVALID, KS_E_NOMEM, KS_E_LIMIT, KS_E_IO or KS_E_NOT_DURABLE.
  * Thread safety: sd must not be mutated during the call; distinct paths may be
- * saved concurrently.
+ * saved concurrently. The call may start one thread of its own (hashing or
+ * copying, ended before it returns); every call of io and of the allocator is
+ * made on the calling thread.
  */
 KS_NODISCARD ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra,
                   const ks_save_opts *opts, ks_error *err);

@@ -56,10 +56,13 @@
  * counting calls) must replace pwrite_fn to match, or set it to NULL.
  *
  * What bypasses the table. With KS_IO_CAP_LOCAL, and only then, the durable
- * writer also uses the path directly for three things the table has no
+ * writer also uses the path directly for four things the table has no
  * operation for: the check that the destination is not a device, FIFO or
  * directory (lstat), an advisory lock on its own temporary file while it is
- * written (flock on the handle create_fn returned), and the removal of
+ * written (flock on the handle create_fn returned), direct I/O for the
+ * aligned bulk of a large durable save (fcntl O_DIRECT on that handle; the
+ * writes still go through write_fn, and a refused one, EINVAL or ENOTSUP,
+ * sends the rest through the page cache), and the removal of
  * temporary files of killed writers (readdir, openat, flock, fstat, unlinkat);
  * and ks_convert checks an existing output with lstat (a symlink, device or
  * read-only file is refused). Every other file system call of the library goes
@@ -80,7 +83,11 @@
  * save calls its table from a background thread. A full load in KS_READ_LAZY
  * mode (format.h; what ks_state_load and autoresume use for a table without
  * map_fn) calls read_fn from several threads at once on the same handle, at
- * different offsets: a table used that way must allow it.
+ * different offsets: a table used that way must allow it. So does a
+ * KS_READ_COPY open of a file of 32 MiB or more through a table with
+ * KS_IO_CAP_LOCAL (a copy of ks_io_posix(), whose read_fn is pread). A large
+ * durable save (ks_save) through such a table writes from the calling thread
+ * only, but with O_DIRECT set on the handle for most of the file (below).
  *
  * Cost model: the lazy mode assumes each read_fn call may be a round trip (a
  * ranged GET) and makes few, large calls; open_fn may be a HEAD.

@@ -35,7 +35,7 @@ static KS_NODISCARD ks_status io_fail(ks__durable *d, int rc, const char *what) 
 
 ks_status ks__durable_prepare(ks__durable *d, const char *path, const ks_io *io, const ks_allocator *a,
                               ks_error *err) {
-  *d = (ks__durable){a, ks__io_v1(io), path, NULL, NULL, 0, -1, false, false, err};
+  *d = (ks__durable){a, ks__io_v1(io), path, NULL, NULL, 0, -1, false, false, false, err};
   ks_status s = ks_io_check(io, err);
   if (s) return s;
   const char *slash = strrchr(path, '/');
@@ -181,25 +181,42 @@ static bool set_direct(ks__durable *d, bool on) {
 
 #define DIRECT_CHUNK ((size_t)8 << 20) /* a multiple of KS__DIRECT_ALIGN */
 
-ks_status ks__durable_write_image(ks__durable *d, const void *p, size_t n) {
+bool ks__durable_direct_begin(ks__durable *d) {
+  d->direct = set_direct(d, true);
+  return d->direct;
+}
+
+ks_status ks__durable_direct_end(ks__durable *d) {
+  if (!d->direct) return KS_OK;
+  d->direct = false;
+  return set_direct(d, false) ? KS_OK : io_fail(d, EIO, "cannot end direct writes to temporary file");
+}
+
+ks_status ks__durable_write_blocks(ks__durable *d, const void *p, size_t n) {
   const uint8_t *b = p;
-  size_t bulk = (uintptr_t)p % KS__DIRECT_ALIGN ? 0 : n - n % KS__DIRECT_ALIGN;
-  bool direct = bulk && set_direct(d, true);
-  while (direct && bulk) {
+  size_t bulk = d->direct && (uintptr_t)p % KS__DIRECT_ALIGN == 0 ? n - n % KS__DIRECT_ALIGN : 0;
+  while (bulk) {
     size_t w = 0, len = bulk < DIRECT_CHUNK ? bulk : DIRECT_CHUNK;
     int rc = d->io->write_fn(d->io->ctx, d->fd, b, len, &w);
     /* The file system took O_DIRECT but not these writes: the rest goes buffered. */
     if (rc == EINVAL || rc == ENOTSUP || rc == EOPNOTSUPP) break;
     if (!rc && (w == 0 || w > len)) rc = EIO; /* no progress and no error: never spin */
     if (rc) {
+      d->direct = false;
       set_direct(d, false);
       return io_fail(d, rc, "cannot write temporary file");
     }
     b += w, n -= w, bulk -= w;
     if (w % KS__DIRECT_ALIGN) break; /* a short write left the offset unaligned */
   }
-  if (direct && !set_direct(d, false)) return io_fail(d, EIO, "cannot end direct writes to temporary file");
-  return ks__durable_write(d, b, n);
+  ks_status st = n ? ks__durable_direct_end(d) : KS_OK; /* what is left goes through the page cache */
+  return st ? st : ks__durable_write(d, b, n);
+}
+
+ks_status ks__durable_write_image(ks__durable *d, const void *p, size_t n) {
+  if ((uintptr_t)p % KS__DIRECT_ALIGN == 0) (void)ks__durable_direct_begin(d); /* false: all buffered */
+  ks_status st = ks__durable_write_blocks(d, p, n);
+  return st ? st : ks__durable_direct_end(d);
 }
 
 bool ks__io_can_pwrite(const ks_io *io) {

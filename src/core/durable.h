@@ -26,6 +26,7 @@ typedef struct ks__durable {
   size_t tmp_suffix; /* where the random suffix of tmp starts */
   int fd;
   bool have_fd, have_tmp;
+  bool direct; /* direct I/O is on for the temporary file (ks__durable_direct_begin) */
   ks_error *err;
 } ks__durable;
 
@@ -52,11 +53,22 @@ KS_NODISCARD ks_status ks__durable_pwrite(ks__durable *d, const void *p, size_t 
 /* What direct writes need: memory address, length and file offset multiples of this (the
  * largest logical block size in common use). */
 #define KS__DIRECT_ALIGN ((size_t)4096)
+/* Direct writes (O_DIRECT: no copy into the page cache, no writeback left to the kernel) for what
+ * ks__durable_write_blocks writes next: true when on, which needs a local table (KS_IO_CAP_LOCAL:
+ * its handles are file descriptors) and a system and file system that allow it (tmpfs may not). */
+bool ks__durable_direct_begin(ks__durable *d);
+/* Writes n bytes at p to the end of the temporary file, which is at a multiple of
+ * KS__DIRECT_ALIGN while direct writes are on: the whole blocks of an aligned p with direct I/O,
+ * the rest through the page cache, which ends direct writes. A file system that refuses a direct
+ * write (EINVAL, ENOTSUP) ends them too, and gets the bytes buffered. Same errors as
+ * ks__durable_write. */
+KS_NODISCARD ks_status ks__durable_write_blocks(ks__durable *d, const void *p, size_t n);
+/* Ends direct writes (nothing when they are off); KS_E_IO when the descriptor refuses. Before any
+ * pwrite of bytes that are not whole aligned blocks. */
+KS_NODISCARD ks_status ks__durable_direct_end(ks__durable *d);
 /* Writes the n bytes at p, which is KS__DIRECT_ALIGN-aligned, to the still empty temporary file:
- * its aligned bulk with direct I/O (O_DIRECT: no copy into the page cache, no writeback left to
- * the kernel) where the table is local (KS_IO_CAP_LOCAL: its handles are file descriptors) and
- * the system and file system allow it, the rest (and everything where they do not, e.g. tmpfs)
- * as ks__durable_write does. Same errors as ks__durable_write. */
+ * its aligned bulk with direct I/O where the table and file system allow it (as above), the rest
+ * (and everything where they do not) as ks__durable_write does. Same errors as ks__durable_write. */
 KS_NODISCARD ks_status ks__durable_write_image(ks__durable *d, const void *p, size_t n);
 /* fsync, close, rename over path, fsync the directory. KS_E_IO: nothing changed at
  * path. KS_E_NOT_DURABLE: the directory fsync failed with the new file already in place. */

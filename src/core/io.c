@@ -271,7 +271,8 @@ const ks_io *ks__io_posix_nosync(void) {
                            .open_fn = posix_open, .read_fn = posix_read, .map_fn = posix_map,
                            .unmap_fn = posix_unmap, .stat_fn = posix_stat, .list_fn = posix_list,
                            .mkdir_fn = posix_mkdir, .symlink_fn = posix_symlink, .readlink_fn = posix_readlink,
-                           .rmdir_fn = posix_rmdir, .caps = KS_IO_CAP_LOCAL | KS_IO_CAP_LOCK | KS_IO_CAP_MAP,
+                           .rmdir_fn = posix_rmdir,
+                           .caps = KS_IO_CAP_LOCAL | KS_IO_CAP_LOCK | KS_IO_CAP_MAP | KS__IO_CAP_NO_FSYNC,
                            .lock_fn = posix_lock, .unlock_fn = posix_unlock, .pwrite_fn = posix_pwrite};
   return &io;
 }

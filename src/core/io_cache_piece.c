@@ -12,8 +12,8 @@
 
 #include "core/durable.h"
 #include "core/io_cache.h"
+#include "core/xxh.h"
 
-#include <xxhash.h>
 
 #define MAGIC "KSCACHE1"
 #define HDR 48u
@@ -182,7 +182,7 @@ static int read_piece(ks__cache *c, const ks__cache_read *q, const ks__cache_par
   bool whole = skip == 0 && p->len == pc->len;
   uint8_t *tmp = whole ? buf : ks__malloc(&c->alloc, (size_t)pc->len);
   if (!tmp) return ENOMEM;
-  bool ok = read_all(fd, tmp, (size_t)pc->len, data) == 0 && XXH3_64bits(tmp, (size_t)pc->len) == hash;
+  bool ok = read_all(fd, tmp, (size_t)pc->len, data) == 0 && ks__xxh3(tmp, (size_t)pc->len) == hash;
   if (ok && !whole) memcpy(buf, tmp + skip, p->len);
   if (!whole) ks__free(&c->alloc, tmp);
   return ok ? 0 : -1;
@@ -233,7 +233,7 @@ static KS_NODISCARD ks_status write_piece(ks__cache *c, const ks__cache_read *q,
   ks__put_le64(h + 8, q->size);
   ks__put_le64(h + 16, p->off);
   ks__put_le64(h + 24, p->len);
-  ks__put_le64(h + 32, XXH3_64bits(buf, p->len));
+  ks__put_le64(h + 32, ks__xxh3(buf, p->len));
   ks__put_le64(h + 40, plen);
   ks__durable d;
   ks_status s = ks__io_mkdir_p(local(), q->dir, &e);

@@ -1,7 +1,9 @@
-/* ks__copy_parallel (core/pcopy.h). */
+/* ks__copy_parallel and ks__cpus (core/pcopy.h). */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "core/pcopy.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -27,11 +29,17 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+size_t ks__cpus(void) {
+#ifdef CPU_COUNT
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return (size_t)CPU_COUNT(&set);
+#endif
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return cpus > 0 ? (size_t)cpus : 1;
+}
+
 static size_t thread_count(size_t threads) {
-  if (!threads) {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    threads = cpus > 0 ? (size_t)cpus : 1;
-  }
+  if (!threads) threads = ks__cpus();
   return threads > PCOPY_MAX_THREADS ? PCOPY_MAX_THREADS : threads;
 }
 

@@ -20,6 +20,10 @@ typedef struct ks__copy {
    cannot be started leaves its share to the caller. Never fails. */
 void ks__copy_parallel(const ks__copy *pieces, size_t n, size_t threads);
 
+/* The CPUs this process may run on (its affinity mask: a program pinned to one core gets 1), at
+   least 1. */
+size_t ks__cpus(void);
+
 #define KS__PCOPY_MIN ((size_t)32 << 20)
 
 #endif

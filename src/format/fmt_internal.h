@@ -15,6 +15,7 @@
 #include "core/internal.h"
 #include "core/json.h"
 #include "keepsake/binding.h"
+#include "core/xxh.h"
 #include "keepsake/format.h"
 
 /* One tensor of an open file; offsets are relative to the data section. */
@@ -82,11 +83,46 @@ void ks__lazy_window_free(const ks_reader *r, ks__lazy_window *w);
 /* Lazy mode: reads the whole data section into r->data with a few threads issuing
    large ranged reads concurrently, verifying each tensor's checksum as it arrives. */
 KS_NODISCARD ks_status ks__lazy_load_all(ks_reader *r, ks_error *err);
+/* The tensor indices of r in the order of their bytes in the file (count of them into order). */
+void ks__fmt_order(const ks_reader *r, size_t *order);
+/* KS_READ_COPY after the header is parsed (copy_load.c): reads the data section into r->copy
+   from the open handle r->fd, on a few threads where ks__reader_parallel allows, in pieces, each
+   tensor hashed into got[i] (when got is not NULL) as its bytes land; closes the handle. */
+KS_NODISCARD ks_status ks__copy_load(ks_reader *r, uint64_t *got, ks_error *err);
 /* Parses the checksum table into want/have (count entries each); the first problem. */
 KS_NODISCARD ks_status ks__fmt_sums(const ks_reader *r, uint64_t *want, uint8_t *have, ks_error *err);
 /* KS_E_CHECKSUM (or KS_E_FORMAT when the table lacks it) unless tensor i's bytes p hash to
    its stored checksum; KS_OK for plain safetensors files. Lazy readers only. */
 KS_NODISCARD ks_status ks__lazy_check(const ks_reader *r, size_t i, const uint8_t *p, ks_error *err);
+/* The same with the hash of the bytes already computed. */
+KS_NODISCARD ks_status ks__lazy_check_hash(const ks_reader *r, size_t i, uint64_t got, ks_error *err);
+
+/* Work on many items (tensors) on a few threads (par.c): fn(ctx, k, err) for every k in [0, n),
+   in runs of about equal bytes(ctx, k), one run per thread: up to `threads` (0: one per CPU this
+   process may use), at most 4, and one when the bytes are fewer than 32 MiB in all. A thread that
+   cannot start leaves its run to the caller. Items after the first failure may be skipped; the
+   failure of the lowest k is returned (its error in err). */
+typedef struct ks__par_job {
+  void *ctx;
+  uint64_t (*bytes)(void *ctx, size_t k);
+  ks_status (*fn)(void *ctx, size_t k, ks_error *err);
+} ks__par_job;
+KS_NODISCARD ks_status ks__par_each(const ks__par_job *job, size_t n, unsigned threads, ks_error *err);
+
+/* Reads n bytes at absolute offset off of the reader's open handle (r->fd) into buf through the
+   table, adding them to xx (when not NULL): from a local file in pieces, each hashed as soon as it
+   lands, while it is in the cache; through other tables in as few reads as they allow.
+   KS_E_IO naming the offset when a read fails or the file ends first. Safe on several threads at
+   once (a table that allows it: see ks__reader_parallel). */
+KS_NODISCARD ks_status ks__reader_read(const ks_reader *r, uint64_t off, void *buf, size_t n, ks__xxh3_state *xx,
+                                       ks_error *err);
+/* Whether the reader's table may be read from several threads at once: a local one (its read_fn
+   is pread), or any in lazy mode, which format.h asks of such tables. */
+bool ks__reader_parallel(const ks_reader *r);
+/* Verification (verify.c) of tensors [from, to) with their hashes already computed (tensor i's at
+   got[i - from]; NULL: hashed here): the same checks, order and errors as ks_reader_verify. */
+KS_NODISCARD ks_status ks__reader_verify_with(const ks_reader *r, size_t from, size_t to, const uint64_t *got,
+                                              bool scalars, ks_error *err);
 
 /* Index of the tensor named name[0..n), or -1. */
 long ks__reader_find_n(const ks_reader *r, const char *name, size_t n);
@@ -128,6 +164,19 @@ KS_NODISCARD ks_status ks__scalars_decode(const char *json, const char *file, in
    length is the same either way. */
 KS_NODISCARD ks_status ks__build_header(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *a,
                                         ks__sbuf *h, uint64_t *data_len, size_t *sum_at, ks_error *err);
+/* How ks_save may spread its work (writer.c); ks_save passes NULL: every field 0. */
+typedef struct ks__save_tuning {
+  unsigned threads; /* 0: a second thread where a second CPU is there to run it; 1: the caller's alone */
+  int direct;       /* 0: direct writes where they pay (below); < 0: never; > 0: whenever the table allows */
+  size_t lead;      /* buffered pipeline: how far the hashing thread may run ahead of the writes (0: default) */
+  int baseline_hash; /* one thread only: XXH3 as compiled for the baseline CPU (SSE2 on x86-64), not the
+                        widest vector code: with {1, -1}, the writer as it was before either change */
+} ks__save_tuning;
+/* ks_save with tuning (NULL: the defaults). {threads = 1, direct = -1, baseline_hash = 1} is the writer
+   ks_save was before it used a second thread, direct writes or the CPU's widest vector code for
+   XXH3: the benchmarks compare the two, and the tests check that they write the same bytes. */
+KS_NODISCARD ks_status ks__save_tuned(const char *path, const ks_statedict *sd, const ks_meta *extra,
+                                      const ks_save_opts *opts, const ks__save_tuning *tuning, ks_error *err);
 /* Writes v as the 16 lowercase hex digits a checksum is stored as (no terminator). */
 void ks__put_sum_digits(char *dst, uint64_t v);
 

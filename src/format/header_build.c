@@ -9,12 +9,11 @@
  */
 #include <string.h>
 
-#include <xxhash.h>
-
+#include "core/xxh.h"
 #include "format/fmt_internal.h"
 #include "keepsake/version.h"
 
-uint64_t ks_checksum(const void *data, size_t n) { return n ? XXH3_64bits(data, n) : XXH3_64bits("", 0); }
+uint64_t ks_checksum(const void *data, size_t n) { return ks__xxh3(data, n); }
 
 static bool is_writer_key(const char *k) {
   static const char *const owned[] = {KS_META_FORMAT, KS_META_FORMAT_VERSION, KS_META_WRITER, KS_META_SCALARS,

@@ -13,20 +13,32 @@
 /* The first read: most headers fit, so a small file opens in one round trip. */
 #define LAZY_FIRST_CHUNK ((size_t)64 << 10)
 
-static KS_NODISCARD ks_status read_at(const ks_reader *r, uint64_t off, void *buf, size_t n, ks_error *err) {
-  size_t done = 0;
+/* Reads of a local file are cut into pieces of this size when they are hashed: each piece is
+   hashed as soon as it lands, while it is in the cache. */
+#define READ_PIECE ((size_t)512 << 10)
+
+ks_status ks__reader_read(const ks_reader *r, uint64_t off, void *buf, size_t n, ks__xxh3_state *xx, ks_error *err) {
+  /* Pieces only from a local file: a remote table's read is a round trip (a ranged GET). */
+  size_t piece = xx && (ks_io_caps(r->io) & KS_IO_CAP_LOCAL) ? READ_PIECE : n, done = 0;
   while (done < n) {
-    size_t got = 0;
-    int rc = r->io->read_fn(r->io->ctx, r->fd, (uint8_t *)buf + done, n - done, off + done, &got);
+    size_t got = 0, want = n - done > piece ? piece : n - done;
+    int rc = r->io->read_fn(r->io->ctx, r->fd, (uint8_t *)buf + done, want, off + done, &got);
     char why[KS__IO_WHY_MAX];
     if (rc)
       return ks__err_at(err, KS_E_IO, r->path, NULL, (int64_t)(off + done), "cannot read %zu bytes: %s", n - done,
                         ks__io_why(r->io, rc, why, sizeof why));
-    if (got == 0)
+    if (got == 0 || got > want)
       return ks__err_at(err, KS_E_IO, r->path, NULL, (int64_t)(off + done), "file shrank while being read");
+    if (xx) ks__xxh3_update(xx, (uint8_t *)buf + done, got);
     done += got;
   }
   return KS_OK;
+}
+
+bool ks__reader_parallel(const ks_reader *r) { return r->lazy || (ks_io_caps(r->io) & KS_IO_CAP_LOCAL); }
+
+static KS_NODISCARD ks_status read_at(const ks_reader *r, uint64_t off, void *buf, size_t n, ks_error *err) {
+  return ks__reader_read(r, off, buf, n, NULL, err);
 }
 
 /* The rest of the header when the first chunk did not hold it all (a bad length is left to the parser). */
@@ -87,6 +99,12 @@ void ks__lazy_free(ks_reader *r) {
 
 ks_status ks__lazy_check(const ks_reader *r, size_t i, const uint8_t *p, ks_error *err) {
   if (!r->version) return KS_OK;
+  const fmt_entry *e = &r->entries[i];
+  return ks__lazy_check_hash(r, i, ks_checksum(p, (size_t)(e->end - e->begin)), err);
+}
+
+ks_status ks__lazy_check_hash(const ks_reader *r, size_t i, uint64_t got, ks_error *err) {
+  if (!r->version) return KS_OK;
   if (r->sums_status) {
     if (err) *err = r->sums_err;
     return r->sums_status;
@@ -95,25 +113,37 @@ ks_status ks__lazy_check(const ks_reader *r, size_t i, const uint8_t *p, ks_erro
   if (!r->has_sum[i])
     return ks__err_at(err, KS_E_FORMAT, r->path, e->name, ks__fmt_key_offset(r, KS_META_CHECKSUMS),
                       "checksum table has no entry for this tensor");
-  uint64_t got = ks_checksum(p, (size_t)(e->end - e->begin)), at = r->data_off + e->begin;
+  uint64_t at = r->data_off + e->begin;
   if (got == r->sums[i]) return KS_OK;
   return ks__err_at(err, KS_E_CHECKSUM, r->path, e->name, (int64_t)at,
                     "data of bytes [%" PRIu64 ", %" PRIu64 ") hashes to %016" PRIx64 ", stored checksum is %016" PRIx64,
                     at, r->data_off + e->end, got, r->sums[i]);
 }
 
-/* Reads tensor i's bytes into buf (nbytes of it) through io, without verifying. */
-static KS_NODISCARD ks_status lazy_read(const ks_reader *r, size_t i, void *buf, ks_error *err) {
+/* Reads tensor i's bytes into buf (nbytes of it) through io, adding them to xx (when not NULL)
+   piece by piece as they land; verifies nothing. */
+static KS_NODISCARD ks_status lazy_read(const ks_reader *r, size_t i, void *buf, ks__xxh3_state *xx, ks_error *err) {
   const fmt_entry *e = &r->entries[i];
   uint64_t off = r->data_off + e->begin;
   size_t n = (size_t)(e->end - e->begin);
   if (off + n <= r->have) { /* already in the first chunk */
     memcpy(buf, r->copy + off, n);
+    if (xx) ks__xxh3_update(xx, buf, n);
     return KS_OK;
   }
-  ks_status st = read_at(r, off, buf, n, err);
+  ks_status st = ks__reader_read(r, off, buf, n, xx, err);
   if (st) ks__err_set_key(err, e->name);
   return st;
+}
+
+/* Reads tensor i into buf and checks it against its checksum, hashing each piece as it lands. */
+static KS_NODISCARD ks_status read_checked(const ks_reader *r, size_t i, void *buf, ks_error *err) {
+  if (!r->version) return lazy_read(r, i, buf, NULL, err); /* plain safetensors: nothing to check */
+  ks__xxh3_state xx;
+  ks__xxh3_reset(&xx);
+  ks_status st = lazy_read(r, i, buf, &xx, err);
+  const fmt_entry *e = &r->entries[i];
+  return st ? st : ks__lazy_check_hash(r, i, e->end > e->begin ? ks__xxh3_digest(&xx) : ks__xxh3(NULL, 0), err);
 }
 
 #define WINDOW_MIN ((size_t)8 << 20)
@@ -156,8 +186,7 @@ static KS_NODISCARD ks_status fetch_once(const ks_reader *r, size_t i, const uin
   size_t n = (size_t)(e->end - e->begin);
   uint8_t *buf = ks__malloc(&r->alloc, n ? n : 1);
   if (!buf) return ks__err_at(err, KS_E_NOMEM, r->path, e->name, -1, "out of memory for %zu bytes", n);
-  ks_status st = lazy_read(r, i, buf, err);
-  if (!st) st = ks__lazy_check(r, i, buf, err);
+  ks_status st = read_checked(r, i, buf, err);
   if (st) {
     ks__free(&r->alloc, buf);
     return st;
@@ -178,6 +207,29 @@ ks_status ks__reader_bytes(const ks_reader *r, size_t i, const uint8_t **p, ks_e
   return fetch_once(r, i, p, err);
 }
 
+/* A reader holding the file in memory: copies tensor i into buf piece by piece, hashing each piece
+   from buf right after it is copied (one pass over the source), then checks the hash as
+   ks__reader_verify_tensor does. */
+static KS_NODISCARD ks_status copy_checked(const ks_reader *r, size_t i, uint8_t *buf, ks_error *err) {
+  const fmt_entry *e = &r->entries[i];
+  const uint8_t *src = r->bytes + r->data_off + e->begin;
+  size_t n = (size_t)(e->end - e->begin);
+  if (!r->version) { /* plain safetensors: nothing to check */
+    if (n) memcpy(buf, src, n);
+    return KS_OK;
+  }
+  ks__xxh3_state xx;
+  ks__xxh3_reset(&xx);
+  for (size_t done = 0; done < n;) {
+    size_t len = n - done < READ_PIECE ? n - done : READ_PIECE;
+    memcpy(buf + done, src + done, len);
+    ks__xxh3_update(&xx, buf + done, len);
+    done += len;
+  }
+  uint64_t got = n ? ks__xxh3_digest(&xx) : ks__xxh3(NULL, 0);
+  return ks__reader_verify_with(r, i, i + 1, &got, false, err);
+}
+
 ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, ks_error *err) {
   ks_error_clear(err);
   if (!r || i >= r->count) return ks__err(err, KS_E_NOTFOUND, "ks_reader_fetch: no tensor %zu", i);
@@ -186,15 +238,12 @@ ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, k
   if (n > cap || (!buf && n))
     return ks__err_at(err, KS_E_INVALID, r->path, e->name, -1, "ks_reader_fetch: buffer of %zu bytes, tensor has %zu",
                       buf ? cap : 0, n);
-  if (!r->lazy) { /* mapped or copied: the bytes are in memory, verified now */
-    if (n) memcpy(buf, r->bytes + r->data_off + e->begin, n);
-    return ks__reader_verify_tensor(r, i, err);
-  }
+  if (!r->lazy) /* mapped or copied: the bytes are in memory, verified now */
+    return copy_checked(r, i, buf, err);
   const uint8_t *have = r->data ? r->data + e->begin : atomic_load(&r->fetched[i]);
   if (have) { /* verified when it arrived */
     if (n) memcpy(buf, have, n);
     return KS_OK;
   }
-  ks_status st = lazy_read(r, i, buf, err); /* straight into the caller's buffer, verified there */
-  return st ? st : ks__lazy_check(r, i, buf, err);
+  return read_checked(r, i, buf, err); /* straight into the caller's buffer, verified as it lands */
 }

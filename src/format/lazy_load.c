@@ -107,14 +107,13 @@ static int cmp_entry(const ks_reader *r, size_t a, size_t b) {
 }
 
 /* Insertion into a sorted order would be quadratic; files keepsake writes are in order already. */
-static void order_tensors(load_job *j) {
-  const ks_reader *r = j->r;
+void ks__fmt_order(const ks_reader *r, size_t *order) {
   bool sorted = true;
-  for (size_t i = 0; i < r->count; i++) j->order[i] = i;
+  for (size_t i = 0; i < r->count; i++) order[i] = i;
   for (size_t i = 1; i < r->count && sorted; i++) sorted = cmp_entry(r, i - 1, i) <= 0;
   if (sorted) return;
   /* Heap sort: no context pointer is needed and the worst case stays n log n on hostile headers. */
-  size_t n = r->count, *a = j->order;
+  size_t n = r->count, *a = order;
   for (size_t s = n / 2; s-- > 0;) {
     for (size_t root = s, c; (c = 2 * root + 1) < n; root = c) {
       if (c + 1 < n && cmp_entry(r, a[c], a[c + 1]) < 0) c++;
@@ -141,7 +140,7 @@ static void size_ranges(load_job *j) {
 
 static void plan(load_job *j) {
   const ks_reader *r = j->r;
-  order_tensors(j);
+  ks__fmt_order(r, j->order);
   size_t p = 0;
   for (size_t k = 0; k < j->n_ranges; k++) {
     uint64_t start = j->base + (uint64_t)k * j->range;

@@ -30,6 +30,7 @@ static KS_NODISCARD ks_status reader_new(const ks_allocator *a, const char *path
 
 void ks_reader_free(ks_reader *r) {
   if (!r) return;
+  if (!r->lazy && r->fd >= 0) r->io->close_fn(r->io->ctx, r->fd); /* a copy whose data was never read */
   if (r->map) r->io->unmap_fn(r->io->ctx, r->map, r->map_len); /* a failed munmap leaves nothing to do */
   ks__lazy_free(r);
   ks__free(&r->alloc, r->copy);
@@ -46,28 +47,39 @@ static KS_NODISCARD ks_status io_err(const ks_reader *r, const char *what, int r
   return ks__err_at(err, KS_E_IO, r->path, NULL, -1, "%s: %s", what, ks__io_why(r->io, rc, why, sizeof why));
 }
 
-static KS_NODISCARD ks_status read_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
+/* The first piece of a copy: most headers fit, and a small file is read in one call. */
+#define HEAD_CHUNK ((size_t)64 << 10)
+
+/*
+ * A copy of the file in memory: here its start (the 8-byte length and the header, all of them
+ * when the length says more than the first piece holds); the data section is read after the
+ * header is parsed (ks__copy_load, copy_load.c), on a few threads, each tensor hashed as it lands
+ * when the open verifies. fd stays open until then (r->fd).
+ */
+static KS_NODISCARD ks_status read_head(ks_reader *r, int fd, size_t size, ks_error *err) {
   r->copy = ks__malloc(&r->alloc, size ? size : 1);
   if (!r->copy) return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory for %zu bytes", size);
   ks__advise_huge(r->copy, size);
-  size_t got = 0;
-  while (got < size) {
-    size_t want = size - got < ((size_t)1 << 30) ? size - got : ((size_t)1 << 30), n = 0;
-    int rc = r->io->read_fn(r->io->ctx, fd, r->copy + got, want, got, &n);
-    if (rc) return io_err(r, "cannot read file", rc, err);
-    if (n == 0) return ks__err_at(err, KS_E_IO, r->path, NULL, (int64_t)got, "file shrank while being read");
-    got += n;
-  }
   r->bytes = r->copy;
   r->size = size;
-  return KS_OK;
+  r->fd = fd;
+  size_t first = size < HEAD_CHUNK ? size : HEAD_CHUNK;
+  ks_status st = ks__reader_read(r, 0, r->copy, first, NULL, err);
+  if (st) return st;
+  r->have = first;
+  if (size < 8) return KS_OK; /* too short: the parser's to report */
+  uint64_t n = ks__le64(r->copy);
+  if (n > size - 8 || 8 + n <= r->have) return KS_OK; /* a bad length is the parser's to report */
+  st = ks__reader_read(r, r->have, r->copy + r->have, (size_t)(8 + n) - r->have, NULL, err);
+  if (!st) r->have = (size_t)(8 + n);
+  return st;
 }
 
 /* A mapping when the backend can map; ENOTSUP (or no map_fn) falls back to one copy. */
 static KS_NODISCARD ks_status map_whole(ks_reader *r, int fd, size_t size, ks_error *err) {
   const void *p = NULL;
   int rc = r->io->map_fn ? r->io->map_fn(r->io->ctx, fd, size, &p) : ENOTSUP;
-  if (rc == ENOTSUP) return read_whole(r, fd, size, err);
+  if (rc == ENOTSUP) return read_head(r, fd, size, err);
   if (rc) return io_err(r, "cannot map file", rc, err);
   r->map = p;
   r->map_len = size;
@@ -92,15 +104,28 @@ static KS_NODISCARD ks_status load_file(ks_reader *r, const ks_io *io, ks_read_m
   else if (mode == KS_READ_MMAP && size >= 8) /* an empty mapping is an error: tiny files are read */
     s = map_whole(r, fd, (size_t)size, err);
   else
-    s = read_whole(r, fd, (size_t)size, err);
-  r->io->close_fn(r->io->ctx, fd); /* read-only: nothing a failed close could lose */
+    s = read_head(r, fd, (size_t)size, err);
+  if (r->fd != fd) r->io->close_fn(r->io->ctx, fd); /* read-only: nothing a failed close could lose */
   return s;
+}
+
+/* A copy read after its header (read_head): the data, then the verification with the hashes
+   computed as the bytes came. */
+static KS_NODISCARD ks_status finish_copy(ks_reader *r, bool verify, ks_error *err) {
+  uint64_t *got = verify && r->version ? ks__calloc(&r->alloc, r->count ? r->count : 1, sizeof *got) : NULL;
+  if (verify && r->version && !got) return ks__err_at(err, KS_E_NOMEM, r->path, NULL, -1, "out of memory");
+  ks_status st = ks__copy_load(r, got, err);
+  if (!st && verify) st = ks__reader_verify_with(r, 0, r->count, got, true, err);
+  ks__free(&r->alloc, got);
+  return st;
 }
 
 static KS_NODISCARD ks_status finish_open(ks_reader *r, const ks_read_opts *opts, ks_reader **out, ks_error *err) {
   ks_status st = ks__fmt_parse(r, err);
+  bool verify = opts && opts->verify_checksums;
   if (!st && r->lazy) st = ks__lazy_prepare(r, err);
-  if (!st && opts && opts->verify_checksums) st = ks_reader_verify(r, NULL, NULL, err);
+  if (!st && !r->lazy && r->fd >= 0) st = finish_copy(r, verify, err);
+  else if (!st && verify) st = ks_reader_verify(r, NULL, NULL, err);
   if (st) {
     ks__err_set_file(err, r->path);
     ks_reader_free(r);

@@ -17,6 +17,8 @@ typedef struct vstate {
   ks_status first;
   bool stop;
   ks__lazy_window win; /* lazy readers: the bytes being checked */
+  const uint64_t *got; /* tensor i's hash at got[i - got_base] when computed before the checks (or NULL) */
+  size_t got_base;
 } vstate;
 
 static void report(vstate *v, const ks_error *e) {
@@ -84,6 +86,10 @@ static bool hash_tensor(vstate *v, size_t i, uint64_t *got) {
   const ks_reader *r = v->r;
   const fmt_entry *en = &r->entries[i];
   size_t n = (size_t)(en->end - en->begin);
+  if (v->got) {
+    *got = v->got[i - v->got_base];
+    return true;
+  }
   if (!r->lazy || r->data) {
     *got = ks_checksum(r->data ? r->data + en->begin : r->bytes + r->data_off + en->begin, n);
     return true;
@@ -115,6 +121,47 @@ static void check_tensor(vstate *v, size_t i, uint64_t want, bool have) {
   report(v, &e);
 }
 
+typedef struct par_hash {
+  const ks_reader *r;
+  size_t from;
+  uint64_t *got;
+} par_hash;
+
+static const uint8_t *bytes_of(const ks_reader *r, size_t i) {
+  return r->data ? r->data + r->entries[i].begin : r->bytes + r->data_off + r->entries[i].begin;
+}
+
+static uint64_t tensor_bytes(void *ctx, size_t k) {
+  const par_hash *h = ctx;
+  const fmt_entry *e = &h->r->entries[h->from + k];
+  return e->end - e->begin;
+}
+
+static KS_NODISCARD ks_status hash_item(void *ctx, size_t k, ks_error *err) {
+  (void)err;
+  par_hash *h = ctx;
+  size_t i = h->from + k;
+  h->got[i] = ks_checksum(bytes_of(h->r, i), (size_t)(h->r->entries[i].end - h->r->entries[i].begin));
+  return KS_OK;
+}
+
+/* The hashes of tensors [from, to) of a reader that holds them in memory, on a few threads, or
+   NULL (few bytes, bytes not in memory, or no memory for the result: then each is hashed as it is
+   checked, as before). */
+static uint64_t *hash_ahead(const vstate *v, size_t from, size_t to) {
+  const ks_reader *r = v->r;
+  if (v->got || (r->lazy && !r->data) || to - from < 2) return NULL;
+  uint64_t total = 0;
+  for (size_t i = from; i < to; i++) total += r->entries[i].end - r->entries[i].begin;
+  if (total < ((uint64_t)32 << 20)) return NULL;
+  par_hash h = {r, from, ks__calloc(&r->alloc, r->count, sizeof *h.got)};
+  if (!h.got) return NULL;
+  ks__par_job job = {&h, tensor_bytes, hash_item};
+  ks_status st = ks__par_each(&job, to - from, 0, NULL);
+  (void)st; /* hashing cannot fail */
+  return h.got;
+}
+
 /* Checks tensors [from, to) against the checksum table. */
 static void check_sums(vstate *v, size_t from, size_t to) {
   size_t n = v->r->count ? v->r->count : 1;
@@ -125,7 +172,11 @@ static void check_sums(vstate *v, size_t from, size_t to) {
     ks__err(&e, KS_E_NOMEM, "out of memory verifying %zu tensors", n);
     report(v, &e);
   } else if (load_sums(v, want, have)) {
+    uint64_t *ahead = hash_ahead(v, from, to);
+    if (ahead) v->got = ahead, v->got_base = 0;
     for (size_t i = from; i < to && !v->stop; i++) check_tensor(v, i, want[i], have[i]);
+    if (ahead) v->got = NULL;
+    ks__free(&v->r->alloc, ahead);
   }
   ks__free(&v->r->alloc, want);
   ks__free(&v->r->alloc, have);
@@ -153,7 +204,7 @@ static void check_scalars(vstate *v) {
 }
 
 ks_status ks__fmt_sums(const ks_reader *r, uint64_t *want, uint8_t *have, ks_error *err) {
-  vstate v = {r, NULL, NULL, err, KS_OK, false, {0}};
+  vstate v = {r, NULL, NULL, err, KS_OK, false, {0}, NULL, 0};
   load_sums(&v, want, have);
   return v.first;
 }
@@ -162,9 +213,19 @@ ks_status ks_reader_verify(const ks_reader *r, ks_verify_fn on_problem, void *ct
   ks_error_clear(err);
   if (!r) return ks__err(err, KS_E_INVALID, "ks_reader_verify: no reader");
   if (!r->version) return KS_OK; /* plain safetensors: open already checked everything there is */
-  vstate v = {r, on_problem, ctx, err, KS_OK, false, {0}};
+  vstate v = {r, on_problem, ctx, err, KS_OK, false, {0}, NULL, 0};
   check_sums(&v, 0, r->count);
   if (!v.stop) check_scalars(&v);
+  return v.first;
+}
+
+ks_status ks__reader_verify_with(const ks_reader *r, size_t from, size_t to, const uint64_t *got, bool scalars,
+                                 ks_error *err) {
+  ks_error_clear(err);
+  if (!r->version) return KS_OK;
+  vstate v = {r, NULL, NULL, err, KS_OK, false, {0}, got, from};
+  check_sums(&v, from, to);
+  if (scalars && !v.stop) check_scalars(&v);
   return v.first;
 }
 
@@ -172,7 +233,7 @@ ks_status ks__reader_verify_tensor(const ks_reader *r, size_t i, ks_error *err) 
   ks_error_clear(err);
   if (!r || i >= r->count) return ks__err(err, KS_E_NOTFOUND, "no tensor %zu", i);
   if (!r->version) return KS_OK;
-  vstate v = {r, NULL, NULL, err, KS_OK, false, {0}};
+  vstate v = {r, NULL, NULL, err, KS_OK, false, {0}, NULL, 0};
   check_sums(&v, i, i + 1);
   return v.first;
 }

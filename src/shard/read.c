@@ -2,9 +2,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "core/io_ops.h"
+#include "core/xxh.h"
 #include "shard/shard_internal.h"
 
 #define KS__MAX_INDEX (256u << 20) /* bytes of index JSON accepted */
@@ -171,18 +171,17 @@ static int hash_fd(const ks_io *io, const ks_allocator *a, int fd, uint64_t size
     return 0;
   }
   if (!size) return (*hash = ks_checksum("", 0)), 0;
-  XXH3_state_t *xx = XXH3_createState();
+  ks__xxh3_state xx;
   size_t cap = 1u << 20;
   uint8_t *buf = ks__malloc(a, cap);
-  int rc = xx && buf ? 0 : ENOMEM;
-  if (!rc) XXH3_64bits_reset(xx);
+  int rc = buf ? 0 : ENOMEM;
+  if (!rc) ks__xxh3_reset(&xx);
   for (uint64_t off = 0; !rc && off < size;) {
     size_t want = size - off < cap ? (size_t)(size - off) : cap, got = 0;
     if (!(rc = io->read_fn(io->ctx, fd, buf, want, off, &got)) && !got) rc = EIO; /* shrank meanwhile */
-    if (!rc) XXH3_64bits_update(xx, buf, got), off += got;
+    if (!rc) ks__xxh3_update(&xx, buf, got), off += got;
   }
-  if (!rc) *hash = XXH3_64bits_digest(xx);
-  XXH3_freeState(xx);
+  if (!rc) *hash = ks__xxh3_digest(&xx);
   ks__free(a, buf);
   return rc;
 }

@@ -10,6 +10,7 @@
 
 #include "core/io_ops.h"
 #include "core/json.h"
+#include "core/pcopy.h"
 #include "state/state_internal.h"
 
 ks_status ks__note(ks__load_ctx *c, ks_load_kind kind, const char *path, const char *fmt, ...) {
@@ -79,7 +80,7 @@ static KS_NODISCARD ks_status check_model_strict(ks__load_ctx *c) {
   return KS_OK;
 }
 
-static KS_NODISCARD ks_status load_one_tensor(ks__load_ctx *c, const st_comp *m, size_t *loaded) {
+static KS_NODISCARD ks_status load_one_tensor(ks__load_ctx *c, const st_comp *m, ks__copy *copies, size_t *loaded) {
   char k[KS__KEY_MAX + 1], why[400];
   if (ks__comp_prefix(m, k)) return ks__err(c->err, KS_E_LIMIT, "model tensor name too long");
   if (ks__ignored(c, k)) return ks__note(c, KS_LOAD_SKIPPED, k, "ignored by an ignore glob; kept as is");
@@ -87,8 +88,7 @@ static KS_NODISCARD ks_status load_one_tensor(ks__load_ctx *c, const st_comp *m,
   ks_status s = tensor_problem(&m->t, t, why, sizeof why);
   if (s == KS_E_NOTFOUND) return ks__note(c, KS_LOAD_MISSING, k, "%s; kept as is", why);
   if (s) return ks__note(c, KS_LOAD_MISMATCHED, k, "%s; kept as is", why);
-  if (m->t.nbytes) memcpy(m->t.data, t->data, m->t.nbytes);
-  (*loaded)++;
+  copies[(*loaded)++] = (ks__copy){m->t.data, t->data, m->t.nbytes}; /* copied with the others */
   return KS_OK;
 }
 
@@ -104,15 +104,21 @@ static KS_NODISCARD ks_status note_unexpected_model_keys(ks__load_ctx *c) {
   return KS_OK;
 }
 
+/* The tensors are copied together once all are checked, on a few threads when they are large
+   (ks__copy_parallel): a copy of a model's bytes on one core runs at one core's bandwidth. A
+   failure midway still leaves the tensors before it loaded, as one copy after another did. */
 static KS_NODISCARD ks_status load_model(ks__load_ctx *c) {
   size_t loaded = 0, total = 0;
-  for (size_t i = 0; i < c->st->n_comps; i++) {
-    if (c->st->comps[i].kind != ST_TENSOR) continue;
-    total++;
-    ks_status s = load_one_tensor(c, &c->st->comps[i], &loaded);
-    if (s) return s;
-  }
-  ks_status s = note_unexpected_model_keys(c);
+  for (size_t i = 0; i < c->st->n_comps; i++) total += c->st->comps[i].kind == ST_TENSOR;
+  ks__copy *copies = total ? ks__malloc(&c->st->alloc, total * sizeof *copies) : NULL;
+  if (total && !copies) return ks__err(c->err, KS_E_NOMEM, "out of memory loading %zu model tensors", total);
+  ks_status s = KS_OK;
+  for (size_t i = 0; i < c->st->n_comps && !s; i++)
+    if (c->st->comps[i].kind == ST_TENSOR) s = load_one_tensor(c, &c->st->comps[i], copies, &loaded);
+  ks__copy_parallel(copies, loaded, 0);
+  ks__free(&c->st->alloc, copies);
+  if (s) return s;
+  s = note_unexpected_model_keys(c);
   if (s || total == 0) return s;
   return ks__note(c, KS_LOAD_LOADED, "state/model", "%zu of %zu tensors", loaded, total);
 }

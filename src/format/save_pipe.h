@@ -1,0 +1,103 @@
+/*
+ * The threads of a save (writer.c): a hashing thread that keeps a few MiB ahead of the caller's
+ * buffered writes, and a ring of aligned buffers that a thread fills with the file's image
+ * (hashing it as it copies) while the caller writes them with direct I/O. Not installed.
+ */
+#ifndef KS_FORMAT_SAVE_PIPE_H
+#define KS_FORMAT_SAVE_PIPE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/durable.h"
+#include "core/xxh.h"
+#include "format/fmt_internal.h"
+
+/* One tensor of the file: its bytes and where they start in the data section. */
+typedef struct ks__save_span {
+  const uint8_t *p;
+  size_t n;
+  uint64_t off;
+} ks__save_span;
+
+/* The tensors of a save, in file order, with their checksums (filled in as they are hashed) and
+   where each one's 16 digits go in the header (ks__build_header's sum_at). */
+typedef struct ks__save_job {
+  ks__save_span *spans;
+  uint64_t *sums;
+  size_t *sum_at;
+  size_t n;
+} ks__save_job;
+
+/* The tensors of sd (KS_E_NOMEM; nothing allocated for none). Free with ks__save_job_free. */
+KS_NODISCARD ks_status ks__save_job_make(ks__save_job *j, const ks_statedict *sd, const ks_allocator *a,
+                                         ks_error *err);
+void ks__save_job_free(ks__save_job *j, const ks_allocator *a);
+
+/* A tensor is hashed in pieces of this size: small enough to stay in the L2 cache until the
+   bytes are used again (written, or copied by the other thread), large enough that the calls
+   cost little. */
+#define KS__HASH_PIECE ((size_t)256 << 10)
+/* Buffered writes with a hashing thread: the caller writes a large tensor in pieces of this size
+   and says after each how far it got. */
+#define KS__WRITE_PIECE ((size_t)1 << 20)
+/* How far ahead of the writes the hashing thread may run by default: the bytes it hashed are
+   still in the shared cache when write() copies them. */
+#define KS__HASH_LEAD ((uint64_t)4 << 20)
+
+/* The hashing thread: every tensor of the job is hashed into job->sums, each by whichever of the
+   two threads claims it first. */
+typedef struct ks__save_hasher {
+  ks__save_job *job;
+  uint64_t lead;       /* 0: no bound */
+  atomic_size_t next;  /* the next tensor to claim */
+  atomic_uint_least64_t written; /* data bytes the caller has written so far */
+  atomic_bool done, stop, waiting;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  pthread_t tid;
+  bool started;
+} ks__save_hasher;
+
+/* Starts hashing the job on a second thread (when `thread` and one starts), never more than
+   `lead` bytes past what the caller said it wrote (0: as fast as it can). Never fails: without a
+   thread, ks__save_hasher_finish hashes everything. */
+void ks__save_hasher_start(ks__save_hasher *h, ks__save_job *job, uint64_t lead, bool thread);
+/* The caller has written the data section's bytes [0, end). */
+void ks__save_hasher_wrote(ks__save_hasher *h, uint64_t end);
+/* Joins the thread. `hash_rest`: the caller first hashes every tensor the thread has not claimed,
+   so every checksum is in job->sums; else the thread stops at its next piece (a failed write). */
+void ks__save_hasher_finish(ks__save_hasher *h, bool hash_rest);
+
+/* Direct writes: the file's image goes through KS__RING_BUFS buffers of KS__RING_CHUNK bytes,
+   KS__DIRECT_ALIGN-aligned, in a KS__RING_BYTES allocation. */
+#define KS__RING_CHUNK ((size_t)4 << 20)
+#define KS__RING_BUFS ((size_t)4)
+#define KS__RING_BYTES (KS__RING_CHUNK * KS__RING_BUFS + KS__DIRECT_ALIGN)
+
+typedef struct ks__save_ring {
+  ks__save_job *job;
+  const char *hdr; /* the header (placeholder digits), hlen bytes: the image's start */
+  size_t hlen;
+  uint8_t *buf;    /* KS__RING_BUFS chunks */
+  uint64_t total;  /* bytes of the file */
+  size_t chunks;
+  size_t filled, taken; /* chunks filled by the filler, written by the caller (under mu) */
+  bool stop;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  size_t k, in; /* the filler's place: tensor k, byte `in` of it */
+  ks__xxh3_state xx;
+} ks__save_ring;
+
+/* A ring for the job's file (header hdr of hlen bytes) in mem, a KS__RING_BYTES allocation. */
+void ks__save_ring_init(ks__save_ring *r, ks__save_job *job, const char *hdr, size_t hlen, uint8_t *mem);
+/* Writes the whole file to out (ks__durable_write_blocks: direct writes while they are on),
+   chunk by chunk, each filled (and its tensors hashed into job->sums) by a second thread while
+   the caller writes the one before, when `thread` and one starts, else by the caller. */
+KS_NODISCARD ks_status ks__save_ring_run(ks__save_ring *r, ks__durable *out, bool thread);
+
+#endif
