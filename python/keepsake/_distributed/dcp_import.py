@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Iterable, Tuple
 
-from . import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
-from ._paths import PathLike, fspath
+from .. import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
+from .._core.paths import PathLike, fspath
 
 __all__ = ["convert_dcp"]
 
@@ -46,6 +46,6 @@ def convert_dcp(src: PathLike, dst: PathLike, ignore: Iterable[str] = (), salvag
         that do not tile a tensor, a truncated ``.distcp``), UnsupportedError (the SAFETENSORS
         serialization format, transform extensions), IOError_ (a missing file); ``dst`` is then unchanged.
     """
-    from . import convert
+    from .._files.tools import convert
 
     return convert(fspath(src), fspath(dst), ignore=ignore, salvage=salvage, torch_compat=torch_compat)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple
 
-from . import _errors, _metrics, _rng, _state
-from . import _native_api as _n
-from ._paths import PathLike, fspath
+from .._core import errors as _errors, native as _n
+from .._core.paths import PathLike, fspath
+from .._state import checkpoint as _state, metrics as _metrics, rng as _rng
 
 __all__ = ["local_items", "restore_local"]
 
@@ -85,7 +85,7 @@ def local_items(*, metrics: Any = None, eval_metrics: Any = None, dataset_state:
     components as the save did; after ``dcp.load``, :func:`restore_local` installs them.
     Not collective (every rank reads the checkpoint's index on its own)."""
     rank, world = _rank_world(group)
-    from . import _sync
+    from . import sync as _sync
     if checkpoint is None:
         mine = f"rank{rank}/"
         sd = {mine + k: _sync._encode(part) for k, part in _metric_parts(metrics, eval_metrics)}
@@ -122,7 +122,7 @@ def restore_local(state_dict: Mapping[str, Any], *, metrics: Any = None, eval_me
     Takes the same components and `checkpoint` as :func:`local_items`. Not collective."""
     rank, world = _rank_world(group)
     lo, hi, first, _saved = _assignment(checkpoint, rank, world)
-    from . import _sync
+    from . import sync as _sync
     parts: List[Tuple[str, Any]] = list(_metric_parts(metrics, eval_metrics))
     src = f"rank{first}/"
     need = [f"rank{s}/{k}" for k, _p in parts for s in range(lo, hi)]

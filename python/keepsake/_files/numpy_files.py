@@ -1,23 +1,14 @@
-"""Tensor files from numpy, with safetensors.numpy's API.
+"""Tensor files from numpy with safetensors.numpy's API: save_file, load_file, save, load.
 
->>> import numpy as np, keepsake.numpy
->>> keepsake.numpy.save_file({"w": np.ones((2, 2), np.float32)}, "w.keepsake")
->>> keepsake.numpy.load_file("w.keepsake")["w"].shape
-(2, 2)
-
-numpy has no bfloat16 or float8 dtypes: such tensors raise DTypeError here (load them with
-``keepsake.torch``).
+The bodies behind :mod:`keepsake.numpy`'s functions of the same names.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from . import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
-from . import _tensors
-from ._paths import PathLike, fspath
-from ._keepsake import Reader, save_bytes, save_file as _save_file
-
-__all__ = ["save_file", "load_file", "save", "load"]
+from .._core import tensors as _tensors
+from .._core.native import Reader, save_bytes, save_file as _save_file
+from .._core.paths import PathLike, fspath
 
 
 def _entries(tensors: Dict[str, Any]) -> tuple:

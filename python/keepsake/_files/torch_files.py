@@ -1,36 +1,15 @@
-"""PyTorch: tensor files with safetensors.torch's API, whole training checkpoints, torch.save files.
+"""Tensor files from torch with safetensors.torch's API: save_file, load_file, save, load.
 
-Tensor files (switch from safetensors by changing the import)::
-
-    from keepsake.torch import save_file, load_file
-    save_file({"w": torch.ones(2, 2)}, "w.keepsake")
-    tensors = load_file("w.keepsake")          # zero-copy views of the mapped file
-
-Training state::
-
-    keepsake.torch.save_checkpoint("ck.keepsake", model=model, optimizers=opt, schedulers=sched,
-                                   train_metrics=metrics, timestamp=ts)
-    report = keepsake.torch.load_checkpoint("ck.keepsake", model=model, optimizers=opt, ...)
-
-torch.save / Composer files, without executing their pickles::
-
-    state = keepsake.torch.load_pt("composer.pt")
+The bodies behind :mod:`keepsake.torch`'s functions of the same names; the C writer and reader do
+the work, this module turns tensors into the writer's entries and the reader's bytes into views.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Union
 
-from . import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
-from . import _tensors
-from ._paths import PathLike, fspath
-from ._keepsake import Reader, save_bytes, save_file as _save_file
-from ._pt import load_pt, save_pt
-from ._model import load_model, save_model
-from ._staging import HostStaging
-from ._state import load_checkpoint, save_checkpoint
-
-__all__ = ["save_file", "load_file", "save", "load", "save_model", "load_model", "save_checkpoint", "load_checkpoint",
-           "load_pt", "save_pt", "HostStaging"]
+from .._core import tensors as _tensors
+from .._core.native import Reader, save_bytes, save_file as _save_file
+from .._core.paths import PathLike, fspath
 
 
 def _entries(tensors: Dict[str, Any]) -> tuple:

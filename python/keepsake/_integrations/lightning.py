@@ -1,30 +1,10 @@
-"""Lightning integration: keepsake files as Lightning checkpoints.
+"""The implementation of :mod:`keepsake.lightning` (its docstring says what each class does).
 
-::
-
-    from keepsake.lightning import KeepsakeCheckpointIO, KeepsakeMetrics
-    trainer = Trainer(plugins=[KeepsakeCheckpointIO()], callbacks=[KeepsakeMetrics()])
-    trainer.fit(model, ckpt_path="last.ckpt")      # resume, mid-epoch included
-
-:class:`KeepsakeCheckpointIO` implements Lightning's ``CheckpointIO``: the checkpoint dict is
-written with the C library's atomic, durable save - the model's ``state_dict`` under
-``state/model/`` (so ``keepsake inspect`` / ``diff`` read it like any keepsake checkpoint), the
-rest of Lightning's dict under ``lightning/`` - and comes back exactly (dicts, lists, tuples, int
-keys, empty containers). No pickle is written or read.
-
-Importing this module also lets ``LightningModule.load_from_checkpoint(path)`` (Lightning's
-``pl_load``) read keepsake checkpoints, hyperparameters included; other files go to Lightning's
-own loader unchanged.
-
-torchmetrics states are not in a LightningModule's ``state_dict`` (they are not persistent), so a
-resumed run would start its metrics from zero. :class:`KeepsakeMetrics` adds every torchmetrics
-``Metric`` of the module to the checkpoint (``state/train_metrics/<module path>``, with
-``_computed`` and the update count) and fills them back by name on resume.
-
-Lightning drops a stateful train dataloader's position in some resumes (a checkpoint written at
-an epoch's end, or ``trainer.estimated_stepping_batches`` read in ``configure_optimizers``): the
-loader then starts over with a fresh shuffle. :class:`KeepsakeDataPosition` saves each train
-dataloader's ``state_dict()`` and puts it back before the first batch of a resumed ``fit``.
+Lightning's ``CheckpointIO`` over the C library's save (``state/model/`` and ``lightning/``),
+``load_from_checkpoint`` for keepsake files (``pl_load``, patched at import), the torchmetrics
+states and the train dataloaders' positions as callbacks, and ``ModelParallelStrategy`` over
+keepsake's DCP storage (keepsake._distributed.storage). Every rule is the C library's or
+keepsake._state's: this module maps Lightning's checkpoint dict onto them.
 """
 from __future__ import annotations
 
@@ -35,11 +15,11 @@ import sys
 import weakref
 from typing import Any, Dict, Optional
 
-from . import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
-from . import _errors, _metrics, _tensors, _tree
-from . import _native_api as _n
-from ._paths import fspath
-from ._report import LoadReport
+from .. import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
+from .._core import errors as _errors, native as _n, tensors as _tensors, tree as _tree
+from .._core.paths import fspath
+from .._core.report import LoadReport
+from .._state import load as _load, metrics as _metrics
 
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -78,7 +58,7 @@ class _MetricStates:
 
     def load_into(self, metrics: Dict[str, Any], allow_narrowing: bool = False) -> LoadReport:
         report = LoadReport()
-        _metrics.load_metrics_from(self.items, self.meta, self.kinds, dict(metrics), METRICS, report, allow_narrowing)
+        _load.load_metrics_from(self.items, self.meta, self.kinds, dict(metrics), METRICS, report, allow_narrowing)
         return report
 
 
@@ -161,7 +141,7 @@ class KeepsakeCheckpointIO(CheckpointIO):
         move = map_location if isinstance(map_location, str) or type(map_location).__name__ == "device" else None
 
         def leaf(p: str, v: Any, kind: Optional[str]) -> Any:
-            from ._state import _clone_leaf
+            from .._state.checkpoint import _clone_leaf
             v = _clone_leaf(p, v, kind)
             return v.to(move) if move is not None and hasattr(v, "to") else v
 
@@ -199,7 +179,7 @@ def _snapshots_into(saved: Dict[str, Any], mine: Dict[str, Any], allow_narrowing
             descs.append(dict(snap["describe"], path=METRICS + name))
     meta = json.loads(_n.metric_info(json.dumps({"metrics": descs}))) if descs else {}
     report = LoadReport()
-    _metrics.load_metrics_from(items, meta, {}, dict(mine), METRICS, report, allow_narrowing)
+    _load.load_metrics_from(items, meta, {}, dict(mine), METRICS, report, allow_narrowing)
     for name, m in mine.items():
         snap = saved.get(name)
         item = report.find(METRICS + name)
@@ -417,7 +397,7 @@ if _ModelParallelStrategy is not None:
             whose index, written last, commits the checkpoint. ``storage_options`` is refused.
             """
             import torch.distributed.checkpoint as dcp
-            from .distributed import KeepsakeWriter
+            from .._distributed.storage import KeepsakeWriter
             if storage_options is not None:
                 raise TypeError("KeepsakeModelParallelStrategy.save_checkpoint takes no storage_options")
             path = os.fspath(self.broadcast(fspath(filepath)))
@@ -442,7 +422,7 @@ if _ModelParallelStrategy is not None:
             from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                                  get_optimizer_state_dict, set_model_state_dict,
                                                                  set_optimizer_state_dict)
-            from .distributed import KeepsakeReader
+            from .._distributed.storage import KeepsakeReader
             path = os.fspath(self.broadcast(fspath(checkpoint_path)))
             if not _n.shard_committed(path):
                 raise _errors.error(_errors.NotFoundError, f"{path}: not a keepsake sharded checkpoint directory "

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import _errors, _load, _metrics, _rng, _tensors, _tree
-from . import _native_api as _n
-from ._paths import PathLike, fspath
-from ._report import LoadReport, Timestamp
+from .._core import errors as _errors, native as _n, tensors as _tensors, tree as _tree
+from .._core.paths import PathLike, fspath
+from .._core.report import LoadReport, Timestamp
+from . import load as _load, metrics as _metrics, rng as _rng
 
 TIMESTAMP = "state/timestamp/Timestamp/"
 

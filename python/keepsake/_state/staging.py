@@ -21,7 +21,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _tensors
+from .._core import tensors as _tensors
 
 ALIGN = 64
 IMAGE_ALIGN = 4096  # KS_IMAGE_ALIGN: where a save's image must start (the library refuses others)
