@@ -1,5 +1,5 @@
 /*
- * torch.distributed helpers of the extension (for keepsake._dist_manager): the rules the C
+ * torch.distributed helpers of the extension (for keepsake._distributed.manager): the rules the C
  * library applies to per-rank state, asked for rather than restated in Python.
  */
 #include "ksext.h"

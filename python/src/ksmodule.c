@@ -8,7 +8,7 @@
 
 PyMODINIT_FUNC PyInit__keepsake(void);
 
-/* status code -> exception class, filled by keepsake/_errors.py through _register_errors. */
+/* status code -> exception class, filled by keepsake/_core/errors.py through _register_errors. */
 static PyObject *error_classes;
 
 static PyObject *error_class(ks_status st) {

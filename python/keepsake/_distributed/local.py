@@ -2,7 +2,7 @@
 and random generators, saved under ``rank<r>/`` by plain ``dcp.save`` and restored after a plain
 ``dcp.load`` at any world size (re-exported by :mod:`keepsake.distributed`).
 
-The layout is the distributed checkpoint manager's (keepsake._dist_manager, which uses these
+The layout is the distributed checkpoint manager's (keepsake._distributed.manager, which uses these
 functions): ``rank<r>/metrics/<name>/<i>`` and ``rank<r>/eval_metrics/<label>/<name>/<i>`` (part i
 of a metric: 0 is the metric, then a wrapper's inner metrics; each one rank's local states and
 update count as keepsake bytes), ``rank<r>/dataset_state/<name>`` and ``rank<r>/rng/...``. Only
@@ -11,7 +11,7 @@ rank r saves its ``rank<r>/`` items, so they lie in its own rank file.
 Which saved ranks a rank takes when it loads at another world size is the C library's rule
 (``ks_shard_assigned``, asked through ``_keepsake.shard_assigned``): saved rank s goes to rank
 floor(s*M/N). A rank's metric states become the fold of the saved ranks it takes
-(``ks_metric_fold``, through :func:`keepsake._sync.restore_local`; the metric's defaults when it
+(``ks_metric_fold``, through :func:`keepsake._distributed.sync.restore_local`; the metric's defaults when it
 takes none); its generators and data positions are those of the first of them (saved rank
 ``rank mod N`` when none).
 """
