@@ -28,7 +28,7 @@ dataloader's ``state_dict()`` and puts it back before the first batch of a resum
 """
 from . import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
 from ._integrations import lightning as _impl
-from ._integrations.lightning import (DATA_KEY, METRICS, METRICS_KEY, MODEL, REST, KeepsakeCheckpointIO,
+from ._integrations.lightning import (DATA_KEY, METRICS, METRICS_KEY, MODEL, REST, KeepsakeCheckpointIO,  # noqa: F401
                                       KeepsakeDataPosition, KeepsakeMetrics, is_keepsake_file, module_metrics)
 
 if hasattr(_impl, "KeepsakeModelParallelStrategy"):  # a Lightning with ModelParallelStrategy
