@@ -8,6 +8,7 @@ reader, the metric catalogue); this package is a thin layer over it:
 * the whole training state: :func:`keepsake.torch.save_checkpoint` / :func:`load_checkpoint`,
   with any torchmetrics metric, the RNGs and a :class:`LoadReport`;
 * torch.save / Composer files without unpickling: :func:`keepsake.torch.load_pt`, :func:`convert`;
+* a training run's checkpoints: :class:`CheckpointManager`, its policy a :class:`CheckpointOptions`;
 * Lightning: :class:`keepsake.lightning.KeepsakeCheckpointIO`.
 
 Errors are :class:`KeepsakeError` subclasses carrying the file, key, byte offset and message.
@@ -27,7 +28,7 @@ __distribution__ = "keepsake-ckpt"
 
 import dataclasses as _dataclasses  # noqa: E402
 import inspect as _inspect  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any as _Any  # noqa: E402
 
 from . import _collision  # noqa: E402
 
@@ -101,7 +102,7 @@ class CheckpointManager(_ManagerBase):
     ``step``, ``reserve``, ``wait``, ``close``, ``autoresume`` and ``run_dir`` (keepsake._manager.base).
     """
 
-    def __new__(cls, run_dir: Any, *, distributed: bool = False, **keywords: Any) -> "CheckpointManager":
+    def __new__(cls, run_dir: _Any, *, distributed: bool = False, **keywords: _Any) -> "CheckpointManager":
         manager = (_Distributed if distributed else _Local)(run_dir, **keywords)
         return manager  # type: ignore[return-value] - registered below: an instance for isinstance()
 
