@@ -8,9 +8,17 @@ reader, the metric catalogue); this package is a thin layer over it:
 * the whole training state: :func:`keepsake.torch.save_checkpoint` / :func:`load_checkpoint`,
   with any torchmetrics metric, the RNGs and a :class:`LoadReport`;
 * torch.save / Composer files without unpickling: :func:`keepsake.torch.load_pt`, :func:`convert`;
+* a training run's checkpoints: :class:`CheckpointManager`, its policy a :class:`CheckpointOptions`;
 * Lightning: :class:`keepsake.lightning.KeepsakeCheckpointIO`.
 
 Errors are :class:`KeepsakeError` subclasses carrying the file, key, byte offset and message.
+
+The package's folders are its layers, each importing only the ones before it (docs/DESIGN.md,
+"The Python package"; tests/arch/py_imports.py checks it): ``_core`` (errors, paths, the
+extension's API, reports, dtypes, the value tree), ``_files`` (tensor files), ``_state`` (a
+training run's state), ``_manager`` (the checkpoint manager), ``_distributed`` (torch.distributed)
+and ``_integrations`` (Lightning); the public modules (this one, ``keepsake.torch``, ``.numpy``,
+``.lightning``, ``.distributed``, ``.distributed_import``) gather what users import.
 """
 from __future__ import annotations
 
@@ -18,23 +26,30 @@ from __future__ import annotations
 # refuses to run beside that one's files (it checks this name to know the __init__ is this one).
 __distribution__ = "keepsake-ckpt"
 
-from typing import Any, Dict, Iterable, Tuple  # noqa: E402
+import dataclasses as _dataclasses  # noqa: E402
+import inspect as _inspect  # noqa: E402
+from typing import Any as _Any  # noqa: E402
 
 from . import _collision  # noqa: E402
-from . import _errors  # noqa: E402
 
 try:
     from . import _keepsake as _native
 except ImportError as e:
     raise ImportError("keepsake: " + _collision.missing_extension(e)) from e
-from ._errors import (ChecksumError, DTypeError, ExistsError, FileNotFoundError_, FormatError, InvalidError, IOError_,
-                      KeepsakeError, LimitError, LockedError, MismatchError, NetError, NoMemoryError, NotDurableError,
-                      NotFoundError, ShapeError, StateError, UnsafeError, UnsupportedError, ValueError_, VersionError)
-from ._paths import PathLike, fspath
-from ._report import LoadItem, LoadReport, Timestamp
-from ._safe_open import TensorSlice, safe_open
-from ._manager import EXIT_PREEMPTED, CheckpointManager, Preempted
-from ._early import EarlyStopping
+from ._core import errors as _errors  # noqa: E402
+from ._core.errors import (ChecksumError, DTypeError, ExistsError, FileNotFoundError_, FormatError, InvalidError,
+                           IOError_, KeepsakeError, LimitError, LockedError, MismatchError, NetError, NoMemoryError,
+                           NotDurableError, NotFoundError, ShapeError, StateError, UnsafeError, UnsupportedError,
+                           ValueError_, VersionError)
+from ._core.paths import PathLike, fspath  # noqa: F401 - names the package has always had
+from ._core.report import LoadItem, LoadReport, Timestamp
+from ._files.safe_open import TensorSlice, safe_open
+from ._files.tools import compute_metrics, convert, metric_catalogue, verify
+from ._manager.base import EXIT_PREEMPTED, ManagerBase as _ManagerBase, Preempted
+from ._manager.early import EarlyStopping
+from ._manager.local import LocalCheckpointManager as _Local
+from ._manager.options import CheckpointOptions, Components as _Components
+from ._distributed.manager import DistributedCheckpointManager as _Distributed
 
 _errors._install(_native)
 
@@ -42,71 +57,75 @@ __version__: str = _native.version
 FORMAT_VERSION: int = _native.format_version
 
 __all__ = [
-    "KeepsakeError", "NoMemoryError", "IOError_", "FileNotFoundError_", "FormatError", "LimitError", "InvalidError", "NotFoundError",
-    "DTypeError", "ShapeError", "ChecksumError", "VersionError", "MismatchError", "UnsupportedError",
+    "KeepsakeError", "NoMemoryError", "IOError_", "FileNotFoundError_", "FormatError", "LimitError", "InvalidError",
+    "NotFoundError", "DTypeError", "ShapeError", "ChecksumError", "VersionError", "MismatchError", "UnsupportedError",
     "ExistsError", "StateError", "ValueError_", "UnsafeError", "NetError", "NotDurableError", "LockedError",
     "safe_open", "TensorSlice", "LoadReport", "LoadItem", "Timestamp",
-    "CheckpointManager", "Preempted", "EXIT_PREEMPTED", "EarlyStopping",
+    "CheckpointManager", "CheckpointOptions", "Preempted", "EXIT_PREEMPTED", "EarlyStopping",
     "convert", "verify", "compute_metrics", "metric_catalogue", "__version__", "FORMAT_VERSION",
 ]
 
 
-def convert(src: PathLike, dst: PathLike,
-            ignore: Iterable[str] = (), salvage: bool = False, torch_compat: bool = False) -> Tuple[int, int]:
-    """Converts a checkpoint, exactly as ``keepsake convert SRC DST [--ignore GLOB]...`` does.
+class CheckpointManager(_ManagerBase):
+    """Saves a training run's checkpoints into a run directory and resumes from them.
 
-    A zip input is a torch.save / Composer file, read without executing anything; anything else is
-    a keepsake or safetensors file. ``dst`` ending in ``.pt``/``.pth`` gets a torch.save-compatible
-    file that ``torch.load(dst, weights_only=True)`` accepts; any other name a keepsake file, with
-    Composer metrics mapped onto keepsake's layout. Globs (``*``, ``?``, '/'-prefix aware) leave
-    entries out. The input's integrity is checked first (zip CRC32s, keepsake checksums): a
-    corrupt input raises ChecksumError and nothing is written, unless ``salvage=True`` (each
-    problem converted despite is issued as a ``RuntimeWarning``). ``dst`` is replaced only when it
-    is absent or a writable regular file. A ``.pt`` output gets the lists, tuples and typed keys
-    the torch input recorded (``keepsake.torch_structure``), and torchmetrics list ("cat") states
-    as lists, so ``metric.load_state_dict`` and the next ``update()`` work;
-    ``torch_compat=True`` writes what torch 1.13's ``torch.load(weights_only=True)`` reads.
-    The conversion is the C library's ``ks_convert``, the same call the CLI makes.
+    ::
 
-    Returns:
-        (entries written, entries ignored).
-    Raises:
-        KeepsakeError: the input could not be read or ``dst`` not written (``dst`` is then unchanged).
+        options = keepsake.CheckpointOptions(save_every="1ep", keep_last=3, async_save=True)
+        with keepsake.CheckpointManager("runs/x", model=model, optimizers=opt, timestamp=ts,
+                                        options=options) as mgr:
+            mgr.autoresume()
+            ...
+            mgr.step()
+
+    Args:
+        run_dir: a directory, or an ``s3://bucket/prefix`` location (when the package has libcurl).
+        model, optimizers, schedulers, train_metrics, eval_metrics, timestamp, dataset_state,
+            callbacks, extra, rng, run_name, rank_zero_seed: the components, as
+            :func:`keepsake.torch.save_checkpoint` takes them. ``timestamp`` (a
+            :class:`keepsake.Timestamp`) names the files and drives the triggers.
+        options: the policy, a :class:`keepsake.CheckpointOptions` (when to save, what to keep,
+            how to write). Its fields are also taken as keywords (``save_every="1ep"``,
+            ``keep_last=3``, ...), as before options existed; one or the other, not both.
+        distributed: True in a torch.distributed run: every rank constructs the manager, which
+            saves sharded checkpoint directories with DCP (docs/PYTHON.md, "torch.distributed"),
+            and takes ``process_group`` and ``sync_files`` besides.
+        staging: (one process) the :class:`keepsake.torch.HostStaging` that CUDA tensors are
+            copied into at each save (a page-locked host buffer the manager reuses from save to
+            save and frees on :meth:`close`); None: one of its own, allocated at the first save
+            with CUDA tensors. An ``exclusive`` staging (the manager's own is) is the background
+            save's snapshot itself: the tensors are copied once, from the device into the file's image.
+
+    This class chooses: what it returns is a ``LocalCheckpointManager`` (keepsake._manager.local) or,
+    with ``distributed=True``, a ``DistributedCheckpointManager`` (keepsake._distributed.manager),
+    and ``isinstance(mgr, keepsake.CheckpointManager)`` holds for both. Their methods: ``save``,
+    ``step``, ``reserve``, ``wait``, ``close``, ``autoresume`` and ``run_dir`` (keepsake._manager.base).
     """
-    return _native.convert(fspath(src), fspath(dst), list(ignore), salvage, torch_compat)
+
+    def __new__(cls, run_dir: _Any, *, distributed: bool = False, **keywords: _Any) -> "CheckpointManager":
+        manager = (_Distributed if distributed else _Local)(run_dir, **keywords)
+        return manager  # type: ignore[return-value] - registered below: an instance for isinstance()
 
 
-def verify(path: PathLike) -> None:
-    """Checks a keepsake file's structure and every checksum, as ``keepsake verify``.
-
-    Raises:
-        FormatError, ChecksumError, VersionError, ...: the first problem found.
-    """
-    _native.Reader(fspath(path), verify=True, backend="read")
+CheckpointManager.register(_Local)
+CheckpointManager.register(_Distributed)
 
 
-def compute_metrics(path: PathLike) -> Dict[str, Dict[str, Any]]:
-    """Rebuilds and computes, with the C library alone, every metric a checkpoint records.
+def _signature() -> _inspect.Signature:
+    """CheckpointManager's parameters, from where each is declared: the components' and the
+    options' dataclasses, and each manager's own keywords (staging; process_group, sync_files)."""
+    P = _inspect.Parameter
 
-    Each metric the ``keepsake.metrics`` metadata gives a catalogue class and arguments for is
-    built in C, filled by ``ks_state_load`` (the C load semantics) and computed. This shows what a
-    C program loading the file sees.
+    def fields(cls: type) -> list:
+        return [P(f.name, P.KEYWORD_ONLY, default=f.default) for f in _dataclasses.fields(cls)]
 
-    Returns:
-        ``{metric path: {"class", "value" (a torch tensor, or None), "update_count", "error"}}``
-        plus the C load report under the key ``"__report__"`` as a list of (kind, path, reason).
-    """
-    res = _native.compute_metrics(fspath(path))
-    out: Dict[str, Any] = {}
-    from ._tensors import torch_from_copy
-    for p, m in res["metrics"].items():
-        m = dict(m)
-        m["value"] = torch_from_copy(m["value"]) if m["value"] is not None else None
-        out[p] = m
-    out["__report__"] = res["report"]
-    return out
+    def own(cls: type) -> list:
+        return [p.replace(annotation=P.empty) for p in _inspect.signature(cls.__init__).parameters.values()
+                if p.kind is P.KEYWORD_ONLY]
+
+    return _inspect.Signature([P("run_dir", P.POSITIONAL_OR_KEYWORD), *fields(_Components),
+                               P("options", P.KEYWORD_ONLY, default=None), *fields(CheckpointOptions),
+                               P("distributed", P.KEYWORD_ONLY, default=False), *own(_Local), *own(_Distributed)])
 
 
-def metric_catalogue() -> list:
-    """The metric classes the C library implements (and can rebuild from a file)."""
-    return _native.catalogue()
+CheckpointManager.__signature__ = _signature()  # type: ignore[attr-defined]

@@ -134,13 +134,13 @@ static PyObject *AsyncSaver_get_busy(ksp_AsyncSaver *self, void *closure) {
 
 static PyMethodDef AsyncSaver_methods[] = {
     {"start", (PyCFunction)(void (*)(void))AsyncSaver_start, METH_VARARGS | METH_KEYWORDS,
-     "start(path, entries, metadata=None, metrics=None, fsync=True)\n--\n\nCopies the entries (as save_file "
+     "start($self, path, entries, metadata=None, metrics=None, fsync=True)\n--\n\nCopies the entries (as save_file "
      "takes them) and returns; the library's thread writes path, atomically and durably. Raises the error of "
      "the last save, once, instead of starting."},
     {"wait", (PyCFunction)AsyncSaver_wait, METH_NOARGS,
-     "wait()\n--\n\nWaits for the save in flight; raises its error."},
+     "wait($self)\n--\n\nWaits for the save in flight; raises its error."},
     {"close", (PyCFunction)AsyncSaver_close, METH_NOARGS,
-     "close()\n--\n\nFinishes the save in flight (raising its error), then frees the saver."},
+     "close($self)\n--\n\nFinishes the save in flight (raising its error), then frees the saver."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef AsyncSaver_getset[] = {

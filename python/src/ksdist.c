@@ -1,5 +1,5 @@
 /*
- * torch.distributed helpers of the extension (for keepsake._dist_manager): the rules the C
+ * torch.distributed helpers of the extension (for keepsake._distributed.manager): the rules the C
  * library applies to per-rank state, asked for rather than restated in Python.
  */
 #include "ksext.h"
@@ -19,7 +19,7 @@ static PyObject *shard_assigned(PyObject *self, PyObject *args) {
 
 PyMethodDef ksp_dist_methods[] = {
     {"shard_assigned", shard_assigned, METH_VARARGS,
-     "shard_assigned(saved_world, world_size, rank)\n--\n\nks_shard_assigned: (lo, hi, first): rank `rank` of "
+     "shard_assigned(saved_world, world_size, rank, /)\n--\n\nks_shard_assigned: (lo, hi, first): rank `rank` of "
      "`world_size` folds the metrics of saved ranks [lo, hi) (default metrics when empty) and takes its other "
      "per-rank entries from saved rank `first`."},
     {NULL, NULL, 0, NULL}};

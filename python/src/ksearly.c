@@ -139,13 +139,13 @@ static PyObject *get_stopped(ksp_EarlyStop *self, void *c) {
 
 static PyMethodDef EarlyStop_methods[] = {
     {"update", (PyCFunction)EarlyStop_update, METH_VARARGS,
-     "update(value, epoch)\n--\n\nRecords the monitored value at the end of epoch; True when training should "
+     "update($self, value, epoch, /)\n--\n\nRecords the monitored value at the end of epoch; True when training should "
      "stop now (ks_early_stop_update)."},
     {"state_dict", (PyCFunction)EarlyStop_state_dict, METH_NOARGS,
-     "state_dict()\n--\n\n{monitor, mode, patience, min_delta, best_score, wait_count, stopped_epoch}, as the "
+     "state_dict($self)\n--\n\n{monitor, mode, patience, min_delta, best_score, wait_count, stopped_epoch}, as the "
      "library saves them."},
     {"load_state_dict", (PyCFunction)EarlyStop_load_state_dict, METH_O,
-     "load_state_dict(d)\n--\n\nRestores a saved state; another monitor or mode raises MismatchError and "
+     "load_state_dict($self, d, /)\n--\n\nRestores a saved state; another monitor or mode raises MismatchError and "
      "changes nothing."},
     {NULL, NULL, 0, NULL}};
 

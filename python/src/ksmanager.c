@@ -516,34 +516,37 @@ static PyObject *Manager_dir_latest(ksp_Manager *self, PyObject *unused) {
 
 static PyMethodDef Manager_methods[] = {
     {"should_save", (PyCFunction)Manager_should_save, METH_VARARGS,
-     "should_save(timestamp, epoch_end=False)\n--\n\nks_ckpt_manager_should_save: the interval, the clock or a "
+     "should_save($self, timestamp, epoch_end=False, /)\n--\n\n"
+     "ks_ckpt_manager_should_save: the interval, the clock or a "
      "preemption signal says save now."},
     {"save", (PyCFunction)(void (*)(void))Manager_save, METH_VARARGS | METH_KEYWORDS,
-     "save(entries, metadata=None, metrics=None, timestamp=None, blocking=True)\n--\n\n"
+     "save($self, entries, metadata=None, metrics=None, timestamp=None, blocking=True)\n--\n\n"
      "Saves entries (as save_file takes them) under the templated name, then latest and retention; "
      "blocking=False returns once they are copied. Returns the path."},
     {"reserve", (PyCFunction)(void (*)(void))Manager_reserve, METH_VARARGS | METH_KEYWORDS,
-     "reserve(entries, metadata=None, metrics=None)\n--\n\nks_ckpt_manager_reserve_dict: the background "
+     "reserve($self, entries, metadata=None, metrics=None)\n--\n\nks_ckpt_manager_reserve_dict: the background "
      "saves' staging for a state like entries, allocated and touched now (after a save in flight)."},
     {"stage_into", (PyCFunction)(void (*)(void))Manager_stage_into, METH_VARARGS | METH_KEYWORDS,
-     "stage_into(entries, metadata, metrics, address, size, owner=None)\n--\n\nks_ckpt_manager_stage_into "
+     "stage_into($self, entries, metadata, metrics, address, size, owner=None)\n--\n\nks_ckpt_manager_stage_into "
      "(after a save in flight): (bytes the snapshot's image takes, {tensor name: offset} when the buffer at "
      "address becomes the staging, owner (what holds it) then kept alive until the manager is freed; else "
      "None). Entries at address 0 count by their size."},
-    {"wait", (PyCFunction)Manager_wait, METH_NOARGS, "wait()\n--\n\nWaits for a background save; raises its error."},
+    {"wait", (PyCFunction)Manager_wait, METH_NOARGS,
+     "wait($self)\n--\n\nWaits for a background save; raises its error."},
     {"resume_path", (PyCFunction)Manager_resume_path, METH_NOARGS,
-     "resume_path()\n--\n\n(path of the newest checkpoint that verifies, or None; checkpoints set aside)."},
+     "resume_path($self)\n--\n\n(path of the newest checkpoint that verifies, or None; checkpoints set aside)."},
     {"close", (PyCFunction)Manager_close, METH_NOARGS,
-     "close()\n--\n\nFinishes a save in flight, releases the run directory's lock."},
+     "close($self)\n--\n\nFinishes a save in flight, releases the run directory's lock."},
     {"dir_begin", (PyCFunction)Manager_dir_begin, METH_VARARGS,
-     "dir_begin(timestamp)\n--\n\nks_ckpt_manager_dir_begin (sharded=True, one process while no save is in "
+     "dir_begin($self, timestamp, /)\n--\n\nks_ckpt_manager_dir_begin (sharded=True, one process while no save is in "
      "flight): removes dead saves; returns (the directory to write, how many were removed)."},
     {"dir_path", (PyCFunction)Manager_dir_path, METH_VARARGS,
-     "dir_path(timestamp)\n--\n\nks_ckpt_manager_dir_path: the directory a sharded save at timestamp writes."},
+     "dir_path($self, timestamp, /)\n--\n\n"
+     "ks_ckpt_manager_dir_path: the directory a sharded save at timestamp writes."},
     {"dir_commit", (PyCFunction)Manager_dir_commit, METH_VARARGS,
-     "dir_commit(dir)\n--\n\nks_ckpt_manager_dir_commit: `latest` and retention after the index is durable."},
+     "dir_commit($self, dir, /)\n--\n\nks_ckpt_manager_dir_commit: `latest` and retention after the index is durable."},
     {"dir_latest", (PyCFunction)Manager_dir_latest, METH_NOARGS,
-     "dir_latest()\n--\n\nks_ckpt_manager_dir_latest: (the newest directory whose files verify, or None; "
+     "dir_latest($self)\n--\n\nks_ckpt_manager_dir_latest: (the newest directory whose files verify, or None; "
      "directories skipped); dead saves are removed."},
     {NULL, NULL, 0, NULL}};
 
@@ -552,8 +555,10 @@ static PyGetSetDef Manager_getset[] = {
     {NULL, NULL, NULL, NULL, NULL}};
 
 static const char Manager_doc[] =
-    "Manager(run_dir, save_interval=None, ...)\n--\n\nThe C checkpoint manager (use "
-    "keepsake.CheckpointManager).";
+    "Manager(run_dir, save_interval=None, filename=None, keep=0, keep_best=0, best_metric=None, best_mode='max', "
+    "keep_every=None, keep_period_seconds=0.0, save_every_seconds=0.0, async_busy='wait', lock='auto', "
+    "upload_to=None, upload_retention=False, retention_log=False, sharded=False, cache_dir=None, metrics=None)"
+    "\n--\n\nThe C checkpoint manager (use keepsake.CheckpointManager).";
 
 static PyType_Slot Manager_slots[] = {
     {Py_tp_dealloc, KSP_SLOT_FN(Manager_dealloc)},

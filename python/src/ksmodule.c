@@ -8,7 +8,7 @@
 
 PyMODINIT_FUNC PyInit__keepsake(void);
 
-/* status code -> exception class, filled by keepsake/_errors.py through _register_errors. */
+/* status code -> exception class, filled by keepsake/_core/errors.py through _register_errors. */
 static PyObject *error_classes;
 
 static PyObject *error_class(ks_status st) {
@@ -239,13 +239,15 @@ static PyMethodDef methods[] = {
     {"dtypes", dtypes, METH_NOARGS,
      "dtypes()\n--\n\n[(safetensors name, element size)] by keepsake dtype code (ks_dtype_name, ks_dtype_size)."},
     {"is_remote", is_remote, METH_O,
-     "is_remote(location)\n--\n\nWhether the storage layer reads `location` (s3://, http(s)://), not a local path."},
+     "is_remote(location, /)\n--\n\nWhether the storage layer reads `location` (s3://, http(s)://), not a local path."},
     {"dtype_widens", dtype_widens, METH_VARARGS,
-     "dtype_widens(from_code, to_code)\n--\n\nks_dtype_widens_to: every value of `from` fits `to` exactly."},
+     "dtype_widens(from_code, to_code, /)\n--\n\nks_dtype_widens_to: every value of `from` fits `to` exactly."},
     {"path_match", path_match, METH_VARARGS,
-     "path_match(glob, path)\n--\n\nks_path_match: '*' any bytes ('/' included), '?' one, '/'-prefix aware."},
-    {"_register_errors", register_errors, METH_O, "Registers the exception class of every status code."},
-    {"status_names", status_names, METH_NOARGS, "{code: (name, description)} for every status code."},
+     "path_match(glob, path, /)\n--\n\nks_path_match: '*' any bytes ('/' included), '?' one, '/'-prefix aware."},
+    {"_register_errors", register_errors, METH_O,
+     "_register_errors(table, /)\n--\n\nRegisters the exception class of every status code."},
+    {"status_names", status_names, METH_NOARGS,
+     "status_names()\n--\n\n{code: (name, description)} for every status code."},
     {"save_file", (PyCFunction)(void (*)(void))ksp_save_file, METH_VARARGS | METH_KEYWORDS,
      "save_file(path, entries, metadata=None, metrics=None, fsync=True)\n--\n\n"
      "Writes entries to a keepsake file with the library's atomic, durable save."},
@@ -255,30 +257,30 @@ static PyMethodDef methods[] = {
      "torch_load(source, verify_crc=False)\n--\n\n"
      "Reads a torch.save file (path or bytes) without executing it: ([(name, value)], structure JSON)."},
     {"torch_save", (PyCFunction)(void (*)(void))ksp_torch_save, METH_VARARGS | METH_KEYWORDS,
-     "torch_save(path, entries)\n--\n\nWrites entries as a torch.save-compatible file."},
+     "torch_save(path, entries, fsync=True)\n--\n\nWrites entries as a torch.save-compatible file."},
     {"convert", (PyCFunction)(void (*)(void))ksp_convert, METH_VARARGS | METH_KEYWORDS,
-     "convert(src, dst, ignore=(), salvage=False, torch_compat=False)\n--\n\nAs `keepsake convert SRC DST`: returns "
-     "(kept, ignored)."},
+     "convert(src, dst, ignore=(), salvage=False, torch_compat=False, hf=False, hf_shard_bytes=0)\n--\n\n"
+     "As `keepsake convert SRC DST`: returns (kept, ignored)."},
     {"metric_info", ksp_metric_info, METH_VARARGS,
-     "metric_info(description_json)\n--\n\nThe keepsake.metrics JSON the C library derives from a description."},
+     "metric_info(description_json, /)\n--\n\nThe keepsake.metrics JSON the C library derives from a description."},
     {"compute_metrics", (PyCFunction)(void (*)(void))ksp_compute_metrics, METH_VARARGS | METH_KEYWORDS,
      "compute_metrics(path)\n--\n\nLoads the catalogue metrics of a checkpoint with the C library and computes them."},
     {"load_state", ksp_load_state, METH_VARARGS,
-     "load_state(reader, spec)\n--\n\nks_state_load_state_dict against a description of the program's objects: "
+     "load_state(reader, spec, /)\n--\n\nks_state_load_state_dict against a description of the program's objects: "
      "{report, metrics, timestamp}."},
     {"fold_metric", ksp_fold_metric, METH_VARARGS,
-     "fold_metric(description, blobs)\n--\n\nks_metric_fold of every rank's states (keepsake bytes, rank order)."},
+     "fold_metric(description, blobs, /)\n--\n\nks_metric_fold of every rank's states (keepsake bytes, rank order)."},
     {"catalogue", ksp_catalogue, METH_NOARGS, "catalogue()\n--\n\nThe metric classes the C library implements."},
     {"preemption_install", ksp_preemption_install, METH_VARARGS,
-     "preemption_install(signals)\n--\n\nks_preemption_install: these signals ask for a save at the next step "
+     "preemption_install(signals, /)\n--\n\nks_preemption_install: these signals ask for a save at the next step "
      "(the handlers they had still run). Returns the signals, for preemption_uninstall."},
     {"preemption_uninstall", ksp_preemption_uninstall, METH_VARARGS,
-     "preemption_uninstall(signals)\n--\n\nks_preemption_uninstall: undoes one preemption_install of these signals "
+     "preemption_uninstall(signals, /)\n--\n\nks_preemption_uninstall: undoes one preemption_install of these signals "
      "(the last one puts back the dispositions the first replaced); () does nothing."},
     {"preemption_signal", ksp_preemption_signal, METH_NOARGS,
      "preemption_signal()\n--\n\nThe preemption signal received (0 when none)."},
     {"report_text", ksp_report_text, METH_O,
-     "report_text(items)\n--\n\nWhat ks_load_report_print prints for [(kind, path, reason), ...]."},
+     "report_text(items, /)\n--\n\nWhat ks_load_report_print prints for [(kind, path, reason), ...]."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_keepsake",

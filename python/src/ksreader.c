@@ -543,26 +543,31 @@ static Py_ssize_t reader_length(ksp_Reader *self) {
 
 static PyMethodDef reader_methods[] = {
     {"entries", (PyCFunction)reader_entries, METH_NOARGS,
-     "entries()\n--\n\n[(name, dtype code, shape, begin, end)] of every tensor, in file order; begin/end are "
+     "entries($self)\n--\n\n[(name, dtype code, shape, begin, end)] of every tensor, in file order; begin/end are "
      "byte offsets into the buffer the reader exports."},
-    {"keys", (PyCFunction)reader_keys, METH_NOARGS, "keys()\n--\n\nTensor names in file order."},
+    {"keys", (PyCFunction)reader_keys, METH_NOARGS, "keys($self)\n--\n\nTensor names in file order."},
     {"entry", (PyCFunction)reader_entry, METH_O,
-     "entry(name)\n--\n\n(name, dtype code, shape, begin, end) of one tensor."},
+     "entry($self, name, /)\n--\n\n(name, dtype code, shape, begin, end) of one tensor."},
     {"tensor", (PyCFunction)reader_tensor, METH_O,
-     "tensor(name)\n--\n\n(dtype code, shape, bytearray) of one tensor: its bytes copied (a lazy reader: read "
+     "tensor($self, name, /)\n--\n\n"
+     "(dtype code, shape, bytearray) of one tensor: its bytes copied (a lazy reader: read "
      "from the file's table) and verified against its checksum."},
     {"fetch_block", (PyCFunction)reader_fetch_block, METH_O,
-     "fetch_block(names)\n--\n\n(bytearray, [offset]): the named tensors read into one new buffer at 64-aligned "
+     "fetch_block($self, names, /)\n--\n\n"
+     "(bytearray, [offset]): the named tensors read into one new buffer at 64-aligned "
      "offsets, each verified against its checksum, without the GIL."},
     {"cache_stats", (PyCFunction)reader_cache_stats, METH_NOARGS,
-     "cache_stats()\n--\n\nWhat the read cache (cache_dir=) did for this reader: hit_reads, hit_bytes, miss_reads, "
+     "cache_stats($self)\n--\n\n"
+     "What the read cache (cache_dir=) did for this reader: hit_reads, hit_bytes, miss_reads, "
      "miss_bytes, stored, store_failures, rejected; None without a cache."},
     {"metadata", (PyCFunction)reader_metadata, METH_VARARGS,
-     "metadata(all=False)\n--\n\nThe __metadata__ pairs; without `all`, the five keys keepsake's writer owns are left "
+     "metadata($self, all=False, /)\n--\n\n"
+     "The __metadata__ pairs; without `all`, the five keys keepsake's writer owns are left "
      "out."},
-    {"scalars", (PyCFunction)reader_scalars, METH_NOARGS, "scalars()\n--\n\n[(name, value)] of keepsake's scalars."},
+    {"scalars", (PyCFunction)reader_scalars, METH_NOARGS,
+     "scalars($self)\n--\n\n[(name, value)] of keepsake's scalars."},
     {"verify", (PyCFunction)reader_verify, METH_NOARGS,
-     "verify()\n--\n\nChecks every checksum; raises ChecksumError or FormatError."},
+     "verify($self)\n--\n\nChecks every checksum; raises ChecksumError or FormatError."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef reader_getset[] = {

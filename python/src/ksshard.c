@@ -952,12 +952,12 @@ static PyObject *shardfile_metadata(ksp_ShardFile *self, PyObject *unused) {
 }
 
 static PyMethodDef shardfile_methods[] = {
-    {"nbytes", (PyCFunction)shardfile_nbytes, METH_O, "nbytes(name)\n--\n\nByte count of tensor `name`."},
+    {"nbytes", (PyCFunction)shardfile_nbytes, METH_O, "nbytes($self, name, /)\n--\n\nByte count of tensor `name`."},
     {"fetch", (PyCFunction)shardfile_fetch, METH_VARARGS,
-     "fetch(name, buffer)\n--\n\nReads tensor `name` into a writable buffer of its exact size (only its byte "
+     "fetch($self, name, buffer, /)\n--\n\nReads tensor `name` into a writable buffer of its exact size (only its byte "
      "range is read) and verifies its checksum; raises ChecksumError, FormatError, IOError."},
-    {"metadata", (PyCFunction)shardfile_metadata, METH_NOARGS, "metadata()\n--\n\nEvery __metadata__ pair."},
-    {"close", (PyCFunction)shardfile_close, METH_NOARGS, "close()\n--\n\nCloses the file."},
+    {"metadata", (PyCFunction)shardfile_metadata, METH_NOARGS, "metadata($self)\n--\n\nEvery __metadata__ pair."},
+    {"close", (PyCFunction)shardfile_close, METH_NOARGS, "close($self)\n--\n\nCloses the file."},
     {NULL, NULL, 0, NULL}};
 
 static const char shardfile_doc[] =
@@ -977,7 +977,7 @@ PyType_Spec ksp_ShardFileSpec = {"keepsake._keepsake.ShardFile", sizeof(ksp_Shar
 
 PyMethodDef ksp_shard_methods[] = {
     {"shard_file_name", shard_file_name, METH_VARARGS,
-     "shard_file_name(rank, world_size)\n--\n\nks_shard_file_name: 'rank-XXXXX-of-YYYYY.keepsake'."},
+     "shard_file_name(rank, world_size, /)\n--\n\nks_shard_file_name: 'rank-XXXXX-of-YYYYY.keepsake'."},
     {"shard_write_rank", (PyCFunction)(void (*)(void))shard_write_rank, METH_VARARGS | METH_KEYWORDS,
      "shard_write_rank(dir, rank, world_size, entries, chunks, metadata=None, fsync=True)\n--\n\n"
      "ks_shard_write_rank with no per-rank globs: entries as save_file takes them, chunks as (name, global_shape, "
@@ -994,7 +994,7 @@ PyMethodDef ksp_shard_methods[] = {
      "shard_prepare_dir(dir, fsync=True)\n--\n\nCreates the checkpoint directory and its missing parents, each new "
      "entry's parent fsynced (an s3:// prefix needs nothing)."},
     {"shard_committed", shard_committed, METH_VARARGS,
-     "shard_committed(dir)\n--\n\nWhether `dir` holds an index file (valid or not)."},
+     "shard_committed(dir, /)\n--\n\nWhether `dir` holds an index file (valid or not)."},
     {"shard_uncommit", (PyCFunction)(void (*)(void))shard_uncommit, METH_VARARGS | METH_KEYWORDS,
      "shard_uncommit(dir, fsync=True)\n--\n\nRemoves the index durably (the directory is then no checkpoint); "
      "True when there was one."},
@@ -1005,7 +1005,7 @@ PyMethodDef ksp_shard_methods[] = {
      "file://, a remote location unchanged); UnsupportedError for a scheme the storage layer does not open, and "
      "with write for a read-only one (http, https)."},
     {"dcp_encode", dcp_encode, METH_O,
-     "dcp_encode(value)\n--\n\nThe typed JSON (ASCII bytes) of a DCP non-tensor value: None, bool, int, float, str, "
+     "dcp_encode(value, /)\n--\n\nThe typed JSON (ASCII bytes) of a DCP non-tensor value: None, bool, int, float, str, "
      "bytes, io.BytesIO, and lists, tuples and dicts of them (docs/FORMAT.md 9.1). UnsupportedError for anything "
      "else, LimitError past the nesting or digit limits."},
     {"dcp_decode", (PyCFunction)(void (*)(void))dcp_decode, METH_VARARGS | METH_KEYWORDS,

@@ -164,17 +164,18 @@ static PyObject *structure_dump(StructureObject *self, PyObject *unused) {
 
 static PyMethodDef structure_methods[] = {
     {"dict", (PyCFunction)structure_dict, METH_VARARGS,
-     "dict(path, keys)\n--\n\nRecords the dict at path; returns the name component of each key (ks_key_text)."},
+     "dict($self, path, keys, /)\n--\n\n"
+     "Records the dict at path; returns the name component of each key (ks_key_text)."},
     {"seq", (PyCFunction)structure_seq, METH_VARARGS,
-     "seq(path, kind, n)\n--\n\nRecords the list, tuple or set at path and its item count."},
+     "seq($self, path, kind, n, /)\n--\n\nRecords the list, tuple or set at path and its item count."},
     {"leaf", (PyCFunction)structure_leaf, METH_VARARGS,
-     "leaf(path, kind)\n--\n\nRecords that path holds a bigint, ndarray or bytes leaf."},
+     "leaf($self, path, kind, /)\n--\n\nRecords that path holds a bigint, ndarray or bytes leaf."},
     {"dump", (PyCFunction)structure_dump, METH_NOARGS,
-     "dump()\n--\n\nThe structure document (keepsake.torch_structure) as JSON, or None when empty."},
+     "dump($self)\n--\n\nThe structure document (keepsake.torch_structure) as JSON, or None when empty."},
     {NULL, NULL, 0, NULL}};
 
 static const char structure_doc[] =
-    "The structure document of the values being flattened (include/keepsake/structure.h).";
+    "Structure()\n--\n\nThe structure document of the values being flattened (include/keepsake/structure.h).";
 
 static PyType_Slot structure_slots[] = {
     {Py_tp_dealloc, KSP_SLOT_FN(structure_dealloc)},

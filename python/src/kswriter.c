@@ -102,7 +102,7 @@ ks_statedict *ksp_statedict_from(PyObject *entries) {
   return sd;
 }
 
-/* keepsake.metrics from a description of the metrics (see keepsake/_metrics.py), as `keepsake convert` does. */
+/* keepsake.metrics from a description of the metrics (see keepsake/_state/metrics.py), as `keepsake convert` does. */
 static int add_metrics_meta(ks_meta *meta, const char *desc, const ks_statedict *sd) {
   if (!desc) return 0;
   char *json = NULL;

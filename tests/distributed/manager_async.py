@@ -94,7 +94,7 @@ class Timing:
         import time
 
         import torch.distributed.checkpoint as dcp
-        from keepsake import _dist_manager
+        from keepsake._distributed import manager as _dist_manager
         timing = self
         writer = _dist_manager._writer_class()
         write_data = writer.write_data

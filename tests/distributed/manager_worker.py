@@ -88,7 +88,7 @@ def worker(argv: list) -> None:
 
     import keepsake
     import keepsake.torch as kt
-    from keepsake import _dist_manager
+    from keepsake._distributed import manager as _dist_manager
     from keepsake.distributed import synced
 
     run, steps = argv[0], int(argv[1])

@@ -43,7 +43,7 @@ def worker(out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from keepsake import _sync
+    from keepsake._distributed import sync as _sync
     from keepsake import distributed as kd
 
     dist.init_process_group("gloo")

@@ -35,7 +35,7 @@ import keepsake  # noqa: E402
 import keepsake.distributed  # noqa: E402
 import keepsake.torch as kt  # noqa: E402
 from keepsake import _keepsake as native  # noqa: E402
-from keepsake import _tensors  # noqa: E402
+from keepsake._core import tensors as _tensors  # noqa: E402
 from keepsake.distributed import INDEX_NAME, OBJECT_PREFIX, KeepsakeReader, KeepsakeWriter  # noqa: E402
 
 RANK0 = "rank-00000-of-00001.keepsake"

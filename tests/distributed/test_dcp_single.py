@@ -460,7 +460,7 @@ def scalar_dir(d: str, lr: float, name: str, world: int = 1, seed: int = 0) -> N
     """A directory as the C library writes one: rank 0 holds `w` whole and the scalars lr and name in
     its header (keepsake.scalars); at world 2 rank 1 holds the one chunk of `v`. Values that differ
     only in `seed`, `lr` and `name` give files of the same sizes."""
-    from keepsake import _tensors
+    from keepsake._core import tensors as _tensors
     os.makedirs(d)
     keep: list = []
     g = torch.Generator().manual_seed(seed)

@@ -25,7 +25,7 @@ import torch
 
 import keepsake
 import keepsake.torch as kt
-from keepsake import _native_api
+from keepsake._core import native as _native_api
 
 MIB = 1 << 20
 

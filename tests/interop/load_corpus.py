@@ -9,7 +9,7 @@ layouts), then loads it twice into the same program:
   arguments, dtypes or shapes than the saved ones;
 - C: load_corpus.c (public library only) given that program described as JSON: the model's
   tensors by name, dtype and shape, the components by root and name, every metric as
-  keepsake._load.describe_metric sees it, and the same load options.
+  keepsake._state.load.describe_metric sees it, and the same load options.
 
 The two reports must be identical item by item: (kind, path, reason), or the error's status name
 and key when the load fails. A difference prints both reports as a diff.
@@ -40,7 +40,8 @@ try:
     from torchmetrics.wrappers import ClasswiseWrapper, MinMaxMetric, MultitaskWrapper
     import keepsake
     import keepsake.torch as kt
-    from keepsake import _load, _tensors
+    from keepsake._core import tensors as _tensors
+    from keepsake._state import load as _load
 except ImportError as e:  # the venv lacks something: not this test's business
     print(f"skipped: {e}")
     sys.exit(77)
@@ -698,7 +699,7 @@ MODELS = {
 
 
 # Expected failure: load_checkpoint(model=None) adds an ignore glob "state/model" of its own
-# (python/keepsake/_state.py: "No model given: the file's model is none of this load's business"),
+# (python/keepsake/_state/checkpoint.py: "No model given: the file's model is none of this load's business"),
 # so Python reports nothing about the file's model tensors. The engine has no such rule: a program
 # that registers no model tensors (load_corpus.c, any C program) gets KS_E_MISMATCH on the first
 # state/model/ key in strict mode, and one `skipped` item per tensor otherwise. One side must change.

@@ -7,7 +7,7 @@ import torch
 import keepsake
 import keepsake.numpy as kn
 import keepsake.torch as kt
-from keepsake import _native_api, _tensors
+from keepsake._core import native as _native_api, tensors as _tensors
 
 safetensors = pytest.importorskip("safetensors")
 import safetensors.numpy as sn  # noqa: E402

@@ -145,7 +145,7 @@ def test_numpy_framework_lazy(env, big_s3):
 def corrupt_copy(tensors, victim):
     """The file's bytes with one byte of `victim`'s data flipped."""
     data = bytearray(kt.save(tensors))
-    r = keepsake._native_api.Reader(data=bytes(data))
+    r = keepsake._core.native.Reader(data=bytes(data))
     _name, _code, _shape, begin, end = r.entry(victim)
     data[(begin + end) // 2] ^= 0x40
     return bytes(data)

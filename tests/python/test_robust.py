@@ -259,7 +259,7 @@ def test_every_error_class_survives_pickling(tmp_path):
     """Exceptions cross process boundaries (multiprocessing, DCP gathering a rank's error):
     each class comes back as itself with its fields, those named after builtins included."""
     import pickle
-    from keepsake import _errors
+    from keepsake._core import errors as _errors
     classes = list(_errors.ERRORS.values()) + [_errors.FileNotFoundError_, keepsake.KeepsakeError]
     assert keepsake.IOError_ in classes and keepsake.ValueError_ in classes
     for cls in classes:

@@ -15,7 +15,8 @@ import torchmetrics as tm
 
 import keepsake
 import keepsake.torch as kt
-from keepsake import _staging, _tensors
+from keepsake._core import tensors as _tensors
+from keepsake._state import staging as _staging
 
 
 class Fake:

@@ -41,12 +41,14 @@ for f in pyproject.toml PKG-INFO CMakeLists.txt LICENSE cmake/optional.cmake inc
          python/keepsake/__init__.py python/keepsake/_cli.py python/keepsake/py.typed python/README.md; do
   grep -q "^$top/$f" <<<"$listing" || fail "the sdist lacks $f"
 done
-# Every C source and header of the library, the CLI and the extension, as git (or the tree) has them.
+# Every C source and header of the library, the CLI and the extension, and every module of the
+# Python package (its layer folders too), as git (or the tree) has them.
 cd "$src"
 if git rev-parse --git-dir > /dev/null 2>&1; then
-  sources=$(git ls-files --cached --others --exclude-standard -- 'src/*.[ch]' 'include/*.h' 'tools/*.[ch]' 'python/src/*.[ch]')
+  sources=$(git ls-files --cached --others --exclude-standard -- 'src/*.[ch]' 'include/*.h' 'tools/*.[ch]' \
+            'python/src/*.[ch]' 'python/keepsake/*.py' 'python/keepsake/*.pyi')
 else
-  sources=$(find src include tools python/src -name '*.[ch]')
+  sources=$(find src include tools python/src -name '*.[ch]'; find python/keepsake -name '*.py' -o -name '*.pyi')
 fi
 cd "$work"
 n=0
@@ -58,7 +60,7 @@ done <<<"$sources"
 ! grep -Eq "^$top/(tests|data|docs|bench|examples|scripts|build[^/]*|\.venv[^/]*)/|__pycache__|\.so$" <<<"$listing" ||
   fail "the sdist carries test, data or build files: $(grep -E "^$top/(tests|data|docs|bench|examples|scripts|build|\.venv)" <<<"$listing" | head -n 3)"
 grep -q "^Name: $dist$" <(tar xzOf "$sdist" "$top/PKG-INFO") || fail "PKG-INFO does not name $dist"
-echo "the sdist: $(wc -l <<<"$listing") files, all $n C sources and headers"
+echo "the sdist: $(wc -l <<<"$listing") files, all $n C sources, headers and Python modules"
 
 # 3. sdist -> wheel -> installed, in a clean venv that sees only the test venv's packages.
 "$py" -m venv --without-pip venv
@@ -82,12 +84,16 @@ pip --python venv/bin/python install --no-deps --no-index --no-cache-dir "$whl" 
 # 4. The installed copy: from the venv, saving and loading a file, its command.
 unset PYTHONPATH
 export PYTHONDONTWRITEBYTECODE=1
-venv/bin/python - "$work/venv" "$dist" <<'PY' || fail "the installed package does not work"
-import importlib.metadata, os, sys
+venv/bin/python - "$work/venv" "$dist" "$src/python/keepsake" <<'PY' || fail "the installed package does not work"
+import importlib.metadata, os, pathlib, sys
 import torch
 import keepsake, keepsake.torch as kt
 where = os.path.realpath(keepsake.__file__)
 assert where.startswith(os.path.realpath(sys.argv[1]) + os.sep), f"keepsake imported from {where}"
+def modules(d):  # every module of the package, its layer folders' too, relative to keepsake/
+    return {str(p.relative_to(d)) for p in pathlib.Path(d).rglob("*.py*") if p.suffix in (".py", ".pyi")}
+missing = modules(sys.argv[3]) - modules(os.path.dirname(where))
+assert not missing, f"the installed package lacks {sorted(missing)}"
 assert importlib.metadata.version(sys.argv[2]) == keepsake.__version__
 assert os.path.basename(keepsake._native.__file__) == "_keepsake.abi3.so", keepsake._native.__file__
 t = {"w": torch.arange(12.0).reshape(3, 4), "b": torch.ones(4, dtype=torch.bfloat16)}

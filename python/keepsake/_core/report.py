@@ -74,7 +74,7 @@ class LoadReport:
 
     def __str__(self) -> str:
         # The library's printer itself (ks_load_report_print), so the text is a C program's.
-        from . import _keepsake
+        from .. import _keepsake
         return _keepsake.report_text([(i.kind, i.path, i.reason or "") for i in self.items]).rstrip("\n")
 
     def __repr__(self) -> str:

@@ -19,8 +19,8 @@ import collections
 import json
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _errors
-from ._keepsake import Structure
+from . import errors as _errors
+from .._keepsake import Structure
 
 PYTREE_KEY = "keepsake.pytree"
 STRUCTURE_KEY = "keepsake.torch_structure"
@@ -64,12 +64,12 @@ class Flattener:
         elif isinstance(value, (set, frozenset)):
             self._seq(path, sorted(value, key=repr), "set")
         elif _is_ndarray(value):
-            from ._tensors import numpy_entry
+            from .tensors import numpy_entry
             self.structure.leaf(path, "ndarray")
             self.entries.append(numpy_entry(path, value, self.keep))
         elif isinstance(value, (bytes, bytearray)):
             import numpy as np
-            from ._tensors import numpy_entry
+            from .tensors import numpy_entry
             self.structure.leaf(path, "bytes")
             self.entries.append(numpy_entry(path, np.frombuffer(bytes(value), dtype=np.uint8), self.keep))
         elif hasattr(value, "item") and hasattr(value, "dtype") and type(value).__module__ == "numpy":

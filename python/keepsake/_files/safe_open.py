@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from . import _errors, _tensors
-from ._keepsake import Reader, is_remote
-from ._paths import PathLike, fspath
+from .._core import errors as _errors, tensors as _tensors
+from .._core.native import Reader, is_remote
+from .._core.paths import PathLike, fspath
 
 
 class TensorSlice:

@@ -1,5 +1,6 @@
 """keepsake.CheckpointManager(run_dir, ..., distributed=True): the C checkpoint manager over the
-sharded checkpoint directories a torch.distributed run writes with DCP.
+sharded checkpoint directories a torch.distributed run writes with DCP (a
+:class:`DistributedCheckpointManager`, the local manager's sibling: keepsake._manager.base).
 
 Every rule is the C library's sharded manager (``ks_ckpt_opts.sharded``, include/keepsake/manager.h),
 as the MPI programs use it (``ks_dist_ckpt_*``, src/dist/manager.c): the directory names (the
@@ -10,14 +11,14 @@ period), the run directory's lock (rank 0 holds it), the save triggers, and whic
 autoresume takes (the newest whose rank files all verify against the index). This module makes the
 same collective decisions over torch.distributed that src/dist/manager.c makes over MPI, and
 writes and reads each directory with ``dcp.save`` / ``dcp.async_save`` / ``dcp.load`` through
-keepsake's DCP storage (:mod:`keepsake.distributed`).
+keepsake's DCP storage (:mod:`keepsake.distributed`, keepsake._distributed.storage).
 
 What a directory holds (docs/PYTHON.md, "torch.distributed"):
 
 - DCP items: ``model`` and ``optim`` (``get_state_dict``: FSDP2 / DTensor shards stay sharded),
   the replicated ``extra``, ``schedulers/<name>`` and ``callbacks/<name>`` (their
   ``state_dict()``; names as ``save_checkpoint`` gives them), and each rank's own items under
-  ``rank<r>/`` (keepsake._dist_local): ``rank<r>/rng/...`` (that rank's torch, Python and numpy
+  ``rank<r>/`` (keepsake._distributed.local): ``rank<r>/rng/...`` (that rank's torch, Python and numpy
   generators), ``rank<r>/dataset_state/<name>``, ``rank<r>/metrics/<name>/<i>`` and
   ``rank<r>/eval_metrics/<label>/<name>/<i>`` (that rank's local metric states, as keepsake
   bytes). Each rank is the only one that saves its ``rank<r>/`` items, so they are in its own
@@ -30,19 +31,17 @@ What a directory holds (docs/PYTHON.md, "torch.distributed"):
 """
 from __future__ import annotations
 
-import signal as _signal
 import sys
-from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, MutableMapping, Optional, Tuple
 
-from . import _dist_local, _errors, _metrics, _state
-from . import _native_api as _n
-from ._manager import CheckpointManager, Preempted
-from ._paths import PathLike, fspath
-from ._report import Timestamp
+from .._core import errors as _errors
+from .._core import native as _n
+from .._core.paths import PathLike
+from .._manager.base import EVAL_METRICS, TRAIN_METRICS, ManagerBase, Preempted  # noqa: F401 - the constants' home
+from .._state import checkpoint as _state
+from . import local as _dist_local
 
 TIMESTAMP = "state/timestamp/Timestamp/"
-TRAIN_METRICS = "state/train_metrics/"
-EVAL_METRICS = "state/eval_metrics/"
 
 
 def _dist() -> Any:
@@ -59,7 +58,7 @@ def _writer_class() -> type:
     global _Writer
     if _Writer is not None:
         return _Writer
-    from . import distributed as _d
+    from . import storage as _d
 
     class ManagedWriter(_d.KeepsakeWriter):
         """``extra_entries(rank)`` gives keepsake entries (as save_file takes them) to add to that
@@ -95,12 +94,13 @@ def _save_failure(e: BaseException) -> bool:
         all(_save_failure(f[0]) for f in e.failures.values())
 
 
-class DistributedCheckpointManager(CheckpointManager):
+class DistributedCheckpointManager(ManagerBase):
     """The checkpoint manager of a torch.distributed run: every rank constructs it, with the same
     arguments, and calls :meth:`step`, :meth:`save`, :meth:`autoresume`, :meth:`wait` and
     :meth:`close` at the same points (they are collective).
 
-    Args (as :class:`CheckpointManager`, plus):
+    Args (the components and the :class:`keepsake.CheckpointOptions` of
+    :class:`keepsake.CheckpointManager`, plus):
         model: the (FSDP2, DDP or plain) module; ``optimizers``: an optimizer or a list of them:
             saved and loaded with ``get_state_dict`` / ``set_state_dict``.
         schedulers: an LR scheduler, a list or a dict name -> scheduler; ``callbacks``: a dict
@@ -113,49 +113,27 @@ class DistributedCheckpointManager(CheckpointManager):
         dataset_state: dict name -> object with ``state_dict()`` (or a dict), per rank.
         rng: save and restore each rank's generators.
         extra: a replicated dict of tensors and plain values (rank 0's is what is kept).
-        upload_to: not supported: the C manager uploads checkpoint files, not sharded directories.
+        options: ``upload_to`` and ``cache_dir`` are not supported (UnsupportedError): the C
+            manager uploads and caches checkpoint files, not sharded directories.
         process_group: the ranks that save (default: the whole job). The manager's collectives
             run on two gloo groups of its own over those ranks (one for async saves).
         sync_files: fsync every rank file and the index (default).
     """
 
-    def __init__(self, run_dir: PathLike, *, model: Any = None, optimizers: Any = None, schedulers: Any = None,
-                 train_metrics: Any = None, eval_metrics: Any = None, timestamp: Optional[Timestamp] = None,
-                 dataset_state: Any = None, callbacks: Any = None, extra: Optional[Mapping[str, Any]] = None,
-                 rng: bool = True, run_name: str = "", rank_zero_seed: int = 0,
-                 save_every: Optional[str] = None, save_every_seconds: float = 0.0, filename: Optional[str] = None,
-                 keep_last: int = 0, keep_best: int = 0, best_metric: Optional[str] = None, best_mode: str = "max",
-                 keep_every: Optional[str] = None, keep_period_seconds: float = 0.0, async_save: bool = False,
-                 on_save_error: str = "raise", preemption_signals: Sequence[int] = (_signal.SIGTERM, _signal.SIGUSR1),
-                 lock: str = "auto", upload_to: Optional[PathLike] = None, upload_retention: bool = False,
-                 retention_log: bool = False, when_busy: str = "wait", distributed: bool = True,
-                 process_group: Any = None, sync_files: bool = True) -> None:
+    def __init__(self, run_dir: PathLike, *, process_group: Any = None, sync_files: bool = True, **kw: Any) -> None:
         dist = _dist()
-        if on_save_error not in ("raise", "warn"):
-            raise ValueError("on_save_error: 'raise' or 'warn'")
-        if upload_to is not None:
-            raise _errors.error(_errors.UnsupportedError, "CheckpointManager(distributed=True): upload_to is not "
-                                "supported: the C checkpoint manager uploads checkpoint files, not sharded "
-                                "checkpoint directories (ks_ckpt_opts.upload_io with sharded); give an "
-                                "s3:// run_dir to save straight to the bucket")
-        self.components = dict(model=model, optimizers=optimizers, schedulers=schedulers,
-                               train_metrics=train_metrics, eval_metrics=eval_metrics, dataset_state=dataset_state,
-                               callbacks=callbacks)
+        super().__init__(run_dir, **kw)
+        o = self.options
+        for name in ("upload_to", "cache_dir"):
+            if getattr(o, name) is not None:
+                raise _errors.error(_errors.UnsupportedError, f"CheckpointManager(distributed=True): {name} is not "
+                                    "supported: the C checkpoint manager uploads and caches checkpoint files, not "
+                                    "sharded checkpoint directories (ks_ckpt_opts.upload_io with sharded); give an "
+                                    "s3:// run_dir to save straight to the bucket")
         for kind in ("schedulers", "callbacks"):  # refused now (two of one class), not at the first save
             _state._named(self.components[kind], kind)
-        self.timestamp = timestamp if timestamp is not None else Timestamp()
-        self.extra, self.rng, self.run_name, self.rank_zero_seed = extra, rng, run_name, rank_zero_seed
-        self.async_save, self.on_save_error, self.sync_files = async_save, on_save_error, sync_files
-        self.last_report = None
-        self.last_saved: Optional[str] = None
+        self.sync_files = sync_files
         self.last_resumed: Optional[str] = None
-        self.save_errors = 0
-        self.skipped = 0
-        loc = fspath(run_dir)
-        loc = loc if isinstance(loc, str) else loc.decode("utf-8", "surrogateescape")
-        # A remote run directory: the C manager names directories by the store's own paths (an S3
-        # key prefix), DCP's storage takes the location (s3://bucket/prefix/name).
-        self._url = loc.rstrip("/") if _n.is_remote(loc) else None
         # The background save in flight: (its future, its directory). Every rank holds one or none
         # at the same call: save() starts it on every rank, _finish_pending ends it on every rank.
         self._pending: Optional[Tuple[Any, str]] = None
@@ -166,26 +144,18 @@ class DistributedCheckpointManager(CheckpointManager):
         # Control collectives (decisions, agreement, blocking DCP) and async DCP on groups of their
         # own: gloo (CPU tensors, whatever the training backend), never interleaved with training's.
         self._ctl = dist.new_group(ranks=self._ranks, backend="gloo")
-        self._async_group = dist.new_group(ranks=self._ranks, backend="gloo") if async_save else None
+        self._async_group = dist.new_group(ranks=self._ranks, backend="gloo") if o.async_save else None
         self.rank = dist.get_rank(self._ctl)
         self.world_size = dist.get_world_size(self._ctl)
         # Rank 0 owns the run directory (lock, dead saves, `latest`, retention, the choice of what to
         # resume); the other ranks' managers only name directories (ks_ckpt_manager_dir_path).
         err = None
         try:
-            self._native = _n.Manager(loc, save_interval=save_every, filename=filename,
-                                      keep=keep_last if self.rank == 0 else 0,
-                                      keep_best=keep_best if self.rank == 0 else 0,
-                                      best_metric=best_metric if self.rank == 0 else None, best_mode=best_mode,
-                                      keep_every=keep_every if self.rank == 0 else None,
-                                      keep_period_seconds=keep_period_seconds if self.rank == 0 else 0.0,
-                                      save_every_seconds=save_every_seconds, lock=lock if self.rank == 0 else "off",
-                                      async_busy=when_busy, retention_log=retention_log and self.rank == 0,
-                                      sharded=True)
+            self._native = self._native_manager(owner=self.rank == 0, sharded=True)
         except _errors.KeepsakeError as e:
             err = e
         self._agree(err, "creating the checkpoint manager")
-        self._preempt = _n.preemption_install(list(preemption_signals)) if preemption_signals else ()
+        self._install_preemption()
 
     # ---- collectives ----
 
@@ -224,14 +194,6 @@ class DistributedCheckpointManager(CheckpointManager):
 
     # ---- what is saved ----
 
-    def _named_metrics(self) -> List[Tuple[str, Any]]:
-        """(the path of its ``_computed`` below ``state/``, metric): train metrics, then eval metrics."""
-        c = self.components
-        out = [(f"{TRAIN_METRICS}{name}", m) for name, m in _metrics.named_metrics(c["train_metrics"])]
-        for label, ms in _state._eval_groups(c["eval_metrics"]):
-            out += [(f"{EVAL_METRICS}{label}/{name}", m) for name, m in _metrics.named_metrics(ms)]
-        return out
-
     def _local(self, checkpoint: Optional[str] = None) -> Dict[str, Any]:
         c = self.components
         return _dist_local.local_items(metrics=c["train_metrics"], eval_metrics=c["eval_metrics"],
@@ -261,7 +223,7 @@ class DistributedCheckpointManager(CheckpointManager):
         value of each train and eval metric over every rank (collective: every rank computes it;
         a metric no rank updated has none)."""
         import torch
-        from ._sync import synced
+        from .sync import synced
         out: Dict[str, Any] = {TIMESTAMP + k: v for k, v in _state._timestamp_dict(self.timestamp).items()}
         for path, m in self._named_metrics():
             with synced(m, self._ctl):
@@ -269,9 +231,6 @@ class DistributedCheckpointManager(CheckpointManager):
             if isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point() and bool(torch.isfinite(v)):
                 out[f"{path}/_computed"] = v.detach().reshape(()).to(torch.float64).cpu().clone()
         return out
-
-    def _ts(self) -> dict:
-        return _state._timestamp_dict(self.timestamp)
 
     # ---- saving ----
 
@@ -301,7 +260,7 @@ class DistributedCheckpointManager(CheckpointManager):
         self._agree(err, "starting the save")
         where = self._location(path)
         values = self._keepsake_entries()  # collective (the metrics over every rank)
-        from . import _tensors, _tree
+        from .._core import tensors as _tensors, tree as _tree
 
         def extra_entries(rank: int, keep: list) -> List[tuple]:
             fl = _tree.Flattener(_tensors.torch_entry)
@@ -342,10 +301,6 @@ class DistributedCheckpointManager(CheckpointManager):
         self.last_saved = where
         return where
 
-    def _location(self, path: str) -> str:
-        """The location of a directory the C manager named (its URL for a remote run directory)."""
-        return f"{self._url}/{path.rsplit('/', 1)[-1]}" if self._url else path
-
     def _commit(self, path: str) -> None:
         """After every rank's save returned (agreed): rank 0 points `latest` at it and applies
         retention; its error is raised on every rank."""
@@ -382,8 +337,7 @@ class DistributedCheckpointManager(CheckpointManager):
         except BaseException as e:
             if self.on_save_error == "raise" or e is not self._warnable:
                 raise
-            self.save_errors += 1
-            print(f"keepsake: warning: checkpoint save failed, training goes on: {e}", file=sys.stderr)
+            self._warn_save_failed(e)
             return None
         finally:
             self._warnable = None
@@ -442,7 +396,7 @@ class DistributedCheckpointManager(CheckpointManager):
         finally:
             self._native.close()
             self._destroy_groups()
-            _n.preemption_uninstall(self._preempt)
+            self._uninstall_preemption()
 
     def _destroy_groups(self) -> None:
         """Destroys the manager's own gloo groups (collective). Left to the interpreter's teardown
@@ -456,6 +410,7 @@ class DistributedCheckpointManager(CheckpointManager):
 
     @property
     def run_dir(self) -> str:
+        """The run directory: its URL for a remote one, else the path the C manager resolved."""
         return self._url or self._native.path
 
     # ---- resuming ----
@@ -468,14 +423,14 @@ class DistributedCheckpointManager(CheckpointManager):
         train and eval metric states.
 
         Per-rank items follow the C library's rule (``ks_shard_assigned``, as ks_dist_load applies
-        it; keepsake._dist_local.restore_local): at the saved world size each rank gets its own; at
+        it; keepsake._distributed.local.restore_local): at the saved world size each rank gets its own; at
         another one, saved rank s goes to rank floor(s*M/N), each rank's metric states become the
         fold of the saved ranks assigned to it (``ks_metric_fold``; defaults when none is), so they
         still fold to the saved global metric, and its generators and data positions come from the
         first of them (saved rank rank mod N when none). Returns False when there is none;
         ``self.last_resumed`` is the directory, ``self.skipped`` how many failed to verify."""
         import torch.distributed.checkpoint as dcp
-        from .distributed import KeepsakeReader
+        from .storage import KeepsakeReader
         self._finish_pending()
         path, saved_world, err = None, 0, None
         if self.rank == 0:  # rank 0 chooses, and reads the index it verified: every rank then loads it

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
-from ._paths import PathLike
+from .._core.paths import PathLike
 
 
 def _shared_groups(sd: Dict[str, Any]) -> List[List[str]]:
@@ -54,7 +54,7 @@ def save_model(model: Any, filename: PathLike, metadata: Optional[Dict[str, str]
         force_contiguous: save non-contiguous tensors as contiguous copies (keepsake always writes
             them contiguously; the flag is accepted for safetensors' signature).
     """
-    from .torch import save_file
+    from .torch_files import save_file
     sd = model.state_dict()
     for names in duplicate_names(sd).values():
         for n in names:
@@ -72,7 +72,7 @@ def load_model(model: Any, filename: PathLike, strict: bool = True,
     Returns (missing, unexpected); with ``strict`` (default) either being non-empty raises
     RuntimeError (the matching tensors are loaded by then, as safetensors' ``load_model`` does).
     """
-    from .torch import load_file
+    from .torch_files import load_file
     sd = load_file(filename, device=device, backend="read")
     dropped = duplicate_names(model.state_dict(), preferred=sd.keys())
     missing_list, unexpected = model.load_state_dict(sd, strict=False)

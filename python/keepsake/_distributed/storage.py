@@ -37,11 +37,11 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
                                                   SavePlanner, WriteItem, WriteItemType)
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
-from . import _errors, _tensors
-from . import _keepsake as _native
-from ._paths import PathLike, fspath
-from ._sync import sync, synced, unsync  # noqa: F401 - metrics across ranks (ks_metric_fold)
-from ._dist_local import local_items, restore_local  # noqa: F401 - per-rank items at any world size
+from .._core import errors as _errors, tensors as _tensors
+from .._core import native as _native
+from .._core.paths import PathLike, fspath
+from .sync import sync, synced, unsync  # noqa: F401 - metrics across ranks (ks_metric_fold)
+from .local import local_items, restore_local  # noqa: F401 - per-rank items at any world size
 
 __all__ = ["KeepsakeWriter", "KeepsakeReader", "encode_object", "decode_object", "OBJECT_PREFIX", "INDEX_NAME",
            "sync", "unsync", "synced", "local_items", "restore_local"]

@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _tensors, _tree
-from ._report import LoadReport
+from .._core import tensors as _tensors, tree as _tree
 
 # Constructor arguments the C catalogue takes that torchmetrics keeps as attributes.
 ARG_ATTRS = ("average", "ignore_index", "multidim_average", "nan_strategy", "normalize", "num_classes",
@@ -190,7 +189,7 @@ def metrics_meta(descs: List[Dict[str, Any]]) -> Optional[str]:
     return json.dumps({"layout": "state-dict", "metrics": descs}) if descs else None
 
 
-# ---- loading (the rules are the C engine's: see _load.py) ----
+# ---- loading (the rules are the C engine's: see keepsake._state.load, which builds on this module) ----
 
 def arg_attrs(m: Any) -> Dict[str, Any]:
     """The catalogue's constructor arguments that the metric keeps as attributes, as JSON values."""
@@ -240,24 +239,6 @@ def install_attrs(metric: Any, values: Dict[str, Any]) -> None:
             setattr(metric, a, v)
         else:
             setattr(metric, a, _tensors.torch_from_copy(v).to(getattr(metric, a).device))
-
-
-def load_metrics_from(items: Dict[str, Any], metrics_meta: Dict[str, Any], kinds: Dict[str, Any],
-                      metrics: Dict[str, Any], root: str, report: LoadReport, allow_narrowing: bool) -> None:
-    """Fills `metrics` (name -> metric, saved under `root`) from flat entries held in memory (a
-    Lightning checkpoint dict), through the C engine as load_checkpoint does."""
-    from . import _load
-    assert root == "state/train_metrics/", root
-    fl = _tree.Flattener(_tensors.torch_entry)
-    for k, v in items.items():
-        if v is not None and (k.startswith(root) or k.startswith("state/eval_metrics/")):
-            fl.add(k, v)
-    meta = {"keepsake.metrics": json.dumps(metrics_meta)} if metrics_meta else {}
-    train = [_load.describe_metric(n, m) for n, m in metrics.items()]
-    res = _load.run((fl.entries, meta), {"train": train, "allow_narrowing": allow_narrowing})
-    for kind, path, why in res["report"]:
-        report.add(kind, path, why)
-    _load.install_metrics([(root + n, m) for n, m in metrics.items()], res, items, kinds)
 
 
 def file_metric_paths(items: Dict[str, Any], meta: Dict[str, Any]) -> List[str]:

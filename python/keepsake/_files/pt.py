@@ -4,9 +4,9 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Union
 
-from . import _native_api as _n
-from . import _tensors, _tree
-from ._paths import PathLike, fspath
+from .._core import native as _n
+from .._core import tensors as _tensors, tree as _tree
+from .._core.paths import PathLike, fspath
 
 
 def load_pt(source: Union[PathLike, bytes], *, verify_crc: bool = False, flat: bool = False) -> Any:

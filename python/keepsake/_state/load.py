@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import _metrics, _tensors, _tree
-from . import _native_api as _n
+from .._core import native as _n, tensors as _tensors, tree as _tree
+from .._core.report import LoadReport
+from . import metrics as _metrics
 
 FILLED = ("loaded", "migrated", "converted")
 
@@ -145,3 +146,20 @@ def install_metrics(pairs: Sequence[Tuple[str, Any]], result: Dict[str, Any], it
         kind_of.setdefault(path, kind)
     for path, m in pairs:
         install_metric(m, path, result["metrics"].get(path), kind_of.get(path), items, kinds)
+
+
+def load_metrics_from(items: Dict[str, Any], metrics_meta: Dict[str, Any], kinds: Dict[str, Any],
+                      metrics: Dict[str, Any], root: str, report: LoadReport, allow_narrowing: bool) -> None:
+    """Fills `metrics` (name -> metric, saved under `root`) from flat entries held in memory (a
+    Lightning checkpoint dict), through the C engine as load_checkpoint does."""
+    assert root == "state/train_metrics/", root
+    fl = _tree.Flattener(_tensors.torch_entry)
+    for k, v in items.items():
+        if v is not None and (k.startswith(root) or k.startswith("state/eval_metrics/")):
+            fl.add(k, v)
+    meta = {"keepsake.metrics": json.dumps(metrics_meta)} if metrics_meta else {}
+    train = [describe_metric(n, m) for n, m in metrics.items()]
+    res = run((fl.entries, meta), {"train": train, "allow_narrowing": allow_narrowing})
+    for kind, path, why in res["report"]:
+        report.add(kind, path, why)
+    install_metrics([(root + n, m) for n, m in metrics.items()], res, items, kinds)

@@ -1,7 +1,7 @@
 """keepsake.EarlyStopping: the C library's early stopping (ks_early_stop) as a checkpoint component."""
 from __future__ import annotations
 
-from . import _native_api as _n
+from .._core import native as _n
 
 
 class EarlyStopping(_n.EarlyStop):

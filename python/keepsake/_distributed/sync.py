@@ -8,8 +8,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, List, Optional
 
-from . import _errors, _load, _metrics, _tensors, _tree
-from . import _native_api as _n
+from .._core import errors as _errors, native as _n, tensors as _tensors, tree as _tree
+from .._state import load as _load, metrics as _metrics
 
 
 def _encode(m: Any) -> bytes:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Iterable, Tuple
 
-from . import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
-from . import _keepsake as _native
-from ._paths import PathLike, fspath
+from .. import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
+from .._core import native as _n
+from .._core.paths import PathLike, fspath
 
 __all__ = ["convert_dcp"]
 
@@ -67,4 +67,4 @@ def convert_dcp(src: PathLike, dst: PathLike, ignore: Iterable[str] = (), salvag
         serialization format of ``FileSystemWriter``, transform extensions), ExistsError (``hf`` into a
         directory that is not empty); ``dst`` is then unchanged.
     """
-    return _native.convert(fspath(src), fspath(dst), list(ignore), salvage, torch_compat, hf, hf_shard_bytes)
+    return _n.convert(fspath(src), fspath(dst), list(ignore), salvage, torch_compat, hf, hf_shard_bytes)

@@ -2,7 +2,7 @@
 and random generators, saved under ``rank<r>/`` by plain ``dcp.save`` and restored after a plain
 ``dcp.load`` at any world size (re-exported by :mod:`keepsake.distributed`).
 
-The layout is the distributed checkpoint manager's (keepsake._dist_manager, which uses these
+The layout is the distributed checkpoint manager's (keepsake._distributed.manager, which uses these
 functions): ``rank<r>/metrics/<name>/<i>`` and ``rank<r>/eval_metrics/<label>/<name>/<i>`` (part i
 of a metric: 0 is the metric, then a wrapper's inner metrics; each one rank's local states and
 update count as keepsake bytes), ``rank<r>/dataset_state/<name>`` and ``rank<r>/rng/...``. Only
@@ -11,7 +11,7 @@ rank r saves its ``rank<r>/`` items, so they lie in its own rank file.
 Which saved ranks a rank takes when it loads at another world size is the C library's rule
 (``ks_shard_assigned``, asked through ``_keepsake.shard_assigned``): saved rank s goes to rank
 floor(s*M/N). A rank's metric states become the fold of the saved ranks it takes
-(``ks_metric_fold``, through :func:`keepsake._sync.restore_local`; the metric's defaults when it
+(``ks_metric_fold``, through :func:`keepsake._distributed.sync.restore_local`; the metric's defaults when it
 takes none); its generators and data positions are those of the first of them (saved rank
 ``rank mod N`` when none).
 """
@@ -20,9 +20,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple
 
-from . import _errors, _metrics, _rng, _state
-from . import _native_api as _n
-from ._paths import PathLike, fspath
+from .._core import errors as _errors, native as _n
+from .._core.paths import PathLike, fspath
+from .._state import checkpoint as _state, metrics as _metrics, rng as _rng
 
 __all__ = ["local_items", "restore_local"]
 
@@ -85,7 +85,7 @@ def local_items(*, metrics: Any = None, eval_metrics: Any = None, dataset_state:
     components as the save did; after ``dcp.load``, :func:`restore_local` installs them.
     Not collective (every rank reads the checkpoint's index on its own)."""
     rank, world = _rank_world(group)
-    from . import _sync
+    from . import sync as _sync
     if checkpoint is None:
         mine = f"rank{rank}/"
         sd = {mine + k: _sync._encode(part) for k, part in _metric_parts(metrics, eval_metrics)}
@@ -122,7 +122,7 @@ def restore_local(state_dict: Mapping[str, Any], *, metrics: Any = None, eval_me
     Takes the same components and `checkpoint` as :func:`local_items`. Not collective."""
     rank, world = _rank_world(group)
     lo, hi, first, _saved = _assignment(checkpoint, rank, world)
-    from . import _sync
+    from . import sync as _sync
     parts: List[Tuple[str, Any]] = list(_metric_parts(metrics, eval_metrics))
     src = f"rank{first}/"
     need = [f"rank{s}/{k}" for k, _p in parts for s in range(lo, hi)]

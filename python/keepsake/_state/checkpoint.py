@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import _errors, _load, _metrics, _rng, _tensors, _tree
-from . import _native_api as _n
-from ._paths import PathLike, fspath
-from ._report import LoadReport, Timestamp
+from .._core import errors as _errors, native as _n, tensors as _tensors, tree as _tree
+from .._core.paths import PathLike, fspath
+from .._core.report import LoadReport, Timestamp
+from . import load as _load, metrics as _metrics, rng as _rng
 
 TIMESTAMP = "state/timestamp/Timestamp/"
 
@@ -56,7 +56,7 @@ def checkpoint_entries(model: Any = None, optimizers: Any = None, schedulers: An
                        dataset_state: Any = None, callbacks: Any = None, run_name: str = "",
                        rank_zero_seed: int = 0, staging: Any = None) -> Tuple[_tree.Flattener, List[Dict[str, Any]]]:
     """Flattens the components into entries, in the C library's order. With `staging` (a
-    :class:`keepsake._staging.HostStaging`) device tensors' entries wait for its ``stage(entries)``,
+    :class:`keepsake._state.staging.HostStaging`) device tensors' entries wait for its ``stage(entries)``,
     which copies them into its host buffer, before they go to the library."""
     fl = _tree.Flattener(staging.entry if staging is not None else _tensors.torch_entry)
     if model is not None:

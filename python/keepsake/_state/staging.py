@@ -9,7 +9,7 @@ point into the buffer, so the library writes (or, for a background save, snapsho
 from there with no further copy in Python. A state of the same layout lands at the same
 addresses every save, so after the first save nothing is allocated. :meth:`close` frees the
 buffer. Tensors that are not on a device become entries through
-:func:`keepsake._tensors.torch_entry`, unchanged.
+:func:`keepsake._core.tensors.torch_entry`, unchanged.
 
 The allocator, the device predicate, the copy and the wait are arguments, so the bookkeeping runs
 (and is tested) without a GPU: give ``alloc`` a plain allocator and mark test tensors as "device"
@@ -21,7 +21,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _tensors
+from .._core import tensors as _tensors
 
 ALIGN = 64
 IMAGE_ALIGN = 4096  # KS_IMAGE_ALIGN: where a save's image must start (the library refuses others)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _errors
-from ._keepsake import dtypes as _dtypes
+from . import errors as _errors
+from .._keepsake import dtypes as _dtypes
 
 # keepsake dtype codes (include/keepsake/dtype.h): their safetensors names and element sizes, as
 # the library has them.
