@@ -269,7 +269,13 @@ KS_NODISCARD ks_status ks_shard_map_get(const ks_shard_map *m, const char *name,
 /* Reading into a binding's own memory.                                      */
 /* ------------------------------------------------------------------------ */
 
-/** One tensor for ks_reader_fetch_many: tensor `index` into `cap` bytes at `buf`. */
+/**
+ * One tensor for ks_reader_fetch_many: tensor `index` into `cap` bytes at `buf`. A job with `buf`
+ * NULL and `cap` 0 keeps nothing: the tensor is only checked against its checksum (a lazy reader
+ * reads it piece by piece into a scratch piece of at most 512 KiB and hashes it there), so that a
+ * binding can verify what it will later read into memory it must not change before every
+ * checksum passed.
+ */
 typedef struct ks_fetch {
   size_t index;
   void *buf;

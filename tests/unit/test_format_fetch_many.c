@@ -1,7 +1,9 @@
 /*
  * ks_reader_fetch_many: the same bytes as one ks_reader_fetch per tensor whatever the thread
  * count, above and below the size where threads start; a damaged tensor reported as the earliest
- * failing job; bad indices, small buffers and NULL arguments refused.
+ * failing job; bad indices, small buffers and NULL arguments refused. Jobs without memory (buf
+ * NULL, cap 0) only check their tensor: good ones pass, a damaged one fails as a fetch would, and
+ * a failed allocation of the scratch piece is KS_E_NOMEM with nothing leaked.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -75,6 +77,13 @@ static void same_bytes_for_every_thread_count(void **state) {
       ks_fetch *jobs = jobs_for(r, &n);
       assert_int_equal(ks_reader_fetch_many(r, jobs, n, threads, NULL), KS_OK);
       for (size_t i = 0; i < n; i++) assert_memory_equal(jobs[i].buf, ref[i].buf, ref[i].cap);
+      for (size_t i = 0; i < n; i += 2) { /* every other job only checked */
+        free(jobs[i].buf);
+        jobs[i].buf = NULL;
+        jobs[i].cap = 0;
+      }
+      assert_int_equal(ks_reader_fetch_many(r, jobs, n, threads, NULL), KS_OK);
+      for (size_t i = 1; i < n; i += 2) assert_memory_equal(jobs[i].buf, ref[i].buf, ref[i].cap);
       free_jobs(jobs, n);
     }
     free_jobs(ref, n);
@@ -111,6 +120,12 @@ static void the_earliest_failure_is_reported(void **state) {
     assert_int_equal(ks_reader_fetch_many(r, jobs, n, threads, &err), KS_E_CHECKSUM);
     assert_string_equal(err.key, name5);
     free_jobs(jobs, n);
+    ks_fetch *checks = calloc(n, sizeof *checks); /* the same with nothing kept */
+    for (size_t i = 0; i < n; i++) checks[i] = (ks_fetch){i, NULL, 0};
+    assert_int_equal(ks_reader_fetch_many(r, checks, n, threads, &err), KS_E_CHECKSUM);
+    assert_string_equal(err.key, name5);
+    assert_int_equal(ks_reader_fetch_many(r, checks + 6, 11, threads, &err), KS_OK); /* 6..16: intact */
+    free(checks);
   }
   ks_fetch bad[2] = {{0, NULL, 0}, {999, NULL, 0}};
   ks_fetch *jobs = jobs_for(r, &n);
@@ -126,10 +141,35 @@ static void the_earliest_failure_is_reported(void **state) {
   free(dir);
 }
 
+static void a_check_that_cannot_allocate_fails_cleanly(void **state) {
+  (void)state;
+  char *dir = ks_test_tmpdir("fetch-many-nomem");
+  char *path = write_file(dir, 1);
+  ks_test_alloc ta;
+  ks_test_alloc_init(&ta, 0);
+  ks_read_opts o = {.size = sizeof o, .mode = KS_READ_LAZY, .alloc = &ta.a};
+  ks_reader *r;
+  assert_int_equal(ks_reader_open(path, &o, &r, NULL), KS_OK);
+  ks_fetch check = {3, NULL, 0};
+  ta.fail_at = ta.calls + 1; /* the scratch piece */
+  ks_error err;
+  assert_int_equal(ks_reader_fetch_many(r, &check, 1, 1, &err), KS_E_NOMEM);
+  ta.fail_at = 0;
+  long live = ta.live;
+  assert_int_equal(ks_reader_fetch_many(r, &check, 1, 1, &err), KS_OK);
+  assert_int_equal(ta.live, live);
+  ks_reader_free(r);
+  assert_int_equal(ta.live, 0);
+  free(path);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(same_bytes_for_every_thread_count),
       cmocka_unit_test(the_earliest_failure_is_reported),
+      cmocka_unit_test(a_check_that_cannot_allocate_fails_cleanly),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
