@@ -11,9 +11,10 @@
  *    touching a view past a new end raises SIGBUS (format.h, "What the mapped
  *    mode promises").
  *  - "read": the whole file is read into memory the reader owns (the
- *    library's POSIX table: open_fn, read_fn); nothing is mapped, so a file
- *    truncated or rewritten while it is read gives an error, never a signal,
- *    and the tensors never change afterwards.
+ *    library's KS_READ_COPY: on a few threads, each tensor hashed as its bytes
+ *    land when verify is asked); nothing is mapped, so a file truncated or
+ *    rewritten while it is read gives an error, never a signal, and the
+ *    tensors never change afterwards.
  * A remote object (s3://, http(s)://) is read through the storage layer: whole ("read", and what
  * load_file asks), or with lazy=True (safe_open) in the library's KS_READ_LAZY mode: open reads
  * the header only, and tensor(name) fetches one tensor's byte range into memory the returned
@@ -65,6 +66,24 @@ static int fail_io(ks_error *err, const char *path, const char *what) {
   return KS_E_IO;
 }
 
+/*
+ * A large copy costs its first-touch page faults more than its read(): transparent huge pages
+ * over the buffer cut them 512-fold where the kernel allows it (a hint; the library's own copies
+ * in src/core/fmap.c ask the same). Over a mapping of the file, the hint makes the kernel read a
+ * file that is not in the page cache yet in 2 MiB folios, which it then maps whole: a tensor
+ * touched later takes one fault per 2 MiB instead of one per 4-256 KiB (docs/BENCHMARKS.md).
+ */
+static void advise_huge(void *p, size_t size) {
+#ifdef MADV_HUGEPAGE
+  const uintptr_t huge = (uintptr_t)2 << 20;
+  uintptr_t begin = ((uintptr_t)p + huge - 1) & ~(huge - 1), end = ((uintptr_t)p + size) & ~(huge - 1);
+  if (end > begin) (void)madvise((void *)begin, end - begin, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)size;
+#endif
+}
+
 /* Maps `path` copy-on-write. Refuses anything but a regular file (a FIFO would block). */
 static KS_NODISCARD ks_status map_file(ksp_Reader *self, const char *path, ks_error *err) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -83,6 +102,7 @@ static KS_NODISCARD ks_status map_file(ksp_Reader *self, const char *path, ks_er
     void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) st = fail_io(err, path, "cannot map file");
     else {
+      advise_huge(p, (size_t)sb.st_size);
       self->map = p;
       self->map_len = (size_t)sb.st_size;
       self->base = p;
@@ -102,22 +122,6 @@ static KS_NODISCARD ks_status copy_bytes(ksp_Reader *self, PyObject *src) {
   self->len = (size_t)view.len;
   PyBuffer_Release(&view);
   return self->heap ? KS_OK : KS_E_NOMEM;
-}
-
-/*
- * A large copy costs its first-touch page faults more than its read(): transparent huge pages
- * over the buffer cut them 512-fold where the kernel allows it (a hint; the library's own copies
- * in src/core/fmap.c ask the same).
- */
-static void advise_huge(void *p, size_t size) {
-#ifdef MADV_HUGEPAGE
-  const uintptr_t huge = (uintptr_t)2 << 20;
-  uintptr_t begin = ((uintptr_t)p + huge - 1) & ~(huge - 1), end = ((uintptr_t)p + size) & ~(huge - 1);
-  if (end > begin) (void)madvise((void *)begin, end - begin, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)size;
-#endif
 }
 
 /*
@@ -158,6 +162,28 @@ static KS_NODISCARD ks_status read_copy(ksp_Reader *self, const char *path, cons
   self->base = (uint8_t *)self->heap;
   self->len = (size_t)size;
   return st;
+}
+
+/*
+ * "read" backend of a local file: the library's KS_READ_COPY (header first, then every tensor on a
+ * few threads, each hashed as its bytes land when verify is asked, into memory advised for huge
+ * pages); the Reader hands out that copy (ks_reader_memory) and keeps it until it is freed.
+ */
+static KS_NODISCARD ks_status open_copy(ksp_Reader *self, const char *path, int verify, ks_reader **r,
+                                        ks_error *err) {
+  ks_read_opts o = {.size = sizeof o, .mode = KS_READ_COPY, .verify_checksums = verify};
+  ks_status st = ks_reader_open(path, &o, r, err);
+  const void *p = NULL;
+  size_t len = 0;
+  if (!st) st = ks_reader_memory(*r, &p, &len, err);
+  if (st) {
+    ks_reader_free(*r);
+    *r = NULL;
+    return st;
+  }
+  self->base = (uint8_t *)(uintptr_t)p; /* the reader's own copy, writable: tensors may be written */
+  self->len = len;
+  return KS_OK;
 }
 
 /*
@@ -225,6 +251,9 @@ static int reader_init(ksp_Reader *self, PyObject *args, PyObject *kw) {
     self->opening = 1;
     if (lazy && !copy) { /* the header now, each tensor when asked */
       Py_BEGIN_ALLOW_THREADS st = open_lazy(self, p, cache_dir, verify, &r, &err);
+      Py_END_ALLOW_THREADS
+    } else if (copy && !ksp_is_remote(p)) {
+      Py_BEGIN_ALLOW_THREADS st = open_copy(self, p, verify, &r, &err);
       Py_END_ALLOW_THREADS
     } else if (copy || ksp_is_remote(p)) { /* a remote object is otherwise read whole: nothing to map */
       Py_BEGIN_ALLOW_THREADS st = remote_or_local_copy(self, p, cache_dir, &stats, &err);

@@ -3,7 +3,8 @@
  * count, above and below the size where threads start; a damaged tensor reported as the earliest
  * failing job; bad indices, small buffers and NULL arguments refused. Jobs without memory (buf
  * NULL, cap 0) only check their tensor: good ones pass, a damaged one fails as a fetch would, and
- * a failed allocation of the scratch piece is KS_E_NOMEM with nothing leaked.
+ * a failed allocation of the scratch piece is KS_E_NOMEM with nothing leaked. ks_reader_memory
+ * hands out the whole file of a copy or a mapping, never a lazy reader's header alone.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -165,11 +166,49 @@ static void a_check_that_cannot_allocate_fails_cleanly(void **state) {
   free(dir);
 }
 
+/* ks_reader_memory: the whole file, byte for byte, from a copy read on several threads (48+ MiB,
+   verified as it lands) and from a mapping; a lazy reader, which holds the header only, and NULL
+   arguments are refused. */
+static void memory_is_the_whole_file(void **state) {
+  (void)state;
+  char *dir = ks_test_tmpdir("fetch-many");
+  char *path = write_file(dir, 2);
+  size_t want_len;
+  uint8_t *want = ks_test_read_file(path, &want_len);
+  assert_non_null(want);
+  ks_read_mode modes[] = {KS_READ_COPY, KS_READ_MMAP};
+  for (size_t m = 0; m < 2; m++) {
+    ks_read_opts o = {.size = sizeof o, .mode = modes[m], .verify_checksums = 1};
+    ks_reader *r;
+    assert_int_equal(ks_reader_open(path, &o, &r, NULL), KS_OK);
+    const void *p = NULL;
+    size_t len = 0;
+    assert_int_equal(ks_reader_memory(r, &p, &len, NULL), KS_OK);
+    assert_int_equal(len, want_len);
+    assert_memory_equal(p, want, want_len);
+    assert_int_equal(ks_reader_memory(r, NULL, &len, NULL), KS_E_INVALID);
+    ks_reader_free(r);
+  }
+  ks_reader *lazy = open_lazy(path);
+  const void *p = NULL;
+  size_t len = 0;
+  ks_error err;
+  assert_int_equal(ks_reader_memory(lazy, &p, &len, &err), KS_E_UNSUPPORTED);
+  assert_null(p);
+  ks_reader_free(lazy);
+  assert_int_equal(ks_reader_memory(NULL, &p, &len, NULL), KS_E_INVALID);
+  free(want);
+  free(path);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(same_bytes_for_every_thread_count),
       cmocka_unit_test(the_earliest_failure_is_reported),
       cmocka_unit_test(a_check_that_cannot_allocate_fails_cleanly),
+      cmocka_unit_test(memory_is_the_whole_file),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

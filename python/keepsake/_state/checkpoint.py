@@ -178,8 +178,7 @@ def _read_verified(reader: Any, ignore: Sequence[str],
     items = plan.read()
     items.update(reader.scalars())
     items = _without_ignored(items, ignore)
-    keep: list = []
-    entries = [_tensors.torch_entry(k, v, keep) if hasattr(v, "data_ptr") else (k, v) for k, v in items.items()]
+    entries, keep = plan.entries(items)
     meta = reader.metadata(True)
     return (entries, meta, keep), items, meta, plan
 
@@ -222,14 +221,11 @@ def _offer(model_targets: Dict[str, Any], optimizers: Any, templates: Dict[int, 
     buffers, or their staging tensors), and each optimizer's existing state tensors (whose
     state_dict() is kept in `templates` for its loader)."""
     def offer(plan: Any) -> None:
-        for key, t in model_targets.items():
-            plan.offer(key, t)
+        plan.offer(model_targets)
         for name, opt in _named(optimizers, "optimizers"):
             if hasattr(opt, "state_dict") and hasattr(opt, "load_state_dict"):
-                prefix = f"state/optimizers/{name}"
                 templates[id(opt)] = opt.state_dict()
-                for key, t in _inplace.template_tensors(prefix, templates[id(opt)]).items():
-                    plan.offer(key, t)
+                plan.offer(_inplace.template_tensors(f"state/optimizers/{name}", templates[id(opt)]))
     return offer
 
 

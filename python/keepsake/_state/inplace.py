@@ -29,17 +29,30 @@ from .._core import tensors as _tensors, tree as _tree
 Entry = Tuple[str, int, Tuple[int, ...], int, int]  # the reader's (name, code, shape, begin, end)
 
 
-def _placeable(t: Any) -> bool:
+def _placeable(t: Any, torch: Any) -> bool:
     """A tensor whose own memory the file's bytes can be read into: dense, contiguous, on the CPU."""
-    import torch
     return (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.layout == torch.strided
-            and t.is_contiguous() and not t.is_conj() and not t.is_neg() and t.numel() > 0)
+            and t.is_contiguous() and not t.is_conj() and not t.is_neg())
+
+
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
 def template_tensors(prefix: str, template: Any) -> Dict[str, Any]:
     """The tensors of a component's state_dict() by the keys its saved entries have (the writer's
-    naming, through the same Flattener); {} for a state the writer could not store."""
+    naming, through the same Flattener); {} for a state the writer could not store. An optimizer's
+    ``state`` (int parameter ids -> {name: tensor}) with plain names is named directly: an int is
+    its decimal, a plain name itself, as the Flattener names them; a key that does not name an
+    entry of the file only means that tensor is not read in place."""
     found: Dict[str, Any] = {}
+    state = template.get("state") if isinstance(template, dict) else None
+    if isinstance(state, dict) and all(type(i) is int and isinstance(st, dict) and all(
+            type(k) is str and k and _PLAIN.issuperset(k) for k in st) for i, st in state.items()):
+        for i, st in state.items():
+            for k, v in st.items():
+                if hasattr(v, "data_ptr"):
+                    found[f"{prefix}/state/{i}/{k}"] = v
+        return found
 
     def record(path: str, t: Any, keep: list) -> tuple:
         found[path] = t
@@ -61,19 +74,37 @@ class Plan:
         self.dest: Dict[str, Any] = {}
         self._claimed: set = set()
 
-    def offer(self, key: str, t: Any) -> None:
-        """`t` takes the bytes of entry `key` in place if it has the entry's dtype, shape and size
-        and no other destination holds its memory (tied weights: the first one; the others are
-        copied by the engine or installed as before)."""
-        e = self.ents.get(key)
-        if e is None or not _placeable(t):
-            return
-        code = _tensors.torch_maps()[0].get(t.dtype)
-        nbytes = t.numel() * t.element_size()
-        if code != e[1] or tuple(t.shape) != tuple(e[2]) or nbytes != e[4] - e[3] or t.data_ptr() in self._claimed:
-            return
-        self._claimed.add(t.data_ptr())
-        self.dest[key] = t
+    def offer(self, tensors: Dict[str, Any]) -> None:
+        """Each tensor (by entry name) takes the bytes of its entry in place if it has the entry's
+        dtype, shape and size and no other destination holds its memory (tied weights: the first
+        one; the engine copies the others, or they are installed as before)."""
+        import torch
+        codes = _tensors.torch_maps()[0]
+        for key, t in tensors.items():
+            e = self.ents.get(key)
+            if e is None or not _placeable(t, torch):
+                continue
+            ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+            if (codes.get(t.dtype) != e[1] or nbytes == 0 or nbytes != e[4] - e[3] or tuple(t.shape) != tuple(e[2])
+                    or ptr in self._claimed):
+                continue
+            self._claimed.add(ptr)
+            self.dest[key] = t
+
+    def entries(self, items: Dict[str, Any]) -> Tuple[List[tuple], list]:
+        """The engine's entries of `items` (the file's values, the ignored left out): a tensor's
+        dtype, shape and size are its file entry's; its memory, the block's or the program's."""
+        keep: list = []
+        out: List[tuple] = []
+        for k, v in items.items():
+            e = self.ents.get(k)
+            if e is not None and hasattr(v, "data_ptr"):
+                out.append((k, e[1], tuple(e[2]), v.data_ptr() if e[4] > e[3] else 0, e[4] - e[3]))
+            elif hasattr(v, "data_ptr"):
+                out.append(_tensors.torch_entry(k, v, keep))
+            else:
+                out.append((k, v))
+        return out, keep
 
     def read(self) -> Dict[str, Any]:
         """The first pass: every tensor of the file checked, the new ones read into one block
