@@ -66,24 +66,6 @@ static int fail_io(ks_error *err, const char *path, const char *what) {
   return KS_E_IO;
 }
 
-/*
- * A large copy costs its first-touch page faults more than its read(): transparent huge pages
- * over the buffer cut them 512-fold where the kernel allows it (a hint; the library's own copies
- * in src/core/fmap.c ask the same). Over a mapping of the file, the hint makes the kernel read a
- * file that is not in the page cache yet in 2 MiB folios, which it then maps whole: a tensor
- * touched later takes one fault per 2 MiB instead of one per 4-256 KiB (docs/BENCHMARKS.md).
- */
-static void advise_huge(void *p, size_t size) {
-#ifdef MADV_HUGEPAGE
-  const uintptr_t huge = (uintptr_t)2 << 20;
-  uintptr_t begin = ((uintptr_t)p + huge - 1) & ~(huge - 1), end = ((uintptr_t)p + size) & ~(huge - 1);
-  if (end > begin) (void)madvise((void *)begin, end - begin, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)size;
-#endif
-}
-
 /* Maps `path` copy-on-write. Refuses anything but a regular file (a FIFO would block). */
 static KS_NODISCARD ks_status map_file(ksp_Reader *self, const char *path, ks_error *err) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -102,7 +84,6 @@ static KS_NODISCARD ks_status map_file(ksp_Reader *self, const char *path, ks_er
     void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) st = fail_io(err, path, "cannot map file");
     else {
-      advise_huge(p, (size_t)sb.st_size);
       self->map = p;
       self->map_len = (size_t)sb.st_size;
       self->base = p;
@@ -122,6 +103,22 @@ static KS_NODISCARD ks_status copy_bytes(ksp_Reader *self, PyObject *src) {
   self->len = (size_t)view.len;
   PyBuffer_Release(&view);
   return self->heap ? KS_OK : KS_E_NOMEM;
+}
+
+/*
+ * A large copy costs its first-touch page faults more than its read(): transparent huge pages
+ * over the buffer cut them 512-fold where the kernel allows it (a hint; the library's own copies
+ * in src/core/fmap.c ask the same).
+ */
+static void advise_huge(void *p, size_t size) {
+#ifdef MADV_HUGEPAGE
+  const uintptr_t huge = (uintptr_t)2 << 20;
+  uintptr_t begin = ((uintptr_t)p + huge - 1) & ~(huge - 1), end = ((uintptr_t)p + size) & ~(huge - 1);
+  if (end > begin) (void)madvise((void *)begin, end - begin, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)size;
+#endif
 }
 
 /*
