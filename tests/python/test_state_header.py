@@ -53,3 +53,29 @@ def test_fixture_covers_the_layout(expected):
         assert part in keys, part
     assert expected["save_checkpoint"]["metadata"]["keepsake.state"] == '{"layout_version":1}'
     assert expected["lightning"]["metadata"]["keepsake.lightning"] == '{"layout_version": 1}'
+
+
+def test_state_key_is_the_library_rule_and_refuses_bad_parts():
+    """keepsake._core.layout asks the library (ks_state_key); bad parts raise, never crash."""
+    import keepsake
+    from keepsake._core import layout, native
+
+    assert layout.key(layout.OPTIMIZER, "AdamW") == "state/optimizers/AdamW"
+    assert layout.key(layout.METRIC_INNER, "_base_metric", base="state/train_metrics/mm") == \
+        "state/train_metrics/mm/inner/_base_metric"
+    assert layout.folder(layout.EVAL_METRIC, "val") == "state/eval_metrics/val/"
+    assert layout.COMPUTED == "_computed"
+    assert layout.STATE_RECORD == ("keepsake.state", '{"layout_version":1}')
+    for part in (-1, 18, 1 << 40):
+        with pytest.raises((keepsake.KeepsakeError, OverflowError)):
+            native.state_key(part, None, "x")
+    with pytest.raises(keepsake.KeepsakeError):
+        native.state_key(layout.METRIC_STATE, None, "tp")  # a metric's part needs its path
+    with pytest.raises(keepsake.KeepsakeError):
+        native.state_key(layout.RUN_NAME, None, "x")  # takes no name
+    with pytest.raises(keepsake.KeepsakeError):
+        native.state_key(layout.MODEL, None, "w" * 5000)
+    with pytest.raises(TypeError):
+        native.state_key(layout.MODEL, None, 3)
+    with pytest.raises(KeyError):
+        native.layout_record("keepsake.metrics")
