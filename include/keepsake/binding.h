@@ -45,6 +45,58 @@ KS_BEGIN_BINDING_DECLS
 int ks_path_match(const char *glob, const char *path);
 
 /* ------------------------------------------------------------------------ */
+/* The key layout of a training state (layout.h), for bindings that save.    */
+/* ------------------------------------------------------------------------ */
+
+/** What a key of a training-state checkpoint names (ks_state_key's `part`). */
+typedef enum ks_state_part {
+  KS_PART_MODEL = 0,           /**< a model tensor: state/model/<name> */
+  KS_PART_OPTIMIZER = 1,       /**< an optimizer's folder: state/optimizers/<name> */
+  KS_PART_SCHEDULER = 2,       /**< state/schedulers/<name> */
+  KS_PART_CALLBACK = 3,        /**< state/callbacks/<name> */
+  KS_PART_DATASET_STATE = 4,   /**< state/dataset_state/<name> */
+  KS_PART_RNG = 5,             /**< one rank's generators: rng/<name> (the rank) */
+  KS_PART_TIMESTAMP = 6,       /**< a timestamp field: state/timestamp/Timestamp/<name> */
+  KS_PART_TRAIN_METRIC = 7,    /**< a train metric's folder: state/train_metrics/<name> */
+  KS_PART_EVAL_METRIC = 8,     /**< an eval metric's folder: state/eval_metrics/<base: label>/<name> */
+  KS_PART_EXTRA = 9,           /**< the program's extra tree: state/extra[/<name>] */
+  KS_PART_RANK_ZERO_SEED = 10, /**< state/rank_zero_seed (no name) */
+  KS_PART_RUN_NAME = 11,       /**< state/run_name (no name) */
+  KS_PART_METRIC_STATE = 12,   /**< a metric's state: <base: metric path>/state_dict/<name> */
+  KS_PART_METRIC_COMPUTED = 13, /**< its cached compute() result: <base>/_computed (no name) */
+  KS_PART_METRIC_ATTR = 14,    /**< a wrapper's attribute: <base>/attrs/<name> */
+  KS_PART_METRIC_INNER = 15,   /**< a wrapper's inner metric: <base>/inner/<name> */
+  KS_PART_METRIC_UPDATE_COUNT = 16, /**< an inner metric's update count: <base>/update_count (no name) */
+  KS_PART_LIGHTNING = 17,      /**< Lightning's checkpoint dict apart from its model and metrics: lightning[/<name>] */
+  KS_PART_COUNT_ = 18          /**< not a part: the number of parts */
+} ks_state_part;
+
+/** The metadata key of the record KeepsakeCheckpointIO (the Python package's Lightning plugin) writes. */
+#define KS_META_LIGHTNING "keepsake.lightning"
+
+/**
+ * The key of a part of a training state, as ks_state_save names it for a C program and the
+ * Python package for its objects: one layout for both (layout.h). `base` is the eval label for
+ * KS_PART_EVAL_METRIC (NULL: the folder of every label) and the metric's path for the
+ * KS_PART_METRIC_* parts (required); other parts take no base. `name` is the component's or the
+ * entry's name; NULL gives the folder that holds every such part ("state/model",
+ * "state/train_metrics", "<metric path>/state_dict"), which parts with no name always give.
+ * Keys never end in '/': a folder's entries are `<key>/<entry>`. Names are joined as given.
+ * @param buf receives the key, NUL-terminated; `cap` bytes.
+ * @return KS_OK, KS_E_INVALID (unknown part, a base missing or given where there is none, a
+ *         name given to a part that takes none), KS_E_LIMIT (longer than KS_MAX_NAME or cap - 1).
+ */
+KS_NODISCARD ks_status ks_state_key(ks_state_part part, const char *base, const char *name, char *buf, size_t cap,
+                                    ks_error *err);
+
+/**
+ * The value keepsake writes for a layout record: KS_META_STATE (ks_state_save and the Python
+ * package's training states) or KS_META_LIGHTNING (its Lightning checkpoints).
+ * @return the record (static), or NULL for another key.
+ */
+const char *ks_layout_record(const char *meta_key);
+
+/* ------------------------------------------------------------------------ */
 /* Described metrics: a program's metric the catalogue need not implement.   */
 /* ------------------------------------------------------------------------ */
 

@@ -14,6 +14,8 @@
  *   state/train_metrics/<Name>/state_dict/<state>         train metric states
  *   state/train_metrics/<Name>/_computed                  its cached result (or null)
  *   state/eval_metrics/<label>/<Name>/state_dict/<state>  eval metric states (and _computed)
+ *   <metric>/attrs/<a>   <metric>/inner/<n>/...            a wrapper's attributes and inner metrics
+ *   state/extra/...      rng/<rank>/...                    a program's extra tree, the generators
  *
  * Metric and label names may themselves contain '/': a metric is named by its
  * whole path, e.g. "state/eval_metrics/val/holdout/acc/top1".
@@ -30,7 +32,7 @@
 #define KS_META_METRICS "keepsake.metrics"
 /** The container table keepsake 0.1.0's Python package wrote ({path: kind}); read, not written (§10). */
 #define KS_META_PYTREE "keepsake.pytree"
-/** JSON object describing the state layout: {"layout_version": 1}. */
+/** JSON object describing the state layout: {"layout_version":1}. */
 #define KS_META_STATE "keepsake.state"
 /** JSON description of the metrics found in an imported Composer checkpoint (ks_torch_import, import.h). */
 #define KS_META_COMPOSER_METRICS "keepsake.composer_metrics"
@@ -61,6 +63,14 @@
 #define KS_KEY_METRIC_COMPUTED "_computed"
 /** A described metric's attributes that are not states (a wrapper's): `<metric path>/attrs/<name>`. */
 #define KS_KEY_METRIC_ATTRS "attrs/"
+/** A described wrapper's inner metrics: `<metric path>/inner/<name>/`, each laid out as a metric. */
+#define KS_KEY_METRIC_INNER "inner/"
+/** Inside an inner metric's folder: its update count (an int; a top metric's is in keepsake.metrics). */
+#define KS_KEY_METRIC_UPDATE_COUNT "update_count"
+/** A Python program's `extra` tree (nested dicts, lists, tensors, scalars). */
+#define KS_KEY_EXTRA "state/extra"
+/** One folder per rank's generators: `rng/<rank>/...` (a single file holds rank 0's). */
+#define KS_KEY_RNG "rng/"
 
 /**
  * What `keepsake convert` read from a torch.distributed.checkpoint directory (ks_torch_dcp_load's info

@@ -13,6 +13,26 @@ from typing_extensions import disjoint_base
 
 version: str
 format_version: int
+PART_MODEL: int
+PART_OPTIMIZER: int
+PART_SCHEDULER: int
+PART_CALLBACK: int
+PART_DATASET_STATE: int
+PART_RNG: int
+PART_TIMESTAMP: int
+PART_TRAIN_METRIC: int
+PART_EVAL_METRIC: int
+PART_EXTRA: int
+PART_RANK_ZERO_SEED: int
+PART_RUN_NAME: int
+PART_METRIC_STATE: int
+PART_METRIC_COMPUTED: int
+PART_METRIC_ATTR: int
+PART_METRIC_INNER: int
+PART_METRIC_UPDATE_COUNT: int
+PART_LIGHTNING: int
+META_STATE: str
+META_LIGHTNING: str
 
 _Path = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 _Buffer = Union[bytes, bytearray, memoryview]
@@ -84,6 +104,8 @@ def _register_errors(table: Mapping[Union[int, str], Type[BaseException]], /) ->
 def status_names() -> Dict[int, Tuple[str, str]]: ...
 def dtypes() -> List[Tuple[str, int]]: ...
 def dtype_widens(from_code: int, to_code: int, /) -> bool: ...
+def state_key(part: int, base: Optional[str] = None, name: Optional[str] = None, /) -> str: ...
+def layout_record(key: str, /) -> str: ...
 def path_match(glob: str, path: str, /) -> bool: ...
 def is_remote(location: _Path, /) -> bool: ...
 def report_text(items: Sequence[Tuple[str, str, str]], /) -> str: ...

@@ -214,6 +214,50 @@ static PyObject *path_match(PyObject *self, PyObject *args) {
   return PyBool_FromLong(ks_path_match(glob, path));
 }
 
+/* The key of a part of a training state (ks_state_key): the package names no key itself. */
+static PyObject *state_key(PyObject *self, PyObject *args) {
+  (void)self;
+  int part;
+  const char *base = NULL, *name = NULL;
+  if (!PyArg_ParseTuple(args, "i|zz", &part, &base, &name)) return NULL;
+  char key[KS_MAX_NAME + 1];
+  ks_error err;
+  ks_status st = ks_state_key((ks_state_part)part, base, name, key, sizeof key, &err);
+  if (st) return ksp_raise(st, &err);
+  return PyUnicode_DecodeUTF8(key, (Py_ssize_t)strlen(key), "surrogateescape");
+}
+
+/* The value of a layout record keepsake writes (ks_layout_record): KeyError for another key. */
+static PyObject *layout_record(PyObject *self, PyObject *args) {
+  (void)self;
+  const char *key;
+  if (!PyArg_ParseTuple(args, "s", &key)) return NULL;
+  const char *v = ks_layout_record(key);
+  if (!v) return PyErr_Format(PyExc_KeyError, "no layout record named %s", key);
+  return PyUnicode_FromString(v);
+}
+
+/* The parts ks_state_key names, as the module's PART_* constants. */
+static int add_state_parts(PyObject *m) {
+  static const struct {
+    const char *name;
+    ks_state_part part;
+  } parts[] = {{"PART_MODEL", KS_PART_MODEL}, {"PART_OPTIMIZER", KS_PART_OPTIMIZER},
+               {"PART_SCHEDULER", KS_PART_SCHEDULER}, {"PART_CALLBACK", KS_PART_CALLBACK},
+               {"PART_DATASET_STATE", KS_PART_DATASET_STATE}, {"PART_RNG", KS_PART_RNG},
+               {"PART_TIMESTAMP", KS_PART_TIMESTAMP}, {"PART_TRAIN_METRIC", KS_PART_TRAIN_METRIC},
+               {"PART_EVAL_METRIC", KS_PART_EVAL_METRIC}, {"PART_EXTRA", KS_PART_EXTRA},
+               {"PART_RANK_ZERO_SEED", KS_PART_RANK_ZERO_SEED}, {"PART_RUN_NAME", KS_PART_RUN_NAME},
+               {"PART_METRIC_STATE", KS_PART_METRIC_STATE}, {"PART_METRIC_COMPUTED", KS_PART_METRIC_COMPUTED},
+               {"PART_METRIC_ATTR", KS_PART_METRIC_ATTR}, {"PART_METRIC_INNER", KS_PART_METRIC_INNER},
+               {"PART_METRIC_UPDATE_COUNT", KS_PART_METRIC_UPDATE_COUNT}, {"PART_LIGHTNING", KS_PART_LIGHTNING}};
+  _Static_assert(sizeof parts / sizeof parts[0] == KS_PART_COUNT_, "every part has its constant");
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+    if (PyModule_AddIntConstant(m, parts[i].name, (long)parts[i].part) < 0) return -1;
+  if (PyModule_AddStringConstant(m, "META_STATE", KS_META_STATE) < 0) return -1;
+  return PyModule_AddStringConstant(m, "META_LIGHTNING", KS_META_LIGHTNING);
+}
+
 /* [(safetensors name, element size)] by keepsake dtype code: the library's table, not a copy. */
 static PyObject *dtypes(PyObject *self, PyObject *unused) {
   (void)self, (void)unused;
@@ -242,6 +286,10 @@ static PyMethodDef methods[] = {
      "is_remote(location, /)\n--\n\nWhether the storage layer reads `location` (s3://, http(s)://), not a local path."},
     {"dtype_widens", dtype_widens, METH_VARARGS,
      "dtype_widens(from_code, to_code, /)\n--\n\nks_dtype_widens_to: every value of `from` fits `to` exactly."},
+    {"state_key", state_key, METH_VARARGS,
+     "state_key(part, base=None, name=None, /)\n--\n\nks_state_key: the key of a part (PART_*) of a training state."},
+    {"layout_record", layout_record, METH_VARARGS,
+     "layout_record(key, /)\n--\n\nks_layout_record: the value keepsake writes for the layout record `key`."},
     {"path_match", path_match, METH_VARARGS,
      "path_match(glob, path, /)\n--\n\nks_path_match: '*' any bytes ('/' included), '?' one, '/'-prefix aware."},
     {"_register_errors", register_errors, METH_O,
@@ -318,7 +366,7 @@ PyMODINIT_FUNC PyInit__keepsake(void) {
   if (!m) return NULL;
   if (!(ksp_ReaderType = ksp_add_type(m, &ksp_ReaderSpec)) || !ksp_add_type(m, &ksp_ManagerSpec) ||
       PyModule_AddStringConstant(m, "version", KS_VERSION_STRING) < 0 ||
-      PyModule_AddIntConstant(m, "format_version", KS_FORMAT_VERSION) < 0) {
+      PyModule_AddIntConstant(m, "format_version", KS_FORMAT_VERSION) < 0 || add_state_parts(m) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -70,7 +70,8 @@ static KS_NODISCARD ks_status load_attrs(ks__load_ctx *c, ks_metric *m, const ch
 
 static KS_NODISCARD ks_status restore_computed(ks__load_ctx *c, ks_metric *m, const char *path, int64_t count) {
   char k[KS__KEY_MAX + 1];
-  if (ks__key(k, path, "/" KS_KEY_METRIC_COMPUTED)) return ks__key_limit(c->err, path, "/" KS_KEY_METRIC_COMPUTED);
+  if (ks_state_key(KS_PART_METRIC_COMPUTED, path, NULL, k, sizeof k, NULL))
+    return ks__key_limit(c->err, path, "/" KS_KEY_METRIC_COMPUTED);
   const ks_tensor *t = ks_statedict_tensor(c->src, k);
   ks_error e;
   ks_status s = ks_metric_restore_computed(m, t, count, &e);
@@ -82,7 +83,8 @@ static KS_NODISCARD ks_status restore_computed(ks__load_ctx *c, ks_metric *m, co
 static int64_t inner_count(const ks__load_ctx *c, const char *path) {
   char k[KS__KEY_MAX + 1];
   ks_entry e;
-  if (ks__key(k, path, "/update_count") || ks_statedict_get(c->src, k, &e) != KS_OK) return 1;
+  if (ks_state_key(KS_PART_METRIC_UPDATE_COUNT, path, NULL, k, sizeof k, NULL) || ks_statedict_get(c->src, k, &e))
+    return 1;
   return e.kind == KS_VAL_INT && e.i >= 0 ? e.i : 1;
 }
 
@@ -102,7 +104,8 @@ static KS_NODISCARD ks_status fill_inner(ks__load_ctx *c, ks_metric *m, const ch
       return ks__err_at(e, KS_E_MISMATCH, NULL, path, -1, "inner metric '%s': class %s in the checkpoint, %s in the "
                         "program", name, saved, ks_metric_class(in));
     char ipath[KS__KEY_MAX + 1], prefix[KS__KEY_MAX + 1];
-    if (ks__keyf(ipath, path, "/inner/%s", name)) return ks__key_limit(c->err, path, name);
+    if (ks_state_key(KS_PART_METRIC_INNER, path, name, ipath, sizeof ipath, NULL))
+      return ks__key_limit(c->err, path, name);
     if (ks__key(prefix, ipath, "/")) return ks__key_limit(c->err, ipath, "/");
     int present;
     ks_status s = ks__has_prefix(c, prefix, &present); /* a wrapper of wrappers may hold no state */

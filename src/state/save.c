@@ -89,10 +89,11 @@ static KS_NODISCARD ks_status put_metric_json(const ks_allocator *a, const ks_me
 static KS_NODISCARD ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *dst, ks__jv *mj,
                                          ks_error *err) {
   char k[KS__KEY_MAX + 1];
-  if (ks__key(k, path, "/" KS_KEY_METRIC_STATES)) return ks__key_limit(err, path, "/" KS_KEY_METRIC_STATES);
-  ks_status s = ks_metric_to_state_dict(m, dst, k, err);
+  ks_status s = ks_state_key(KS_PART_METRIC_STATE, path, NULL, k, sizeof k - 1, err);
+  if (!s) strcat(k, "/"); /* the states' prefix */
+  if (!s) s = ks_metric_to_state_dict(m, dst, k, err);
+  if (!s) s = ks_state_key(KS_PART_METRIC_COMPUTED, path, NULL, k, sizeof k, err);
   if (s) return s;
-  if (ks__key(k, path, "/" KS_KEY_METRIC_COMPUTED)) return ks__key_limit(err, path, "/" KS_KEY_METRIC_COMPUTED);
   const ks_tensor *c = ks_metric_computed(m);
   s = c ? ks_statedict_set_tensor(dst, k, c, KS_COPY, err) : ks_statedict_set_null(dst, k, err);
   if (s) return s;
@@ -100,34 +101,31 @@ static KS_NODISCARD ks_status put_metric(const ks_metric *m, const char *path, k
   return s ? ks__err(err, s, "out of memory") : KS_OK;
 }
 
-static KS_NODISCARD ks_status put_collection(const ks_metric_collection *c, const char *root, ks_statedict *dst,
-                                             ks__jv *mj, ks_error *err) {
+/* The metrics of one group (`part`: train or eval with its label) under the keys ks_state_key gives. */
+static KS_NODISCARD ks_status put_collection(const ks_metric_collection *c, ks_state_part part, const char *label,
+                                             ks_statedict *dst, ks__jv *mj, ks_error *err) {
   for (size_t i = 0; c && i < ks_metric_collection_count(c); i++) {
     const char *name;
     const ks_metric *m = ks_metric_collection_at(c, i, &name);
     char path[KS__KEY_MAX + 1];
-    if (ks__key(path, root, name)) return ks__key_limit(err, root, name);
-    ks_status s = put_metric(m, path, dst, mj, err);
+    ks_status s = ks_state_key(part, label, name, path, sizeof path, err);
+    if (!s) s = put_metric(m, path, dst, mj, err);
     if (s) return s;
   }
   return KS_OK;
 }
 
 static KS_NODISCARD ks_status put_metrics(const ks_state *st, ks_statedict *dst, ks__jv *mj, ks_error *err) {
-  ks_status s = put_collection(st->train, KS_KEY_TRAIN_METRICS, dst, mj, err);
-  for (size_t i = 0; i < st->n_evals && !s; i++) {
-    char root[KS__KEY_MAX + 1];
-    if (ks__keyf(root, KS_KEY_EVAL_METRICS, "%s/", st->evals[i].label))
-      return ks__key_limit(err, KS_KEY_EVAL_METRICS, st->evals[i].label);
-    s = put_collection(st->evals[i].metrics, root, dst, mj, err);
-  }
+  ks_status s = put_collection(st->train, KS_PART_TRAIN_METRIC, NULL, dst, mj, err);
+  for (size_t i = 0; i < st->n_evals && !s; i++)
+    s = put_collection(st->evals[i].metrics, KS_PART_EVAL_METRIC, st->evals[i].label, dst, mj, err);
   return s;
 }
 
 static KS_NODISCARD ks_status put_rest(const ks_state *st, ks_statedict *dst) {
   ks_status s = ks_statedict_set_int(dst, KS_KEY_RANK_ZERO_SEED, st->rank_zero_seed, NULL);
   if (!s) s = ks_statedict_set_string(dst, KS_KEY_RUN_NAME, st->run_name, NULL);
-  if (!s && st->rng) s = save_with(ks_rng_stateful(st->rng), dst, "rng/0/", NULL);
+  if (!s && st->rng) s = save_with(ks_rng_stateful(st->rng), dst, KS_KEY_RNG "0/", NULL);
   return s;
 }
 
@@ -136,7 +134,7 @@ static KS_NODISCARD ks_status put_meta(const ks_allocator *a, ks__jv *mj, ks_met
   if (!metrics) return ks__err(err, KS_E_NOMEM, "out of memory");
   ks_status s = ks_meta_set(meta, KS_META_METRICS, metrics, err);
   ks__free(a, metrics);
-  if (!s) s = ks_meta_set(meta, KS_META_STATE, "{\"layout_version\":1}", err);
+  if (!s) s = ks_meta_set(meta, KS_META_STATE, ks_layout_record(KS_META_STATE), err);
   return s ? ks__err(err, s, "cannot set state metadata") : KS_OK;
 }
 

@@ -155,14 +155,6 @@ const ks_timestamp *ks_state_timestamp(const ks_state *st) {
   return st ? st->ts : NULL;
 }
 
-ks_status ks__comp_prefix(const st_comp *c, char *buf) {
-  /* Indexed by st_kind; custom components by their ks_state_root (the same order, plus rng/). */
-  static const char *const roots[] = {KS_KEY_MODEL, KS_KEY_OPTIMIZERS, KS_KEY_SCHEDULERS,
-                                      KS_KEY_CALLBACKS, KS_KEY_DATASET_STATE, "rng/"};
-  int r = c->kind == ST_CUSTOM ? c->root : (int)c->kind;
-  return ks__keyf(buf, roots[r], c->kind == ST_TENSOR ? "%s" : "%s/", c->name);
-}
-
 /* ---- metrics built by the program's factory ---- */
 
 static void free_evals(const ks_allocator *a, st_eval *ev, size_t n) {

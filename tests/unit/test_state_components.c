@@ -369,6 +369,61 @@ static void prefix_set_matches_a_scan(void **s) {
   ks_statedict_free(sd);
 }
 
+
+/* ks_state_key names each part as layout.h spells it (the keys ks_state_save writes for a C
+ * program and the Python package asks for), and refuses what a part does not take. */
+static void state_key_names_every_part_as_layout_h(void **s) {
+  (void)s;
+  static const struct {
+    ks_state_part part;
+    const char *base, *name, *want;
+  } cases[] = {
+      {KS_PART_MODEL, NULL, "fc.weight", KS_KEY_MODEL "fc.weight"},
+      {KS_PART_MODEL, NULL, NULL, "state/model"},
+      {KS_PART_OPTIMIZER, NULL, "AdamW", KS_KEY_OPTIMIZERS "AdamW"},
+      {KS_PART_SCHEDULER, NULL, "StepLR", KS_KEY_SCHEDULERS "StepLR"},
+      {KS_PART_CALLBACK, NULL, "EarlyStop", KS_KEY_CALLBACKS "EarlyStop"},
+      {KS_PART_DATASET_STATE, NULL, "train", KS_KEY_DATASET_STATE "train"},
+      {KS_PART_RNG, NULL, "0", KS_KEY_RNG "0"},
+      {KS_PART_TIMESTAMP, NULL, "epoch", KS_KEY_TIMESTAMP "epoch"},
+      {KS_PART_TRAIN_METRIC, NULL, "acc/top1", KS_KEY_TRAIN_METRICS "acc/top1"},
+      {KS_PART_EVAL_METRIC, "val", "mse", KS_KEY_EVAL_METRICS "val/mse"},
+      {KS_PART_EVAL_METRIC, NULL, NULL, "state/eval_metrics"},
+      {KS_PART_EXTRA, NULL, NULL, KS_KEY_EXTRA},
+      {KS_PART_RANK_ZERO_SEED, NULL, NULL, KS_KEY_RANK_ZERO_SEED},
+      {KS_PART_RUN_NAME, NULL, NULL, KS_KEY_RUN_NAME},
+      {KS_PART_METRIC_STATE, "p/m", "tp", "p/m/" KS_KEY_METRIC_STATES "tp"},
+      {KS_PART_METRIC_COMPUTED, "p/m", NULL, "p/m/" KS_KEY_METRIC_COMPUTED},
+      {KS_PART_METRIC_ATTR, "p/m", "min_val", "p/m/" KS_KEY_METRIC_ATTRS "min_val"},
+      {KS_PART_METRIC_INNER, "p/m", "_base_metric", "p/m/" KS_KEY_METRIC_INNER "_base_metric"},
+      {KS_PART_METRIC_UPDATE_COUNT, "p/m/inner/b", NULL, "p/m/inner/b/" KS_KEY_METRIC_UPDATE_COUNT},
+      {KS_PART_LIGHTNING, NULL, "epoch", "lightning/epoch"},
+  };
+  char buf[KS_MAX_NAME + 1];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    assert_int_equal(ks_state_key(cases[i].part, cases[i].base, cases[i].name, buf, sizeof buf, NULL), KS_OK);
+    assert_string_equal(buf, cases[i].want);
+  }
+  ks_error err;
+  assert_int_equal(ks_state_key(KS_PART_COUNT_, NULL, "x", buf, sizeof buf, &err), KS_E_INVALID);
+  assert_int_equal(ks_state_key((ks_state_part)-1, NULL, "x", buf, sizeof buf, &err), KS_E_INVALID);
+  assert_int_equal(ks_state_key(KS_PART_METRIC_STATE, NULL, "tp", buf, sizeof buf, &err), KS_E_INVALID);
+  assert_int_equal(ks_state_key(KS_PART_MODEL, "b", "w", buf, sizeof buf, &err), KS_E_INVALID);
+  assert_int_equal(ks_state_key(KS_PART_RUN_NAME, NULL, "x", buf, sizeof buf, &err), KS_E_INVALID);
+  assert_int_equal(ks_state_key(KS_PART_MODEL, NULL, "w", buf, 0, &err), KS_E_INVALID);
+  assert_int_equal(ks_state_key(KS_PART_MODEL, NULL, "weight", buf, 10, &err), KS_E_LIMIT);
+  assert_string_equal(buf, "");
+  char long_name[KS_MAX_NAME + 1];
+  memset(long_name, 'a', KS_MAX_NAME);
+  long_name[KS_MAX_NAME] = '\0';
+  char big[2 * KS_MAX_NAME];
+  assert_int_equal(ks_state_key(KS_PART_MODEL, NULL, long_name, big, sizeof big, &err), KS_E_LIMIT);
+  assert_string_equal(ks_layout_record(KS_META_STATE), "{\"layout_version\":1}");
+  assert_string_equal(ks_layout_record(KS_META_LIGHTNING), "{\"layout_version\": 1}");
+  assert_null(ks_layout_record(KS_META_METRICS));
+  assert_null(ks_layout_record(NULL));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(registry_and_report_find_by_key_at_scale),
@@ -385,6 +440,7 @@ int main(void) {
       cmocka_unit_test(timestamp_counts_and_round_trips_without_wct),
       cmocka_unit_test(ignore_glob_matches_slash_prefixes),
       cmocka_unit_test(load_report_counts_and_survives_allocation_failure),
+      cmocka_unit_test(state_key_names_every_part_as_layout_h),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

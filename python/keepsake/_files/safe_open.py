@@ -72,7 +72,7 @@ class safe_open:  # noqa: N801 - safetensors' name
     Use as a context manager::
 
         with keepsake.safe_open("model.keepsake", framework="pt") as f:
-            w = f.get_tensor("state/model/fc.weight")       # zero-copy view of the mapping
+            w = f.get_tensor("fc.weight")       # zero-copy view of the mapping
 
     Tensors returned stay valid after the file is closed: each keeps the mapping alive.
     """

@@ -1,6 +1,7 @@
 """The implementation of :mod:`keepsake.lightning` (its docstring says what each class does).
 
-Lightning's ``CheckpointIO`` over the C library's save (``state/model/`` and ``lightning/``),
+Lightning's ``CheckpointIO`` over the C library's save (the model and the rest of Lightning's dict
+in the folders ks_state_key names, keepsake._core.layout),
 ``load_from_checkpoint`` for keepsake files (``pl_load``, patched at import), the torchmetrics
 states and the train dataloaders' positions as callbacks, and ``ModelParallelStrategy`` over
 keepsake's DCP storage (keepsake._distributed.storage). Every rule is the C library's or
@@ -16,7 +17,7 @@ import weakref
 from typing import Any, Dict, Optional
 
 from .. import _collision  # noqa: F401  (first: refuses another project's `keepsake` package)
-from .._core import errors as _errors, native as _n, tensors as _tensors, tree as _tree
+from .._core import errors as _errors, layout as _layout, native as _n, tensors as _tensors, tree as _tree
 from .._core.paths import fspath
 from .._core.report import LoadReport
 from .._state import load as _load, metrics as _metrics
@@ -29,9 +30,9 @@ except ImportError:  # pragma: no cover - pytorch_lightning only
     from pytorch_lightning.callbacks import Callback  # type: ignore
 
 METRICS_KEY = "keepsake_metrics"
-MODEL = "state/model/"
-REST = "lightning/"
-METRICS = "state/train_metrics/"
+MODEL = _layout.folder(_layout.MODEL)
+REST = _layout.folder(_layout.LIGHTNING)
+METRICS = _layout.folder(_layout.TRAIN_METRIC)
 DATA_KEY = "keepsake_data_position"
 
 __all__ = ["KeepsakeCheckpointIO", "KeepsakeMetrics", "KeepsakeDataPosition", "METRICS_KEY", "DATA_KEY"]
@@ -112,15 +113,16 @@ class KeepsakeCheckpointIO(CheckpointIO):
         fl = _tree.Flattener(_tensors.torch_entry)
         descs = []
         for k, v in (checkpoint.get("state_dict") or {}).items():
-            fl.add(MODEL + k, v)
+            fl.add(_layout.key(_layout.MODEL, k), v)
         for name, m in (checkpoint.get(METRICS_KEY) or {}).items():
             # KeepsakeMetrics hands snapshots (plain tensors, taken when the dict was built);
             # a live Metric put there by other code is snapshotted here.
-            snap = m if isinstance(m, dict) else _metrics.snapshot(m, name, METRICS + name, copy=False)
-            descs.append(_metrics.add_snapshot(fl, METRICS + name, snap))
+            mpath = _layout.key(_layout.TRAIN_METRIC, name)
+            snap = m if isinstance(m, dict) else _metrics.snapshot(m, name, mpath, copy=False)
+            descs.append(_metrics.add_snapshot(fl, mpath, snap))
         rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", METRICS_KEY)}
-        fl.add(REST.rstrip("/"), rest)
-        meta = fl.record({"keepsake.lightning": json.dumps({"layout_version": 1})})
+        fl.add(_layout.key(_layout.LIGHTNING), rest)
+        meta = fl.record(dict([_layout.LIGHTNING_RECORD]))
         if self._saver is not None:  # the bytes are copied before start() returns
             self._saver.start(path, fl.entries, meta, _metrics.metrics_meta(descs), self.fsync)
         else:
@@ -175,18 +177,18 @@ def _snapshots_into(saved: Dict[str, Any], mine: Dict[str, Any], allow_narrowing
     descs = []
     for name, snap in saved.items():
         if isinstance(snap, dict) and "state_dict" in snap and isinstance(snap.get("describe"), dict):
-            items.update(_metrics.snapshot_items(METRICS + name, snap))
-            descs.append(dict(snap["describe"], path=METRICS + name))
+            items.update(_metrics.snapshot_items(_layout.key(_layout.TRAIN_METRIC, name), snap))
+            descs.append(dict(snap["describe"], path=_layout.key(_layout.TRAIN_METRIC, name)))
     meta = json.loads(_n.metric_info(json.dumps({"metrics": descs}))) if descs else {}
     report = LoadReport()
     _load.load_metrics_from(items, meta, {}, dict(mine), METRICS, report, allow_narrowing)
     for name, m in mine.items():
         snap = saved.get(name)
-        item = report.find(METRICS + name)
+        item = report.find(_layout.key(_layout.TRAIN_METRIC, name))
         if isinstance(snap, dict) and item is not None and item.kind in ("loaded", "migrated", "converted"):
-            m._computed = _metrics._clone(snap.get("_computed"))  # nested results too, as saved
+            m._computed = _metrics._clone(snap.get(_layout.COMPUTED))  # nested results too, as saved
             for iname, sub in _metrics.inner_metrics(m):
-                sub._computed = _metrics._clone(snap.get("inner", {}).get(iname, {}).get("_computed"))
+                sub._computed = _metrics._clone(snap.get("inner", {}).get(iname, {}).get(_layout.COMPUTED))
     return report
 
 
@@ -260,7 +262,7 @@ class KeepsakeMetrics(Callback):
         # Snapshots, not the Metric objects: copies taken now (an AsyncCheckpointIO writes them
         # later, while training goes on) made of plain tensors and containers, which any
         # CheckpointIO stores and torch.load(weights_only=True) reads back.
-        checkpoint[METRICS_KEY] = {name: _metrics.snapshot(m, name, METRICS + name)
+        checkpoint[METRICS_KEY] = {name: _metrics.snapshot(m, name, _layout.key(_layout.TRAIN_METRIC, name))
                                    for name, m in module_metrics(pl_module).items()}
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ import abc
 import sys
 from typing import Any, List, Optional, Tuple
 
-from .._core import native as _n
+from .._core import layout as _layout, native as _n
 from .._core.paths import PathLike, fspath
 from .._core.report import LoadReport, Timestamp
 from .._state import checkpoint as _state, metrics as _metrics
@@ -25,8 +25,9 @@ from .options import OBJECTS, CheckpointOptions, from_keywords
 #: Exit status of a run that saved on preemption and stopped ("try again", as the C demo uses).
 EXIT_PREEMPTED = 75
 
-TRAIN_METRICS = "state/train_metrics/"
-EVAL_METRICS = "state/eval_metrics/"
+#: The folders of the train and eval metrics, as the library names them (ks_state_key).
+TRAIN_METRICS = _layout.folder(_layout.TRAIN_METRIC)
+EVAL_METRICS = _layout.folder(_layout.EVAL_METRIC)
 
 
 class Preempted(SystemExit):
@@ -110,9 +111,9 @@ class ManagerBase(abc.ABC):
     def _named_metrics(self) -> List[Tuple[str, Any]]:
         """(where it is saved, metric): train metrics, then eval metrics by label."""
         c = self.components
-        out = [(f"{TRAIN_METRICS}{name}", m) for name, m in _metrics.named_metrics(c["train_metrics"])]
+        out = [(_layout.key(_layout.TRAIN_METRIC, name), m) for name, m in _metrics.named_metrics(c["train_metrics"])]
         for label, ms in _state._eval_groups(c["eval_metrics"]):
-            out += [(f"{EVAL_METRICS}{label}/{name}", m) for name, m in _metrics.named_metrics(ms)]
+            out += [(_layout.key(_layout.EVAL_METRIC, name, base=label), m) for name, m in _metrics.named_metrics(ms)]
         return out
 
     def _ts(self) -> dict:

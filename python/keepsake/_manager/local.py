@@ -17,7 +17,7 @@ import weakref
 from typing import Any, Dict, MutableMapping, Optional, Tuple
 
 from .._core import errors as _errors
-from .._core import native as _n
+from .._core import layout as _layout, native as _n
 from .._core.paths import PathLike, fspath
 from .._state import checkpoint as _state, metrics as _metrics, staging as _staging
 from .base import ManagerBase, Preempted
@@ -117,7 +117,7 @@ class LocalCheckpointManager(ManagerBase):
                                               c["eval_metrics"], self.timestamp, self.rng, self.extra,
                                               c["dataset_state"], c["callbacks"], self.run_name,
                                               self.rank_zero_seed, self._staging)
-        meta = fl.record({"keepsake.state": '{"layout_version":1}'})
+        meta = fl.record(dict([_layout.STATE_RECORD]))
         metrics = _metrics.metrics_meta(descs)
         if self._staging.exclusive:  # CUDA tensors: copied where the snapshot wants them, waited for
             self._staging.stage_image(fl.entries, lambda address, size: self._native.stage_into(

@@ -1,18 +1,22 @@
 """save_checkpoint / load_checkpoint: a whole training run in one keepsake file.
 
 The key layout and the load semantics are the C library's (docs/DESIGN.md, "Key layout" and
-"Load semantics"), so files move freely between Python and C programs and the CLI.
+"Load semantics"): every key comes from ks_state_key (keepsake._core.layout), the name
+ks_state_save gives the same part of a C program's state, so files move freely between Python
+and C programs and the CLI.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .._core import errors as _errors, native as _n, tensors as _tensors, tree as _tree
+from .._core import errors as _errors, layout as _layout, native as _n, tensors as _tensors, tree as _tree
 from .._core.paths import PathLike, fspath
 from .._core.report import LoadReport, Timestamp
 from . import load as _load, metrics as _metrics, rng as _rng
 
-TIMESTAMP = "state/timestamp/Timestamp/"
+TIMESTAMP = _layout.folder(_layout.TIMESTAMP)
+MODEL = _layout.folder(_layout.MODEL)
+EXTRA = _layout.folder(_layout.EXTRA)
 
 
 def _named(objs: Any, what: str) -> List[Tuple[str, Any]]:
@@ -62,32 +66,32 @@ def checkpoint_entries(model: Any = None, optimizers: Any = None, schedulers: An
     if model is not None:
         sd = model.state_dict() if hasattr(model, "state_dict") else model
         for k, v in sd.items():
-            fl.add(f"state/model/{k}", v)
+            fl.add(_layout.key(_layout.MODEL, k), v)
     for name, opt in _named(optimizers, "optimizers"):
-        fl.add(f"state/optimizers/{name}", _state_of(opt))
+        fl.add(_layout.key(_layout.OPTIMIZER, name), _state_of(opt))
     for name, s in _named(schedulers, "schedulers"):
-        fl.add(f"state/schedulers/{name}", _state_of(s))
+        fl.add(_layout.key(_layout.SCHEDULER, name), _state_of(s))
     if timestamp is not None:
         for k, v in _timestamp_dict(timestamp).items():
-            fl.add(TIMESTAMP + k, v)
+            fl.add(_layout.key(_layout.TIMESTAMP, k), v)
     for name, d in _named(dataset_state, "dataset states"):
-        fl.add(f"state/dataset_state/{name}", _state_of(d))
+        fl.add(_layout.key(_layout.DATASET_STATE, name), _state_of(d))
     for name, cb in _named(callbacks, "callbacks"):
-        fl.add(f"state/callbacks/{name}", _state_of(cb))
+        fl.add(_layout.key(_layout.CALLBACK, name), _state_of(cb))
     descs = []
-    groups = [("state/train_metrics/", train_metrics)] + [(f"state/eval_metrics/{lab}/", ms)
-                                                          for lab, ms in _eval_groups(eval_metrics)]
-    for root, ms in groups:
+    groups = [(_layout.TRAIN_METRIC, None, train_metrics)] + [(_layout.EVAL_METRIC, lab, ms)
+                                                             for lab, ms in _eval_groups(eval_metrics)]
+    for part, label, ms in groups:
         for name, m in _metrics.named_metrics(ms):
-            descs.append(_metrics.add_metric(fl, root + name, name, m))
+            descs.append(_metrics.add_metric(fl, _layout.key(part, name, base=label), name, m))
     if extra:
-        fl.add("state/extra", dict(extra))  # its keys named by the library's rule, like every dict's
-    fl.add("state/rank_zero_seed", int(rank_zero_seed))
-    fl.add("state/run_name", str(run_name))
+        fl.add(_layout.key(_layout.EXTRA), dict(extra))  # its keys named by the library's rule, like every dict's
+    fl.add(_layout.key(_layout.RANK_ZERO_SEED), int(rank_zero_seed))
+    fl.add(_layout.key(_layout.RUN_NAME), str(run_name))
     if rng:
         for k, v in _rng.state_entries().items():
             fl.add(k, v)
-        fl.sequence("rng", "list", 1)  # one item per rank, as the C state layer records it
+        fl.sequence(_layout.key(_layout.RNG), "list", 1)  # one item per rank, as the C state layer records it
     return fl, descs
 
 
@@ -105,7 +109,8 @@ def save_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
             e.g. ``AdamW``): ``state/optimizers/<name>/...`` as ``optimizer.state_dict()``.
         schedulers: likewise, ``state/schedulers/<name>/...``.
         train_metrics: a torchmetrics ``Metric``, ``MetricCollection`` or dict of metrics:
-            ``state/train_metrics/<name>/state_dict/<state>`` and ``.../_computed``.
+            ``state/train_metrics/<name>/...``, its states and its ``_computed`` (the library's
+            metric layout: include/keepsake/layout.h).
         eval_metrics: a dict evaluator label -> metrics, or metrics (label ``"eval"``):
             ``state/eval_metrics/<label>/<name>/...``.
         timestamp: a :class:`keepsake.Timestamp` or dict: ``state/timestamp/Timestamp/<field>``.
@@ -129,7 +134,7 @@ def save_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
         if staging is not None:
             staging.stage(fl.entries)
         meta = fl.record(dict(metadata or {}))
-        meta.setdefault("keepsake.state", '{"layout_version":1}')
+        meta.setdefault(*_layout.STATE_RECORD)
         _n.save_file(fspath(path), fl.entries, meta, _metrics.metrics_meta(descs), fsync)
         del fl
     finally:
@@ -171,8 +176,8 @@ def _read_verified(reader: Any, ignore: Sequence[str]) -> Tuple[Any, Dict[str, A
     them as they are: nothing is copied out of a file buffer, and the buffer is not the file's."""
     ents = reader.entries()
     items: Dict[str, Any] = {}
-    for group in ([e for e in ents if e[0].startswith("state/model/")],
-                  [e for e in ents if not e[0].startswith("state/model/")]):
+    for group in ([e for e in ents if e[0].startswith(MODEL)],
+                  [e for e in ents if not e[0].startswith(MODEL)]):
         if group:  # an ignored tensor too: its checksum counts
             buf, offsets = reader.fetch_block([e[0] for e in group])
             for (name, code, shape, begin, end), off in zip(group, offsets):
@@ -273,12 +278,13 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
     if weights_only:
         return report
     _load.install_metrics(pairs, res, items, kinds)
-    if _tree.entries_under(items, "state/extra/"):
-        report.extra = _tree.rebuild_or_raise(items, kinds, "state/extra/", leaf, spath)
-    if isinstance(items.get("state/run_name"), str):
-        report.run_name = items["state/run_name"]
-    if isinstance(items.get("state/rank_zero_seed"), int):
-        report.rank_zero_seed = items["state/rank_zero_seed"]
+    if _tree.entries_under(items, EXTRA):
+        report.extra = _tree.rebuild_or_raise(items, kinds, EXTRA, leaf, spath)
+    run_name, seed = items.get(_layout.key(_layout.RUN_NAME)), items.get(_layout.key(_layout.RANK_ZERO_SEED))
+    if isinstance(run_name, str):
+        report.run_name = run_name
+    if isinstance(seed, int):
+        report.rank_zero_seed = seed
     return report
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .._core import native as _n, tensors as _tensors, tree as _tree
+from .._core import layout as _layout, native as _n, tensors as _tensors, tree as _tree
 from .._core.report import LoadReport
 from . import metrics as _metrics
 
@@ -62,7 +62,7 @@ def install_metric(m: Any, path: str, values: Optional[Dict[str, Any]], kind: Op
     if values is None or kind not in FILLED:
         m.reset()
         return
-    parts = [(m, path, values)] + [(sub, f"{path}/inner/{n}", values["inner"][n])
+    parts = [(m, path, values)] + [(sub, _layout.key(_layout.METRIC_INNER, n, base=path), values["inner"][n])
                                    for n, sub in _metrics.inner_metrics(m)]
     for metric, mpath, vals in parts:
         _install_states(metric, vals)
@@ -101,7 +101,7 @@ def model_entries(model: Any) -> Tuple[List[tuple], List[Tuple[Any, Any, str]]]:
         target = t
         if t.device.type != "cpu" or not t.is_contiguous() or t.layout != torch.strided:
             target = torch.empty(tuple(t.shape), dtype=t.dtype)
-            staged.append((t, target, f"state/model/{name}"))
+            staged.append((t, target, _layout.key(_layout.MODEL, name)))
         out.append((name, codes[t.dtype], tuple(t.shape), target.data_ptr()))
     return out, staged
 
@@ -131,11 +131,11 @@ class _no_grad:
 def metric_groups(train_metrics: Any, eval_groups: Sequence[Tuple[str, Any]]) -> Tuple[list, list, list]:
     """The engine's metric descriptions, and (path, metric) pairs to install."""
     train = [describe_metric(n, m) for n, m in _metrics.named_metrics(train_metrics)]
-    pairs = [(f"state/train_metrics/{n}", m) for n, m in _metrics.named_metrics(train_metrics)]
+    pairs = [(_layout.key(_layout.TRAIN_METRIC, n), m) for n, m in _metrics.named_metrics(train_metrics)]
     evals = []
     for label, ms in eval_groups:
         evals.append((label, [describe_metric(n, m) for n, m in _metrics.named_metrics(ms)]))
-        pairs += [(f"state/eval_metrics/{label}/{n}", m) for n, m in _metrics.named_metrics(ms)]
+        pairs += [(_layout.key(_layout.EVAL_METRIC, n, base=label), m) for n, m in _metrics.named_metrics(ms)]
     return train, evals, pairs
 
 
@@ -152,10 +152,10 @@ def load_metrics_from(items: Dict[str, Any], metrics_meta: Dict[str, Any], kinds
                       metrics: Dict[str, Any], root: str, report: LoadReport, allow_narrowing: bool) -> None:
     """Fills `metrics` (name -> metric, saved under `root`) from flat entries held in memory (a
     Lightning checkpoint dict), through the C engine as load_checkpoint does."""
-    assert root == "state/train_metrics/", root
+    assert root == _layout.folder(_layout.TRAIN_METRIC), root
     fl = _tree.Flattener(_tensors.torch_entry)
     for k, v in items.items():
-        if v is not None and (k.startswith(root) or k.startswith("state/eval_metrics/")):
+        if v is not None and (k.startswith(root) or k.startswith(_layout.folder(_layout.EVAL_METRIC))):
             fl.add(k, v)
     meta = {"keepsake.metrics": json.dumps(metrics_meta)} if metrics_meta else {}
     train = [describe_metric(n, m) for n, m in metrics.items()]

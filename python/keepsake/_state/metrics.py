@@ -1,8 +1,10 @@
 """Any torchmetrics Metric or MetricCollection, saved and filled by state name.
 
-Layout (the C library's): ``<path>/state_dict/<state>`` for every state in the metric's
-``_defaults``, list states concatenated along dim 0 (stored as cat states, restored as one-item
-lists), and ``<path>/_computed`` (a tensor, nested entries for tuple/dict results, or null). The
+Layout: the C library's (ks_state_key, through keepsake._core.layout, names every key): every
+state in the metric's ``_defaults`` (the part METRIC_STATE), list states concatenated along dim 0
+(stored as cat states, restored as one-item lists), the cached result (METRIC_COMPUTED: a tensor,
+nested entries for tuple/dict results, or null), a wrapper's kept attributes (METRIC_ATTR) and
+inner metrics (METRIC_INNER, each with its METRIC_UPDATE_COUNT). The
 update count goes into the ``keepsake.metrics`` metadata with the class; metrics the C catalogue
 implements also get their canonical args and schema version there, derived by the C library
 itself (ks_metric_from_attributes, as ``keepsake convert`` does for pickled metrics), so a C
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
-from .._core import tensors as _tensors, tree as _tree
+from .._core import layout as _layout, tensors as _tensors, tree as _tree
 
 # Constructor arguments the C catalogue takes that torchmetrics keeps as attributes.
 ARG_ATTRS = ("average", "ignore_index", "multidim_average", "nan_strategy", "normalize", "num_classes",
@@ -89,7 +91,7 @@ def _cat(v: list):
 # Tensor attributes that are not states (MinMaxMetric's min_val and max_val) are kept too: see
 # _tensor_attrs. The load engine checks each against this description (ks_metric_describe_attr).
 WRAPPER_ATTRS = {"_num_vals_seen": (0, 2**63 - 1)}
-_NOT_ATTRS = ("_computed", "_forward_cache")
+_NOT_ATTRS = (_layout.COMPUTED, "_forward_cache")
 
 
 def _tensor_attrs(m: Any) -> List[str]:
@@ -120,7 +122,7 @@ def _states_of(m: Any, copy: bool) -> Dict[str, Any]:
     c = _clone if copy else (lambda v: v)
     out: Dict[str, Any] = {"state_dict": {s: c(_cat(v) if isinstance(v, list) else v)
                                           for s, v in ((s, getattr(m, s)) for s in m._defaults)},
-                           "_computed": c(getattr(m, "_computed", None))}
+                           _layout.COMPUTED: c(getattr(m, _layout.COMPUTED, None))}
     attrs = {a: int(getattr(m, a)) for a in WRAPPER_ATTRS if _int_attr(m, a)}
     attrs.update({a: c(getattr(m, a)) for a in _tensor_attrs(m)})
     if attrs:
@@ -144,24 +146,25 @@ def snapshot(m: Any, name: str, path: str, copy: bool = True) -> Dict[str, Any]:
 
 def _add_snapshot_states(fl: _tree.Flattener, path: str, part: Dict[str, Any]) -> None:
     for state, v in part["state_dict"].items():
-        fl.add(f"{path}/state_dict/{state}", v)
-    fl.add(f"{path}/_computed", part["_computed"])
+        fl.add(_layout.key(_layout.METRIC_STATE, state, base=path), v)
+    fl.add(_layout.key(_layout.METRIC_COMPUTED, base=path), part[_layout.COMPUTED])
     for a, v in part.get("attrs", {}).items():
-        fl.add(f"{path}/attrs/{a}", v)
+        fl.add(_layout.key(_layout.METRIC_ATTR, a, base=path), v)
 
 
 def add_snapshot(fl: _tree.Flattener, path: str, snap: Dict[str, Any]) -> Dict[str, Any]:
     """Adds a snapshot's entries under `path` (the layout of add_metric); returns its description."""
     _add_snapshot_states(fl, path, snap)
     for name, part in snap.get("inner", {}).items():
-        _add_snapshot_states(fl, f"{path}/inner/{name}", part)
-        fl.add(f"{path}/inner/{name}/update_count", int(part["update_count"]))
+        ipath = _layout.key(_layout.METRIC_INNER, name, base=path)
+        _add_snapshot_states(fl, ipath, part)
+        fl.add(_layout.key(_layout.METRIC_UPDATE_COUNT, base=ipath), int(part["update_count"]))
     return dict(snap["describe"], path=path)
 
 
 def add_metric(fl: _tree.Flattener, path: str, name: str, m: Any) -> Dict[str, Any]:
     """Adds every state of `m` and its ``_computed`` under `path`; a wrapper's inner metrics go
-    under ``<path>/inner/<module name>/`` the same way, with their update counts. Returns the
+    in their folders (METRIC_INNER, by module name) the same way, with their update counts. Returns the
     metric's description (for keepsake.metrics)."""
     return add_snapshot(fl, path, snapshot(m, name, path, copy=False))
 
@@ -172,16 +175,17 @@ def snapshot_items(path: str, snap: Dict[str, Any]) -> Dict[str, Any]:
 
     def part(p: str, d: Dict[str, Any]) -> None:
         for s, v in d.get("state_dict", {}).items():
-            items[f"{p}/state_dict/{s}"] = v
+            items[_layout.key(_layout.METRIC_STATE, s, base=p)] = v
         for a, v in d.get("attrs", {}).items():
-            items[f"{p}/attrs/{a}"] = v
-        if not isinstance(d.get("_computed"), (dict, list, tuple)):
-            items[f"{p}/_computed"] = d.get("_computed")
+            items[_layout.key(_layout.METRIC_ATTR, a, base=p)] = v
+        if not isinstance(d.get(_layout.COMPUTED), (dict, list, tuple)):
+            items[_layout.key(_layout.METRIC_COMPUTED, base=p)] = d.get(_layout.COMPUTED)
 
     part(path, snap)
     for n, d in snap.get("inner", {}).items():
-        part(f"{path}/inner/{n}", d)
-        items[f"{path}/inner/{n}/update_count"] = d.get("update_count")
+        ipath = _layout.key(_layout.METRIC_INNER, n, base=path)
+        part(ipath, d)
+        items[_layout.key(_layout.METRIC_UPDATE_COUNT, base=ipath)] = d.get("update_count")
     return items
 
 
@@ -205,7 +209,7 @@ def arg_attrs(m: Any) -> Dict[str, Any]:
 
 def computed(items: Dict[str, Any], kinds: Dict[str, Any], path: str) -> Any:
     """The saved ``_computed`` of the metric at `path` (a tensor, a rebuilt tuple/dict, or None)."""
-    key = f"{path}/_computed"
+    key = _layout.key(_layout.METRIC_COMPUTED, base=path)
     if key in items:
         v = items[key]
         return v.clone() if hasattr(v, "clone") else v
@@ -244,11 +248,12 @@ def install_attrs(metric: Any, values: Dict[str, Any]) -> None:
 def file_metric_paths(items: Dict[str, Any], meta: Dict[str, Any]) -> List[str]:
     """Every metric path the file holds (from its entries and from keepsake.metrics)."""
     paths = set(p for p in meta if isinstance(p, str))
+    train = _layout.folder(_layout.TRAIN_METRIC)
     for k in items:
-        for root in ("state/train_metrics/", "state/eval_metrics/"):
+        for root in (train, _layout.folder(_layout.EVAL_METRIC)):
             if k.startswith(root):
                 parts = k[len(root):].split("/")
-                n = 1 if root.startswith("state/train") else 2
+                n = 1 if root == train else 2
                 if len(parts) > n:
                     paths.add(root + "/".join(parts[:n]))
     return sorted(paths)

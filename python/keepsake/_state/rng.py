@@ -19,7 +19,9 @@ from __future__ import annotations
 import random
 from typing import Any, Dict
 
-PREFIX = "rng/0/"
+from .._core import layout as _layout
+
+PREFIX = _layout.key(_layout.RNG, "0") + "/"  # rank 0's folder, named by the library
 
 
 def state_entries() -> Dict[str, Any]:
