@@ -365,27 +365,8 @@ static KS_NODISCARD ks_status saver(ks_ckpt_manager *m, ks_error *err) {
   return ks_async_saver_create(&ao, &m->saver, err);
 }
 
-ks_status ks_ckpt_manager_reserve_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
-                                      ks_error *err) {
-  if (!m || !sd) return ks__err(err, KS_E_INVALID, "reserve: NULL argument");
-  if (m->sharded)
-    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
-  ks_status s = saver(m, err);
-  if (!s) s = ks_ckpt_manager_wait(m, err);
-  return s ? s : ks_async_saver_reserve_dict(m->saver, sd, meta, err);
-}
-
-ks_status ks_ckpt_manager_stage_into(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta, void *buf,
-                                     size_t size, size_t *need, uint64_t *offsets, ks_error *err) {
-  if (!m || !sd) return ks__err(err, KS_E_INVALID, "stage_into: NULL argument");
-  if (m->sharded)
-    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
-  ks_status s = saver(m, err);
-  return s ? s : ks_async_saver_stage_into(m->saver, sd, meta, buf, size, need, offsets, err);
-}
-
-ks_status ks_ckpt_manager_save_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
-                                    const ks_timestamp *ts, int async, const char **saved, ks_error *err) {
+ks_status ks_ckpt_manager_save_image(ks_ckpt_manager *m, ks_image *im, const ks_statedict *sd, const ks_meta *meta,
+                                     const ks_timestamp *ts, int async, const char **saved, ks_error *err) {
   if (!m || !sd) return ks__err(err, KS_E_INVALID, "save: NULL argument");
   if (m->sharded)
     return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
@@ -395,9 +376,9 @@ ks_status ks_ckpt_manager_save_dict(ks_ckpt_manager *m, const ks_statedict *sd, 
   if (!s) s = ks_ckpt_manager_wait(m, err); /* the previous save's error surfaces here, once */
   if (!s) s = next_path(m, ts, err);
   if (s) return s;
-  ks_save_opts so = {.alloc = &m->alloc, .io = m->io};
+  ks_save_opts so = {.size = sizeof so, .alloc = &m->alloc, .io = m->io, .image = im};
   if (async) {
-    s = ks_async_saver_start_dict(m->saver, sd, meta, m->last_path, &so, ks__mgr_after_commit, m, err);
+    s = ks_async_saver_start_image(m->saver, im, sd, meta, m->last_path, &so, ks__mgr_after_commit, m, err);
   } else {
     s = ks_save(m->last_path, sd, meta, &so, err);
     if (!s) s = ks__mgr_after_commit(m, m->last_path, err);
