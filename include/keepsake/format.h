@@ -97,7 +97,7 @@ typedef struct ks_save_opts {
   size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const ks_allocator *alloc; /**< scratch memory; NULL = malloc */
   const ks_io *io;           /**< NULL = ks_io_posix() */
-  /* --- appended in 0.6 --- */
+  /* --- appended in 0.3 --- */
   /**
    * Write through this file image (ks_image_create): the state is copied into the image (each
    * tensor not already at its place there), hashed where it lies, and the file written from the
