@@ -343,6 +343,13 @@ static KS_NODISCARD ks_status plan_make(ks_image *im, const ks_statedict *sd, co
     if (ks_statedict_at(sd, i, &e) || e.kind != KS_VAL_TENSOR) continue;
     p->w[i] = classify(im, &e, hlen, slots[i].off, shift);
     p->any_shifted |= p->w[i] == SHIFTED;
+  }
+  for (size_t i = 0; i < n; i++) {
+    ks_entry e;
+    if (ks_statedict_at(sd, i, &e) || e.kind != KS_VAL_TENSOR) continue;
+    /* The data section is about to move as a whole: a tensor already at its new place would be
+       overwritten by it, so it is copied aside like any other bytes lying in the image. */
+    if (p->any_shifted && p->w[i] == AT_PLACE && e.tensor.nbytes) p->w[i] = INSIDE;
     if (p->w[i] == INSIDE) aside += e.tensor.nbytes;
   }
   if (aside && !(p->aside = ks__malloc(&im->alloc, aside))) return ks__err(err, KS_E_NOMEM, "out of memory");

@@ -226,10 +226,71 @@ static void image_create_survives_every_failed_allocation(void **state) {
   free(dir);
 }
 
+/* A header of another length moves the data section as a whole (the entries are the same). A
+   tensor the caller already put at its new place is not overwritten by that move: the file is the
+   reference file still. */
+static void a_tensor_at_its_new_place_survives_the_moved_data(void **state) {
+  (void)state;
+  char *dir = ks_test_tmpdir("image-shift");
+  char *path = ks_test_path(dir, "f.keepsake");
+  one_state a, b;
+  state_load(9, "step9.keepsake", &a);
+  state_load(1000200, "step1000200.keepsake", &b);
+  ks_image_opts lo = {.size = sizeof lo, .layout_only = 1};
+  ks_image *lay = NULL;
+  assert_int_equal(ks_image_create(b.sd, b.meta, &lo, &lay, NULL), KS_OK);
+  ks_image_info lb = {.size = sizeof lb};
+  assert_int_equal(ks_image_get(lay, NULL, NULL, &lb, NULL), KS_OK);
+  ks_image *im = NULL;
+  assert_int_equal(ks_image_create(a.sd, a.meta, NULL, &im, NULL), KS_OK);
+  ks_statedict *placed = placed_in(im, &a); /* a's tensors at a's places */
+  ks_save_opts so = {.size = sizeof so, .image = im};
+  assert_int_equal(ks_save(path, placed, a.meta, &so, NULL), KS_OK);
+  assert_file_is(path, &a);
+  ks_image_info ia = {.size = sizeof ia};
+  assert_int_equal(ks_image_get(im, NULL, NULL, &ia, NULL), KS_OK);
+  assert_true(lb.header_len > ia.header_len); /* b's header is longer: its data starts further on */
+  /* b's state: every tensor where a's save left it, but the last one (the largest) copied by the
+     caller to its place under b's header, over the tail of where a's data lay. */
+  size_t last = 0;
+  for (size_t i = 0; i < ks_statedict_count(b.sd); i++) {
+    ks_entry e;
+    assert_int_equal(ks_statedict_at(b.sd, i, &e), KS_OK);
+    if (e.kind == KS_VAL_TENSOR) last = i;
+  }
+  ks_statedict *mixed = NULL;
+  assert_int_equal(ks_statedict_create(NULL, &mixed, NULL), KS_OK);
+  for (size_t i = 0; i < ks_statedict_count(b.sd); i++) {
+    ks_entry e, at;
+    assert_int_equal(ks_statedict_at(b.sd, i, &e), KS_OK);
+    if (e.kind == KS_VAL_TENSOR && i == last) {
+      uint8_t *dst = (uint8_t *)ia.buf + lb.offsets[i];
+      memmove(dst, e.tensor.data, e.tensor.nbytes);
+      e.tensor.data = dst;
+    } else if (e.kind == KS_VAL_TENSOR) {
+      assert_int_equal(ks_statedict_at(placed, i, &at), KS_OK);
+      e.tensor.data = at.tensor.data; /* the same bytes (a and b share their tensors), a's place */
+    }
+    assert_int_equal(ks_statedict_set_entry(mixed, e.name, &e, KS_BORROW, NULL), KS_OK);
+  }
+  assert_int_equal(ks_save(path, mixed, b.meta, &so, NULL), KS_OK);
+  assert_file_is(path, &b);
+  ks_statedict_free(mixed);
+  ks_statedict_free(placed);
+  ks_image_free(im);
+  ks_image_free(lay);
+  state_free(&a);
+  state_free(&b);
+  free(path);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_image_path_writes_the_reference_files),
       cmocka_unit_test(image_create_survives_every_failed_allocation),
+      cmocka_unit_test(a_tensor_at_its_new_place_survives_the_moved_data),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
