@@ -318,6 +318,41 @@ KS_NODISCARD ks_status ks_shard_map_at(const ks_shard_map *m, size_t i, ks_shard
 KS_NODISCARD ks_status ks_shard_map_get(const ks_shard_map *m, const char *name, ks_shard_chunk *out);
 
 /* ------------------------------------------------------------------------ */
+/* File images (format.h): what a save does with one.                       */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * The snapshot of a staged save: lays the image out for sd and meta (as ks_image_get does),
+ * copies each tensor of sd that is not already at its place into it (tensors lying elsewhere in
+ * the image's memory are copied aside first), and renders the header (its checksums are
+ * ks_image_write's). sd and meta may change once it returns. Waits for a background save still
+ * writing from the image first (KS_E_STATE beside one in busy mode).
+ * @return KS_OK, KS_E_STATE (busy, or a layout-only image), KS_E_LIMIT (the caller's memory is too
+ *         small for sd), KS_E_INVALID (a state ks_save refuses), KS_E_NOMEM. The image is unchanged on failure.
+ */
+KS_NODISCARD ks_status ks_image_stage(ks_image *im, const ks_statedict *sd, const ks_meta *meta, ks_error *err);
+
+/**
+ * Writes the state last staged in the image to path, as ks_save would write it: each tensor
+ * hashed where it lies, the header put in its room, the file written from the image (its aligned
+ * bulk with direct I/O where the table is local and the file system allows), then the durable
+ * replace. Touches only the image (any thread, while nothing else uses the image).
+ * @return as ks_save; KS_E_STATE when nothing was staged.
+ */
+KS_NODISCARD ks_status ks_image_write(ks_image *im, const char *path, const ks_save_opts *opts, ks_error *err);
+
+/** A background save's wait for itself, for an image it writes from: may_refuse nonzero lets it
+ *  refuse (KS_E_STATE) in busy mode instead of waiting. It releases the image (ks_image_set_writer). */
+typedef ks_status (*ks_image_wait_fn)(void *ctx, int may_refuse, ks_error *err);
+
+/**
+ * Registers the background save writing from im (wait, ctx), or releases it (wait NULL, the same
+ * ctx): until then ks_image_get, ks_image_stage and ks_image_free call wait first. One writer at
+ * a time; called on the thread that drives the image.
+ */
+void ks_image_set_writer(ks_image *im, ks_image_wait_fn wait, void *ctx);
+
+/* ------------------------------------------------------------------------ */
 /* Reading into a binding's own memory.                                      */
 /* ------------------------------------------------------------------------ */
 

@@ -91,10 +91,22 @@ KS_NODISCARD ks_status ks_meta_at(const ks_meta *m, size_t i, const char **key, 
 /* ------------------------------------------------------------------------ */
 /* Writing. */
 
+typedef struct ks_image ks_image;
+
 typedef struct ks_save_opts {
   size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const ks_allocator *alloc; /**< scratch memory; NULL = malloc */
   const ks_io *io;           /**< NULL = ks_io_posix() */
+  /* --- appended in 0.3 --- */
+  /**
+   * Write through this file image (ks_image_create): the state is copied into the image (each
+   * tensor not already at its place there), hashed where it lies, and the file written from the
+   * image, its aligned bulk with direct I/O (O_DIRECT) where the table is local and the file
+   * system allows it. The same file, durability and errors as without it, plus the image's
+   * (KS_E_LIMIT: a state that no longer fits a caller's memory). NULL: none. ks_save and
+   * ks_state_save honour it; a background saver takes its image as an argument.
+   */
+  ks_image *image;
 } ks_save_opts;
 
 /**
@@ -116,6 +128,7 @@ typedef struct ks_save_opts {
  * (its target is untouched) and so is a read-only file; the CLI refuses both. If only the final directory
  * fsync fails, `path` already holds the new file but its durability is unknown;
  * KS_E_NOT_DURABLE is returned (KS_E_IO always means `path` is unchanged).
+ * With opts->image, the file is written from that image (see ks_save_opts.image).
  *
  * @param path  destination; its directory must exist.
  * @param sd    entries to save; names must not be "__metadata__".
@@ -124,7 +137,8 @@ typedef struct ks_save_opts {
  *              KS_META_* writer keys are refused with KS_E_INVALID.
  * @param opts  NULL for defaults.
  * @param err   optional details (file, key, expected vs found).
- * @return KS_OK, KS_E_INVALID, KS_E_NOMEM, KS_E_LIMIT, KS_E_IO or KS_E_NOT_DURABLE.
+ * @return KS_OK, KS_E_INVALID, KS_E_NOMEM, KS_E_LIMIT, KS_E_IO or KS_E_NOT_DURABLE
+ *         (and with an image: KS_E_STATE, a background save still writing from it in busy mode).
  * Thread safety: sd must not be mutated during the call; distinct paths may be
  * saved concurrently. The call may start one thread of its own (hashing or
  * copying, ended before it returns); every call of io and of the allocator is
@@ -133,38 +147,84 @@ typedef struct ks_save_opts {
 KS_NODISCARD ks_status ks_save(const char *path, const ks_statedict *sd, const ks_meta *extra,
                   const ks_save_opts *opts, ks_error *err);
 
-/** Alignment of an image for ks_save_image: its address and the room it has. */
+/* ------------------------------------------------------------------------ */
+/* File images: a state laid out as the file holds it, for staged saves.    */
+
+/** Alignment of an image's memory: its address and its size. */
 #define KS_IMAGE_ALIGN 4096u
 
 /**
- * The layout of the file ks_save writes for sd and extra: *header_len bytes
- * (the 8-byte length, the JSON header and its padding), then *data_len bytes:
- * the tensors' bytes packed in insertion order. For callers that stage a state
- * as the file's image (ks_save_image). Nothing is hashed.
- * @return KS_OK, KS_E_INVALID (a name ks_save refuses), KS_E_LIMIT (a header
- * larger than readers accept), KS_E_NOMEM.
+ * Options of an image. Zero-initialise; new fields are only ever appended.
+ * Memory: the caller's (buf), the image's own (buf NULL), or none (layout_only).
  */
-KS_NODISCARD ks_status ks_save_layout(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *alloc,
-                                      size_t *header_len, uint64_t *data_len, ks_error *err);
+typedef struct ks_image_opts {
+  size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
+  const ks_allocator *alloc; /**< NULL = malloc; must be thread-safe when a background saver writes the image */
+  /**
+   * The caller's memory for the image (page-locked host memory that device tensors are copied
+   * into, say): KS_IMAGE_ALIGN-aligned, buf_size bytes, at least ks_image_info.need of them
+   * (else KS_E_LIMIT: make a layout_only image first to learn the size). It must stay valid
+   * until the image is freed, and the caller writes into it only as ks_image_get allows.
+   * NULL: the image allocates its own, and touches every page of it now, so that the first
+   * save does not fault a fresh buffer in while its caller waits.
+   */
+  void *buf;
+  size_t buf_size;
+  int layout_only; /**< nonzero (buf NULL): no memory at all, only the layout (ks_image_get's need); saves refuse it */
+} ks_image_opts;
 
 /**
- * ks_save of a state whose tensors already lie in `image` as the file holds
- * them: each tensor's bytes at image + header_len + its offset
- * (ks_save_layout), image aligned to KS_IMAGE_ALIGN with image_cap at least
- * header_len + data_len rounded up to KS_IMAGE_ALIGN. The header is written
- * into the image's first header_len bytes (the caller leaves them free), each
- * tensor is hashed where it lies, and the file is written from the image in
- * large aligned writes that bypass the page cache (O_DIRECT) where the table
- * is local and the file system allows it, else as ks_save writes. The save
- * then neither copies its bytes into the page cache nor leaves them to the
- * kernel's writeback, which compete with a training loop for the CPU (the
- * background saves of ks_async_saver use it).
- * The same file, durability and errors as ks_save; a state that is not laid
- * out so in the image is saved by ks_save.
- * Thread safety: as ks_save; the image must not be used by others meanwhile.
+ * Creates the file image of a state dict and its metadata: the file ks_save writes for them,
+ * laid out once in memory: the header's room (with 1 MiB of headroom for a header that grows,
+ * aligned), then each tensor's bytes packed at its offset in the file. A staged save
+ * (ks_save_opts.image, ks_async_saver_start_image, ks_ckpt_manager_save_image) copies a state
+ * into it, hashes each tensor where it lies and writes the file from it, its aligned bulk with
+ * O_DIRECT where the file system allows (the caller's bytes are never copied into the page cache).
+ *
+ * The image knows the names, kinds, dtypes and shapes of sd (tensor data is not read here):
+ * a later state of the same entries is saved through it as it is; one whose entries differ
+ * (a name, a dtype or a shape changed, an entry added or removed), or whose header outgrows
+ * the room, is laid out anew in the same image (the image's own memory grows; the caller's
+ * must hold it, else KS_E_LIMIT with ks_image_info.need, and the image is unchanged).
+ * @return KS_OK, KS_E_INVALID (a state ks_save refuses, buf unaligned), KS_E_LIMIT (buf_size
+ *         below what the image needs; a header larger than readers accept), KS_E_NOMEM.
+ * Ownership: free with ks_image_free. Thread safety: one thread at a time (a background save
+ * writing from the image counts as one: see ks_image_get).
  */
-KS_NODISCARD ks_status ks_save_image(const char *path, const ks_statedict *sd, const ks_meta *extra,
-                                     const ks_save_opts *opts, void *image, size_t image_cap, ks_error *err);
+KS_NODISCARD ks_status ks_image_create(const ks_statedict *sd, const ks_meta *meta, const ks_image_opts *opts,
+                                       ks_image **out, ks_error *err);
+
+/** Frees an image, after a background save still writing from it ends. Accepts NULL. */
+void ks_image_free(ks_image *im);
+
+/** What an image is (ks_image_get). An output that grows: set size (KS_OPTS_INIT). */
+typedef struct ks_image_info {
+  size_t size;
+  size_t need;         /**< bytes of memory the layout needs (KS_IMAGE_ALIGN multiple, headroom included) */
+  size_t header_len;   /**< bytes of the header: of the last state given (ks_image_get, a save), or the first */
+  uint64_t data_len;   /**< bytes of tensor data, packed */
+  void *buf;           /**< the image's memory (NULL: layout only) */
+  size_t buf_size;
+  size_t count;        /**< entries of the layout */
+  /** Entry i's offset from buf (count of them, owned by the image, valid until its next call):
+   *  where a tensor's bytes go for the state last given; UINT64_MAX for a scalar. */
+  const uint64_t *offsets;
+} ks_image_info;
+
+/**
+ * Describes the image, and lets the caller write into its memory: first waits for a background
+ * save still writing from it (or, when that saver is in KS_ASYNC_FAIL_BUSY mode, returns
+ * KS_E_STATE at once; that save's own result stays its saver's to return). With sd (and meta,
+ * its metadata), lays the image out for that state first (as a save would: entries that
+ * differ give a new layout; a header of another length moves the data), so that offsets are
+ * where sd's tensors go for its next save. A caller then copies tensors (from a device, say)
+ * to buf + offsets[i] and points sd's entries there: the save copies them no further.
+ * @param sd optional; meta optional.
+ * @return KS_OK, KS_E_STATE (busy), KS_E_LIMIT (sd does not fit the caller's memory: info is
+ *         filled, its need the bytes wanted), KS_E_INVALID, KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_image_get(ks_image *im, const ks_statedict *sd, const ks_meta *meta, ks_image_info *info,
+                                    ks_error *err);
 
 /* ------------------------------------------------------------------------ */
 /* Reading. */

@@ -75,7 +75,7 @@ typedef struct ks_ckpt_opts {
   double save_every_seconds; /**< ks_ckpt_manager_should_save is also true once this much time passed since the last
                                 save; 0 = off */
   ks_async_busy async_busy;  /**< ks_ckpt_manager_save_async while one is in flight: wait (default) or KS_E_STATE */
-  void *staging;             /**< optional caller staging buffer for async saves (see ks_async_opts) */
+  void *staging;             /**< optional caller memory for the background saver's own image (see ks_async_opts) */
   size_t staging_size;
   /* --- appended in 0.3 --- */
   /**
@@ -182,38 +182,21 @@ KS_NODISCARD ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_s
  * Saves a state the caller flattened itself (sd and its metadata; the Python package's
  * checkpoints) exactly as ks_ckpt_manager_save saves a ks_state: the file named from the
  * template and `ts` (NULL: all zero), atomic and durable, then `latest`, retention and the
- * upload. async != 0: as ks_ckpt_manager_save_async, returning once every tensor of sd and
- * every pair of meta are copied (the caller may change them at once); the write runs on the
- * manager's background thread.
+ * upload. async != 0: as ks_ckpt_manager_save_async, returning once every tensor of sd and every
+ * pair of meta are copied (the caller may change them at once); the write runs on the manager's
+ * background thread, from a file image (format.h).
+ * @param im  the file image to save through (ks_image_create: made once for a state like sd, its
+ *            memory allocated and touched before training, or the caller's page-locked memory that
+ *            device tensors were copied into at the offsets ks_image_get gives); the image is
+ *            laid out anew for a state of other entries. NULL: a blocking save writes from sd's
+ *            memory (ks_save), a background one through the saver's own image.
  * @param saved optional; receives the path (owned by the manager, valid until the next save).
- * @return as ks_ckpt_manager_save / ks_ckpt_manager_save_async.
+ * @return as ks_ckpt_manager_save / ks_ckpt_manager_save_async; KS_E_STATE for a sharded
+ *         manager; KS_E_LIMIT (sd does not fit the caller's memory of im: make an image with more).
  */
-KS_NODISCARD ks_status ks_ckpt_manager_save_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
-                                                 const ks_timestamp *ts, int async, const char **saved, ks_error *err);
-
-/**
- * Prepares the manager's background saves of a state like sd (ks_async_saver_reserve_dict):
- * the staging buffer is allocated and its pages touched now, before training, rather than
- * in the first ks_ckpt_manager_save_dict(async), which would otherwise hold its caller for
- * the page faults of a fresh buffer as large as the state. Waits for a save in flight first
- * (returning its error, once).
- * @return KS_OK, a background save's error, KS_E_STATE (a sharded manager), KS_E_LIMIT or
- *         KS_E_NOMEM.
- */
-KS_NODISCARD ks_status ks_ckpt_manager_reserve_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
-                                                    ks_error *err);
-
-/**
- * ks_async_saver_stage_into for the manager's background saves: the next
- * ks_ckpt_manager_save_dict(async) of sd and meta is staged in the caller's buffer, where the
- * caller may already have put tensors (offsets[i] for entry i). Waits for a save in flight
- * first (returning its error, once). The buffer stays the manager's staging until it is
- * freed or given another.
- * @return as ks_async_saver_stage_into; KS_E_STATE for a sharded manager.
- */
-KS_NODISCARD ks_status ks_ckpt_manager_stage_into(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
-                                                  void *buf, size_t size, size_t *need, uint64_t *offsets,
-                                                  ks_error *err);
+KS_NODISCARD ks_status ks_ckpt_manager_save_image(ks_ckpt_manager *m, ks_image *im, const ks_statedict *sd,
+                                                  const ks_meta *meta, const ks_timestamp *ts, int async,
+                                                  const char **saved, ks_error *err);
 
 /**
  * Waits for a background save in flight.

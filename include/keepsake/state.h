@@ -216,8 +216,9 @@ KS_NODISCARD ks_status ks_state_load(ks_state *st, const char *path, const ks_lo
 /* ------------------------------------------------------------------------ */
 
 /**
- * A background saver: snapshots a state into a reusable staging buffer, then
- * writes it on a thread of its own with exactly the durable replace of
+ * A background saver: snapshots a state into a file image (format.h: the
+ * caller's, or the saver's own, reused from save to save), then writes the file
+ * from it on a thread of its own with exactly the durable replace of
  * ks_state_save (temp file, fsync, rename, directory fsync). At most one save
  * is in flight per saver.
  *
@@ -238,8 +239,9 @@ typedef struct ks_async_opts {
   size_t size;               /**< 0 or sizeof(this struct): see "Growing structs" in export.h */
   const ks_allocator *alloc; /**< NULL = malloc; must be thread-safe */
   ks_async_busy busy;
-  void *staging;             /**< optional caller buffer; used while it is large enough, else
-                                  the saver stages in its own (grown, then reused) buffer */
+  void *staging;             /**< optional caller memory for the saver's own image: used while it is
+                                  KS_IMAGE_ALIGN-aligned and large enough, else the saver stages in
+                                  memory of its own (grown, then reused) */
   size_t staging_size;       /**< bytes at `staging` */
 } ks_async_opts;
 
@@ -280,50 +282,24 @@ KS_NODISCARD ks_status ks_async_saver_start(ks_async_saver *sv, const ks_state *
                                const ks_save_opts *opts, ks_after_save_fn after, void *ctx, ks_error *err);
 
 /**
- * ks_async_saver_start for a state the caller flattened itself (the Python package's): every
- * entry of sd is copied (tensor bytes into the staging area) and meta's pairs too, before it
- * returns, so the caller may change or free both at once. The write is ks_save(path, sd, meta).
- * @return as ks_async_saver_start.
+ * ks_async_saver_start for a state the caller flattened itself (the Python package's), through a
+ * file image: every tensor of sd not already at its place in the image is copied into it, and
+ * the header (sd's scalars, meta's pairs) is rendered, before it returns, so the caller may
+ * change or free sd and meta at once. The write is ks_save(path, sd, meta)'s file, written from
+ * the image (ks_save_opts.image). Before the snapshot, a save still in flight is waited for (or
+ * refused, per ks_async_opts.busy) and a previous save's error returned, once, as by a start.
+ *
+ * @param im the image (ks_image_create), made once for a state like sd: a state of other
+ *           entries is laid out anew in it (ks_image_create). A caller that copies tensors into
+ *           the image itself (device tensors, into page-locked memory) asks ks_image_get(im, sd,
+ *           meta) where they go, copies them there and points sd's entries at them: they are
+ *           copied no further. NULL: the saver's own image (made on first use, reused, over
+ *           ks_async_opts.staging when that is aligned and large enough).
+ * @return as ks_async_saver_start; KS_E_LIMIT (sd does not fit the caller's memory of im).
  */
-KS_NODISCARD ks_status ks_async_saver_start_dict(ks_async_saver *sv, const ks_statedict *sd, const ks_meta *meta,
-                                                 const char *path, const ks_save_opts *opts, ks_after_save_fn after,
-                                                 void *ctx, ks_error *err);
-
-/**
- * Makes the staging room a snapshot of `sd` and `meta` needs now (with 1 MiB of headroom), and
- * touches every page of it, so that the first background save of a state of this size copies
- * into memory that is already there instead of faulting a fresh buffer in while its caller
- * waits. Call it before training starts; later saves reuse the buffer. Nothing is copied and
- * nothing of sd is kept: only its tensors' sizes and the header it would have count. A
- * caller's staging buffer (ks_async_opts.staging) that is large and aligned enough is used
- * as it is.
- * @return KS_OK, KS_E_STATE (a save is in flight or its result not collected: call
- *         ks_async_saver_wait first), KS_E_LIMIT or KS_E_NOMEM.
- */
-KS_NODISCARD ks_status ks_async_saver_reserve_dict(ks_async_saver *sv, const ks_statedict *sd, const ks_meta *meta,
-                                                   ks_error *err);
-
-/**
- * Lets the caller put tensors straight into the snapshot: the next background save of sd and
- * meta is staged in the caller's buffer `buf`, as the file's image, and a tensor whose data
- * already lies at its offset there is not copied again. For device tensors: the caller's
- * device-to-host copies land in the image (a page-locked buffer), and the save copies nothing
- * more. First waits for (or, in busy mode, refuses beside) a save in flight and surfaces its
- * error, as a start does, since that save may still be writing from `buf`.
- * Then *need is the bytes the image takes. When buf is NULL, smaller than *need or not
- * KS_IMAGE_ALIGN-aligned, nothing else happens: grow it and call again. Otherwise buf becomes the
- * saver's staging buffer (ks_async_opts.staging) from now on: it must stay valid, and untouched
- * while a save is in flight, until the saver is freed or given another; and offsets[i] (an
- * array of ks_statedict_count(sd) values, may be NULL) is entry i's offset from buf when it is a
- * tensor, UINT64_MAX otherwise. Start the save with ks_async_saver_start_dict with the same sd
- * (its tensors' data pointing there, or anywhere outside buf) and the same meta; a tensor that
- * lies inside buf elsewhere makes the save stage in the saver's own buffer instead.
- * @return KS_OK, the previous save's error, KS_E_STATE (busy), ks_save_layout's errors (a state
- *         ks_save refuses), KS_E_LIMIT or KS_E_INVALID.
- */
-KS_NODISCARD ks_status ks_async_saver_stage_into(ks_async_saver *sv, const ks_statedict *sd, const ks_meta *meta,
-                                                 void *buf, size_t size, size_t *need, uint64_t *offsets,
-                                                 ks_error *err);
+KS_NODISCARD ks_status ks_async_saver_start_image(ks_async_saver *sv, ks_image *im, const ks_statedict *sd,
+                                                  const ks_meta *meta, const char *path, const ks_save_opts *opts,
+                                                  ks_after_save_fn after, void *ctx, ks_error *err);
 
 /**
  * Waits for the save in flight, if any.

@@ -1,10 +1,11 @@
 /*
  * keepsake._keepsake.AsyncSaver: the library's background writer (ks_async_saver, the one the
  * checkpoint manager uses) for saves to paths the caller names, such as Lightning's. start()
- * copies every tensor into the saver's staging and returns; a library thread writes the file
- * with ks_save's atomic, durable replace. At most one save is in flight (a second start waits
- * for it, or with when_busy="fail" is refused); its error is raised by the next start(), wait()
- * or close(), once. A remote location's store is kept here until its save has ended.
+ * copies every tensor into a file image (the caller's Image, or the saver's own, reused) and
+ * returns; a library thread writes the file from it with ks_save's atomic, durable replace. At
+ * most one save is in flight (a second start waits for it, or with when_busy="fail" is refused);
+ * its error is raised by the next start(), wait() or close(), once. A remote location's store is
+ * kept here until its save has ended.
  */
 #include <string.h>
 
@@ -15,6 +16,7 @@ typedef struct {
   ks_async_saver *sv;
   ks_io posix[2];    /* the local tables, without and with fsync: fixed, so a save in flight keeps its own */
   ks_storage *store; /* the remote store of the last save started, while it may run */
+  PyObject *image;   /* the Image of the last save started, which it may still write from */
   int busy;          /* a call runs with the GIL released */
 } ksp_AsyncSaver;
 
@@ -59,20 +61,23 @@ static void AsyncSaver_dealloc(ksp_AsyncSaver *self) {
     Py_BEGIN_ALLOW_THREADS release(self);
     Py_END_ALLOW_THREADS
   }
+  ksp_image_hold(&self->image, NULL); /* after the saver that wrote from it is gone */
   ksp_free_self((PyObject *)self);
 }
 
 static PyObject *AsyncSaver_start(ksp_AsyncSaver *self, PyObject *args, PyObject *kw) {
-  static char *names[] = {"path", "entries", "metadata", "metrics", "fsync", NULL};
-  PyObject *path, *entries, *metadata = Py_None;
+  static char *names[] = {"path", "entries", "metadata", "metrics", "fsync", "image", NULL};
+  PyObject *path, *entries, *metadata = Py_None, *image = Py_None;
   const char *metrics = NULL;
   int fsync = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|Ozp", names, PyUnicode_FSConverter, &path, &entries, &metadata,
-                                   &metrics, &fsync))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|OzpO", names, PyUnicode_FSConverter, &path, &entries, &metadata,
+                                   &metrics, &fsync, &image))
     return NULL;
   ks_statedict *sd = NULL;
   ks_meta *meta = NULL;
-  if (!usable(self) || ksp_save_prepare(entries, metadata, metrics, &sd, &meta)) {
+  ks_image *im = NULL;
+  if (!usable(self) || (image != Py_None && !(im = ksp_image_get(image))) ||
+      ksp_save_prepare(entries, metadata, metrics, &sd, &meta)) {
     Py_DECREF(path);
     return NULL;
   }
@@ -84,11 +89,11 @@ static PyObject *AsyncSaver_start(ksp_AsyncSaver *self, PyObject *args, PyObject
   ks_storage *store = NULL;
   self->busy = 1;
   /* The entries keep every tensor alive for the whole call: the copy into staging runs without
-   * the GIL and ends before start_dict returns. start_dict first waits for (or refuses beside)
-   * the save in flight, so once it has started this one, the last one's store can go. */
+   * the GIL and ends before start_image returns. start_image first waits for (or refuses beside)
+   * the save in flight, so once it has started this one, the last one's store and image can go. */
   Py_BEGIN_ALLOW_THREADS st = ksp_location(PyBytes_AS_STRING(path), &self->posix[fsync != 0], &store, &o.io, &where,
                                            &err);
-  if (!st) st = ks_async_saver_start_dict(self->sv, sd, meta, where, &o, NULL, NULL, &err);
+  if (!st) st = ks_async_saver_start_image(self->sv, im, sd, meta, where, &o, NULL, NULL, &err);
   if (!st) {
     ks_storage_free(self->store);
     self->store = store;
@@ -97,6 +102,7 @@ static PyObject *AsyncSaver_start(ksp_AsyncSaver *self, PyObject *args, PyObject
   ks_storage_free(store);
   Py_END_ALLOW_THREADS
   self->busy = 0;
+  if (!st) ksp_image_hold(&self->image, im ? image : NULL);
   ks_meta_free(meta);
   ks_statedict_free(sd);
   Py_DECREF(path);
@@ -123,6 +129,7 @@ static PyObject *AsyncSaver_close(ksp_AsyncSaver *self, PyObject *unused) {
   release(self);
   Py_END_ALLOW_THREADS
   self->busy = 0;
+  ksp_image_hold(&self->image, NULL);
   if (st) return ksp_raise(st, &err);
   Py_RETURN_NONE;
 }
@@ -134,8 +141,9 @@ static PyObject *AsyncSaver_get_busy(ksp_AsyncSaver *self, void *closure) {
 
 static PyMethodDef AsyncSaver_methods[] = {
     {"start", (PyCFunction)(void (*)(void))AsyncSaver_start, METH_VARARGS | METH_KEYWORDS,
-     "start($self, path, entries, metadata=None, metrics=None, fsync=True)\n--\n\nCopies the entries (as save_file "
-     "takes them) and returns; the library's thread writes path, atomically and durably. Raises the error of "
+     "start($self, path, entries, metadata=None, metrics=None, fsync=True, image=None)\n--\n\n"
+     "ks_async_saver_start_image: copies the entries (as save_file takes them) into image (an Image; None: the "
+     "saver's own) and returns; the library's thread writes path, atomically and durably. Raises the error of "
      "the last save, once, instead of starting."},
     {"wait", (PyCFunction)AsyncSaver_wait, METH_NOARGS,
      "wait($self)\n--\n\nWaits for the save in flight; raises its error."},

@@ -161,6 +161,22 @@ int ksp_structure_add_type(PyObject *m);
 int ksp_async_add_type(PyObject *m);
 /* keepsake._keepsake.EarlyStop (ksearly.c): 0, or -1 with an exception. */
 int ksp_early_add_type(PyObject *m);
+/* keepsake._keepsake.Image (ksimage.c): 0, or -1 with an exception. */
+int ksp_image_add_type(PyObject *m);
+/* The file image of an Image, or NULL with an exception (not an Image, or closed). */
+ks_image *ksp_image_get(PyObject *image);
+/* Makes *slot (a manager's or saver's image of its save in flight) `image` (NULL: none): the image
+ * is held (Image.close refuses, and it stays alive) until the slot moves on. Only once the
+ * library no longer writes from the old one (a new save started, or the saver ended). */
+void ksp_image_hold(PyObject **slot, PyObject *image);
+/* (need, {name: offset}) for the next save of entries through image: ks_image_get with the state
+ * (after a save writing from the image: *busy set meanwhile, the GIL released); (need, None) when
+ * the image's memory is too small for it. NULL with an exception. */
+PyObject *ksp_image_place(int *busy, PyObject *image, PyObject *entries, PyObject *metadata, const char *metrics);
+/* entries with each tensor at address 0 (a placeholder) pointed at a stand-in: for layouts only. */
+PyObject *ksp_layout_entries(PyObject *entries);
+/* ksp_save_prepare of ksp_layout_entries(entries). 0, or -1 with an exception. */
+int ksp_layout_prepare(PyObject *entries, PyObject *metadata, const char *metrics, ks_statedict **sd, ks_meta **meta);
 extern PyMethodDef ksp_shard_methods[];
 extern PyType_Spec ksp_ShardFileSpec;
 

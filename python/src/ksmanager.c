@@ -20,7 +20,7 @@ typedef struct {
   ks_storage *store, *upload;
   ks_io *cache[2]; /* cache_dir: read caches over a remote run directory and upload store, or NULL */
   int busy; /* a call is running with the GIL released: refuse a second one and close() */
-  PyObject *staging_owner; /* what holds the memory given by stage_into: kept until the manager is freed */
+  PyObject *image; /* the Image of the last background save, which may still write from it */
 } ksp_Manager;
 
 static PyObject *closed_error(void) { return ksp_raisef(KS_E_STATE, "the checkpoint manager is closed"); }
@@ -46,7 +46,7 @@ static void Manager_dealloc(ksp_Manager *self) {
     Py_BEGIN_ALLOW_THREADS release(self);
     Py_END_ALLOW_THREADS
   }
-  Py_CLEAR(self->staging_owner); /* after the saver that wrote from it is gone */
+  ksp_image_hold(&self->image, NULL); /* after the saver that wrote from it is gone */
   ksp_free_self((PyObject *)self);
 }
 
@@ -242,13 +242,16 @@ static PyObject *Manager_should_save(ksp_Manager *self, PyObject *args) {
 }
 
 static PyObject *Manager_save(ksp_Manager *self, PyObject *args, PyObject *kw) {
-  static char *names[] = {"entries", "metadata", "metrics", "timestamp", "blocking", NULL};
-  PyObject *entries, *metadata = Py_None, *ts_d = Py_None;
+  static char *names[] = {"entries", "metadata", "metrics", "timestamp", "blocking", "image", NULL};
+  PyObject *entries, *metadata = Py_None, *ts_d = Py_None, *image = Py_None;
   const char *metrics = NULL;
   int blocking = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OzOp", names, &entries, &metadata, &metrics, &ts_d, &blocking) ||
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OzOpO", names, &entries, &metadata, &metrics, &ts_d, &blocking,
+                                   &image) ||
       !usable(self))
     return NULL;
+  ks_image *im = image == Py_None ? NULL : ksp_image_get(image);
+  if (image != Py_None && !im) return NULL;
   ks_timestamp ts;
   ks_statedict *sd;
   ks_meta *meta;
@@ -258,123 +261,28 @@ static PyObject *Manager_save(ksp_Manager *self, PyObject *args, PyObject *kw) {
   ks_status st;
   const char *saved = NULL;
   /* The entries list holds every tensor alive for the whole call: the GIL may go, even for the
-   * copy of a background save (done before save_dict returns). */
+   * copy of a background save (done before save_image returns). */
   self->busy = 1;
-  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_save_dict(self->m, sd, meta, &ts, !blocking, &saved, &err);
+  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_save_image(self->m, im, sd, meta, &ts, !blocking, &saved, &err);
   if (!st && blocking) st = ks_ckpt_manager_wait(self->m, &err);
   Py_END_ALLOW_THREADS
   self->busy = 0;
+  /* The last background save's image is held while it may write from it: a started one's, until
+   * the next save (which waits for it first) or close; a blocking save has waited for them all. */
+  if (!st || blocking) ksp_image_hold(&self->image, !st && !blocking && im ? image : NULL);
   ks_meta_free(meta);
   ks_statedict_free(sd);
   if (st) return ksp_raise(st, &err);
   return PyUnicode_DecodeFSDefault(saved);
 }
 
-static PyObject *Manager_reserve(ksp_Manager *self, PyObject *args, PyObject *kw) {
-  static char *names[] = {"entries", "metadata", "metrics", NULL};
-  PyObject *entries, *metadata = Py_None;
+static PyObject *Manager_place(ksp_Manager *self, PyObject *args, PyObject *kw) {
+  static char *names[] = {"image", "entries", "metadata", "metrics", NULL};
+  PyObject *image, *entries, *metadata = Py_None;
   const char *metrics = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Oz", names, &entries, &metadata, &metrics) || !usable(self))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|Oz", names, &image, &entries, &metadata, &metrics) || !usable(self))
     return NULL;
-  ks_statedict *sd;
-  ks_meta *meta;
-  if (ksp_save_prepare(entries, metadata, metrics, &sd, &meta)) return NULL;
-  ks_error err;
-  ks_error_clear(&err);
-  ks_status st;
-  self->busy = 1;
-  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_reserve_dict(self->m, sd, meta, &err);
-  Py_END_ALLOW_THREADS
-  self->busy = 0;
-  ks_meta_free(meta);
-  ks_statedict_free(sd);
-  if (st) return ksp_raise(st, &err);
-  Py_RETURN_NONE;
-}
-
-/* entries with every tensor at address 0 (not yet staged: a device tensor's placeholder) pointed
- * at `stand_in` instead: a layout reads sizes, never data, and the state dict refuses no-data. */
-static PyObject *layout_entries(PyObject *entries, const void *stand_in) {
-  PyObject *seq = PySequence_Fast(entries, "entries must be a sequence");
-  PyObject *out = seq ? PyList_New(PySequence_Fast_GET_SIZE(seq)) : NULL;
-  for (Py_ssize_t i = 0; out && i < PySequence_Fast_GET_SIZE(seq); i++) {
-    PyObject *e = PySequence_Fast_GET_ITEM(seq, i), *addr = NULL;
-    int zero = PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 5 && PyLong_Check(addr = PyTuple_GET_ITEM(e, 3)) &&
-               PyLong_AsUnsignedLongLong(addr) == 0;
-    PyObject *item = zero ? Py_BuildValue("(OOOKO)", PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 1),
-                                          PyTuple_GET_ITEM(e, 2), (unsigned long long)(uintptr_t)stand_in,
-                                          PyTuple_GET_ITEM(e, 4))
-                        : (Py_INCREF(e), e);
-    if (!item || PyErr_Occurred()) {
-      Py_XDECREF(item);
-      Py_CLEAR(out);
-      break;
-    }
-    PyList_SET_ITEM(out, i, item);
-  }
-  Py_XDECREF(seq);
-  return out;
-}
-
-/* {name: offset} of the tensor entries of sd, from ks_ckpt_manager_stage_into's offsets. */
-static PyObject *offsets_dict(const ks_statedict *sd, const uint64_t *off) {
-  PyObject *d = PyDict_New();
-  for (size_t i = 0; d && i < ks_statedict_count(sd); i++) {
-    ks_entry e;
-    if (off[i] == UINT64_MAX || ks_statedict_at(sd, i, &e)) continue;
-    PyObject *v = PyLong_FromUnsignedLongLong(off[i]);
-    if (!v || PyDict_SetItemString(d, e.name, v)) Py_CLEAR(d);
-    Py_XDECREF(v);
-  }
-  return d;
-}
-
-static PyObject *Manager_stage_into(ksp_Manager *self, PyObject *args, PyObject *kw) {
-  static char *names[] = {"entries", "metadata", "metrics", "address", "size", "owner", NULL};
-  static const unsigned char stand_in;
-  PyObject *entries, *metadata = Py_None, *owner = Py_None;
-  const char *metrics = NULL;
-  unsigned long long addr = 0, size = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOzKK|O", names, &entries, &metadata, &metrics, &addr, &size,
-                                   &owner) ||
-      !usable(self))
-    return NULL;
-  PyObject *sized = layout_entries(entries, &stand_in);
-  ks_statedict *sd = NULL;
-  ks_meta *meta = NULL;
-  int bad = !sized || ksp_save_prepare(sized, metadata, metrics, &sd, &meta);
-  Py_XDECREF(sized);
-  if (bad) return NULL;
-  size_t n = ks_statedict_count(sd), need = 0;
-  uint64_t *off = PyMem_Calloc(n ? n : 1, sizeof *off);
-  if (!off) {
-    ks_meta_free(meta);
-    ks_statedict_free(sd);
-    return PyErr_NoMemory();
-  }
-  ks_error err;
-  ks_error_clear(&err);
-  ks_status st;
-  self->busy = 1;
-  Py_BEGIN_ALLOW_THREADS st = ks_ckpt_manager_stage_into(self->m, sd, meta, (void *)(uintptr_t)addr, (size_t)size,
-                                                         &need, off, &err);
-  Py_END_ALLOW_THREADS
-  self->busy = 0;
-  PyObject *res = NULL;
-  if (st) {
-    ksp_raise(st, &err);
-  } else if (!addr || size < need || addr % KS_IMAGE_ALIGN) {
-    res = Py_BuildValue("(nO)", (Py_ssize_t)need, Py_None);
-  } else {
-    Py_INCREF(owner); /* the library writes from this memory from now on: it must outlive the saver */
-    Py_XSETREF(self->staging_owner, owner);
-    PyObject *d = offsets_dict(sd, off);
-    res = d ? Py_BuildValue("(nN)", (Py_ssize_t)need, d) : NULL;
-  }
-  PyMem_Free(off);
-  ks_meta_free(meta);
-  ks_statedict_free(sd);
-  return res;
+  return ksp_image_place(&self->busy, image, entries, metadata, metrics);
 }
 
 static KS_NODISCARD ks_status wait_for(void *m, ks_error *err) { return ks_ckpt_manager_wait(m, err); }
@@ -436,7 +344,7 @@ static PyObject *Manager_close(ksp_Manager *self, PyObject *unused) {
   release(self);
   Py_END_ALLOW_THREADS
   self->busy = 0;
-  Py_CLEAR(self->staging_owner);
+  ksp_image_hold(&self->image, NULL);
   if (st) return ksp_raise(st, &err);
   Py_RETURN_NONE;
 }
@@ -520,17 +428,14 @@ static PyMethodDef Manager_methods[] = {
      "ks_ckpt_manager_should_save: the interval, the clock or a "
      "preemption signal says save now."},
     {"save", (PyCFunction)(void (*)(void))Manager_save, METH_VARARGS | METH_KEYWORDS,
-     "save($self, entries, metadata=None, metrics=None, timestamp=None, blocking=True)\n--\n\n"
-     "Saves entries (as save_file takes them) under the templated name, then latest and retention; "
-     "blocking=False returns once they are copied. Returns the path."},
-    {"reserve", (PyCFunction)(void (*)(void))Manager_reserve, METH_VARARGS | METH_KEYWORDS,
-     "reserve($self, entries, metadata=None, metrics=None)\n--\n\nks_ckpt_manager_reserve_dict: the background "
-     "saves' staging for a state like entries, allocated and touched now (after a save in flight)."},
-    {"stage_into", (PyCFunction)(void (*)(void))Manager_stage_into, METH_VARARGS | METH_KEYWORDS,
-     "stage_into($self, entries, metadata, metrics, address, size, owner=None)\n--\n\nks_ckpt_manager_stage_into "
-     "(after a save in flight): (bytes the snapshot's image takes, {tensor name: offset} when the buffer at "
-     "address becomes the staging, owner (what holds it) then kept alive until the manager is freed; else "
-     "None). Entries at address 0 count by their size."},
+     "save($self, entries, metadata=None, metrics=None, timestamp=None, blocking=True, image=None)\n--\n\n"
+     "ks_ckpt_manager_save_image: saves entries (as save_file takes them) under the templated name, through "
+     "image (an Image) when given, then latest and retention; blocking=False returns once they are copied. "
+     "Returns the path."},
+    {"place", (PyCFunction)(void (*)(void))Manager_place, METH_VARARGS | METH_KEYWORDS,
+     "place($self, image, entries, metadata=None, metrics=None)\n--\n\nks_image_get for the next save of entries "
+     "through image (after a save writing from it): (bytes the image wants, {tensor name: offset in its memory}), "
+     "or (bytes, None) when its memory is too small. Entries at address 0 count by their size."},
     {"wait", (PyCFunction)Manager_wait, METH_NOARGS,
      "wait($self)\n--\n\nWaits for a background save; raises its error."},
     {"resume_path", (PyCFunction)Manager_resume_path, METH_NOARGS,

@@ -376,7 +376,8 @@ PyMODINIT_FUNC PyInit__keepsake(void) {
     Py_DECREF(m);
     return NULL;
   }
-  if (ksp_async_add_type(m) < 0 || ksp_early_add_type(m) < 0) { /* ksasync.c, ksearly.c */
+  /* ksasync.c, ksearly.c, ksimage.c */
+  if (ksp_async_add_type(m) < 0 || ksp_early_add_type(m) < 0 || ksp_image_add_type(m) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -17,7 +17,7 @@
  *     thread gathers the file's image, chunk by chunk, into a few aligned buffers,
  *     hashing each piece as it copies it, while the caller writes the chunk before
  *     with direct I/O (O_DIRECT): no copy into the page cache and no writeback left
- *     to fsync, as the background saver's image (ks_save_image). A file system that
+ *     to fsync, as a staged save's file image (image.c). A file system that
  *     refuses direct I/O gets the pipeline below instead, or buffered writes of the
  *     chunks when it refuses only the writes;
  *   - else, with a second CPU and enough bytes (PIPE_MIN): the caller writes the tensors straight from their
@@ -207,6 +207,12 @@ ks_status ks__save_tuned(const char *path, const ks_statedict *sd, const ks_meta
   ks_error_clear(err);
   if (!path || !*path || !sd) return ks__err(err, KS_E_INVALID, "ks_save: path and state dict are required");
   KS__TAKE_OPTS(ks_save_opts, opts, KS__V1_SIZE(ks_save_opts, io), err);
+  if (opts->image) { /* the state into the image, then the file from it (image.c) */
+    ks_status is = ks_image_stage(opts->image, sd, extra, err);
+    if (!is) is = ks_image_write(opts->image, path, opts, err);
+    else ks__err_set_file(err, path);
+    return is;
+  }
   ks__save_tuning t = tuning ? *tuning : (ks__save_tuning){0};
   save_ctx c = {0};
   c.alloc = opts ? opts->alloc : NULL;
@@ -234,80 +240,6 @@ ks_status ks__save_tuned(const char *path, const ks_statedict *sd, const ks_meta
     case MODE_TWO_PASS: st = body_two_pass(&c, &t); break;
     }
   }
-  if (!st) st = ks__durable_commit(&c.out);
-  if (st) ks__err_set_file(err, path);
-  cleanup(&c);
-  ks__sbuf_free(&hdr);
-  return st;
-}
-
-static size_t count_tensors(const ks_statedict *sd) {
-  size_t n = 0;
-  for (size_t i = 0; i < ks_statedict_count(sd); i++) {
-    ks_entry e;
-    if (!ks_statedict_at(sd, i, &e) && e.kind == KS_VAL_TENSOR) n++;
-  }
-  return n;
-}
-
-ks_status ks_save_layout(const ks_statedict *sd, const ks_meta *extra, const ks_allocator *alloc, size_t *header_len,
-                         uint64_t *data_len, ks_error *err) {
-  if (!sd || !header_len || !data_len) return ks__err(err, KS_E_INVALID, "ks_save_layout: NULL argument");
-  size_t tensors = count_tensors(sd);
-  size_t *sum_at = tensors ? ks__malloc(alloc, tensors * sizeof *sum_at) : NULL; /* placeholders: no hashing */
-  if (tensors && !sum_at) return ks__err(err, KS_E_NOMEM, "out of memory");
-  ks__sbuf hdr;
-  ks__sbuf_init(&hdr, alloc);
-  ks_status st = ks__build_header(sd, extra, alloc, &hdr, data_len, sum_at, err);
-  if (!st) *header_len = hdr.len;
-  ks__sbuf_free(&hdr);
-  ks__free(alloc, sum_at);
-  return st;
-}
-
-/* Whether every tensor of sd lies at image + hlen + its offset, with the image aligned and its
-   room covering the aligned end of the file. */
-static bool laid_out(const ks_statedict *sd, const uint8_t *image, size_t cap, size_t hlen, uint64_t data_len) {
-  if ((uintptr_t)image % KS_IMAGE_ALIGN || hlen > cap || data_len > cap - hlen) return false;
-  size_t end = hlen + (size_t)data_len, tail = (KS_IMAGE_ALIGN - end % KS_IMAGE_ALIGN) % KS_IMAGE_ALIGN;
-  if (tail > cap - end) return false; /* the last aligned write may read up to the aligned end */
-  uint64_t off = 0;
-  for (size_t i = 0; i < ks_statedict_count(sd); i++) {
-    ks_entry e;
-    if (ks_statedict_at(sd, i, &e) || e.kind != KS_VAL_TENSOR) continue;
-    if (e.tensor.nbytes && (const uint8_t *)e.tensor.data != image + hlen + off) return false;
-    off += e.tensor.nbytes;
-  }
-  return true;
-}
-
-ks_status ks_save_image(const char *path, const ks_statedict *sd, const ks_meta *extra, const ks_save_opts *opts,
-                        void *image, size_t image_cap, ks_error *err) {
-  ks_error_clear(err);
-  if (!path || !*path || !sd || !image)
-    return ks__err(err, KS_E_INVALID, "ks_save_image: path, state dict and image are required");
-  KS__TAKE_OPTS(ks_save_opts, opts, KS__V1_SIZE(ks_save_opts, io), err);
-  save_ctx c = {0};
-  c.alloc = opts ? opts->alloc : NULL;
-  ks__sbuf hdr;
-  ks__sbuf_init(&hdr, c.alloc);
-  c.hdr = &hdr;
-  uint64_t data_len = 0;
-  ks_status st = ks__save_job_make(&c.job, sd, c.alloc, err);
-  if (!st) st = ks__build_header(sd, extra, c.alloc, &hdr, &data_len, c.job.sum_at, err);
-  if (!st && !laid_out(sd, image, image_cap, hdr.len, data_len)) {
-    cleanup(&c);
-    ks__sbuf_free(&hdr);
-    return ks_save(path, sd, extra, opts, err);
-  }
-  if (!st) {
-    for (size_t k = 0; k < c.job.n; k++) c.job.sums[k] = ks_checksum(c.job.spans[k].p, c.job.spans[k].n);
-    put_digits(&c); /* each tensor hashed where it lies */
-    memcpy(image, hdr.p, hdr.len);
-    st = ks__durable_prepare(&c.out, path, opts ? opts->io : NULL, c.alloc, err);
-  }
-  if (!st) st = ks__durable_open(&c.out);
-  if (!st) st = ks__durable_write_image(&c.out, image, hdr.len + (size_t)data_len);
   if (!st) st = ks__durable_commit(&c.out);
   if (st) ks__err_set_file(err, path);
   cleanup(&c);

@@ -1,4 +1,5 @@
-/* The checkpoint manager's object, shared by manager.c and scan.c. */
+/* The checkpoint manager's object, shared by policy.c (what decides), files.c and dirs.c (what
+   writes a checkpoint file or directory), scan.c, retention.c, upload.c and preempt.c. */
 #ifndef KS_MANAGER_INTERNAL_H
 #define KS_MANAGER_INTERNAL_H
 
@@ -96,6 +97,9 @@ void ks__mgr_touch(ks_ckpt_manager *m);
 KS_NODISCARD ks_status ks__mgr_expand(const ks_ckpt_manager *m, const ks_timestamp *ts, char *name, size_t cap);
 /* `latest`, then retention, after the checkpoint at path is durable. */
 KS_NODISCARD ks_status ks__mgr_after_commit(void *ctx, const char *path, ks_error *err);
+/* The next checkpoint file's path from the template and ts (NULL: all zero), remembered as
+   m->last_path (policy.c). */
+KS_NODISCARD ks_status ks__mgr_next_path(ks_ckpt_manager *m, const ks_timestamp *ts, ks_error *err);
 /* Autoresume of a sharded manager: the newest complete directory, merged onto one process. */
 KS_NODISCARD ks_status ks__mgr_autoresume_dir(ks_ckpt_manager *m, ks_state *st, const ks_load_opts *opts,
                                               ks_load_report *report, int *resumed, const char **path, ks_error *err);

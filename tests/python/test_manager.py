@@ -611,3 +611,40 @@ def test_early_stopping_reads_what_the_c_demo_saved(tmp_path):
     es.load_state_dict({k.rsplit("/", 1)[1]: v for k, v in saved.items() if k.startswith("state/callbacks/EarlyStopping/")})
     assert es.best_score == saved["state/callbacks/EarlyStopping/best_score"] and es.best_score > 0
     assert es.wait_count == saved["state/callbacks/EarlyStopping/wait_count"] and es.stopped_epoch == -1
+
+
+def test_the_extension_image_is_held_while_a_background_save_may_write_from_it(tmp_path):
+    """keepsake._keepsake.Image (ks_image): a layout-only image says how much memory a state
+    needs; caller memory smaller than that is refused; Manager.place gives each tensor's offset
+    there; an image a background save went through cannot be closed (the library may still write
+    from it) until the manager saves through another or is closed; the file is the state's."""
+    from keepsake._core import native as _n, tensors as _tensors
+    keep = []
+    w = torch.arange(1 << 16, dtype=torch.float32)
+    entries = [_tensors.torch_entry("w", w, keep)]
+    need = _n.Image(entries, layout_only=True).need
+    assert need % 4096 == 0 and need >= w.numel() * 4 + (1 << 20)  # the data, and room for a header that grows
+    buf = torch.zeros(need + 4096, dtype=torch.uint8)
+    addr = buf.data_ptr() + (-buf.data_ptr() % 4096)
+    with pytest.raises(keepsake.LimitError):
+        _n.Image(entries, None, None, addr, 4096, buf)
+    with pytest.raises(keepsake.InvalidError):  # direct I/O needs aligned memory
+        _n.Image(entries, None, None, addr + 64, need, buf)
+    im = _n.Image(entries, None, None, addr, need, buf)
+    mgr = _n.Manager(str(tmp_path), lock="off")
+    got, offsets = mgr.place(im, entries)
+    assert got == need and set(offsets) == {"w"} and offsets["w"] % 8 == 0
+    placed = buf[addr - buf.data_ptr() + offsets["w"]:][:w.numel() * 4].view(torch.float32)
+    placed.copy_(w)  # where the save finds it: copied no further
+    path = mgr.save([("w",) + entries[0][1:3] + (placed.data_ptr(), entries[0][4])], blocking=False, image=im)
+    with pytest.raises(keepsake.StateError):
+        im.close()
+    mgr.wait()
+    with pytest.raises(keepsake.StateError):  # held until the next save or close
+        im.close()
+    mgr.close()
+    im.close()
+    assert im.closed
+    with pytest.raises(keepsake.StateError):
+        _n.Manager(str(tmp_path / "other"), lock="off").save(entries, image=im)
+    assert torch.equal(kt.load_file(path, verify=True)["w"], w)

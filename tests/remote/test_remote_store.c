@@ -346,7 +346,7 @@ static void manager_that_lost_its_lease_writes_nothing(void **state) {
   ks_timestamp_init(&ts);
   ts.batch = 1;
   ks_error_clear(&e);
-  assert_int_equal(ks_ckpt_manager_save_dict(m, sd, NULL, &ts, 0, NULL, &e), KS_E_IO);
+  assert_int_equal(ks_ckpt_manager_save_image(m, NULL, sd, NULL, &ts, 0, NULL, &e), KS_E_IO);
   if (!strstr(e.message, "taken over")) fail_msg("not said: %s", e.message);
   snprintf(path, sizeof path, "%s/ep0-ba1.keepsake", ks_storage_path(st));
   ks_io_stat sb;

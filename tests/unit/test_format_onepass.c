@@ -303,46 +303,67 @@ static int refusing_direct_write(void *ctx, int fd, const void *buf, size_t n, s
   return ks_io_posix()->write_fn(NULL, fd, buf, n, written);
 }
 
-/* An image of sd for ks_save_image: ks_save_layout's header room, then sd's tensors packed, in a
-   KS_IMAGE_ALIGN-aligned buffer (+ `shift` bytes: shift != 0 makes it unaligned); *img receives a
-   state dict of the same entries borrowing their bytes from the image. */
+/* A file image of sd in the caller's memory (KS_IMAGE_ALIGN-aligned, as large as a layout-only
+   image says it must be, filled with a pattern the header room must overwrite); *ib->sd receives
+   a state dict of the same entries whose tensors the caller copied to the offsets ks_image_get
+   gives, as a caller copying device tensors into page-locked memory does. */
 typedef struct image_buf {
-  uint8_t *base, *image;
+  uint8_t *base, *mem;
   size_t cap;
+  ks_image *im;
   ks_statedict *sd;
 } image_buf;
 
-static void image_make(const ks_statedict *sd, size_t shift, image_buf *ib) {
-  size_t hlen;
-  uint64_t dlen;
-  assert_int_equal(ks_save_layout(sd, NULL, NULL, &hlen, &dlen, NULL), KS_OK);
-  ib->cap = (hlen + (size_t)dlen + KS_IMAGE_ALIGN - 1) / KS_IMAGE_ALIGN * KS_IMAGE_ALIGN;
-  ib->base = malloc(ib->cap + 2 * KS_IMAGE_ALIGN);
+static size_t image_need(const ks_statedict *sd) {
+  ks_image *lay = NULL;
+  ks_image_opts lo = {.size = sizeof lo, .layout_only = 1};
+  assert_int_equal(ks_image_create(sd, NULL, &lo, &lay, NULL), KS_OK);
+  ks_image_info info = {.size = sizeof info};
+  assert_int_equal(ks_image_get(lay, NULL, NULL, &info, NULL), KS_OK);
+  assert_null(info.buf); /* a layout has no memory */
+  ks_image_free(lay);
+  assert_int_equal(info.need % KS_IMAGE_ALIGN, 0);
+  return info.need;
+}
+
+static void image_make(const ks_statedict *sd, image_buf *ib) {
+  ib->cap = image_need(sd);
+  ib->base = malloc(ib->cap + KS_IMAGE_ALIGN);
   assert_non_null(ib->base);
-  ib->image = (uint8_t *)(((uintptr_t)ib->base + KS_IMAGE_ALIGN - 1) & ~(uintptr_t)(KS_IMAGE_ALIGN - 1)) + shift;
-  memset(ib->image, 0xA5, ib->cap); /* the header room must be overwritten */
+  ib->mem = (uint8_t *)(((uintptr_t)ib->base + KS_IMAGE_ALIGN - 1) & ~(uintptr_t)(KS_IMAGE_ALIGN - 1));
+  memset(ib->mem, 0xA5, ib->cap);
+  ks_image_opts o = {.size = sizeof o, .buf = ib->mem, .buf_size = ib->cap};
+  assert_int_equal(ks_image_create(sd, NULL, &o, &ib->im, NULL), KS_OK);
+  ks_image_info info = {.size = sizeof info};
+  assert_int_equal(ks_image_get(ib->im, sd, NULL, &info, NULL), KS_OK);
+  assert_ptr_equal(info.buf, ib->mem);
+  assert_int_equal(info.count, ks_statedict_count(sd));
   assert_int_equal(ks_statedict_create(NULL, &ib->sd, NULL), KS_OK);
-  size_t off = hlen;
   for (size_t i = 0; i < ks_statedict_count(sd); i++) {
     ks_entry e;
     assert_int_equal(ks_statedict_at(sd, i, &e), KS_OK);
     if (e.kind == KS_VAL_TENSOR) {
-      if (e.tensor.nbytes) memcpy(ib->image + off, e.tensor.data, e.tensor.nbytes);
-      e.tensor.data = ib->image + off;
-      off += e.tensor.nbytes;
+      assert_true(info.offsets[i] >= info.header_len && info.offsets[i] + e.tensor.nbytes <= ib->cap);
+      if (e.tensor.nbytes) memcpy(ib->mem + info.offsets[i], e.tensor.data, e.tensor.nbytes);
+      e.tensor.data = ib->mem + info.offsets[i];
+    } else {
+      assert_true(info.offsets[i] == UINT64_MAX);
     }
     assert_int_equal(ks_statedict_set_entry(ib->sd, e.name, &e, KS_BORROW, NULL), KS_OK);
   }
 }
 
 static void image_free(image_buf *ib) {
+  ks_image_free(ib->im);
   ks_statedict_free(ib->sd);
   free(ib->base);
 }
 
-/* ks_save_image writes the bytes ks_save writes: through the POSIX table (direct writes where the
-   file system takes them), a table that is not local (buffered), on tmpfs when there is one (no
-   O_DIRECT there), from an unaligned image or a state not laid out in it (ks_save's path). */
+/* Saves through an image (ks_save_opts.image) write the bytes ks_save writes: through the POSIX
+   table (direct writes where the file system takes them), a table that is not local (buffered),
+   on tmpfs when there is one (no O_DIRECT there), from tensors the caller placed in the image,
+   from tensors lying elsewhere (copied in), or from tensors lying in the image away from their
+   place (copied aside first), and through an image in memory of its own. */
 static void image_saves_are_byte_identical(void **state) {
   fixture *fx = *state;
   ks_statedict *sd;
@@ -360,30 +381,42 @@ static void image_saves_are_byte_identical(void **state) {
   pw_init(&remote);
   remote.io.caps = 0;
   const ks_io *tables[] = {NULL, &remote.io};
-  for (size_t shift = 0; shift <= 64; shift += 64)
-    for (size_t t = 0; t < 2; t++) {
+  for (size_t t = 0; t < 2; t++)
+    for (int placed = 0; placed < 2; placed++) {
       image_buf ib;
-      image_make(sd, shift, &ib);
+      image_make(sd, &ib);
       char *path = ks_test_path(fx->dir, "image.ks");
-      ks_save_opts o = {.io = tables[t]};
+      ks_save_opts o = {.size = sizeof o, .io = tables[t], .image = ib.im};
       ks_error err;
-      assert_int_equal(ks_save_image(path, ib.sd, NULL, &o, ib.image, ib.cap, &err), KS_OK);
+      assert_int_equal(ks_save(path, placed ? ib.sd : sd, NULL, &o, &err), KS_OK);
       uint8_t *got = ks_test_read_file(path, &l);
       assert_same(got, l, ref, lref);
+      assert_memory_equal(ib.mem, ref, 4096); /* the file was written from the caller's memory */
       free(got);
       free(path);
       image_free(&ib);
     }
+  { /* the caller's memory must be aligned for direct I/O */
+    uint8_t *raw = malloc(2 * KS_IMAGE_ALIGN);
+    uint8_t *mis = (uint8_t *)(((uintptr_t)raw + KS_IMAGE_ALIGN - 1) & ~(uintptr_t)(KS_IMAGE_ALIGN - 1)) + 64;
+    ks_image_opts o = {.size = sizeof o, .buf = mis, .buf_size = KS_IMAGE_ALIGN};
+    ks_image *im = NULL;
+    ks_error err;
+    assert_int_equal(ks_image_create(sd, NULL, &o, &im, &err), KS_E_INVALID);
+    assert_null(im);
+    assert_non_null(strstr(err.message, "aligned"));
+    free(raw);
+  }
   { /* direct writes refused by the file system: the whole file goes buffered, the same bytes */
     image_buf rb;
-    image_make(sd, 0, &rb);
+    image_make(sd, &rb);
     int refused = 0;
     ks_io io = *ks_io_posix();
     io.ctx = &refused;
     io.write_fn = refusing_direct_write;
-    ks_save_opts o = {.io = &io};
+    ks_save_opts o = {.size = sizeof o, .io = &io, .image = rb.im};
     char *rpath = ks_test_path(fx->dir, "refused.ks");
-    assert_int_equal(ks_save_image(rpath, rb.sd, NULL, &o, rb.image, rb.cap, NULL), KS_OK);
+    assert_int_equal(ks_save(rpath, rb.sd, NULL, &o, NULL), KS_OK);
     uint8_t *rgot = ks_test_read_file(rpath, &l);
     assert_same(rgot, l, ref, lref);
     assert_int_equal(refused, takes_direct(fx->dir) ? 1 : 0); /* tried once, then buffered */
@@ -391,23 +424,51 @@ static void image_saves_are_byte_identical(void **state) {
     free(rpath);
     image_free(&rb);
   }
-  image_buf ib; /* entries not where the layout puts them: saved by ks_save, the same bytes */
-  image_make(sd, 0, &ib);
+  image_buf ib; /* entries in the image, not where the layout puts them: copied aside, then placed */
+  image_make(sd, &ib);
+  ks_statedict *swapped = NULL;
+  assert_int_equal(ks_statedict_create(NULL, &swapped, NULL), KS_OK);
+  ks_entry ea, eb;
+  assert_int_equal(ks_statedict_get(ib.sd, "b/small", &eb), KS_OK);
+  for (size_t i = 0; i < ks_statedict_count(ib.sd); i++) { /* b/small's bytes where a/odd's start */
+    ks_entry e;
+    assert_int_equal(ks_statedict_at(ib.sd, i, &e), KS_OK);
+    if (!strcmp(e.name, "b/small")) {
+      ea = e;
+      ks_entry ma;
+      assert_int_equal(ks_statedict_get(ib.sd, "a/odd", &ma), KS_OK);
+      memmove(ma.tensor.data, eb.tensor.data, eb.tensor.nbytes); /* a/odd's place now holds b/small */
+      ea.tensor.data = ma.tensor.data;
+      e = ea;
+    }
+    if (!strcmp(e.name, "a/odd")) {
+      ks_entry orig;
+      assert_int_equal(ks_statedict_get(sd, "a/odd", &orig), KS_OK);
+      e.tensor.data = orig.tensor.data; /* a/odd from outside the image */
+    }
+    assert_int_equal(ks_statedict_set_entry(swapped, e.name, &e, KS_BORROW, NULL), KS_OK);
+  }
   char *path = ks_test_path(fx->dir, "moved.ks");
-  assert_int_equal(ks_save_image(path, sd, NULL, NULL, ib.image, ib.cap, NULL), KS_OK);
+  ks_save_opts io = {.size = sizeof io, .image = ib.im};
+  assert_int_equal(ks_save(path, swapped, NULL, &io, NULL), KS_OK);
   uint8_t *got = ks_test_read_file(path, &l);
   assert_same(got, l, ref, lref);
   free(got);
   free(path);
+  ks_statedict_free(swapped);
   struct stat sb;
   if (stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) && access("/dev/shm", W_OK) == 0) {
     char shm[] = "/dev/shm/ks-image-XXXXXX";
     assert_non_null(mkdtemp(shm));
     char *spath = ks_test_path(shm, "image.ks");
-    assert_int_equal(ks_save_image(spath, ib.sd, NULL, NULL, ib.image, ib.cap, NULL), KS_OK);
+    ks_image *own = NULL; /* an image in memory of its own */
+    assert_int_equal(ks_image_create(sd, NULL, NULL, &own, NULL), KS_OK);
+    ks_save_opts so = {.size = sizeof so, .image = own};
+    assert_int_equal(ks_save(spath, sd, NULL, &so, NULL), KS_OK);
     got = ks_test_read_file(spath, &l);
     assert_same(got, l, ref, lref);
     free(got);
+    ks_image_free(own);
     assert_int_equal(unlink(spath), 0);
     assert_int_equal(rmdir(shm), 0);
     free(spath);
@@ -417,37 +478,48 @@ static void image_saves_are_byte_identical(void **state) {
   ks_statedict_free(sd);
 }
 
-/* Every allocation of ks_save_image may fail: KS_E_NOMEM, no file, no leak; a failing write
-   leaves no temporary file and the old file in place. */
+/* Every allocation of an image save may fail, ks_image_create's and the save's: KS_E_NOMEM, no
+   file, no leak; a failing write leaves no temporary file and the old file in place. */
 static void image_save_failures_leave_nothing(void **state) {
   fixture *fx = *state;
-  image_buf ib;
-  image_make(fx->sd, 0, &ib);
   char *dir = ks_test_path(fx->dir, "imgfail");
   assert_int_equal(mkdir(dir, 0700), 0);
   char *path = ks_test_path(dir, "ckpt.ks");
   ks_status st = KS_E_NOMEM;
-  for (long n = 1; st == KS_E_NOMEM && n < 200; n++) {
+  long failed = 0;
+  for (long n = 1; st == KS_E_NOMEM && n < 400; n++) {
     ks_test_alloc ta;
     ks_test_alloc_init(&ta, n);
-    ks_save_opts o = {.alloc = &ta.a};
-    st = ks_save_image(path, ib.sd, NULL, &o, ib.image, ib.cap, NULL);
-    if (st == KS_E_NOMEM) assert_int_equal(ks_test_dir_entries(dir), 0);
+    ks_image_opts io = {.size = sizeof io, .alloc = &ta.a};
+    ks_image *im = NULL;
+    st = ks_image_create(fx->sd, NULL, &io, &im, NULL);
+    if (st == KS_OK) {
+      ks_save_opts o = {.size = sizeof o, .alloc = &ta.a, .image = im};
+      st = ks_save(path, fx->sd, NULL, &o, NULL);
+    } else {
+      assert_null(im);
+    }
+    ks_image_free(im);
+    if (st == KS_E_NOMEM) {
+      failed++;
+      assert_int_equal(ks_test_dir_entries(dir), 0);
+    }
     assert_int_equal(ta.live, 0);
   }
   assert_int_equal(st, KS_OK);
+  assert_true(failed >= 8); /* the image's own allocations, then the save's */
   size_t old_len;
   uint8_t *old = ks_test_read_file(path, &old_len);
   image_buf other;
-  image_make(fx->sd, 0, &other);
+  image_make(fx->sd, &other);
   size_t limits[] = {0, 4096, (1u << 20) + 4096}; /* the disk fills at once, after a block, midway */
   for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
     full_io f = {.io = *ks_io_posix(), .left = limits[i]};
     f.io.ctx = &f;
     f.io.write_fn = full_write;
-    ks_save_opts o = {.io = &f.io};
+    ks_save_opts o = {.size = sizeof o, .io = &f.io, .image = other.im};
     ks_error err;
-    assert_int_equal(ks_save_image(path, other.sd, NULL, &o, other.image, other.cap, &err), KS_E_IO);
+    assert_int_equal(ks_save(path, other.sd, NULL, &o, &err), KS_E_IO);
     assert_non_null(strstr(err.message, strerror(ENOSPC)));
     assert_int_equal(ks_test_dir_entries(dir), 1); /* no temporary file left */
     size_t len;
@@ -457,7 +529,6 @@ static void image_save_failures_leave_nothing(void **state) {
   }
   free(old);
   image_free(&other);
-  image_free(&ib);
   free(path);
   free(dir);
 }

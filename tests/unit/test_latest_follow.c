@@ -43,7 +43,7 @@ static void writer_save(writer *wr) {
   ks_timestamp ts;
   ks_timestamp_init(&ts);
   ts.batch = wr->batch;
-  assert_int_equal(ks_ckpt_manager_save_dict(wr->m, sd, NULL, &ts, 0, NULL, NULL), KS_OK);
+  assert_int_equal(ks_ckpt_manager_save_image(wr->m, NULL, sd, NULL, &ts, 0, NULL, NULL), KS_OK);
   ks_statedict_free(sd);
 }
 

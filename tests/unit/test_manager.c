@@ -560,7 +560,10 @@ static void assert_saved_as(const char *a, const ks_statedict *sd, const char *s
   free(db);
 }
 
-static void async_reserve_takes_the_staging_before_the_first_save(void **state) {
+/* An image made before training takes its memory at once (touched then); background saves
+   through it allocate nothing large, and write ks_save's file. While a save writes from the image,
+   a caller asking to write into it waits, or is refused in busy mode. */
+static void async_image_takes_its_memory_before_the_first_save(void **state) {
   (void)state;
   char *dir = ks_test_tmpdir("async-reserve");
   char *a = ks_test_path(dir, "a.keepsake"), *b = ks_test_path(dir, "b.keepsake");
@@ -569,31 +572,48 @@ static void async_reserve_takes_the_staging_before_the_first_save(void **state) 
   ks_allocator al = {big_malloc, big_realloc, big_free, &ba};
   float *data[3] = {NULL, NULL, NULL};
   ks_statedict *sd = three_tensors(data, 1.0f);
-  ks_async_opts ao = {.alloc = &al};
+  ks_image_opts io = {.size = sizeof io, .alloc = &al};
+  ks_image *im = NULL;
+  assert_int_equal(ks_image_create(sd, NULL, &io, &im, NULL), KS_OK);
+  assert_true(ba.largest >= (size_t)3 << 20); /* the whole image, at once */
+  ks_async_opts ao = {.alloc = &al, .busy = KS_ASYNC_FAIL_BUSY};
   ks_async_saver *sv = NULL;
   assert_int_equal(ks_async_saver_create(&ao, &sv, NULL), KS_OK);
-  assert_int_equal(ks_async_saver_reserve_dict(sv, sd, NULL, NULL), KS_OK);
-  assert_true(ba.largest >= (size_t)3 << 20); /* the whole image, at once */
   ba.largest = 0;
-  assert_int_equal(ks_async_saver_start_dict(sv, sd, NULL, a, NULL, NULL, NULL, NULL), KS_OK);
-  /* A second reservation while the save is not collected is refused, not raced. */
+  gate_io g;
+  gate_init(&g, 0, 0);
+  ks_save_opts so = {.size = sizeof so, .io = &g.io};
+  assert_int_equal(ks_async_saver_start_image(sv, im, sd, NULL, a, &so, NULL, NULL, NULL), KS_OK);
+  gate_wait_for_write(&g);
+  /* The save is held at its first write: the image is not the caller's to write into. */
   ks_error e;
-  assert_int_equal(ks_async_saver_reserve_dict(sv, sd, NULL, &e), KS_E_STATE);
-  assert_non_null(strstr(e.message, "in flight"));
+  ks_image_info info = {.size = sizeof info};
+  assert_int_equal(ks_image_get(im, sd, NULL, &info, &e), KS_E_STATE);
+  assert_non_null(strstr(e.message, "still writing"));
+  gate_open(&g);
   assert_int_equal(ks_async_saver_wait(sv, NULL), KS_OK);
-  assert_true(ba.largest < (size_t)1 << 20); /* the save staged into the reserved buffer */
-  /* Reserving again for the same state takes nothing new, and the file is ks_save's. */
-  assert_int_equal(ks_async_saver_reserve_dict(sv, sd, NULL, NULL), KS_OK);
-  assert_true(ba.largest < (size_t)1 << 20);
+  assert_true(ba.largest < (size_t)1 << 20); /* the save staged into the image's memory */
   assert_saved_as(a, sd, b);
-  /* A sharded manager has no background saver to prepare. */
+  assert_int_equal(ks_image_get(im, sd, NULL, &info, NULL), KS_OK);
+  assert_int_equal(info.count, 3);
+  /* The manager's background save through the same image: the same file, nothing large taken. */
   ks_ckpt_manager *m = NULL;
-  ks_ckpt_opts mo = {.run_dir = dir, .sharded = 1};
+  ks_ckpt_opts mo = {.run_dir = dir, .filename = "m.keepsake", .lock = KS_CKPT_LOCK_OFF};
   assert_int_equal(ks_ckpt_manager_create(&mo, &m, NULL), KS_OK);
-  assert_int_equal(ks_ckpt_manager_reserve_dict(m, sd, NULL, &e), KS_E_STATE);
-  assert_int_equal(ks_ckpt_manager_reserve_dict(NULL, sd, NULL, &e), KS_E_INVALID);
+  const char *saved = NULL;
+  assert_int_equal(ks_ckpt_manager_save_image(m, im, sd, NULL, NULL, 1, &saved, NULL), KS_OK);
+  assert_int_equal(ks_ckpt_manager_wait(m, NULL), KS_OK);
+  assert_true(ba.largest < (size_t)1 << 20);
+  assert_saved_as(saved, sd, b);
+  assert_int_equal(ks_ckpt_manager_save_image(NULL, im, sd, NULL, NULL, 1, NULL, &e), KS_E_INVALID);
+  ks_ckpt_manager_free(m);
+  ks_ckpt_opts so_sh = {.run_dir = dir, .sharded = 1}; /* the ranks save a sharded manager's directories */
+  assert_int_equal(ks_ckpt_manager_create(&so_sh, &m, NULL), KS_OK);
+  assert_int_equal(ks_ckpt_manager_save_image(m, im, sd, NULL, NULL, 1, NULL, &e), KS_E_STATE);
   ks_ckpt_manager_free(m);
   ks_async_saver_free(sv);
+  ks_image_free(im);
+  gate_free(&g);
   ks_statedict_free(sd);
   for (int i = 0; i < 3; i++) free(data[i]);
   pthread_mutex_destroy(&ba.mu);
@@ -603,7 +623,7 @@ static void async_reserve_takes_the_staging_before_the_first_save(void **state) 
   free(dir);
 }
 
-static void async_stage_into_saves_from_the_callers_buffer(void **state) {
+static void async_image_saves_from_the_callers_memory(void **state) {
   (void)state;
   char *dir = ks_test_tmpdir("async-into");
   char *a = ks_test_path(dir, "a.keepsake"), *b = ks_test_path(dir, "b.keepsake");
@@ -615,59 +635,83 @@ static void async_stage_into_saves_from_the_callers_buffer(void **state) {
   ks_async_opts ao = {.alloc = &al};
   ks_async_saver *sv = NULL;
   assert_int_equal(ks_async_saver_create(&ao, &sv, NULL), KS_OK);
-  /* Too small: only the size is said, and nothing is set. */
-  size_t need = 0;
-  uint64_t off[3];
-  unsigned char small[64];
-  assert_int_equal(ks_async_saver_stage_into(sv, sd, NULL, small, sizeof small, &need, off, NULL), KS_OK);
+  /* A layout only says how much memory the image needs; memory too small is refused. */
+  ks_image_opts lo = {.size = sizeof lo, .layout_only = 1};
+  ks_image *lay = NULL;
+  assert_int_equal(ks_image_create(sd, NULL, &lo, &lay, NULL), KS_OK);
+  ks_image_info info = {.size = sizeof info};
+  assert_int_equal(ks_image_get(lay, NULL, NULL, &info, NULL), KS_OK);
+  size_t need = info.need;
   assert_true(need >= (size_t)3 << 20);
+  ks_error e;
+  assert_int_equal(ks_async_saver_start_image(sv, lay, sd, NULL, a, NULL, NULL, NULL, &e), KS_E_STATE);
+  ks_image_free(lay);
   unsigned char *buf = aligned_alloc(KS_IMAGE_ALIGN, need);
   assert_non_null(buf);
-  assert_int_equal(ks_async_saver_stage_into(sv, sd, NULL, buf, need, &need, off, NULL), KS_OK);
+  ks_image *im = NULL;
+  ks_image_opts co = {.size = sizeof co, .alloc = &al, .buf = buf, .buf_size = KS_IMAGE_ALIGN};
+  assert_int_equal(ks_image_create(sd, NULL, &co, &im, &e), KS_E_LIMIT);
+  co.buf_size = need;
+  assert_int_equal(ks_image_create(sd, NULL, &co, &im, NULL), KS_OK);
+  assert_int_equal(ks_image_get(im, sd, NULL, &info, NULL), KS_OK);
   /* The caller puts the tensors at their offsets (as device-to-host copies would), then saves
      a state dict that points there: the saver copies nothing and allocates no staging. */
   ks_statedict *placed = NULL;
   assert_int_equal(ks_statedict_create(NULL, &placed, NULL), KS_OK);
   for (size_t i = 0; i < 3; i++) {
-    ks_entry e;
-    assert_int_equal(ks_statedict_at(sd, i, &e), KS_OK);
-    assert_true(off[i] + e.tensor.nbytes <= need);
-    memcpy(buf + off[i], e.tensor.data, e.tensor.nbytes);
-    e.tensor.data = buf + off[i];
-    assert_int_equal(ks_statedict_set_tensor(placed, e.name, &e.tensor, KS_BORROW, NULL), KS_OK);
+    ks_entry en;
+    assert_int_equal(ks_statedict_at(sd, i, &en), KS_OK);
+    assert_true(info.offsets[i] + en.tensor.nbytes <= need);
+    memcpy(buf + info.offsets[i], en.tensor.data, en.tensor.nbytes);
+    en.tensor.data = buf + info.offsets[i];
+    assert_int_equal(ks_statedict_set_tensor(placed, en.name, &en.tensor, KS_BORROW, NULL), KS_OK);
   }
   ba.largest = 0;
-  assert_int_equal(ks_async_saver_start_dict(sv, placed, NULL, a, NULL, NULL, NULL, NULL), KS_OK);
+  assert_int_equal(ks_async_saver_start_image(sv, im, placed, NULL, a, NULL, NULL, NULL, NULL), KS_OK);
   assert_int_equal(ks_async_saver_wait(sv, NULL), KS_OK);
   assert_true(ba.largest < (size_t)1 << 20);
   assert_saved_as(a, sd, b);
-  /* A tensor that lies in the buffer, but not where the image puts it, is not copied over
-     itself: the save stages in the saver's own buffer, and the file is still right. */
+  /* Tensors that lie in the memory, but not where the image puts them, are not copied over each
+     other: they are copied aside first, and the file is still right. */
   ks_statedict *moved = NULL;
   assert_int_equal(ks_statedict_create(NULL, &moved, NULL), KS_OK);
   for (size_t i = 0; i < 3; i++) {
-    ks_entry e;
-    assert_int_equal(ks_statedict_at(placed, (i + 1) % 3, &e), KS_OK);
-    assert_int_equal(ks_statedict_set_tensor(moved, e.name, &e.tensor, KS_BORROW, NULL), KS_OK);
+    ks_entry en;
+    assert_int_equal(ks_statedict_at(placed, (i + 1) % 3, &en), KS_OK);
+    char name[16];
+    snprintf(name, sizeof name, "w%zu", i);
+    assert_int_equal(ks_statedict_set_tensor(moved, name, &en.tensor, KS_BORROW, NULL), KS_OK);
   }
-  assert_int_equal(ks_async_saver_start_dict(sv, moved, NULL, a, NULL, NULL, NULL, NULL), KS_OK);
+  ks_statedict *ref = NULL; /* the same state, from memory outside the image */
+  assert_int_equal(ks_statedict_create(NULL, &ref, NULL), KS_OK);
+  for (size_t i = 0; i < 3; i++) {
+    ks_entry en;
+    assert_int_equal(ks_statedict_at(sd, (i + 1) % 3, &en), KS_OK);
+    char name[16];
+    snprintf(name, sizeof name, "w%zu", i);
+    assert_int_equal(ks_statedict_set_tensor(ref, name, &en.tensor, KS_BORROW, NULL), KS_OK);
+  }
+  assert_int_equal(ks_async_saver_start_image(sv, im, moved, NULL, a, NULL, NULL, NULL, NULL), KS_OK);
   assert_int_equal(ks_async_saver_wait(sv, NULL), KS_OK);
-  assert_true(ba.largest >= (size_t)3 << 20);
-  assert_saved_as(a, moved, b);
-  /* A sharded manager refuses; a NULL manager too. */
-  ks_ckpt_manager *m = NULL;
-  ks_ckpt_opts mo = {.run_dir = dir, .sharded = 1};
-  ks_error e;
-  assert_int_equal(ks_ckpt_manager_create(&mo, &m, NULL), KS_OK);
-  assert_int_equal(ks_ckpt_manager_stage_into(m, sd, NULL, buf, need, &need, off, &e), KS_E_STATE);
-  assert_int_equal(ks_ckpt_manager_stage_into(NULL, sd, NULL, buf, need, &need, off, &e), KS_E_INVALID);
-  ks_ckpt_manager_free(m);
+  assert_saved_as(a, ref, b);
+  /* A state that no longer fits the caller's memory is refused, the image unchanged. */
+  float *more[3] = {NULL, NULL, NULL};
+  ks_statedict *bigger = three_tensors(more, 2.0f);
+  int64_t shape[1] = {(int64_t)1 << 20};
+  void *p;
+  assert_int_equal(ks_statedict_new_tensor(bigger, "extra", KS_F32, 1, shape, &p, NULL), KS_OK);
+  assert_int_equal(ks_async_saver_start_image(sv, im, bigger, NULL, a, NULL, NULL, NULL, &e), KS_E_LIMIT);
+  assert_int_equal(ks_async_saver_wait(sv, NULL), KS_OK);
+  assert_saved_as(a, ref, b); /* the last file stands */
   ks_async_saver_free(sv);
+  ks_image_free(im);
   free(buf);
+  ks_statedict_free(bigger);
+  ks_statedict_free(ref);
   ks_statedict_free(moved);
   ks_statedict_free(placed);
   ks_statedict_free(sd);
-  for (int i = 0; i < 3; i++) free(data[i]);
+  for (int i = 0; i < 3; i++) free(data[i]), free(more[i]);
   pthread_mutex_destroy(&ba.mu);
   free(a);
   free(b);
@@ -765,8 +809,8 @@ int main(void) {
     cmocka_unit_test(async_busy_mode_refuses_a_second_save),
     cmocka_unit_test(async_errors_surface_once_and_leave_no_temp_file),
     cmocka_unit_test(manager_free_finishes_a_save_in_flight),
-    cmocka_unit_test(async_reserve_takes_the_staging_before_the_first_save),
-    cmocka_unit_test(async_stage_into_saves_from_the_callers_buffer),
+    cmocka_unit_test(async_image_takes_its_memory_before_the_first_save),
+    cmocka_unit_test(async_image_saves_from_the_callers_memory),
     cmocka_unit_test(early_stop_follows_patience_and_round_trips),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

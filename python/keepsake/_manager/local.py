@@ -55,6 +55,11 @@ class LocalCheckpointManager(ManagerBase):
         super().__init__(run_dir, **kw)
         o = self.options
         self._staging = staging if staging is not None else _staging.HostStaging(exclusive=True)
+        # The file image background saves go through (ks_image, made by the library): over an
+        # exclusive staging's buffer once device tensors were staged into it (_image_at: that
+        # buffer's span), else in memory of its own (reserve()); None: the library saver's own.
+        self._image: Optional[Any] = None
+        self._image_at: Optional[Tuple[int, int]] = None
         # autoresume loads a remote checkpoint through the cache the manager's own reads filled
         self._run_cache = f"{fspath(o.cache_dir)}/run" if o.cache_dir is not None and self._url else None
         self._native = self._native_manager(upload_to=fspath(o.upload_to) if o.upload_to is not None else None,
@@ -85,7 +90,8 @@ class LocalCheckpointManager(ManagerBase):
         """
         try:
             fl, meta, metrics = self._flatten()
-            path = self._location(self._native.save(fl.entries, meta, metrics, self._ts(), blocking))
+            path = self._location(self._native.save(fl.entries, meta, metrics, self._ts(), blocking,
+                                                    None if blocking else self._image))
             del fl  # the tensors may go: the library has copied (or written) them
         finally:
             self._staging.done()  # the staging is the next save's again
@@ -100,10 +106,16 @@ class LocalCheckpointManager(ManagerBase):
         training, once the optimizers have their state (after a first step, or after
         :meth:`autoresume`, which calls it when ``async_save`` is set). Later saves reuse the
         buffer; a state that grows past it gets a larger one at its next save. Waits for a save
-        in flight first."""
+        in flight first. The buffer is a file image (``ks_image_create``): the library lays the
+        state out once, and background saves copy into it and write the file from it."""
         try:
             fl, meta, metrics = self._flatten()
-            self._native.reserve(fl.entries, meta, metrics)
+            self._native.wait()  # a save in flight may write from the image: its error surfaces here
+            if self._image_at is None:  # not the staging's buffer (device tensors are copied there)
+                if self._image is None:
+                    self._image = _n.Image(fl.entries, meta, metrics)
+                else:  # the same state keeps its layout; another one is laid out anew (its memory grows)
+                    self._native.place(self._image, fl.entries, meta, metrics)
             del fl
         finally:
             self._staging.done()
@@ -120,11 +132,26 @@ class LocalCheckpointManager(ManagerBase):
         meta = fl.record(dict([_layout.STATE_RECORD]))
         metrics = _metrics.metrics_meta(descs)
         if self._staging.exclusive:  # CUDA tensors: copied where the snapshot wants them, waited for
-            self._staging.stage_image(fl.entries, lambda address, size: self._native.stage_into(
-                fl.entries, meta, metrics, address, size, self._staging.buffer))
+            self._staging.stage_image(fl.entries, lambda address, size: self._place(
+                fl.entries, meta, metrics, address, size))
         else:
             self._staging.stage(fl.entries)  # CUDA tensors: copied into the host staging, waited for
         return fl, meta, metrics
+
+    def _place(self, entries: list, meta: Dict[str, str], metrics: Optional[str], address: int,
+               size: int) -> Tuple[int, Optional[Dict[str, int]]]:
+        """HostStaging.stage_image's ``place``: the file image over the staging's buffer at
+        (address, size), made when the buffer is new (a layout-only image says how much it
+        needs first), then ``ks_image_get`` for this state, after a save writing from it:
+        (bytes the image wants, {name: offset}), or (bytes, None) when the buffer is too small.
+        An image replaced here stays alive while the library's save in flight holds it."""
+        if self._image is None or self._image_at != (address, size):
+            need = _n.Image(entries, meta, metrics, layout_only=True).need
+            if not address or size < need:
+                return need, None
+            self._image = _n.Image(entries, meta, metrics, address, size, self._staging.buffer)
+            self._image_at = (address, size)
+        return self._native.place(self._image, entries, meta, metrics)
 
     def step(self, epoch_end: bool = False) -> Optional[str]:
         """Call at each batch end (and with ``epoch_end=True`` at each epoch end), after the
@@ -161,6 +188,7 @@ class LocalCheckpointManager(ManagerBase):
         try:
             self._native.close()
         finally:
+            self._image = self._image_at = None  # the library's save from it has ended
             self._staging.close()
             self._uninstall_preemption()
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from .._core import tensors as _tensors
 
 ALIGN = 64
-IMAGE_ALIGN = 4096  # KS_IMAGE_ALIGN: where a save's image must start (the library refuses others)
+IMAGE_ALIGN = 4096  # KS_IMAGE_ALIGN: where a file image's memory must start (ks_image_create refuses others)
 GRAIN = 1 << 21  # sizes are rounded up to 2 MiB; a buffer that must grow gets 1/8 more room
 
 
@@ -173,11 +173,11 @@ class HostStaging:
         image, and each device tensor is copied to the offset the library gives it there, so the
         library copies none of them again (one host copy of the state, not two).
 
-        ``place(address, size)`` is ``ks_ckpt_manager_stage_into`` for this state: it waits for a
-        save in flight (which may still be writing from the buffer), then returns (the bytes the
+        ``place(address, size)`` is ``ks_image_get`` for this state on the file image over the
+        buffer (the manager makes one, ``ks_image_create``, when the buffer is new): it waits for
+        a save in flight (which may still be writing from the buffer), then returns (the bytes the
         image takes, ``{name: offset}``), or (bytes, None) when the buffer is too small, which is
-        then grown and given again. The library keeps the buffer as its staging: it must stay
-        alive (this object holds it) until the manager is closed or given a new one."""
+        then grown and given again. The image holds the buffer while a save may write from it."""
         if not self._jobs:
             return
         need, offsets = place(*self._image_span())

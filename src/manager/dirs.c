@@ -1,8 +1,9 @@
 /*
- * The manager's sharded checkpoint directories: what a directory says about
- * itself (its index, then rank 0's file for the timestamp and stored metric),
- * removing dead saves and retired checkpoints, and finding the newest complete
- * one. Every file system call goes through the manager's ks_io table.
+ * Checkpoint manager, what writes a checkpoint directory (files.c writes checkpoint files):
+ * the sharded directories the ranks of a distributed run fill, what a directory says about
+ * itself (its index, then rank 0's file for the timestamp and stored metric), removing dead
+ * saves and retired checkpoints, and finding the newest complete one. Every file system call
+ * goes through the manager's ks_io table.
  */
 #include <errno.h>
 #include <stdio.h>

@@ -1,7 +1,9 @@
 /*
- * Checkpoint manager: interval, file names, the `latest` symlink, retention and
- * autoresume. Ordering of checkpoints comes from the timestamp inside each file,
- * never from file times, so it is the same on every machine.
+ * Checkpoint manager, what decides: the save triggers (interval, clock, preemption), file
+ * names, the `latest` symlink, retention after each commit and the run directory's lock.
+ * What writes lives beside it: checkpoint files in files.c, checkpoint directories in
+ * dirs.c; listing and autoresume in scan.c. Ordering of checkpoints comes from the timestamp
+ * inside each file, never from file times, so it is the same on every machine.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -324,7 +326,7 @@ ks_status ks__mgr_after_commit(void *ctx, const char *path, ks_error *err) {
 }
 
 /* The checkpoint's path from the template; remembered as last_path. */
-static KS_NODISCARD ks_status next_path(ks_ckpt_manager *m, const ks_timestamp *ts, ks_error *err) {
+ks_status ks__mgr_next_path(ks_ckpt_manager *m, const ks_timestamp *ts, ks_error *err) {
   ks_timestamp zero;
   ks_timestamp_init(&zero);
   char name[1024], path[4096];
@@ -342,84 +344,3 @@ ks_status ks_ckpt_manager_wait(ks_ckpt_manager *m, ks_error *err) {
   return m->saver ? ks_async_saver_wait(m->saver, err) : KS_OK;
 }
 
-ks_status ks_ckpt_manager_save(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err) {
-  if (!m || !st) return ks__err(err, KS_E_INVALID, "save: NULL argument");
-  if (m->sharded)
-    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
-  ks_status s = ks_ckpt_manager_wait(m, err);
-  if (!s) s = next_path(m, ks_state_timestamp(st), err);
-  if (s) return s;
-  ks_save_opts so = {.alloc = &m->alloc, .io = m->io};
-  s = ks_state_save(st, m->last_path, &so, err);
-  if (!s) s = ks__mgr_after_commit(m, m->last_path, err);
-  m->last_save_time = mono_now();
-  if (!s && saved) *saved = m->last_path;
-  return s;
-}
-
-/* The manager's background saver, created on first use. */
-static KS_NODISCARD ks_status saver(ks_ckpt_manager *m, ks_error *err) {
-  if (m->saver) return KS_OK;
-  ks_async_opts ao = {
-      .alloc = &m->alloc, .busy = m->async_busy, .staging = m->staging, .staging_size = m->staging_size};
-  return ks_async_saver_create(&ao, &m->saver, err);
-}
-
-ks_status ks_ckpt_manager_reserve_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
-                                      ks_error *err) {
-  if (!m || !sd) return ks__err(err, KS_E_INVALID, "reserve: NULL argument");
-  if (m->sharded)
-    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
-  ks_status s = saver(m, err);
-  if (!s) s = ks_ckpt_manager_wait(m, err);
-  return s ? s : ks_async_saver_reserve_dict(m->saver, sd, meta, err);
-}
-
-ks_status ks_ckpt_manager_stage_into(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta, void *buf,
-                                     size_t size, size_t *need, uint64_t *offsets, ks_error *err) {
-  if (!m || !sd) return ks__err(err, KS_E_INVALID, "stage_into: NULL argument");
-  if (m->sharded)
-    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
-  ks_status s = saver(m, err);
-  return s ? s : ks_async_saver_stage_into(m->saver, sd, meta, buf, size, need, offsets, err);
-}
-
-ks_status ks_ckpt_manager_save_dict(ks_ckpt_manager *m, const ks_statedict *sd, const ks_meta *meta,
-                                    const ks_timestamp *ts, int async, const char **saved, ks_error *err) {
-  if (!m || !sd) return ks__err(err, KS_E_INVALID, "save: NULL argument");
-  if (m->sharded)
-    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
-  ks_status s = async ? saver(m, err) : KS_OK;
-  if (!s && async && m->async_busy == KS_ASYNC_FAIL_BUSY && ks_async_saver_busy(m->saver))
-    return ks__err(err, KS_E_STATE, "a background save is still in flight");
-  if (!s) s = ks_ckpt_manager_wait(m, err); /* the previous save's error surfaces here, once */
-  if (!s) s = next_path(m, ts, err);
-  if (s) return s;
-  ks_save_opts so = {.alloc = &m->alloc, .io = m->io};
-  if (async) {
-    s = ks_async_saver_start_dict(m->saver, sd, meta, m->last_path, &so, ks__mgr_after_commit, m, err);
-  } else {
-    s = ks_save(m->last_path, sd, meta, &so, err);
-    if (!s) s = ks__mgr_after_commit(m, m->last_path, err);
-  }
-  m->last_save_time = mono_now();
-  if (!s && saved) *saved = m->last_path;
-  return s;
-}
-
-ks_status ks_ckpt_manager_save_async(ks_ckpt_manager *m, const ks_state *st, const char **saved, ks_error *err) {
-  if (!m || !st) return ks__err(err, KS_E_INVALID, "save: NULL argument");
-  if (m->sharded)
-    return ks__err(err, KS_E_STATE, "this manager keeps sharded checkpoint directories: save with ks_dist_ckpt_save");
-  ks_status sv = saver(m, err);
-  if (sv) return sv;
-  if (m->async_busy == KS_ASYNC_FAIL_BUSY && ks_async_saver_busy(m->saver))
-    return ks__err(err, KS_E_STATE, "a background save is still in flight");
-  ks_status s = ks_async_saver_wait(m->saver, err); /* the previous save's error surfaces here, once */
-  if (!s) s = next_path(m, ks_state_timestamp(st), err);
-  ks_save_opts so = {.alloc = &m->alloc, .io = m->io};
-  if (!s) s = ks_async_saver_start(m->saver, st, m->last_path, &so, ks__mgr_after_commit, m, err);
-  m->last_save_time = mono_now();
-  if (!s && saved) *saved = m->last_path;
-  return s;
-}
