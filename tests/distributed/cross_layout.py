@@ -1,0 +1,166 @@
+"""One sharded layout for both front ends: each one's loader and tools read the other's directories,
+per-rank items included (docs/FORMAT.md section 9).
+
+  torch -> C   a plain dcp.save at 2 ranks (torchrun) with keepsake.distributed.local_items: each
+               rank's metric states, data position and generators. The C tools read it: `keepsake
+               verify` checks it; `keepsake reshard` (ks_shard_load_rank, the MPI loader's load)
+               at 2 ranks gives each rank its own data position and metric states under the names
+               a C program gives them (state/dataset_state/..., state/train_metrics/<n>/state_dict/...,
+               rng/0/...), and at 1 rank the fold of both ranks' metric states (sum, cat in rank
+               order) and saved rank 0's data position.
+  C -> torch   test_mpi_ckpt (tests/mpi) saves at 3 ranks (mpirun); restore_local at 3 ranks gives
+               each rank its own data position and metric states, and at 2 ranks saved ranks 0 and 1
+               folded on rank 0, saved rank 2 on rank 1 (saved rank s goes to floor(s*M/N)).
+
+    python cross_layout.py KEEPSAKE_CLI MPIEXEC TEST_MPI_CKPT       the test
+    torchrun ... cross_layout.py save DIR | restore DIR OUT
+
+Exit 77 when torch.distributed, gloo or torchmetrics is unavailable.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import launch  # this folder: how its tests start jobs
+
+METRICS = ("MeanMetric", "SumMetric", "MaxMetric", "CatMetric")
+
+
+def save_worker(d: str) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    import torchmetrics
+
+    from keepsake import distributed as kd
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(1)
+    model = torch.nn.Linear(4, 3)
+    mean, cat = torchmetrics.MeanMetric(), torchmetrics.CatMetric()
+    mean.update(torch.tensor([rank + 1.0, rank + 2.0]))
+    cat.update(torch.tensor([rank * 10.0, rank * 10.0 + 1]))
+    torch.manual_seed(100 + rank)
+    sd = {"model": model.state_dict(),
+          **kd.local_items(metrics={"mean": mean, "cat": cat}, dataset_state={"loader": {"pos": 10 + rank}}, rng=True)}
+    dcp.save(sd, storage_writer=kd.KeepsakeWriter(d))
+    dist.destroy_process_group()
+
+
+def restore_worker(d: str, out: str) -> None:
+    import torch.distributed as dist
+    import torchmetrics
+
+    from keepsake import distributed as kd
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    metrics = {name: getattr(torchmetrics, name)() for name in METRICS}
+    data = {"epoch": -1}
+    kd.restore_local({}, metrics=metrics, dataset_state={"train": data}, checkpoint=d)
+    got = {"data": data, "counts": {n: int(m._update_count) for n, m in metrics.items()}}
+    got["states"] = {n: {s: getattr(m, s).reshape(-1).tolist() if hasattr(getattr(m, s), "reshape")
+                         else [float(x) for t in getattr(m, s) for x in t.reshape(-1).tolist()]
+                         for s in m._defaults} for n, m in metrics.items()}
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(got, f)
+    dist.destroy_process_group()
+
+
+def file_entries(path: str) -> dict:
+    import keepsake.torch as kt
+    from keepsake import _keepsake as native
+    out = dict(kt.load_file(path))
+    out.update(native.Reader(path).scalars())
+    return out
+
+
+def close(a, b, what: str) -> None:
+    import torch
+    a, b = torch.as_tensor(a, dtype=torch.float64).reshape(-1), torch.as_tensor(b, dtype=torch.float64).reshape(-1)
+    assert a.shape == b.shape and torch.allclose(a, b), f"{what}: {a.tolist()} vs {b.tolist()}"
+
+
+def torch_to_c(cli: str, work: str) -> None:
+    d = os.path.join(work, "torch2")
+    launch.torchrun(2, __file__, "save", d)
+    v = launch.run([cli, "verify", d])
+    assert "OK" in v.stdout, v.stdout
+    per_rank = {}
+    for m in (2, 1):
+        out = os.path.join(work, f"torch2-to-{m}")
+        launch.run([cli, "reshard", d, "--world-size", str(m), out])
+        per_rank[m] = [file_entries(os.path.join(out, f"rank-{r:05d}-of-{m:05d}.keepsake")) for r in range(m)]
+    prefix = "state/train_metrics/"
+    for r, e in enumerate(per_rank[2]):  # each rank its own, named as a C program names them
+        assert e["state/dataset_state/loader/pos"] == 10 + r, sorted(e)
+        close(e[prefix + "mean/state_dict/mean_value"], 2 * r + 3, f"rank {r} mean")
+        close(e[prefix + "mean/state_dict/weight"], 2, f"rank {r} weight")
+        close(e[prefix + "cat/state_dict/value"], [r * 10, r * 10 + 1], f"rank {r} cat")
+        assert "rng/0/torch" in e and "rng/0/python/state" in e, sorted(e)
+    assert not any(k.startswith("rank") for k in per_rank[2][1]), sorted(per_rank[2][1])
+    assert not (per_rank[2][0]["rng/0/torch"] == per_rank[2][1]["rng/0/torch"]).all(), "both ranks' generators"
+    [one] = per_rank[1]  # both ranks folded, saved rank 0's data position and generators
+    assert one["state/dataset_state/loader/pos"] == 10, one["state/dataset_state/loader/pos"]
+    close(one[prefix + "mean/state_dict/mean_value"], 3 + 5, "folded mean")
+    close(one[prefix + "mean/state_dict/weight"], 4, "folded weight")
+    close(one[prefix + "cat/state_dict/value"], [0, 1, 10, 11], "folded cat")
+    assert (one["rng/0/torch"] == per_rank[2][0]["rng/0/torch"]).all()
+    assert one["model.weight"].shape == (3, 4) and one["model.bias"].shape == (3,), sorted(one)
+    print("torch -> C: verify and reshard to 2 and 1 ranks read every rank's items")
+
+
+def c_to_torch(mpiexec: str, mpi_ckpt: str, work: str) -> None:
+    import torch
+    d = os.path.join(work, "mpi3")
+    launch.run([mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", "3", mpi_ckpt, d])
+    saved = [file_entries(os.path.join(d, f"rank-{s:05d}-of-00003.keepsake")) for s in range(3)]
+    state = {"MeanMetric": ("mean_value", "weight"), "SumMetric": ("sum_value",), "MaxMetric": ("max_value",),
+             "CatMetric": ("value",)}
+
+    def saved_state(s: int, name: str, st: str):
+        return saved[s].get(f"state/train_metrics/{name}/state_dict/{st}")
+
+    for m, takes in ((3, [[0], [1], [2]]), (2, [[0, 1], [2]])):
+        out = os.path.join(work, f"mpi3-to-{m}")
+        os.makedirs(out)
+        launch.torchrun(m, __file__, "restore", d, out)
+        for r in range(m):
+            got = json.load(open(os.path.join(out, f"rank{r}.json")))
+            first = takes[r][0]
+            want = {k[len("state/dataset_state/train/"):]: v for k, v in saved[first].items()
+                    if k.startswith("state/dataset_state/train/")}
+            assert got["data"] == want and want, (r, got["data"], want)
+            for name, states in state.items():
+                for st in states:
+                    parts = [saved_state(s, name, st) for s in takes[r]]
+                    if name == "MaxMetric":
+                        want_v = torch.stack([p.reshape(()) for p in parts]).max()
+                    elif name == "CatMetric":
+                        want_v = torch.cat([p.reshape(-1) for p in parts if p is not None] + [torch.zeros(0)])
+                    else:
+                        want_v = sum(p.double() for p in parts)
+                    close(got["states"][name][st], want_v, f"{m} ranks, rank {r}: {name}.{st}")
+            assert got["counts"]["MeanMetric"] > 0 or r > 0, got["counts"]
+    print("C -> torch: restore_local at 3 and 2 ranks read the MPI directory's per-rank items")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "save":
+        return save_worker(sys.argv[2])
+    if len(sys.argv) > 1 and sys.argv[1] == "restore":
+        return restore_worker(sys.argv[2], sys.argv[3])
+    launch.require("torch", "torch.distributed.checkpoint", "torchmetrics")
+    cli, mpiexec, mpi_ckpt = sys.argv[1:4]
+    work = launch.workdir("cross-layout-")
+    try:
+        torch_to_c(cli, work)
+        c_to_torch(mpiexec, mpi_ckpt, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
