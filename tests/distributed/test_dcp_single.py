@@ -624,3 +624,16 @@ def test_many_per_rank_globs_and_long_names_load_fast(tmp_path):
     assert torch.equal(out["state/model/w"], torch.arange(14, dtype=torch.float32).reshape(7, 2))
     assert out[long_name[0]] == 0
     assert cpu < 1.0, f"read_metadata and dcp.load took {cpu:.2f} s of CPU"
+
+
+@pytest.mark.parametrize("key", [OBJECT_PREFIX + "x", native.shard_names()["local"] + "0"])
+def test_reserved_keys_are_refused(tmp_path, key):
+    """The names keepsake keeps for itself (a non-tensor value's entry, the item that carries a rank's
+    own entries) are refused as DCP keys, whatever the value, and nothing is committed."""
+    path = str(tmp_path / "ckpt")
+    for value in (torch.zeros(3), 5):
+        with pytest.raises(CheckpointException) as e:
+            dcp.save({key: value, "w": torch.ones(2)}, storage_writer=KeepsakeWriter(path), no_dist=True)
+        [err] = failures(e.value)
+        assert isinstance(err, keepsake.InvalidError), err
+        assert not os.path.exists(os.path.join(path, INDEX_NAME))
