@@ -237,7 +237,7 @@ class DistributedCheckpointManager(ManagerBase):
             with synced(m, self._ctl):
                 v = m.compute() if m._update_count else None  # the sum of every rank's
             if isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point() and bool(torch.isfinite(v)):
-                out[path] = v.detach().reshape(()).to(torch.float64).cpu().clone()
+                out[path] = v.detach().reshape(()).cpu().clone()  # its own dtype, as every rank file holds it
         return out
 
     # ---- saving ----
