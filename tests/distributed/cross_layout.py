@@ -11,6 +11,7 @@ per-rank items included (docs/FORMAT.md section 9).
   C -> torch   test_mpi_ckpt (tests/mpi) saves at 3 ranks (mpirun); restore_local at 3 ranks gives
                each rank its own data position and metric states, and at 2 ranks saved ranks 0 and 1
                folded on rank 0, saved rank 2 on rank 1 (saved rank s goes to floor(s*M/N)).
+  records      both directories' index, shard and metric records and metric state entries agree.
 
     python cross_layout.py KEEPSAKE_CLI MPIEXEC TEST_MPI_CKPT       the test
     torchrun ... cross_layout.py save DIR | restore DIR OUT
@@ -147,6 +148,35 @@ def c_to_torch(mpiexec: str, mpi_ckpt: str, work: str) -> None:
     print("C -> torch: restore_local at 3 and 2 ranks read the MPI directory's per-rank items")
 
 
+def same_records(work: str) -> None:
+    """The two directories' records agree: the index's keys and per-rank globs, every rank file's
+    metadata records (the torch one adds keepsake.dcp), its shard record's keys and globs, and each
+    metric's keepsake.metrics record and state entries (names, dtypes, shapes) for a class both hold."""
+    from keepsake import _keepsake as native
+    t, c = os.path.join(work, "torch2"), os.path.join(work, "mpi3")
+    it, ic = (json.load(open(os.path.join(d, "model.safetensors.index.json")))["keepsake"] for d in (t, c))
+    assert sorted(it) == sorted(ic) and it["per_rank"] == ic["per_rank"], (it, ic)
+    rt, rc = (native.Reader(os.path.join(d, f)) for d, f in ((t, "rank-00001-of-00002.keepsake"),
+                                                              (c, "rank-00001-of-00003.keepsake")))
+    mt, mc = rt.metadata(), rc.metadata()
+    assert sorted(set(mt) - {"keepsake.dcp"}) == sorted(mc), (sorted(mt), sorted(mc))
+    st, sc = json.loads(mt["keepsake.shard"]), json.loads(mc["keepsake.shard"])
+    assert sorted(st) == sorted(sc) and st["per_rank"] == sc["per_rank"], (st, sc)
+    rec_t, rec_c = json.loads(mt["keepsake.metrics"]), json.loads(mc["keepsake.metrics"])
+    entries_t = {n: (code, tuple(shape)) for n, code, shape, _b, _e in rt.entries()}
+    entries_c = {n: (code, tuple(shape)) for n, code, shape, _b, _e in rc.entries()}
+    for mine, theirs in (("mean", "MeanMetric"), ("cat", "CatMetric")):
+        a, b = rec_t["state/train_metrics/" + mine], rec_c["state/train_metrics/" + theirs]
+        assert sorted(a) == sorted(b) and a["class"] == b["class"] == theirs, (a, b)
+        pa, pb = f"state/train_metrics/{mine}/", f"state/train_metrics/{theirs}/"
+        sa = {k[len(pa):]: v for k, v in entries_t.items() if k.startswith(pa + "state_dict/")}
+        sb = {k[len(pb):]: v for k, v in entries_c.items() if k.startswith(pb + "state_dict/")}
+        assert sorted(sa) == sorted(sb) and sa, (sa, sb)
+        for k in sa:  # the same dtype; scalars the same shape (a cat state's length is the data's)
+            assert sa[k][0] == sb[k][0] and (theirs == "CatMetric" or sa[k][1] == sb[k][1]), (k, sa[k], sb[k])
+    print("same records: index, shard and metric records and metric state entries agree")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "save":
         return save_worker(sys.argv[2])
@@ -158,6 +188,7 @@ def main() -> None:
     try:
         torch_to_c(cli, work)
         c_to_torch(mpiexec, mpi_ckpt, work)
+        same_records(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
