@@ -110,7 +110,10 @@ def torch_to_c(cli: str, work: str) -> None:
     close(one[prefix + "cat/state_dict/value"], [0, 1, 10, 11], "folded cat")
     assert (one["rng/0/torch"] == per_rank[2][0]["rng/0/torch"]).all()
     assert one["model.weight"].shape == (3, 4) and one["model.bias"].shape == (3,), sorted(one)
-    print("torch -> C: verify and reshard to 2 and 1 ranks read every rank's items")
+    # keepsake diff reads a directory as one rank loads it: the same state as its 1-rank reshard
+    diff = launch.run([cli, "diff", d, os.path.join(work, "torch2-to-1")]).stdout
+    assert "identical" in diff and "state/train_metrics/mean" in diff and "state/dataset_state/loader" in diff, diff
+    print("torch -> C: verify, diff and reshard to 2 and 1 ranks read every rank's items")
 
 
 def c_to_torch(mpiexec: str, mpi_ckpt: str, work: str) -> None:
