@@ -3,17 +3,17 @@ per-rank items included (docs/FORMAT.md section 9).
 
   torch -> C   a plain dcp.save at 2 ranks (torchrun) with keepsake.distributed.local_items: each
                rank's metric states, data position and generators. The C tools read it: `keepsake
-               verify` checks it; `keepsake reshard` (ks_shard_load_rank, the MPI loader's load)
-               at 2 ranks gives each rank its own data position and metric states under the names
-               a C program gives them (state/dataset_state/..., state/train_metrics/<n>/state_dict/...,
-               rng/0/...), and at 1 rank the fold of both ranks' metric states (sum, cat in rank
+               verify` checks it; `keepsake reshard` and the MPI loader itself (ks_dist_load under
+               mpirun, tests/mpi/dist_load_dump.c) at 2 ranks give each rank its own data position
+               and metric states under the names a C program gives them (state/dataset_state/...,
+               state/train_metrics/<n>/state_dict/..., rng/0/...), and at 1 rank the fold of both ranks' metric states (sum, cat in rank
                order) and saved rank 0's data position.
   C -> torch   test_mpi_ckpt (tests/mpi) saves at 3 ranks (mpirun); restore_local at 3 ranks gives
                each rank its own data position and metric states, and at 2 ranks saved ranks 0 and 1
                folded on rank 0, saved rank 2 on rank 1 (saved rank s goes to floor(s*M/N)).
   records      both directories' index, shard and metric records and metric state entries agree.
 
-    python cross_layout.py KEEPSAKE_CLI MPIEXEC TEST_MPI_CKPT       the test
+    python cross_layout.py KEEPSAKE_CLI MPIEXEC TEST_MPI_CKPT DIST_LOAD_DUMP      the test
     torchrun ... cross_layout.py save DIR | restore DIR OUT
 
 Exit 77 when torch.distributed, gloo or torchmetrics is unavailable.
@@ -84,36 +84,51 @@ def close(a, b, what: str) -> None:
     assert a.shape == b.shape and torch.allclose(a, b), f"{what}: {a.tolist()} vs {b.tolist()}"
 
 
-def torch_to_c(cli: str, work: str) -> None:
+def torch_to_c(cli: str, mpiexec: str, dump: str, work: str) -> None:
     d = os.path.join(work, "torch2")
     launch.torchrun(2, __file__, "save", d)
     v = launch.run([cli, "verify", d])
     assert "OK" in v.stdout, v.stdout
-    per_rank = {}
-    for m in (2, 1):
-        out = os.path.join(work, f"torch2-to-{m}")
-        launch.run([cli, "reshard", d, "--world-size", str(m), out])
-        per_rank[m] = [file_entries(os.path.join(out, f"rank-{r:05d}-of-{m:05d}.keepsake")) for r in range(m)]
+    for how in ("reshard", "ks_dist_load"):
+        per_rank = {}
+        for m in (2, 1):
+            out = os.path.join(work, f"torch2-to-{m}" + ("" if how == "reshard" else "-mpi"))
+            if how == "reshard":
+                launch.run([cli, "reshard", d, "--world-size", str(m), out])
+                names = [f"rank-{r:05d}-of-{m:05d}.keepsake" for r in range(m)]
+            else:  # the MPI loader itself, under mpirun
+                os.makedirs(out)
+                launch.run([mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", str(m), dump, d, out])
+                names = [f"rank{r}.keepsake" for r in range(m)]
+            per_rank[m] = [file_entries(os.path.join(out, n)) for n in names]
+        check_torch2(per_rank, how)
+
+
+def check_torch2(per_rank: dict, how: str) -> None:
     prefix = "state/train_metrics/"
     for r, e in enumerate(per_rank[2]):  # each rank its own, named as a C program names them
-        assert e["state/dataset_state/loader/pos"] == 10 + r, sorted(e)
-        close(e[prefix + "mean/state_dict/mean_value"], 2 * r + 3, f"rank {r} mean")
-        close(e[prefix + "mean/state_dict/weight"], 2, f"rank {r} weight")
-        close(e[prefix + "cat/state_dict/value"], [r * 10, r * 10 + 1], f"rank {r} cat")
-        assert "rng/0/torch" in e and "rng/0/python/state" in e, sorted(e)
-    assert not any(k.startswith("rank") for k in per_rank[2][1]), sorted(per_rank[2][1])
+        assert e["state/dataset_state/loader/pos"] == 10 + r, (how, sorted(e))
+        close(e[prefix + "mean/state_dict/mean_value"], 2 * r + 3, f"{how}: rank {r} mean")
+        close(e[prefix + "mean/state_dict/weight"], 2, f"{how}: rank {r} weight")
+        close(e[prefix + "cat/state_dict/value"], [r * 10, r * 10 + 1], f"{how}: rank {r} cat")
+        assert "rng/0/torch" in e and "rng/0/python/state" in e, (how, sorted(e))
+    assert not any(k.startswith("rank") for k in per_rank[2][1]), (how, sorted(per_rank[2][1]))
     assert not (per_rank[2][0]["rng/0/torch"] == per_rank[2][1]["rng/0/torch"]).all(), "both ranks' generators"
     [one] = per_rank[1]  # both ranks folded, saved rank 0's data position and generators
-    assert one["state/dataset_state/loader/pos"] == 10, one["state/dataset_state/loader/pos"]
-    close(one[prefix + "mean/state_dict/mean_value"], 3 + 5, "folded mean")
-    close(one[prefix + "mean/state_dict/weight"], 4, "folded weight")
-    close(one[prefix + "cat/state_dict/value"], [0, 1, 10, 11], "folded cat")
+    assert one["state/dataset_state/loader/pos"] == 10, (how, one["state/dataset_state/loader/pos"])
+    close(one[prefix + "mean/state_dict/mean_value"], 3 + 5, f"{how}: folded mean")
+    close(one[prefix + "mean/state_dict/weight"], 4, f"{how}: folded weight")
+    close(one[prefix + "cat/state_dict/value"], [0, 1, 10, 11], f"{how}: folded cat")
     assert (one["rng/0/torch"] == per_rank[2][0]["rng/0/torch"]).all()
-    assert one["model.weight"].shape == (3, 4) and one["model.bias"].shape == (3,), sorted(one)
+    assert one["model.weight"].shape == (3, 4) and one["model.bias"].shape == (3,), (how, sorted(one))
+
+
+def cli_diff(cli: str, work: str) -> None:
+    d = os.path.join(work, "torch2")
     # keepsake diff reads a directory as one rank loads it: the same state as its 1-rank reshard
     diff = launch.run([cli, "diff", d, os.path.join(work, "torch2-to-1")]).stdout
     assert "identical" in diff and "state/train_metrics/mean" in diff and "state/dataset_state/loader" in diff, diff
-    print("torch -> C: verify, diff and reshard to 2 and 1 ranks read every rank's items")
+    print("torch -> C: verify, diff, reshard and ks_dist_load at 2 and 1 ranks read every rank's items")
 
 
 def c_to_torch(mpiexec: str, mpi_ckpt: str, work: str) -> None:
@@ -186,10 +201,11 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "restore":
         return restore_worker(sys.argv[2], sys.argv[3])
     launch.require("torch", "torch.distributed.checkpoint", "torchmetrics")
-    cli, mpiexec, mpi_ckpt = sys.argv[1:4]
+    cli, mpiexec, mpi_ckpt, dump = sys.argv[1:5]
     work = launch.workdir("cross-layout-")
     try:
-        torch_to_c(cli, work)
+        torch_to_c(cli, mpiexec, dump, work)
+        cli_diff(cli, work)
         c_to_torch(mpiexec, mpi_ckpt, work)
         same_records(work)
     finally:
