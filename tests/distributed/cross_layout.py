@@ -12,9 +12,15 @@ per-rank items included (docs/FORMAT.md section 9).
                each rank its own data position and metric states, and at 2 ranks saved ranks 0 and 1
                folded on rank 0, saved rank 2 on rank 1 (saved rank s goes to floor(s*M/N)).
   records      both directories' index, shard and metric records and metric state entries agree.
+  same         tests/mpi/same_components.c (mpirun) and the torchrun half here save the same state
+               (run name and seed, a timestamp, a data position, a MeanMetric and a CatMetric per
+               rank) through ks_dist_save and KeepsakeWriter: every rank file has the same tensors
+               (dtypes, shapes), scalars (values, wall-clock ones aside) and metadata records, and the
+               indexes are equal apart from the header hashes. (What DCP itself saves, the model and
+               optimizer, is stored under DCP's keys: docs/FORMAT.md 9.2.)
 
-    python cross_layout.py KEEPSAKE_CLI MPIEXEC TEST_MPI_CKPT DIST_LOAD_DUMP      the test
-    torchrun ... cross_layout.py save DIR | restore DIR OUT
+    python cross_layout.py KEEPSAKE_CLI MPIEXEC TEST_MPI_CKPT DIST_LOAD_DUMP SAME_COMPONENTS    the test
+    torchrun ... cross_layout.py save DIR | restore DIR OUT | same DIR
 
 Exit 77 when torch.distributed, gloo or torchmetrics is unavailable.
 """
@@ -68,6 +74,68 @@ def restore_worker(d: str, out: str) -> None:
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(got, f)
     dist.destroy_process_group()
+
+
+def same_worker(d: str) -> None:
+    """The torchrun half of same_components (tests/mpi/same_components.c is the C half): the same
+    state handed to KeepsakeWriter as a rank's own entries, the way local_items and the distributed
+    manager hand theirs."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    import torchmetrics
+
+    import keepsake
+    from keepsake import _keepsake as native
+    from keepsake import distributed as kd
+    from keepsake._distributed import local as kl
+    dist.init_process_group("gloo")
+    r = dist.get_rank()
+    mean, cat = torchmetrics.MeanMetric(), torchmetrics.CatMetric()
+    mean.update(torch.tensor([r + 1.0, r + 2.0]))
+    cat.update(torch.tensor([r * 10.0, r * 10.0 + 1]))
+    items = kl.state_items(timestamp=keepsake.Timestamp(epoch=1, batch=5, sample=50),
+                           train_metrics={"mean": mean, "cat": cat},
+                           dataset_state={"loader": {"epoch": 1, "sample_in_epoch": 100 + r, "shuffle_seed": 7}},
+                           rng=False, run_name="cross", rank_zero_seed=0)
+    dcp.save({native.shard_names()["local"] + str(r): items}, storage_writer=kd.KeepsakeWriter(d))
+    dist.destroy_process_group()
+
+
+def header(path: str) -> dict:
+    """A rank file's header as a comparison sees it: each tensor's dtype and shape, each scalar's
+    value (wall-clock values masked), every metadata record (JSON ones parsed)."""
+    from keepsake import _keepsake as native
+    r = native.Reader(path)
+    out = {"tensors": {n: (code, tuple(shape)) for n, code, shape, _b, _e in r.entries()},
+           "scalars": {n: (type(v).__name__, None if n.endswith("_wct") else v) for n, v in r.scalars()}}
+    meta = {}
+    for k, v in r.metadata().items():
+        try:
+            meta[k] = json.loads(v)
+        except ValueError:
+            meta[k] = v
+    out["metadata"] = meta
+    return out
+
+
+def same_components(mpiexec: str, same: str, work: str) -> None:
+    c, t = os.path.join(work, "same-mpi"), os.path.join(work, "same-torch")
+    launch.run([mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", "2", same, c])
+    launch.torchrun(2, __file__, "same", t)
+    for r in range(2):
+        name = f"rank-{r:05d}-of-00002.keepsake"
+        hc, ht = header(os.path.join(c, name)), header(os.path.join(t, name))
+        for part in ("tensors", "scalars", "metadata"):
+            assert hc[part] == ht[part], (r, part, {k: (hc[part].get(k), ht[part].get(k))
+                                                    for k in set(hc[part]) | set(ht[part])
+                                                    if hc[part].get(k) != ht[part].get(k)})
+    ic, it = (json.load(open(os.path.join(d, "model.safetensors.index.json"))) for d in (c, t))
+    for i in (ic, it):  # each file's size and header hash follow its bytes (wall-clock values)
+        for f in i["keepsake"]["files"]:
+            f.pop("header_xxh3")
+    assert ic == it, (ic, it)
+    print("same components: the MPI and the torchrun directory have the same headers and index")
 
 
 def file_entries(path: str) -> dict:
@@ -198,16 +266,19 @@ def same_records(work: str) -> None:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "save":
         return save_worker(sys.argv[2])
+    if len(sys.argv) > 1 and sys.argv[1] == "same":
+        return same_worker(sys.argv[2])
     if len(sys.argv) > 1 and sys.argv[1] == "restore":
         return restore_worker(sys.argv[2], sys.argv[3])
     launch.require("torch", "torch.distributed.checkpoint", "torchmetrics")
-    cli, mpiexec, mpi_ckpt, dump = sys.argv[1:5]
+    cli, mpiexec, mpi_ckpt, dump, same = sys.argv[1:6]
     work = launch.workdir("cross-layout-")
     try:
         torch_to_c(cli, mpiexec, dump, work)
         cli_diff(cli, work)
         c_to_torch(mpiexec, mpi_ckpt, work)
         same_records(work)
+        same_components(mpiexec, same, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
