@@ -20,8 +20,9 @@ What a directory holds (docs/PYTHON.md, "torch.distributed"):
   ``state_dict()``; names as ``save_checkpoint`` gives them).
 - keepsake entries, not DCP items, that each rank hands the writer (keepsake._distributed.local's
   ``state_items``), named and placed by the C library as an MPI program's
-  (``ks_shard_dcp_write_rank``, docs/FORMAT.md section 9): the timestamp (replicated: in rank 0's
-  file, and in every rank file's shard record, which the index checks), and this rank's own items
+  (``ks_shard_dcp_write_rank``, docs/FORMAT.md section 9): the timestamp, run name and seed
+  (replicated: in rank 0's file; the timestamp also in every rank file's shard record, which the
+  index checks), and this rank's own items
   in its own file: its generators, data positions and local train and eval metric states. In rank
   0's file each metric's ``_computed`` is its value over every rank
   (``keepsake.distributed.synced``) when that is a finite scalar: what ``keep_best`` ranks by.
@@ -212,9 +213,10 @@ class DistributedCheckpointManager(ManagerBase):
         return sd
 
     def _local_items(self, computed: Dict[str, Any]) -> Any:
-        """This rank's keepsake entries beside the DCP items (copied now): the timestamp, its
-        generators, data positions and metric states; on rank 0 each metric's ``_computed`` is
-        ``computed``'s value over every rank where it has one."""
+        """This rank's keepsake entries beside the DCP items (copied now): the timestamp and the run's
+        name and seed (replicated: kept in rank 0's file, as a C program's), its generators, data
+        positions and metric states; on rank 0 each metric's ``_computed`` is ``computed``'s value
+        over every rank where it has one."""
         c = self.components
         shown = [(path, m, m._computed) for path, m in self._named_metrics() if self.rank == 0 and path in computed]
         try:  # rank 0's metric objects show the value over every rank while their state is copied
@@ -222,7 +224,7 @@ class DistributedCheckpointManager(ManagerBase):
                 m._computed = computed[path]
             return _dist_local.state_items(timestamp=self.timestamp, train_metrics=c["train_metrics"],
                                            eval_metrics=c["eval_metrics"], dataset_state=c["dataset_state"],
-                                           rng=self.rng, identity=False)
+                                           rng=self.rng, run_name=self.run_name, rank_zero_seed=self.rank_zero_seed)
         finally:
             for _path, m, own in shown:
                 m._computed = own
