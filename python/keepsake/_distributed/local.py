@@ -4,9 +4,8 @@ world size (re-exported by :mod:`keepsake.distributed`).
 
 Nothing here decides a layout or a load rule; it describes the program's objects and installs what
 the C library staged. The items go into each rank's own file under the names every keepsake writer
-gives them (``rng/0/...``, ``state/dataset_state/<name>/...``,
-``state/train_metrics/<name>/state_dict/<state>``, ``state/eval_metrics/<label>/<name>/...``,
-docs/FORMAT.md section 9), so an MPI program's loader reads them too. Which saved ranks a rank takes
+gives them (the generators, data positions and train and eval metric states of a C program's
+state: docs/FORMAT.md section 9.2), so an MPI program's loader reads them too. Which saved ranks a rank takes
 at another world size, and the fold of their metrics, are the C library's (``ks_shard_load_local``:
 ``ks_shard_assigned``, ``ks_metric_fold``), as ``ks_dist_load`` applies them; it also reads the
 layout keepsake 0.2 wrote.
