@@ -115,12 +115,21 @@ def restore_local(state_dict: Mapping[str, Any], *, metrics: Any = None, eval_me
     ``ks_metric_fold``; the metric's defaults when it takes none), so a sync still gives what one
     process computes over every rank's data; the data positions and generators are those of the
     first saved rank it takes (saved rank ``rank mod N`` when none). Takes the components of
-    :func:`local_items`; `state_dict` is not read (the items are not DCP's). A directory keepsake 0.2
-    wrote (its items as DCP items of each rank's) is read too. Not collective."""
+    :func:`local_items`; `state_dict` is not read (the items are not DCP's). Each rank file it reads
+    is verified against the index first (its tensors' checksums: ChecksumError for a damaged one). A
+    directory keepsake 0.2 wrote (its items as DCP items of each rank's) is read too. Not collective."""
     del state_dict
+    restore(checkpoint, metrics=metrics, eval_metrics=eval_metrics, dataset_state=dataset_state, rng=rng,
+            group=group, verify=True)
+
+
+def restore(checkpoint: PathLike, *, metrics: Any, eval_metrics: Any, dataset_state: Any, rng: bool, group: Any,
+            verify: bool) -> None:
+    """:func:`restore_local`; ``verify=False`` for a directory whose files were verified already (the
+    distributed manager's autoresume takes one that ks_ckpt_manager_dir_latest verified)."""
     rank, world = _rank_world(group)
     path = fspath(checkpoint)
-    values, meta = staged(path, rank, world, metrics, eval_metrics)
+    values, meta = staged(path, rank, world, metrics, eval_metrics, verify)
     report = _state.load_entries(path, values, meta, train_metrics=metrics, eval_metrics=eval_metrics,
                                  dataset_state=dataset_state, rng=rng)
     _raise_unloaded(report, _reset_unassigned(path, rank, world, metrics, eval_metrics, report))

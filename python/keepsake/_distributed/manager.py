@@ -486,5 +486,6 @@ class DistributedCheckpointManager(ManagerBase):
         for kind in ("schedulers", "callbacks"):
             for name, obj in _state._named(c[kind], kind):
                 _dist_local.install_state(obj, sd[f"{kind}/{name}"], f"{kind[:-1]} {name!r}")
-        _dist_local.restore_local(sd, metrics=c["train_metrics"], eval_metrics=c["eval_metrics"],
-                                  dataset_state=c["dataset_state"], rng=self.rng, checkpoint=path, group=self._ctl)
+        # rank 0 chose a directory whose files ks_ckpt_manager_dir_latest verified: not hashed again
+        _dist_local.restore(path, metrics=c["train_metrics"], eval_metrics=c["eval_metrics"],
+                            dataset_state=c["dataset_state"], rng=self.rng, group=self._ctl, verify=False)
