@@ -43,8 +43,9 @@ def convert_dcp(src: PathLike, dst: PathLike, ignore: Iterable[str] = (), salvag
     keepsake scalars; other objects are left out and listed in the output's import record (the metadata
     key ``KS_META_DCP_IMPORT`` of include/keepsake/layout.h). Entries of both kinds of DCP checkpoint
     are named alike, as a ``torch.save`` of the same state dict is: ``{"model": {"w": t}}`` gives
-    ``model/w`` (DCP's key ``model.w`` has that path in planner_data). Nothing pickled is executed: a ``.metadata`` naming any global besides DCP's own
-    classes, ``torch.Size``, dtypes and layouts is refused (UnsafeError).
+    ``model/w`` (DCP's key ``model.w`` has that path in planner_data). Nothing pickled is executed:
+    a ``.metadata`` naming any global besides DCP's own classes, ``torch.Size``, dtypes and layouts
+    is refused (UnsafeError).
 
     Args:
         src: the directory (a path, or a storage location as ``keepsake convert`` takes).
