@@ -194,7 +194,11 @@ ks_metric *ks_metric_inner_at(const ks_metric *m, size_t i, const char **name);
  * The metric every rank of a group computes alike from the n ranks' copies of one metric
  * (parts[r] is rank r's): a clone of the last folded with ks_metric_merge down to the first, so
  * sums are added in one fixed order and cat rows end up in rank order. Every rank that folds the
- * same parts gets the same bits; the MPI sync (dist.h) and the bindings' syncs use this.
+ * same parts gets the same bits; the MPI sync (dist.h), the bindings' syncs and the sharded loader
+ * at another world size (ks_shard_load_local) use this. A described wrapper (inner metrics,
+ * ks_metric_add_inner) folds part by part, as a binding's sync folds it: its own states and update
+ * count, then each inner metric's (the parts must have the same inner metrics, by name and order;
+ * KS_E_MISMATCH otherwise). Kept attributes are not folded: the result has none staged.
  * @return KS_OK, KS_E_INVALID (n == 0, a NULL part), ks_metric_merge's errors. Free *out.
  */
 KS_NODISCARD ks_status ks_metric_fold(const ks_metric *const *parts, size_t n, const ks_allocator *alloc,
@@ -351,6 +355,146 @@ typedef ks_status (*ks_image_wait_fn)(void *ctx, int may_refuse, ks_error *err);
  * a time; called on the thread that drives the image.
  */
 void ks_image_set_writer(ks_image *im, ks_image_wait_fn wait, void *ctx);
+/* Sharded directories of a binding's torch.distributed front end (shard.h,  */
+/* docs/FORMAT.md 9 and 9.1): the one layout, the DCP rules, per-rank items. */
+/* ------------------------------------------------------------------------ */
+
+/** Name prefix of a DCP non-tensor value's entry: `KS_SHARD_DCP_OBJECT` + its key (FORMAT.md 9.1). */
+#define KS_SHARD_DCP_OBJECT "keepsake.dcp.object/"
+/** Rank file metadata key of a DCP save: `{"planner_data": typed JSON string | null, "version": 1}`. */
+#define KS_SHARD_DCP_RECORD "keepsake.dcp"
+/**
+ * Key prefix of the one DCP item by which a rank hands its per-rank entries to the writer
+ * (`KS_SHARD_DCP_LOCAL` + its rank: distinct on every rank, so DCP's planner keeps each rank's).
+ * Never stored: the writer stores the entries it carries under their own names. Refused as a DCP key.
+ */
+#define KS_SHARD_DCP_LOCAL "keepsake.dcp.local/"
+
+/** One item of a torch.distributed.checkpoint (DCP) save plan, as a binding's StorageWriter holds it. */
+typedef struct ks_shard_dcp_item {
+  const char *fqn; /**< DCP's key (its flattened fully qualified name) */
+  int object;      /**< a non-tensor value (DCP's BYTE_IO): `data` is a 1-d U8 tensor of its typed JSON (dcpvalue.h) */
+  int whole;       /**< a whole tensor or value, not a chunk of a DTensor or ShardedTensor */
+  ks_tensor data;  /**< the item's bytes (borrowed until the call returns) */
+  int64_t global_shape[KS_MAX_RANK]; /**< a chunk's: the global tensor's shape (data.rank dimensions) */
+  int64_t offsets[KS_MAX_RANK];      /**< a chunk's: its first element in each dimension */
+} ks_shard_dcp_item;
+
+/** What rank `rank` of a DCP save writes (ks_shard_dcp_write_rank). */
+typedef struct ks_shard_dcp_rank {
+  int rank, world_size;
+  const ks_shard_dcp_item *items; /**< DCP's items of this rank's plan */
+  size_t n_items;
+  /** Keepsake entries beside DCP's items, named as a C program names its state (docs/DESIGN.md, "Key layout"):
+   *  each rank gives all of its state, and the writer keeps the per-rank ones (the default per-rank globs)
+   *  in every rank's file and the replicated ones in rank 0's only, as ks_shard_write_rank does; the timestamp
+   *  among them goes into every file's keepsake.shard record. May be NULL. */
+  const ks_statedict *entries;
+  const ks_meta *meta;      /**< their records (keepsake.metrics, keepsake.torch_structure, ...); may be NULL */
+  int per_rank;             /**< the save holds per-rank entries (any rank's): record the default globs */
+  int dcp;                  /**< the save holds DCP items (any rank's): record KS_SHARD_DCP_RECORD */
+  const char *planner_data; /**< rank 0: DCP's merged planner data as typed JSON, or NULL */
+} ks_shard_dcp_rank;
+
+/**
+ * Writes rank r->rank's file of a DCP save into `dir` (docs/FORMAT.md 9.1, items 1-3): on rank 0 a
+ * whole item is a replicated entry; every other item is a chunk of the index's sharded section (a whole
+ * one at offsets zero when DCP gave it to a rank above 0); a non-tensor value is the entry
+ * KS_SHARD_DCP_OBJECT + its key; r->entries go in as ks_shard_write_rank places them; the file records
+ * the default per-rank globs when r->per_rank (else none) and KS_SHARD_DCP_RECORD when r->dcp.
+ * @return as ks_shard_write_rank; KS_E_INVALID (a key that is empty or begins with KS_SHARD_DCP_OBJECT or
+ *         KS_SHARD_DCP_LOCAL, a key that names a per-rank entry when r->per_rank, an object that is no 1-d U8
+ *         tensor, a chunk outside its global shape, a DCP item and an entry of one name), KS_E_UNSUPPORTED
+ *         (two chunks of one tensor on this rank). Nothing is written on error.
+ */
+KS_NODISCARD ks_status ks_shard_dcp_write_rank(const char *dir, const ks_shard_dcp_rank *r, const ks_save_opts *opts,
+                                               ks_shard_file_info *info, ks_error *err);
+
+/** What a DCP load can ask of a directory (ks_shard_dcp_list): a tensor, a non-tensor value, a keepsake scalar. */
+typedef enum ks_shard_dcp_kind {
+  KS_SHARD_DCP_TENSOR = 0,
+  KS_SHARD_DCP_OBJECT_VALUE,
+  KS_SHARD_DCP_SCALAR
+} ks_shard_dcp_kind;
+
+/** One item a DCP load of a directory can ask for. */
+typedef struct ks_shard_dcp_entry {
+  const char *fqn;        /**< DCP's key */
+  const char *name;       /**< the stored entry */
+  ks_shard_dcp_kind kind; /**< an object's bytes are its typed JSON (a 1-d U8 tensor) */
+  ks_dtype dtype;         /**< a tensor's or an object's */
+  int rank;               /**< dimensions of global_shape */
+  int64_t global_shape[KS_MAX_RANK];
+  long sharded;           /**< its tensor i of the index's sharded section (ks_shard_index_chunk gives the chunks),
+                               or -1: a whole entry of rank 0's file */
+  const ks_entry *scalar; /**< KS_SHARD_DCP_SCALAR: its value (borrowed for the call) */
+} ks_shard_dcp_entry;
+
+/** Called by ks_shard_dcp_list for each item; nonzero stops the listing (the call then returns KS_E_STATE). */
+typedef int (*ks_shard_dcp_visit_fn)(void *ctx, const ks_shard_dcp_entry *e);
+
+/**
+ * Lists what a DCP load of the directory `dir` (index `idx`, checked by the caller) can ask for
+ * (docs/FORMAT.md 9.1, item 5): every tensor of the sharded section (an object: exactly one whole chunk of a 1-d U8
+ * tensor, else KS_E_FORMAT), and rank 0's other entries and scalars that match no per-rank glob. Rank 0's
+ * header is read through `io` (NULL: POSIX), never its data.
+ * @param planner_data optional; receives rank 0's recorded planner data (typed JSON, through `alloc`'s free),
+ *        or NULL when it recorded none.
+ * @return KS_OK, KS_E_FORMAT (a malformed object or KS_SHARD_DCP_RECORD), KS_E_STATE (stopped), reader errors,
+ *         KS_E_NOMEM.
+ */
+KS_NODISCARD ks_status ks_shard_dcp_list(const char *dir, const ks_shard_index *idx, const ks_io *io,
+                                         const ks_allocator *alloc, ks_shard_dcp_visit_fn fn, void *ctx,
+                                         char **planner_data, ks_error *err);
+
+/** Where a sharded directory keeps its per-rank entries (ks_shard_local_layout). */
+typedef enum ks_shard_local_kind {
+  KS_SHARD_LOCAL_NAMED = 0, /**< under the names of a C program's state, matching the index's per-rank globs */
+  KS_SHARD_LOCAL_DCP02 = 1  /**< none recorded: a DCP save, whose per-rank items keepsake 0.2's Python front end
+                                 wrote as DCP items under `rank<r>/` (ks_shard_load_local renames them) */
+} ks_shard_local_kind;
+
+/**
+ * How the directory `dir` (index `idx`) keeps per-rank entries: KS_SHARD_LOCAL_DCP02 when the index records no
+ * per-rank globs and rank 0's file records a DCP save (its header is read through `io`, NULL: POSIX).
+ * @return KS_OK, KS_E_INVALID, reader errors.
+ */
+KS_NODISCARD ks_status ks_shard_local_layout(const char *dir, const ks_shard_index *idx, const ks_io *io,
+                                             ks_shard_local_kind *out, ks_error *err);
+
+/** The program's metric at a metric path (`state/train_metrics/<name>`, `state/eval_metrics/<label>/<name>`),
+ *  or NULL. */
+typedef const ks_metric *(*ks_shard_metric_fn)(void *ctx, const char *path);
+
+/** Options of ks_shard_load_local. All-zero (or NULL) gives the defaults. */
+typedef struct ks_shard_local_opts {
+  const ks_allocator *alloc; /**< NULL = malloc */
+  const ks_io *io;           /**< every read goes through it; NULL = POSIX */
+  int verify;                /**< verify each file the load reads against the index first (ks_shard_verify_file) */
+  /** The program's metrics (described metrics, binding.h): a saved rank's states are read into a clone of the
+   *  program's metric at their path and the saved ranks are folded with ks_metric_fold (a wrapper part by part);
+   *  a 0.2 directory's inner-metric parts are named by its inner metrics. NULL, or NULL for a path: the catalogue
+   *  class the file records, as ks_shard_load_rank. */
+  ks_shard_metric_fn metric;
+  void *metric_ctx;
+} ks_shard_local_opts;
+
+/**
+ * Rank `rank` of `world_size`'s keepsake entries of a sharded checkpoint, as ks_shard_load_rank hands them out
+ * (replicated entries from rank 0's file; per-rank entries: at the saved world size this rank's own, else the
+ * metrics of the saved ranks ks_shard_assigned gives it folded, and the other per-rank entries of the first of
+ * them), without what a DCP load reads: the index's sharded tensors, non-tensor values
+ * (KS_SHARD_DCP_OBJECT) and the tensors rank 0's planner data names. A KS_SHARD_LOCAL_DCP02 directory's
+ * per-rank items (`rank<s>/rng/...`, `rank<s>/dataset_state/<name>...`, `rank<s>/metrics/<name>/<part>` and
+ * `rank<s>/eval_metrics/<label>/<name>/<part>`: metric states as keepsake bytes, part 0 the metric, part i its
+ * inner metric i) are given under the per-rank names (`rng/0/...`, `state/dataset_state/<name>/...`,
+ * `state/train_metrics/<name>/state_dict/<state>`, ...), with their update counts in keepsake.metrics.
+ * @param meta receives rank 0's caller metadata with keepsake.metrics as this rank's metrics.
+ * @return as ks_shard_load_rank; KS_E_FORMAT (a malformed 0.2 per-rank item). Nothing is returned on error.
+ */
+KS_NODISCARD ks_status ks_shard_load_local(const char *dir, const ks_shard_index *idx, int rank, int world_size,
+                                           const ks_shard_local_opts *opts, ks_statedict **sd, ks_meta **meta,
+                                           ks_error *err);
 
 /* ------------------------------------------------------------------------ */
 /* Reading into a binding's own memory.                                      */

@@ -152,6 +152,9 @@ PyObject *ksp_compute_metrics(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ksp_catalogue(PyObject *self, PyObject *unused);
 PyObject *ksp_load_state(PyObject *self, PyObject *args);
 PyObject *ksp_fold_metric(PyObject *self, PyObject *args);
+/* A described metric (ks_metric_describe) from the description keepsake._state.load.describe_metric makes;
+   KS_E_INVALID with a Python exception set for a malformed one. */
+KS_NODISCARD ks_status ksp_describe_metric(PyObject *desc, ks_metric **out, ks_error *err);
 
 /* Sharded checkpoint directories (ksshard.c, for keepsake.distributed): the functions, added to the
  * module with PyModule_AddFunctions, and the lazy rank file reader type. */

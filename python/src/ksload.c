@@ -249,6 +249,8 @@ static KS_NODISCARD ks_status describe(PyObject *desc, const ks_allocator *alloc
   return KS_OK;
 }
 
+ks_status ksp_describe_metric(PyObject *desc, ks_metric **out, ks_error *err) { return describe(desc, NULL, out, err); }
+
 /* The descriptions of one label (NULL: the train metrics). */
 static PyObject *descs_of(load_job *j, const char *label) {
   if (!label) return j->train;

@@ -21,6 +21,7 @@
  *    process could truncate.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ksext.h"
@@ -519,6 +520,341 @@ static int open_index_path(const char *dir, ksp_loc *l, char *path, size_t cap) 
   return 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* DCP saves and loads in the one sharded layout (binding.h, FORMAT.md 9.1).  */
+/* ------------------------------------------------------------------------ */
+
+/* One (entry, object, whole, global_shape, offsets) of a plan into *it; its tensor is in sd under the
+ * entry's name. 0, or -1 with an exception set. */
+static int dcp_item_from(PyObject *tuple, const ks_statedict *sd, ks_shard_dcp_item *it) {
+  PyObject *entry, *gobj, *oobj;
+  int object, whole;
+  if (!PyArg_ParseTuple(tuple, "OppOO", &entry, &object, &whole, &gobj, &oobj)) return -1;
+  PyObject *name = PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) ? PyTuple_GET_ITEM(entry, 0) : NULL;
+  const char *fqn = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+  const ks_tensor *t = fqn ? ks_statedict_tensor(sd, fqn) : NULL;
+  if (!t) {
+    if (!PyErr_Occurred()) ksp_raisef(KS_E_INVALID, "a DCP item whose entry is no tensor");
+    return -1;
+  }
+  int grank = 0, orank = 0;
+  memset(it, 0, sizeof *it);
+  it->fqn = fqn;
+  it->object = object;
+  it->whole = whole;
+  it->data = *t;
+  if (whole || object) return 0;
+  if (dims_from(gobj, "global shape", it->global_shape, &grank) || dims_from(oobj, "offsets", it->offsets, &orank))
+    return -1;
+  if (grank != t->rank || orank != t->rank) {
+    ksp_raisef(KS_E_SHAPE, "chunk '%s': %d-d tensor with a %d-d global shape and %d offsets", fqn, t->rank, grank,
+               orank);
+    return -1;
+  }
+  return 0;
+}
+
+/* shard_dcp_write_rank(dir, rank, world_size, items, entries, metadata, metrics, per_rank, dcp, planner_data,
+ * fsync): ks_shard_dcp_write_rank; (size, header xxh3). */
+static PyObject *shard_dcp_write_rank(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"dir",     "rank",  "world_size",   "items", "entries", "metadata",
+                          "metrics", "per_rank", "dcp", "planner_data", "fsync", NULL};
+  PyObject *dir, *items, *entries, *metadata = Py_None;
+  const char *metrics = NULL, *planner_data = NULL;
+  int rank, world, per_rank = 0, dcp = 0, fsync = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&iiOO|Ozppzp", names, PyUnicode_FSConverter, &dir, &rank, &world,
+                                   &items, &entries, &metadata, &metrics, &per_rank, &dcp, &planner_data, &fsync))
+    return NULL;
+  PyObject *seq = PySequence_Fast(items, "items must be a sequence of (entry, object, whole, global_shape, offsets)");
+  Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
+  PyObject *item_entries = seq ? PyList_New(n) : NULL;
+  for (Py_ssize_t i = 0; item_entries && i < n; i++) {
+    PyObject *t = PySequence_Fast_GET_ITEM(seq, i);
+    PyObject *e = PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 5 ? PyTuple_GET_ITEM(t, 0) : NULL;
+    if (!e) {
+      ksp_raisef(KS_E_INVALID, "items must be a sequence of (entry, object, whole, global_shape, offsets)");
+      Py_CLEAR(item_entries);
+    } else {
+      PyList_SET_ITEM(item_entries, i, Py_NewRef(e));
+    }
+  }
+  ks_statedict *isd = item_entries ? ksp_statedict_from(item_entries) : NULL, *sd = NULL;
+  ks_meta *meta = NULL;
+  ks_shard_dcp_item *its = isd ? PyMem_Calloc((size_t)n + 1, sizeof *its) : NULL;
+  if (isd && !its) PyErr_NoMemory();
+  int bad = !its;
+  for (Py_ssize_t i = 0; !bad && i < n; i++) bad = dcp_item_from(PySequence_Fast_GET_ITEM(seq, i), isd, &its[i]);
+  if (!bad) bad = ksp_save_prepare(entries, metadata, metrics, &sd, &meta) != 0;
+  PyObject *out = NULL;
+  if (!bad) {
+    ks_io io;
+    const ks_io *local = ksp_io_posix(fsync, &io);
+    ksp_loc l;
+    ks_save_opts o = {0};
+    ks_shard_file_info info = {0, 0};
+    ks_shard_dcp_rank r = {rank, world, its, (size_t)n, sd, meta, per_rank, dcp, planner_data};
+    ks_error err;
+    ks_error_clear(&err);
+    ks_status st;
+    const char *d = PyBytes_AS_STRING(dir);
+    Py_BEGIN_ALLOW_THREADS st = loc_open(d, local, &l, &err);
+    if (!st) {
+      o.io = l.io;
+      st = ks_shard_dcp_write_rank(l.path, &r, &o, &info, &err);
+      error_location(&err, d, l.path);
+    }
+    ksp_loc_close(&l);
+    Py_END_ALLOW_THREADS
+    out = st ? ksp_raise(st, &err)
+             : Py_BuildValue("(KK)", (unsigned long long)info.size, (unsigned long long)info.checksum);
+  }
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  ks_statedict_free(isd);
+  PyMem_Free(its);
+  Py_XDECREF(item_entries);
+  Py_XDECREF(seq);
+  Py_DECREF(dir);
+  return out;
+}
+
+/* One listed item: (fqn, stored name, kind, dtype code, global shape, chunks or None, scalar value or None). */
+typedef struct dcp_listing {
+  const ks_shard_index *idx;
+  PyObject *list;
+} dcp_listing;
+
+static const char *const dcp_kinds[] = {"tensor", "object", "scalar"};
+
+static int on_dcp_entry(void *ctx, const ks_shard_dcp_entry *e) {
+  dcp_listing *L = ctx;
+  PyObject *g = NULL, *chunks = NULL, *value = NULL, *item = NULL;
+  if (e->kind == KS_SHARD_DCP_SCALAR) {
+    value = ksp_scalar_value(e->scalar);
+    g = value ? PyTuple_New(0) : NULL;
+    chunks = g ? Py_NewRef(Py_None) : NULL;
+  } else {
+    g = ksp_shape_tuple(e->rank, e->global_shape);
+    value = g ? Py_NewRef(Py_None) : NULL;
+    if (value && e->sharded >= 0) {
+      ks_shard_chunk whole;
+      ks_dtype dt;
+      size_t nc = 0;
+      chunks = ks_shard_index_sharded_at(L->idx, (size_t)e->sharded, &whole, &dt, &nc) == KS_OK
+                   ? chunks_list(L->idx, (size_t)e->sharded, nc)
+                   : ksp_raisef(KS_E_NOTFOUND, "index: no sharded tensor %ld", e->sharded);
+    } else if (value) {
+      chunks = Py_NewRef(Py_None);
+    }
+  }
+  if (chunks)
+    item = Py_BuildValue("(sssiOOO)", e->fqn, e->name, dcp_kinds[e->kind],
+                         e->kind == KS_SHARD_DCP_SCALAR ? -1 : (int)e->dtype, g, chunks, value);
+  Py_XDECREF(g);
+  Py_XDECREF(chunks);
+  Py_XDECREF(value);
+  int fail = !item || PyList_Append(L->list, item);
+  Py_XDECREF(item);
+  return fail;
+}
+
+/* shard_dcp_list(dir): what a DCP load of `dir` can ask for (ks_shard_dcp_list) and rank 0's planner data:
+ * ([(fqn, name, kind, dtype, global shape, chunks [(file, offsets, shape)] or None for rank 0's, scalar)], str | None,
+ * [rank file names]).
+ * The index is checked against every rank file's size and header first (ks_shard_check). */
+static PyObject *shard_dcp_list(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *dir;
+  if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &dir)) return NULL;
+  ks_shard_index *idx = NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  ksp_loc l;
+  const char *d = PyBytes_AS_STRING(dir);
+  Py_BEGIN_ALLOW_THREADS st = loc_open(d, ks_io_posix(), &l, &err);
+  if (!st) st = ks_shard_index_read(l.path, NULL, l.io, &idx, &err);
+  if (!st) st = ks_shard_check(l.path, idx, l.io, KS_SHARD_CHECK_SIZES | KS_SHARD_CHECK_HEADERS, NULL, NULL, &err);
+  if (st) error_location(&err, d, l.path);
+  Py_END_ALLOW_THREADS
+  PyObject *out = NULL;
+  dcp_listing L = {idx, st ? NULL : PyList_New(0)};
+  char *pd = NULL;
+  if (st) {
+    ksp_raise(st, &err);
+  } else if (L.list) {
+    /* The visitor makes Python objects: the GIL stays held (rank 0's header only is read). */
+    st = ks_shard_dcp_list(l.path, idx, l.io, NULL, on_dcp_entry, &L, &pd, &err);
+    if (st && !PyErr_Occurred()) {
+      error_location(&err, d, l.path);
+      ksp_raise(st, &err);
+    } else if (!st) {
+      PyObject *files = PyList_New(index_info(idx).world_size);
+      for (int r = 0; files && r < index_info(idx).world_size; r++) {
+        PyObject *f = PyUnicode_FromString(ks_shard_index_file(idx, r, NULL));
+        if (!f) Py_CLEAR(files);
+        else PyList_SET_ITEM(files, r, f);
+      }
+      out = files ? Py_BuildValue("(OzO)", L.list, pd, files) : NULL;
+      Py_XDECREF(files);
+    }
+  }
+  free(pd);
+  Py_XDECREF(L.list);
+  ks_shard_index_free(idx);
+  ksp_loc_close(&l);
+  Py_DECREF(dir);
+  return out;
+}
+
+/* The program's metrics by path, for ks_shard_load_local. */
+typedef struct metric_table {
+  char **paths;
+  ks_metric **metrics;
+  size_t n, cap;
+} metric_table;
+
+static const ks_metric *table_metric(void *ctx, const char *path) {
+  const metric_table *t = ctx;
+  for (size_t i = 0; i < t->n; i++)
+    if (!strcmp(t->paths[i], path)) return t->metrics[i];
+  return NULL;
+}
+
+static void table_free(metric_table *t) {
+  for (size_t i = 0; i < t->n; i++) {
+    PyMem_Free(t->paths[i]);
+    ks_metric_free(t->metrics[i]);
+  }
+  PyMem_Free(t->paths);
+  PyMem_Free(t->metrics);
+}
+
+/* Adds the described metrics of `descs` (keepsake._state.load.describe_metric's) under `root`. 0 or -1. */
+static int table_add(metric_table *t, const char *root, PyObject *descs) {
+  Py_ssize_t n = PySequence_Size(descs);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *d = PySequence_GetItem(descs, i);
+    PyObject *name = d && PyTuple_Check(d) && PyTuple_GET_SIZE(d) ? PyTuple_GET_ITEM(d, 0) : NULL;
+    const char *s = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+    size_t len = s ? strlen(root) + strlen(s) + 1 : 0;
+    if (s && t->n == t->cap) {
+      size_t cap = t->cap ? 2 * t->cap : 8;
+      char **p = PyMem_Realloc(t->paths, cap * sizeof *p);
+      if (p) t->paths = p;
+      ks_metric **m = p ? PyMem_Realloc(t->metrics, cap * sizeof *m) : NULL;
+      if (m) t->metrics = m, t->cap = cap;
+      else s = NULL, PyErr_NoMemory();
+    }
+    char *path = s ? PyMem_Malloc(len) : NULL;
+    ks_metric *m = NULL;
+    ks_error err;
+    ks_error_clear(&err);
+    ks_status st = path ? ksp_describe_metric(d, &m, &err) : KS_E_INVALID;
+    Py_XDECREF(d);
+    if (st) {
+      PyMem_Free(path);
+      if (!PyErr_Occurred()) ksp_raise(st, &err);
+      return -1;
+    }
+    snprintf(path, len, "%s%s", root, s);
+    t->paths[t->n] = path;
+    t->metrics[t->n++] = m;
+  }
+  return n < 0 ? -1 : 0;
+}
+
+/* shard_load_local(dir, rank, world_size, train=(), evals=(), verify=False): this rank's keepsake entries
+ * (ks_shard_load_local) as ([(name, value)], metadata dict): its replicated and per-rank entries, without DCP's
+ * items, the metrics of the saved ranks it takes folded with the program's described metrics (train: their
+ * descriptions; evals: [(label, descriptions)]). */
+static PyObject *shard_load_local(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *names[] = {"dir", "rank", "world_size", "train", "evals", "verify", NULL};
+  PyObject *dir, *train = NULL, *evals = NULL;
+  int rank, world, verify = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&ii|OOp", names, PyUnicode_FSConverter, &dir, &rank, &world, &train,
+                                   &evals, &verify))
+    return NULL;
+  metric_table t = {0};
+  int bad = train && table_add(&t, KS_KEY_TRAIN_METRICS, train);
+  Py_ssize_t ne = !bad && evals ? PySequence_Size(evals) : 0;
+  bad = bad || ne < 0;
+  for (Py_ssize_t i = 0; !bad && i < ne; i++) {
+    PyObject *g = PySequence_GetItem(evals, i), *descs;
+    const char *label;
+    char root[KS_MAX_NAME + 1];
+    bad = !g || !PyArg_ParseTuple(g, "sO", &label, &descs);
+    if (!bad && snprintf(root, sizeof root, "%s%s/", KS_KEY_EVAL_METRICS, label) >= (int)sizeof root)
+      bad = (ksp_raisef(KS_E_LIMIT, "eval label '%s' is too long", label), 1);
+    if (!bad) bad = table_add(&t, root, descs);
+    Py_XDECREF(g);
+  }
+  PyObject *out = NULL;
+  if (!bad) {
+    ks_shard_index *idx = NULL;
+    ks_statedict *sd = NULL;
+    ks_meta *meta = NULL;
+    ks_error err;
+    ks_error_clear(&err);
+    ks_status st;
+    ksp_loc l;
+    const char *d = PyBytes_AS_STRING(dir);
+    Py_BEGIN_ALLOW_THREADS st = loc_open(d, ks_io_posix(), &l, &err);
+    if (!st) st = ks_shard_index_read(l.path, NULL, l.io, &idx, &err);
+    ks_shard_local_opts o = {.io = l.io, .verify = verify, .metric = table_metric, .metric_ctx = &t};
+    if (!st) st = ks_shard_load_local(l.path, idx, rank, world, &o, &sd, &meta, &err);
+    if (st) error_location(&err, d, l.path);
+    ksp_loc_close(&l);
+    Py_END_ALLOW_THREADS
+    PyObject *items = st ? ksp_raise(st, &err) : ksp_statedict_items(sd);
+    PyObject *md = items ? ksp_meta_dict(meta, 1) : NULL;
+    out = md ? Py_BuildValue("(OO)", items, md) : NULL;
+    Py_XDECREF(items);
+    Py_XDECREF(md);
+    ks_statedict_free(sd);
+    ks_meta_free(meta);
+    ks_shard_index_free(idx);
+  }
+  table_free(&t);
+  Py_DECREF(dir);
+  return out;
+}
+
+/* shard_layout(dir): where the directory keeps per-rank entries (ks_shard_local_layout): "named" (under the names
+ * of a C program's state, the index's per-rank globs) or "dcp02" (keepsake 0.2's DCP items under rank<r>/). */
+static PyObject *shard_layout(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *dir;
+  if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &dir)) return NULL;
+  ks_shard_index *idx = NULL;
+  ks_shard_local_kind kind = KS_SHARD_LOCAL_NAMED;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st;
+  ksp_loc l;
+  const char *d = PyBytes_AS_STRING(dir);
+  Py_BEGIN_ALLOW_THREADS st = loc_open(d, ks_io_posix(), &l, &err);
+  if (!st) st = ks_shard_index_read(l.path, NULL, l.io, &idx, &err);
+  if (!st) st = ks_shard_local_layout(l.path, idx, l.io, &kind, &err);
+  if (st) error_location(&err, d, l.path);
+  ksp_loc_close(&l);
+  Py_END_ALLOW_THREADS
+  ks_shard_index_free(idx);
+  Py_DECREF(dir);
+  if (st) return ksp_raise(st, &err);
+  return PyUnicode_FromString(kind == KS_SHARD_LOCAL_DCP02 ? "dcp02" : "named");
+}
+
+/* shard_names(): the names keepsake reserves in a DCP save (binding.h): {"object": prefix of a non-tensor value's
+ * entry, "local": prefix of the key of the item that carries a rank's per-rank entries}. */
+static PyObject *shard_names(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  return Py_BuildValue("{s:s,s:s}", "object", KS_SHARD_DCP_OBJECT, "local", KS_SHARD_DCP_LOCAL);
+}
+
 /* shard_committed(dir): whether `dir` holds an index (the commit marker), valid or not. */
 static PyObject *shard_committed(PyObject *self, PyObject *args) {
   (void)self;
@@ -1004,6 +1340,20 @@ PyMethodDef ksp_shard_methods[] = {
      "shard_location(dir, write=False)\n--\n\nThe location as the shard functions take it (a local path without "
      "file://, a remote location unchanged); UnsupportedError for a scheme the storage layer does not open, and "
      "with write for a read-only one (http, https)."},
+    {"shard_dcp_write_rank", (PyCFunction)(void (*)(void))shard_dcp_write_rank, METH_VARARGS | METH_KEYWORDS,
+     "shard_dcp_write_rank(dir, rank, world_size, items, entries, metadata=None, metrics=None, per_rank=False, "
+     "dcp=False, planner_data=None, fsync=True)\n--\n\nks_shard_dcp_write_rank: one rank's file of a DCP save (items: "
+     "(entry, object, whole, global_shape, offsets)); returns (size, header xxh3)."},
+    {"shard_dcp_list", shard_dcp_list, METH_VARARGS,
+     "shard_dcp_list(dir, /)\n--\n\nks_shard_dcp_list: ([(fqn, name, kind, dtype, global_shape, chunks, scalar)], "
+     "planner_data, [rank file names])."},
+    {"shard_load_local", (PyCFunction)(void (*)(void))shard_load_local, METH_VARARGS | METH_KEYWORDS,
+     "shard_load_local(dir, rank, world_size, train=(), evals=(), verify=False)\n--\n\nks_shard_load_local: this "
+     "rank's keepsake entries and metadata."},
+    {"shard_layout", shard_layout, METH_VARARGS,
+     "shard_layout(dir, /)\n--\n\nks_shard_local_layout: \"named\" or \"dcp02\"."},
+    {"shard_names", shard_names, METH_NOARGS,
+     "shard_names()\n--\n\nThe names keepsake reserves in a DCP save: {\"object\": ..., \"local\": ...}."},
     {"dcp_encode", dcp_encode, METH_O,
      "dcp_encode(value, /)\n--\n\nThe typed JSON (ASCII bytes) of a DCP non-tensor value: None, bool, int, float, str, "
      "bytes, io.BytesIO, and lists, tuples and dicts of them (docs/FORMAT.md 9.1). UnsupportedError for anything "

@@ -19,7 +19,8 @@ static int same_states(const ks_metric *dst, const ks_metric *src) {
   return 1;
 }
 
-static KS_NODISCARD ks_status check_same_kind(const ks_metric *dst, const ks_metric *src, ks_error *err) {
+static KS_NODISCARD ks_status check_same_kind(const ks_metric *dst, const ks_metric *src, int inner_ok,
+                                               ks_error *err) {
   const char *dc = ks_metric_class(dst), *sc = ks_metric_class(src);
   const char *da = dst->args_json ? dst->args_json : "", *sa = src->args_json ? src->args_json : "";
   if (dst->cls != src->cls || strcmp(dc, sc))
@@ -28,7 +29,7 @@ static KS_NODISCARD ks_status check_same_kind(const ks_metric *dst, const ks_met
     return ks__err(err, KS_E_MISMATCH, "cannot merge %s%s into %s%s: arguments differ", sc, sa, dc, da);
   if (!same_states(dst, src))
     return ks__err(err, KS_E_MISMATCH, "cannot merge %s into %s: the states differ", sc, dc);
-  if (dst->n_inner || src->n_inner)
+  if (!inner_ok && (dst->n_inner || src->n_inner))
     return ks__err(err, KS_E_UNSUPPORTED, "cannot merge %s: merge its inner metrics one by one", dc);
   return KS_OK;
 }
@@ -92,10 +93,12 @@ static void merge_fixed(ks__state *d, const ks__state *s, double wd, double ws) 
   }
 }
 
-ks_status ks_metric_merge(ks_metric *dst, const ks_metric *src, ks_error *err) {
+/* ks_metric_merge of the metric's own states and update count; inner metrics, when inner_ok, are left
+   to the caller (ks_metric_fold merges them part by part). */
+static KS_NODISCARD ks_status merge_own(ks_metric *dst, const ks_metric *src, int inner_ok, ks_error *err) {
   if (!dst || !src) return ks__err(err, KS_E_INVALID, "ks_metric_merge: NULL argument");
   if (dst == src) return ks__err(err, KS_E_INVALID, "ks_metric_merge: a metric cannot merge itself");
-  ks_status st = check_same_kind(dst, src, err);
+  ks_status st = check_same_kind(dst, src, inner_ok, err);
   for (size_t i = 0; !st && i < dst->n_states; i++)
     if (dst->st[i].reduce == KS_REDUCE_CAT) st = check_rows(&dst->st[i], &src->st[i], err);
   for (size_t i = 0; !st && i < dst->n_states; i++) {
@@ -129,6 +132,23 @@ ks_status ks_metric_merge(ks_metric *dst, const ks_metric *src, ks_error *err) {
   dst->has_computed = 0;
   dst->update_count += src->update_count;
   return KS_OK;
+}
+
+ks_status ks_metric_merge(ks_metric *dst, const ks_metric *src, ks_error *err) { return merge_own(dst, src, 0, err); }
+
+/* A wrapper folds part by part: its own states, then each inner metric's (the same names, in order). */
+static KS_NODISCARD ks_status merge_parts(ks_metric *dst, const ks_metric *src, ks_error *err) {
+  if (dst && src && dst->n_inner != src->n_inner)
+    return ks__err(err, KS_E_MISMATCH, "cannot merge %s: %zu inner metrics into %zu", ks_metric_class(dst),
+                   src->n_inner, dst->n_inner);
+  ks_status st = merge_own(dst, src, 1, err);
+  for (size_t i = 0; !st && i < dst->n_inner; i++) {
+    if (strcmp(dst->inner_names[i], src->inner_names[i]))
+      return ks__err(err, KS_E_MISMATCH, "cannot merge %s: inner metric '%s' against '%s'", ks_metric_class(dst),
+                     src->inner_names[i], dst->inner_names[i]);
+    st = merge_parts(dst->inner[i], src->inner[i], err);
+  }
+  return st;
 }
 
 static void *dup_bytes(const ks_allocator *a, const void *p, size_t n) {
@@ -181,7 +201,7 @@ ks_status ks_metric_fold(const ks_metric *const *parts, size_t n, const ks_alloc
     if (!parts[i]) return ks__err(err, KS_E_INVALID, "ks_metric_fold: part %zu is NULL", i);
   ks_metric *acc = NULL;
   ks_status st = ks_metric_clone(parts[n - 1], alloc, &acc, err);
-  for (size_t i = n - 1; !st && i-- > 0;) st = ks_metric_merge(acc, parts[i], err);
+  for (size_t i = n - 1; !st && i-- > 0;) st = merge_parts(acc, parts[i], err);
   if (st) {
     ks_metric_free(acc);
     return st;

@@ -4,7 +4,9 @@
  * tensor read by offset (the io table's read_fn) from the saved chunks that overlap it, only
  * the bytes needed, and the per-rank entries: this
  * rank's own at the same world size, else the metrics of the saved ranks
- * assigned here merged with ks_metric_merge.
+ * assigned here folded with ks_metric_fold. ks_shard_load_local (a binding's
+ * per-rank and keepsake entries) is the same load without what DCP reads, with
+ * the program's own metrics to fold, and reads keepsake 0.2's DCP per-rank items too.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -16,7 +18,8 @@
 
 typedef struct src_file {
   ks_reader *r;    /* mapped: only the pages of what is touched are read */
-  ks_statedict *sd; /* views into r, and r's scalars */
+  ks_statedict *sd; /* views into r, and r's scalars (a 0.2 file's: with its per-rank items renamed) */
+  ks_statedict *raw; /* a 0.2 file's own entries, which sd borrows from (NULL otherwise) */
   const ks_meta *meta;
   ks__jv *metrics; /* keepsake.metrics, an object (possibly empty) */
   ks__jv *dcp;     /* DCP_SHARDING_INFO: where the file says its chunks sit (NULL when absent) */
@@ -33,6 +36,14 @@ typedef struct loader {
   src_file *files;
   ks_statedict *out;
   ks_error *err;
+  /* ks_shard_load_local: */
+  int local;                    /* no sharded tensors, no DCP items */
+  int dcp02;                    /* per-rank items as keepsake 0.2's Python front end wrote them (dcp02.c) */
+  ks__planner planner;          /* rank 0's planner data */
+  ks_shard_metric_fn metric;    /* the program's metrics */
+  void *metric_ctx;
+  const char *const *globs;     /* the per-rank globs (the defaults for a 0.2 directory) */
+  size_t n_globs;
 } loader;
 
 KS_NODISCARD static ks_status check_record(loader *L, int f, const char *path) {
@@ -70,6 +81,30 @@ KS_NODISCARD static ks_status views_of(loader *L, src_file *s) {
   return ks_reader_scalars(s->r, s->sd, L->err);
 }
 
+/* A 0.2 file: its per-rank items renamed (dcp02.c) beside its other entries, and their metric records. */
+KS_NODISCARD static ks_status rename_dcp02(loader *L, int f, src_file *s, const char *path) {
+  if (f == 0) {
+    ks_status st = ks__planner_read(L->a, s->meta, path, &L->planner, L->err);
+    if (st) return st;
+  }
+  ks_statedict *sd = NULL;
+  ks_status st = ks_statedict_create(L->a, &sd, L->err);
+  for (size_t i = 0; !st && i < ks_statedict_count(s->sd); i++) {
+    ks_entry e;
+    if (ks_statedict_at(s->sd, i, &e) || ks__shard_dcp02_item(e.name, f)) continue; /* index in range */
+    st = ks_statedict_set_entry(sd, e.name, &e, KS_BORROW, L->err);
+  }
+  if (!st)
+    st = ks__shard_dcp02_convert(L->a, s->sd, f, &L->planner, L->metric, L->metric_ctx, path, sd, s->metrics, L->err);
+  if (st) {
+    ks_statedict_free(sd);
+    return st;
+  }
+  s->raw = s->sd;
+  s->sd = sd;
+  return KS_OK;
+}
+
 KS_NODISCARD static ks_status open_file(loader *L, int f, src_file **out) {
   src_file *s = &L->files[f];
   if (!s->sd) {
@@ -88,6 +123,8 @@ KS_NODISCARD static ks_status open_file(loader *L, int f, src_file **out) {
     if (!st) st = ks__shard_parse_meta(L->a, ks_meta_get(s->meta, KS__DCP_INFO), KS__DCP_INFO, &s->dcp, L->err);
     if (!st && s->dcp && !ks__jv_is(s->dcp, KS__JV_OBJECT))
       st = ks__err_at(L->err, KS_E_FORMAT, path, KS__DCP_INFO, -1, "rank %d: malformed " KS__DCP_INFO, f);
+    if (!st && L->local && f == 0 && !L->dcp02) st = ks__planner_read(L->a, s->meta, path, &L->planner, L->err);
+    if (!st && L->dcp02) st = rename_dcp02(L, f, s, path);
     if (st && L->err) ks__err_set_file(L->err, path);
     if (st) return st;
   }
@@ -101,9 +138,10 @@ static const ks__sharded *sharded_of(const ks_shard_index *idx, const char *name
   return NULL;
 }
 
-static int per_rank(const loader *L, const char *name) {
-  return ks__shard_matches(name, (const char *const *)L->idx->per_rank, L->idx->n_per_rank);
-}
+static int per_rank(const loader *L, const char *name) { return ks__shard_matches(name, L->globs, L->n_globs); }
+
+/* ks_shard_load_local leaves DCP's items to DCP. */
+static int dcp_item(const loader *L, const char *name) { return L->local && ks__shard_dcp_item(&L->planner, name); }
 
 /* ---- sharded tensors ---- */
 
@@ -254,7 +292,7 @@ KS_NODISCARD static ks_status fill_from_chunk(loader *L, const ks__sharded *s, c
 }
 
 KS_NODISCARD static ks_status load_sharded(loader *L, const ks_shard_map *want) {
-  for (size_t i = 0; i < L->idx->n_sharded; i++) {
+  for (size_t i = 0; !L->local && i < L->idx->n_sharded; i++) {
     const ks__sharded *s = &L->idx->sharded[i];
     box reg;
     ks_status st = region_of(L, s, want, &reg);
@@ -286,12 +324,31 @@ KS_NODISCARD static ks_status copy_entries(loader *L, int f,
 
 static int pick_replicated(const loader *L, const src_file *s, const char *name) {
   (void)s;
-  return !sharded_of(L->idx, name) && !per_rank(L, name);
+  return !sharded_of(L->idx, name) && !per_rank(L, name) && !dcp_item(L, name);
 }
 
 static int pick_per_rank(const loader *L, const src_file *s, const char *name) {
   (void)s;
-  return !sharded_of(L->idx, name) && per_rank(L, name);
+  return !sharded_of(L->idx, name) && per_rank(L, name) && !dcp_item(L, name);
+}
+
+/* Whether `name` lies under metric `path`'s kept attributes (`<path>/attrs/`, `<path>/inner/<x>/attrs/`). */
+static int under_attrs(const char *name, const char *path) {
+  size_t n = strlen(path);
+  if (strncmp(name, path, n) || name[n] != '/') return 0;
+  const char *rest = name + n + 1;
+  if (!strncmp(rest, "attrs/", 6)) return 1;
+  if (strncmp(rest, "inner/", 6)) return 0;
+  const char *slash = strchr(rest + 6, '/');
+  return slash && !strncmp(slash + 1, "attrs/", 6);
+}
+
+/* A metric's kept attributes (a wrapper's): not folded, taken with the other per-rank entries. */
+static int pick_metric_attrs(const loader *L, const src_file *s, const char *name) {
+  if (!pick_per_rank(L, s, name)) return 0;
+  for (size_t i = 0; i < s->metrics->len; i++)
+    if (under_attrs(name, s->metrics->keys[i])) return 1;
+  return 0;
 }
 
 /* Per-rank entries that belong to no metric (RNG, data positions). */
@@ -308,6 +365,12 @@ static int pick_per_rank_plain(const loader *L, const src_file *s, const char *n
 /* ---- metrics at another world size ---- */
 
 KS_NODISCARD static ks_status metric_of(loader *L, const char *path, const ks__jv *def, ks_metric **out) {
+  const ks_metric *mine = L->metric ? L->metric(L->metric_ctx, path) : NULL;
+  if (mine) { /* the program's metric (a described one): a clone of its definition, at its defaults */
+    ks_status st = ks_metric_clone(mine, L->a, out, L->err);
+    if (!st) ks_metric_reset(*out);
+    return st;
+  }
   const char *cls = ks__jv_string(ks__jv_get(def, "class"));
   const ks__jv *jargs = ks__jv_get(def, "args");
   char *args = jargs ? ks__jv_dump(L->a, jargs, true) : NULL;
@@ -340,6 +403,20 @@ KS_NODISCARD static ks_status saved_metric(loader *L, int f, const char *path, k
   if (!ks__jv_is_int(ks__jv_get(def, "update_count"), &uc)) uc = 1;
   st = ks_metric_load_state_dict(*out, s->sd, prefix, (int)sv, 0, NULL, NULL, L->err);
   if (!st) st = ks_metric_restore_computed(*out, NULL, uc, L->err);
+  for (size_t i = 0; !st && i < ks_metric_inner_count(*out); i++) { /* a wrapper's parts, as the file holds them */
+    const char *name = NULL;
+    ks_metric *in = ks_metric_inner_at(*out, i, &name);
+    char ip[KS__KEY_MAX + 1];
+    int64_t n = 1;
+    if (ks__keyf(prefix, path, "/inner/%s/state_dict/", name) || ks__keyf(ip, path, "/inner/%s/update_count", name)) {
+      st = ks__key_limit(L->err, path, name);
+      break;
+    }
+    ks_entry e;
+    if (ks_statedict_get(s->sd, ip, &e) == KS_OK && e.kind == KS_VAL_INT && e.i >= 0) n = e.i;
+    st = ks_metric_load_state_dict(in, s->sd, prefix, (int)sv, 0, NULL, NULL, L->err);
+    if (!st) st = ks_metric_restore_computed(in, NULL, n, L->err);
+  }
   if (st) {
     ks__err_set_file(L->err, L->idx->files[f]);
     ks_metric_free(*out);
@@ -348,23 +425,16 @@ KS_NODISCARD static ks_status saved_metric(loader *L, int f, const char *path, k
   return st;
 }
 
-/* Merges the saved ranks [lo, hi) of one metric, last first, so cat rows stay in rank order. */
+/* Folds the saved ranks [lo, hi) of one metric (ks_metric_fold: last first, so cat rows stay in rank order). */
 KS_NODISCARD static ks_status merged_metric(loader *L, const char *path, const ks__jv *def, int lo, int hi,
                                             ks_metric **out) {
-  ks_metric *acc = NULL;
-  ks_status st = KS_OK;
   if (lo == hi) return metric_of(L, path, def, out);
-  for (int f = hi - 1; !st && f >= lo; f--) {
-    ks_metric *x = NULL;
-    st = saved_metric(L, f, path, &x);
-    if (!st && acc) {
-      st = ks_metric_merge(acc, x, L->err);
-      ks_metric_free(x);
-    } else if (!st)
-      acc = x;
-  }
-  if (st) ks_metric_free(acc);
-  else *out = acc;
+  ks_metric **parts = ks__calloc(L->a, (size_t)(hi - lo), sizeof *parts);
+  ks_status st = parts ? KS_OK : ks__err(L->err, KS_E_NOMEM, "out of memory");
+  for (int f = lo; !st && f < hi; f++) st = saved_metric(L, f, path, &parts[f - lo]);
+  if (!st) st = ks_metric_fold((const ks_metric *const *)parts, (size_t)(hi - lo), L->a, out, L->err);
+  for (int f = lo; parts && f < hi; f++) ks_metric_free(parts[f - lo]);
+  ks__free(L->a, parts);
   return st;
 }
 
@@ -385,12 +455,26 @@ static ks__jv *metric_def(const ks_allocator *a, const ks_metric *m) {
   return def;
 }
 
-KS_NODISCARD static ks_status put_metric(loader *L, const char *path, const ks_metric *m, ks__jv *defs) {
+/* One part of a folded metric: its states and `_computed` (null: the fold has none) under `path`. */
+KS_NODISCARD static ks_status put_part(loader *L, const char *path, const ks_metric *m) {
   char prefix[KS__KEY_MAX + 1];
   if (ks__key(prefix, path, "/state_dict/")) return ks__key_limit(L->err, path, "/state_dict/");
   ks_status st = ks_metric_to_state_dict(m, L->out, prefix, L->err);
   if (!st && ks__key(prefix, path, "/_computed")) st = ks__key_limit(L->err, path, "/_computed");
   if (!st) st = ks_statedict_set_null(L->out, prefix, L->err);
+  return st;
+}
+
+KS_NODISCARD static ks_status put_metric(loader *L, const char *path, const ks_metric *m, ks__jv *defs) {
+  ks_status st = put_part(L, path, m);
+  for (size_t i = 0; !st && i < ks_metric_inner_count(m); i++) { /* a wrapper's: as a binding saves them */
+    const char *name = NULL;
+    const ks_metric *in = ks_metric_inner_at(m, i, &name);
+    char ip[KS__KEY_MAX + 1];
+    if (ks__keyf(ip, path, "/inner/%s", name)) return ks__key_limit(L->err, path, name);
+    st = put_part(L, ip, in);
+    if (!st) st = ks__put_int(L->out, ip, "/update_count", ks_metric_update_count(in), L->err);
+  }
   if (st) return st;
   ks__shard_put(L->a, defs, path, metric_def(L->a, m), &st);
   return st ? ks__err(L->err, KS_E_NOMEM, "out of memory") : KS_OK;
@@ -408,10 +492,14 @@ KS_NODISCARD static ks_status load_per_rank_merged(loader *L, ks__jv *defs) {
   assigned(L, &lo, &hi, &first);
   src_file *s;
   ks_status st = copy_entries(L, first, pick_per_rank_plain);
+  if (!st) st = copy_entries(L, first, pick_metric_attrs);
   if (!st) st = open_file(L, first, &s);
   for (size_t i = 0; !st && i < s->metrics->len; i++) {
       const char *path = s->metrics->keys[i];
       const ks__jv *def = s->metrics->items[i];
+      /* No saved rank for this one: a program's own metric is left out (the engine reports it missing and the
+         binding resets it to its defaults, which a description does not hold); a catalogue one is its defaults. */
+      if (lo == hi && L->metric && L->metric(L->metric_ctx, path)) continue;
       ks_metric *m = NULL;
       st = merged_metric(L, path, def, lo, hi, &m);
       if (!st) st = put_metric(L, path, m, defs);
@@ -450,7 +538,7 @@ KS_NODISCARD static ks_status out_meta(loader *L, const char *metrics, ks_meta *
    the files this load reads have the recorded sizes, which bound their chunks, so each region
    allocated is bounded by the files' real sizes. Also with no_verify; only the files read, so a
    rank of a large job that loads its own chunk stats a few files, not all of them. */
-KS_NODISCARD static ks_status check_reads(loader *L, const ks_shard_map *want) {
+KS_NODISCARD static ks_status check_reads(loader *L, const ks_shard_map *want, int verify) {
   unsigned char *read = ks__calloc(L->a, (size_t)L->n, 1);
   if (!read) return ks__err(L->err, KS_E_NOMEM, "out of memory");
   int lo, hi, first;
@@ -459,13 +547,15 @@ KS_NODISCARD static ks_status check_reads(loader *L, const ks_shard_map *want) {
   read[L->m == L->n ? L->rank : first] = 1;
   for (int f = lo; L->m != L->n && f < hi; f++) read[f] = 1;
   ks_status st = KS_OK;
-  for (size_t i = 0; !st && i < L->idx->n_sharded; i++) {
+  for (size_t i = 0; !st && !L->local && i < L->idx->n_sharded; i++) {
     const ks__sharded *s = &L->idx->sharded[i];
     box reg;
     st = region_of(L, s, want, &reg);
     for (size_t k = 0; !st && k < s->n_chunks; k++)
       read[s->chunks[k].file] |= (unsigned char)overlaps(s, &s->chunks[k], &reg);
   }
+  for (int f = 0; !st && verify && f < L->n; f++)
+    if (read[f]) st = ks_shard_verify_file(L->dir, L->idx, f, L->io, L->err);
   if (!st) st = ks__shard_check_sizes(L->dir, L->idx, L->io, read, L->err);
   ks__free(L->a, read);
   return st;
@@ -490,7 +580,10 @@ KS_NODISCARD static ks_status run(loader *L, const ks_shard_map *want, ks_meta *
   if (!st && L->m == L->n) {
     st = copy_entries(L, L->rank, pick_per_rank);
     const char *mj = st ? NULL : ks_meta_get(L->files[L->rank].meta, KS__METRICS_META);
-    if (mj && !(metrics = ks__strdup(L->a, mj))) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
+    if (!st && L->dcp02) /* the records of its renamed metrics */
+      st = (metrics = ks__jv_dump(L->a, L->files[L->rank].metrics, true)) ? KS_OK
+                                                                         : ks__err(L->err, KS_E_NOMEM, "out of memory");
+    else if (mj && !(metrics = ks__strdup(L->a, mj))) st = ks__err(L->err, KS_E_NOMEM, "out of memory");
   } else if (!st) {
     ks__jv *defs = ks__jv_object(L->a);
     st = defs ? load_per_rank_merged(L, defs) : ks__err(L->err, KS_E_NOMEM, "out of memory");
@@ -502,36 +595,93 @@ KS_NODISCARD static ks_status run(loader *L, const ks_shard_map *want, ks_meta *
   return st;
 }
 
+/* The load of either entry point; frees what L holds. `verify`: the files read, before anything is allocated. */
+KS_NODISCARD static ks_status load(loader *L, const ks_shard_map *want, int verify, ks_statedict **sd, ks_meta **meta) {
+  ks_status st = KS_OK;
+  ks_error *err = L->err;
+  if (!(L->files = ks__calloc(L->a, (size_t)L->n, sizeof *L->files))) st = ks__err(err, KS_E_NOMEM, "out of memory");
+  for (int f = 0; L->files && f < L->n; f++) L->files[f].fd = -1;
+  if (!st && ks_statedict_create(L->a, &L->out, err)) st = ks__err(err, KS_E_NOMEM, "out of memory");
+  ks_meta *m = NULL;
+  if (!st) st = check_reads(L, want, verify);
+  src_file *first;
+  if (!st && L->local) st = open_file(L, 0, &first); /* rank 0's planner data, before any other file is renamed */
+  if (!st) st = run(L, want, &m);
+  for (int f = 0; L->files && f < L->n; f++) {
+    ks_statedict_free(L->files[f].sd);
+    ks_statedict_free(L->files[f].raw);
+    ks_reader_free(L->files[f].r);
+    ks__jv_free(L->a, L->files[f].metrics);
+    ks__jv_free(L->a, L->files[f].dcp);
+    if (L->files[f].fd >= 0) L->io->close_fn(L->io->ctx, L->files[f].fd);
+    ks__free(L->a, L->files[f].path);
+  }
+  ks__free(L->a, L->files);
+  ks__planner_free(L->a, &L->planner);
+  if (st) {
+    ks_statedict_free(L->out);
+    return st;
+  }
+  *sd = L->out;
+  *meta = m;
+  return KS_OK;
+}
+
 ks_status ks_shard_load_rank(const char *dir, const ks_shard_index *idx, int rank, int world_size,
                              const ks_shard_map *want, const ks_shard_load_opts *opts, ks_statedict **sd,
                              ks_meta **meta, ks_error *err) {
   if (!dir || !idx || !sd || !meta || world_size < 1 || rank < 0 || rank >= world_size)
     return ks__err(err, KS_E_INVALID, "ks_shard_load_rank: bad argument (rank %d of %d)", rank, world_size);
-  loader L = {dir, idx, rank, world_size, idx->world_size, ks__alloc_or_default(opts ? opts->alloc : NULL),
-              ks__io_v2(opts ? opts->io : NULL), NULL, NULL, err};
+  loader L = {.dir = dir, .idx = idx, .rank = rank, .m = world_size, .n = idx->world_size,
+              .a = ks__alloc_or_default(opts ? opts->alloc : NULL), .io = ks__io_v2(opts ? opts->io : NULL),
+              .err = err};
+  L.globs = (const char *const *)idx->per_rank;
+  L.n_globs = idx->n_per_rank;
   ks_status st = KS_OK;
   for (int f = 0; !st && !(opts && opts->no_verify) && f < idx->world_size; f++)
     st = ks_shard_verify_file(dir, idx, f, L.io, err);
-  if (!st && !(L.files = ks__calloc(L.a, (size_t)L.n, sizeof *L.files))) st = ks__err(err, KS_E_NOMEM, "out of memory");
-  for (int f = 0; L.files && f < L.n; f++) L.files[f].fd = -1;
-  if (!st && ks_statedict_create(L.a, &L.out, err)) st = ks__err(err, KS_E_NOMEM, "out of memory");
-  ks_meta *m = NULL;
-  if (!st) st = check_reads(&L, want);
-  if (!st) st = run(&L, want, &m);
-  for (int f = 0; L.files && f < L.n; f++) {
-    ks_statedict_free(L.files[f].sd);
-    ks_reader_free(L.files[f].r);
-    ks__jv_free(L.a, L.files[f].metrics);
-    ks__jv_free(L.a, L.files[f].dcp);
-    if (L.files[f].fd >= 0) L.io->close_fn(L.io->ctx, L.files[f].fd);
-    ks__free(L.a, L.files[f].path);
-  }
-  ks__free(L.a, L.files);
-  if (st) {
-    ks_statedict_free(L.out);
-    return st;
-  }
-  *sd = L.out;
-  *meta = m;
-  return KS_OK;
+  return st ? st : load(&L, want, 0, sd, meta);
+}
+
+/* Whether rank 0's file records a DCP save (KS_SHARD_DCP_RECORD); its header only. */
+KS_NODISCARD static ks_status records_dcp(const char *dir, const ks_shard_index *idx, const ks_allocator *a,
+                                          const ks_io *io, int *yes, ks_error *err) {
+  char *path = ks__shard_join(a, dir, idx->files[0]);
+  if (!path) return ks__err(err, KS_E_NOMEM, "out of memory");
+  ks_read_opts ro = {.alloc = a, .mode = KS_READ_LAZY, .io = io};
+  ks_reader *r = NULL;
+  ks_status st = ks_reader_open(path, &ro, &r, err);
+  if (!st) *yes = ks_meta_get(ks_reader_meta(r), KS_SHARD_DCP_RECORD) != NULL;
+  ks_reader_free(r);
+  ks__free(a, path);
+  return st;
+}
+
+ks_status ks_shard_local_layout(const char *dir, const ks_shard_index *idx, const ks_io *io, ks_shard_local_kind *out,
+                                ks_error *err) {
+  if (!dir || !idx || !out) return ks__err(err, KS_E_INVALID, "ks_shard_local_layout: NULL argument");
+  int dcp = 0;
+  ks_status st = idx->n_per_rank ? KS_OK : records_dcp(dir, idx, &idx->alloc, io, &dcp, err);
+  if (!st) *out = dcp ? KS_SHARD_LOCAL_DCP02 : KS_SHARD_LOCAL_NAMED;
+  return st;
+}
+
+ks_status ks_shard_load_local(const char *dir, const ks_shard_index *idx, int rank, int world_size,
+                              const ks_shard_local_opts *opts, ks_statedict **sd, ks_meta **meta, ks_error *err) {
+  if (!dir || !idx || !sd || !meta || world_size < 1 || rank < 0 || rank >= world_size)
+    return ks__err(err, KS_E_INVALID, "ks_shard_load_local: bad argument (rank %d of %d)", rank, world_size);
+  loader L = {.dir = dir, .idx = idx, .rank = rank, .m = world_size, .n = idx->world_size,
+              .a = ks__alloc_or_default(opts ? opts->alloc : NULL), .io = ks__io_v2(opts ? opts->io : NULL),
+              .err = err};
+  L.local = 1;
+  L.metric = opts ? opts->metric : NULL;
+  L.metric_ctx = opts ? opts->metric_ctx : NULL;
+  ks_shard_local_kind kind = KS_SHARD_LOCAL_NAMED;
+  ks_status st = ks_shard_local_layout(dir, idx, opts ? opts->io : NULL, &kind, err);
+  if (st) return st;
+  L.dcp02 = kind == KS_SHARD_LOCAL_DCP02;
+  L.globs = (const char *const *)idx->per_rank;
+  L.n_globs = idx->n_per_rank;
+  if (L.dcp02) L.globs = ks_shard_default_per_rank(&L.n_globs);
+  return load(&L, NULL, opts && opts->verify, sd, meta);
 }

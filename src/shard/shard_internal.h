@@ -18,7 +18,7 @@
 #define KS__DCP_VERSION "DCP_VERSION"
 #define KS__METRICS_META "keepsake.metrics"
 /* Name prefix of a DCP non-tensor value: a 1-d U8 tensor of typed JSON (FORMAT.md 9.1). */
-#define KS__DCP_OBJECT "keepsake.dcp.object/"
+#define KS__DCP_OBJECT KS_SHARD_DCP_OBJECT
 
 /* Counters of the timestamp, or has = 0. */
 typedef struct ks__shard_ts {
@@ -129,5 +129,39 @@ KS_NODISCARD ks_status ks__shard_parse_meta(const ks_allocator *a, const char *t
    the first repeated key in *second and of its first occurrence in *first; KS_E_NOMEM. */
 KS_NODISCARD ks_status ks__dcp_dict_keys_distinct(const ks_allocator *a, const ks_dcp_value *items, size_t n,
                                                   size_t *first, size_t *second);
+
+/* Rank 0's planner data (its keepsake.dcp record, FORMAT.md 9.1): the typed JSON text, and each key of the
+   flattening map it holds with its path (a tuple of str and int), sorted for look-ups. */
+typedef struct ks__planner_key {
+  const char *key;
+  const ks_dcp_value *path;
+} ks__planner_key;
+typedef struct ks__planner {
+  int recorded;     /* the file has the record */
+  char *text;       /* its planner data (NULL: null, or no record) */
+  ks_dcp_doc *doc;  /* text decoded */
+  ks__planner_key *keys;
+  size_t n;
+} ks__planner;
+
+/* Reads the keepsake.dcp record of `meta` (none: all zero); KS_E_FORMAT naming `path`, KS_E_NOMEM. */
+KS_NODISCARD ks_status ks__planner_read(const ks_allocator *a, const ks_meta *meta, const char *path, ks__planner *out,
+                                        ks_error *err);
+void ks__planner_free(const ks_allocator *a, ks__planner *p);
+/* The path planner data gives `fqn`, or NULL. */
+const ks_dcp_value *ks__planner_path(const ks__planner *p, const char *fqn);
+/* Whether entry `name` of a rank file is a DCP item: a non-tensor value, or a key the planner data names. */
+int ks__shard_dcp_item(const ks__planner *p, const char *name);
+
+/* Whether `name` is one of saved rank `rank`'s items in keepsake 0.2's per-rank layout (dcp02.c): `rank<r>/...`
+   or KS_SHARD_DCP_OBJECT + `rank<r>/...`. */
+int ks__shard_dcp02_item(const char *name, int rank);
+/* Adds those items of `file` (saved rank `rank`'s entries) to `out` under the per-rank names, and the
+   update count of each metric to `records` (path -> {"update_count", "schema_version"}). planner data names the
+   keys of data positions; `metric` the program's metrics, whose inner metrics name a metric's parts above 0 (a
+   part no program metric names is left out). KS_E_FORMAT naming `path` and the item; KS_E_LIMIT; KS_E_NOMEM. */
+KS_NODISCARD ks_status ks__shard_dcp02_convert(const ks_allocator *a, const ks_statedict *file, int rank,
+                                               const ks__planner *pd, ks_shard_metric_fn metric, void *metric_ctx,
+                                               const char *path, ks_statedict *out, ks__jv *records, ks_error *err);
 
 #endif

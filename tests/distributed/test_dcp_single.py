@@ -624,3 +624,42 @@ def test_many_per_rank_globs_and_long_names_load_fast(tmp_path):
     assert torch.equal(out["state/model/w"], torch.arange(14, dtype=torch.float32).reshape(7, 2))
     assert out[long_name[0]] == 0
     assert cpu < 1.0, f"read_metadata and dcp.load took {cpu:.2f} s of CPU"
+
+
+@pytest.mark.parametrize("key", [OBJECT_PREFIX + "x", native.shard_names()["local"] + "0"])
+def test_reserved_keys_are_refused(tmp_path, key):
+    """The names keepsake keeps for itself (a non-tensor value's entry, the item that carries a rank's
+    own entries) are refused as DCP keys, whatever the value, and nothing is committed."""
+    path = str(tmp_path / "ckpt")
+    for value in (torch.zeros(3), 5):
+        with pytest.raises(CheckpointException) as e:
+            dcp.save({key: value, "w": torch.ones(2)}, storage_writer=KeepsakeWriter(path), no_dist=True)
+        [err] = failures(e.value)
+        assert isinstance(err, keepsake.InvalidError), err
+        assert not os.path.exists(os.path.join(path, INDEX_NAME))
+
+
+def test_restore_local_verifies_the_rank_files_it_reads(tmp_path):
+    """restore_local reads each rank's own items from its file (not through DCP's checksummed reads):
+    the files it reads are verified first, so a flipped byte in a generator's state is a
+    ChecksumError, never a silently restored generator."""
+    import torch.distributed as dist
+    torchmetrics = pytest.importorskip("torchmetrics")
+    from keepsake.distributed import local_items, restore_local
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        path = str(tmp_path / "ckpt")
+        mean = torchmetrics.MeanMetric()
+        mean.update(torch.tensor([2.0, 4.0]))
+        mine = dict(metrics={"mean": mean}, dataset_state={"loader": {"pos": 7}}, rng=True)
+        dcp.save({"w": torch.ones(3), **local_items(**mine)}, storage_writer=KeepsakeWriter(path))
+        back = torchmetrics.MeanMetric()
+        data = {"pos": -1}
+        restore_local({}, metrics={"mean": back}, dataset_state={"loader": data}, rng=True, checkpoint=path)
+        assert data == {"pos": 7} and float(back.compute()) == 3.0
+        p = os.path.join(path, RANK0)
+        corrupt(p, data_offset(p, "rng/0/torch") + 100, "flip")
+        with pytest.raises(keepsake.ChecksumError):
+            restore_local({}, metrics={"mean": back}, dataset_state={"loader": data}, rng=True, checkpoint=path)
+    finally:
+        dist.destroy_process_group()

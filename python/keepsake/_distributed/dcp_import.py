@@ -40,11 +40,12 @@ def convert_dcp(src: PathLike, dst: PathLike, ignore: Iterable[str] = (), salvag
 
     Every tensor is assembled whole from its chunks, which must cover it exactly once. Non-tensor values
     that are plain data (None, bool, int, float, str, bytes and lists, tuples and dicts of them) become
-    keepsake scalars; other objects are left out and listed in the output's ``keepsake.dcp_import``
-    metadata. Entries of both kinds of DCP checkpoint are named alike, as a ``torch.save`` of the same
-    state dict is: ``{"model": {"w": t}}`` gives ``model/w`` (DCP's key ``model.w`` has that path in
-    planner_data). Nothing pickled is executed: a ``.metadata`` naming any global besides DCP's own
-    classes, ``torch.Size``, dtypes and layouts is refused (UnsafeError).
+    keepsake scalars; other objects are left out and listed in the output's import record (the metadata
+    key ``KS_META_DCP_IMPORT`` of include/keepsake/layout.h). Entries of both kinds of DCP checkpoint
+    are named alike, as a ``torch.save`` of the same state dict is: ``{"model": {"w": t}}`` gives
+    ``model/w`` (DCP's key ``model.w`` has that path in planner_data). Nothing pickled is executed:
+    a ``.metadata`` naming any global besides DCP's own classes, ``torch.Size``, dtypes and layouts
+    is refused (UnsafeError).
 
     Args:
         src: the directory (a path, or a storage location as ``keepsake convert`` takes).

@@ -1,28 +1,22 @@
 """Each rank's own items in a torch.distributed checkpoint: its local metric states, data positions
-and random generators, saved under ``rank<r>/`` by plain ``dcp.save`` and restored after a plain
-``dcp.load`` at any world size (re-exported by :mod:`keepsake.distributed`).
+and random generators, saved by a plain ``dcp.save`` and restored after a plain ``dcp.load`` at any
+world size (re-exported by :mod:`keepsake.distributed`).
 
-The layout is the distributed checkpoint manager's (keepsake._distributed.manager, which uses these
-functions): ``rank<r>/metrics/<name>/<i>`` and ``rank<r>/eval_metrics/<label>/<name>/<i>`` (part i
-of a metric: 0 is the metric, then a wrapper's inner metrics; each one rank's local states and
-update count as keepsake bytes), ``rank<r>/dataset_state/<name>`` and ``rank<r>/rng/...``. Only
-rank r saves its ``rank<r>/`` items, so they lie in its own rank file.
-
-Which saved ranks a rank takes when it loads at another world size is the C library's rule
-(``ks_shard_assigned``, asked through ``_keepsake.shard_assigned``): saved rank s goes to rank
-floor(s*M/N). A rank's metric states become the fold of the saved ranks it takes
-(``ks_metric_fold``, through :func:`keepsake._distributed.sync.restore_local`; the metric's defaults when it
-takes none); its generators and data positions are those of the first of them (saved rank
-``rank mod N`` when none).
+Nothing here decides a layout or a load rule; it describes the program's objects and installs what
+the C library staged. The items go into each rank's own file under the names every keepsake writer
+gives them (the generators, data positions and train and eval metric states of a C program's
+state: docs/FORMAT.md section 9.2), so an MPI program's loader reads them too. Which saved ranks a rank takes
+at another world size, and the fold of their metrics, are the C library's (``ks_shard_load_local``:
+``ks_shard_assigned``, ``ks_metric_fold``), as ``ks_dist_load`` applies them; it also reads the
+layout keepsake 0.2 wrote.
 """
 from __future__ import annotations
 
-import copy
-from typing import Any, Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Tuple
 
-from .._core import errors as _errors, native as _n
+from .._core import errors as _errors, native as _n, tensors as _tensors
 from .._core.paths import PathLike, fspath
-from .._state import checkpoint as _state, metrics as _metrics, rng as _rng
+from .._state import checkpoint as _state, load as _load, metrics as _metrics
 
 __all__ = ["local_items", "restore_local"]
 
@@ -35,69 +29,56 @@ def _rank_world(group: Any) -> Tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _assignment(checkpoint: PathLike, rank: int, world: int) -> Tuple[int, int, int, int]:
-    """(lo, hi, first, saved world size): this rank takes saved ranks [lo, hi); its generators and
-    data positions come from saved rank `first` (the C library's ks_shard_assigned)."""
-    saved = int(_n.shard_index(fspath(checkpoint), check=False)["world_size"])
-    lo, hi, first = _n.shard_assigned(saved, world, rank)
-    return int(lo), int(hi), int(first), saved
+class LocalItems:
+    """A rank's per-rank entries for the writer: the flattened entries (tensors copied, so the save
+    holds this moment's values whatever the program does next), their metadata records and the
+    metric description ``keepsake.metrics`` is made from. A plain object: DCP's planner carries it
+    as one item, which :class:`keepsake.distributed.KeepsakeWriter` stores as these entries."""
+
+    def __init__(self, entries: List[tuple], metadata: Dict[str, str], metrics: Optional[str], keep: Any) -> None:
+        self.entries, self.metadata, self.metrics, self._keep = entries, metadata, metrics, keep
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "LocalItems":
+        return self  # already a copy (DCP's async staging copies its state dict)
 
 
-def _metric_parts(metrics: Any, eval_metrics: Any) -> Iterator[Tuple[str, Any]]:
-    """(key below rank<r>/, metric part): every metric, and every inner metric of a wrapper."""
-    groups = [("metrics/", metrics)]
-    groups += [(f"eval_metrics/{label}/", ms) for label, ms in _state._eval_groups(eval_metrics)]
-    for root, ms in groups:
-        for name, m in _metrics.named_metrics(ms):
-            parts = [m] + [sub for _sub_name, sub in _metrics.inner_metrics(m)]
-            for i, part in enumerate(parts):
-                yield f"{root}{name}/{i}", part
+class _Snapshot:
+    """Entries of tensor copies (the Flattener's `staging` protocol: ``entry``)."""
+
+    @staticmethod
+    def entry(name: str, t: Any, keep: list) -> tuple:
+        return _tensors.torch_entry(name, t.detach().clone(), keep)
 
 
-def _own_values(dataset_state: Any, rng: bool) -> Dict[str, Any]:
-    """This rank's generators and data positions, by key below rank<r>/ (current values)."""
-    import torch
-    out: Dict[str, Any] = {}
-    if rng:
-        for k, v in _rng.state_entries().items():
-            if type(v).__module__ == "numpy":
-                v = torch.from_numpy(v.copy())
-            out["rng/" + k[len(_rng.PREFIX):]] = v
-    for name, d in _state._named(dataset_state, "dataset states"):
-        # a copy: dcp.load fills the value it is given in place, and restore_local installs it into d
-        out[f"dataset_state/{name}"] = copy.deepcopy(_state._state_of(d))
-    return out
+def state_items(*, copy: bool = True, metadata: Optional[Dict[str, str]] = None, **components: Any) -> LocalItems:
+    """A rank's state as the writer takes it: the components flattened as a keepsake file names them
+    (``checkpoint_entries``), tensors copied when `copy`."""
+    fl, descs = _state.checkpoint_entries(staging=_Snapshot() if copy else None, **components)
+    meta = fl.record(dict(metadata or {}))
+    return LocalItems(fl.entries, meta, _metrics.metrics_meta(descs), fl)
 
 
 def local_items(*, metrics: Any = None, eval_metrics: Any = None, dataset_state: Any = None, rng: bool = False,
                 checkpoint: Optional[PathLike] = None, group: Any = None) -> Dict[str, Any]:
     """This rank's own items, to merge into the state dict given to ``dcp.save`` or ``dcp.load``.
 
-    Saving (``checkpoint=None``): this rank's items under ``rank<r>/`` (r: its rank in `group`,
-    default the whole job): each metric's local states and update count (``metrics``: a Metric, a
-    MetricCollection or a dict name -> metric, as ``train_metrics``; ``eval_metrics``: a dict
-    label -> metrics, or metrics for the label ``"eval"``), each ``dataset_state`` (dict name ->
-    object with ``state_dict()``, or a dict) and, with ``rng=True``, the torch, Python and numpy
-    generators.
+    Saving (``checkpoint=None``): one item that hands :class:`keepsake.distributed.KeepsakeWriter`
+    this rank's items, which it stores in this rank's file: each metric's local states, update count
+    and ``_computed`` (``metrics``: a Metric, a MetricCollection or a dict name -> metric, as
+    ``train_metrics``; ``eval_metrics``: a dict label -> metrics, or metrics for the label
+    ``"eval"``), each ``dataset_state`` (dict name -> object with ``state_dict()``, or a dict) and, with
+    ``rng=True``, the torch, Python and numpy generators (r: its rank in `group`, default the whole
+    job). Their values are copied now.
 
-    Loading (``checkpoint``: the directory about to be loaded, at any world size): placeholders
-    for the items of the saved ranks this rank takes (``ks_shard_assigned``). Give the same
-    components as the save did; after ``dcp.load``, :func:`restore_local` installs them.
-    Not collective (every rank reads the checkpoint's index on its own)."""
-    rank, world = _rank_world(group)
-    from . import sync as _sync
-    if checkpoint is None:
-        mine = f"rank{rank}/"
-        sd = {mine + k: _sync._encode(part) for k, part in _metric_parts(metrics, eval_metrics)}
-        sd.update({mine + k: v for k, v in _own_values(dataset_state, rng).items()})
-        return sd
-    lo, hi, first, _saved = _assignment(checkpoint, rank, world)
-    sd = {}
-    for k, _part in _metric_parts(metrics, eval_metrics):
-        for s in range(lo, hi):
-            sd[f"rank{s}/{k}"] = b""  # a bytes item: dcp.load replaces it with the saved bytes
-    sd.update({f"rank{first}/{k}": v for k, v in _own_values(dataset_state, rng).items()})
-    return sd
+    Loading (``checkpoint``: the directory about to be loaded): nothing (an empty dict): the items
+    are read by :func:`restore_local`, not by ``dcp.load``; kept so that a program merging
+    ``local_items(checkpoint=...)`` into its state dict works unchanged. Not collective."""
+    rank, _world = _rank_world(group)
+    if checkpoint is not None:
+        return {}
+    items = state_items(train_metrics=metrics, eval_metrics=eval_metrics, dataset_state=dataset_state, rng=rng,
+                        identity=False)
+    return {_n.shard_names()["local"] + str(rank): items}
 
 
 def install_state(obj: Any, value: Any, what: str) -> None:
@@ -112,28 +93,72 @@ def install_state(obj: Any, value: Any, what: str) -> None:
         raise TypeError(f"{what}: a {type(obj).__name__} has no load_state_dict() and is not a dict")
 
 
+def descriptions(metrics: Any, eval_metrics: Any) -> Tuple[list, list]:
+    """The metrics as the C library's loader takes them (``train``, ``evals``: their descriptions)."""
+    train, evals, _pairs = _load.metric_groups(metrics, _state._eval_groups(eval_metrics))
+    return train, evals
+
+
+def staged(checkpoint: PathLike, rank: int, world: int, metrics: Any, eval_metrics: Any,
+           verify: bool = False) -> Tuple[List[tuple], Dict[str, str]]:
+    """Rank `rank` of `world`'s keepsake entries of a sharded directory, staged by the C library
+    (ks_shard_load_local): replicated entries and this rank's per-rank entries, without DCP's items."""
+    train, evals = descriptions(metrics, eval_metrics)
+    return _n.shard_load_local(fspath(checkpoint), rank, world, train, evals, verify)
+
+
 def restore_local(state_dict: Mapping[str, Any], *, metrics: Any = None, eval_metrics: Any = None,
                   dataset_state: Any = None, rng: bool = False, checkpoint: PathLike, group: Any = None) -> None:
-    """After ``dcp.load`` of a state dict holding :func:`local_items` (``checkpoint=...``), installs
-    this rank's share: each metric's local states become the fold of the saved ranks this rank
-    takes, in saved-rank order (``ks_metric_fold``; the metric's defaults when it takes none), so
-    a sync still gives what one process computes over every rank's data; the data positions and
-    generators are those of the first saved rank it takes (saved rank ``rank mod N`` when none).
-    Takes the same components and `checkpoint` as :func:`local_items`. Not collective."""
+    """After ``dcp.load`` from `checkpoint`, installs this rank's own items, which the C library reads
+    from the directory at any world size (ks_shard_load_local): each metric's local states become
+    the fold of the saved ranks this rank takes, in saved-rank order (``ks_shard_assigned``,
+    ``ks_metric_fold``; the metric's defaults when it takes none), so a sync still gives what one
+    process computes over every rank's data; the data positions and generators are those of the
+    first saved rank it takes (saved rank ``rank mod N`` when none). Takes the components of
+    :func:`local_items`; `state_dict` is not read (the items are not DCP's). Each rank file it reads
+    is verified against the index first (its tensors' checksums: ChecksumError for a damaged one). A
+    directory keepsake 0.2 wrote (its items as DCP items of each rank's) is read too. Not collective."""
+    del state_dict
+    restore(checkpoint, metrics=metrics, eval_metrics=eval_metrics, dataset_state=dataset_state, rng=rng,
+            group=group, verify=True)
+
+
+def restore(checkpoint: PathLike, *, metrics: Any, eval_metrics: Any, dataset_state: Any, rng: bool, group: Any,
+            verify: bool) -> None:
+    """:func:`restore_local`; ``verify=False`` for a directory whose files were verified already (the
+    distributed manager's autoresume takes one that ks_ckpt_manager_dir_latest verified)."""
     rank, world = _rank_world(group)
-    lo, hi, first, _saved = _assignment(checkpoint, rank, world)
-    from . import sync as _sync
-    parts: List[Tuple[str, Any]] = list(_metric_parts(metrics, eval_metrics))
-    src = f"rank{first}/"
-    need = [f"rank{s}/{k}" for k, _p in parts for s in range(lo, hi)]
-    need += [src + f"dataset_state/{name}" for name, _d in _state._named(dataset_state, "dataset states")]
-    missing = [k for k in need if k not in state_dict]
-    if missing:
-        raise _errors.error(_errors.NotFoundError, f"restore_local: the state dict lacks {missing[0]!r} (merge "
-                            "local_items(..., checkpoint=...) with the same components into it before dcp.load)")
-    if rng:
-        _rng.load({_rng.PREFIX + k[len(src + "rng/"):]: v for k, v in state_dict.items() if k.startswith(src + "rng/")})
-    for name, d in _state._named(dataset_state, "dataset states"):
-        install_state(d, state_dict[src + f"dataset_state/{name}"], f"dataset state {name!r}")
-    for k, part in parts:
-        _sync.restore_local(part, [state_dict[f"rank{s}/{k}"] for s in range(lo, hi)])
+    path = fspath(checkpoint)
+    values, meta = staged(path, rank, world, metrics, eval_metrics, verify)
+    report = _state.load_entries(path, values, meta, train_metrics=metrics, eval_metrics=eval_metrics,
+                                 dataset_state=dataset_state, rng=rng)
+    _raise_unloaded(report, _reset_unassigned(path, rank, world, metrics, eval_metrics, report))
+
+
+def _reset_unassigned(checkpoint: str, rank: int, world: int, metrics: Any, eval_metrics: Any,
+                      report: Any) -> set:
+    """A rank that takes no saved rank (ks_shard_assigned: at a larger world size) gets none of the
+    program's metrics from the C library: each starts from its defaults (``reset()``, which only the
+    program's object knows). Returns the paths reset."""
+    saved = int(_n.shard_index(checkpoint, check=False)["world_size"])
+    lo, hi, _first = _n.shard_assigned(saved, world, rank)
+    if lo != hi:
+        return set()
+    _train, _evals, pairs = _load.metric_groups(metrics, _state._eval_groups(eval_metrics))
+    missing = {r.path for r in report.missing}
+    done = set()
+    for path, m in pairs:
+        if path in missing:
+            m.reset()
+            done.add(path)
+    return done
+
+
+def _raise_unloaded(report: Any, reset: set) -> None:
+    """Anything of the program the checkpoint lacks, or that does not fit it, is an error here, not a
+    note of the report: a resumed rank must not go on with another run's generator or data position.
+    The metrics in `reset` are not errors (they start from their defaults)."""
+    bad = [r for r in report.missing if r.path not in reset] + report.mismatched
+    if bad:
+        raise _errors.error(_errors.NotFoundError if bad[0].kind == "missing" else _errors.MismatchError,
+                            f"restore_local: {bad[0].path}: {bad[0].kind} ({bad[0].reason})", key=bad[0].path)

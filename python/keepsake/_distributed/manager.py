@@ -17,17 +17,15 @@ What a directory holds (docs/PYTHON.md, "torch.distributed"):
 
 - DCP items: ``model`` and ``optim`` (``get_state_dict``: FSDP2 / DTensor shards stay sharded),
   the replicated ``extra``, ``schedulers/<name>`` and ``callbacks/<name>`` (their
-  ``state_dict()``; names as ``save_checkpoint`` gives them), and each rank's own items under
-  ``rank<r>/`` (keepsake._distributed.local): ``rank<r>/rng/...`` (that rank's torch, Python and numpy
-  generators), ``rank<r>/dataset_state/<name>``, ``rank<r>/metrics/<name>/<i>`` and
-  ``rank<r>/eval_metrics/<label>/<name>/<i>`` (that rank's local metric states, as keepsake
-  bytes). Each rank is the only one that saves its ``rank<r>/`` items, so they are in its own
-  rank file.
-- keepsake scalars, not DCP items, in every rank's entries (so every rank file's shard record
-  carries the timestamp, which the index checks): ``state/timestamp/Timestamp/<field>``; and in
-  rank 0's file ``state/train_metrics/<name>/_computed`` and
-  ``state/eval_metrics/<label>/<name>/_computed``, each metric computed over every rank
-  (``keepsake.distributed.synced``) when it is a finite scalar: what ``keep_best`` ranks by.
+  ``state_dict()``; names as ``save_checkpoint`` gives them).
+- keepsake entries, not DCP items, that each rank hands the writer (keepsake._distributed.local's
+  ``state_items``), named and placed by the C library as an MPI program's
+  (``ks_shard_dcp_write_rank``, docs/FORMAT.md section 9): the timestamp, run name and seed
+  (replicated: in rank 0's file; the timestamp also in every rank file's shard record, which the
+  index checks), and this rank's own items
+  in its own file: its generators, data positions and local train and eval metric states. In rank
+  0's file each metric's ``_computed`` is its value over every rank
+  (``keepsake.distributed.synced``) when that is a finite scalar: what ``keep_best`` ranks by.
 """
 from __future__ import annotations
 
@@ -41,7 +39,7 @@ from .._manager.base import EVAL_METRICS, TRAIN_METRICS, ManagerBase, Preempted 
 from .._state import checkpoint as _state
 from . import local as _dist_local
 
-TIMESTAMP = "state/timestamp/Timestamp/"
+TIMESTAMP = _state.TIMESTAMP
 
 
 def _dist() -> Any:
@@ -53,24 +51,26 @@ def _dist() -> Any:
 
 
 def _writer_class() -> type:
-    """KeepsakeWriter that adds keepsake entries (scalars, rank 0's computed metrics) to each rank
-    file beside DCP's items. Built lazily: keepsake.distributed imports torch."""
+    """KeepsakeWriter that hands each rank's keepsake entries (its state, named as a C program names
+    it) to the C writer beside DCP's items. Built lazily: keepsake.distributed imports torch."""
     global _Writer
     if _Writer is not None:
         return _Writer
     from . import storage as _d
 
     class ManagedWriter(_d.KeepsakeWriter):
-        """``extra_entries(rank)`` gives keepsake entries (as save_file takes them) to add to that
-        rank's file; rank 0's are its replicated entries, other ranks' only reach their shard
-        record (the timestamp)."""
+        """``local`` (a keepsake._distributed.local.LocalItems) is this rank's state: the C writer keeps
+        its per-rank entries in this rank's file and its replicated ones (the timestamp) in rank
+        0's, and records the timestamp in every file's shard record."""
 
-        def __init__(self, path: PathLike, extra_entries: Any, **kw: Any) -> None:
+        _per_rank_entries = True
+
+        def __init__(self, path: PathLike, local: Any, **kw: Any) -> None:
             super().__init__(path, **kw)
-            self.extra_entries = extra_entries
+            self.local = local
 
-        def _extra_entries(self, rank: int, keep: list) -> List[tuple]:
-            return list(self.extra_entries(rank, keep))
+        def _local_state(self, rank: int) -> Any:
+            return self.local
 
     _Writer = ManagedWriter
     return _Writer
@@ -194,12 +194,6 @@ class DistributedCheckpointManager(ManagerBase):
 
     # ---- what is saved ----
 
-    def _local(self, checkpoint: Optional[str] = None) -> Dict[str, Any]:
-        c = self.components
-        return _dist_local.local_items(metrics=c["train_metrics"], eval_metrics=c["eval_metrics"],
-                                       dataset_state=c["dataset_state"], rng=self.rng, checkpoint=checkpoint,
-                                       group=self._ctl)
-
     def _replicated(self) -> Dict[str, Any]:
         """The DCP state dict without this rank's items: model and optimizer (get_state_dict),
         extra, schedulers and callbacks."""
@@ -218,18 +212,34 @@ class DistributedCheckpointManager(ManagerBase):
                 sd[f"{kind}/{name}"] = _state._state_of(obj)
         return sd
 
-    def _keepsake_entries(self) -> Dict[str, Any]:
-        """The keepsake entries beside the DCP items: the timestamp (every rank) and, for rank 0, the
-        value of each train and eval metric over every rank (collective: every rank computes it;
-        a metric no rank updated has none)."""
+    def _local_items(self, computed: Dict[str, Any]) -> Any:
+        """This rank's keepsake entries beside the DCP items (copied now): the timestamp and the run's
+        name and seed (replicated: kept in rank 0's file, as a C program's), its generators, data
+        positions and metric states; on rank 0 each metric's ``_computed`` is ``computed``'s value
+        over every rank where it has one."""
+        c = self.components
+        shown = [(path, m, m._computed) for path, m in self._named_metrics() if self.rank == 0 and path in computed]
+        try:  # rank 0's metric objects show the value over every rank while their state is copied
+            for path, m, _own in shown:
+                m._computed = computed[path]
+            return _dist_local.state_items(timestamp=self.timestamp, train_metrics=c["train_metrics"],
+                                           eval_metrics=c["eval_metrics"], dataset_state=c["dataset_state"],
+                                           rng=self.rng, run_name=self.run_name, rank_zero_seed=self.rank_zero_seed)
+        finally:
+            for _path, m, own in shown:
+                m._computed = own
+
+    def _synced_values(self) -> Dict[str, Any]:
+        """The value of each train and eval metric over every rank, by where it is saved, when it is a
+        finite scalar (collective; a metric no rank updated has none)."""
         import torch
         from .sync import synced
-        out: Dict[str, Any] = {TIMESTAMP + k: v for k, v in _state._timestamp_dict(self.timestamp).items()}
+        out: Dict[str, Any] = {}
         for path, m in self._named_metrics():
             with synced(m, self._ctl):
                 v = m.compute() if m._update_count else None  # the sum of every rank's
             if isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point() and bool(torch.isfinite(v)):
-                out[f"{path}/_computed"] = v.detach().reshape(()).to(torch.float64).cpu().clone()
+                out[path] = v.detach().reshape(()).cpu().clone()  # its own dtype, as every rank file holds it
         return out
 
     # ---- saving ----
@@ -259,21 +269,11 @@ class DistributedCheckpointManager(ManagerBase):
             err = e
         self._agree(err, "starting the save")
         where = self._location(path)
-        values = self._keepsake_entries()  # collective (the metrics over every rank)
-        from .._core import tensors as _tensors, tree as _tree
-
-        def extra_entries(rank: int, keep: list) -> List[tuple]:
-            fl = _tree.Flattener(_tensors.torch_entry)
-            for k, v in values.items():
-                if rank == 0 or k.startswith(TIMESTAMP):
-                    fl.add(k, v)
-            keep.append(fl)
-            return fl.entries
-
+        computed = self._synced_values()  # collective (the metrics over every rank)
         sd, writer, err = None, None, None
         try:  # the components' state_dict(): a rank whose fails must not leave the others in DCP
-            writer = _writer_class()(where, extra_entries, sync_files=self.sync_files)
-            sd = {**self._replicated(), **self._local()}
+            writer = _writer_class()(where, self._local_items(computed), sync_files=self.sync_files)
+            sd = self._replicated()
         except Exception as e:  # noqa: BLE001 - agreed, then raised on every rank
             err = e
         self._agree(err, f"preparing the save of {where}")
@@ -452,7 +452,7 @@ class DistributedCheckpointManager(ManagerBase):
         sd: Dict[str, Any] = {}
         fields = self._ts()
         try:  # a rank that cannot describe what it loads must not leave the others in dcp.load
-            sd = {**self._replicated(), **self._local(path)}  # placeholders for the saved ranks this rank takes
+            sd = self._replicated()  # this rank's own items are read by restore_local, not by dcp.load
         except Exception as e:  # noqa: BLE001 - agreed, then raised on every rank
             err = e
         self._agree(err, f"preparing the load of {path}")
@@ -486,5 +486,6 @@ class DistributedCheckpointManager(ManagerBase):
         for kind in ("schedulers", "callbacks"):
             for name, obj in _state._named(c[kind], kind):
                 _dist_local.install_state(obj, sd[f"{kind}/{name}"], f"{kind[:-1]} {name!r}")
-        _dist_local.restore_local(sd, metrics=c["train_metrics"], eval_metrics=c["eval_metrics"],
-                                  dataset_state=c["dataset_state"], rng=self.rng, checkpoint=path, group=self._ctl)
+        # rank 0 chose a directory whose files ks_ckpt_manager_dir_latest verified: not hashed again
+        _dist_local.restore(path, metrics=c["train_metrics"], eval_metrics=c["eval_metrics"],
+                            dataset_state=c["dataset_state"], rng=self.rng, group=self._ctl, verify=False)

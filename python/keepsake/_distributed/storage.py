@@ -17,13 +17,20 @@ non-tensor values are stored in a typed JSON form (section 9.1), handed back to 
 bytes that ``torch.save`` made from the decoded plain value.
 
 The layout, the index, the commit and every check are the C library's (``keepsake._keepsake``'s
-``shard_*`` functions); this module maps DCP's plans onto them.
+``shard_*`` functions, include/keepsake/binding.h's ``ks_shard_dcp_*``): which items are replicated
+entries and which are chunks, how non-tensor values and per-rank entries are named, the names DCP's
+keys may not take, the record of DCP's planner data, and what a load can ask for. This module maps
+DCP's plans onto them.
+
+A rank's own items (its generators, data positions and local metric states: ``local_items``) are
+not DCP items: each rank hands them to the writer, which stores them in its own rank file under the
+names a C program gives them (``rng/0/...``, ``state/dataset_state/<name>/...``,
+``state/train_metrics/<name>/...``), so an MPI program's loader reads them too.
 """
 from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import os
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
@@ -41,19 +48,26 @@ from .._core import errors as _errors, tensors as _tensors
 from .._core import native as _native
 from .._core.paths import PathLike, fspath
 from .sync import sync, synced, unsync  # noqa: F401 - metrics across ranks (ks_metric_fold)
-from .local import local_items, restore_local  # noqa: F401 - per-rank items at any world size
+from .local import LocalItems, local_items, restore_local  # noqa: F401 - per-rank items at any world size
+
+_LOCAL = _native.shard_names()["local"]
+
+
+def _local_key(fqn: Any) -> bool:
+    return isinstance(fqn, str) and fqn.startswith(_LOCAL)
+
+
+def _carries_local(item: WriteItem) -> bool:
+    """Whether a plan item is the one by which a rank hands the writer its per-rank entries."""
+    return item.type == WriteItemType.BYTE_IO and _local_key(item.index.fqn)
 
 __all__ = ["KeepsakeWriter", "KeepsakeReader", "encode_object", "decode_object", "OBJECT_PREFIX", "INDEX_NAME",
            "sync", "unsync", "synced", "local_items", "restore_local"]
 
 INDEX_NAME = "model.safetensors.index.json"
-#: Tensor name prefix of a non-tensor value: ``OBJECT_PREFIX + fqn`` is a 1-d U8 tensor of typed JSON.
-OBJECT_PREFIX = "keepsake.dcp.object/"
-#: Rank file metadata key: ``{"version": 1, "planner_data": <typed JSON> | null}`` (rank 0's carries it).
-META_KEY = "keepsake.dcp"
-_META_VERSION = 1
-# fqn of the one extra WriteResult each rank returns: its file's size and header hash, for the index.
-_RANK_FILE_FQN = "keepsake.dcp.rank_file/"
+#: Tensor name prefix of a non-tensor value: ``OBJECT_PREFIX + fqn`` is a 1-d U8 tensor of typed JSON
+#: (the C library's name: docs/FORMAT.md 9.1).
+OBJECT_PREFIX = _native.shard_names()["object"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -89,6 +103,8 @@ class _RankPlan:
     rank: int
     world_size: int
     planner_data: Optional[str]  # typed JSON of the merged planner data, for rank 0's file only
+    per_rank: bool = False  # some rank hands the writer per-rank entries: every file records the globs
+    dcp: bool = True  # the save has DCP items: every file records DCP's record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +170,8 @@ class KeepsakeWriter(StorageWriter):
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         """On the coordinator: refuses or uncommits an existing checkpoint, then gives each rank its
-        place (rank, world size) and rank 0 the merged planner data to record.
+        place (rank, world size), whether the save has per-rank entries and DCP items (which every
+        file records), and rank 0 the merged planner data to record.
         """
         if not self.use_collectives:
             raise _errors.error(_errors.UnsupportedError, "a keepsake checkpoint is committed once for all ranks: "
@@ -164,85 +181,85 @@ class KeepsakeWriter(StorageWriter):
                 raise _errors.error(_errors.ExistsError, f"{self.path} already holds a checkpoint (and "
                                     "KeepsakeWriter(..., overwrite=False) refuses to replace it)", file=self.path)
             _native.shard_uncommit(self.path, fsync=self.sync_files)  # before any rank writes
+        carriers = [any(_carries_local(it) for it in p.items) for p in plans]
+        per_rank = self._per_rank_entries or any(carriers)
+        has_dcp = any(not _carries_local(it) for p in plans for it in p.items)
         merged: Dict[Any, Any] = {}
         for p in plans:
             if isinstance(p.planner_data, dict):
-                merged.update(p.planner_data)
+                merged.update({k: v for k, v in p.planner_data.items() if not _local_key(k)})
         try:
             planner_data = encode_object(merged).decode("ascii") if merged else None
         except _errors.KeepsakeError:
             planner_data = None  # a custom planner's data: only its flattening mappings are kept
-        return [dataclasses.replace(p, storage_data=_RankPlan(i, len(plans), planner_data if i == 0 else None))
+        return [dataclasses.replace(p, storage_data=_RankPlan(i, len(plans), planner_data if i == 0 else None,
+                                                              per_rank, has_dcp))
                 for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[WriteResult]]":
-        """Writes this rank's file: every item of its plan as one entry (chunks of sharded tensors
-        recorded for the index); the future holds the WriteResults, this rank's file size and hash last.
+        """Writes this rank's file: DCP's items of its plan, and the per-rank entries it was handed
+        (``local_items``, or a subclass's ``_local_state``), placed by the C library
+        (ks_shard_dcp_write_rank); the future holds the WriteResults, this rank's file size and hash last.
         """
         where = plan.storage_data
         if not isinstance(where, _RankPlan):
             raise _errors.error(_errors.StateError, "write_data before prepare_global_plan")
-        entries: List[tuple] = []
-        chunks: List[tuple] = []
+        items: List[tuple] = []
         keep: List[Any] = []
         results: List[WriteResult] = []
-        seen = set()
+        local = self._local_state(where.rank)
         for item in plan.items:
-            name, nbytes = self._add_item(item, planner, where.rank, entries, chunks, keep)
-            if name in seen:
-                raise _errors.error(_errors.UnsupportedError, f"{item.index.fqn}: more than one chunk of a tensor on "
-                                    "one rank (keepsake files hold at most one)", key=item.index.fqn)
-            seen.add(name)
-            results.append(WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=None))
-        for e in self._extra_entries(where.rank, keep):
-            if e[0] in seen:
-                raise _errors.error(_errors.InvalidError, f"{e[0]}: a DCP item has the name of an entry the "
-                                    "writer adds", key=e[0])
-            entries.append(e)
-        record = {"version": _META_VERSION, "planner_data": where.planner_data}
-        size, xxh3 = _native.shard_write_rank(self.path, where.rank, where.world_size, entries, chunks,
-                                              {META_KEY: json.dumps(record, sort_keys=True)}, self.sync_files)
+            if _carries_local(item):
+                carried = planner.lookup_object(item.index)
+                if not isinstance(carried, LocalItems):
+                    raise _errors.error(_errors.InvalidError, f"{item.index.fqn}: a name keepsake keeps for the "
+                                        "items local_items() returns", key=item.index.fqn)
+                if local is not None:
+                    raise _errors.error(_errors.InvalidError, "a rank's per-rank items were given twice",
+                                        key=item.index.fqn)
+                local = carried
+                results.append(WriteResult(index=item.index, size_in_bytes=0, storage_data=None))
+                continue
+            items.append(self._item(item, planner, keep))
+            results.append(WriteResult(index=item.index, size_in_bytes=items[-1][0][4], storage_data=None))
+        entries = local.entries if local is not None else []
+        size, xxh3 = _native.shard_dcp_write_rank(
+            self.path, where.rank, where.world_size, items, entries, local.metadata if local is not None else None,
+            local.metrics if local is not None else None, where.per_rank, where.dcp, where.planner_data,
+            self.sync_files)
         del keep
-        results.append(WriteResult(index=MetadataIndex(_RANK_FILE_FQN + str(where.rank)), size_in_bytes=size,
+        results.append(WriteResult(index=MetadataIndex(self.save_id, index=where.rank), size_in_bytes=size,
                                    storage_data=_RankFile(where.rank, size, xxh3)))
         fut: Future = Future()
         fut.set_result(results)
         return fut
 
-    def _extra_entries(self, rank: int, keep: list) -> List[tuple]:
-        """Entries rank `rank` adds to its file beside DCP's items (none; a subclass's, such as the
-        distributed manager's per-rank state)."""
-        return []
+    #: Whether this writer's saves hand the writer per-rank entries on every rank (the distributed
+    #: manager's); a plain save has them when some rank's state dict holds ``local_items()``.
+    _per_rank_entries = False
+
+    def _local_state(self, rank: int) -> Optional["LocalItems"]:
+        """The per-rank entries rank `rank` adds to its file beside DCP's items (none; the distributed
+        manager's subclass gives its whole state, named as a C program names it)."""
+        return None
 
     @staticmethod
-    def _add_item(item: WriteItem, planner: SavePlanner, rank: int, entries: list, chunks: list,
-                  keep: list) -> Tuple[str, int]:
-        """Adds one write item as an entry (and a chunk when rank 0 does not hold it whole): (name, bytes)."""
+    def _item(item: WriteItem, planner: SavePlanner, keep: list) -> tuple:
+        """One plan item as ks_shard_dcp_write_rank takes it: (entry, object, whole, global_shape, offsets)."""
         fqn = item.index.fqn
-        if fqn.startswith((OBJECT_PREFIX, _RANK_FILE_FQN)):
-            raise _errors.error(_errors.InvalidError, f"{fqn}: names starting with {OBJECT_PREFIX!r} are keepsake's",
-                                key=fqn)
         if item.type == WriteItemType.BYTE_IO:
             lookup = getattr(planner, "lookup_object", None)
             if lookup is None:
                 raise _errors.error(_errors.UnsupportedError, f"{fqn}: the planner has no lookup_object, so the "
                                     "value could only be stored pickled", key=fqn)
             data = torch.frombuffer(bytearray(encode_object(lookup(item.index))), dtype=torch.uint8)
-            name, t, global_shape, offsets, whole = OBJECT_PREFIX + fqn, data, tuple(data.shape), (0,), True
-        else:
-            t = planner.resolve_data(item)
-            if not isinstance(t, torch.Tensor) or item.tensor_data is None:
-                raise _errors.error(_errors.InvalidError, f"{fqn}: a tensor item resolved to a {type(t).__name__}",
-                                    key=fqn)
-            td = item.tensor_data
-            name, global_shape, offsets = fqn, tuple(td.size), tuple(td.chunk.offsets)
-            whole = item.type == WriteItemType.TENSOR
-        entries.append(_tensors.torch_entry(name, t, keep))
-        # Rank 0's whole tensors and values are the replicated entries; anything else is a chunk of
-        # the index's sharded section (a whole one when DCP's dedup gave a plain tensor to rank r > 0).
-        if not (whole and rank == 0):
-            chunks.append((name, global_shape, offsets))
-        return name, entries[-1][4]
+            return (_tensors.torch_entry(fqn, data, keep), True, True, (), ())
+        t = planner.resolve_data(item)
+        if not isinstance(t, torch.Tensor) or item.tensor_data is None:
+            raise _errors.error(_errors.InvalidError, f"{fqn}: a tensor item resolved to a {type(t).__name__}", key=fqn)
+        td = item.tensor_data
+        return (_tensors.torch_entry(fqn, t, keep), False, item.type == WriteItemType.TENSOR, tuple(td.size),
+                tuple(td.chunk.offsets))
 
     def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
         """On the coordinator: writes the index over every rank's file (size and hash), which commits
@@ -339,77 +356,39 @@ class KeepsakeReader(StorageReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """DCP's metadata for the checkpoint: the index checked against every rank file's size and
-        header (and hashed whole with ``verify_files``), its sharded tensors and rank 0's entries.
+        header (and hashed whole with ``verify_files``), and what a load can ask for (the C library's
+        ks_shard_dcp_list: the sharded tensors, and rank 0's other entries, objects and scalars).
         """
         if kwargs.get("rank") is not None:
             raise _errors.error(_errors.NotFoundError, "keepsake checkpoints have no rank-local metadata",
                                 file=self.path)
         # Sizes and headers (one or two ranged reads per remote rank file, never its tensors).
-        index = _native.shard_index(self.path, check=True)
+        listed, planner_data, files = _native.shard_dcp_list(self.path)
         if self.verify_files:
             _native.shard_verify(self.path)
-        self._files = [f for f, _size, _hash in index["files"]]
+        self._files = list(files)
         md: Dict[str, Any] = {}
         storage: Dict[MetadataIndex, _Stored] = {}
-        sharded = set()
-        for name, code, gshape, chunks in index["sharded"]:
-            sharded.add(name)
-            self._add_sharded(name, code, gshape, chunks, md, storage)
-        planner_data = self._add_rank0(sharded, index["per_rank"], md, storage)
-        return Metadata(state_dict_metadata=md, planner_data=planner_data, storage_data=storage,
+        for fqn, name, kind, code, gshape, chunks, value in listed:
+            if kind == "scalar":
+                md[fqn] = BytesStorageMetadata()
+                storage[MetadataIndex(fqn)] = _Stored(0, name, "scalar", value=value)
+                continue
+            if chunks is None:  # a whole entry of rank 0's file
+                chunks = [(0, (0,) * len(gshape), gshape)]
+            if kind == "object":
+                file, _offsets, shape = chunks[0]
+                md[fqn] = BytesStorageMetadata()
+                storage[MetadataIndex(fqn)] = _Stored(file, name, "object", code, tuple(shape))
+                continue
+            md[fqn] = TensorStorageMetadata(
+                properties=TensorProperties(dtype=_torch_dtype(code, name)), size=torch.Size(gshape),
+                chunks=[ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(sz)) for _f, o, sz in chunks])
+            for file, offsets, shape in chunks:
+                storage[MetadataIndex(fqn, offsets)] = _Stored(file, name, "tensor", code, tuple(shape))
+        pd = decode_object(planner_data.encode("utf-8"), key="planner_data") if planner_data is not None else None
+        return Metadata(state_dict_metadata=md, planner_data=pd, storage_data=storage,
                         storage_meta=StorageMeta(checkpoint_id=self.path, load_id=self.load_id))
-
-    @staticmethod
-    def _add_sharded(name: str, code: int, gshape: tuple, chunks: list, md: dict, storage: dict) -> None:
-        if name.startswith(OBJECT_PREFIX):
-            file, offsets, shape = chunks[0]
-            if len(chunks) != 1 or code != _tensors.CODES["U8"] or len(gshape) != 1 or offsets != (0,):
-                raise _errors.error(_errors.FormatError, f"{name}: an object is one whole 1-d U8 tensor", key=name)
-            fqn = name[len(OBJECT_PREFIX):]
-            md[fqn] = BytesStorageMetadata()
-            storage[MetadataIndex(fqn)] = _Stored(file, name, "object", code, tuple(shape))
-            return
-        dt = _torch_dtype(code, name)
-        md[name] = TensorStorageMetadata(
-            properties=TensorProperties(dtype=dt), size=torch.Size(gshape),
-            chunks=[ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s)) for _f, o, s in chunks])
-        for file, offsets, shape in chunks:
-            storage[MetadataIndex(name, offsets)] = _Stored(file, name, "tensor", code, tuple(shape))
-
-    def _add_rank0(self, sharded: set, per_rank: List[str], md: dict, storage: dict) -> Any:
-        """Rank 0's replicated tensors, objects and scalars; returns the planner data it records."""
-        def skipped(name: str) -> bool:
-            return name in sharded or any(_native.path_match(g, name) for g in per_rank)
-
-        reader = _native.Reader(os.path.join(self.path, self._files[0]), lazy=True)  # header only
-        for name, code, shape, _begin, _end in reader.entries():
-            if skipped(name):
-                continue
-            if name.startswith(OBJECT_PREFIX):
-                self._add_sharded(name, code, shape, [(0, (0,) * len(shape), shape)], md, storage)
-                continue
-            md[name] = TensorStorageMetadata(
-                properties=TensorProperties(dtype=_torch_dtype(code, name)), size=torch.Size(shape),
-                chunks=[ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=torch.Size(shape))])
-            storage[MetadataIndex(name, [0] * len(shape))] = _Stored(0, name, "tensor", code, tuple(shape))
-        for name, value in reader.scalars():
-            if not skipped(name):
-                md[name] = BytesStorageMetadata()
-                storage[MetadataIndex(name)] = _Stored(0, name, "scalar", value=value)
-        record = reader.metadata().get(META_KEY)
-        del reader
-        if record is None:
-            return None
-        try:
-            rec = json.loads(record)
-            pd = rec.get("planner_data") if isinstance(rec, dict) else None
-        except ValueError:
-            raise _errors.error(_errors.FormatError, f"{META_KEY} is not JSON", key=META_KEY) from None
-        if pd is None:
-            return None
-        if not isinstance(pd, str):
-            raise _errors.error(_errors.FormatError, f"{META_KEY}: planner_data is not a string", key=META_KEY)
-        return decode_object(pd.encode("utf-8"), key=META_KEY)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Keeps where each stored item is (from the metadata) for :meth:`read_data`."""

@@ -58,10 +58,12 @@ def _state_of(obj: Any) -> Any:
 def checkpoint_entries(model: Any = None, optimizers: Any = None, schedulers: Any = None, train_metrics: Any = None,
                        eval_metrics: Any = None, timestamp: Any = None, rng: bool = True, extra: Any = None,
                        dataset_state: Any = None, callbacks: Any = None, run_name: str = "",
-                       rank_zero_seed: int = 0, staging: Any = None) -> Tuple[_tree.Flattener, List[Dict[str, Any]]]:
+                       rank_zero_seed: int = 0, staging: Any = None,
+                       identity: bool = True) -> Tuple[_tree.Flattener, List[Dict[str, Any]]]:
     """Flattens the components into entries, in the C library's order. With `staging` (a
-    :class:`keepsake._state.staging.HostStaging`) device tensors' entries wait for its ``stage(entries)``,
-    which copies them into its host buffer, before they go to the library."""
+    :class:`keepsake._state.staging.HostStaging`, or any object with its ``entry``) device tensors'
+    entries wait for its ``stage(entries)``, which copies them into its host buffer, before they go
+    to the library. ``identity=False`` leaves out the run's name and seed (a rank's own items only)."""
     fl = _tree.Flattener(staging.entry if staging is not None else _tensors.torch_entry)
     if model is not None:
         sd = model.state_dict() if hasattr(model, "state_dict") else model
@@ -86,8 +88,9 @@ def checkpoint_entries(model: Any = None, optimizers: Any = None, schedulers: An
             descs.append(_metrics.add_metric(fl, _layout.key(part, name, base=label), name, m))
     if extra:
         fl.add(_layout.key(_layout.EXTRA), dict(extra))  # its keys named by the library's rule, like every dict's
-    fl.add(_layout.key(_layout.RANK_ZERO_SEED), int(rank_zero_seed))
-    fl.add(_layout.key(_layout.RUN_NAME), str(run_name))
+    if identity:
+        fl.add(_layout.key(_layout.RANK_ZERO_SEED), int(rank_zero_seed))
+        fl.add(_layout.key(_layout.RUN_NAME), str(run_name))
     if rng:
         for k, v in _rng.state_entries().items():
             fl.add(k, v)
@@ -269,11 +272,45 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
     """
     spath = fspath(path)
     targets: Dict[str, Any] = {}
-    model_desc, staged = _load.model_entries(model, targets) if model is not None else ([], [])
+    prepared = _load.model_entries(model, targets) if model is not None else ([], [])
     templates: Dict[int, Any] = {}
     source, items, meta, plan = _read(spath, verify, ignore, fspath(cache_dir) if cache_dir is not None else None,
                                       _offer(targets, optimizers, templates))
-    leaf = _own_leaf if plan is not None else _clone_leaf
+    return load_read(spath, source, items, meta, plan is not None, model=model, optimizers=optimizers,
+                     schedulers=schedulers, train_metrics=train_metrics, eval_metrics=eval_metrics, timestamp=timestamp,
+                     rng=rng, dataset_state=dataset_state, callbacks=callbacks, strict=strict,
+                     weights_only=weights_only, ignore=ignore, allow_narrowing=allow_narrowing, plan=plan,
+                     templates=templates, prepared=prepared)
+
+
+def load_entries(path: str, values: Any, meta: Dict[str, str], **components: Any) -> LoadReport:
+    """:func:`load_checkpoint` over a checkpoint's entries already in memory: `values`, (name, value)
+    pairs whose tensors are ``(dtype code, shape, bytearray)`` copies the extension made (what
+    ``_keepsake.shard_load_local`` returns for one rank of a sharded directory), and the metadata.
+    `path` names the checkpoint in the report and in errors; ``components`` are load_checkpoint's."""
+    items: Dict[str, Any] = {}
+    for k, v in values:
+        items[k] = _tensors.torch_from_copy(v) if isinstance(v, tuple) else v
+    items = _without_ignored(items, components.get("ignore", ()))
+    keep: list = []
+    entries = [_tensors.torch_entry(k, v, keep) if hasattr(v, "data_ptr") else (k, v) for k, v in items.items()]
+    return load_read(path, (entries, meta), items, meta, True, **components)
+
+
+def load_read(spath: str, source: Any, items: Dict[str, Any], meta: Dict[str, str], owned: bool, *, model: Any = None,
+              optimizers: Any = None, schedulers: Any = None, train_metrics: Any = None, eval_metrics: Any = None,
+              timestamp: Any = None, rng: bool = True, dataset_state: Any = None, callbacks: Any = None,
+              strict: bool = True, weights_only: bool = False, ignore: Sequence[str] = (),
+              allow_narrowing: bool = False, plan: Any = None, templates: Optional[Dict[int, Any]] = None,
+              prepared: Optional[Tuple[List[tuple], List[Tuple[Any, Any, str]]]] = None) -> LoadReport:
+    """The engine's load (ks_state_load_state_dict) of what :func:`_read` (or load_entries) read, and the
+    installation of what it staged into the program's objects: load_checkpoint's rules, whatever the source.
+    With an in-place `plan` (_state/inplace.py), `prepared` is the model's entries it was offered and
+    `templates` the optimizers' state_dict()s whose tensors it reads into."""
+    leaf = _own_leaf if owned else _clone_leaf
+    if prepared is None:
+        prepared = _load.model_entries(model) if model is not None else ([], [])
+    model_desc, staged = prepared
     report = LoadReport(spath)
     report.metadata = {k: v for k, v in meta.items() if not k.startswith("keepsake.")}
     kinds = _tree.load_kinds(meta)
