@@ -2,7 +2,9 @@
 
 usage: python_bench.py [--quick] [--reps N] [--slow-reps N] [--only NAME] [--dir DIR]
 Run by `make bench` when the package was built (build/python-pkg on PYTHONPATH). Prints best-of-N
-wall times and ratios (> 1.0x means keepsake is faster). Every row times both sides in the same run.
+wall times and ratios (> 1.0x means keepsake is faster), the CPU time of the process (all threads,
+getrusage) in the best repetition of each side, and the 1-minute load average after the row.
+Every row times both sides in the same run.
 
 - Tensor files: GPT-2-small shapes (148 F32 tensors, 475 MiB), 256 x 4 MiB F32 and 100,000 tiny
   tensors. `save_file` is timed twice: without fsync on both sides (keepsake's fsync=False against
@@ -11,16 +13,19 @@ wall times and ratios (> 1.0x means keepsake is faster). Every row times both si
   timed save writes a new file: the previous one is removed outside the timed region on both
   sides, so neither side times the kernel freeing the replaced file's blocks.
 - Loads are timed warm (the file in the page cache) for every reader alike: load_file plus a read
-  of every byte (mmap on both sides), and a load into memory the tensors own (keepsake's
-  backend="read" against safetensors' backend="pread").
-- Checkpoints: save_checkpoint/load_checkpoint against torch.save (+ fsync of the file)/torch.load
-  + load_state_dict, on GPT-2-small with AdamW (stepped once) and on 100,000 entries (50,000
-  tiny parameters with SGD momentum; its load, about a minute a repetition on both sides, is the
-  best of --slow-reps).
+  of every byte (mmap on both sides; keepsake's default, then with verify=True, which hashes every
+  tensor first, against safetensors, which checks nothing), and a load into memory the tensors own
+  (keepsake's backend="read" against safetensors' backend="pread").
+- Checkpoints: save_checkpoint/load_checkpoint (verify on, the default) against torch.save (+ fsync
+  of the file)/torch.load + load_state_dict, on GPT-2-small with AdamW (stepped once) and on
+  100,000 entries (50,000 tiny parameters with SGD momentum; torch's side of that load, most of a
+  minute a repetition, is the best of --slow-reps). Both sides load into the same model and
+  optimizer, whose state exists (stepped once): keepsake reads into it in place.
 """
 import argparse
 import gc
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -52,23 +57,38 @@ def gpt2_small_shapes():
     return shapes + [("ln_f.weight", (d,)), ("ln_f.bias", (d,))]
 
 
+def cpu_seconds():
+    """CPU time of the process, every thread's (the machine is shared: wall time follows the CPU left over)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def best(fn, reps, setup=None):
+    """(wall, CPU) of the repetition with the best wall time."""
     times = []
     for _ in range(reps):
         if setup:
             setup()
         gc.collect()
+        c0 = cpu_seconds()
         t0 = time.perf_counter()
         out = fn()
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0, cpu_seconds() - c0))
         del out
     return min(times)
 
 
+def load_average():
+    return os.getloadavg()[0]
+
+
 def row(what, ks, other, other_name):
-    ratio = other / ks if ks > 0 else float("inf")
-    print(f"  {what:<48} keepsake {ks * 1e3:9.1f} ms   {other_name} {other * 1e3:9.1f} ms   {ratio:6.2f}x",
-          flush=True)
+    """One side-by-side row: best wall times, their ratio (> 1: keepsake faster) and CPU times."""
+    ks_wall, ks_cpu = ks
+    other_wall, other_cpu = other
+    ratio = other_wall / ks_wall if ks_wall > 0 else float("inf")
+    print(f"  {what:<48} keepsake {ks_wall * 1e3:9.1f} ms   {other_name} {other_wall * 1e3:9.1f} ms   {ratio:6.2f}x"
+          f"   cpu {ks_cpu * 1e3:8.1f} / {other_cpu * 1e3:8.1f} ms   load {load_average():.1f}", flush=True)
     return ratio
 
 
@@ -107,7 +127,7 @@ def tensor_files(name, tensors, folder, reps):
     res = {}
     ks_fast = best(lambda: kt.save_file(tensors, ks_path, fsync=False), reps, remover(ks_path))
     if st is None:
-        print(f"  save_file keepsake {ks_fast * 1e3:.1f} ms (safetensors not installed)")
+        print(f"  save_file keepsake {ks_fast[0] * 1e3:.1f} ms (safetensors not installed)")
         return res
     res["save_file"] = row("save_file, no fsync on either side", ks_fast,
                            best(lambda: st.save_file(tensors, st_path), reps, remover(st_path)), "safetensors")
@@ -120,6 +140,9 @@ def tensor_files(name, tensors, folder, reps):
     res["load_file_sum"] = row("load_file + read every byte (sum)",
                                best(lambda: read_all(kt.load_file(ks_path)), reps),
                                best(lambda: read_all(st.load_file(st_path)), reps), "safetensors")
+    res["load_file_verify_sum"] = row("load_file(verify=True) + read every byte",
+                                      best(lambda: read_all(kt.load_file(ks_path, verify=True)), reps),
+                                      best(lambda: read_all(st.load_file(st_path)), reps), "safetensors")
     res["load_copy"] = row("load into owned memory (read / pread)",
                            best(lambda: kt.load_file(ks_path, backend="read"), reps),
                            best(lambda: st.load_file(st_path, backend="pread"), reps), "safetensors")
@@ -177,7 +200,7 @@ def checkpoints(name, shapes, optimizer, folder, reps, load_reps=None):
         torch.set_rng_state(ck["rng"])
 
     res["load"] = row("load_checkpoint vs torch.load + load_state_dict",
-                      best(lambda: kt.load_checkpoint(ks_path, model=model, optimizers=opt), load_reps or reps),
+                      best(lambda: kt.load_checkpoint(ks_path, model=model, optimizers=opt), reps),
                       best(pt_load, load_reps or reps), "torch")
     os.remove(ks_path)
     os.remove(pt_path)
@@ -195,7 +218,7 @@ def main():
     a = ap.parse_args()
     torch.manual_seed(0)
     print(f"keepsake {keepsake.__version__}, torch {torch.__version__}, python {sys.version.split()[0]}, "
-          f"best of {a.reps}, dir {a.dir}")
+          f"best of {a.reps}, dir {a.dir}, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     gpt2 = gpt2_small_shapes()
     if a.quick:
         gpt2 = [(n, tuple(max(1, d // 16) for d in s)) for n, s in gpt2]

@@ -17,7 +17,14 @@ Run by `make bench` when the package was built. Prints best-of-N times and ratio
   - staging: save(blocking=False) through a keepsake.torch.HostStaging, CPU tensors standing in
     for CUDA ones: a caller's staging (copied into, then copied out of by the library) against
     the manager's own, exclusive one (the snapshot itself: one copy);
-  - verify: load_checkpoint with verify=True (every checksum first) against verify=False.
+  - verify: load_checkpoint with verify=True (every checksum first) against verify=False;
+  - peer: the same background saves against torch-checkpointing's async CheckpointManager (Meta's
+    torch_checkpointing, pinned in scripts/requirements-bench.txt; the row is skipped when it is
+    not installed) on the same state: blocked time (keepsake: save(blocking=False) until it
+    returns; the peer: save() until its stage_future is done, before which the state may not
+    change) and time until written (from the call: keepsake's file durable, fsync'd and renamed,
+    checksummed; the peer's write_future done, its files in the page cache, not fsync'd, no
+    checksums; and the peer followed by an fsync of its files and directories).
 """
 import argparse
 import os
@@ -28,6 +35,11 @@ import tempfile
 import time
 
 import torch
+
+try:
+    import torch_checkpointing  # optional peer (scripts/requirements-bench.txt)
+except ImportError:
+    torch_checkpointing = None
 
 import keepsake
 import keepsake.torch as kt
@@ -66,6 +78,49 @@ def raw_write(path, tensors):
     fd = os.open(os.path.dirname(path), os.O_RDONLY)
     os.fsync(fd)
     os.close(fd)
+
+
+def fsync_tree(root):
+    """fsync every file under root, then every directory, bottom up (what durability costs the peer)."""
+    for d, _, files in os.walk(root, topdown=False):
+        for f in files:
+            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        fd = os.open(d, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+
+def peer_saves(model, root, reps=5):
+    """torch-checkpointing's async CheckpointManager on model's state_dict: per save, (save() returned,
+    stage_future done, write_future done, then fsync'd), each from the call; the first save (which
+    spawns the writer process and allocates the staging) is left out."""
+    from torch_checkpointing import CheckpointManager
+    from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+    # Its default O_DIRECT stream fails at close (EINVAL) on a file whose size is not a multiple of
+    # the block size (every torch.save zip): buffered writes, as its own fallback would do.
+    cfg = CheckpointManager.Config(storage_config=LocalFileSystemStorageConfig(use_direct_io=False))
+    mgr = CheckpointManager(cfg)
+    out = []
+    try:
+        for i in range(reps + 1):
+            where = os.path.join(root, f"peer{i}")
+            t0 = time.perf_counter()
+            write_future = mgr.save(where, {"model": model.state_dict()})
+            t1 = time.perf_counter()
+            mgr._staging_future.result()  # the stage_future AsyncCheckpointSaver.save returns
+            t2 = time.perf_counter()
+            write_future.result()
+            t3 = time.perf_counter()
+            fsync_tree(where)
+            t4 = time.perf_counter()
+            if i:
+                out.append((t1 - t0, t2 - t0, t3 - t0, t4 - t0))
+            shutil.rmtree(os.path.join(root, f"peer{i - 1}"), ignore_errors=True)
+    finally:
+        mgr.close()
+    return out
 
 
 def main():
@@ -197,6 +252,23 @@ def main():
               f"{saving4[1]:.2f} s)   without saves: {sum(plain4[:2]):.2f} s   "
               f"ratio {sum(saving4[:2]) / sum(plain4[:2]):.2f}x (goal <= 1.1x; steps alone {saving4[0] / plain4[0]:.2f}x)")
         print(f"  floor: the loop alone plus one background write {(sum(plain4[:2]) + bg) / sum(plain4[:2]):.2f}x")
+
+        if torch_checkpointing is None:
+            print("torch-checkpointing: not installed (scripts/requirements-bench.txt): peer row skipped")
+        else:
+            peer = peer_saves(model, root)
+            ks_whole = min(b + w for b, w in zip(blocked[1:], written[1:]))
+            p_blocked = min(p[1] for p in peer)
+            p_written = min(p[2] for p in peer)
+            p_durable = min(p[3] for p in peer)
+            print(f"background save vs torch-checkpointing {torch_checkpointing.__version__} async CheckpointManager "
+                  f"({nbytes / 2**30:.2f} GiB, CPU tensors, best of {len(peer)}):")
+            print(f"  blocked: keepsake {min(blocked[1:]):.3f} s   torch-checkpointing {p_blocked:.3f} s (save() "
+                  f"returns after {min(p[0] for p in peer):.3f} s; stage_future done)   ratio "
+                  f"{p_blocked / min(blocked[1:]):.2f}x (> 1: keepsake blocks less)")
+            print(f"  until written: keepsake {ks_whole:.3f} s (durable, checksummed)   torch-checkpointing "
+                  f"{p_written:.3f} s (write_future; page cache, no fsync, no checksum)   ratio {p_written / ks_whole:.2f}x"
+                  f"   its files then fsync'd: {p_durable:.3f} s, ratio {p_durable / ks_whole:.2f}x")
 
         path = os.path.join(root, "ck.keepsake")
         # Durable first: pages still being written back would slow whichever load runs first.

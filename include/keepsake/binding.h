@@ -500,7 +500,13 @@ KS_NODISCARD ks_status ks_shard_load_local(const char *dir, const ks_shard_index
 /* Reading into a binding's own memory.                                      */
 /* ------------------------------------------------------------------------ */
 
-/** One tensor for ks_reader_fetch_many: tensor `index` into `cap` bytes at `buf`. */
+/**
+ * One tensor for ks_reader_fetch_many: tensor `index` into `cap` bytes at `buf`. A job with `buf`
+ * NULL and `cap` 0 keeps nothing: the tensor is only checked against its checksum (a lazy reader
+ * reads it piece by piece into a scratch piece of at most 512 KiB and hashes it there), so that a
+ * binding can verify what it will later read into memory it must not change before every
+ * checksum passed.
+ */
 typedef struct ks_fetch {
   size_t index;
   void *buf;
@@ -518,6 +524,16 @@ typedef struct ks_fetch {
  */
 KS_NODISCARD ks_status ks_reader_fetch_many(const ks_reader *r, const ks_fetch *jobs, size_t n, unsigned threads,
                                             ks_error *err);
+
+/**
+ * The file's bytes a reader holds in memory: its mapping (KS_READ_MMAP) or its copy (KS_READ_COPY,
+ * ks_reader_open_buffer), `*len` bytes from `*p`, valid until ks_reader_free. For a binding that
+ * hands them out (the Python Reader's buffer, whose tensors are views of it): a copy read by
+ * KS_READ_COPY, on a few threads with each tensor hashed as it lands, needs no copy of its own.
+ * @return KS_OK; KS_E_UNSUPPORTED for a lazy reader (it holds the header only); KS_E_INVALID for a
+ *         NULL argument.
+ */
+KS_NODISCARD ks_status ks_reader_memory(const ks_reader *r, const void **p, size_t *len, ks_error *err);
 
 /* ------------------------------------------------------------------------ */
 /* A counting I/O table (tests and benchmarks).                              */

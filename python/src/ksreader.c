@@ -11,9 +11,10 @@
  *    touching a view past a new end raises SIGBUS (format.h, "What the mapped
  *    mode promises").
  *  - "read": the whole file is read into memory the reader owns (the
- *    library's POSIX table: open_fn, read_fn); nothing is mapped, so a file
- *    truncated or rewritten while it is read gives an error, never a signal,
- *    and the tensors never change afterwards.
+ *    library's KS_READ_COPY: on a few threads, each tensor hashed as its bytes
+ *    land when verify is asked); nothing is mapped, so a file truncated or
+ *    rewritten while it is read gives an error, never a signal, and the
+ *    tensors never change afterwards.
  * A remote object (s3://, http(s)://) is read through the storage layer: whole ("read", and what
  * load_file asks), or with lazy=True (safe_open) in the library's KS_READ_LAZY mode: open reads
  * the header only, and tensor(name) fetches one tensor's byte range into memory the returned
@@ -161,6 +162,28 @@ static KS_NODISCARD ks_status read_copy(ksp_Reader *self, const char *path, cons
 }
 
 /*
+ * "read" backend of a local file: the library's KS_READ_COPY (header first, then every tensor on a
+ * few threads, each hashed as its bytes land when verify is asked, into memory advised for huge
+ * pages); the Reader hands out that copy (ks_reader_memory) and keeps it until it is freed.
+ */
+static KS_NODISCARD ks_status open_copy(ksp_Reader *self, const char *path, int verify, ks_reader **r,
+                                        ks_error *err) {
+  ks_read_opts o = {.size = sizeof o, .mode = KS_READ_COPY, .verify_checksums = verify};
+  ks_status st = ks_reader_open(path, &o, r, err);
+  const void *p = NULL;
+  size_t len = 0;
+  if (!st) st = ks_reader_memory(*r, &p, &len, err);
+  if (st) {
+    ks_reader_free(*r);
+    *r = NULL;
+    return st;
+  }
+  self->base = (uint8_t *)(uintptr_t)p; /* the reader's own copy, writable: tensors may be written */
+  self->len = len;
+  return KS_OK;
+}
+
+/*
  * read_copy of a location: a path through ks_io_posix(), s3:// or http(s):// through the storage
  * layer (and its read cache with cache_dir), closed afterwards; *stats gets the cache's counts.
  */
@@ -225,6 +248,9 @@ static int reader_init(ksp_Reader *self, PyObject *args, PyObject *kw) {
     self->opening = 1;
     if (lazy && !copy) { /* the header now, each tensor when asked */
       Py_BEGIN_ALLOW_THREADS st = open_lazy(self, p, cache_dir, verify, &r, &err);
+      Py_END_ALLOW_THREADS
+    } else if (copy && !ksp_is_remote(p)) {
+      Py_BEGIN_ALLOW_THREADS st = open_copy(self, p, verify, &r, &err);
       Py_END_ALLOW_THREADS
     } else if (copy || ksp_is_remote(p)) { /* a remote object is otherwise read whole: nothing to map */
       Py_BEGIN_ALLOW_THREADS st = remote_or_local_copy(self, p, cache_dir, &stats, &err);
@@ -394,18 +420,22 @@ static PyObject *reader_tensor(ksp_Reader *self, PyObject *name) {
 }
 
 /*
- * fetch_block(names) -> (bytearray, [offset]): the named tensors read into one new buffer, each at
- * a 64-byte aligned offset, verified against the file's checksums (ks_reader_fetch_many: on a few
+ * fetch_block(names, check=()) -> (bytearray, [offset]): the named tensors read into one new buffer,
+ * each at a 64-byte aligned offset, verified against the file's checksums; the tensors named in
+ * `check` are only checked in the same pass, nothing kept of them (ks_reader_fetch_many: on a few
  * threads, for the copy, the first touch of each page and XXH3 all cost CPU), without the GIL.
  * No huge-page hint here: with the kernel's usual "defrag=madvise", a hinted region's faults may
  * stall in compaction (measured: one load in three took 2.5-4 s instead of 0.66 s).
  */
-static PyObject *reader_fetch_block(ksp_Reader *self, PyObject *names) {
-  if (check_open(self)) return NULL;
+static PyObject *reader_fetch_block(ksp_Reader *self, PyObject *args) {
+  PyObject *names, *check = NULL;
+  if (!PyArg_ParseTuple(args, "O|O:fetch_block", &names, &check) || check_open(self)) return NULL;
   PyObject *seq = PySequence_Fast(names, "fetch_block: names must be a sequence of str");
   if (!seq) return NULL;
-  size_t n = (size_t)PySequence_Fast_GET_SIZE(seq), total = 0;
-  ks_fetch *job = PyMem_Calloc(n + 1, sizeof *job);
+  PyObject *cseq = check ? PySequence_Fast(check, "fetch_block: check must be a sequence of str") : PyTuple_New(0);
+  if (!cseq) return Py_DECREF(seq), NULL;
+  size_t n = (size_t)PySequence_Fast_GET_SIZE(seq), nc = (size_t)PySequence_Fast_GET_SIZE(cseq), total = 0;
+  ks_fetch *job = PyMem_Calloc(n + nc + 1, sizeof *job);
   PyObject *offsets = job ? PyList_New((Py_ssize_t)n) : PyErr_NoMemory();
   for (size_t k = 0; offsets && k < n; k++) {
     long i = find_tensor(self, PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)k));
@@ -422,7 +452,13 @@ static PyObject *reader_fetch_block(ksp_Reader *self, PyObject *names) {
     if (!off) Py_CLEAR(offsets);
     else PyList_SET_ITEM(offsets, (Py_ssize_t)k, off);
   }
+  for (size_t k = 0; offsets && k < nc; k++) { /* checked only: no memory (ks_fetch) */
+    long i = find_tensor(self, PySequence_Fast_GET_ITEM(cseq, (Py_ssize_t)k));
+    if (i < 0) Py_CLEAR(offsets);
+    else job[n + k] = (ks_fetch){(size_t)i, NULL, 0};
+  }
   Py_DECREF(seq);
+  Py_DECREF(cseq);
   /* PyByteArray over 64 bytes more, so that the offsets can start at a 64-aligned address */
   PyObject *buf = offsets ? PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total + 64) : NULL;
   ks_status st = KS_OK;
@@ -437,7 +473,7 @@ static PyObject *reader_fetch_block(ksp_Reader *self, PyObject *names) {
       job[k].buf = base + at;
       at += (job[k].cap + 63) & ~(size_t)63;
     }
-    Py_BEGIN_ALLOW_THREADS st = ks_reader_fetch_many(self->r, job, n, 0, &err);
+    Py_BEGIN_ALLOW_THREADS st = ks_reader_fetch_many(self->r, job, n + nc, 0, &err);
     Py_END_ALLOW_THREADS
   }
   PyMem_Free(job);
@@ -456,6 +492,52 @@ static PyObject *reader_fetch_block(ksp_Reader *self, PyObject *names) {
     PyList_SetItem(offsets, (Py_ssize_t)k, o);
   }
   return Py_BuildValue("(NN)", buf, offsets);
+}
+
+/*
+ * fetch_into(jobs): each job (name, address, nbytes) reads tensor `name` into the caller's memory
+ * at `address` (nbytes there), verified as its bytes arrive; a job (name, 0, 0) only checks the
+ * tensor against its checksum and keeps nothing (ks_reader_fetch_many, on a few threads, without
+ * the GIL). For load_checkpoint: the program's own tensors are checked first and read into
+ * afterwards, and new ones are read into memory allocated once for them. The caller owns the
+ * memory, and nothing else may use it until the call returns.
+ */
+static PyObject *reader_fetch_into(ksp_Reader *self, PyObject *jobs) {
+  if (check_open(self)) return NULL;
+  PyObject *seq = PySequence_Fast(jobs, "fetch_into: jobs must be a sequence of (name, address, nbytes)");
+  if (!seq) return NULL;
+  size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
+  ks_fetch *job = PyMem_Calloc(n + 1, sizeof *job);
+  int bad = !job;
+  if (bad) PyErr_NoMemory();
+  for (size_t k = 0; !bad && k < n; k++) {
+    PyObject *name;
+    unsigned long long addr;
+    Py_ssize_t cap;
+    bad = !PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)k), "OKn", &name, &addr, &cap);
+    long i = bad ? -1 : find_tensor(self, name);
+    if (!bad && i >= 0 && (cap < 0 || (!addr && cap))) {
+      ksp_raisef(KS_E_INVALID, "fetch_into: job %zu has no memory for %zd bytes", k, cap);
+      i = -1;
+    }
+    bad = bad || i < 0;
+    if (!bad) job[k] = (ks_fetch){(size_t)i, (void *)(uintptr_t)addr, (size_t)cap};
+  }
+  Py_DECREF(seq);
+  ks_status st = KS_OK;
+  ks_error err;
+  ks_error_clear(&err);
+  if (!bad) {
+    Py_BEGIN_ALLOW_THREADS st = ks_reader_fetch_many(self->r, job, n, 0, &err);
+    Py_END_ALLOW_THREADS
+  }
+  PyMem_Free(job);
+  if (bad) return NULL;
+  if (st) {
+    ksp_error_path(&err, reader_cpath(self));
+    return ksp_raise(st, &err);
+  }
+  Py_RETURN_NONE;
 }
 
 static PyObject *reader_cache_stats(ksp_Reader *self, PyObject *unused) {
@@ -552,10 +634,16 @@ static PyMethodDef reader_methods[] = {
      "tensor($self, name, /)\n--\n\n"
      "(dtype code, shape, bytearray) of one tensor: its bytes copied (a lazy reader: read "
      "from the file's table) and verified against its checksum."},
-    {"fetch_block", (PyCFunction)reader_fetch_block, METH_O,
-     "fetch_block($self, names, /)\n--\n\n"
+    {"fetch_block", (PyCFunction)reader_fetch_block, METH_VARARGS,
+     "fetch_block($self, names, check=(), /)\n--\n\n"
      "(bytearray, [offset]): the named tensors read into one new buffer at 64-aligned "
-     "offsets, each verified against its checksum, without the GIL."},
+     "offsets, each verified against its checksum, and the tensors named in check only "
+     "checked, in the same pass, without the GIL."},
+    {"fetch_into", (PyCFunction)reader_fetch_into, METH_O,
+     "fetch_into($self, jobs, /)\n--\n\n"
+     "Each (name, address, nbytes) job reads that tensor into the caller's memory at address, "
+     "verified as it arrives; (name, 0, 0) only checks it against its checksum. On a few threads, "
+     "without the GIL; the earliest failure raises."},
     {"cache_stats", (PyCFunction)reader_cache_stats, METH_NOARGS,
      "cache_stats($self)\n--\n\n"
      "What the read cache (cache_dir=) did for this reader: hit_reads, hit_bytes, miss_reads, "

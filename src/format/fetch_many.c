@@ -1,6 +1,7 @@
 /*
  * ks_reader_fetch_many: many tensors into the caller's memory on a few threads (ks__par_each:
- * runs of about equal bytes, one per thread), each fetched and verified as ks_reader_fetch does.
+ * runs of about equal bytes, one per thread), each fetched and verified as ks_reader_fetch does, or
+ * (a job without memory) only verified, through a small scratch piece.
  */
 #include "format/fmt_internal.h"
 
@@ -19,6 +20,7 @@ static uint64_t job_bytes(void *ctx, size_t k) {
 static KS_NODISCARD ks_status fetch_one(void *ctx, size_t k, ks_error *err) {
   const fetch_ctx *c = ctx;
   const ks_fetch *j = &c->jobs[k];
+  if (!j->buf && !j->cap) return ks__reader_check(c->r, j->index, err); /* checked, not kept */
   return ks_reader_fetch(c->r, j->index, j->buf, j->cap, err);
 }
 

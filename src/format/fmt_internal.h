@@ -147,6 +147,10 @@ KS_NODISCARD ks_status ks__meta_copy(ks_meta *dst, const ks_meta *src, ks_error 
 /* Checks tensor i against its stored checksum (ks_reader_verify does every tensor).
  * @return KS_OK (also for plain safetensors files), KS_E_CHECKSUM, KS_E_FORMAT, KS_E_NOTFOUND, KS_E_NOMEM. */
 KS_NODISCARD ks_status ks__reader_verify_tensor(const ks_reader *r, size_t i, ks_error *err);
+/* Tensor i checked against its stored checksum without being kept anywhere: a lazy reader reads it
+   piece by piece into one small scratch piece and hashes it there (lazy.c); a reader holding the
+   file hashes it where it is. Safe on several threads at once. Same returns as above, plus KS_E_IO. */
+KS_NODISCARD ks_status ks__reader_check(const ks_reader *r, size_t i, ks_error *err);
 /* Appends a pair without looking for an existing key (the caller knows it is new). */
 KS_NODISCARD ks_status ks__meta_append(ks_meta *m, const char *key, size_t klen, const char *value, size_t vlen);
 

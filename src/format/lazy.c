@@ -230,6 +230,35 @@ static KS_NODISCARD ks_status copy_checked(const ks_reader *r, size_t i, uint8_t
   return ks__reader_verify_with(r, i, i + 1, &got, false, err);
 }
 
+/* A lazy reader's tensor i checked without keeping its bytes: read piece by piece into one scratch
+   piece (at most READ_PIECE bytes, so it stays in the cache) and hashed there. */
+static KS_NODISCARD ks_status stream_checked(const ks_reader *r, size_t i, ks_error *err) {
+  const fmt_entry *e = &r->entries[i];
+  uint64_t off = r->data_off + e->begin;
+  size_t n = (size_t)(e->end - e->begin);
+  if (off + n <= r->have) return ks__lazy_check(r, i, r->copy + off, err); /* in the first chunk */
+  size_t cap = n < READ_PIECE ? n : READ_PIECE;
+  uint8_t *piece = ks__malloc(&r->alloc, cap ? cap : 1);
+  if (!piece) return ks__err_at(err, KS_E_NOMEM, r->path, e->name, -1, "out of memory for %zu bytes", cap);
+  ks__xxh3_state xx;
+  ks__xxh3_reset(&xx);
+  ks_status st = KS_OK;
+  for (size_t done = 0; !st && done < n; done += cap < n - done ? cap : n - done)
+    st = ks__reader_read(r, off + done, piece, cap < n - done ? cap : n - done, &xx, err);
+  ks__free(&r->alloc, piece);
+  if (st) return ks__err_set_key(err, e->name), st;
+  return ks__lazy_check_hash(r, i, n ? ks__xxh3_digest(&xx) : ks__xxh3(NULL, 0), err);
+}
+
+ks_status ks__reader_check(const ks_reader *r, size_t i, ks_error *err) {
+  ks_error_clear(err);
+  if (!r || i >= r->count) return ks__err(err, KS_E_NOTFOUND, "no tensor %zu", i);
+  if (!r->version) return KS_OK; /* plain safetensors: nothing to check against */
+  if (!r->lazy || r->data) return ks__reader_verify_tensor(r, i, err); /* in memory: hashed where it is */
+  if (atomic_load(&r->fetched[i])) return KS_OK; /* verified when it arrived */
+  return stream_checked(r, i, err);
+}
+
 ks_status ks_reader_fetch(const ks_reader *r, size_t i, void *buf, size_t cap, ks_error *err) {
   ks_error_clear(err);
   if (!r || i >= r->count) return ks__err(err, KS_E_NOTFOUND, "ks_reader_fetch: no tensor %zu", i);

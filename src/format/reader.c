@@ -195,6 +195,15 @@ ks_status ks_reader_tensor_at(const ks_reader *r, size_t i, const char **name, k
   return view ? fill_view(r, i, view, NULL) : KS_OK;
 }
 
+ks_status ks_reader_memory(const ks_reader *r, const void **p, size_t *len, ks_error *err) {
+  ks_error_clear(err);
+  if (!r || !p || !len) return ks__err(err, KS_E_INVALID, "ks_reader_memory: NULL argument");
+  if (r->lazy) return ks__err_at(err, KS_E_UNSUPPORTED, r->path, NULL, -1, "a lazy reader holds the header only");
+  *p = r->bytes;
+  *len = r->size;
+  return KS_OK;
+}
+
 long ks_reader_find(const ks_reader *r, const char *name) {
   return name ? ks__reader_find_n(r, name, strlen(name)) : -1;
 }

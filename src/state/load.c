@@ -88,7 +88,11 @@ static KS_NODISCARD ks_status load_one_tensor(ks__load_ctx *c, const st_comp *m,
   ks_status s = tensor_problem(&m->t, t, why, sizeof why);
   if (s == KS_E_NOTFOUND) return ks__note(c, KS_LOAD_MISSING, k, "%s; kept as is", why);
   if (s) return ks__note(c, KS_LOAD_MISMATCHED, k, "%s; kept as is", why);
-  copies[(*loaded)++] = (ks__copy){m->t.data, t->data, m->t.nbytes}; /* copied with the others */
+  /* A binding that read the bytes into the tensor itself hands the engine the tensor's own memory:
+     nothing to copy, and memcpy onto itself would be undefined. */
+  if (m->t.data != t->data) copies[*loaded] = (ks__copy){m->t.data, t->data, m->t.nbytes};
+  else copies[*loaded] = (ks__copy){m->t.data, t->data, 0};
+  (*loaded)++; /* copied with the others */
   return KS_OK;
 }
 

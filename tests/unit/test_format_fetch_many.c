@@ -1,7 +1,10 @@
 /*
  * ks_reader_fetch_many: the same bytes as one ks_reader_fetch per tensor whatever the thread
  * count, above and below the size where threads start; a damaged tensor reported as the earliest
- * failing job; bad indices, small buffers and NULL arguments refused.
+ * failing job; bad indices, small buffers and NULL arguments refused. Jobs without memory (buf
+ * NULL, cap 0) only check their tensor: good ones pass, a damaged one fails as a fetch would, and
+ * a failed allocation of the scratch piece is KS_E_NOMEM with nothing leaked. ks_reader_memory
+ * hands out the whole file of a copy or a mapping, never a lazy reader's header alone.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -75,6 +78,13 @@ static void same_bytes_for_every_thread_count(void **state) {
       ks_fetch *jobs = jobs_for(r, &n);
       assert_int_equal(ks_reader_fetch_many(r, jobs, n, threads, NULL), KS_OK);
       for (size_t i = 0; i < n; i++) assert_memory_equal(jobs[i].buf, ref[i].buf, ref[i].cap);
+      for (size_t i = 0; i < n; i += 2) { /* every other job only checked */
+        free(jobs[i].buf);
+        jobs[i].buf = NULL;
+        jobs[i].cap = 0;
+      }
+      assert_int_equal(ks_reader_fetch_many(r, jobs, n, threads, NULL), KS_OK);
+      for (size_t i = 1; i < n; i += 2) assert_memory_equal(jobs[i].buf, ref[i].buf, ref[i].cap);
       free_jobs(jobs, n);
     }
     free_jobs(ref, n);
@@ -111,6 +121,12 @@ static void the_earliest_failure_is_reported(void **state) {
     assert_int_equal(ks_reader_fetch_many(r, jobs, n, threads, &err), KS_E_CHECKSUM);
     assert_string_equal(err.key, name5);
     free_jobs(jobs, n);
+    ks_fetch *checks = calloc(n, sizeof *checks); /* the same with nothing kept */
+    for (size_t i = 0; i < n; i++) checks[i] = (ks_fetch){i, NULL, 0};
+    assert_int_equal(ks_reader_fetch_many(r, checks, n, threads, &err), KS_E_CHECKSUM);
+    assert_string_equal(err.key, name5);
+    assert_int_equal(ks_reader_fetch_many(r, checks + 6, 11, threads, &err), KS_OK); /* 6..16: intact */
+    free(checks);
   }
   ks_fetch bad[2] = {{0, NULL, 0}, {999, NULL, 0}};
   ks_fetch *jobs = jobs_for(r, &n);
@@ -126,10 +142,73 @@ static void the_earliest_failure_is_reported(void **state) {
   free(dir);
 }
 
+static void a_check_that_cannot_allocate_fails_cleanly(void **state) {
+  (void)state;
+  char *dir = ks_test_tmpdir("fetch-many-nomem");
+  char *path = write_file(dir, 1);
+  ks_test_alloc ta;
+  ks_test_alloc_init(&ta, 0);
+  ks_read_opts o = {.size = sizeof o, .mode = KS_READ_LAZY, .alloc = &ta.a};
+  ks_reader *r;
+  assert_int_equal(ks_reader_open(path, &o, &r, NULL), KS_OK);
+  ks_fetch check = {3, NULL, 0};
+  ta.fail_at = ta.calls + 1; /* the scratch piece */
+  ks_error err;
+  assert_int_equal(ks_reader_fetch_many(r, &check, 1, 1, &err), KS_E_NOMEM);
+  ta.fail_at = 0;
+  long live = ta.live;
+  assert_int_equal(ks_reader_fetch_many(r, &check, 1, 1, &err), KS_OK);
+  assert_int_equal(ta.live, live);
+  ks_reader_free(r);
+  assert_int_equal(ta.live, 0);
+  free(path);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
+/* ks_reader_memory: the whole file, byte for byte, from a copy read on several threads (48+ MiB,
+   verified as it lands) and from a mapping; a lazy reader, which holds the header only, and NULL
+   arguments are refused. */
+static void memory_is_the_whole_file(void **state) {
+  (void)state;
+  char *dir = ks_test_tmpdir("fetch-many");
+  char *path = write_file(dir, 2);
+  size_t want_len;
+  uint8_t *want = ks_test_read_file(path, &want_len);
+  assert_non_null(want);
+  ks_read_mode modes[] = {KS_READ_COPY, KS_READ_MMAP};
+  for (size_t m = 0; m < 2; m++) {
+    ks_read_opts o = {.size = sizeof o, .mode = modes[m], .verify_checksums = 1};
+    ks_reader *r;
+    assert_int_equal(ks_reader_open(path, &o, &r, NULL), KS_OK);
+    const void *p = NULL;
+    size_t len = 0;
+    assert_int_equal(ks_reader_memory(r, &p, &len, NULL), KS_OK);
+    assert_int_equal(len, want_len);
+    assert_memory_equal(p, want, want_len);
+    assert_int_equal(ks_reader_memory(r, NULL, &len, NULL), KS_E_INVALID);
+    ks_reader_free(r);
+  }
+  ks_reader *lazy = open_lazy(path);
+  const void *p = NULL;
+  size_t len = 0;
+  ks_error err;
+  assert_int_equal(ks_reader_memory(lazy, &p, &len, &err), KS_E_UNSUPPORTED);
+  assert_null(p);
+  ks_reader_free(lazy);
+  assert_int_equal(ks_reader_memory(NULL, &p, &len, NULL), KS_E_INVALID);
+  free(want);
+  free(path);
+  ks_test_rmtree(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(same_bytes_for_every_thread_count),
       cmocka_unit_test(the_earliest_failure_is_reported),
+      cmocka_unit_test(a_check_that_cannot_allocate_fails_cleanly),
+      cmocka_unit_test(memory_is_the_whole_file),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,12 +7,12 @@ and C programs and the CLI.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .._core import errors as _errors, layout as _layout, native as _n, tensors as _tensors, tree as _tree
 from .._core.paths import PathLike, fspath
 from .._core.report import LoadReport, Timestamp
-from . import load as _load, metrics as _metrics, rng as _rng
+from . import inplace as _inplace, load as _load, metrics as _metrics, rng as _rng
 
 TIMESTAMP = _layout.folder(_layout.TIMESTAMP)
 MODEL = _layout.folder(_layout.MODEL)
@@ -147,22 +147,23 @@ def save_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
 
 # ---- loading ----
 
-def _read(path: str, verify: bool, ignore: Sequence[str],
-          cache_dir: Optional[str] = None) -> Tuple[Any, Dict[str, Any], Dict[str, str], bool]:
-    """(what the engine reads, the file's values by name, its metadata, whether the values' tensors
-    are ours to keep). Never mapped: every value goes into the program's objects anyway, and a file
-    that another program truncates meanwhile must give an error, not SIGBUS. A remote object is
-    read through the library's read cache in `cache_dir` when given."""
+def _read(path: str, verify: bool, ignore: Sequence[str], cache_dir: Optional[str] = None,
+          offer: Optional[Callable[[Any], None]] = None) -> Tuple[Any, Dict[str, Any], Dict[str, str], Any]:
+    """(what the engine reads, the file's values by name, its metadata, the in-place plan or None).
+    Never mapped: every value goes into the program's objects anyway, and a file that another
+    program truncates meanwhile must give an error, not SIGBUS. A remote object is read through
+    the library's read cache in `cache_dir` when given. `offer(plan)` names the program's tensors
+    that can take their entries' bytes in place (a verified local read)."""
     if verify and not _n.is_remote(path):  # a remote object is read whole: one request, not one per tensor
         reader = _n.Reader(path, lazy=True)
         if all(_tensors.torch_maps()[1][e[1]] is not None for e in reader.entries()):
-            return _read_verified(reader, ignore)
+            return _read_verified(reader, ignore, offer)
         # a dtype this torch lacks (torch 1.13: U16, U32, U64): the widening reader below
     reader = _n.Reader(path, verify=verify, backend="read", cache_dir=cache_dir)
     items: Dict[str, Any] = {e[0]: _tensors.torch_from(reader, *e[1:]) for e in reader.entries()}
     items.update(reader.scalars())
     items = _without_ignored(items, ignore)
-    return reader, items, reader.metadata(True), False
+    return reader, items, reader.metadata(True), None
 
 
 def _without_ignored(items: Dict[str, Any], ignore: Sequence[str]) -> Dict[str, Any]:
@@ -172,25 +173,22 @@ def _without_ignored(items: Dict[str, Any], ignore: Sequence[str]) -> Dict[str, 
     return {k: v for k, v in items.items() if not any(_n.path_match(g, k) for g in ignore)}
 
 
-def _read_verified(reader: Any, ignore: Sequence[str]) -> Tuple[Any, Dict[str, Any], Dict[str, str], bool]:
-    """Every tensor read once and checked against its checksum as it arrives, before any object
-    changes: the model's into one buffer the engine copies from into the parameters (then freed),
-    the rest into one buffer their tensors keep (Reader.fetch_block), so the optimizers take
-    them as they are: nothing is copied out of a file buffer, and the buffer is not the file's."""
-    ents = reader.entries()
-    items: Dict[str, Any] = {}
-    for group in ([e for e in ents if e[0].startswith(MODEL)],
-                  [e for e in ents if not e[0].startswith(MODEL)]):
-        if group:  # an ignored tensor too: its checksum counts
-            buf, offsets = reader.fetch_block([e[0] for e in group])
-            for (name, code, shape, begin, end), off in zip(group, offsets):
-                items[name] = _tensors.torch_from(buf, code, shape, off, off + end - begin)
+def _read_verified(reader: Any, ignore: Sequence[str],
+                   offer: Optional[Callable[[Any], None]]) -> Tuple[Any, Dict[str, Any], Dict[str, str], Any]:
+    """Every tensor checked against its checksum before any object changes, in one parallel pass
+    (_state/inplace.py): the program's own tensors that can take their bytes in place are only
+    checked now (and read into later, by `Plan.fill`), the others read into one new block their
+    tensors keep, verified as they land, so an optimizer takes them as they are. An ignored
+    tensor is checked too: its checksum counts."""
+    plan = _inplace.Plan(reader, reader.entries())
+    if offer is not None:
+        offer(plan)
+    items = plan.read()
     items.update(reader.scalars())
     items = _without_ignored(items, ignore)
-    keep: list = []
-    entries = [_tensors.torch_entry(k, v, keep) if hasattr(v, "data_ptr") else (k, v) for k, v in items.items()]
+    entries, keep = plan.entries(items)
     meta = reader.metadata(True)
-    return (entries, meta), items, meta, True
+    return (entries, meta, keep), items, meta, plan
 
 
 def _clone_leaf(path: str, v: Any, kind: Optional[str]) -> Any:
@@ -209,16 +207,34 @@ def _own_leaf(path: str, v: Any, kind: Optional[str]) -> Any:
 
 
 def _components(optimizers: Any, schedulers: Any, dataset_state: Any, callbacks: Any, rng: bool,
-                items: Dict[str, Any], kinds: Dict[str, Any], leaf: Any = None) -> List[tuple]:
+                items: Dict[str, Any], kinds: Dict[str, Any], leaf: Any = None, plan: Any = None,
+                templates: Optional[Dict[int, Any]] = None) -> List[tuple]:
     leaf = leaf or _clone_leaf
     out = []
     for kind, objs in (("optimizers", optimizers), ("schedulers", schedulers), ("dataset_state", dataset_state),
                        ("callbacks", callbacks)):
         for name, obj in _named(objs, kind.replace("_state", " states") if kind == "dataset_state" else kind):
-            out.append((kind, name, _load.component_loader(obj, items, kinds, leaf)))
+            if templates is not None and id(obj) in templates:  # an optimizer resumed in place
+                fn = _inplace.component_loader(obj, templates[id(obj)], plan, items, kinds, leaf)
+            else:
+                fn = _load.component_loader(obj, items, kinds, leaf)
+            out.append((kind, name, fn))
     if rng:
         out.append(("rng", "0", lambda prefix: _rng.load(items)))
     return out
+
+
+def _offer(model_targets: Dict[str, Any], optimizers: Any, templates: Dict[int, Any]) -> Callable[[Any], None]:
+    """What can take its bytes in place: the model's tensors the engine writes (the parameters and
+    buffers, or their staging tensors), and each optimizer's existing state tensors (whose
+    state_dict() is kept in `templates` for its loader)."""
+    def offer(plan: Any) -> None:
+        plan.offer(model_targets)
+        for name, opt in _named(optimizers, "optimizers"):
+            if hasattr(opt, "state_dict") and hasattr(opt, "load_state_dict"):
+                templates[id(opt)] = opt.state_dict()
+                plan.offer(_inplace.template_tensors(_layout.key(_layout.OPTIMIZER, name), templates[id(opt)]))
+    return offer
 
 
 def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, schedulers: Any = None,
@@ -255,11 +271,16 @@ def load_checkpoint(path: PathLike, model: Any = None, optimizers: Any = None, s
         a :class:`keepsake.LoadReport`.
     """
     spath = fspath(path)
-    source, items, meta, owned = _read(spath, verify, ignore, fspath(cache_dir) if cache_dir is not None else None)
-    return load_read(spath, source, items, meta, owned, model=model, optimizers=optimizers, schedulers=schedulers,
-                     train_metrics=train_metrics, eval_metrics=eval_metrics, timestamp=timestamp, rng=rng,
-                     dataset_state=dataset_state, callbacks=callbacks, strict=strict, weights_only=weights_only,
-                     ignore=ignore, allow_narrowing=allow_narrowing)
+    targets: Dict[str, Any] = {}
+    prepared = _load.model_entries(model, targets) if model is not None else ([], [])
+    templates: Dict[int, Any] = {}
+    source, items, meta, plan = _read(spath, verify, ignore, fspath(cache_dir) if cache_dir is not None else None,
+                                      _offer(targets, optimizers, templates))
+    return load_read(spath, source, items, meta, plan is not None, model=model, optimizers=optimizers,
+                     schedulers=schedulers, train_metrics=train_metrics, eval_metrics=eval_metrics, timestamp=timestamp,
+                     rng=rng, dataset_state=dataset_state, callbacks=callbacks, strict=strict,
+                     weights_only=weights_only, ignore=ignore, allow_narrowing=allow_narrowing, plan=plan,
+                     templates=templates, prepared=prepared)
 
 
 def load_entries(path: str, values: Any, meta: Dict[str, str], **components: Any) -> LoadReport:
@@ -280,22 +301,30 @@ def load_read(spath: str, source: Any, items: Dict[str, Any], meta: Dict[str, st
               optimizers: Any = None, schedulers: Any = None, train_metrics: Any = None, eval_metrics: Any = None,
               timestamp: Any = None, rng: bool = True, dataset_state: Any = None, callbacks: Any = None,
               strict: bool = True, weights_only: bool = False, ignore: Sequence[str] = (),
-              allow_narrowing: bool = False) -> LoadReport:
+              allow_narrowing: bool = False, plan: Any = None, templates: Optional[Dict[int, Any]] = None,
+              prepared: Optional[Tuple[List[tuple], List[Tuple[Any, Any, str]]]] = None) -> LoadReport:
     """The engine's load (ks_state_load_state_dict) of what :func:`_read` (or load_entries) read, and the
-    installation of what it staged into the program's objects: load_checkpoint's rules, whatever the source."""
+    installation of what it staged into the program's objects: load_checkpoint's rules, whatever the source.
+    With an in-place `plan` (_state/inplace.py), `prepared` is the model's entries it was offered and
+    `templates` the optimizers' state_dict()s whose tensors it reads into."""
     leaf = _own_leaf if owned else _clone_leaf
+    if prepared is None:
+        prepared = _load.model_entries(model) if model is not None else ([], [])
+    model_desc, staged = prepared
     report = LoadReport(spath)
     report.metadata = {k: v for k, v in meta.items() if not k.startswith("keepsake.")}
     kinds = _tree.load_kinds(meta)
-    model_desc, staged = _load.model_entries(model) if model is not None else ([], [])
     train, evals, pairs = _load.metric_groups(train_metrics, _eval_groups(eval_metrics))
     spec = {"path": spath, "model": model_desc, "strict": strict, "weights_only": weights_only, "ignore": [str(g) for g in ignore], "model_absent": model is None,
             "allow_narrowing": allow_narrowing, "timestamp": timestamp is not None, "train": train, "evals": evals,
-            "components": _components(optimizers, schedulers, dataset_state, callbacks, rng, items, kinds, leaf)}
-    res = _load.run(source, spec)
+            "components": _components(optimizers, schedulers, dataset_state, callbacks, rng, items, kinds, leaf,
+                                      plan, templates)}
+    res = _load.run(source[:2] if isinstance(source, tuple) else source, spec)
     for kind, p, why in res["report"]:
         report.add(kind, p, why)
     problems = set(report.paths("missing") + report.paths("mismatched") + report.paths("skipped"))
+    if plan is not None:  # the model's tensors the engine accepted, read into place (the engine copied none)
+        plan.fill([k for k in plan.under(MODEL) if k not in problems])
     for t, staging, key in staged:  # tensors the engine could not write in place
         if key not in problems:
             t.copy_(staging)

@@ -87,10 +87,11 @@ def component_loader(obj: Any, items: Dict[str, Any], kinds: Dict[str, Any], lea
     return load
 
 
-def model_entries(model: Any) -> Tuple[List[tuple], List[Tuple[Any, Any, str]]]:
+def model_entries(model: Any, targets: Optional[Dict[str, Any]] = None) -> Tuple[List[tuple], List[Tuple[Any, Any, str]]]:
     """The model's tensors for the engine, which fills them in place: (name, dtype, shape,
     address). A tensor whose memory the engine cannot write (not on the CPU, not contiguous)
-    gets a staging tensor, copied in afterwards: (program tensor, staging, key) in the 2nd list."""
+    gets a staging tensor, copied in afterwards: (program tensor, staging, key) in the 2nd list.
+    `targets` gets each key's tensor whose memory the engine writes (the tensor or its staging)."""
     import torch
     sd = model.state_dict() if hasattr(model, "state_dict") else model
     codes = _tensors.torch_maps()[0]
@@ -103,6 +104,8 @@ def model_entries(model: Any) -> Tuple[List[tuple], List[Tuple[Any, Any, str]]]:
             target = torch.empty(tuple(t.shape), dtype=t.dtype)
             staged.append((t, target, _layout.key(_layout.MODEL, name)))
         out.append((name, codes[t.dtype], tuple(t.shape), target.data_ptr()))
+        if targets is not None:
+            targets[_layout.key(_layout.MODEL, name)] = target
     return out, staged
 
 
