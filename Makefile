@@ -38,6 +38,8 @@ bench: build
 	@scripts/bench $(BUILD)
 	@# The Python package against safetensors and torch.save, when the build made it (optional).
 	@py=$${KS_VENV:-.venv}/bin/python; if [ -d $(BUILD)/python-pkg/keepsake ] && [ -x $$py ]; then \
+	  $$py -m pip install -q --disable-pip-version-check -r scripts/requirements-bench.txt 2>/dev/null || \
+	    echo "make bench: the peers of scripts/requirements-bench.txt are not installable here; their rows are skipped"; \
 	  echo "== python_bench"; PYTHONPATH=$(BUILD)/python-pkg $$py bench/python_bench.py; \
 	  echo "== python_manager_bench"; PYTHONPATH=$(BUILD)/python-pkg $$py bench/python_manager_bench.py; \
 	  echo "== python_remote_bench"; PYTHONPATH=$(BUILD)/python-pkg $$py bench/python_remote_bench.py --build $(BUILD); \
