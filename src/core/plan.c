@@ -25,7 +25,9 @@
 #define CHUNK 65536
 
 /* What the records say of one path. */
-typedef enum rtype { R_NONE, R_LIST, R_TUPLE, R_SET, R_DICT, R_INTDICT, R_KEYMAP, R_POSKEYS, R_VALUE, R_OTHER, R_LEAF } rtype;
+typedef enum rtype {
+  R_NONE, R_LIST, R_TUPLE, R_SET, R_DICT, R_INTDICT, R_KEYMAP, R_POSKEYS, R_VALUE, R_OTHER, R_LEAF
+} rtype;
 
 typedef struct rec {
   rtype type;
@@ -415,7 +417,8 @@ static KS_NODISCARD ks_status plan_dict(builder *b, const pnode *x, const rec *r
       if (s) return s;
     } else if (r->type == R_INTDICT) {
       k->key = (ks_key){.type = KS_KEY_INT};
-      if (!int_text(c->seg, c->seg_len, &k->key.i)) return bad_key(b, c, "is an int-keyed dict's item whose name is not an int");
+      if (!int_text(c->seg, c->seg_len, &k->key.i))
+        return bad_key(b, c, "is an item of an int-keyed dict whose name is not an int");
     } else if (seg_key(b, c->seg, c->seg_len, &k->key)) {
       return KS_E_NOMEM;
     }
