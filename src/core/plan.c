@@ -436,7 +436,7 @@ static KS_NODISCARD ks_status plan_dict(builder *b, const pnode *x, const rec *r
   return KS_OK;
 }
 
-static KS_NODISCARD ks_status plan_node(builder *b, size_t id, const char *prefix) {
+static KS_NODISCARD ks_status plan_self(builder *b, size_t id, const char *prefix) {
   const pnode *x = &b->pn[id];
   ks_plan_node *o = &b->p->nodes[id];
   rec r;
@@ -463,6 +463,16 @@ static KS_NODISCARD ks_status plan_node(builder *b, size_t id, const char *prefi
     case R_KEYMAP: o->tag = KS_PLAN_KEYED; return plan_dict(b, x, &r, o);
     default: o->tag = KS_PLAN_DICT; return plan_dict(b, x, &r, o);
   }
+}
+
+/* What node `id` is, then its children: only folders the value reaches are read (a sequence
+   whose names are not indices has no items, and what lies under it is not looked at). The
+   depth is bounded by KS_PLAN_MAX_DEPTH. */
+static KS_NODISCARD ks_status plan_node(builder *b, size_t id, const char *prefix) {
+  ks_status s = plan_self(b, id, prefix);
+  const ks_plan_node *o = &b->p->nodes[id];
+  for (size_t i = 0; !s && o->tag != KS_PLAN_LEAF && i < o->n; i++) s = plan_node(b, b->p->kids[o->first + i], prefix);
+  return s;
 }
 
 static KS_NODISCARD ks_status parse_records(builder *b, const char *document, size_t dlen, const char *pytree,
@@ -528,9 +538,7 @@ static KS_NODISCARD ks_status build(builder *b, const char *const *names, const 
   if (!b->p->nodes || !b->p->kids) return KS_E_NOMEM;
   b->p->n_nodes = b->n;
   for (size_t id = 0; id < b->n; id++) b->p->nodes[id] = (ks_plan_node){.key = {.type = KS_KEY_NONE}, .index = -1};
-  for (size_t id = 0; id < b->n; id++)
-    if ((s = plan_node(b, id, prefix))) return s;
-  return KS_OK;
+  return plan_node(b, 0, prefix);
 }
 
 ks_status ks_structure_plan(const char *document, size_t document_len, const char *pytree, size_t pytree_len,
