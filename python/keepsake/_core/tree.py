@@ -8,10 +8,14 @@ array, bytes, a big int - the library records in the structure document (``keeps
 docs/FORMAT.md section 10) that every writer, C or Python, writes. Python walks its objects and
 hands each container to ``_keepsake.Structure``; it keeps no naming rule of its own.
 
-Reading takes the structure document, or the ``keepsake.pytree`` table of files written by
-keepsake 0.1.0's Python package. Files with neither (old C files, converted ones) are rebuilt from a
-template (the program's own object) and, where the template says nothing, as dicts with int keys
-for decimal names and str keys otherwise.
+Reading is the library's: ks_structure_plan (include/keepsake/binding.h) reads the structure
+document, or the ``keepsake.pytree`` table of files written by keepsake 0.1.0's Python package, and
+the entry names, and says what every folder is and what every key is (typed, unescaped). Rebuilder
+maps that plan onto Python objects. The one comparison left here is with the program's own object
+(the template), for folders of files with neither record (old C files, converted ones): a list or
+tuple there takes decimal names as items, a dict without int keys takes names as str keys, and an
+OrderedDict stays one; where the template says nothing the library's default holds (int keys for
+decimal names, str keys otherwise).
 """
 from __future__ import annotations
 
