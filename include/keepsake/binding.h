@@ -566,5 +566,71 @@ void ks_io_counter_reset(const ks_io *counter);
 /** Frees a counting table. Accepts NULL. */
 void ks_io_counter_free(ks_io *counter);
 
+/* ------------------------------------------------------------------------ */
+/* The read side of the value tree (structure.h, docs/FORMAT.md §10).        */
+/* ------------------------------------------------------------------------ */
+
+/** What a node of a structure plan is (ks_plan_node's `tag`). */
+typedef enum ks_plan_tag {
+  KS_PLAN_LEAF = 0,  /**< an entry: `name` (index into the names given), `leaf_kind` */
+  KS_PLAN_LIST = 1,  /**< items in index order; children's keys are their int indices */
+  KS_PLAN_TUPLE = 2,
+  KS_PLAN_SET = 3,
+  KS_PLAN_DICT = 4,  /**< a dict whose keys follow from its names (str, or int for a 0.1.0 `intdict`) */
+  KS_PLAN_KEYED = 5, /**< a dict whose typed keys the file lists */
+  KS_PLAN_GUESS = 6, /**< no record: a dict, int-keyed by default when `int_keys`; children carry
+                          `index` (their decimal name's value, or -1) for a template that says
+                          list or tuple, and their name as a str key for one with str keys */
+  KS_PLAN_NONE = 7   /**< no value (a bare-value file without its entry) */
+} ks_plan_tag;
+
+/** One node of a structure plan. Strings live as long as the plan. */
+typedef struct ks_plan_node {
+  ks_plan_tag tag;
+  int leaf_kind;   /**< KS_PLAN_LEAF: 0 (stored as itself) or a ks_leaf_kind */
+  int int_keys;    /**< KS_PLAN_GUESS: the default is int keys (no document, all names decimal) */
+  size_t name;     /**< KS_PLAN_LEAF: index into the names */
+  ks_key key;      /**< the key in the parent (KS_KEY_NONE for the root) */
+  ks_key text;     /**< a KS_PLAN_GUESS parent's child: its name as a str key */
+  int64_t index;   /**< a KS_PLAN_GUESS parent's child: its decimal name's value, or -1 */
+  size_t first, n; /**< children: ks_plan_child(plan, first .. first + n - 1) */
+} ks_plan_node;
+
+/** A plan: how the entries under a prefix make one nested value. */
+typedef struct ks_plan ks_plan;
+
+/**
+ * Decides, from a file's metadata records, what the entries under `prefix` rebuild as: which
+ * folders are lists, tuples, sets or dicts, each dict key typed (str keys unescaped: the inverse
+ * of ks_key_text; int, float, bool, None from the document's `keys` or the 0.1.0 table's codes),
+ * and which leaves are big ints, arrays or bytes. Empty containers the records list appear.
+ * @param document the structure document (KS_TORCH_STRUCTURE_META) or NULL when the file has
+ *        none; text that is not JSON counts as no record at all.
+ * @param pytree the `keepsake.pytree` table of 0.1.0 files, read only when `document` is NULL.
+ * @param names the file's entry names (UTF-8); only those starting with `prefix` are used.
+ * @param prefix "" or a folder path ending with '/'.
+ * @param out receives the plan (free with ks_plan_free); node 0 is the root.
+ * @return KS_OK; KS_E_FORMAT for records that do not describe the entries (an `intdict` name
+ *         that is not an int, a malformed key list); KS_E_LIMIT past KS_PLAN_MAX_DEPTH name
+ *         components; KS_E_INVALID for NULL arguments; KS_E_NOMEM. Nodes and memory are
+ *         bounded by the size of the names and records.
+ */
+KS_NODISCARD ks_status ks_structure_plan(const char *document, size_t document_len, const char *pytree,
+                                         size_t pytree_len, const char *const *names, const size_t *name_lens,
+                                         size_t n_names, const char *prefix, const ks_allocator *alloc,
+                                         ks_plan **out, ks_error *err);
+
+/** The deepest plan, in name components. */
+#define KS_PLAN_MAX_DEPTH 256
+
+/** Node i of a plan (0 is the root), or NULL past the end. */
+const ks_plan_node *ks_plan_at(const ks_plan *p, size_t i);
+
+/** The node index of child slot i of a plan (a node's `first` + k). */
+size_t ks_plan_child(const ks_plan *p, size_t i);
+
+/** Frees a plan. Accepts NULL. */
+void ks_plan_free(ks_plan *p);
+
 KS_END_BINDING_DECLS
 #endif

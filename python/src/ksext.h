@@ -145,6 +145,7 @@ const ks_io *ksp_io_posix(int fsync, ks_io *io);
 PyObject *ksp_save_file(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ksp_save_bytes(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ksp_torch_load(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *ksp_structure_plan(PyObject *self, PyObject *args);
 PyObject *ksp_torch_save(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ksp_convert(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ksp_metric_info(PyObject *self, PyObject *args);

@@ -304,6 +304,10 @@ static PyMethodDef methods[] = {
     {"torch_load", (PyCFunction)(void (*)(void))ksp_torch_load, METH_VARARGS | METH_KEYWORDS,
      "torch_load(source, verify_crc=False)\n--\n\n"
      "Reads a torch.save file (path or bytes) without executing it: ([(name, value)], structure JSON)."},
+    {"structure_plan", ksp_structure_plan, METH_VARARGS,
+     "structure_plan(document, pytree, items, prefix, /)\n--\n\n"
+     "ks_structure_plan: how the entries of `items` under `prefix` rebuild, from the file's structure document "
+     "(or 0.1.0 pytree table): (0, path, value, leaf kind) or (tag, [(key, child, ...)], int_keys)."},
     {"torch_save", (PyCFunction)(void (*)(void))ksp_torch_save, METH_VARARGS | METH_KEYWORDS,
      "torch_save(path, entries, fsync=True)\n--\n\nWrites entries as a torch.save-compatible file."},
     {"convert", (PyCFunction)(void (*)(void))ksp_convert, METH_VARARGS | METH_KEYWORDS,

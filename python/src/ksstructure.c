@@ -187,6 +187,104 @@ static PyType_Slot structure_slots[] = {
 static PyType_Spec StructureSpec = {"keepsake._keepsake.Structure", sizeof(StructureObject), 0,
                                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, structure_slots};
 
+/* ---- the read side: ks_structure_plan as nested tuples ---- */
+
+static PyObject *key_object(const ks_key *k) {
+  switch (k->type) {
+    case KS_KEY_INT: return PyLong_FromLongLong((long long)k->i);
+    case KS_KEY_BOOL: return PyBool_FromLong(k->i != 0);
+    case KS_KEY_FLOAT: return PyFloat_FromDouble(k->f);
+    case KS_KEY_STR: return PyUnicode_DecodeUTF8(k->str, (Py_ssize_t)k->len, "surrogatepass");
+    default: Py_RETURN_NONE;
+  }
+}
+
+typedef struct plan_ctx {
+  const ks_plan *plan;
+  PyObject **values; /* the items' values, by name index (borrowed) */
+  const char *const *names;
+  const size_t *lens;
+  size_t prefix_len;
+} plan_ctx;
+
+/* (0, path, value, leaf kind or None); (tag, [(key, child)], int_keys) for containers, a
+   KS_PLAN_GUESS folder's children as (key, child, name as str, decimal value or None); (7,). */
+static PyObject *plan_object(const plan_ctx *c, size_t id) {
+  static const char *const leaf_kinds[] = {NULL, "bigint", "ndarray", "bytes"};
+  const ks_plan_node *n = ks_plan_at(c->plan, id);
+  if (n->tag == KS_PLAN_NONE) return Py_BuildValue("(i)", (int)n->tag);
+  if (n->tag == KS_PLAN_LEAF) {
+    const char *kind = n->leaf_kind > 0 && n->leaf_kind < 4 ? leaf_kinds[n->leaf_kind] : NULL;
+    return Py_BuildValue("(is#Oz)", 0, c->names[n->name] + c->prefix_len,
+                         (Py_ssize_t)(c->lens[n->name] - c->prefix_len), c->values[n->name], kind);
+  }
+  PyObject *kids = PyList_New((Py_ssize_t)n->n);
+  for (size_t i = 0; kids && i < n->n; i++) {
+    size_t kid = ks_plan_child(c->plan, n->first + i);
+    const ks_plan_node *k = ks_plan_at(c->plan, kid);
+    PyObject *key = key_object(&k->key), *child = key ? plan_object(c, kid) : NULL, *item = NULL;
+    if (child && n->tag == KS_PLAN_GUESS) {
+      PyObject *text = key_object(&k->text);
+      PyObject *index = k->index >= 0 ? PyLong_FromLongLong((long long)k->index) : Py_NewRef(Py_None);
+      item = text && index ? PyTuple_Pack(4, key, child, text, index) : NULL;
+      Py_XDECREF(text);
+      Py_XDECREF(index);
+    } else if (child) {
+      item = PyTuple_Pack(2, key, child);
+    }
+    Py_XDECREF(key);
+    Py_XDECREF(child);
+    if (!item) Py_CLEAR(kids);
+    else if (PyList_SetItem(kids, (Py_ssize_t)i, item) < 0) Py_CLEAR(kids);
+  }
+  if (!kids) return NULL;
+  PyObject *out = Py_BuildValue("(iNO)", (int)n->tag, kids, n->int_keys ? Py_True : Py_False);
+  return out;
+}
+
+/* structure_plan(document, pytree, items, prefix): ks_structure_plan over the str keys of `items`. */
+PyObject *ksp_structure_plan(PyObject *self, PyObject *args) {
+  (void)self;
+  const char *doc = NULL, *table = NULL, *prefix = "";
+  Py_ssize_t doc_len = 0, table_len = 0;
+  PyObject *items;
+  if (!PyArg_ParseTuple(args, "z#z#O!s", &doc, &doc_len, &table, &table_len, &PyDict_Type, &items, &prefix))
+    return NULL;
+  size_t n = (size_t)PyDict_Size(items);
+  const char **names = PyMem_Calloc(n ? n : 1, sizeof *names);
+  size_t *lens = PyMem_Calloc(n ? n : 1, sizeof *lens);
+  PyObject **values = PyMem_Calloc(n ? n : 1, sizeof *values);
+  PyObject *out = NULL, *k, *v;
+  if (!names || !lens || !values) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  Py_ssize_t pos = 0;
+  for (size_t i = 0; PyDict_Next(items, &pos, &k, &v) && i < n; i++) {
+    Py_ssize_t len = 0;
+    if (!PyUnicode_Check(k)) continue; /* not a name: not in the tree */
+    if (!(names[i] = PyUnicode_AsUTF8AndSize(k, &len))) goto done;
+    lens[i] = (size_t)len, values[i] = v;
+  }
+  ks_plan *plan = NULL;
+  ks_error err;
+  ks_error_clear(&err);
+  ks_status st = ks_structure_plan(doc, (size_t)doc_len, table, (size_t)table_len, names, lens, n, prefix, NULL,
+                                   &plan, &err);
+  if (st) {
+    ksp_raise(st, &err);
+    goto done;
+  }
+  plan_ctx c = {plan, values, names, lens, strlen(prefix)};
+  out = plan_object(&c, 0);
+  ks_plan_free(plan);
+done:
+  PyMem_Free(names);
+  PyMem_Free(lens);
+  PyMem_Free(values);
+  return out;
+}
+
 int ksp_structure_add_type(PyObject *m) {
   return ksp_add_type(m, &StructureSpec) ? 0 : -1;
 }

@@ -8,18 +8,22 @@ array, bytes, a big int - the library records in the structure document (``keeps
 docs/FORMAT.md section 10) that every writer, C or Python, writes. Python walks its objects and
 hands each container to ``_keepsake.Structure``; it keeps no naming rule of its own.
 
-Reading takes the structure document, or the ``keepsake.pytree`` table of files written by
-keepsake 0.1.0's Python package. Files with neither (old C files, converted ones) are rebuilt from a
-template (the program's own object) and, where the template says nothing, as dicts with int keys
-for decimal names and str keys otherwise.
+Reading is the library's: ks_structure_plan (include/keepsake/binding.h) reads the structure
+document, or the ``keepsake.pytree`` table of files written by keepsake 0.1.0's Python package, and
+the entry names, and says what every folder is and what every key is (typed, unescaped). Rebuilder
+maps that plan onto Python objects. The one comparison left here is with the program's own object
+(the template), for folders of files with neither record (old C files, converted ones): a list or
+tuple there takes decimal names as items, a dict without int keys takes names as str keys, and an
+OrderedDict stays one; where the template says nothing the library's default holds (int keys for
+decimal names, str keys otherwise).
 """
 from __future__ import annotations
 
 import collections
-import json
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import errors as _errors
+from . import native as _n
 from .._keepsake import Structure
 
 PYTREE_KEY = "keepsake.pytree"
@@ -96,89 +100,58 @@ class Flattener:
         return meta
 
 
-class _Node(dict):
-    """A folder of the name trie; `leaf` holds the value when a name ends here.
+Records = Tuple[Optional[str], Optional[str]]
+"""A file's records of its containers: (structure document, 0.1.0 ``keepsake.pytree`` table)."""
 
-    Class-level defaults keep creating a node as cheap as creating a dict (one per folder of a
-    100,000-entry checkpoint)."""
-    has_leaf = False
-    leaf: Any = None
+LEAF, LIST, TUPLE, SET, DICT, KEYED, GUESS, NONE = range(8)  # ks_plan_tag (include/keepsake/binding.h)
 
 
-def trie(items: Dict[str, Any], prefix: str = "") -> _Node:
-    """The entries under `prefix` as a trie of '/' segments."""
-    root = _Node()
-    n = len(prefix)
-    for name, value in items.items():
-        if prefix and not name.startswith(prefix):
-            continue
-        node = root
-        rest = name[n:]
-        for seg in rest.split("/") if rest else []:
-            child = node.get(seg)
-            if child is None:
-                child = node[seg] = _Node()
-            node = child
-        node.has_leaf, node.leaf = True, value
-    return root
+def load_kinds(meta: Dict[str, str]) -> Records:
+    """The records the library reads a file's containers from: its structure document, else the
+    ``keepsake.pytree`` table of files keepsake 0.1.0's Python package wrote."""
+    if STRUCTURE_KEY in meta:
+        return (meta[STRUCTURE_KEY] or "", None)
+    return (None, meta.get(PYTREE_KEY))
+
+
+def structure_kinds(structure: Optional[str]) -> Records:
+    """The records of a value whose structure document is `structure` (None: an empty one)."""
+    return (structure or "", None)
 
 
 class Rebuilder:
-    """Rebuilds objects from a trie, the container table and an optional template."""
+    """Maps the library's plan (ks_structure_plan) onto Python objects.
 
-    def __init__(self, kinds: Optional[Dict[str, Any]] = None,
-                 leaf: Optional[Callable[[str, Any, Optional[str]], Any]] = None) -> None:
-        self.kinds = kinds or {}
-        self.unescape = bool(self.kinds.get("__unescape__"))
+    The library decides what every folder is and what every key is. The one comparison left here
+    is with the program's own object (`template`), for folders no record describes (files with
+    neither record, ks_plan_tag KS_PLAN_GUESS): a list or tuple there takes decimal names as its
+    items, a dict without int keys takes the names as str keys, and an OrderedDict stays one."""
+
+    def __init__(self, leaf: Optional[Callable[[str, Any, Optional[str]], Any]] = None) -> None:
         self._leaf = leaf or (lambda path, v, kind: v)
 
-    def build(self, node: _Node, path: str = "", template: Any = None) -> Any:
-        kind = self.kinds.get(path)
-        if node.has_leaf and not node:
-            return self._leaf(path, node.leaf, kind if isinstance(kind, str) else None)
-        if isinstance(kind, dict) and "keymap" in kind:  # the torch reader's typed keys, by name component
-            keymap = kind["keymap"]
-            return {keymap[seg] if seg in keymap else self._seg_key(seg): self.build(child, self._child(path, seg))
-                    for seg, child in node.items()}
-        if isinstance(kind, dict):
-            keys = kind.get("keys", [])
-            return {self._key(c, k): self.build(node[str(i)], self._child(path, str(i)))
-                    for i, (c, k) in enumerate(keys) if str(i) in node}
-        if kind in ("list", "tuple", "set") or (kind is None and isinstance(template, (list, tuple))
-                                                and _all_digits(node)):
-            items = [self.build(node[s], self._child(path, s), _index(template, int(s)))
-                     for s in sorted(node, key=int)] if _all_digits(node) else []
-            if kind == "tuple" or (kind is None and isinstance(template, tuple)):
-                return tuple(items)
-            return set(items) if kind == "set" else items
-        if kind == "dict" and not node:
-            return {}
-        # A structure document lists every dict that has a key other than str: the others have
-        # str keys. Without one (older files) decimal names are taken for int keys.
-        int_keys = kind == "intdict" or (kind is None and not self.unescape and _all_digits(node) and node
-                                         and (template is None or _has_int_keys(template)))
+    def build(self, plan: tuple, template: Any = None) -> Any:
+        tag = plan[0]
+        if tag == LEAF:
+            return self._leaf(plan[1], plan[2], plan[3])
+        if tag in (LIST, TUPLE, SET):
+            items = [self.build(c, _index(template, k)) for k, c in plan[1]]
+            return items if tag == LIST else tuple(items) if tag == TUPLE else set(items)
+        if tag == KEYED:
+            return {k: self.build(c) for k, c in plan[1]}
+        if tag == NONE:
+            return None
+        kids = plan[1]
+        if tag == GUESS and isinstance(template, (list, tuple)) and all(c[3] is not None for c in kids):
+            items = [self.build(c[1], _index(template, c[3])) for c in sorted(kids, key=lambda c: c[3])]
+            return tuple(items) if isinstance(template, tuple) else items
+        use_text = tag == GUESS and not (plan[2] and (template is None or _has_int_keys(template)))
         out: Dict[Any, Any] = {} if not isinstance(template, collections.OrderedDict) else collections.OrderedDict()
-        for seg, child in node.items():
-            key: Any = int(seg) if int_keys else self._seg_key(seg)
-            sub = template.get(key) if isinstance(template, dict) else None
-            out[key] = self.build(child, self._child(path, seg), sub)
+        sub = template if isinstance(template, dict) else None
+        for c in kids:
+            key = c[2] if use_text else c[0]
+            out[key] = self.build(c[1], sub.get(key) if sub is not None else None)
         return out
-
-    def _seg_key(self, seg: str) -> str:
-        """A str key from its name component ('%2F' and '%25' unescaped in torch reader names)."""
-        return seg.replace("%2F", "/").replace("%25", "%") if self.unescape else seg
-
-    @staticmethod
-    def _child(path: str, seg: str) -> str:
-        return f"{path}/{seg}" if path else seg
-
-    @staticmethod
-    def _key(code: str, k: Any) -> Any:
-        return {"i": int, "f": float, "b": bool, "s": str}.get(code, lambda x: x)(k) if code != "n" else None
-
-
-def _all_digits(node: _Node) -> bool:
-    return all(s.isdigit() for s in node)
 
 
 def _has_int_keys(template: Any) -> bool:
@@ -189,67 +162,11 @@ def _index(template: Any, i: int) -> Any:
     return template[i] if isinstance(template, (list, tuple)) and i < len(template) else None
 
 
-def load_kinds(meta: Dict[str, str]) -> Dict[str, Any]:
-    """The container table of a file: from its structure document, else from the ``keepsake.pytree``
-    table of files keepsake 0.1.0's Python package wrote (empty when it has neither, or it is
-    malformed)."""
-    if STRUCTURE_KEY in meta:
-        return structure_kinds(meta[STRUCTURE_KEY])
-    try:
-        kinds = json.loads(meta.get(PYTREE_KEY, "{}"))
-    except ValueError:
-        return {}
-    return kinds if isinstance(kinds, dict) else {}
-
-
-def structure_kinds(structure: Any) -> Dict[str, Any]:
-    """The structure document (docs/FORMAT.md section 10) as the rebuilder's container table: names
-    are escaped key texts, and a dict it does not list has str keys."""
-    try:
-        doc = json.loads(structure) if structure else {}
-    except ValueError:
-        return {}
-    doc = doc if isinstance(doc, dict) else {}
-    containers, leaves = doc.get("containers", {}), doc.get("leaves", {})
-    kinds: Dict[str, Any] = {}
-    for path, c in containers.items() if isinstance(containers, dict) else ():
-        kind = c.get("kind") if isinstance(c, dict) else None
-        if kind in ("list", "tuple", "set", "value"):
-            kinds[path] = kind
-        elif kind == "dict":
-            keys = c.get("keys")
-            kinds[path] = {"keymap": keys} if isinstance(keys, dict) and keys else "dict"
-    for path, kind in leaves.items() if isinstance(leaves, dict) else ():
-        if kind in ("bigint", "ndarray", "bytes"):
-            kinds[path] = kind
-    kinds["__unescape__"] = True
-    return kinds
-
-
-def sub_kinds(kinds: Dict[str, Any], prefix: str) -> Dict[str, Any]:
-    """The table entries under `prefix` ('a/b/'), with the prefix removed ('' for the prefix itself)."""
-    root = prefix.rstrip("/")
-    out = {"__unescape__": True} if kinds.get("__unescape__") else {}  # how names are written: file-wide
-    for k, v in kinds.items():
-        if k == root:
-            out[""] = v
-        elif k.startswith(prefix):
-            out[k[len(prefix):]] = v
-    return out
-
-
-def unflatten(items: Dict[str, Any], kinds: Optional[Dict[str, Any]] = None, prefix: str = "",
+def unflatten(items: Dict[str, Any], kinds: Optional[Records] = None, prefix: str = "",
               template: Any = None, leaf: Optional[Callable[[str, Any, Optional[str]], Any]] = None) -> Any:
-    """The object saved under `prefix` (which ends with '/' or is empty)."""
-    node = trie(items, prefix)
-    sub = sub_kinds(kinds or {}, prefix) if prefix else (kinds or {})
-    for path, kind in sub.items():  # empty containers have no entries: only the table knows them
-        if path and path != "__unescape__" and (kind in ("dict", "list", "tuple", "set", "intdict")
-                                                or isinstance(kind, dict)):
-            n = node
-            for seg in path.split("/"):
-                n = n.setdefault(seg, _Node())
-    return Rebuilder(sub_kinds(kinds or {}, prefix) if prefix else kinds, leaf).build(node, "", template)
+    """The object saved under `prefix` (which ends with '/' or is empty), as the library plans it."""
+    document, table = kinds or (None, None)
+    return Rebuilder(leaf).build(_n.structure_plan(document, table, items, prefix), template)
 
 
 def entries_under(items: Dict[str, Any], prefix: str) -> bool:
@@ -262,10 +179,11 @@ def join(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p)
 
 
-def rebuild_or_raise(items: Dict[str, Any], kinds: Dict[str, Any], prefix: str, leaf: Any, path: str) -> Any:
+def rebuild_or_raise(items: Dict[str, Any], kinds: Records, prefix: str, leaf: Any, path: str) -> Any:
     """unflatten, with a malformed container table reported as a FormatError."""
     try:
         return unflatten(items, kinds, prefix, leaf=leaf)
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
-        raise _errors.error(_errors.FormatError, f"metadata '{PYTREE_KEY}' does not describe the entries under "
-                            f"'{prefix}': {type(e).__name__}: {e}", file=path, key=PYTREE_KEY) from e
+    except _errors.FormatError as e:
+        raise _errors.error(_errors.FormatError, f"metadata '{PYTREE_KEY if kinds[0] is None else STRUCTURE_KEY}' "
+                            f"does not describe the entries under '{prefix}': {e}", file=path,
+                            key=PYTREE_KEY if kinds[0] is None else STRUCTURE_KEY) from e

@@ -38,10 +38,9 @@ def load_pt(source: Union[PathLike, bytes], *, verify_crc: bool = False, flat: b
         items[name] = _tensors.torch_from_copy(value) if isinstance(value, tuple) else value
     if flat:
         return items
-    kinds = _tree.structure_kinds(structure)
-    if kinds.get("") == "value" or "" in items:  # torch.save(tensor): one bare value
-        return items.get("value", items.get(""))
-    return _tree.unflatten(items, kinds)
+    if "" in items:  # a bare value named by the empty path
+        return items.get("value", items[""])
+    return _tree.unflatten(items, _tree.structure_kinds(structure))  # torch.save(tensor): the entry "value"
 
 
 def save_pt(obj: Dict[str, Any], path: PathLike, *, fsync: bool = True) -> None:

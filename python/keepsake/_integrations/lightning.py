@@ -54,7 +54,7 @@ def _finish_at_exit() -> None:
 class _MetricStates:
     """The metric entries of a loaded checkpoint, handed to KeepsakeMetrics.on_load_checkpoint."""
 
-    def __init__(self, items: Dict[str, Any], meta: Dict[str, Any], kinds: Dict[str, Any]) -> None:
+    def __init__(self, items: Dict[str, Any], meta: Dict[str, Any], kinds: _tree.Records) -> None:
         self.items, self.meta, self.kinds = items, meta, kinds
 
     def load_into(self, metrics: Dict[str, Any], allow_narrowing: bool = False) -> LoadReport:

@@ -207,7 +207,7 @@ def _own_leaf(path: str, v: Any, kind: Optional[str]) -> Any:
 
 
 def _components(optimizers: Any, schedulers: Any, dataset_state: Any, callbacks: Any, rng: bool,
-                items: Dict[str, Any], kinds: Dict[str, Any], leaf: Any = None, plan: Any = None,
+                items: Dict[str, Any], kinds: _tree.Records, leaf: Any = None, plan: Any = None,
                 templates: Optional[Dict[int, Any]] = None) -> List[tuple]:
     leaf = leaf or _clone_leaf
     out = []

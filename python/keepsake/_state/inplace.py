@@ -180,7 +180,7 @@ def _tensor_ids(obj: Any, out: set) -> set:
     return out
 
 
-def component_loader(obj: Any, template: Any, plan: Optional[Plan], items: Dict[str, Any], kinds: Dict[str, Any],
+def component_loader(obj: Any, template: Any, plan: Optional[Plan], items: Dict[str, Any], kinds: _tree.Records,
                      leaf: Callable) -> Callable[[str], None]:
     """What the engine calls with a component's prefix: its load_state_dict with the saved tree, in
     which the component's own tensors (placed in the plan) stand for themselves; once the object

@@ -56,7 +56,7 @@ def _install_states(m: Any, values: Dict[str, Any]) -> None:
 
 
 def install_metric(m: Any, path: str, values: Optional[Dict[str, Any]], kind: Optional[str],
-                   items: Dict[str, Any], kinds: Dict[str, Any]) -> None:
+                   items: Dict[str, Any], kinds: _tree.Records) -> None:
     """Copies what the engine staged for one metric (and its inner metrics) into it, or resets it
     when the engine left it at its defaults."""
     if values is None or kind not in FILLED:
@@ -71,7 +71,7 @@ def install_metric(m: Any, path: str, values: Optional[Dict[str, Any]], kind: Op
         metric._update_count = int(vals["update_count"])
 
 
-def component_loader(obj: Any, items: Dict[str, Any], kinds: Dict[str, Any], leaf: Callable) -> Callable[[str], None]:
+def component_loader(obj: Any, items: Dict[str, Any], kinds: _tree.Records, leaf: Callable) -> Callable[[str], None]:
     """What the engine calls with a component's prefix when the file has it: the object's own
     load_state_dict (or a dict's update) with the saved tree. Raising refuses it."""
     def load(prefix: str) -> None:
@@ -143,7 +143,7 @@ def metric_groups(train_metrics: Any, eval_groups: Sequence[Tuple[str, Any]]) ->
 
 
 def install_metrics(pairs: Sequence[Tuple[str, Any]], result: Dict[str, Any], items: Dict[str, Any],
-                    kinds: Dict[str, Any]) -> None:
+                    kinds: _tree.Records) -> None:
     kind_of = {}
     for kind, path, _why in result["report"]:
         kind_of.setdefault(path, kind)
@@ -151,7 +151,7 @@ def install_metrics(pairs: Sequence[Tuple[str, Any]], result: Dict[str, Any], it
         install_metric(m, path, result["metrics"].get(path), kind_of.get(path), items, kinds)
 
 
-def load_metrics_from(items: Dict[str, Any], metrics_meta: Dict[str, Any], kinds: Dict[str, Any],
+def load_metrics_from(items: Dict[str, Any], metrics_meta: Dict[str, Any], kinds: _tree.Records,
                       metrics: Dict[str, Any], root: str, report: LoadReport, allow_narrowing: bool) -> None:
     """Fills `metrics` (name -> metric, saved under `root`) from flat entries held in memory (a
     Lightning checkpoint dict), through the C engine as load_checkpoint does."""

@@ -207,7 +207,7 @@ def arg_attrs(m: Any) -> Dict[str, Any]:
     return attrs
 
 
-def computed(items: Dict[str, Any], kinds: Dict[str, Any], path: str) -> Any:
+def computed(items: Dict[str, Any], kinds: _tree.Records, path: str) -> Any:
     """The saved ``_computed`` of the metric at `path` (a tensor, a rebuilt tuple/dict, or None)."""
     key = _layout.key(_layout.METRIC_COMPUTED, base=path)
     if key in items:
