@@ -32,6 +32,8 @@ PART_METRIC_INNER: int
 PART_METRIC_UPDATE_COUNT: int
 PART_LIGHTNING: int
 META_STATE: str
+SYNC_STATES: str
+SYNC_UPDATE_COUNT: str
 META_LIGHTNING: str
 
 _Path = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]

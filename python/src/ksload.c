@@ -514,7 +514,9 @@ PyObject *ksp_load_state(PyObject *self, PyObject *args) {
 
 /* ---- metric sync: one metric's states from every rank, folded by the library's rule ---- */
 
-/* Rank r's copy of the described metric: its states (`state_dict/<state>`) and `update_count`. */
+/* Rank r's copy of the described metric: its states (KS_KEY_METRIC_STATES + <state>) and its update count
+   (KS_KEY_METRIC_UPDATE_COUNT), named as a metric's folder names them; the module's SYNC_STATES and
+   SYNC_UPDATE_COUNT give the encoder (keepsake._distributed.sync) the same names. */
 static KS_NODISCARD ks_status part_of(PyObject *desc, PyObject *blob, ks_metric **out, ks_error *err) {
   Py_buffer view;
   if (PyObject_GetBuffer(blob, &view, PyBUF_SIMPLE)) return KS_E_INVALID;
@@ -523,9 +525,9 @@ static KS_NODISCARD ks_status part_of(PyObject *desc, PyObject *blob, ks_metric 
   ks_metric *m = NULL;
   ks_status s = ks_load_buffer(view.buf, (size_t)view.len, NULL, &sd, &meta, err);
   if (!s) s = describe(desc, NULL, &m, err);
-  if (!s) s = ks_metric_load_state_dict(m, sd, "state_dict/", KS_METRIC_SCHEMA_VERSION, 0, NULL, NULL, err);
+  if (!s) s = ks_metric_load_state_dict(m, sd, KS_KEY_METRIC_STATES, KS_METRIC_SCHEMA_VERSION, 0, NULL, NULL, err);
   ks_entry e;
-  int64_t count = ks_statedict_get(sd, "update_count", &e) == KS_OK && e.kind == KS_VAL_INT ? e.i : 0;
+  int64_t count = ks_statedict_get(sd, KS_KEY_METRIC_UPDATE_COUNT, &e) == KS_OK && e.kind == KS_VAL_INT ? e.i : 0;
   if (!s) s = ks_metric_restore_computed(m, NULL, count < 0 ? 0 : count, err);
   ks_statedict_free(sd);
   ks_meta_free(meta);

@@ -255,6 +255,9 @@ static int add_state_parts(PyObject *m) {
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
     if (PyModule_AddIntConstant(m, parts[i].name, (long)parts[i].part) < 0) return -1;
   if (PyModule_AddStringConstant(m, "META_STATE", KS_META_STATE) < 0) return -1;
+  /* A metric-sync blob (fold_metric) holds one metric's folder: its states and its update count. */
+  if (PyModule_AddStringConstant(m, "SYNC_STATES", KS_KEY_METRIC_STATES) < 0) return -1;
+  if (PyModule_AddStringConstant(m, "SYNC_UPDATE_COUNT", KS_KEY_METRIC_UPDATE_COUNT) < 0) return -1;
   return PyModule_AddStringConstant(m, "META_LIGHTNING", KS_META_LIGHTNING);
 }
 

@@ -2,7 +2,8 @@
 """The Python package spells no checkpoint key layout: the C library names every key.
 
 Every line of python/keepsake (sub-packages included, docstrings and comments too) is searched
-for the literals of the layout (docs/DESIGN.md "One engine"): ``"state/``, ``/state_dict/``,
+for the literals of the layout (docs/DESIGN.md "One engine"): ``"state/``, ``/state_dict/`` (or a
+key that starts with ``state_dict/``, as a metric-sync blob's),
 ``_computed"``, ``/inner/``, ``/attrs/``, ``keepsake.dcp``, ``layout_version`` and the per-rank
 prefix ``rank<r>/`` (or ``rank{r}/`` in an f-string). The package asks the library for keys
 instead (keepsake._core.layout: ks_state_key, ks_layout_record).
@@ -17,13 +18,14 @@ import pathlib
 import re
 import sys
 
-PATTERN = re.compile(r'"state/|/state_dict/|_computed"|/inner/|/attrs/|keepsake\.dcp|layout_version'
+PATTERN = re.compile(r'"state/|/state_dict/|"state_dict/|_computed"|/inner/|/attrs/|keepsake\.dcp|layout_version'
                      r'|rank(<r>|\{[A-Za-z_]*\})/')
 
 # (file under python/keepsake, the line's text stripped). Empty: nothing in the package spells the layout.
 EXCEPTIONS: set = set()
 
-SAMPLES = ['fl.add(f"state/model/{k}", v)', 'f"{path}/state_dict/{s}"', 'items["x/_computed"]', 'p + "/inner/" + n',
+SAMPLES = ['fl.add(f"state/model/{k}", v)', 'f"{path}/state_dict/{s}"', 'fl.add(f"state_dict/{s}", v)',
+           'items["x/_computed"]', 'p + "/inner/" + n',
            'f"{p}/attrs/{a}"', '"keepsake.dcp.object/"', "'{\"layout_version\":1}'", "``rank<r>/rng``",
            'f"rank{rank}/"']
 

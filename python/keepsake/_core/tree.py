@@ -6,7 +6,8 @@ rule (ks_key_text: str keys with '%' and '/' escaped, ints in decimal, True/Fals
 cannot tell - that a node was a list, a tuple or a dict with int keys, an empty container, a numpy
 array, bytes, a big int - the library records in the structure document (``keepsake.torch_structure``,
 docs/FORMAT.md section 10) that every writer, C or Python, writes. Python walks its objects and
-hands each container to ``_keepsake.Structure``; it keeps no naming rule of its own.
+hands each container to ``_keepsake.Structure``, which names every dict key; what Python still does
+itself is join the names with '/' and number sequence items in decimal (FORMAT.md section 10).
 
 Reading is the library's: ks_structure_plan (include/keepsake/binding.h) reads the structure
 document, or the ``keepsake.pytree`` table of files written by keepsake 0.1.0's Python package, and

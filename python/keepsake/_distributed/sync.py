@@ -13,12 +13,14 @@ from .._state import load as _load, metrics as _metrics
 
 
 def _encode(m: Any) -> bytes:
-    """One rank's states of `m` (list states concatenated) and its update count."""
+    """One rank's states of `m` (list states concatenated) and its update count, named as the
+    library's decoder (fold_metric) reads them: the extension's SYNC_STATES and SYNC_UPDATE_COUNT,
+    a metric folder's names (include/keepsake/layout.h)."""
     fl = _tree.Flattener(_tensors.torch_entry)
     for s in m._defaults:
         v = getattr(m, s)
-        fl.add(f"state_dict/{s}", _metrics._cat(v) if isinstance(v, list) else v)
-    fl.add("update_count", int(m._update_count))
+        fl.add(_n.SYNC_STATES + s, _metrics._cat(v) if isinstance(v, list) else v)
+    fl.add(_n.SYNC_UPDATE_COUNT, int(m._update_count))
     return bytes(_n.save_bytes(fl.entries))
 
 
