@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._core import tensors as _tensors, tree as _tree
+from . import load as _load
 
 Entry = Tuple[str, int, Tuple[int, ...], int, int]  # the reader's (name, code, shape, begin, end)
 
@@ -192,13 +193,7 @@ def component_loader(obj: Any, template: Any, plan: Optional[Plan], items: Dict[
         value = _tree.unflatten(items, kinds, prefix, template, leaf)
         if isinstance(obj, torch.optim.Optimizer):
             value = _fast_groups(value)
-        if hasattr(obj, "load_state_dict"):
-            obj.load_state_dict(value)
-        elif isinstance(obj, dict):
-            obj.clear()
-            obj.update(value)
-        else:
-            raise TypeError(f"a {type(obj).__name__} has no load_state_dict()")
+        _load.install_tree(obj, value)
         mine = [k for k in plan.under(prefix) if k in items] if plan is not None else []  # not the ignored
         if not mine:
             return

@@ -76,15 +76,19 @@ def component_loader(obj: Any, items: Dict[str, Any], kinds: _tree.Records, leaf
     load_state_dict (or a dict's update) with the saved tree. Raising refuses it."""
     def load(prefix: str) -> None:
         template = obj.state_dict() if hasattr(obj, "state_dict") else None
-        value = _tree.unflatten(items, kinds, prefix, template, leaf)
-        if hasattr(obj, "load_state_dict"):
-            obj.load_state_dict(value)
-        elif isinstance(obj, dict):
-            obj.clear()
-            obj.update(value)
-        else:
-            raise TypeError(f"a {type(obj).__name__} has no load_state_dict()")
+        install_tree(obj, _tree.unflatten(items, kinds, prefix, template, leaf))
     return load
+
+
+def install_tree(obj: Any, value: Any) -> None:
+    """Gives a component its saved tree: its own load_state_dict, or a dict's contents replaced."""
+    if hasattr(obj, "load_state_dict"):
+        obj.load_state_dict(value)
+    elif isinstance(obj, dict):
+        obj.clear()
+        obj.update(value)
+    else:
+        raise TypeError(f"a {type(obj).__name__} has no load_state_dict()")
 
 
 def model_entries(model: Any, targets: Optional[Dict[str, Any]] = None) -> Tuple[List[tuple], List[Tuple[Any, Any, str]]]:
