@@ -1,14 +1,18 @@
 /*
  * A C program's training state, saved through the C state layer for
- * tests/interop/state_header.py, which saves the same components from Python and compares the
- * two files' headers: a 4 -> 2 linear model ("fc.weight", "fc.bias"), AdamW stepped once, the
- * warmup-cosine scheduler stepped once, a timestamp after one batch, a dataset position, the
- * RNG, train metrics (MulticlassAccuracy "acc", computed) and eval metrics under "val"
- * (MeanSquaredError "mse"), run name "run-1", seed 42.
+ * tests/python/test_state_header_c.py, which saves the same components from Python and compares
+ * the two files' headers: a 4 -> 2 linear model ("fc.weight", "fc.bias"), AdamW stepped once, the
+ * warmup-cosine scheduler stepped once, a timestamp after one batch, a dataset position, train
+ * metrics (MulticlassAccuracy "acc", computed; MinMaxMetric over a MeanMetric "minmax", updated
+ * twice and computed after each) and eval metrics under "val" (MeanSquaredError "mse"), run name
+ * "run-1", seed 42, and the generators a Python program has (Python's and numpy's Mersenne
+ * Twisters, torch's CPU generator), registered as a component under rng/0/ as a C program that
+ * embeds CPython would hold them.
  *
  * usage: state_header_c OUT.keepsake
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "keepsake/keepsake.h"
 
@@ -24,7 +28,87 @@ static ks_status metrics(void *ctx, const char *label, const ks_allocator *alloc
   if (!s && label) s = ks_metric_create("MeanSquaredError", "{}", alloc, &m, err);
   if (!s) s = ks_metric_collection_add(*out, label ? "mse" : "acc", m, err);
   else ks_metric_free(m);
+  m = NULL;
+  if (!s && !label) /* torchmetrics' MinMaxMetric(base_metric=MeanMetric()) */
+    s = ks_metric_create("MinMaxMetric", "{\"base_metric\":{\"class\":\"MeanMetric\",\"args\":{}}}", alloc,
+                         &m, err);
+  if (!s && !label) s = ks_metric_collection_add(*out, "minmax", m, err);
+  if (s) ks_metric_free(m);
   return s;
+}
+
+/* ---- the generators of a Python program: Mersenne Twister words as CPython and numpy seed them ---- */
+
+enum { MT_N = 624, TORCH_STATE_BYTES = 5056 };
+
+static void mt_init(uint32_t *mt, uint32_t seed) { /* init_genrand */
+  mt[0] = seed;
+  for (uint32_t i = 1; i < MT_N; i++) mt[i] = 1812433253u * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i;
+}
+
+static void mt_init_by_array(uint32_t *mt, const uint32_t *key, uint32_t n) { /* CPython's random.seed(int) */
+  mt_init(mt, 19650218u);
+  uint32_t i = 1, j = 0;
+  for (uint32_t k = MT_N > n ? MT_N : n; k; k--) {
+    mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1664525u)) + key[j] + j;
+    if (++i >= MT_N) mt[0] = mt[MT_N - 1], i = 1;
+    if (++j >= n) j = 0;
+  }
+  for (uint32_t k = MT_N - 1; k; k--) {
+    mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1566083941u)) - i;
+    if (++i >= MT_N) mt[0] = mt[MT_N - 1], i = 1;
+  }
+  mt[0] = 0x80000000u;
+}
+
+typedef struct generators {
+  int64_t python[MT_N + 1]; /* random.getstate()[1]: the words, then the position */
+  int64_t numpy[MT_N];      /* np.random.get_state()[1], widened to I64 as the Python package stores it */
+  uint8_t torch[TORCH_STATE_BYTES];
+} generators;
+
+static void generators_seed(generators *g, uint32_t seed) {
+  uint32_t mt[MT_N];
+  mt_init_by_array(mt, &seed, 1);
+  for (int i = 0; i < MT_N; i++) g->python[i] = mt[i];
+  g->python[MT_N] = MT_N;
+  mt_init(mt, seed);
+  for (int i = 0; i < MT_N; i++) g->numpy[i] = mt[i];
+  memset(g->torch, 0, sizeof g->torch); /* an opaque state, as torch.get_rng_state() is to a program */
+  memcpy(g->torch, mt, sizeof mt);
+}
+
+static ks_status put_tensor(ks_statedict *dst, const char *prefix, const char *name, ks_dtype dt, int64_t n,
+                            void *data, ks_error *err) {
+  char k[256];
+  ks_tensor t;
+  snprintf(k, sizeof k, "%s%s", prefix, name);
+  ks_status s = ks_tensor_init(&t, dt, 1, &n, data);
+  return s ? s : ks_statedict_set_tensor(dst, k, &t, KS_COPY, err);
+}
+
+/* The entries the Python package writes for its generators (python/keepsake/_state/rng.py), in its order. */
+static ks_status generators_save(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err) {
+  generators *g = ctx;
+  char k[256];
+#define KEY(name) (snprintf(k, sizeof k, "%s%s", prefix, name), k)
+  ks_status s = ks_statedict_set_int(dst, KEY("python/version"), 3, err);
+  if (!s) s = put_tensor(dst, prefix, "python/state", KS_I64, MT_N + 1, g->python, err);
+  if (!s) s = ks_statedict_set_null(dst, KEY("python/gauss_next"), err);
+  if (!s) s = ks_statedict_set_string(dst, KEY("numpy/kind"), "MT19937", err);
+  if (!s) s = put_tensor(dst, prefix, "numpy/keys", KS_I64, MT_N, g->numpy, err);
+  if (!s) s = ks_statedict_mark_leaf(dst, KEY("numpy/keys"), KS_LEAF_NDARRAY, err); /* an ndarray in Python */
+  if (!s) s = ks_statedict_set_int(dst, KEY("numpy/pos"), MT_N, err);
+  if (!s) s = ks_statedict_set_int(dst, KEY("numpy/has_gauss"), 0, err);
+  if (!s) s = ks_statedict_set_float(dst, KEY("numpy/cached_gaussian"), 0.0, err);
+  if (!s) s = put_tensor(dst, prefix, "torch", KS_U8, TORCH_STATE_BYTES, g->torch, err);
+#undef KEY
+  return s;
+}
+
+static ks_status generators_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
+  (void)ctx, (void)src, (void)prefix, (void)err;
+  return KS_OK; /* this program only saves */
 }
 
 /* One update of each metric (and a compute of the train one, so its _computed is a tensor). */
@@ -42,6 +126,13 @@ static ks_status update_metrics(ks_state *st, ks_error *err) {
   if (!s) s = ks_tensor_init(&in[0], KS_F32, 1, s1, p1);
   if (!s) s = ks_tensor_init(&in[1], KS_F32, 1, s1, t1);
   if (!s) s = ks_metric_update(mse, in, 2, err);
+  ks_metric *minmax = ks_metric_collection_get(ks_state_train_metrics(st), "minmax");
+  float v[2] = {2.0f, 6.0f};
+  for (int i = 0; i < 2 && !s; i++) {
+    s = ks_tensor_init(&in[0], KS_F32, 0, NULL, &v[i]);
+    if (!s) s = ks_metric_update(minmax, in, 1, err);
+    if (!s) s = ks_metric_compute(minmax, &r, err);
+  }
   return s;
 }
 
@@ -55,7 +146,8 @@ int main(int argc, char **argv) {
   ks_optimizer *opt = NULL;
   static ks_scheduler sched;
   static ks_timestamp ts;
-  static ks_rng rng;
+  static generators gens;
+  ks_stateful rng = {&gens, generators_save, generators_load};
   static ks_dataset_state ds = {1, 5, 7};
   const int64_t ws[2] = {2, 4}, bs[1] = {2};
   ks_tensor w, b;
@@ -75,13 +167,13 @@ int main(int argc, char **argv) {
     ks_scheduler_step(&sched, opt);
     ks_timestamp_init(&ts);
     ks_timestamp_batch_done(&ts, 3, 0, 0.5);
-    ks_rng_seed(&rng, 7);
+    generators_seed(&gens, 7);
     ks_state_set_timestamp(st, &ts);
-    ks_state_set_rng(st, &rng);
     s = ks_state_add_optimizer(st, "AdamW", opt, &err);
   }
   if (!s) s = ks_state_add_scheduler(st, "Sched", &sched, &err);
   if (!s) s = ks_state_add_dataset(st, "loader", &ds, &err);
+  if (!s) s = ks_state_add_component(st, KS_ROOT_RNG, "0", &rng, &err);
   if (!s) s = ks_state_build_metrics(st, metrics, NULL, labels, 1, &err);
   if (!s) s = update_metrics(st, &err);
   if (!s) s = ks_state_save(st, argv[1], NULL, &err);

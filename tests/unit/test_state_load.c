@@ -584,6 +584,79 @@ static void file_save_and_load_with_metrics_survive_every_allocation_failure(voi
   free(dir);
 }
 
+static const mdef MINMAX = {"minmax", "MinMaxMetric", "{\"base_metric\":{\"class\":\"MeanMetric\"}}"};
+
+static void feed_scalar(ks_metric *m, float v) {
+  ks_tensor t;
+  const ks_tensor *r;
+  assert_int_equal(ks_tensor_init(&t, KS_F32, 0, NULL, &v), KS_OK);
+  assert_int_equal(ks_metric_update(m, &t, 1, NULL), KS_OK);
+  assert_int_equal(ks_metric_compute(m, &r, NULL), KS_OK);
+}
+
+static float bound(const ks_metric *m, size_t i) {
+  ks_tensor v;
+  assert_int_equal(ks_metric_attr_at(m, i, NULL, NULL, &v), KS_OK);
+  assert_non_null(v.data);
+  return *(const float *)v.data;
+}
+
+/*
+ * A C program's MinMaxMetric(MeanMetric) is saved as torchmetrics' is by the Python package (the
+ * keys in the same order, the wrapper's record with its inner classes and no arguments) and a C
+ * resume fills the base metric's states and the bounds.
+ */
+static void minmax_wrapper_saves_the_binding_layout_and_resumes(void **s) {
+  (void)s;
+  static const char *const keys[] = {"_computed", "attrs/max_val", "attrs/min_val",
+                                     "inner/_base_metric/state_dict/mean_value",
+                                     "inner/_base_metric/state_dict/weight", "inner/_base_metric/_computed",
+                                     "inner/_base_metric/update_count"};
+  mdef t[] = {MINMAX};
+  prog a, b;
+  prog_init(&a, t, 1, NULL, 0, 1.0f);
+  prog_init(&b, t, 1, NULL, 0, 2.0f);
+  ks_metric *ma = ks_metric_collection_get(ks_state_train_metrics(a.st), "minmax");
+  feed_scalar(ma, 2.0f);
+  feed_scalar(ma, 6.0f); /* mean 4: max 4, min 2 */
+  ks_statedict *sd;
+  ks_meta *meta;
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
+  assert_int_equal(transfer(&a, &b, NULL, rep, &sd, &meta, NULL), KS_OK);
+  size_t j = 0, n = sizeof keys / sizeof *keys, pl = strlen("state/train_metrics/minmax/");
+  ks_entry e;
+  for (size_t i = 0; ks_statedict_at(sd, i, &e) == KS_OK; i++) {
+    if (strncmp(e.name, "state/train_metrics/minmax/", pl)) continue;
+    assert_true(j < n);
+    assert_string_equal(e.name + pl, keys[j++]);
+  }
+  assert_int_equal(j, n);
+  assert_int_equal(ks_statedict_get(sd, "state/train_metrics/minmax/_computed", &e), KS_OK);
+  assert_int_equal(e.kind, KS_VAL_NULL);
+  assert_int_equal(ks_statedict_get(sd, "state/train_metrics/minmax/inner/_base_metric/update_count", &e), KS_OK);
+  assert_true(e.kind == KS_VAL_INT && e.i == 2);
+  assert_string_equal(ks_meta_get(meta, KS_META_METRICS),
+                      "{\"state/train_metrics/minmax\":{\"class\":\"MinMaxMetric\",\"inner\":{\"_base_metric\":"
+                      "\"MeanMetric\"},\"schema_version\":2,\"update_count\":0}}");
+  assert_int_equal(kind_of(rep, "state/train_metrics/minmax"), KS_LOAD_LOADED);
+  ks_metric *mb = ks_metric_collection_get(ks_state_train_metrics(b.st), "minmax");
+  ks_metric *base = ks_metric_inner_at(mb, 0, NULL);
+  assert_true(bound(mb, 0) == 4.0f && bound(mb, 1) == 2.0f);
+  assert_int_equal(ks_metric_update_count(base), 2);
+  assert_non_null(ks_metric_computed(base));
+  feed_scalar(mb, 0.5f); /* mean of 2, 6, 0.5: the base's states came back */
+  const ks_tensor *r;
+  assert_int_equal(ks_metric_compute(mb, &r, NULL), KS_OK);
+  const float *f = r->data;
+  assert_true(f[0] == 8.5f / 3.0f && f[1] == 4.0f && f[2] == 2.0f);
+  ks_load_report_free(rep);
+  ks_statedict_free(sd);
+  ks_meta_free(meta);
+  prog_free(&a);
+  prog_free(&b);
+}
+
 static void retention_deletes_only_files_named_by_the_template(void **s) {
   (void)s;
   static const mdef train[] = {ACC};
@@ -628,6 +701,7 @@ int main(void) {
       cmocka_unit_test(state_flattens_to_composer_layout_with_metric_metadata),
       cmocka_unit_test(save_and_load_survive_every_allocation_failure),
       cmocka_unit_test(file_save_and_load_with_metrics_survive_every_allocation_failure),
+      cmocka_unit_test(minmax_wrapper_saves_the_binding_layout_and_resumes),
       cmocka_unit_test(retention_deletes_only_files_named_by_the_template),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
