@@ -9,11 +9,14 @@
  * Twisters, torch's CPU generator), registered as a component under rng/0/ as a C program that
  * embeds CPython would hold them.
  *
- * usage: state_header_c OUT.keepsake
+ * usage: state_header_c OUT.keepsake       saves the state
+ *        state_header_c --resume IN.keepsake   builds the same components, loads IN (the Python program's
+ *                                               file) and prints the report, the wrapper and the generators
  */
 #include <stdio.h>
 #include <string.h>
 
+#include "keepsake/binding.h" /* ks_metric_inner_at, ks_metric_attr_at: what the wrapper holds */
 #include "keepsake/keepsake.h"
 
 static float weight[8] = {0.1f, -0.2f, 0.3f, 0.4f, -0.5f, 0.6f, 0.7f, -0.8f}, bias[2] = {0.01f, -0.02f};
@@ -106,9 +109,27 @@ static ks_status generators_save(void *ctx, ks_statedict *dst, const char *prefi
   return s;
 }
 
+/* Reads one generator's words back: I64 [n] or U8 [n], as generators_save writes them. */
+static ks_status get_tensor(const ks_statedict *src, const char *prefix, const char *name, ks_dtype dt, int64_t n,
+                            void *out, ks_error *err) {
+  char k[256];
+  snprintf(k, sizeof k, "%s%s", prefix, name);
+  const ks_tensor *t = ks_statedict_tensor(src, k);
+  if (!t || t->dtype != dt || t->rank != 1 || t->shape[0] != n) {
+    if (err) snprintf(err->message, sizeof err->message, "generator state '%s' is missing or of another shape", k);
+    return KS_E_MISMATCH;
+  }
+  memcpy(out, t->data, t->nbytes);
+  return KS_OK;
+}
+
 static ks_status generators_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
-  (void)ctx, (void)src, (void)prefix, (void)err;
-  return KS_OK; /* this program only saves */
+  generators *g = ctx, tmp;
+  ks_status s = get_tensor(src, prefix, "python/state", KS_I64, MT_N + 1, tmp.python, err);
+  if (!s) s = get_tensor(src, prefix, "numpy/keys", KS_I64, MT_N, tmp.numpy, err);
+  if (!s) s = get_tensor(src, prefix, "torch", KS_U8, TORCH_STATE_BYTES, tmp.torch, err);
+  if (!s) *g = tmp; /* all or nothing */
+  return s;
 }
 
 /* One update of each metric (and a compute of the train one, so its _computed is a tensor). */
@@ -136,9 +157,38 @@ static ks_status update_metrics(ks_state *st, ks_error *err) {
   return s;
 }
 
+static double value(const ks_tensor *t) { return t && t->data ? ks_dtype_get_f64(t->dtype, t->data, 0) : -1.0; }
+
+/* --resume: loads a checkpoint of the same components (the Python program's) and prints what the C
+ * program holds then: the report, the wrapper's bounds and base metric, whether the generators are
+ * the seed-7 ones. */
+static ks_status resume_from(ks_state *st, generators *g, const char *path, ks_error *err) {
+  ks_load_report *rep = NULL;
+  ks_status s = ks_load_report_create(NULL, &rep, err);
+  if (!s) s = ks_state_load(st, path, NULL, rep, err);
+  if (!s) {
+    ks_load_report_print(rep, stdout);
+    ks_metric *m = ks_metric_collection_get(ks_state_train_metrics(st), "minmax");
+    ks_metric *base = ks_metric_inner_at(m, 0, NULL);
+    ks_tensor mx, mn, mean, wsum;
+    if (ks_metric_attr_at(m, 0, NULL, NULL, &mx) || ks_metric_attr_at(m, 1, NULL, NULL, &mn) ||
+        ks_metric_state_info(base, 0, NULL, NULL, &mean) || ks_metric_state_info(base, 1, NULL, NULL, &wsum))
+      return KS_E_STATE;
+    generators seeded;
+    generators_seed(&seeded, 7);
+    printf("minmax max_val=%g min_val=%g mean_value=%g weight=%g update_count=%lld\n", value(&mx), value(&mn),
+           value(&mean), value(&wsum), (long long)ks_metric_update_count(base));
+    printf("generators seed7 python=%d numpy=%d\n", !memcmp(g->python, seeded.python, sizeof seeded.python),
+           !memcmp(g->numpy, seeded.numpy, sizeof seeded.numpy));
+  }
+  ks_load_report_free(rep);
+  return s;
+}
+
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: state_header_c OUT.keepsake\n");
+  int resume = argc == 3 && !strcmp(argv[1], "--resume");
+  if (argc != 2 && !resume) {
+    fprintf(stderr, "usage: state_header_c OUT.keepsake | --resume IN.keepsake\n");
     return 2;
   }
   ks_error err = {0};
@@ -175,8 +225,9 @@ int main(int argc, char **argv) {
   if (!s) s = ks_state_add_dataset(st, "loader", &ds, &err);
   if (!s) s = ks_state_add_component(st, KS_ROOT_RNG, "0", &rng, &err);
   if (!s) s = ks_state_build_metrics(st, metrics, NULL, labels, 1, &err);
-  if (!s) s = update_metrics(st, &err);
-  if (!s) s = ks_state_save(st, argv[1], NULL, &err);
+  if (!s && !resume) s = update_metrics(st, &err);
+  if (!s && !resume) s = ks_state_save(st, argv[1], NULL, &err);
+  if (!s && resume) s = resume_from(st, &gens, argv[2], &err);
   if (s) fprintf(stderr, "state_header_c: %s: %s\n", ks_strerror(s), err.message);
   ks_state_free(st);
   ks_optimizer_free(opt);

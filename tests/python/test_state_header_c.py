@@ -20,6 +20,10 @@ byte for byte. What still differs, and why:
     numpy do);
   - the timestamp's wall-clock totals (``*_wct``), compared by type only: a real program's differ.
 keepsake.writer is the same ("keepsake <version>": both are written by the one C library).
+
+Each file also loads in the other language: the C file into torchmetrics' MinMaxMetric (bounds
+and base metric) and Python's and numpy's generators; the Python file into the C program
+(``state_header_c --resume``: every component loaded, the wrapper's bounds and base metric).
 """
 import json
 import os
@@ -167,3 +171,14 @@ def test_a_c_file_loads_into_torchmetrics_and_the_generators(files):
     np_state = np.random.get_state()
     np.random.seed(SEED)
     assert (np_state[1] == np.random.get_state()[1]).all() and np_state[2] == 624
+
+
+def test_a_python_file_resumes_the_c_program(files):
+    """The C program loads the Python program's file: every component loaded, the wrapper's bounds and
+    base metric filled, the generators the seed-7 ones."""
+    _, py_path = files
+    out = subprocess.run([C_PROGRAM, "--resume", py_path], check=True, capture_output=True, text=True).stdout
+    assert "summary: 9 loaded, 0 migrated, 0 converted, 0 skipped, 0 missing, 0 mismatched" in out, out
+    assert "loaded     state/train_metrics/minmax" in out
+    assert "minmax max_val=4 min_val=2 mean_value=8 weight=2 update_count=2" in out, out
+    assert "generators seed7 python=1 numpy=1" in out, out
