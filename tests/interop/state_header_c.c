@@ -6,8 +6,8 @@
  * metrics (MulticlassAccuracy "acc", computed; MinMaxMetric over a MeanMetric "minmax", updated
  * twice and computed after each) and eval metrics under "val" (MeanSquaredError "mse"), run name
  * "run-1", seed 42, and the generators a Python program has (Python's and numpy's Mersenne
- * Twisters, torch's CPU generator), registered as a component under rng/0/ as a C program that
- * embeds CPython would hold them.
+ * Twisters, torch's CPU generator, each as seeding it with 7 leaves it), registered as a component
+ * under rng/0/ as a C program that embeds CPython would hold them.
  *
  * usage: state_header_c OUT.keepsake       saves the state
  *        state_header_c --resume IN.keepsake   builds the same components, loads IN (the Python program's
@@ -70,6 +70,10 @@ typedef struct generators {
   uint8_t torch[TORCH_STATE_BYTES];
 } generators;
 
+static void le_put(uint8_t *p, uint64_t v, int n) {
+  for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
 static void generators_seed(generators *g, uint32_t seed) {
   uint32_t mt[MT_N];
   mt_init_by_array(mt, &seed, 1);
@@ -77,8 +81,14 @@ static void generators_seed(generators *g, uint32_t seed) {
   g->python[MT_N] = MT_N;
   mt_init(mt, seed);
   for (int i = 0; i < MT_N; i++) g->numpy[i] = mt[i];
-  memset(g->torch, 0, sizeof g->torch); /* an opaque state, as torch.get_rng_state() is to a program */
-  memcpy(g->torch, mt, sizeof mt);
+  /* torch.manual_seed(seed)'s torch.get_rng_state(): its CPU generator's legacy state, little-endian:
+   * u64 initial seed, i32 left = 1, i32 seeded = 1, u64 next = 0, u64 [624] the words, then the
+   * normal-sample caches (40 zero bytes). */
+  memset(g->torch, 0, sizeof g->torch);
+  le_put(g->torch, seed, 8);
+  le_put(g->torch + 8, 1, 4);
+  le_put(g->torch + 12, 1, 4);
+  for (int i = 0; i < MT_N; i++) le_put(g->torch + 24 + 8 * i, mt[i], 8);
 }
 
 static ks_status put_tensor(ks_statedict *dst, const char *prefix, const char *name, ks_dtype dt, int64_t n,
@@ -178,8 +188,8 @@ static ks_status resume_from(ks_state *st, generators *g, const char *path, ks_e
     generators_seed(&seeded, 7);
     printf("minmax max_val=%g min_val=%g mean_value=%g weight=%g update_count=%lld\n", value(&mx), value(&mn),
            value(&mean), value(&wsum), (long long)ks_metric_update_count(base));
-    printf("generators seed7 python=%d numpy=%d\n", !memcmp(g->python, seeded.python, sizeof seeded.python),
-           !memcmp(g->numpy, seeded.numpy, sizeof seeded.numpy));
+    printf("generators seed7 python=%d numpy=%d torch=%d\n", !memcmp(g->python, seeded.python, sizeof seeded.python),
+           !memcmp(g->numpy, seeded.numpy, sizeof seeded.numpy), !memcmp(g->torch, seeded.torch, sizeof seeded.torch));
   }
   ks_load_report_free(rep);
   return s;
