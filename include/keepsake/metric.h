@@ -110,7 +110,9 @@ typedef enum ks_reduce {
 /**
  * Builds a metric from a torchmetrics class name and its constructor arguments.
  *
- * @param class_name torchmetrics (or Composer) class name, e.g. "MulticlassAccuracy".
+ * @param class_name torchmetrics (or Composer) class name, e.g. "MulticlassAccuracy", or a wrapper:
+ *                   "MinMaxMetric", whose args_json is {"base_metric": {"class": C, "args": {...}}}
+ *                   (the base metric is built with the same rules; see "Wrappers" above).
  * @param args_json  a JSON object of constructor arguments ("{\"num_classes\":10}"); NULL or ""
  *                   means {}. Parsed strictly: duplicate keys, unknown keys and values of the
  *                   wrong type or range are rejected. Accepted names: num_classes, num_labels,
