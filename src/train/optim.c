@@ -129,7 +129,7 @@ static void adamw_param(const ks_optimizer *o, opt_param *p, float step) {
     p->m[i] = p->m[i] * b1 + g * c1;
     p->v[i] = p->v[i] * b2 + c2 * g * g;
     float denom = sqrtf(p->v[i]) / bc2_sqrt + eps;
-    p->p[i] += -step_size * (p->m[i] / denom);
+    p->p[i] += (-step_size * p->m[i]) / denom; /* torch's addcdiv_: (value * exp_avg) / denom, in that order */
   }
 }
 
