@@ -23,6 +23,18 @@
  * MultilabelAccuracy, MultilabelF1Score, MeanSquaredError, MeanAbsoluteError,
  * R2Score, LanguageCrossEntropy, LanguagePerplexity.
  *
+ * Wrappers: MinMaxMetric over any of them,
+ *   ks_metric_create("MinMaxMetric", "{\"base_metric\":{\"class\":\"MeanMetric\",\"args\":{}}}", ...)
+ * (torchmetrics' base_metric argument as a class and its arguments). As torchmetrics 1.9.0's
+ * WrapperMetric: update forwards to the base metric and is not counted (the wrapper's update
+ * count stays 0, ks_metric_computed stays NULL: `_computed` None); each compute computes the base
+ * and, its result being a scalar (KS_E_STATE otherwise, torchmetrics' RuntimeError), moves
+ * min_val / max_val (initially +inf / -inf), and returns F32 [3]: raw, max, min (torchmetrics'
+ * {"raw", "max", "min"}); reset resets the base and keeps min_val / max_val. It is a described
+ * wrapper (binding.h): its base is inner metric "_base_metric" (ks_metric_inner_at), its bounds are
+ * attributes "max_val", "min_val" (ks_metric_attr_at), and ks_state_save writes it as the Python
+ * package writes torchmetrics' (`attrs/`, `inner/_base_metric/`, a record naming the inner class).
+ *
  * Reference: torchmetrics 1.9.0 (tests/vectors replays 663 of its cases, and 587
  * of 1.4.3's and 522 of 0.11.4's through the migrations, with 0 failures). Where
  * the releases differ keepsake follows 1.9.0:
@@ -98,7 +110,9 @@ typedef enum ks_reduce {
 /**
  * Builds a metric from a torchmetrics class name and its constructor arguments.
  *
- * @param class_name torchmetrics (or Composer) class name, e.g. "MulticlassAccuracy".
+ * @param class_name torchmetrics (or Composer) class name, e.g. "MulticlassAccuracy", or a wrapper:
+ *                   "MinMaxMetric", whose args_json is {"base_metric": {"class": C, "args": {...}}}
+ *                   (the base metric is built with the same rules; see "Wrappers" above).
  * @param args_json  a JSON object of constructor arguments ("{\"num_classes\":10}"); NULL or ""
  *                   means {}. Parsed strictly: duplicate keys, unknown keys and values of the
  *                   wrong type or range are rejected. Accepted names: num_classes, num_labels,

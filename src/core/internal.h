@@ -188,6 +188,8 @@ bool ks__utf8_valid(const uint8_t *s, size_t n);
 KS_NODISCARD ks_status ks__name_check(const char *name, ks_error *err);
 /* The allocator sd was created with (never NULL: a copy of the defaults). */
 const ks_allocator *ks__statedict_allocator(const ks_statedict *sd);
+/* The leaf kind ks_statedict_mark_leaf gave entry i (insertion order), 0 for none. */
+int ks__statedict_leaf(const ks_statedict *sd, size_t i);
 /*
  * Attaches an owner released when the dict is freed, e.g. a reader whose mapping
  * KS_MAPPED_VIEW tensors point into. @return KS_OK or KS_E_NOMEM (then `release` is NOT called).

@@ -8,6 +8,7 @@
 #include "core/hindex.h"
 #include "core/internal.h"
 #include "keepsake/statedict.h"
+#include "keepsake/structure.h"
 
 typedef struct sd_item {
   char *name;
@@ -18,6 +19,7 @@ typedef struct sd_item {
   int64_t i;
   double f;
   char *s;
+  int leaf; /* ks_leaf_kind the entry stands for (ks_statedict_mark_leaf), 0: itself */
 } sd_item;
 
 typedef struct sd_owner {
@@ -248,6 +250,21 @@ const ks_tensor *ks_statedict_tensor(const ks_statedict *sd, const char *name) {
   if (idx < 0 || sd->items[idx].kind != KS_VAL_TENSOR) return NULL;
   return &sd->items[idx].tensor;
 }
+
+ks_status ks_statedict_mark_leaf(ks_statedict *sd, const char *name, int kind, ks_error *err) {
+  long idx = sd && name ? find_index(sd, name) : -1;
+  if (idx < 0) return ks__err_at(err, KS_E_NOTFOUND, NULL, name, -1, "no entry '%.200s' to mark", name ? name : "");
+  sd_item *it = &sd->items[idx];
+  /* structure.h's kinds: a big int is stored as its text, an array or bytes as a tensor. */
+  int fits = (kind == KS_LEAF_BIGINT && it->kind == KS_VAL_STRING) ||
+             ((kind == KS_LEAF_NDARRAY || kind == KS_LEAF_BYTES) && it->kind == KS_VAL_TENSOR);
+  if (!fits)
+    return ks__err_at(err, KS_E_INVALID, NULL, name, -1, "'%.200s' cannot stand for a leaf of kind %d", name, kind);
+  it->leaf = kind;
+  return KS_OK;
+}
+
+int ks__statedict_leaf(const ks_statedict *sd, size_t i) { return sd && i < sd->count ? sd->items[i].leaf : 0; }
 
 ks_status ks_statedict_remove(ks_statedict *sd, const char *name) {
   long idx = sd && name ? find_index(sd, name) : -1;

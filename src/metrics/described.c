@@ -154,6 +154,11 @@ ks_status ks_metric_describe_state(ks_metric *m, const char *name, ks_reduce red
 ks_status ks_metric_add_inner(ks_metric *m, const char *name, ks_metric *inner, ks_error *err) {
   if (!m || !m->described || !inner || !inner->described || inner == m || !name)
     return ks__err(err, KS_E_INVALID, "ks_metric_add_inner: both metrics must be described");
+  return ks__metric_add_inner(m, name, inner, err);
+}
+
+/* A wrapper built by ks_metric_create (wrapper.c) holds a catalogue metric, which computes. */
+ks_status ks__metric_add_inner(ks_metric *m, const char *name, ks_metric *inner, ks_error *err) {
   ks_status st = ks__name_check(name, err);
   if (st) return st;
   for (size_t i = 0; i < m->n_inner; i++)
@@ -256,7 +261,7 @@ static KS_NODISCARD ks_status attr_fits(const ks__attr *a, const char *key, cons
 
 ks_status ks_metric_load_attrs(ks_metric *m, const ks_statedict *src, const char *prefix, ks_error *err) {
   if (!m || !src || !prefix) return ks__err(err, KS_E_INVALID, "ks_metric_load_attrs: NULL argument");
-  ks__attrs_unstage(m);
+  if (!m->cls->wrapper) ks__attrs_unstage(m); /* a refused load leaves a binding's metric none */
   char key[KS__KEY_MAX + 1];
   ks_entry e;
   for (size_t i = 0; i < m->n_attrs; i++) { /* every one checked before any is staged */
@@ -267,20 +272,28 @@ ks_status ks_metric_load_attrs(ks_metric *m, const ks_statedict *src, const char
     ks_status st = attr_fits(a, key, &e, err);
     if (st) return st;
   }
+  /* Every copy is made before any value is replaced: a live wrapper (wrapper.c) keeps its values on
+   * a refusal or a failure. */
+  void *copies[KS__MAX_ATTRS] = {0};
+  for (size_t i = 0; i < m->n_attrs; i++) {
+    const ks__attr *a = &m->attrs[i];
+    if (a->flags & KS_ATTR_INT || ks__key(key, prefix, a->name) || ks_statedict_get(src, key, &e)) continue;
+    size_t n = e.tensor.nbytes;
+    if (!(copies[i] = ks__malloc(&m->alloc, n ? n : 1))) {
+      for (size_t j = 0; j < i; j++) ks__free(&m->alloc, copies[j]);
+      return ks__err_at(err, KS_E_NOMEM, NULL, key, -1, "out of memory staging attribute '%s'", a->name);
+    }
+    if (n) memcpy(copies[i], e.tensor.data, n);
+  }
+  ks__attrs_unstage(m);
   for (size_t i = 0; i < m->n_attrs; i++) {
     ks__attr *a = &m->attrs[i];
     if (ks__key(key, prefix, a->name) || ks_statedict_get(src, key, &e)) continue; /* checked above */
     if (a->flags & KS_ATTR_INT) {
       a->ival = e.i;
     } else {
-      size_t n = e.tensor.nbytes;
-      a->data = ks__malloc(&m->alloc, n ? n : 1);
-      if (!a->data) {
-        ks__attrs_unstage(m);
-        return ks__err_at(err, KS_E_NOMEM, NULL, key, -1, "out of memory staging attribute '%s'", a->name);
-      }
-      if (n) memcpy(a->data, e.tensor.data, n);
-      a->nbytes = n;
+      a->data = copies[i];
+      a->nbytes = e.tensor.nbytes;
     }
     a->staged = 1;
   }
@@ -335,7 +348,8 @@ void ks__described_free(ks_metric *m) {
   ks__free(&m->alloc, m->described);
 }
 
-/* The attribute declarations of m into c (names owned, nothing staged: a clone serves merges). */
+/* The attribute declarations of m into c (names owned; nothing staged, a clone serves merges, but
+ * for a live wrapper, whose attributes are its values). */
 static KS_NODISCARD ks_status clone_attrs(const ks_metric *m, ks_metric *c, const ks_allocator *a) {
   if (!m->n_attrs) return KS_OK;
   c->attrs = ks__calloc(a, m->n_attrs, sizeof *c->attrs);
@@ -348,6 +362,14 @@ static KS_NODISCARD ks_status clone_attrs(const ks_metric *m, ks_metric *c, cons
     c->attrs[i].nbytes = 0;
     if (!(c->attrs[i].name = ks__strdup(a, m->attrs[i].name))) return KS_E_NOMEM;
     c->n_attrs = i + 1;
+    if (!m->cls->wrapper || !m->attrs[i].staged) continue;
+    c->attrs[i].ival = m->attrs[i].ival;
+    if (m->attrs[i].data) {
+      if (!(c->attrs[i].data = ks__malloc(a, m->attrs[i].nbytes ? m->attrs[i].nbytes : 1))) return KS_E_NOMEM;
+      if (m->attrs[i].nbytes) memcpy(c->attrs[i].data, m->attrs[i].data, m->attrs[i].nbytes);
+      c->attrs[i].nbytes = m->attrs[i].nbytes;
+    }
+    c->attrs[i].staged = 1;
   }
   return KS_OK;
 }
@@ -382,7 +404,7 @@ ks_status ks__described_clone(const ks_metric *m, ks_metric *c, const ks_allocat
   for (size_t i = 0; !fail && i < m->n_states; i++) fail = !(c->st[i].name = ks__strdup(a, m->st[i].name));
   for (size_t i = 0; !fail && i < m->n_inner; i++) {
     ks_metric *in = NULL;
-    if (ks_metric_clone(m->inner[i], a, &in, NULL) == KS_OK && ks_metric_add_inner(c, m->inner_names[i], in, NULL))
+    if (ks_metric_clone(m->inner[i], a, &in, NULL) == KS_OK && ks__metric_add_inner(c, m->inner_names[i], in, NULL))
       ks_metric_free(in);
     fail = c->n_inner != i + 1;
   }

@@ -36,7 +36,7 @@ ks_status ks_metric_create(const char *class_name, const char *args_json, const 
                            ks_metric **out, ks_error *err) {
   if (!class_name || !out) return ks__err(err, KS_E_INVALID, "ks_metric_create: NULL argument");
   const ks__class *cls = ks__class_find(class_name);
-  if (!cls) return ks__err(err, KS_E_NOTFOUND, "unknown metric class '%s'", class_name);
+  if (!cls) return ks__wrapper_create(class_name, args_json, alloc, out, err);
   ks_metric *m = ks__calloc(alloc, 1, sizeof *m);
   if (!m) return ks__err(err, KS_E_NOMEM, "out of memory creating %s", class_name);
   m->alloc = *ks__alloc_or_default(alloc);
@@ -65,12 +65,22 @@ ks_status ks_metric_update(ks_metric *m, const ks_tensor *inputs, size_t n_input
   ks_status st = m->cls->update(m, inputs, n_inputs, err);
   if (st) return st;
   computed_drop(m);
-  m->update_count++;
+  if (!m->cls->wrapper) m->update_count++; /* a WrapperMetric's update is not counted: its base's is */
   return KS_OK;
 }
 
 ks_status ks_metric_compute(ks_metric *m, const ks_tensor **out, ks_error *err) {
   if (!m || !out) return ks__err(err, KS_E_INVALID, "ks_metric_compute: NULL argument");
+  if (m->cls->wrapper) { /* torchmetrics caches no WrapperMetric result: each compute computes */
+    ks_tensor t;
+    memset(&t, 0, sizeof t);
+    ks_status st = m->cls->compute(m, &t, err);
+    if (st) return st;
+    computed_drop(m);
+    m->computed = t;
+    *out = &m->computed;
+    return KS_OK;
+  }
   if (!m->has_computed) {
     ks_tensor t;
     memset(&t, 0, sizeof t);
@@ -105,7 +115,7 @@ void ks_metric_reset(ks_metric *m) {
   for (size_t i = 0; i < m->n_states; i++) state_fill_default(&m->st[i]);
   computed_drop(m);
   m->update_count = 0;
-  ks__attrs_unstage(m);
+  if (!m->cls->wrapper) ks__attrs_unstage(m); /* torchmetrics' reset keeps a wrapper's min_val / max_val */
   for (size_t i = 0; i < m->n_inner; i++) ks_metric_reset(m->inner[i]);
 }
 

@@ -133,6 +133,9 @@ struct ks__class {
   ks_status (*declare)(ks_metric *m, ks_error *err);
   ks_status (*update)(ks_metric *m, const ks_tensor *in, size_t n, ks_error *err);
   ks_status (*compute)(ks_metric *m, ks_tensor *out, ks_error *err);
+  /* A torchmetrics WrapperMetric (wrapper.c): its update and compute are neither counted nor cached
+   * (the base metric's are), reset keeps its attributes (min_val / max_val), a clone copies them. */
+  int wrapper;
 };
 
 /* described.c */
@@ -141,6 +144,12 @@ int ks__metric_is_described(const ks_metric *m);
 void ks__described_free(ks_metric *m);
 /* Drops the values a load staged for m's attributes (ks_metric_reset). */
 void ks__attrs_unstage(ks_metric *m);
+/* ks_metric_add_inner without its check that `inner` is described: a wrapper's catalogue base metric. */
+KS_NODISCARD ks_status ks__metric_add_inner(ks_metric *m, const char *name, ks_metric *inner, ks_error *err);
+/* wrapper.c: ks_metric_create of a torchmetrics wrapper class (MinMaxMetric); KS_E_NOTFOUND when
+ * class_name is none. */
+KS_NODISCARD ks_status ks__wrapper_create(const char *class_name, const char *args_json, const ks_allocator *alloc,
+                                          ks_metric **out, ks_error *err);
 /* Deep copies of m's described parts (names, inner metrics) into c, a shallow copy of m. */
 KS_NODISCARD ks_status ks__described_clone(const ks_metric *m, ks_metric *c, const ks_allocator *a);
 

@@ -5,7 +5,7 @@
  *   state/dataset_state/<name>/...      state/callbacks/<name>/...
  *   state/train_metrics/<M>/state_dict/<s>, state/train_metrics/<M>/_computed
  *   state/eval_metrics/<label>/<M>/...  state/rank_zero_seed, state/run_name
- *   rng/0/xoshiro256starstar
+ *   rng/0/xoshiro256starstar, or a component's rng/<name>/... (KS_ROOT_RNG), last
  */
 #include <stdlib.h>
 #include <string.h>
@@ -36,9 +36,13 @@ static KS_NODISCARD ks_status put_component(const st_comp *c, ks_statedict *dst,
   return KS_E_INVALID;
 }
 
-static KS_NODISCARD ks_status put_kind(const ks_state *st, st_kind kind, ks_statedict *dst, ks_error *err) {
+static int is_rng(const st_comp *c) { return c->kind == ST_CUSTOM && c->root == KS_ROOT_RNG; }
+
+/* The components of one kind; `rng` selects the custom ones under rng/ (saved last, as the built-in
+ * generator is) or every other one. */
+static KS_NODISCARD ks_status put_kind(const ks_state *st, st_kind kind, int rng, ks_statedict *dst, ks_error *err) {
   for (size_t i = 0; i < st->n_comps; i++) {
-    if (st->comps[i].kind != kind) continue;
+    if (st->comps[i].kind != kind || is_rng(&st->comps[i]) != rng) continue;
     ks_status s = put_component(&st->comps[i], dst, err);
     if (s) return s;
   }
@@ -69,12 +73,28 @@ static ks__jv *list_states(const ks_allocator *a, const ks_metric *m, ks_status 
   return lists;
 }
 
+/* {name: class} of a wrapper's inner metrics (a load refuses a wrapper around other classes). */
+static ks__jv *inner_classes(const ks_allocator *a, const ks_metric *m) {
+  ks__jv *o = ks__jv_object(a);
+  for (size_t i = 0; o && i < ks_metric_inner_count(m); i++) {
+    const char *name;
+    const ks_metric *in = ks_metric_inner_at(m, i, &name);
+    if (ks__jv_set(a, o, name, ks__jv_str(a, ks_metric_class(in)))) {
+      ks__jv_free(a, o);
+      return NULL;
+    }
+  }
+  return o;
+}
+
 /* mj[path] = {"class":..., "args":{...}, "schema_version":N, "update_count":N[, "lists":[...]]} */
 static KS_NODISCARD ks_status put_metric_json(const ks_allocator *a, const ks_metric *m, const char *path, ks__jv *mj) {
   ks__jv *one = ks__jv_object(a);
   ks_status s = one ? KS_OK : KS_E_NOMEM;
   if (!s) s = ks__jv_set(a, one, "class", ks__jv_str(a, ks_metric_class(m)));
-  if (!s) s = ks__jv_set(a, one, "args", metric_args(a, m));
+  /* A wrapper's record names its inner metrics' classes and no arguments, as a binding's does. */
+  if (!s && !ks_metric_inner_count(m)) s = ks__jv_set(a, one, "args", metric_args(a, m));
+  if (!s && ks_metric_inner_count(m)) s = ks__jv_set(a, one, "inner", inner_classes(a, m));
   if (!s) s = ks__jv_set(a, one, "schema_version", ks__jv_int(a, KS_METRIC_SCHEMA_VERSION));
   if (!s) s = ks__jv_set(a, one, "update_count", ks__jv_int(a, ks_metric_update_count(m)));
   ks__jv *lists = s ? NULL : list_states(a, m, &s);
@@ -86,8 +106,26 @@ static KS_NODISCARD ks_status put_metric_json(const ks_allocator *a, const ks_me
   return ks__jv_set(a, mj, path, one);
 }
 
-static KS_NODISCARD ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *dst, ks__jv *mj,
-                                         ks_error *err) {
+/* A wrapper's attributes (MinMaxMetric's max_val, min_val) under <path>/attrs/, in declared order. */
+static KS_NODISCARD ks_status put_attrs(const ks_metric *m, const char *path, ks_statedict *dst, ks_error *err) {
+  const char *name;
+  unsigned flags;
+  ks_tensor v;
+  for (size_t i = 0; ks_metric_attr_at(m, i, &name, &flags, &v) == KS_OK; i++) {
+    char k[KS__KEY_MAX + 1];
+    ks_status s = ks_state_key(KS_PART_METRIC_ATTR, path, name, k, sizeof k, err);
+    if (s) return s;
+    if (!v.data) continue; /* a value no load staged: the class holds none to save */
+    s = (flags & KS_ATTR_INT) ? ks_statedict_set_int(dst, k, *(const int64_t *)v.data, err)
+                              : ks_statedict_set_tensor(dst, k, &v, KS_COPY, err);
+    if (s) return s;
+  }
+  return KS_OK;
+}
+
+/* One metric's parts: states, _computed, attributes, then each inner metric's with its update count
+ * (the order a binding writes them in, so both files list the same keys in the same order). */
+static KS_NODISCARD ks_status put_parts(const ks_metric *m, const char *path, ks_statedict *dst, ks_error *err) {
   char k[KS__KEY_MAX + 1];
   ks_status s = ks_state_key(KS_PART_METRIC_STATE, path, NULL, k, sizeof k - 1, err);
   if (!s) strcat(k, "/"); /* the states' prefix */
@@ -96,6 +134,22 @@ static KS_NODISCARD ks_status put_metric(const ks_metric *m, const char *path, k
   if (s) return s;
   const ks_tensor *c = ks_metric_computed(m);
   s = c ? ks_statedict_set_tensor(dst, k, c, KS_COPY, err) : ks_statedict_set_null(dst, k, err);
+  if (!s) s = put_attrs(m, path, dst, err);
+  for (size_t i = 0; !s && i < ks_metric_inner_count(m); i++) {
+    const char *name;
+    const ks_metric *in = ks_metric_inner_at(m, i, &name);
+    char ipath[KS__KEY_MAX + 1];
+    s = ks_state_key(KS_PART_METRIC_INNER, path, name, ipath, sizeof ipath, err);
+    if (!s) s = put_parts(in, ipath, dst, err);
+    if (!s) s = ks_state_key(KS_PART_METRIC_UPDATE_COUNT, ipath, NULL, k, sizeof k, err);
+    if (!s) s = ks_statedict_set_int(dst, k, ks_metric_update_count(in), err);
+  }
+  return s;
+}
+
+static KS_NODISCARD ks_status put_metric(const ks_metric *m, const char *path, ks_statedict *dst, ks__jv *mj,
+                                         ks_error *err) {
+  ks_status s = put_parts(m, path, dst, err);
   if (s) return s;
   s = put_metric_json(ks__statedict_allocator(dst), m, path, mj);
   return s ? ks__err(err, s, "out of memory") : KS_OK;
@@ -129,12 +183,18 @@ static KS_NODISCARD ks_status put_rest(const ks_state *st, ks_statedict *dst) {
   return s;
 }
 
-static KS_NODISCARD ks_status put_meta(const ks_allocator *a, ks__jv *mj, ks_meta *meta, ks_error *err) {
+/* The records in the order the Python package sets them (structure, layout, metrics), so that both
+ * headers are the same text. */
+static KS_NODISCARD ks_status put_meta(const ks_state *st, const ks_statedict *dst, ks__jv *mj, ks_meta *meta,
+                                       ks_error *err) {
+  const ks_allocator *a = ks__statedict_allocator(dst);
+  ks_status s = ks__state_structure(st, dst, meta, err);
+  if (s) return s;
   char *metrics = ks__jv_dump(a, mj, true);
   if (!metrics) return ks__err(err, KS_E_NOMEM, "out of memory");
-  ks_status s = ks_meta_set(meta, KS_META_METRICS, metrics, err);
+  s = ks_meta_set(meta, KS_META_STATE, ks_layout_record(KS_META_STATE), err);
+  if (!s) s = ks_meta_set(meta, KS_META_METRICS, metrics, err);
   ks__free(a, metrics);
-  if (!s) s = ks_meta_set(meta, KS_META_STATE, ks_layout_record(KS_META_STATE), err);
   return s ? ks__err(err, s, "cannot set state metadata") : KS_OK;
 }
 
@@ -143,17 +203,17 @@ ks_status ks_state_to_state_dict(const ks_state *st, ks_statedict *dst, ks_meta 
   ks_error_clear(err);
   static const st_kind order[] = {ST_TENSOR, ST_OPTIM, ST_SCHED};
   ks_status s = KS_OK;
-  for (size_t i = 0; i < 3 && !s; i++) s = put_kind(st, order[i], dst, err);
+  for (size_t i = 0; i < 3 && !s; i++) s = put_kind(st, order[i], 0, dst, err);
   if (!s && st->ts) s = save_with(ks_timestamp_stateful(st->ts), dst, KS_KEY_TIMESTAMP, err);
-  if (!s) s = put_kind(st, ST_DATASET, dst, err);
-  if (!s) s = put_kind(st, ST_CUSTOM, dst, err);
+  if (!s) s = put_kind(st, ST_DATASET, 0, dst, err);
+  if (!s) s = put_kind(st, ST_CUSTOM, 0, dst, err);
   const ks_allocator *a = ks__statedict_allocator(dst);
   ks__jv *mj = ks__jv_object(a);
   if (!mj) s = s ? s : KS_E_NOMEM;
   if (!s) s = put_metrics(st, dst, mj, err);
   if (!s) s = put_rest(st, dst);
-  if (!s && meta) s = put_meta(a, mj, meta, err);
-  if (!s && meta) s = ks__state_structure(st, dst, meta, err);
+  if (!s) s = put_kind(st, ST_CUSTOM, 1, dst, err);
+  if (!s && meta) s = put_meta(st, dst, mj, meta, err);
   ks__jv_free(a, mj);
   if (s && err && err->code == KS_OK) ks__err(err, s, "cannot flatten the training state");
   return s;

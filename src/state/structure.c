@@ -105,10 +105,11 @@ static KS_NODISCARD ks_status optimizer(const ks_allocator *a, ks_structure *c, 
   kids groups = {0, 0, -1};
   if (!s) s = children(a, sd, f, &groups);
   for (int64_t g = 0; !s && groups.all_idx && groups.max + 1 == (int64_t)groups.n && g <= groups.max; g++) {
-    if (ks__keyf(f, p, "param_groups/%lld/params", (long long)g)) return KS_E_LIMIT;
-    s = seq(a, c, sd, f, KS_CONTAINER_LIST);
-    if (!s && ks__keyf(f, p, "param_groups/%lld/betas", (long long)g)) return KS_E_LIMIT;
-    if (!s) s = seq(a, c, sd, f, KS_CONTAINER_TUPLE);
+    /* betas before params: the order torch's group dict has them in, so the document is the Python package's */
+    if (ks__keyf(f, p, "param_groups/%lld/betas", (long long)g)) return KS_E_LIMIT;
+    s = seq(a, c, sd, f, KS_CONTAINER_TUPLE);
+    if (!s && ks__keyf(f, p, "param_groups/%lld/params", (long long)g)) return KS_E_LIMIT;
+    if (!s) s = seq(a, c, sd, f, KS_CONTAINER_LIST);
   }
   return s;
 }
@@ -145,7 +146,14 @@ static KS_NODISCARD ks_status build(const ks_state *st, const ks_statedict *sd, 
     if (ks__comp_prefix(comp, p)) return KS_E_LIMIT;
     s = comp->kind == ST_OPTIM ? optimizer(a, c, sd, p) : scheduler(a, c, sd, p);
   }
-  if (!s && st->rng) s = seq(a, c, sd, "rng", KS_CONTAINER_LIST);
+  int rng = st->rng != NULL; /* the built-in generator, or a component under rng/ (a binding's) */
+  for (size_t i = 0; i < st->n_comps; i++) rng |= st->comps[i].kind == ST_CUSTOM && st->comps[i].root == KS_ROOT_RNG;
+  if (!s && rng) s = seq(a, c, sd, "rng", KS_CONTAINER_LIST);
+  ks_entry e;
+  for (size_t i = 0; !s && ks_statedict_at(sd, i, &e) == KS_OK; i++) { /* ks_statedict_mark_leaf's marks */
+    int kind = ks__statedict_leaf(sd, i);
+    if (kind) s = ks_structure_add_leaf(c, e.name, (ks_leaf_kind)kind, NULL);
+  }
   return s;
 }
 

@@ -129,7 +129,7 @@ static void adamw_param(const ks_optimizer *o, opt_param *p, float step) {
     p->m[i] = p->m[i] * b1 + g * c1;
     p->v[i] = p->v[i] * b2 + c2 * g * g;
     float denom = sqrtf(p->v[i]) / bc2_sqrt + eps;
-    p->p[i] += -step_size * (p->m[i] / denom);
+    p->p[i] += (-step_size * p->m[i]) / denom; /* torch's addcdiv_: (value * exp_avg) / denom, in that order */
   }
 }
 
@@ -230,9 +230,12 @@ static KS_NODISCARD ks_status put_groups(const ks_optimizer *o, ks_statedict *ds
     if (!s) s = ks__put_float(dst, gp, "eps", o->eps, err);
     if (!s) s = ks__put_float(dst, gp, "weight_decay", o->weight_decay, err);
     if (!s) s = put_bool(dst, gp, "amsgrad", 0, err);
-    if (!s) s = put_null(dst, gp, "foreach", err);
     if (!s) s = put_bool(dst, gp, "maximize", 0, err);
+    if (!s) s = put_null(dst, gp, "foreach", err);
     if (!s) s = put_bool(dst, gp, "capturable", 0, err);
+    if (!s) s = put_bool(dst, gp, "differentiable", 0, err);
+    if (!s) s = put_null(dst, gp, "fused", err);
+    if (!s) s = put_bool(dst, gp, "decoupled_weight_decay", 1, err); /* AdamW is Adam with it set (torch 2.6+) */
   } else {
     if (!s) s = ks__put_float(dst, gp, "momentum", o->momentum, err);
     if (!s) s = ks__put_float(dst, gp, "dampening", o->dampening, err);
@@ -241,6 +244,7 @@ static KS_NODISCARD ks_status put_groups(const ks_optimizer *o, ks_statedict *ds
     if (!s) s = put_bool(dst, gp, "maximize", 0, err);
     if (!s) s = put_null(dst, gp, "foreach", err);
     if (!s) s = put_bool(dst, gp, "differentiable", 0, err);
+    if (!s) s = put_null(dst, gp, "fused", err);
   }
   for (size_t i = 0; i < o->count && !s; i++) {
     char k[KS__KEY_MAX + 1];

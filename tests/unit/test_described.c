@@ -5,6 +5,7 @@
  * merges by declared reductions, the records a binding's description gives, and every
  * allocation failure leaking nothing.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -445,6 +446,117 @@ static void reductions_are_named_as_torchmetrics_names_them(void **state) {
   assert_int_equal(r, KS_REDUCE_MAX); /* untouched */
 }
 
+/* ---- MinMaxMetric built by ks_metric_create: a described wrapper whose class computes ---- */
+
+#define MINMAX_MEAN "{\"base_metric\":{\"class\":\"MeanMetric\",\"args\":{}}}"
+
+static void feed(ks_metric *m, float v) {
+  ks_tensor t;
+  assert_int_equal(ks_tensor_init(&t, KS_F32, 0, NULL, &v), KS_OK);
+  assert_int_equal(ks_metric_update(m, &t, 1, NULL), KS_OK);
+}
+
+static float attr_f(const ks_metric *m, size_t i, const char *want) {
+  const char *name;
+  ks_tensor v;
+  assert_int_equal(ks_metric_attr_at(m, i, &name, NULL, &v), KS_OK);
+  assert_string_equal(name, want);
+  assert_non_null(v.data);
+  assert_true(v.dtype == KS_F32 && v.rank == 0);
+  return *(const float *)v.data;
+}
+
+static void check_result(ks_metric *m, float raw, float max, float min) {
+  const ks_tensor *r;
+  assert_int_equal(ks_metric_compute(m, &r, NULL), KS_OK);
+  assert_true(r->dtype == KS_F32 && r->rank == 1 && r->shape[0] == 3);
+  const float *f = r->data;
+  assert_true(f[0] == raw && f[1] == max && f[2] == min);
+}
+
+/* torchmetrics 1.9.0's MinMaxMetric: update forwards (uncounted), compute moves the bounds, nothing
+ * is cached, reset resets the base and keeps min_val / max_val. */
+static void minmax_metric_has_torchmetrics_semantics(void **s) {
+  (void)s;
+  ks_metric *m, *c;
+  ks_error e;
+  assert_int_equal(ks_metric_create("MinMaxMetric", MINMAX_MEAN, NULL, &m, &e), KS_OK);
+  assert_string_equal(ks_metric_class(m), "MinMaxMetric");
+  assert_string_equal(ks_metric_args_json(m), "{\"base_metric\":{\"args\":{\"nan_strategy\":\"warn\"},\"class\":"
+                                              "\"MeanMetric\"}}");
+  assert_int_equal(ks_metric_state_count(m), 0);
+  assert_int_equal(ks_metric_inner_count(m), 1);
+  const char *iname;
+  ks_metric *base = ks_metric_inner_at(m, 0, &iname);
+  assert_string_equal(iname, "_base_metric");
+  assert_string_equal(ks_metric_class(base), "MeanMetric");
+  assert_true(attr_f(m, 0, "max_val") == -INFINITY && attr_f(m, 1, "min_val") == INFINITY);
+  feed(m, 2.0f);
+  check_result(m, 2.0f, 2.0f, 2.0f);
+  feed(m, 6.0f);
+  check_result(m, 4.0f, 4.0f, 2.0f);
+  assert_int_equal(ks_metric_update_count(m), 0); /* a WrapperMetric's own count stays 0 */
+  assert_int_equal(ks_metric_update_count(base), 2);
+  assert_null(ks_metric_computed(m));            /* _computed: None */
+  assert_non_null(ks_metric_computed(base));     /* the base's compute is cached */
+  assert_int_equal(ks_metric_clone(m, NULL, &c, NULL), KS_OK); /* a clone keeps the bounds */
+  assert_true(attr_f(c, 0, "max_val") == 4.0f && attr_f(c, 1, "min_val") == 2.0f);
+  ks_metric_free(c);
+  ks_metric_reset(m);
+  assert_int_equal(ks_metric_update_count(base), 0);
+  assert_true(attr_f(m, 0, "max_val") == 4.0f && attr_f(m, 1, "min_val") == 2.0f);
+  feed(m, 10.0f);
+  check_result(m, 10.0f, 10.0f, 2.0f);
+  ks_metric_free(m);
+  /* Arguments: torchmetrics' base_metric only; a base that is unknown or not scalar is refused. */
+  static const char *const bad[] = {"{}", "{\"base_metric\":{}}",
+                                    "{\"base_metric\":{\"class\":\"MeanMetric\"},\"x\":1}",
+                                    "{\"base_metric\":{\"class\":\"MeanMetric\",\"args\":[]}}",
+                                    "{\"base_metric\":{\"class\":\"MeanMetric\",\"kwargs\":{}}}", "[", NULL};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    assert_int_equal(ks_metric_create("MinMaxMetric", bad[i], NULL, &m, &e), KS_E_INVALID);
+  assert_int_equal(ks_metric_create("MinMaxMetric", "{\"base_metric\":{\"class\":\"NoSuchMetric\"}}", NULL, &m, &e),
+                   KS_E_NOTFOUND);
+  assert_int_equal(ks_metric_create("MinMaxMetric", "{\"base_metric\":{\"class\":\"MulticlassAccuracy\",\"args\":"
+                                    "{\"num_classes\":3,\"average\":\"none\"}}}", NULL, &m, &e), KS_OK);
+  float p[3] = {0.1f, 0.8f, 0.1f};
+  int64_t y = 1, ps[2] = {1, 3}, ys[1] = {1};
+  ks_tensor in[2];
+  assert_int_equal(ks_tensor_init(&in[0], KS_F32, 2, ps, p), KS_OK);
+  assert_int_equal(ks_tensor_init(&in[1], KS_I64, 1, ys, &y), KS_OK);
+  assert_int_equal(ks_metric_update(m, in, 2, NULL), KS_OK);
+  const ks_tensor *r;
+  assert_int_equal(ks_metric_compute(m, &r, &e), KS_E_STATE); /* torchmetrics: RuntimeError, not a scalar */
+  ks_metric_free(m);
+}
+
+/* Creating, updating, computing and cloning a wrapper fail cleanly at every allocation. */
+static void minmax_metric_survives_every_allocation_failure(void **s) {
+  (void)s;
+  long failures = 0;
+  for (long n = 1;; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, n);
+    ks_metric *m = NULL, *c = NULL;
+    const ks_tensor *r;
+    float v = 3.0f;
+    ks_tensor t;
+    assert_int_equal(ks_tensor_init(&t, KS_F32, 0, NULL, &v), KS_OK);
+    ks_status st = ks_metric_create("MinMaxMetric", MINMAX_MEAN, &ta.a, &m, NULL);
+    if (!st) st = ks_metric_update(m, &t, 1, NULL);
+    if (!st) st = ks_metric_compute(m, &r, NULL);
+    if (!st) st = ks_metric_clone(m, NULL, &c, NULL);
+    if (!st) assert_true(attr_f(c, 1, "min_val") == 3.0f);
+    ks_metric_free(c);
+    ks_metric_free(m);
+    assert_int_equal(ta.live, 0);
+    if (st == KS_OK) break;
+    assert_int_equal(st, KS_E_NOMEM);
+    failures++;
+  }
+  assert_true(failures >= 8);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(reductions_are_named_as_torchmetrics_names_them),
@@ -456,6 +568,8 @@ int main(void) {
       cmocka_unit_test(attribute_declarations),
       cmocka_unit_test(every_allocation_failure_leaks_nothing),
       cmocka_unit_test(records_from_a_description),
+      cmocka_unit_test(minmax_metric_has_torchmetrics_semantics),
+      cmocka_unit_test(minmax_metric_survives_every_allocation_failure),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -113,6 +113,23 @@ static void adamw_matches_torch(void **s) {
   ks_optimizer_free(o);
 }
 
+/* torch 2.13's AdamW step bit for bit where rounding shows: a parameter near 0 after cancellation.
+ * torch's addcdiv_ computes (-step_size * exp_avg) / denom (torch.optim.AdamW, lr 0.01,
+ * weight_decay 0.01, one step from [0.01, -0.02] with gradients [0.5, -0.5]). */
+static void adamw_step_is_torchs_bit_for_bit(void **s) {
+  (void)s;
+  float p[2] = {0.01f, -0.02f}, g[2] = {0.5f, -0.5f};
+  const float want[2] = {-1.000240445137024e-06f, -0.009997999295592308f};
+  int64_t shape[1] = {2};
+  ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
+  ks_optimizer *o;
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &o, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(o, p, g, 1, shape, NULL), KS_OK);
+  ks_optimizer_step(o);
+  assert_memory_equal(p, want, sizeof want);
+  ks_optimizer_free(o);
+}
+
 static void sgd_nesterov_matches_torch(void **s) {
   (void)s;
   float p[4] = {0.5f, -1.25f, 2.0f, 0.0f}, g[4];
@@ -149,6 +166,76 @@ static void optimizer_resumes_bit_identically(void **s) {
   run_three_steps(b, p2, g2);
   assert_memory_equal(p1, p2, sizeof p1);
   assert_true(ks_optimizer_lr(b) == 0.01);
+  ks_statedict_free(sd);
+  ks_optimizer_free(a);
+  ks_optimizer_free(b);
+}
+
+/* The param_group fields in the order torch 2.13's state_dict() writes them (AdamW, then SGD). */
+static void optimizer_groups_have_torch_fields_in_torch_order(void **s) {
+  (void)s;
+  static const char *const adamw[] = {"lr", "betas/0", "betas/1", "eps", "weight_decay", "amsgrad", "maximize",
+                                      "foreach", "capturable", "differentiable", "fused", "decoupled_weight_decay",
+                                      "params/0"};
+  static const char *const sgd[] = {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize",
+                                    "foreach", "differentiable", "fused", "params/0"};
+  float p[4] = {0}, g[4] = {0};
+  int64_t shape[1] = {4};
+  ks_adamw_opts ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
+  ks_sgd_opts so = {0.1, 0.9, 0.0, 0.0, 0};
+  ks_optimizer *o[2];
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &o[0], NULL), KS_OK);
+  assert_int_equal(ks_optimizer_create_sgd(&so, NULL, &o[1], NULL), KS_OK);
+  for (int k = 0; k < 2; k++) {
+    const char *const *want = k ? sgd : adamw;
+    size_t n = k ? sizeof sgd / sizeof *sgd : sizeof adamw / sizeof *adamw, j = 0;
+    assert_int_equal(ks_optimizer_add_param(o[k], p, g, 1, shape, NULL), KS_OK);
+    ks_statedict *sd;
+    assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+    assert_int_equal(ks_test_save(ks_optimizer_stateful(o[k]), sd, "o/", NULL), KS_OK);
+    ks_entry e;
+    for (size_t i = 0; ks_statedict_at(sd, i, &e) == KS_OK; i++) {
+      if (strncmp(e.name, "o/param_groups/0/", 17)) continue;
+      assert_true(j < n);
+      assert_string_equal(e.name + 17, want[j++]);
+    }
+    assert_int_equal(j, n);
+    ks_entry f;
+    assert_int_equal(ks_statedict_get(sd, "o/param_groups/0/fused", &f), KS_OK);
+    assert_int_equal(f.kind, KS_VAL_NULL);
+    ks_statedict_free(sd);
+  }
+  ks_optimizer_free(o[0]);
+  ks_optimizer_free(o[1]);
+}
+
+/* A file written before the C optimizers wrote differentiable / fused / decoupled_weight_decay loads. */
+static void optimizer_loads_groups_without_the_torch_2_fields(void **s) {
+  (void)s;
+  float p1[4] = {0.5f, -1.25f, 2.0f, 0.0f}, g1[4], p2[4] = {0}, g2[4];
+  int64_t shape[1] = {4};
+  ks_adamw_opts ao = {0.02, 0.9, 0.999, 1e-8, 0.01};
+  ks_optimizer *a, *b;
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &a, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_create_adamw(&ao, NULL, &b, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(a, p1, g1, 1, shape, NULL), KS_OK);
+  assert_int_equal(ks_optimizer_add_param(b, p2, g2, 1, shape, NULL), KS_OK);
+  run_three_steps(a, p1, g1);
+  ks_statedict *sd;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_test_save(ks_optimizer_stateful(a), sd, "o/", NULL), KS_OK);
+  static const char *const newer[] = {"o/param_groups/0/differentiable", "o/param_groups/0/fused",
+                                      "o/param_groups/0/decoupled_weight_decay"};
+  ks_entry e;
+  for (size_t i = 0; i < 3; i++) {
+    if (ks_statedict_remove(sd, newer[i])) {} /* absent from what an older C program wrote */
+    assert_int_equal(ks_statedict_get(sd, newer[i], &e), KS_E_NOTFOUND);
+  }
+  assert_int_equal(ks_test_load(ks_optimizer_stateful(b), sd, "o/", NULL), KS_OK);
+  memcpy(p2, p1, sizeof p1);
+  run_three_steps(a, p1, g1);
+  run_three_steps(b, p2, g2);
+  assert_memory_equal(p1, p2, sizeof p1);
   ks_statedict_free(sd);
   ks_optimizer_free(a);
   ks_optimizer_free(b);
@@ -432,8 +519,11 @@ int main(void) {
       cmocka_unit_test(rng_below_and_shuffle_stay_in_range),
       cmocka_unit_test(rng_load_rejects_wrong_shape_and_zero_state),
       cmocka_unit_test(adamw_matches_torch),
+      cmocka_unit_test(adamw_step_is_torchs_bit_for_bit),
       cmocka_unit_test(sgd_nesterov_matches_torch),
       cmocka_unit_test(optimizer_resumes_bit_identically),
+      cmocka_unit_test(optimizer_groups_have_torch_fields_in_torch_order),
+      cmocka_unit_test(optimizer_loads_groups_without_the_torch_2_fields),
       cmocka_unit_test(optimizer_load_rejects_shape_mismatch_unchanged),
       cmocka_unit_test(optimizer_state_dict_survives_every_allocation_failure),
       cmocka_unit_test(scheduler_warms_up_then_decays_by_cosine),

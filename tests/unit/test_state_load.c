@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,7 @@
 
 #include "keepsake/manager.h"
 #include "keepsake/state.h"
+#include "keepsake/structure.h"
 #include "state/state_internal.h"
 #include "testutil.h"
 
@@ -584,6 +586,196 @@ static void file_save_and_load_with_metrics_survive_every_allocation_failure(voi
   free(dir);
 }
 
+static const mdef MINMAX = {"minmax", "MinMaxMetric", "{\"base_metric\":{\"class\":\"MeanMetric\"}}"};
+
+static void feed_scalar(ks_metric *m, float v) {
+  ks_tensor t;
+  const ks_tensor *r;
+  assert_int_equal(ks_tensor_init(&t, KS_F32, 0, NULL, &v), KS_OK);
+  assert_int_equal(ks_metric_update(m, &t, 1, NULL), KS_OK);
+  assert_int_equal(ks_metric_compute(m, &r, NULL), KS_OK);
+}
+
+static float bound(const ks_metric *m, size_t i) {
+  ks_tensor v;
+  assert_int_equal(ks_metric_attr_at(m, i, NULL, NULL, &v), KS_OK);
+  assert_non_null(v.data);
+  return *(const float *)v.data;
+}
+
+/*
+ * A C program's MinMaxMetric(MeanMetric) is saved as torchmetrics' is by the Python package (the
+ * keys in the same order, the wrapper's record with its inner classes and no arguments) and a C
+ * resume fills the base metric's states and the bounds.
+ */
+static void minmax_wrapper_saves_the_binding_layout_and_resumes(void **s) {
+  (void)s;
+  static const char *const keys[] = {"_computed", "attrs/max_val", "attrs/min_val",
+                                     "inner/_base_metric/state_dict/mean_value",
+                                     "inner/_base_metric/state_dict/weight", "inner/_base_metric/_computed",
+                                     "inner/_base_metric/update_count"};
+  mdef t[] = {MINMAX};
+  prog a, b;
+  prog_init(&a, t, 1, NULL, 0, 1.0f);
+  prog_init(&b, t, 1, NULL, 0, 2.0f);
+  ks_metric *ma = ks_metric_collection_get(ks_state_train_metrics(a.st), "minmax");
+  feed_scalar(ma, 2.0f);
+  feed_scalar(ma, 6.0f); /* mean 4: max 4, min 2 */
+  ks_statedict *sd;
+  ks_meta *meta;
+  ks_load_report *rep;
+  assert_int_equal(ks_load_report_create(NULL, &rep, NULL), KS_OK);
+  assert_int_equal(transfer(&a, &b, NULL, rep, &sd, &meta, NULL), KS_OK);
+  size_t j = 0, n = sizeof keys / sizeof *keys, pl = strlen("state/train_metrics/minmax/");
+  ks_entry e;
+  for (size_t i = 0; ks_statedict_at(sd, i, &e) == KS_OK; i++) {
+    if (strncmp(e.name, "state/train_metrics/minmax/", pl)) continue;
+    assert_true(j < n);
+    assert_string_equal(e.name + pl, keys[j++]);
+  }
+  assert_int_equal(j, n);
+  assert_int_equal(ks_statedict_get(sd, "state/train_metrics/minmax/_computed", &e), KS_OK);
+  assert_int_equal(e.kind, KS_VAL_NULL);
+  assert_int_equal(ks_statedict_get(sd, "state/train_metrics/minmax/inner/_base_metric/update_count", &e), KS_OK);
+  assert_true(e.kind == KS_VAL_INT && e.i == 2);
+  assert_string_equal(ks_meta_get(meta, KS_META_METRICS),
+                      "{\"state/train_metrics/minmax\":{\"class\":\"MinMaxMetric\",\"inner\":{\"_base_metric\":"
+                      "\"MeanMetric\"},\"schema_version\":2,\"update_count\":0}}");
+  assert_int_equal(kind_of(rep, "state/train_metrics/minmax"), KS_LOAD_LOADED);
+  ks_metric *mb = ks_metric_collection_get(ks_state_train_metrics(b.st), "minmax");
+  ks_metric *base = ks_metric_inner_at(mb, 0, NULL);
+  assert_true(bound(mb, 0) == 4.0f && bound(mb, 1) == 2.0f);
+  assert_int_equal(ks_metric_update_count(base), 2);
+  assert_non_null(ks_metric_computed(base));
+  feed_scalar(mb, 0.5f); /* mean of 2, 6, 0.5: the base's states came back */
+  const ks_tensor *r;
+  assert_int_equal(ks_metric_compute(mb, &r, NULL), KS_OK);
+  const float *f = r->data;
+  assert_true(f[0] == 8.5f / 3.0f && f[1] == 4.0f && f[2] == 2.0f);
+  ks_load_report_free(rep);
+  ks_statedict_free(sd);
+  ks_meta_free(meta);
+  prog_free(&a);
+  prog_free(&b);
+}
+
+/* A component under rng/ that marks its words as a numpy array (as a program embedding CPython would). */
+static ks_status np_save(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err) {
+  int64_t *words = ctx, n = 4;
+  char k[128];
+  ks_tensor t;
+  snprintf(k, sizeof k, "%snumpy/keys", prefix);
+  ks_status s = ks_tensor_init(&t, KS_I64, 1, &n, words);
+  if (!s) s = ks_statedict_set_tensor(dst, k, &t, KS_COPY, err);
+  if (!s) s = ks_statedict_mark_leaf(dst, k, KS_LEAF_NDARRAY, err);
+  return s;
+}
+
+static ks_status np_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
+  char k[128];
+  snprintf(k, sizeof k, "%snumpy/keys", prefix);
+  const ks_tensor *t = ks_statedict_tensor(src, k);
+  (void)err;
+  if (!t || t->nbytes != 4 * sizeof(int64_t)) return KS_E_MISMATCH;
+  memcpy(ctx, t->data, t->nbytes);
+  return KS_OK;
+}
+
+/* ks_statedict_mark_leaf: what a mark needs, and ks_state_save recording it with the rng/ list, the
+ * component saved after the run identity. */
+static void a_component_marks_a_leaf_that_the_save_records(void **s) {
+  (void)s;
+  ks_statedict *sd;
+  ks_error e;
+  int64_t v = 1, words[4] = {1, 2, 3, 4}, got[4] = {0};
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_int(sd, "i", 5, NULL), KS_OK);
+  assert_int_equal(ks_statedict_set_string(sd, "big", "123456789012345678901234567890", NULL), KS_OK);
+  ks_tensor t;
+  assert_int_equal(ks_tensor_init(&t, KS_I64, 0, NULL, &v), KS_OK);
+  assert_int_equal(ks_statedict_set_tensor(sd, "t", &t, KS_COPY, NULL), KS_OK);
+  assert_int_equal(ks_statedict_mark_leaf(sd, "nope", KS_LEAF_NDARRAY, &e), KS_E_NOTFOUND);
+  assert_int_equal(ks_statedict_mark_leaf(sd, "i", KS_LEAF_NDARRAY, &e), KS_E_INVALID);
+  assert_int_equal(ks_statedict_mark_leaf(sd, "t", KS_LEAF_BIGINT, &e), KS_E_INVALID);
+  assert_int_equal(ks_statedict_mark_leaf(sd, "t", 9, &e), KS_E_INVALID);
+  assert_int_equal(ks_statedict_mark_leaf(sd, "big", KS_LEAF_BIGINT, &e), KS_OK);
+  assert_int_equal(ks_statedict_mark_leaf(sd, "t", KS_LEAF_BYTES, &e), KS_OK);
+  assert_int_equal(ks__statedict_leaf(sd, 2), KS_LEAF_BYTES);
+  assert_int_equal(ks_statedict_set_tensor(sd, "t", &t, KS_COPY, NULL), KS_OK); /* replaced: unmarked */
+  assert_int_equal(ks__statedict_leaf(sd, 2), 0);
+  assert_int_equal(ks__statedict_leaf(sd, 1), KS_LEAF_BIGINT);
+  ks_statedict_free(sd);
+  /* Through ks_state_save's flattening: the leaf and the rng list in the document, the entry last. */
+  ks_state *st, *st2;
+  ks_stateful np = {words, np_save, np_load}, np2 = {got, np_save, np_load};
+  assert_int_equal(ks_state_create("run", 1, NULL, &st, NULL), KS_OK);
+  assert_int_equal(ks_state_add_component(st, KS_ROOT_RNG, "0", &np, NULL), KS_OK);
+  ks_meta *meta;
+  assert_int_equal(ks_statedict_create(NULL, &sd, NULL), KS_OK);
+  assert_int_equal(ks_meta_create(NULL, &meta, NULL), KS_OK);
+  assert_int_equal(ks_state_to_state_dict(st, sd, meta, NULL), KS_OK);
+  assert_string_equal(ks_meta_get(meta, KS_TORCH_STRUCTURE_META),
+                      "{\"version\":1,\"containers\":{\"rng\":{\"kind\":\"list\",\"len\":1}},\"leaves\":"
+                      "{\"rng/0/numpy/keys\":\"ndarray\"}}");
+  ks_entry last;
+  assert_int_equal(ks_statedict_at(sd, ks_statedict_count(sd) - 1, &last), KS_OK);
+  assert_string_equal(last.name, "rng/0/numpy/keys");
+  assert_int_equal(ks_state_create("run", 1, NULL, &st2, NULL), KS_OK);
+  assert_int_equal(ks_state_add_component(st2, KS_ROOT_RNG, "0", &np2, NULL), KS_OK);
+  assert_int_equal(ks_state_load_state_dict(st2, sd, meta, NULL, NULL, NULL), KS_OK);
+  assert_memory_equal(got, words, sizeof words);
+  ks_meta_free(meta);
+  ks_statedict_free(sd);
+  ks_state_free(st);
+  ks_state_free(st2);
+}
+
+/* A wrapper metric and a marked rng component saved to a file and loaded, failing every allocation. */
+static void wrapper_and_marked_leaf_survive_every_allocation_failure(void **s) {
+  (void)s;
+  mdef t[] = {MINMAX};
+  char *dir = ks_test_tmpdir("wrapper_nomem"), *path = ks_test_path(dir, "ckpt.keepsake");
+  long failures = 0;
+  int64_t words[4] = {5, 6, 7, 8};
+  for (long n = 1;; n++) {
+    ks_test_alloc ta;
+    ks_test_alloc_init(&ta, 0);
+    prog a, b;
+    int64_t got[4] = {0};
+    ks_stateful np = {words, np_save, np_load}, np2 = {got, np_save, np_load};
+    prog_init_alloc(&a, t, 1, NULL, 0, 1.0f, 2, 3, &ta.a);
+    prog_init_alloc(&b, t, 1, NULL, 0, 2.0f, 2, 3, &ta.a);
+    assert_int_equal(ks_state_add_component(a.st, KS_ROOT_RNG, "np", &np, NULL), KS_OK);
+    assert_int_equal(ks_state_add_component(b.st, KS_ROOT_RNG, "np", &np2, NULL), KS_OK);
+    ks_metric *ma = ks_metric_collection_get(ks_state_train_metrics(a.st), "minmax");
+    feed_scalar(ma, 2.0f);
+    feed_scalar(ma, 6.0f);
+    remove(path);
+    ta.calls = 0;
+    ta.fail_at = n;
+    ks_save_opts so = {.alloc = &ta.a, .io = ks_test_io_nosync()};
+    ks_status st = ks_state_save(a.st, path, &so, NULL);
+    if (!st) st = ks_state_load(b.st, path, NULL, NULL, NULL);
+    ta.fail_at = 0;
+    if (st == KS_OK) {
+      ks_metric *mb = ks_metric_collection_get(ks_state_train_metrics(b.st), "minmax");
+      assert_true(bound(mb, 0) == 4.0f && bound(mb, 1) == 2.0f);
+      assert_memory_equal(got, words, sizeof words);
+    } else {
+      assert_int_equal(st, KS_E_NOMEM);
+      failures++;
+    }
+    prog_free(&a);
+    prog_free(&b);
+    assert_int_equal(ta.live, 0);
+    if (st == KS_OK) break;
+  }
+  assert_true(failures > 20);
+  ks_test_rmtree(dir);
+  free(path);
+  free(dir);
+}
+
 static void retention_deletes_only_files_named_by_the_template(void **s) {
   (void)s;
   static const mdef train[] = {ACC};
@@ -628,6 +820,9 @@ int main(void) {
       cmocka_unit_test(state_flattens_to_composer_layout_with_metric_metadata),
       cmocka_unit_test(save_and_load_survive_every_allocation_failure),
       cmocka_unit_test(file_save_and_load_with_metrics_survive_every_allocation_failure),
+      cmocka_unit_test(minmax_wrapper_saves_the_binding_layout_and_resumes),
+      cmocka_unit_test(a_component_marks_a_leaf_that_the_save_records),
+      cmocka_unit_test(wrapper_and_marked_leaf_survive_every_allocation_failure),
       cmocka_unit_test(retention_deletes_only_files_named_by_the_template),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
