@@ -12,15 +12,20 @@ per-rank items included (docs/FORMAT.md section 9).
                each rank its own data position and metric states, and at 2 ranks saved ranks 0 and 1
                folded on rank 0, saved rank 2 on rank 1 (saved rank s goes to floor(s*M/N)).
   records      both directories' index, shard and metric records and metric state entries agree.
-  same         tests/mpi/same_components.c (mpirun) and the torchrun half here save the same state
-               (run name and seed, a timestamp, a data position, a MeanMetric and a CatMetric per
-               rank) through ks_dist_save and KeepsakeWriter: every rank file has the same tensors
-               (dtypes, shapes), scalars (values, wall-clock ones aside) and metadata records, and the
-               indexes are equal apart from the header hashes. (What DCP itself saves, the model and
-               optimizer, is stored under DCP's keys: docs/FORMAT.md 9.2.)
+  same         tests/mpi/same_components.c (mpirun) and the torchrun half here save the same
+               components through ks_dist_save and local_items + KeepsakeWriter: a 4 -> 2 linear
+               model, AdamW stepped once and the C warmup-cosine scheduler (replicated), run name
+               and seed, a timestamp, and per rank a data position, generators, train metrics (a
+               MeanMetric, a CatMetric) and an eval metric under "val" (MeanSquaredError): every
+               rank file has the same tensors (dtypes, shapes), scalars (values, wall-clock ones
+               aside) and metadata records, the replicated components in rank 0's file only, and the
+               indexes are equal apart from the header hashes; what still differs is named
+               (without_known: the generators, torch's AdamW fields). Then ks_dist_load reads the
+               torchrun directory and restore_local the MPI one, the replicated components on every
+               rank. (The model and optimizer as DCP items keep DCP's keys: docs/FORMAT.md 9.2.)
 
     python cross_layout.py KEEPSAKE_CLI MPIEXEC TEST_MPI_CKPT DIST_LOAD_DUMP SAME_COMPONENTS    the test
-    torchrun ... cross_layout.py save DIR | restore DIR OUT | same DIR
+    torchrun ... cross_layout.py save DIR | restore DIR OUT | same DIR | restore-same DIR OUT
 
 Exit 77 when torch.distributed, gloo or torchmetrics is unavailable.
 """
@@ -78,27 +83,102 @@ def restore_worker(d: str, out: str) -> None:
 
 def same_worker(d: str) -> None:
     """The torchrun half of same_components (tests/mpi/same_components.c is the C half): the same
-    state handed to KeepsakeWriter as a rank's own entries, the way local_items and the distributed
-    manager hand theirs."""
+    components handed to KeepsakeWriter as this rank's keepsake entries (local_items), the replicated
+    ones (model, AdamW, scheduler, timestamp, run name and seed) the same on every rank."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     import torchmetrics
 
     import keepsake
-    from keepsake import _keepsake as native
     from keepsake import distributed as kd
-    from keepsake._distributed import local as kl
     dist.init_process_group("gloo")
     r = dist.get_rank()
-    mean, cat = torchmetrics.MeanMetric(), torchmetrics.CatMetric()
+    net, opt, sched = same_replicated(torch)
+    mean, cat, mse = torchmetrics.MeanMetric(), torchmetrics.CatMetric(), torchmetrics.MeanSquaredError()
     mean.update(torch.tensor([r + 1.0, r + 2.0]))
     cat.update(torch.tensor([r * 10.0, r * 10.0 + 1]))
-    items = kl.state_items(timestamp=keepsake.Timestamp(epoch=1, batch=5, sample=50),
-                           train_metrics={"mean": mean, "cat": cat},
+    mse.update(torch.tensor([r + 0.5, r + 1.0, r + 2.0]), torch.tensor([r + 0.0, r + 1.0, r + 2.5]))
+    torch.manual_seed(100 + r)
+    items = kd.local_items(model=net, optimizers={"AdamW": opt}, schedulers={"Sched": sched},
+                           timestamp=keepsake.Timestamp(epoch=1, batch=5, sample=50),
+                           metrics={"mean": mean, "cat": cat}, eval_metrics={"val": {"mse": mse}},
                            dataset_state={"loader": {"epoch": 1, "sample_in_epoch": 100 + r, "shuffle_seed": 7}},
-                           rng=False, run_name="cross", rank_zero_seed=0)
-    dcp.save({native.shard_names()["local"] + str(r): items}, storage_writer=kd.KeepsakeWriter(d))
+                           rng=True, run_name="cross", rank_zero_seed=0)
+    dcp.save(items, storage_writer=kd.KeepsakeWriter(d))
+    refuses_shards(torch, kd)
+    dist.destroy_process_group()
+
+
+def refuses_shards(torch, kd) -> None:
+    """A keepsake entry is a whole tensor: local_items refuses a sharded model (FSDP2's DTensors), which
+    dcp.save takes as an item."""
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    import keepsake
+    dt = distribute_tensor(torch.ones(4, 2), init_device_mesh("cpu", (2,)), [Shard(0)])
+    try:
+        kd.local_items(model={"w": dt})
+    except keepsake.UnsupportedError as e:
+        assert "DTensor" in str(e), e
+    else:
+        raise AssertionError("local_items took a DTensor model")
+
+
+WEIGHT = [[0.1, -0.2, 0.3, 0.4], [-0.5, 0.6, 0.7, -0.8]]
+BIAS = [0.01, -0.02]
+
+
+def same_replicated(torch):
+    """same_components.c's replicated components: the model, AdamW stepped once (lr 0.01, gradients
+    of ones), then the C warmup-cosine scheduler (warmup 2, t_max 10) stepped once: a component with
+    its entries (tests/python/test_state_header_c.py) and the lr 0.005 it sets."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+    net = Net()
+    with torch.no_grad():
+        net.fc.weight.copy_(torch.tensor(WEIGHT))
+        net.fc.bias.copy_(torch.tensor(BIAS))
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.01)
+    net.fc.weight.grad, net.fc.bias.grad = torch.ones(2, 4), torch.ones(2)
+    opt.step()
+    sched = {"base_lrs": [0.01], "last_epoch": 1, "_step_count": 2, "_last_lr": [0.01 * 0.5], "t_warmup": 2,
+             "t_max": 10, "alpha_f": 0.0}
+    opt.param_groups[0]["lr"] = 0.01 * 0.5
+    return net, opt, sched
+
+
+def restore_same_worker(d: str, out: str) -> None:
+    """restore_local of same_components.c's MPI directory: the replicated components (rank 0's file)
+    and this rank's own items installed into the program's objects, written to OUT/rank<r>.json."""
+    import torch
+    import torch.distributed as dist
+    import torchmetrics
+
+    import keepsake
+    from keepsake import distributed as kd
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    net = torch.nn.Sequential()
+    net.fc = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(net.parameters(), lr=1.0)
+    sched, data, ts = {}, {}, keepsake.Timestamp()
+    mean, cat, mse = torchmetrics.MeanMetric(), torchmetrics.CatMetric(), torchmetrics.MeanSquaredError()
+    kd.restore_local({}, checkpoint=d, model=net, optimizers={"AdamW": opt}, schedulers={"Sched": sched},
+                     timestamp=ts, metrics={"mean": mean, "cat": cat}, eval_metrics={"val": {"mse": mse}},
+                     dataset_state={"loader": data})
+    osd = opt.state_dict()
+    got = {"weight": net.fc.weight.tolist(), "bias": net.fc.bias.tolist(), "lr": osd["param_groups"][0]["lr"],
+           "exp_avg": osd["state"][0]["exp_avg"].tolist(), "step": float(osd["state"][0]["step"]),
+           "sched": sched, "data": data, "ts": [ts.epoch, ts.batch, ts.sample],
+           "mean": [float(mean.mean_value), float(mean.weight)], "cat": torch.cat(cat.value).tolist(),
+           "mse": [float(mse.sum_squared_error), int(mse.total)]}
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(got, f)
     dist.destroy_process_group()
 
 
@@ -119,23 +199,101 @@ def header(path: str) -> dict:
     return out
 
 
-def same_components(mpiexec: str, same: str, work: str) -> None:
+# What the two halves still save differently, named so that nothing else may differ: each front end's
+# generators (C's ks_rng, rng/0/xoshiro256starstar, against torch's, Python's and numpy's under rng/0/:
+# their entries, the numpy leaf of the structure record, DCP_SHARDING_INFO's rows for them and so the
+# files' sizes in the index) and the param_group fields torch 2.13's AdamW has and the C AdamW does
+# not write. The layout itself (names, placement, records) is the same.
+GENERATORS = "rng/"
+ADAMW_GROUP = "state/optimizers/AdamW/param_groups/0/"
+TORCH_ONLY_ADAMW = {ADAMW_GROUP + f for f in ("differentiable", "fused", "decoupled_weight_decay")}
+REPLICATED = ("state/model/", "state/optimizers/", "state/schedulers/", "state/timestamp/", "state/run_name",
+              "state/rank_zero_seed")
+
+
+def without_known(h: dict) -> tuple:
+    """A header without the known differences above, and the names taken out."""
+    out, gone = {}, set()
+    for part in ("tensors", "scalars"):
+        out[part] = {}
+        for k, v in h[part].items():
+            if k.startswith(GENERATORS) or k in TORCH_ONLY_ADAMW:
+                gone.add(k)
+            else:
+                out[part][k] = v
+    meta = dict(h["metadata"])
+    meta["DCP_SHARDING_INFO"] = {k: v for k, v in meta["DCP_SHARDING_INFO"].items() if not k.startswith(GENERATORS)}
+    ts = dict(meta["keepsake.torch_structure"])
+    leaves = {k: v for k, v in ts.pop("leaves", {}).items() if not k.startswith(GENERATORS)}
+    if leaves:
+        ts["leaves"] = leaves
+    meta["keepsake.torch_structure"] = ts
+    out["metadata"] = meta
+    return out, gone
+
+
+def same_components(mpiexec: str, same: str, dump: str, work: str) -> None:
     c, t = os.path.join(work, "same-mpi"), os.path.join(work, "same-torch")
     launch.run([mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", "2", same, c])
     launch.torchrun(2, __file__, "same", t)
     for r in range(2):
         name = f"rank-{r:05d}-of-00002.keepsake"
-        hc, ht = header(os.path.join(c, name)), header(os.path.join(t, name))
+        (hc, gone_c), (ht, gone_t) = (without_known(header(os.path.join(d, name))) for d in (c, t))
+        assert gone_c == {"rng/0/xoshiro256starstar"}, gone_c
+        assert {k for k in gone_t if not k.startswith("rng/0/")} == (TORCH_ONLY_ADAMW if r == 0 else set()), gone_t
+        assert {"rng/0/torch", "rng/0/python/state", "rng/0/numpy/keys"} <= gone_t, gone_t
         for part in ("tensors", "scalars", "metadata"):
             assert hc[part] == ht[part], (r, part, {k: (hc[part].get(k), ht[part].get(k))
                                                     for k in set(hc[part]) | set(ht[part])
                                                     if hc[part].get(k) != ht[part].get(k)})
+        # The replicated components are in rank 0's file only, in both directories (ks_shard_write_rank).
+        rep = [k for k in list(hc["tensors"]) + list(hc["scalars"]) if k.startswith(REPLICATED)]
+        assert (len(rep) >= 25) if r == 0 else not rep, (r, rep)
     ic, it = (json.load(open(os.path.join(d, "model.safetensors.index.json"))) for d in (c, t))
-    for i in (ic, it):  # each file's size and header hash follow its bytes (wall-clock values)
+    for i in (ic, it):  # each file's header hash follows its bytes; its size the generators (above)
         for f in i["keepsake"]["files"]:
             f.pop("header_xxh3")
+            f.pop("size")
     assert ic == it, (ic, it)
-    print("same components: the MPI and the torchrun directory have the same headers and index")
+    assert ic["weight_map"]["state/model/fc.weight"] == "rank-00000-of-00002.keepsake", ic["weight_map"]
+    print("same components: the MPI and the torchrun directory have the same headers and index, "
+          "generators and torch's AdamW fields aside")
+    same_loads(mpiexec, dump, c, t, work)
+
+
+def same_loads(mpiexec: str, dump: str, c: str, t: str, work: str) -> None:
+    """Each directory loads through the other front end: the torchrun one through the MPI loader
+    (ks_dist_load), the MPI one through restore_local, replicated components (rank 0's file) on every
+    rank and each rank's own items."""
+    out = os.path.join(work, "same-torch-mpi")
+    os.makedirs(out)
+    launch.run([mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", "2", dump, t, out])
+    saved = file_entries(os.path.join(t, "rank-00000-of-00002.keepsake"))
+    for r in range(2):
+        e = file_entries(os.path.join(out, f"rank{r}.keepsake"))
+        for k in ("state/model/fc.weight", "state/model/fc.bias", "state/optimizers/AdamW/state/0/exp_avg"):
+            close(e[k], saved[k], f"ks_dist_load: rank {r} {k}")
+        assert e[ADAMW_GROUP + "lr"] == 0.005 and e["state/schedulers/Sched/t_max"] == 10, (r, sorted(e))
+        assert e["state/timestamp/Timestamp/batch"] == 5 and e["state/run_name"] == "cross", (r, sorted(e))
+        assert e["state/dataset_state/loader/sample_in_epoch"] == 100 + r and "rng/0/torch" in e, (r, sorted(e))
+        close(e["state/eval_metrics/val/mse/state_dict/sum_squared_error"], 0.5, f"ks_dist_load: rank {r} mse")
+    out = os.path.join(work, "same-mpi-torch")
+    os.makedirs(out)
+    launch.torchrun(2, __file__, "restore-same", c, out)
+    saved = file_entries(os.path.join(c, "rank-00000-of-00002.keepsake"))
+    for r in range(2):
+        got = json.load(open(os.path.join(out, f"rank{r}.json")))
+        close(got["weight"], saved["state/model/fc.weight"], f"restore_local: rank {r} weight")
+        close(got["bias"], saved["state/model/fc.bias"], f"restore_local: rank {r} bias")
+        close(got["exp_avg"], saved["state/optimizers/AdamW/state/0/exp_avg"], f"restore_local: rank {r} exp_avg")
+        assert got["lr"] == 0.005 and got["step"] == 1.0, got
+        assert got["sched"] == {"base_lrs": [0.01], "last_epoch": 1, "_step_count": 2, "_last_lr": [0.005],
+                                "t_warmup": 2, "t_max": 10, "alpha_f": 0.0}, got["sched"]
+        assert got["ts"] == [1, 5, 50] and got["data"] == {"epoch": 1, "sample_in_epoch": 100 + r,
+                                                           "shuffle_seed": 7}, got
+        assert got["mean"] == [2 * r + 3, 2] and got["cat"] == [10 * r, 10 * r + 1] and got["mse"] == [0.5, 3], got
+    print("same components: ks_dist_load reads the torchrun directory and restore_local the MPI one, "
+          "model, AdamW, scheduler and timestamp on every rank")
 
 
 def file_entries(path: str) -> dict:
@@ -270,6 +428,8 @@ def main() -> None:
         return same_worker(sys.argv[2])
     if len(sys.argv) > 1 and sys.argv[1] == "restore":
         return restore_worker(sys.argv[2], sys.argv[3])
+    if len(sys.argv) > 1 and sys.argv[1] == "restore-same":
+        return restore_same_worker(sys.argv[2], sys.argv[3])
     launch.require("torch", "torch.distributed.checkpoint", "torchmetrics")
     cli, mpiexec, mpi_ckpt, dump, same = sys.argv[1:6]
     work = launch.workdir("cross-layout-")
@@ -278,7 +438,7 @@ def main() -> None:
         cli_diff(cli, work)
         c_to_torch(mpiexec, mpi_ckpt, work)
         same_records(work)
-        same_components(mpiexec, same, work)
+        same_components(mpiexec, same, dump, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
