@@ -16,13 +16,14 @@ per-rank items included (docs/FORMAT.md section 9).
                components through ks_dist_save and local_items + KeepsakeWriter: a 4 -> 2 linear
                model, AdamW stepped once and the C warmup-cosine scheduler (replicated), run name
                and seed, a timestamp, and per rank a data position, generators, train metrics (a
-               MeanMetric, a CatMetric) and an eval metric under "val" (MeanSquaredError): every
-               rank file has the same tensors (dtypes, shapes), scalars (values, wall-clock ones
-               aside) and metadata records, the replicated components in rank 0's file only, and the
-               indexes are equal apart from the header hashes; what still differs is named
-               (without_known: the generators, torch's AdamW fields). Then ks_dist_load reads the
-               torchrun directory and restore_local the MPI one, the replicated components on every
-               rank. (The model and optimizer as DCP items keep DCP's keys: docs/FORMAT.md 9.2.)
+               MeanMetric, a CatMetric; a MinMaxMetric wrapper in Python only) and an eval metric
+               under "val" (MeanSquaredError): every rank file has the same tensors (dtypes,
+               shapes), scalars (values, wall-clock ones aside) and metadata records, the replicated
+               components in rank 0's file only, and the indexes are equal apart from the header
+               hashes; what still differs is named (without_known: the generators, torch's AdamW
+               fields, the wrapper metric). Then ks_dist_load reads the torchrun directory and
+               restore_local the MPI one, the replicated components on every rank. (The model and
+               optimizer as DCP items keep DCP's keys: docs/FORMAT.md 9.2.)
 
     python cross_layout.py KEEPSAKE_CLI MPIEXEC TEST_MPI_CKPT DIST_LOAD_DUMP SAME_COMPONENTS    the test
     torchrun ... cross_layout.py save DIR | restore DIR OUT | same DIR | restore-same DIR OUT
@@ -99,10 +100,12 @@ def same_worker(d: str) -> None:
     mean.update(torch.tensor([r + 1.0, r + 2.0]))
     cat.update(torch.tensor([r * 10.0, r * 10.0 + 1]))
     mse.update(torch.tensor([r + 0.5, r + 1.0, r + 2.0]), torch.tensor([r + 0.0, r + 1.0, r + 2.5]))
+    minmax = torchmetrics.wrappers.MinMaxMetric(torchmetrics.MeanMetric())
+    minmax.update(torch.tensor([r + 1.0, r + 2.0]))
     torch.manual_seed(100 + r)
     items = kd.local_items(model=net, optimizers={"AdamW": opt}, schedulers={"Sched": sched},
                            timestamp=keepsake.Timestamp(epoch=1, batch=5, sample=50),
-                           metrics={"mean": mean, "cat": cat}, eval_metrics={"val": {"mse": mse}},
+                           metrics={"mean": mean, "cat": cat, WRAPPER: minmax}, eval_metrics={"val": {"mse": mse}},
                            dataset_state={"loader": {"epoch": 1, "sample_in_epoch": 100 + r, "shuffle_seed": 7}},
                            rng=True, run_name="cross", rank_zero_seed=0)
     dcp.save(items, storage_writer=kd.KeepsakeWriter(d))
@@ -202,9 +205,12 @@ def header(path: str) -> dict:
 # What the two halves still save differently, named so that nothing else may differ: each front end's
 # generators (C's ks_rng, rng/0/xoshiro256starstar, against torch's, Python's and numpy's under rng/0/:
 # their entries, the numpy leaf of the structure record, DCP_SHARDING_INFO's rows for them and so the
-# files' sizes in the index) and the param_group fields torch 2.13's AdamW has and the C AdamW does
-# not write. The layout itself (names, placement, records) is the same.
+# files' sizes in the index), the param_group fields torch 2.13's AdamW has and the C AdamW does not
+# write, and the wrapper metric only the Python half saves (its entries, rows and keepsake.metrics
+# record). The layout itself (names, placement, records) is the same.
 GENERATORS = "rng/"
+WRAPPER = "minmax"  # a torchmetrics MinMaxMetric over a MeanMetric: the C catalogue has no wrapper yet
+WRAPPED = "state/train_metrics/" + WRAPPER
 ADAMW_GROUP = "state/optimizers/AdamW/param_groups/0/"
 TORCH_ONLY_ADAMW = {ADAMW_GROUP + f for f in ("differentiable", "fused", "decoupled_weight_decay")}
 REPLICATED = ("state/model/", "state/optimizers/", "state/schedulers/", "state/timestamp/", "state/run_name",
@@ -217,12 +223,14 @@ def without_known(h: dict) -> tuple:
     for part in ("tensors", "scalars"):
         out[part] = {}
         for k, v in h[part].items():
-            if k.startswith(GENERATORS) or k in TORCH_ONLY_ADAMW:
+            if k.startswith((GENERATORS, WRAPPED + "/")) or k in TORCH_ONLY_ADAMW:
                 gone.add(k)
             else:
                 out[part][k] = v
     meta = dict(h["metadata"])
-    meta["DCP_SHARDING_INFO"] = {k: v for k, v in meta["DCP_SHARDING_INFO"].items() if not k.startswith(GENERATORS)}
+    meta["DCP_SHARDING_INFO"] = {k: v for k, v in meta["DCP_SHARDING_INFO"].items()
+                                 if not k.startswith((GENERATORS, WRAPPED + "/"))}
+    meta["keepsake.metrics"] = {k: v for k, v in meta["keepsake.metrics"].items() if k != WRAPPED}
     ts = dict(meta["keepsake.torch_structure"])
     leaves = {k: v for k, v in ts.pop("leaves", {}).items() if not k.startswith(GENERATORS)}
     if leaves:
@@ -240,7 +248,10 @@ def same_components(mpiexec: str, same: str, dump: str, work: str) -> None:
         name = f"rank-{r:05d}-of-00002.keepsake"
         (hc, gone_c), (ht, gone_t) = (without_known(header(os.path.join(d, name))) for d in (c, t))
         assert gone_c == {"rng/0/xoshiro256starstar"}, gone_c
-        assert {k for k in gone_t if not k.startswith("rng/0/")} == (TORCH_ONLY_ADAMW if r == 0 else set()), gone_t
+        wrapper = {k for k in gone_t if k.startswith(WRAPPED + "/")}
+        assert {WRAPPED + "/inner/_base_metric/state_dict/mean_value", WRAPPED + "/attrs/min_val"} <= wrapper, gone_t
+        assert gone_t - wrapper - {k for k in gone_t if k.startswith("rng/0/")} == (TORCH_ONLY_ADAMW if r == 0
+                                                                                    else set()), gone_t
         assert {"rng/0/torch", "rng/0/python/state", "rng/0/numpy/keys"} <= gone_t, gone_t
         for part in ("tensors", "scalars", "metadata"):
             assert hc[part] == ht[part], (r, part, {k: (hc[part].get(k), ht[part].get(k))
@@ -257,7 +268,7 @@ def same_components(mpiexec: str, same: str, dump: str, work: str) -> None:
     assert ic == it, (ic, it)
     assert ic["weight_map"]["state/model/fc.weight"] == "rank-00000-of-00002.keepsake", ic["weight_map"]
     print("same components: the MPI and the torchrun directory have the same headers and index, "
-          "generators and torch's AdamW fields aside")
+          "generators, torch's AdamW fields and the wrapper metric aside")
     same_loads(mpiexec, dump, c, t, work)
 
 
