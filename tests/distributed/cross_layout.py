@@ -85,7 +85,11 @@ def restore_worker(d: str, out: str) -> None:
 def same_worker(d: str) -> None:
     """The torchrun half of same_components (tests/mpi/same_components.c is the C half): the same
     components handed to KeepsakeWriter as this rank's keepsake entries (local_items), the replicated
-    ones (model, AdamW, scheduler, timestamp, run name and seed) the same on every rank."""
+    ones (model, AdamW, scheduler, timestamp, run name and seed) the same on every rank, the
+    generators seeded with 100 + r."""
+    import random
+
+    import numpy
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -102,6 +106,8 @@ def same_worker(d: str) -> None:
     mse.update(torch.tensor([r + 0.5, r + 1.0, r + 2.0]), torch.tensor([r + 0.0, r + 1.0, r + 2.5]))
     minmax = torchmetrics.wrappers.MinMaxMetric(torchmetrics.MeanMetric())
     minmax.update(torch.tensor([r + 1.0, r + 2.0]))
+    random.seed(100 + r)
+    numpy.random.seed(100 + r)
     torch.manual_seed(100 + r)
     items = kd.local_items(model=net, optimizers={"AdamW": opt}, schedulers={"Sched": sched},
                            timestamp=keepsake.Timestamp(epoch=1, batch=5, sample=50),
