@@ -159,7 +159,8 @@ def restore_local(state_dict: Mapping[str, Any], *, metrics: Any = None, eval_me
 def restore(checkpoint: PathLike, *, metrics: Any, eval_metrics: Any, dataset_state: Any, rng: bool, group: Any,
             verify: bool, **replicated: Any) -> None:
     """:func:`restore_local`; ``verify=False`` for a directory whose files were verified already (the
-    distributed manager's autoresume takes one that ks_ckpt_manager_dir_latest verified)."""
+    distributed manager's autoresume takes one that ks_ckpt_manager_dir_latest verified). `replicated`:
+    load_checkpoint's model, optimizers, schedulers, callbacks and timestamp, when given."""
     rank, world = _rank_world(group)
     path = fspath(checkpoint)
     values, meta = staged(path, rank, world, metrics, eval_metrics, verify)
