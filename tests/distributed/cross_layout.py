@@ -15,14 +15,14 @@ per-rank items included (docs/FORMAT.md section 9).
   same         tests/mpi/same_components.c (mpirun) and the torchrun half here save the same
                components through ks_dist_save and local_items + KeepsakeWriter: a 4 -> 2 linear
                model, AdamW stepped once and the C warmup-cosine scheduler (replicated), run name
-               and seed, a timestamp, and per rank a data position, generators, train metrics (a
-               MeanMetric, a CatMetric; a MinMaxMetric wrapper in Python only) and an eval metric
-               under "val" (MeanSquaredError): every rank file has the same tensors (dtypes,
-               shapes), scalars (values, wall-clock ones aside) and metadata records, the replicated
-               components in rank 0's file only, and the indexes are equal apart from the header
-               hashes; what still differs is named (without_known: the generators, torch's AdamW
-               fields, the wrapper metric). Then ks_dist_load reads the torchrun directory and
-               restore_local the MPI one, the replicated components on every rank. (The model and
+               and seed, a timestamp, and per rank a data position, the Python program's generators
+               (Python's, numpy's and torch's, seeded with 100 + r), train metrics (a MeanMetric, a
+               CatMetric, a MinMaxMetric wrapper over a MeanMetric) and an eval metric under "val"
+               (MeanSquaredError): every rank file has the same tensors (dtypes, shapes), scalars
+               (values, wall-clock ones aside) and metadata records, the replicated components in
+               rank 0's file only, and the indexes are equal; the two directories are the same
+               bytes. Then ks_dist_load reads the torchrun directory and restore_local the
+               MPI one, the replicated components and generators on every rank. (The model and
                optimizer as DCP items keep DCP's keys: docs/FORMAT.md 9.2.)
 
     python cross_layout.py KEEPSAKE_CLI MPIEXEC TEST_MPI_CKPT DIST_LOAD_DUMP SAME_COMPONENTS    the test
@@ -111,7 +111,7 @@ def same_worker(d: str) -> None:
     torch.manual_seed(100 + r)
     items = kd.local_items(model=net, optimizers={"AdamW": opt}, schedulers={"Sched": sched},
                            timestamp=keepsake.Timestamp(epoch=1, batch=5, sample=50),
-                           metrics={"mean": mean, "cat": cat, WRAPPER: minmax}, eval_metrics={"val": {"mse": mse}},
+                           metrics={"mean": mean, "cat": cat, "minmax": minmax}, eval_metrics={"val": {"mse": mse}},
                            dataset_state={"loader": {"epoch": 1, "sample_in_epoch": 100 + r, "shuffle_seed": 7}},
                            rng=True, run_name="cross", rank_zero_seed=0)
     dcp.save(items, storage_writer=kd.KeepsakeWriter(d))
@@ -163,7 +163,11 @@ def same_replicated(torch):
 
 def restore_same_worker(d: str, out: str) -> None:
     """restore_local of same_components.c's MPI directory: the replicated components (rank 0's file)
-    and this rank's own items installed into the program's objects, written to OUT/rank<r>.json."""
+    and this rank's own items, its generators included, installed into the program's objects, written
+    to OUT/rank<r>.json."""
+    import random
+
+    import numpy
     import torch
     import torch.distributed as dist
     import torchmetrics
@@ -177,15 +181,23 @@ def restore_same_worker(d: str, out: str) -> None:
     opt = torch.optim.AdamW(net.parameters(), lr=1.0)
     sched, data, ts = {}, {}, keepsake.Timestamp()
     mean, cat, mse = torchmetrics.MeanMetric(), torchmetrics.CatMetric(), torchmetrics.MeanSquaredError()
+    minmax = torchmetrics.wrappers.MinMaxMetric(torchmetrics.MeanMetric())
     kd.restore_local({}, checkpoint=d, model=net, optimizers={"AdamW": opt}, schedulers={"Sched": sched},
-                     timestamp=ts, metrics={"mean": mean, "cat": cat}, eval_metrics={"val": {"mse": mse}},
-                     dataset_state={"loader": data})
+                     timestamp=ts, metrics={"mean": mean, "cat": cat, "minmax": minmax},
+                     eval_metrics={"val": {"mse": mse}}, dataset_state={"loader": data}, rng=True)
+    restored = (random.getstate(), numpy.random.get_state()[1].tolist(), torch.get_rng_state())
+    random.seed(100 + rank)
+    numpy.random.seed(100 + rank)
+    torch.manual_seed(100 + rank)  # the generators the C program describes for this rank
+    seeded = (random.getstate(), numpy.random.get_state()[1].tolist(), torch.get_rng_state())
     osd = opt.state_dict()
     got = {"weight": net.fc.weight.tolist(), "bias": net.fc.bias.tolist(), "lr": osd["param_groups"][0]["lr"],
            "exp_avg": osd["state"][0]["exp_avg"].tolist(), "step": float(osd["state"][0]["step"]),
            "sched": sched, "data": data, "ts": [ts.epoch, ts.batch, ts.sample],
            "mean": [float(mean.mean_value), float(mean.weight)], "cat": torch.cat(cat.value).tolist(),
-           "mse": [float(mse.sum_squared_error), int(mse.total)]}
+           "mse": [float(mse.sum_squared_error), int(mse.total)],
+           "minmax": [float(minmax._base_metric.mean_value), float(minmax._base_metric.weight)],
+           "generators": [restored[0] == seeded[0], restored[1] == seeded[1], bool((restored[2] == seeded[2]).all())]}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(got, f)
     dist.destroy_process_group()
@@ -208,42 +220,10 @@ def header(path: str) -> dict:
     return out
 
 
-# What the two halves still save differently, named so that nothing else may differ: each front end's
-# generators (C's ks_rng, rng/0/xoshiro256starstar, against torch's, Python's and numpy's under rng/0/:
-# their entries, the numpy leaf of the structure record, DCP_SHARDING_INFO's rows for them and so the
-# files' sizes in the index), the param_group fields torch 2.13's AdamW has and the C AdamW does not
-# write, and the wrapper metric only the Python half saves (its entries, rows and keepsake.metrics
-# record). The layout itself (names, placement, records) is the same.
-GENERATORS = "rng/"
-WRAPPER = "minmax"  # a torchmetrics MinMaxMetric over a MeanMetric: the C catalogue has no wrapper yet
-WRAPPED = "state/train_metrics/" + WRAPPER
 ADAMW_GROUP = "state/optimizers/AdamW/param_groups/0/"
-TORCH_ONLY_ADAMW = {ADAMW_GROUP + f for f in ("differentiable", "fused", "decoupled_weight_decay")}
+WRAPPED = "state/train_metrics/minmax/"  # torchmetrics' MinMaxMetric over a MeanMetric
 REPLICATED = ("state/model/", "state/optimizers/", "state/schedulers/", "state/timestamp/", "state/run_name",
               "state/rank_zero_seed")
-
-
-def without_known(h: dict) -> tuple:
-    """A header without the known differences above, and the names taken out."""
-    out, gone = {}, set()
-    for part in ("tensors", "scalars"):
-        out[part] = {}
-        for k, v in h[part].items():
-            if k.startswith((GENERATORS, WRAPPED + "/")) or k in TORCH_ONLY_ADAMW:
-                gone.add(k)
-            else:
-                out[part][k] = v
-    meta = dict(h["metadata"])
-    meta["DCP_SHARDING_INFO"] = {k: v for k, v in meta["DCP_SHARDING_INFO"].items()
-                                 if not k.startswith((GENERATORS, WRAPPED + "/"))}
-    meta["keepsake.metrics"] = {k: v for k, v in meta["keepsake.metrics"].items() if k != WRAPPED}
-    ts = dict(meta["keepsake.torch_structure"])
-    leaves = {k: v for k, v in ts.pop("leaves", {}).items() if not k.startswith(GENERATORS)}
-    if leaves:
-        ts["leaves"] = leaves
-    meta["keepsake.torch_structure"] = ts
-    out["metadata"] = meta
-    return out, gone
 
 
 def same_components(mpiexec: str, same: str, dump: str, work: str) -> None:
@@ -252,13 +232,16 @@ def same_components(mpiexec: str, same: str, dump: str, work: str) -> None:
     launch.torchrun(2, __file__, "same", t)
     for r in range(2):
         name = f"rank-{r:05d}-of-00002.keepsake"
-        (hc, gone_c), (ht, gone_t) = (without_known(header(os.path.join(d, name))) for d in (c, t))
-        assert gone_c == {"rng/0/xoshiro256starstar"}, gone_c
-        wrapper = {k for k in gone_t if k.startswith(WRAPPED + "/")}
-        assert {WRAPPED + "/inner/_base_metric/state_dict/mean_value", WRAPPED + "/attrs/min_val"} <= wrapper, gone_t
-        assert gone_t - wrapper - {k for k in gone_t if k.startswith("rng/0/")} == (TORCH_ONLY_ADAMW if r == 0
-                                                                                    else set()), gone_t
-        assert {"rng/0/torch", "rng/0/python/state", "rng/0/numpy/keys"} <= gone_t, gone_t
+        hc, ht = header(os.path.join(c, name)), header(os.path.join(t, name))
+        # What the two languages' objects once held differently is the same: Python's, numpy's and
+        # torch's generators, the wrapper's parts, torch 2.13's AdamW fields.
+        want = {"rng/0/torch", "rng/0/python/state", "rng/0/numpy/keys", WRAPPED + "attrs/min_val",
+                WRAPPED + "inner/_base_metric/state_dict/mean_value"}
+        want_scalars = {"rng/0/numpy/pos", WRAPPED + "inner/_base_metric/update_count"}
+        if r == 0:
+            want_scalars |= {ADAMW_GROUP + f for f in ("differentiable", "fused", "decoupled_weight_decay")}
+        assert want <= set(hc["tensors"]) and want_scalars <= set(hc["scalars"]), (r, sorted(hc["tensors"]),
+                                                                                   sorted(hc["scalars"]))
         for part in ("tensors", "scalars", "metadata"):
             assert hc[part] == ht[part], (r, part, {k: (hc[part].get(k), ht[part].get(k))
                                                     for k in set(hc[part]) | set(ht[part])
@@ -267,14 +250,16 @@ def same_components(mpiexec: str, same: str, dump: str, work: str) -> None:
         rep = [k for k in list(hc["tensors"]) + list(hc["scalars"]) if k.startswith(REPLICATED)]
         assert (len(rep) >= 25) if r == 0 else not rep, (r, rep)
     ic, it = (json.load(open(os.path.join(d, "model.safetensors.index.json"))) for d in (c, t))
-    for i in (ic, it):  # each file's header hash follows its bytes; its size the generators (above)
-        for f in i["keepsake"]["files"]:
-            f.pop("header_xxh3")
-            f.pop("size")
     assert ic == it, (ic, it)
     assert ic["weight_map"]["state/model/fc.weight"] == "rank-00000-of-00002.keepsake", ic["weight_map"]
+    # More than the headers: the same bytes. Every tensor too (the C AdamW's step is torch's bit for bit,
+    # the generators are seeded alike) and no wall-clock value differs (both timestamps hold 0 s).
+    for name in sorted(os.listdir(c)):
+        with open(os.path.join(c, name), "rb") as fc, open(os.path.join(t, name), "rb") as ft:
+            assert fc.read() == ft.read(), f"{name}: the MPI and the torchrun file differ"
+    assert sorted(os.listdir(c)) == sorted(os.listdir(t)), (os.listdir(c), os.listdir(t))
     print("same components: the MPI and the torchrun directory have the same headers and index, "
-          "generators, torch's AdamW fields and the wrapper metric aside")
+          "and the same bytes")
     same_loads(mpiexec, dump, c, t, work)
 
 
@@ -293,6 +278,7 @@ def same_loads(mpiexec: str, dump: str, c: str, t: str, work: str) -> None:
         assert e[ADAMW_GROUP + "lr"] == 0.005 and e["state/schedulers/Sched/t_max"] == 10, (r, sorted(e))
         assert e["state/timestamp/Timestamp/batch"] == 5 and e["state/run_name"] == "cross", (r, sorted(e))
         assert e["state/dataset_state/loader/sample_in_epoch"] == 100 + r and "rng/0/torch" in e, (r, sorted(e))
+        close(e[WRAPPED + "inner/_base_metric/state_dict/mean_value"], 2 * r + 3, f"ks_dist_load: rank {r} minmax")
         close(e["state/eval_metrics/val/mse/state_dict/sum_squared_error"], 0.5, f"ks_dist_load: rank {r} mse")
     out = os.path.join(work, "same-mpi-torch")
     os.makedirs(out)
@@ -309,8 +295,9 @@ def same_loads(mpiexec: str, dump: str, c: str, t: str, work: str) -> None:
         assert got["ts"] == [1, 5, 50] and got["data"] == {"epoch": 1, "sample_in_epoch": 100 + r,
                                                            "shuffle_seed": 7}, got
         assert got["mean"] == [2 * r + 3, 2] and got["cat"] == [10 * r, 10 * r + 1] and got["mse"] == [0.5, 3], got
+        assert got["minmax"] == [2 * r + 3, 2] and got["generators"] == [True, True, True], got
     print("same components: ks_dist_load reads the torchrun directory and restore_local the MPI one, "
-          "model, AdamW, scheduler and timestamp on every rank")
+          "model, AdamW, scheduler, timestamp and generators on every rank")
 
 
 def file_entries(path: str) -> dict:
