@@ -102,15 +102,17 @@ ks_statedict *ksp_statedict_from(PyObject *entries) {
   return sd;
 }
 
-/* keepsake.metrics from a description of the metrics (see keepsake/_state/metrics.py), as `keepsake convert` does. */
+/* keepsake.metrics from a description of the metrics (see keepsake/_state/metrics.py), as `keepsake convert` does,
+ * with the layout record: in the order ks_state_to_state_dict sets them (layout, then metrics), so a rank file
+ * a torch.distributed job writes has the header an MPI program's has. */
 static int add_metrics_meta(ks_meta *meta, const char *desc, const ks_statedict *sd) {
   if (!desc) return 0;
   char *json = NULL;
   ks_error err;
   ks_error_clear(&err);
   ks_status st = ksp_metrics_meta(desc, sd, &json, &err);
+  if (!st) st = ks_meta_set(meta, KS_META_STATE, ks_layout_record(KS_META_STATE), NULL);
   if (!st) st = ks_meta_set(meta, KS_META_METRICS, json, NULL);
-  if (!st) st = ks_meta_set(meta, KS_META_STATE, "{\"layout_version\":1}", NULL);
   free(json);
   if (st) ksp_raise(st, &err);
   return st ? -1 : 0;

@@ -12,15 +12,21 @@ per-rank items included (docs/FORMAT.md section 9).
                each rank its own data position and metric states, and at 2 ranks saved ranks 0 and 1
                folded on rank 0, saved rank 2 on rank 1 (saved rank s goes to floor(s*M/N)).
   records      both directories' index, shard and metric records and metric state entries agree.
-  same         tests/mpi/same_components.c (mpirun) and the torchrun half here save the same state
-               (run name and seed, a timestamp, a data position, a MeanMetric and a CatMetric per
-               rank) through ks_dist_save and KeepsakeWriter: every rank file has the same tensors
-               (dtypes, shapes), scalars (values, wall-clock ones aside) and metadata records, and the
-               indexes are equal apart from the header hashes. (What DCP itself saves, the model and
-               optimizer, is stored under DCP's keys: docs/FORMAT.md 9.2.)
+  same         tests/mpi/same_components.c (mpirun) and the torchrun half here save the same
+               components through ks_dist_save and local_items + KeepsakeWriter: a 4 -> 2 linear
+               model, AdamW stepped once and the C warmup-cosine scheduler (replicated), run name
+               and seed, a timestamp, and per rank a data position, the Python program's generators
+               (Python's, numpy's and torch's, seeded with 100 + r), train metrics (a MeanMetric, a
+               CatMetric, a MinMaxMetric wrapper over a MeanMetric) and an eval metric under "val"
+               (MeanSquaredError): every rank file has the same tensors (dtypes, shapes), scalars
+               (values, wall-clock ones aside) and metadata records, the replicated components in
+               rank 0's file only, and the indexes are equal; the two directories are the same
+               bytes. Then ks_dist_load reads the torchrun directory and restore_local the
+               MPI one, the replicated components and generators on every rank. (The model and
+               optimizer as DCP items keep DCP's keys: docs/FORMAT.md 9.2.)
 
     python cross_layout.py KEEPSAKE_CLI MPIEXEC TEST_MPI_CKPT DIST_LOAD_DUMP SAME_COMPONENTS    the test
-    torchrun ... cross_layout.py save DIR | restore DIR OUT | same DIR
+    torchrun ... cross_layout.py save DIR | restore DIR OUT | same DIR | restore-same DIR OUT
 
 Exit 77 when torch.distributed, gloo or torchmetrics is unavailable.
 """
@@ -78,27 +84,122 @@ def restore_worker(d: str, out: str) -> None:
 
 def same_worker(d: str) -> None:
     """The torchrun half of same_components (tests/mpi/same_components.c is the C half): the same
-    state handed to KeepsakeWriter as a rank's own entries, the way local_items and the distributed
-    manager hand theirs."""
+    components handed to KeepsakeWriter as this rank's keepsake entries (local_items), the replicated
+    ones (model, AdamW, scheduler, timestamp, run name and seed) the same on every rank, the
+    generators seeded with 100 + r."""
+    import random
+
+    import numpy
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     import torchmetrics
 
     import keepsake
-    from keepsake import _keepsake as native
     from keepsake import distributed as kd
-    from keepsake._distributed import local as kl
     dist.init_process_group("gloo")
     r = dist.get_rank()
-    mean, cat = torchmetrics.MeanMetric(), torchmetrics.CatMetric()
+    net, opt, sched = same_replicated(torch)
+    mean, cat, mse = torchmetrics.MeanMetric(), torchmetrics.CatMetric(), torchmetrics.MeanSquaredError()
     mean.update(torch.tensor([r + 1.0, r + 2.0]))
     cat.update(torch.tensor([r * 10.0, r * 10.0 + 1]))
-    items = kl.state_items(timestamp=keepsake.Timestamp(epoch=1, batch=5, sample=50),
-                           train_metrics={"mean": mean, "cat": cat},
+    mse.update(torch.tensor([r + 0.5, r + 1.0, r + 2.0]), torch.tensor([r + 0.0, r + 1.0, r + 2.5]))
+    minmax = torchmetrics.wrappers.MinMaxMetric(torchmetrics.MeanMetric())
+    minmax.update(torch.tensor([r + 1.0, r + 2.0]))
+    random.seed(100 + r)
+    numpy.random.seed(100 + r)
+    torch.manual_seed(100 + r)
+    items = kd.local_items(model=net, optimizers={"AdamW": opt}, schedulers={"Sched": sched},
+                           timestamp=keepsake.Timestamp(epoch=1, batch=5, sample=50),
+                           metrics={"mean": mean, "cat": cat, "minmax": minmax}, eval_metrics={"val": {"mse": mse}},
                            dataset_state={"loader": {"epoch": 1, "sample_in_epoch": 100 + r, "shuffle_seed": 7}},
-                           rng=False, run_name="cross", rank_zero_seed=0)
-    dcp.save({native.shard_names()["local"] + str(r): items}, storage_writer=kd.KeepsakeWriter(d))
+                           rng=True, run_name="cross", rank_zero_seed=0)
+    dcp.save(items, storage_writer=kd.KeepsakeWriter(d))
+    refuses_shards(torch, kd)
+    dist.destroy_process_group()
+
+
+def refuses_shards(torch, kd) -> None:
+    """A keepsake entry is a whole tensor: local_items refuses a sharded model (FSDP2's DTensors), which
+    dcp.save takes as an item."""
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    import keepsake
+    dt = distribute_tensor(torch.ones(4, 2), init_device_mesh("cpu", (2,)), [Shard(0)])
+    try:
+        kd.local_items(model={"w": dt})
+    except keepsake.UnsupportedError as e:
+        assert "DTensor" in str(e), e
+    else:
+        raise AssertionError("local_items took a DTensor model")
+
+
+WEIGHT = [[0.1, -0.2, 0.3, 0.4], [-0.5, 0.6, 0.7, -0.8]]
+BIAS = [0.01, -0.02]
+
+
+def same_replicated(torch):
+    """same_components.c's replicated components: the model, AdamW stepped once (lr 0.01, gradients
+    of ones), then the C warmup-cosine scheduler (warmup 2, t_max 10) stepped once: a component with
+    its entries (tests/python/test_state_header_c.py) and the lr 0.005 it sets."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+    net = Net()
+    with torch.no_grad():
+        net.fc.weight.copy_(torch.tensor(WEIGHT))
+        net.fc.bias.copy_(torch.tensor(BIAS))
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.01)
+    net.fc.weight.grad, net.fc.bias.grad = torch.ones(2, 4), torch.ones(2)
+    opt.step()
+    sched = {"base_lrs": [0.01], "last_epoch": 1, "_step_count": 2, "_last_lr": [0.01 * 0.5], "t_warmup": 2,
+             "t_max": 10, "alpha_f": 0.0}
+    opt.param_groups[0]["lr"] = 0.01 * 0.5
+    return net, opt, sched
+
+
+def restore_same_worker(d: str, out: str) -> None:
+    """restore_local of same_components.c's MPI directory: the replicated components (rank 0's file)
+    and this rank's own items, its generators included, installed into the program's objects, written
+    to OUT/rank<r>.json."""
+    import random
+
+    import numpy
+    import torch
+    import torch.distributed as dist
+    import torchmetrics
+
+    import keepsake
+    from keepsake import distributed as kd
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    net = torch.nn.Sequential()
+    net.fc = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(net.parameters(), lr=1.0)
+    sched, data, ts = {}, {}, keepsake.Timestamp()
+    mean, cat, mse = torchmetrics.MeanMetric(), torchmetrics.CatMetric(), torchmetrics.MeanSquaredError()
+    minmax = torchmetrics.wrappers.MinMaxMetric(torchmetrics.MeanMetric())
+    kd.restore_local({}, checkpoint=d, model=net, optimizers={"AdamW": opt}, schedulers={"Sched": sched},
+                     timestamp=ts, metrics={"mean": mean, "cat": cat, "minmax": minmax},
+                     eval_metrics={"val": {"mse": mse}}, dataset_state={"loader": data}, rng=True)
+    restored = (random.getstate(), numpy.random.get_state()[1].tolist(), torch.get_rng_state())
+    random.seed(100 + rank)
+    numpy.random.seed(100 + rank)
+    torch.manual_seed(100 + rank)  # the generators the C program describes for this rank
+    seeded = (random.getstate(), numpy.random.get_state()[1].tolist(), torch.get_rng_state())
+    osd = opt.state_dict()
+    got = {"weight": net.fc.weight.tolist(), "bias": net.fc.bias.tolist(), "lr": osd["param_groups"][0]["lr"],
+           "exp_avg": osd["state"][0]["exp_avg"].tolist(), "step": float(osd["state"][0]["step"]),
+           "sched": sched, "data": data, "ts": [ts.epoch, ts.batch, ts.sample],
+           "mean": [float(mean.mean_value), float(mean.weight)], "cat": torch.cat(cat.value).tolist(),
+           "mse": [float(mse.sum_squared_error), int(mse.total)],
+           "minmax": [float(minmax._base_metric.mean_value), float(minmax._base_metric.weight)],
+           "generators": [restored[0] == seeded[0], restored[1] == seeded[1], bool((restored[2] == seeded[2]).all())]}
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(got, f)
     dist.destroy_process_group()
 
 
@@ -119,23 +220,84 @@ def header(path: str) -> dict:
     return out
 
 
-def same_components(mpiexec: str, same: str, work: str) -> None:
+ADAMW_GROUP = "state/optimizers/AdamW/param_groups/0/"
+WRAPPED = "state/train_metrics/minmax/"  # torchmetrics' MinMaxMetric over a MeanMetric
+REPLICATED = ("state/model/", "state/optimizers/", "state/schedulers/", "state/timestamp/", "state/run_name",
+              "state/rank_zero_seed")
+
+
+def same_components(mpiexec: str, same: str, dump: str, work: str) -> None:
     c, t = os.path.join(work, "same-mpi"), os.path.join(work, "same-torch")
     launch.run([mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", "2", same, c])
     launch.torchrun(2, __file__, "same", t)
     for r in range(2):
         name = f"rank-{r:05d}-of-00002.keepsake"
         hc, ht = header(os.path.join(c, name)), header(os.path.join(t, name))
+        # What the two languages' objects once held differently is the same: Python's, numpy's and
+        # torch's generators, the wrapper's parts, torch 2.13's AdamW fields.
+        want = {"rng/0/torch", "rng/0/python/state", "rng/0/numpy/keys", WRAPPED + "attrs/min_val",
+                WRAPPED + "inner/_base_metric/state_dict/mean_value"}
+        want_scalars = {"rng/0/numpy/pos", WRAPPED + "inner/_base_metric/update_count"}
+        if r == 0:
+            want_scalars |= {ADAMW_GROUP + f for f in ("differentiable", "fused", "decoupled_weight_decay")}
+        assert want <= set(hc["tensors"]) and want_scalars <= set(hc["scalars"]), (r, sorted(hc["tensors"]),
+                                                                                   sorted(hc["scalars"]))
         for part in ("tensors", "scalars", "metadata"):
             assert hc[part] == ht[part], (r, part, {k: (hc[part].get(k), ht[part].get(k))
                                                     for k in set(hc[part]) | set(ht[part])
                                                     if hc[part].get(k) != ht[part].get(k)})
+        # The replicated components are in rank 0's file only, in both directories (ks_shard_write_rank).
+        rep = [k for k in list(hc["tensors"]) + list(hc["scalars"]) if k.startswith(REPLICATED)]
+        assert (len(rep) >= 25) if r == 0 else not rep, (r, rep)
     ic, it = (json.load(open(os.path.join(d, "model.safetensors.index.json"))) for d in (c, t))
-    for i in (ic, it):  # each file's size and header hash follow its bytes (wall-clock values)
-        for f in i["keepsake"]["files"]:
-            f.pop("header_xxh3")
     assert ic == it, (ic, it)
-    print("same components: the MPI and the torchrun directory have the same headers and index")
+    assert ic["weight_map"]["state/model/fc.weight"] == "rank-00000-of-00002.keepsake", ic["weight_map"]
+    # More than the headers: the same bytes. Every tensor too (the C AdamW's step is torch's bit for bit,
+    # the generators are seeded alike) and no wall-clock value differs (both timestamps hold 0 s).
+    for name in sorted(os.listdir(c)):
+        with open(os.path.join(c, name), "rb") as fc, open(os.path.join(t, name), "rb") as ft:
+            assert fc.read() == ft.read(), f"{name}: the MPI and the torchrun file differ"
+    assert sorted(os.listdir(c)) == sorted(os.listdir(t)), (os.listdir(c), os.listdir(t))
+    print("same components: the MPI and the torchrun directory have the same headers and index, "
+          "and the same bytes")
+    same_loads(mpiexec, dump, c, t, work)
+
+
+def same_loads(mpiexec: str, dump: str, c: str, t: str, work: str) -> None:
+    """Each directory loads through the other front end: the torchrun one through the MPI loader
+    (ks_dist_load), the MPI one through restore_local, replicated components (rank 0's file) on every
+    rank and each rank's own items."""
+    out = os.path.join(work, "same-torch-mpi")
+    os.makedirs(out)
+    launch.run([mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", "2", dump, t, out])
+    saved = file_entries(os.path.join(t, "rank-00000-of-00002.keepsake"))
+    for r in range(2):
+        e = file_entries(os.path.join(out, f"rank{r}.keepsake"))
+        for k in ("state/model/fc.weight", "state/model/fc.bias", "state/optimizers/AdamW/state/0/exp_avg"):
+            close(e[k], saved[k], f"ks_dist_load: rank {r} {k}")
+        assert e[ADAMW_GROUP + "lr"] == 0.005 and e["state/schedulers/Sched/t_max"] == 10, (r, sorted(e))
+        assert e["state/timestamp/Timestamp/batch"] == 5 and e["state/run_name"] == "cross", (r, sorted(e))
+        assert e["state/dataset_state/loader/sample_in_epoch"] == 100 + r and "rng/0/torch" in e, (r, sorted(e))
+        close(e[WRAPPED + "inner/_base_metric/state_dict/mean_value"], 2 * r + 3, f"ks_dist_load: rank {r} minmax")
+        close(e["state/eval_metrics/val/mse/state_dict/sum_squared_error"], 0.5, f"ks_dist_load: rank {r} mse")
+    out = os.path.join(work, "same-mpi-torch")
+    os.makedirs(out)
+    launch.torchrun(2, __file__, "restore-same", c, out)
+    saved = file_entries(os.path.join(c, "rank-00000-of-00002.keepsake"))
+    for r in range(2):
+        got = json.load(open(os.path.join(out, f"rank{r}.json")))
+        close(got["weight"], saved["state/model/fc.weight"], f"restore_local: rank {r} weight")
+        close(got["bias"], saved["state/model/fc.bias"], f"restore_local: rank {r} bias")
+        close(got["exp_avg"], saved["state/optimizers/AdamW/state/0/exp_avg"], f"restore_local: rank {r} exp_avg")
+        assert got["lr"] == 0.005 and got["step"] == 1.0, got
+        assert got["sched"] == {"base_lrs": [0.01], "last_epoch": 1, "_step_count": 2, "_last_lr": [0.005],
+                                "t_warmup": 2, "t_max": 10, "alpha_f": 0.0}, got["sched"]
+        assert got["ts"] == [1, 5, 50] and got["data"] == {"epoch": 1, "sample_in_epoch": 100 + r,
+                                                           "shuffle_seed": 7}, got
+        assert got["mean"] == [2 * r + 3, 2] and got["cat"] == [10 * r, 10 * r + 1] and got["mse"] == [0.5, 3], got
+        assert got["minmax"] == [2 * r + 3, 2] and got["generators"] == [True, True, True], got
+    print("same components: ks_dist_load reads the torchrun directory and restore_local the MPI one, "
+          "model, AdamW, scheduler, timestamp and generators on every rank")
 
 
 def file_entries(path: str) -> dict:
@@ -270,6 +432,8 @@ def main() -> None:
         return same_worker(sys.argv[2])
     if len(sys.argv) > 1 and sys.argv[1] == "restore":
         return restore_worker(sys.argv[2], sys.argv[3])
+    if len(sys.argv) > 1 and sys.argv[1] == "restore-same":
+        return restore_same_worker(sys.argv[2], sys.argv[3])
     launch.require("torch", "torch.distributed.checkpoint", "torchmetrics")
     cli, mpiexec, mpi_ckpt, dump, same = sys.argv[1:6]
     work = launch.workdir("cross-layout-")
@@ -278,7 +442,7 @@ def main() -> None:
         cli_diff(cli, work)
         c_to_torch(mpiexec, mpi_ckpt, work)
         same_records(work)
-        same_components(mpiexec, same, work)
+        same_components(mpiexec, same, dump, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,6 +1,8 @@
 """Each rank's own items in a torch.distributed checkpoint: its local metric states, data positions
 and random generators, saved by a plain ``dcp.save`` and restored after a plain ``dcp.load`` at any
-world size (re-exported by :mod:`keepsake.distributed`).
+world size (re-exported by :mod:`keepsake.distributed`); and, when given, the replicated components
+(a whole-tensor model, optimizers, schedulers, callbacks, timestamp, run name and seed) as keepsake
+entries, which the C library keeps in rank 0's file as an MPI program's (docs/FORMAT.md 9.2).
 
 Nothing here decides a layout or a load rule; it describes the program's objects and installs what
 the C library staged. The items go into each rank's own file under the names every keepsake writer
@@ -59,16 +61,22 @@ def state_items(*, copy: bool = True, metadata: Optional[Dict[str, str]] = None,
 
 
 def local_items(*, metrics: Any = None, eval_metrics: Any = None, dataset_state: Any = None, rng: bool = False,
-                checkpoint: Optional[PathLike] = None, group: Any = None) -> Dict[str, Any]:
-    """This rank's own items, to merge into the state dict given to ``dcp.save`` or ``dcp.load``.
+                checkpoint: Optional[PathLike] = None, group: Any = None, model: Any = None, optimizers: Any = None,
+                schedulers: Any = None, callbacks: Any = None, timestamp: Any = None, run_name: Optional[str] = None,
+                rank_zero_seed: int = 0) -> Dict[str, Any]:
+    """This rank's items, to merge into the state dict given to ``dcp.save`` or ``dcp.load``.
 
     Saving (``checkpoint=None``): one item that hands :class:`keepsake.distributed.KeepsakeWriter`
-    this rank's items, which it stores in this rank's file: each metric's local states, update count
-    and ``_computed`` (``metrics``: a Metric, a MetricCollection or a dict name -> metric, as
-    ``train_metrics``; ``eval_metrics``: a dict label -> metrics, or metrics for the label
-    ``"eval"``), each ``dataset_state`` (dict name -> object with ``state_dict()``, or a dict) and, with
-    ``rng=True``, the torch, Python and numpy generators (r: its rank in `group`, default the whole
-    job). Their values are copied now.
+    this rank's keepsake entries, which the C library places (ks_shard_dcp_write_rank): its own items
+    into this rank's file: each metric's local states, update count and ``_computed`` (``metrics``: a
+    Metric, a MetricCollection or a dict name -> metric, as ``train_metrics``; ``eval_metrics``: a
+    dict label -> metrics, or metrics for the label ``"eval"``), each ``dataset_state`` (dict name ->
+    object with ``state_dict()``, or a dict) and, with ``rng=True``, the torch, Python and numpy
+    generators (r: its rank in `group`, default the whole job); and the replicated components, when
+    given, into rank 0's file only, as an MPI program's (``ks_dist_save``): a ``model`` whose tensors
+    are whole on every rank (not FSDP2/DTensor shards: hand those to DCP as items), ``optimizers``,
+    ``schedulers``, ``callbacks``, the ``timestamp``, and the run's name and seed (with ``run_name``).
+    Every rank passes the same replicated components; rank 0's are stored. Their values are copied now.
 
     Loading (``checkpoint``: the directory about to be loaded): nothing (an empty dict): the items
     are read by :func:`restore_local`, not by ``dcp.load``; kept so that a program merging
@@ -76,9 +84,28 @@ def local_items(*, metrics: Any = None, eval_metrics: Any = None, dataset_state:
     rank, _world = _rank_world(group)
     if checkpoint is not None:
         return {}
+    _refuse_sharded(model, optimizers)
     items = state_items(train_metrics=metrics, eval_metrics=eval_metrics, dataset_state=dataset_state, rng=rng,
-                        identity=False)
+                        model=model, optimizers=optimizers, schedulers=schedulers, callbacks=callbacks,
+                        timestamp=timestamp, run_name=run_name or "", rank_zero_seed=rank_zero_seed,
+                        identity=run_name is not None)
     return {_n.shard_names()["local"] + str(rank): items}
+
+
+def _refuse_sharded(model: Any, optimizers: Any) -> None:
+    """A keepsake entry is a whole tensor: a DTensor or ShardedTensor (FSDP2, tensor parallel) is a
+    DCP item, which DCP's planner saves and reshards."""
+    tensors: List[Tuple[str, Any]] = []
+    if model is not None:
+        sd = model.state_dict() if hasattr(model, "state_dict") else model
+        tensors += list(sd.items())
+    for name, opt in _state._named(optimizers, "optimizers"):
+        st = opt.state_dict() if hasattr(opt, "state_dict") else opt
+        tensors += [(f"{name}/{i}/{k}", v) for i, s in dict(st.get("state", {})).items() for k, v in s.items()]
+    for key, t in tensors:
+        if type(t).__name__ in ("DTensor", "ShardedTensor"):
+            raise _errors.error(_errors.UnsupportedError, f"local_items: {key} is a {type(t).__name__}: hand a "
+                                "sharded model and its optimizer to dcp.save as items (get_state_dict)", key=key)
 
 
 def install_state(obj: Any, value: Any, what: str) -> None:
@@ -108,7 +135,9 @@ def staged(checkpoint: PathLike, rank: int, world: int, metrics: Any, eval_metri
 
 
 def restore_local(state_dict: Mapping[str, Any], *, metrics: Any = None, eval_metrics: Any = None,
-                  dataset_state: Any = None, rng: bool = False, checkpoint: PathLike, group: Any = None) -> None:
+                  dataset_state: Any = None, rng: bool = False, checkpoint: PathLike, group: Any = None,
+                  model: Any = None, optimizers: Any = None, schedulers: Any = None, callbacks: Any = None,
+                  timestamp: Any = None) -> None:
     """After ``dcp.load`` from `checkpoint`, installs this rank's own items, which the C library reads
     from the directory at any world size (ks_shard_load_local): each metric's local states become
     the fold of the saved ranks this rank takes, in saved-rank order (``ks_shard_assigned``,
@@ -117,21 +146,26 @@ def restore_local(state_dict: Mapping[str, Any], *, metrics: Any = None, eval_me
     first saved rank it takes (saved rank ``rank mod N`` when none). Takes the components of
     :func:`local_items`; `state_dict` is not read (the items are not DCP's). Each rank file it reads
     is verified against the index first (its tensors' checksums: ChecksumError for a damaged one). A
-    directory keepsake 0.2 wrote (its items as DCP items of each rank's) is read too. Not collective."""
+    directory keepsake 0.2 wrote (its items as DCP items of each rank's) is read too. The replicated
+    components :func:`local_items` saves as keepsake entries (``model``, ``optimizers``,
+    ``schedulers``, ``callbacks``, ``timestamp``: rank 0's file, as an MPI program saves them) are
+    installed when given, as ``load_checkpoint`` installs them. Not collective."""
     del state_dict
     restore(checkpoint, metrics=metrics, eval_metrics=eval_metrics, dataset_state=dataset_state, rng=rng,
-            group=group, verify=True)
+            group=group, verify=True, model=model, optimizers=optimizers, schedulers=schedulers,
+            callbacks=callbacks, timestamp=timestamp)
 
 
 def restore(checkpoint: PathLike, *, metrics: Any, eval_metrics: Any, dataset_state: Any, rng: bool, group: Any,
-            verify: bool) -> None:
+            verify: bool, **replicated: Any) -> None:
     """:func:`restore_local`; ``verify=False`` for a directory whose files were verified already (the
-    distributed manager's autoresume takes one that ks_ckpt_manager_dir_latest verified)."""
+    distributed manager's autoresume takes one that ks_ckpt_manager_dir_latest verified). `replicated`:
+    load_checkpoint's model, optimizers, schedulers, callbacks and timestamp, when given."""
     rank, world = _rank_world(group)
     path = fspath(checkpoint)
     values, meta = staged(path, rank, world, metrics, eval_metrics, verify)
     report = _state.load_entries(path, values, meta, train_metrics=metrics, eval_metrics=eval_metrics,
-                                 dataset_state=dataset_state, rng=rng)
+                                 dataset_state=dataset_state, rng=rng, **replicated)
     _raise_unloaded(report, _reset_unassigned(path, rank, world, metrics, eval_metrics, report))
 
 
