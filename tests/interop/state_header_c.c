@@ -18,6 +18,7 @@
 
 #include "keepsake/binding.h" /* ks_metric_inner_at, ks_metric_attr_at: what the wrapper holds */
 #include "keepsake/keepsake.h"
+#include "py_generators.h"
 
 static float weight[8] = {0.1f, -0.2f, 0.3f, 0.4f, -0.5f, 0.6f, 0.7f, -0.8f}, bias[2] = {0.01f, -0.02f};
 static const float gweight[8] = {1, 2, 3, 4, 5, 6, 7, 8}, gbias[2] = {0.5f, -0.5f};
@@ -41,106 +42,6 @@ static ks_status metrics(void *ctx, const char *label, const ks_allocator *alloc
 }
 
 /* ---- the generators of a Python program: Mersenne Twister words as CPython and numpy seed them ---- */
-
-enum { MT_N = 624, TORCH_STATE_BYTES = 5056 };
-
-static void mt_init(uint32_t *mt, uint32_t seed) { /* init_genrand */
-  mt[0] = seed;
-  for (uint32_t i = 1; i < MT_N; i++) mt[i] = 1812433253u * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i;
-}
-
-static void mt_init_by_array(uint32_t *mt, const uint32_t *key, uint32_t n) { /* CPython's random.seed(int) */
-  mt_init(mt, 19650218u);
-  uint32_t i = 1, j = 0;
-  for (uint32_t k = MT_N > n ? MT_N : n; k; k--) {
-    mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1664525u)) + key[j] + j;
-    if (++i >= MT_N) mt[0] = mt[MT_N - 1], i = 1;
-    if (++j >= n) j = 0;
-  }
-  for (uint32_t k = MT_N - 1; k; k--) {
-    mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1566083941u)) - i;
-    if (++i >= MT_N) mt[0] = mt[MT_N - 1], i = 1;
-  }
-  mt[0] = 0x80000000u;
-}
-
-typedef struct generators {
-  int64_t python[MT_N + 1]; /* random.getstate()[1]: the words, then the position */
-  int64_t numpy[MT_N];      /* np.random.get_state()[1], widened to I64 as the Python package stores it */
-  uint8_t torch[TORCH_STATE_BYTES];
-} generators;
-
-static void le_put(uint8_t *p, uint64_t v, int n) {
-  for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void generators_seed(generators *g, uint32_t seed) {
-  uint32_t mt[MT_N];
-  mt_init_by_array(mt, &seed, 1);
-  for (int i = 0; i < MT_N; i++) g->python[i] = mt[i];
-  g->python[MT_N] = MT_N;
-  mt_init(mt, seed);
-  for (int i = 0; i < MT_N; i++) g->numpy[i] = mt[i];
-  /* torch.manual_seed(seed)'s torch.get_rng_state(): its CPU generator's legacy state, little-endian:
-   * u64 initial seed, i32 left = 1, i32 seeded = 1, u64 next = 0, u64 [624] the words, then the
-   * normal-sample caches (40 zero bytes). */
-  memset(g->torch, 0, sizeof g->torch);
-  le_put(g->torch, seed, 8);
-  le_put(g->torch + 8, 1, 4);
-  le_put(g->torch + 12, 1, 4);
-  for (int i = 0; i < MT_N; i++) le_put(g->torch + 24 + 8 * i, mt[i], 8);
-}
-
-static ks_status put_tensor(ks_statedict *dst, const char *prefix, const char *name, ks_dtype dt, int64_t n,
-                            void *data, ks_error *err) {
-  char k[256];
-  ks_tensor t;
-  snprintf(k, sizeof k, "%s%s", prefix, name);
-  ks_status s = ks_tensor_init(&t, dt, 1, &n, data);
-  return s ? s : ks_statedict_set_tensor(dst, k, &t, KS_COPY, err);
-}
-
-/* The entries the Python package writes for its generators (python/keepsake/_state/rng.py), in its order. */
-static ks_status generators_save(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err) {
-  generators *g = ctx;
-  char k[256];
-#define KEY(name) (snprintf(k, sizeof k, "%s%s", prefix, name), k)
-  ks_status s = ks_statedict_set_int(dst, KEY("python/version"), 3, err);
-  if (!s) s = put_tensor(dst, prefix, "python/state", KS_I64, MT_N + 1, g->python, err);
-  if (!s) s = ks_statedict_set_null(dst, KEY("python/gauss_next"), err);
-  if (!s) s = ks_statedict_set_string(dst, KEY("numpy/kind"), "MT19937", err);
-  if (!s) s = put_tensor(dst, prefix, "numpy/keys", KS_I64, MT_N, g->numpy, err);
-  if (!s) s = ks_statedict_mark_leaf(dst, KEY("numpy/keys"), KS_LEAF_NDARRAY, err); /* an ndarray in Python */
-  if (!s) s = ks_statedict_set_int(dst, KEY("numpy/pos"), MT_N, err);
-  if (!s) s = ks_statedict_set_int(dst, KEY("numpy/has_gauss"), 0, err);
-  if (!s) s = ks_statedict_set_float(dst, KEY("numpy/cached_gaussian"), 0.0, err);
-  if (!s) s = put_tensor(dst, prefix, "torch", KS_U8, TORCH_STATE_BYTES, g->torch, err);
-#undef KEY
-  return s;
-}
-
-/* Reads one generator's words back: I64 [n] or U8 [n], as generators_save writes them. */
-static ks_status get_tensor(const ks_statedict *src, const char *prefix, const char *name, ks_dtype dt, int64_t n,
-                            void *out, ks_error *err) {
-  char k[256];
-  snprintf(k, sizeof k, "%s%s", prefix, name);
-  const ks_tensor *t = ks_statedict_tensor(src, k);
-  if (!t || t->dtype != dt || t->rank != 1 || t->shape[0] != n) {
-    if (err) snprintf(err->message, sizeof err->message, "generator state '%s' is missing or of another shape", k);
-    return KS_E_MISMATCH;
-  }
-  memcpy(out, t->data, t->nbytes);
-  return KS_OK;
-}
-
-static ks_status generators_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
-  generators *g = ctx, tmp;
-  ks_status s = get_tensor(src, prefix, "python/state", KS_I64, MT_N + 1, tmp.python, err);
-  if (!s) s = get_tensor(src, prefix, "numpy/keys", KS_I64, MT_N, tmp.numpy, err);
-  if (!s) s = get_tensor(src, prefix, "torch", KS_U8, TORCH_STATE_BYTES, tmp.torch, err);
-  if (!s) *g = tmp; /* all or nothing */
-  return s;
-}
 
 /* One update of each metric (and a compute of the train one, so its _computed is a tensor). */
 static ks_status update_metrics(ks_state *st, ks_error *err) {
@@ -172,7 +73,7 @@ static double value(const ks_tensor *t) { return t && t->data ? ks_dtype_get_f64
 /* --resume: loads a checkpoint of the same components (the Python program's) and prints what the C
  * program holds then: the report, the wrapper's bounds and base metric, whether the generators are
  * the seed-7 ones. */
-static ks_status resume_from(ks_state *st, generators *g, const char *path, ks_error *err) {
+static ks_status resume_from(ks_state *st, py_generators *g, const char *path, ks_error *err) {
   ks_load_report *rep = NULL;
   ks_status s = ks_load_report_create(NULL, &rep, err);
   if (!s) s = ks_state_load(st, path, NULL, rep, err);
@@ -184,8 +85,8 @@ static ks_status resume_from(ks_state *st, generators *g, const char *path, ks_e
     if (ks_metric_attr_at(m, 0, NULL, NULL, &mx) || ks_metric_attr_at(m, 1, NULL, NULL, &mn) ||
         ks_metric_state_info(base, 0, NULL, NULL, &mean) || ks_metric_state_info(base, 1, NULL, NULL, &wsum))
       return KS_E_STATE;
-    generators seeded;
-    generators_seed(&seeded, 7);
+    py_generators seeded;
+    py_generators_seed(&seeded, 7);
     printf("minmax max_val=%g min_val=%g mean_value=%g weight=%g update_count=%lld\n", value(&mx), value(&mn),
            value(&mean), value(&wsum), (long long)ks_metric_update_count(base));
     printf("generators seed7 python=%d numpy=%d torch=%d\n", !memcmp(g->python, seeded.python, sizeof seeded.python),
@@ -206,8 +107,8 @@ int main(int argc, char **argv) {
   ks_optimizer *opt = NULL;
   static ks_scheduler sched;
   static ks_timestamp ts;
-  static generators gens;
-  ks_stateful rng = {&gens, generators_save, generators_load};
+  static py_generators gens;
+  ks_stateful rng = {&gens, py_generators_save, py_generators_load};
   static ks_dataset_state ds = {1, 5, 7};
   const int64_t ws[2] = {2, 4}, bs[1] = {2};
   ks_tensor w, b;
@@ -227,7 +128,7 @@ int main(int argc, char **argv) {
     ks_scheduler_step(&sched, opt);
     ks_timestamp_init(&ts);
     ks_timestamp_batch_done(&ts, 3, 0, 0.5);
-    generators_seed(&gens, 7);
+    py_generators_seed(&gens, 7);
     ks_state_set_timestamp(st, &ts);
     s = ks_state_add_optimizer(st, "AdamW", opt, &err);
   }

@@ -20,90 +20,10 @@
 
 #include "keepsake/dist.h"
 #include "mpitest.h"
+#include "../interop/py_generators.h" /* the generators of a Python program */
 
 static float weight[8] = {0.1f, -0.2f, 0.3f, 0.4f, -0.5f, 0.6f, 0.7f, -0.8f}, bias[2] = {0.01f, -0.02f};
 static const float gweight[8] = {1, 1, 1, 1, 1, 1, 1, 1}, gbias[2] = {1, 1};
-
-/* ---- the generators of a Python program (as tests/interop/state_header_c.c describes them) ---- */
-
-enum { MT_N = 624, TORCH_STATE_BYTES = 5056 };
-
-static void twister_init(uint32_t *mt, uint32_t seed) { /* init_genrand: numpy's seed(int) */
-  mt[0] = seed;
-  for (uint32_t i = 1; i < MT_N; i++) mt[i] = 1812433253u * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i;
-}
-
-static void twister_init_by_array(uint32_t *mt, const uint32_t *key, uint32_t n) { /* CPython's random.seed(int) */
-  twister_init(mt, 19650218u);
-  uint32_t i = 1, j = 0;
-  for (uint32_t k = MT_N > n ? MT_N : n; k; k--) {
-    mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1664525u)) + key[j] + j;
-    if (++i >= MT_N) mt[0] = mt[MT_N - 1], i = 1;
-    if (++j >= n) j = 0;
-  }
-  for (uint32_t k = MT_N - 1; k; k--) {
-    mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1566083941u)) - i;
-    if (++i >= MT_N) mt[0] = mt[MT_N - 1], i = 1;
-  }
-  mt[0] = 0x80000000u;
-}
-
-typedef struct generators {
-  int64_t python[MT_N + 1]; /* random.getstate()[1]: the words, then the position */
-  int64_t numpy[MT_N];      /* np.random.get_state()[1], widened to I64 as the Python package stores it */
-  uint8_t torch[TORCH_STATE_BYTES];
-} generators;
-
-static void le_put(uint8_t *p, uint64_t v, int n) {
-  for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void generators_seed(generators *g, uint32_t seed) {
-  uint32_t mt[MT_N];
-  twister_init_by_array(mt, &seed, 1);
-  for (int i = 0; i < MT_N; i++) g->python[i] = mt[i];
-  g->python[MT_N] = MT_N;
-  twister_init(mt, seed);
-  for (int i = 0; i < MT_N; i++) g->numpy[i] = mt[i];
-  /* torch.manual_seed(seed)'s torch.get_rng_state(): its CPU generator's legacy state, little-endian:
-   * u64 initial seed, i32 left = 1, i32 seeded = 1, u64 next = 0, u64 [624] the words, then the
-   * normal-sample caches (40 zero bytes). */
-  memset(g->torch, 0, sizeof g->torch);
-  le_put(g->torch, seed, 8);
-  le_put(g->torch + 8, 1, 4);
-  le_put(g->torch + 12, 1, 4);
-  for (int i = 0; i < MT_N; i++) le_put(g->torch + 24 + 8 * i, mt[i], 8);
-}
-
-static ks_status put_tensor(ks_statedict *dst, const char *key, ks_dtype dt, int64_t n, void *data, ks_error *err) {
-  ks_tensor t;
-  ks_status s = ks_tensor_init(&t, dt, 1, &n, data);
-  return s ? s : ks_statedict_set_tensor(dst, key, &t, KS_COPY, err);
-}
-
-/* The entries the Python package writes for its generators, in its order. */
-static ks_status generators_save(void *ctx, ks_statedict *dst, const char *prefix, ks_error *err) {
-  generators *g = ctx;
-  char k[256];
-#define KEY(name) (snprintf(k, sizeof k, "%s%s", prefix, name), k)
-  ks_status s = ks_statedict_set_int(dst, KEY("python/version"), 3, err);
-  if (!s) s = put_tensor(dst, KEY("python/state"), KS_I64, MT_N + 1, g->python, err);
-  if (!s) s = ks_statedict_set_null(dst, KEY("python/gauss_next"), err);
-  if (!s) s = ks_statedict_set_string(dst, KEY("numpy/kind"), "MT19937", err);
-  if (!s) s = put_tensor(dst, KEY("numpy/keys"), KS_I64, MT_N, g->numpy, err);
-  if (!s) s = ks_statedict_mark_leaf(dst, KEY("numpy/keys"), KS_LEAF_NDARRAY, err); /* an ndarray in Python */
-  if (!s) s = ks_statedict_set_int(dst, KEY("numpy/pos"), MT_N, err);
-  if (!s) s = ks_statedict_set_int(dst, KEY("numpy/has_gauss"), 0, err);
-  if (!s) s = ks_statedict_set_float(dst, KEY("numpy/cached_gaussian"), 0.0, err);
-  if (!s) s = put_tensor(dst, KEY("torch"), KS_U8, TORCH_STATE_BYTES, g->torch, err);
-#undef KEY
-  return s;
-}
-
-static ks_status generators_load(void *ctx, const ks_statedict *src, const char *prefix, ks_error *err) {
-  (void)ctx, (void)src, (void)prefix, (void)err;
-  return KS_OK; /* this program only saves */
-}
 
 static ks_tensor vec(float *v, int64_t *n) {
   ks_tensor t;
@@ -179,9 +99,9 @@ int main(int argc, char **argv) {
   ks_timestamp_init(&ts);
   ts.epoch = 1, ts.batch = 5, ts.sample = 50;
   ks_state_set_timestamp(st, &ts);
-  static generators gens;
-  generators_seed(&gens, 100 + (uint32_t)mt_rank);
-  ks_stateful rng = {&gens, generators_save, generators_load};
+  static py_generators gens;
+  py_generators_seed(&gens, 100 + (uint32_t)mt_rank);
+  ks_stateful rng = {&gens, py_generators_save, py_generators_load};
   MT_OK(ks_state_add_component(st, KS_ROOT_RNG, "0", &rng, &err), &err);
   ks_dataset_state ds = {.epoch = 1, .sample_in_epoch = 100 + mt_rank, .shuffle_seed = 7};
   MT_OK(ks_state_add_dataset(st, "loader", &ds, &err), &err);
