@@ -18,13 +18,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static ks_status metrics(void *ctx, const char *label, const ks_allocator *a, ks_metric_collection **out,
                          ks_error *err) {
   (void)ctx;
-  static const char *const train[][2] = {{"acc", "MulticlassAccuracy"}, {"minmax", "MinMaxMetric"}, {"cat", "CatMetric"}};
+  static const char *const train[][2] = {
+      {"acc", "MulticlassAccuracy"}, {"minmax", "MinMaxMetric"}, {"cat", "CatMetric"}};
   static const char *const args[] = {"{\"num_classes\":2}", "{\"base_metric\":{\"class\":\"MeanMetric\",\"args\":{}}}",
                                      "{}"};
   ks_status s = ks_metric_collection_create(a, out, err);
   for (size_t i = 0; !s && i < (label ? 1u : 3u); i++) {
     ks_metric *m = NULL;
-    s = label ? ks_metric_create("MeanSquaredError", "{}", a, &m, err) : ks_metric_create(train[i][1], args[i], a, &m, err);
+    s = label ? ks_metric_create("MeanSquaredError", "{}", a, &m, err)
+              : ks_metric_create(train[i][1], args[i], a, &m, err);
     if (!s) s = ks_metric_collection_add(*out, label ? "mse" : train[i][0], m, err);
     if (s) ks_metric_free(m);
   }

@@ -27,7 +27,8 @@ static inline void pygen_twister(uint32_t *mt, uint32_t seed) { /* init_genrand:
   for (uint32_t i = 1; i < PYGEN_MT_N; i++) mt[i] = 1812433253u * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i;
 }
 
-static inline void pygen_twister_by_array(uint32_t *mt, const uint32_t *key, uint32_t n) { /* CPython's random.seed(int) */
+/* init_by_array: CPython's random.seed(int) */
+static inline void pygen_twister_by_array(uint32_t *mt, const uint32_t *key, uint32_t n) {
   pygen_twister(mt, 19650218u);
   uint32_t i = 1, j = 0;
   for (uint32_t k = PYGEN_MT_N > n ? PYGEN_MT_N : n; k; k--) {
