@@ -28,6 +28,8 @@
 #include <stdint.h>
 
 #include "keepsake/keepsake.h"
+#include "keepsake/binding/dcpvalue.h"  /* DCP non-tensor values as typed JSON */
+#include "keepsake/binding/structure.h" /* the structure document, written */
 
 KS_BEGIN_BINDING_DECLS
 
@@ -373,7 +375,7 @@ void ks_image_set_writer(ks_image *im, ks_image_wait_fn wait, void *ctx);
 /** One item of a torch.distributed.checkpoint (DCP) save plan, as a binding's StorageWriter holds it. */
 typedef struct ks_shard_dcp_item {
   const char *fqn; /**< DCP's key (its flattened fully qualified name) */
-  int object;      /**< a non-tensor value (DCP's BYTE_IO): `data` is a 1-d U8 tensor of its typed JSON (dcpvalue.h) */
+  int object;      /**< a non-tensor value (DCP's BYTE_IO): `data`, a 1-d U8 tensor, is its typed JSON (dcpvalue) */
   int whole;       /**< a whole tensor or value, not a chunk of a DTensor or ShardedTensor */
   ks_tensor data;  /**< the item's bytes (borrowed until the call returns) */
   int64_t global_shape[KS_MAX_RANK]; /**< a chunk's: the global tensor's shape (data.rank dimensions) */
@@ -567,7 +569,7 @@ void ks_io_counter_reset(const ks_io *counter);
 void ks_io_counter_free(ks_io *counter);
 
 /* ------------------------------------------------------------------------ */
-/* The read side of the value tree (structure.h, docs/FORMAT.md §10).        */
+/* The read side of the value tree (binding/structure.h, FORMAT.md §10).   */
 /* ------------------------------------------------------------------------ */
 
 /** What a node of a structure plan is (ks_plan_node's `tag`). */

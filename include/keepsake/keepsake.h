@@ -8,7 +8,6 @@
 
 #include "keepsake/alloc.h"
 #include "keepsake/convert.h"
-#include "keepsake/dcpvalue.h"
 #include "keepsake/dtype.h"
 #include "keepsake/export.h"
 #include "keepsake/format.h"
@@ -22,7 +21,6 @@
 #include "keepsake/state.h"
 #include "keepsake/statedict.h"
 #include "keepsake/storage.h"
-#include "keepsake/structure.h"
 #include "keepsake/status.h"
 #include "keepsake/tensor.h"
 #include "keepsake/torch.h"

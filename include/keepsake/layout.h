@@ -38,7 +38,7 @@
 #define KS_META_COMPOSER_METRICS "keepsake.composer_metrics"
 /**
  * The torch structure document: which folders are lists, tuples, sets or dicts with typed keys
- * (docs/FORMAT.md §10). Written through ks_structure (structure.h) by `keepsake convert` from a
+ * (docs/FORMAT.md §10). Written through ks_structure (binding/structure.h) by `keepsake convert` from a
  * torch file, by ks_state_save and by the Python package.
  */
 #define KS_TORCH_STRUCTURE_META "keepsake.torch_structure"

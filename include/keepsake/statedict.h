@@ -123,16 +123,24 @@ KS_NODISCARD ks_status ks_statedict_get(const ks_statedict *sd, const char *name
 /** Convenience: the tensor named `name`, or NULL. The pointer is valid until the entry changes. */
 const ks_tensor *ks_statedict_tensor(const ks_statedict *sd, const char *name);
 
+/** A leaf that is stored as something else and restored as itself (the structure document's
+ *  `leaves`, docs/FORMAT.md §10). Values are stable. */
+typedef enum ks_leaf_kind {
+  KS_LEAF_BIGINT = 1,  /**< an int outside int64: stored as its decimal text */
+  KS_LEAF_NDARRAY = 2, /**< a numpy array: stored as a tensor */
+  KS_LEAF_BYTES = 3    /**< bytes: stored as a U8 tensor */
+} ks_leaf_kind;
+
 /**
- * Marks entry `name` as standing for a leaf of another type, `kind` being structure.h's
- * ks_leaf_kind: KS_LEAF_NDARRAY or KS_LEAF_BYTES for a tensor (a numpy array, Python bytes),
- * KS_LEAF_BIGINT for a string (an int outside int64). A component's to_state_dict marks its
- * entries so (numpy's generator words, `rng/0/numpy/keys`); ks_state_save records each mark in the
- * torch structure document's `leaves`, as the Python package records the same values. Replacing
- * the entry drops the mark.
+ * Marks entry `name` as standing for a leaf of another type: KS_LEAF_NDARRAY or KS_LEAF_BYTES
+ * for a tensor (a numpy array, Python bytes), KS_LEAF_BIGINT for a string (an int outside int64).
+ * A component's to_state_dict marks its entries so (numpy's generator words, `rng/0/numpy/keys`);
+ * ks_state_save records each mark in the torch structure document's `leaves`, as the Python
+ * package records the same values. Replacing the entry drops the mark.
  * @return KS_OK, KS_E_NOTFOUND (no such entry), KS_E_INVALID (a kind the entry cannot stand for).
  */
-KS_NODISCARD ks_status ks_statedict_mark_leaf(ks_statedict *sd, const char *name, int kind, ks_error *err);
+KS_NODISCARD ks_status ks_statedict_mark_leaf(ks_statedict *sd, const char *name, ks_leaf_kind kind,
+                                              ks_error *err);
 
 /** Removes an entry, keeping the order of the rest. @return KS_OK or KS_E_NOTFOUND. */
 KS_NODISCARD ks_status ks_statedict_remove(ks_statedict *sd, const char *name);

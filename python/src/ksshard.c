@@ -943,7 +943,7 @@ static PyObject *shard_location(PyObject *self, PyObject *args, PyObject *kw) {
 
 /* ------------------------------------------------------------------------ */
 /* DCP non-tensor values: Python objects to and from the C library's typed    */
-/* JSON (include/keepsake/dcpvalue.h). Every rule is the library's; this only */
+/* JSON (keepsake/binding/dcpvalue.h). Every rule is the library's; this only */
 /* maps each exact Python type onto an encoder call and each decoded kind     */
 /* back onto an object.                                                       */
 /* ------------------------------------------------------------------------ */

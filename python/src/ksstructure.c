@@ -1,5 +1,5 @@
 /*
- * Structure: the library's structure document (include/keepsake/structure.h) for the Python
+ * Structure: the library's structure document (include/keepsake/binding/structure.h) for the Python
  * flattener. Python walks its objects; every container, dict key and special leaf it meets is
  * handed here, and the library names the keys, refuses what cannot be told apart and writes the
  * document. The binding only converts Python keys to ks_key.
@@ -175,7 +175,7 @@ static PyMethodDef structure_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static const char structure_doc[] =
-    "Structure()\n--\n\nThe structure document of the values being flattened (include/keepsake/structure.h).";
+    "Structure()\n--\n\nThe structure document of the values being flattened (include/keepsake/binding/structure.h).";
 
 static PyType_Slot structure_slots[] = {
     {Py_tp_dealloc, KSP_SLOT_FN(structure_dealloc)},

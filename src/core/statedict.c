@@ -8,7 +8,6 @@
 #include "core/hindex.h"
 #include "core/internal.h"
 #include "keepsake/statedict.h"
-#include "keepsake/structure.h"
 
 typedef struct sd_item {
   char *name;
@@ -251,11 +250,11 @@ const ks_tensor *ks_statedict_tensor(const ks_statedict *sd, const char *name) {
   return &sd->items[idx].tensor;
 }
 
-ks_status ks_statedict_mark_leaf(ks_statedict *sd, const char *name, int kind, ks_error *err) {
+ks_status ks_statedict_mark_leaf(ks_statedict *sd, const char *name, ks_leaf_kind kind, ks_error *err) {
   long idx = sd && name ? find_index(sd, name) : -1;
   if (idx < 0) return ks__err_at(err, KS_E_NOTFOUND, NULL, name, -1, "no entry '%.200s' to mark", name ? name : "");
   sd_item *it = &sd->items[idx];
-  /* structure.h's kinds: a big int is stored as its text, an array or bytes as a tensor. */
+  /* The kinds: a big int is stored as its text, an array or bytes as a tensor. */
   int fits = (kind == KS_LEAF_BIGINT && it->kind == KS_VAL_STRING) ||
              ((kind == KS_LEAF_NDARRAY || kind == KS_LEAF_BYTES) && it->kind == KS_VAL_TENSOR);
   if (!fits)

@@ -1,5 +1,5 @@
 /*
- * The structure document (include/keepsake/structure.h, docs/FORMAT.md §10) and the one rule
+ * The structure document (include/keepsake/binding/structure.h, docs/FORMAT.md §10) and the one rule
  * that turns a dict key into a name component. The torch reader, the C state layer and the
  * Python package all name keys and record containers through here, so a file says the same
  * thing whichever of them wrote it.
@@ -12,7 +12,7 @@
 
 #include "core/json.h"
 #include "core/keys.h"
-#include "keepsake/structure.h"
+#include "keepsake/binding/structure.h"
 
 struct ks_structure {
   const ks_allocator *a;

@@ -1,5 +1,5 @@
 /*
- * The typed JSON of DCP non-tensor values (docs/FORMAT.md section 9.1, include/keepsake/dcpvalue.h).
+ * The typed JSON of DCP non-tensor values (docs/FORMAT.md section 9.1, include/keepsake/binding/dcpvalue.h).
  *
  * The encoder writes one value as the binding walks it: a stack of the open containers (at most
  * KS_DCP_MAX_DEPTH deep, so the stack is a fixed array) decides the separators, the dict pairs
@@ -16,7 +16,7 @@
 
 #include "core/internal.h"
 #include "core/json.h"
-#include "keepsake/dcpvalue.h"
+#include "keepsake/binding/dcpvalue.h"
 #include "shard/shard_internal.h"
 
 #define MAX_REAL 400 /* bytes of a number literal with a fraction or exponent */

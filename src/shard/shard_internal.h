@@ -9,7 +9,7 @@
 #include "core/json.h"
 #include "core/keys.h"
 #include "keepsake/binding.h"
-#include "keepsake/dcpvalue.h"
+#include "keepsake/binding/dcpvalue.h"
 #include "keepsake/shard.h"
 
 /* Metadata keys of a rank file. */

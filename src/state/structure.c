@@ -13,7 +13,7 @@
 
 #include "core/json.h"
 #include "keepsake/layout.h"
-#include "keepsake/structure.h"
+#include "keepsake/binding/structure.h"
 #include "state/state_internal.h"
 
 /* Nonzero for "0", "1", ... "123": the canonical decimal names of sequence items. */

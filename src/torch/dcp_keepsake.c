@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "keepsake/dcpvalue.h"
+#include "keepsake/binding/dcpvalue.h"
 #include "keepsake/format.h"
 #include "keepsake/shard.h"
 #include "torch/dcp_internal.h"

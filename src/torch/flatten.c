@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "keepsake/structure.h"
+#include "keepsake/binding/structure.h"
 #include "torch/torch_internal.h"
 
 typedef struct flat {

@@ -30,7 +30,7 @@ declared=$(declarations $public_headers)
 for fn in $declared; do
   printf '%s\n' "$exported" | grep -qx "$fn" || { echo "exports: declared but not exported: $fn"; fail=1; }
 done
-binding=$(declarations "$inc"/keepsake/binding.h)
+binding=$(declarations "$inc"/keepsake/binding.h "$inc"/keepsake/binding/*.h)
 nb=$(printf '%s\n' "$binding" | grep -c . || true)
 [ "$nb" -gt 0 ] || { echo "exports: found no declaration in binding.h (parser broken?)"; fail=1; }
 if [ -n "$ar" ]; then

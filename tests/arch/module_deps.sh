@@ -8,7 +8,7 @@ set -eu
 src=$1/src
 fail=0
 # binding.h declares the binding calls of several modules; each module includes it to define its own.
-core_pub="alloc binding dtype io io_cache layout statedict status structure tensor version"
+core_pub="alloc binding binding/structure dtype io io_cache layout statedict status tensor version"
 allowed_pub() {
   case $1 in
     core) echo "$core_pub" ;;
@@ -17,10 +17,10 @@ allowed_pub() {
     train) echo "$core_pub train" ;;
     state) echo "$core_pub state train metric format" ;;
     manager) echo "$core_pub manager state train format shard" ;;
-    torch) echo "$core_pub torch shard dcpvalue format" ;;
+    torch) echo "$core_pub torch shard binding/dcpvalue format" ;;
     import) echo "$core_pub import torch metric format" ;;
     convert) echo "$core_pub convert import torch metric format" ;;
-    shard) echo "$core_pub shard dcpvalue format metric" ;;
+    shard) echo "$core_pub shard binding/dcpvalue format metric" ;;
     dist) echo "$core_pub dist shard format metric manager state train" ;;
     remote) echo "$core_pub storage" ;;
     *) echo "" ;;

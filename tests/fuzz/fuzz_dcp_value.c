@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "keepsake/dcpvalue.h"
+#include "keepsake/binding/dcpvalue.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

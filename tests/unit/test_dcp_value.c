@@ -1,5 +1,5 @@
 /*
- * The typed JSON of DCP non-tensor values (include/keepsake/dcpvalue.h, docs/FORMAT.md 9.1):
+ * The typed JSON of DCP non-tensor values (include/keepsake/binding/dcpvalue.h, docs/FORMAT.md 9.1):
  * the exact bytes the encoder writes, round trips, what older writers (Python's json) wrote,
  * and hostile input: deep nesting, huge numbers, bad UTF-8, truncation, malformed tags, dict
  * keys without a hash, allocation failures.

@@ -12,7 +12,7 @@
 
 #include "keepsake/manager.h"
 #include "keepsake/state.h"
-#include "keepsake/structure.h"
+#include "keepsake/binding/structure.h"
 #include "state/state_internal.h"
 #include "testutil.h"
 

@@ -1,5 +1,5 @@
 /*
- * The structure document and the key-text rule (include/keepsake/structure.h): each key type's
+ * The structure document and the key-text rule (include/keepsake/binding/structure.h): each key type's
  * text, escaping, refused keys (not UTF-8, not finite, two keys alike), what is recorded and
  * what is left out, the JSON written, and every allocation failure leaking nothing.
  */

@@ -72,7 +72,7 @@ OBJECT_PREFIX = _native.shard_names()["object"]
 
 # ----------------------------------------------------------------------------------------------
 # Non-tensor values: typed JSON (docs/FORMAT.md section 9.1), never pickle. The rules (type tags,
-# limits, what is refused) are the C library's (include/keepsake/dcpvalue.h).
+# limits, what is refused) are the C library's (include/keepsake/binding/dcpvalue.h).
 # ----------------------------------------------------------------------------------------------
 
 def encode_object(value: Any) -> bytes:

@@ -1,5 +1,5 @@
 /**
- * @file structure.h
+ * @file binding/structure.h
  * The structure document (metadata key KS_TORCH_STRUCTURE_META, docs/FORMAT.md §10): what flat
  * '/'-joined names cannot say about a nested value. Which folders were lists, tuples or sets
  * and how long, which dict keys were ints, bools, None or floats, which containers were empty,
@@ -26,11 +26,10 @@
 
 #include "keepsake/alloc.h"
 #include "keepsake/export.h"
+#include "keepsake/statedict.h" /* ks_leaf_kind */
 #include "keepsake/status.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+KS_BEGIN_BINDING_DECLS
 
 /** A container kind. Values are stable. */
 typedef enum ks_container_kind {
@@ -40,12 +39,7 @@ typedef enum ks_container_kind {
   KS_CONTAINER_DICT = 4
 } ks_container_kind;
 
-/** A leaf that is stored as something else and restored as itself. Values are stable. */
-typedef enum ks_leaf_kind {
-  KS_LEAF_BIGINT = 1,  /**< an int outside int64: stored as its decimal text */
-  KS_LEAF_NDARRAY = 2, /**< a numpy array: stored as a tensor */
-  KS_LEAF_BYTES = 3    /**< bytes: stored as a U8 tensor */
-} ks_leaf_kind;
+/* ks_leaf_kind (a leaf stored as something else) is in statedict.h: ks_statedict_mark_leaf takes it. */
 
 /** The type of a dict key. Values are stable. */
 typedef enum ks_key_type {
@@ -73,7 +67,7 @@ typedef struct ks_key {
  * @return KS_OK; KS_E_VALUE for a str key that is not UTF-8 or a float key that is not finite;
  *         KS_E_INVALID for an unknown key type or NULL len; KS_E_LIMIT when it does not fit.
  */
-KS_API KS_NODISCARD ks_status ks_key_text(const ks_key *key, char *dst, size_t cap, size_t *len, ks_error *err);
+KS_NODISCARD ks_status ks_key_text(const ks_key *key, char *dst, size_t cap, size_t *len, ks_error *err);
 
 /** A structure document being recorded. */
 typedef struct ks_structure ks_structure;
@@ -83,10 +77,10 @@ typedef struct ks_structure ks_structure;
  * @param alloc its memory; NULL for malloc.
  * @return KS_OK or KS_E_NOMEM.
  */
-KS_API KS_NODISCARD ks_status ks_structure_create(const ks_allocator *alloc, ks_structure **out, ks_error *err);
+KS_NODISCARD ks_status ks_structure_create(const ks_allocator *alloc, ks_structure **out, ks_error *err);
 
 /** Frees a document. Accepts NULL. */
-KS_API void ks_structure_free(ks_structure *s);
+void ks_structure_free(ks_structure *s);
 
 /**
  * Records the list, tuple or set at `path` ('/'-joined escaped components; "" is the root) and
@@ -94,7 +88,7 @@ KS_API void ks_structure_free(ks_structure *s);
  * @return KS_OK; KS_E_INVALID for another kind; KS_E_EXISTS when `path` is already recorded;
  *         KS_E_VALUE for a path that is not UTF-8; KS_E_NOMEM.
  */
-KS_API KS_NODISCARD ks_status ks_structure_add_sequence(ks_structure *s, const char *path, ks_container_kind kind,
+KS_NODISCARD ks_status ks_structure_add_sequence(ks_structure *s, const char *path, ks_container_kind kind,
                                                         uint64_t len, ks_error *err);
 
 /**
@@ -104,7 +98,7 @@ KS_API KS_NODISCARD ks_status ks_structure_add_sequence(ks_structure *s, const c
  * @return KS_OK; KS_E_EXISTS for two keys with the same text (1 and "1") or a path already
  *         recorded; KS_E_VALUE as ks_key_text; KS_E_NOMEM.
  */
-KS_API KS_NODISCARD ks_status ks_structure_add_dict(ks_structure *s, const char *path, const ks_key *keys, size_t n,
+KS_NODISCARD ks_status ks_structure_add_dict(ks_structure *s, const char *path, const ks_key *keys, size_t n,
                                                     ks_error *err);
 
 /**
@@ -112,24 +106,22 @@ KS_API KS_NODISCARD ks_status ks_structure_add_dict(ks_structure *s, const char 
  * @return KS_OK; KS_E_INVALID for an unknown kind; KS_E_EXISTS when `path` is already recorded;
  *         KS_E_VALUE for a path that is not UTF-8; KS_E_NOMEM.
  */
-KS_API KS_NODISCARD ks_status ks_structure_add_leaf(ks_structure *s, const char *path, ks_leaf_kind kind,
+KS_NODISCARD ks_status ks_structure_add_leaf(ks_structure *s, const char *path, ks_leaf_kind kind,
                                                     ks_error *err);
 
 /** Whether anything has been recorded (a document with nothing in it is not written). */
-KS_API int ks_structure_is_empty(const ks_structure *s);
+int ks_structure_is_empty(const ks_structure *s);
 
 /**
  * The document as compact JSON text (the value of KS_TORCH_STRUCTURE_META).
  * @param json receives the NUL-terminated text; free it with ks_structure_text_free.
  * @return KS_OK or KS_E_NOMEM.
  */
-KS_API KS_NODISCARD ks_status ks_structure_dump(const ks_structure *s, char **json, ks_error *err);
+KS_NODISCARD ks_status ks_structure_dump(const ks_structure *s, char **json, ks_error *err);
 
 /** Frees text from ks_structure_dump. Accepts NULL. */
-KS_API void ks_structure_text_free(const ks_structure *s, char *json);
+void ks_structure_text_free(const ks_structure *s, char *json);
 
-#ifdef __cplusplus
-}
-#endif
+KS_END_BINDING_DECLS
 
 #endif

@@ -1,5 +1,5 @@
 /**
- * @file dcpvalue.h
+ * @file binding/dcpvalue.h
  * The typed JSON that keeps a torch.distributed.checkpoint non-tensor value (an int, a float,
  * a string, bytes, an io.BytesIO, and lists, tuples and dicts of them) without pickle:
  * docs/FORMAT.md section 9.1. A binding walks its own objects and calls the encoder, and
@@ -22,7 +22,7 @@
 #include "keepsake/alloc.h"
 #include "keepsake/status.h"
 
-KS_BEGIN_DECLS
+KS_BEGIN_BINDING_DECLS
 
 /** Deepest value nesting kept: the top value is level 0, each container's items one deeper. */
 #define KS_DCP_MAX_DEPTH 100
@@ -128,5 +128,5 @@ const ks_dcp_value *ks_dcp_doc_root(const ks_dcp_doc *d);
 /** Frees a document. Accepts NULL. */
 void ks_dcp_doc_free(ks_dcp_doc *d);
 
-KS_END_DECLS
+KS_END_BINDING_DECLS
 #endif
