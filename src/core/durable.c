@@ -240,6 +240,27 @@ ks_status ks__durable_pwrite(ks__durable *d, const void *p, size_t n, uint64_t o
   return KS_OK;
 }
 
+ks_status ks__durable_pwrite_direct(ks__durable *d, const void *p, size_t n, uint64_t off, bool *done) {
+  *done = false;
+  if (!d->direct || !ks__io_can_pwrite(d->io) || (uintptr_t)p % KS__DIRECT_ALIGN || n % KS__DIRECT_ALIGN ||
+      off % KS__DIRECT_ALIGN)
+    return KS_OK;
+  size_t w = 0;
+  int rc = d->io->pwrite_fn(d->io->ctx, d->fd, p, n, off, &w);
+  if (rc == EINVAL || rc == ENOTSUP || rc == EOPNOTSUPP) return KS_OK; /* not this way: the caller's way */
+  if (!rc && w == n) {
+    *done = true;
+    return KS_OK;
+  }
+  /* Short: the rest at its offset, whichever way the descriptor writes it now. */
+  if (!rc && w && w < n && w % KS__DIRECT_ALIGN == 0) {
+    ks_status st = ks__durable_pwrite(d, (const uint8_t *)p + w, n - w, off + w);
+    *done = st == KS_OK;
+    return st;
+  }
+  return io_fail(d, rc ? rc : EIO, "cannot write temporary file");
+}
+
 ks_status ks__durable_commit(ks__durable *d) {
   int rc = d->io->fsync_fn(d->io->ctx, d->fd);
   if (rc) return io_fail(d, rc, "cannot fsync temporary file");

@@ -63,6 +63,11 @@ bool ks__durable_direct_begin(ks__durable *d);
  * write (EINVAL, ENOTSUP) ends them too, and gets the bytes buffered. Same errors as
  * ks__durable_write. */
 KS_NODISCARD ks_status ks__durable_write_blocks(ks__durable *d, const void *p, size_t n);
+/* Writes n bytes at p over bytes at offset off of the temporary file with a direct write: p, n and
+ * off multiples of KS__DIRECT_ALIGN, direct writes on (ks__durable_direct_begin). *done: whether
+ * it was written; false (KS_OK) when the file system refuses the direct write: the caller writes
+ * the bytes some other way. Else the errors of ks__durable_pwrite. */
+KS_NODISCARD ks_status ks__durable_pwrite_direct(ks__durable *d, const void *p, size_t n, uint64_t off, bool *done);
 /* Ends direct writes (nothing when they are off); KS_E_IO when the descriptor refuses. Before any
  * pwrite of bytes that are not whole aligned blocks. */
 KS_NODISCARD ks_status ks__durable_direct_end(ks__durable *d);

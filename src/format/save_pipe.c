@@ -127,23 +127,35 @@ void ks__save_ring_init(ks__save_ring *r, ks__save_job *job, const char *hdr, si
   r->hdr = hdr;
   r->hlen = hlen;
   r->buf = mem + (KS__DIRECT_ALIGN - (uintptr_t)mem % KS__DIRECT_ALIGN) % KS__DIRECT_ALIGN;
+  r->head = r->buf + KS__RING_CHUNK * KS__RING_BUFS;
+  r->head_len = ks__ring_head_len(hlen);
   r->total = hlen + (job->n ? job->spans[job->n - 1].off + job->spans[job->n - 1].n : 0);
-  r->chunks = (size_t)((r->total + KS__RING_CHUNK - 1) / KS__RING_CHUNK);
+  /* A short first chunk: the disk starts writing after a few hundred KiB are copied, not 4 MiB
+     (the first use of each buffer also faults its pages in). */
+  r->first = r->head_len + KS__RING_FIRST_DATA < KS__RING_CHUNK ? r->head_len + KS__RING_FIRST_DATA : KS__RING_CHUNK;
+  size_t grid = (size_t)((r->total + KS__RING_CHUNK - 1) / KS__RING_CHUNK); /* 4 MiB chunks */
+  r->chunks = r->total <= r->first ? 1 : r->first < KS__RING_CHUNK ? grid + 1 : grid;
   for (size_t k = 0; k < job->n; k++) /* the empty ones take no place in the image */
     if (!job->spans[k].n) job->sums[k] = ks__xxh3(NULL, 0);
 }
 
 static uint8_t *chunk_at(const ks__save_ring *r, size_t ci) { return r->buf + (ci % KS__RING_BUFS) * KS__RING_CHUNK; }
 
-static size_t chunk_len(const ks__save_ring *r, size_t ci) {
-  uint64_t start = (uint64_t)ci * KS__RING_CHUNK;
-  return r->total - start < KS__RING_CHUNK ? (size_t)(r->total - start) : KS__RING_CHUNK;
+/* Where chunk ci ends: the first at `first`, the others where main's 4 MiB grid puts them, so
+   every later write is as large and as aligned as without the short first chunk. */
+static uint64_t chunk_end(const ks__save_ring *r, size_t ci) {
+  uint64_t end = ci ? (uint64_t)(ci + (r->first < KS__RING_CHUNK ? 0 : 1)) * KS__RING_CHUNK : r->first;
+  return end < r->total ? end : r->total;
 }
+
+static uint64_t chunk_start(const ks__save_ring *r, size_t ci) { return ci ? chunk_end(r, ci - 1) : 0; }
+
+static size_t chunk_len(const ks__save_ring *r, size_t ci) { return (size_t)(chunk_end(r, ci) - chunk_start(r, ci)); }
 
 /* Copies the file's bytes of chunk ci into its buffer, hashing each tensor piece as it lands. */
 static void fill_chunk(ks__save_ring *r, size_t ci) {
   uint8_t *dst = chunk_at(r, ci);
-  uint64_t pos = (uint64_t)ci * KS__RING_CHUNK, end = pos + chunk_len(r, ci);
+  uint64_t pos = chunk_start(r, ci), end = pos + chunk_len(r, ci);
   while (pos < end) {
     size_t n;
     if (pos < r->hlen) {
@@ -170,7 +182,7 @@ static void fill_chunk(ks__save_ring *r, size_t ci) {
 
 static void *filler_main(void *arg) {
   ks__save_ring *r = arg;
-  for (size_t ci = 0; ci < r->chunks; ci++) {
+  for (size_t ci = r->filled; ci < r->chunks; ci++) { /* the caller filled the first */
     pthread_mutex_lock(&r->mu);
     while (ci >= r->taken + KS__RING_BUFS && !r->stop) pthread_cond_wait(&r->cv, &r->mu);
     bool stop = r->stop;
@@ -185,21 +197,53 @@ static void *filler_main(void *arg) {
   return NULL;
 }
 
+/* The head blocks again, now with every checksum's digits, at offset 0 with a direct write: no
+   block of the file is left in the page cache for fsync to read back and write (a buffered
+   patch of the header would). Only over bytes already written, so the file never grows. */
+static KS_NODISCARD ks_status write_head(ks__save_ring *r, ks__durable *out, uint64_t written) {
+  if (!out->direct || r->head_len > written) return KS_OK; /* the caller patches the digits */
+  for (size_t k = 0; k < r->job->n; k++) ks__put_sum_digits((char *)r->head + r->job->sum_at[k], r->job->sums[k]);
+  bool done = false;
+  ks_status st = ks__durable_pwrite_direct(out, r->head, r->head_len, 0, &done);
+  r->head_written = done;
+  return st;
+}
+
+/* Chunk ci to the file; the last one's whole blocks, then the head, then its tail (which ends
+   direct writes). */
+static KS_NODISCARD ks_status write_chunk(ks__save_ring *r, ks__durable *out, size_t ci) {
+  const uint8_t *p = chunk_at(r, ci);
+  size_t n = chunk_len(r, ci);
+  if (ci == 0 && r->head_len <= n) memcpy(r->head, p, r->head_len);
+  if (ci + 1 < r->chunks) return ks__durable_write_blocks(out, p, n);
+  size_t bulk = n - n % KS__DIRECT_ALIGN;
+  ks_status st = ks__durable_write_blocks(out, p, bulk);
+  if (!st) st = write_head(r, out, chunk_start(r, ci) + bulk);
+  return st ? st : ks__durable_write_blocks(out, p + bulk, n - bulk);
+}
+
 ks_status ks__save_ring_run(ks__save_ring *r, ks__durable *out, bool thread) {
   pthread_mutex_init(&r->mu, NULL); /* default attributes: cannot fail on Linux */
   pthread_cond_init(&r->cv, NULL);
   pthread_t tid;
-  bool started = thread && r->chunks > 1 && pthread_create(&tid, NULL, filler_main, r) == 0;
+  /* The caller fills the short first chunk itself: the disk starts without waiting for the new
+     thread to be scheduled (milliseconds when the CPUs are busy). */
+  bool two = thread && r->chunks > 1;
+  if (two) {
+    fill_chunk(r, 0);
+    r->filled = 1;
+  }
+  bool started = two && pthread_create(&tid, NULL, filler_main, r) == 0;
   ks_status st = KS_OK;
   for (size_t ci = 0; ci < r->chunks && !st; ci++) {
     if (started) {
       pthread_mutex_lock(&r->mu);
       while (r->filled <= ci) pthread_cond_wait(&r->cv, &r->mu);
       pthread_mutex_unlock(&r->mu);
-    } else {
+    } else if (ci >= r->filled) {
       fill_chunk(r, ci); /* no second thread: fill, then write */
     }
-    st = ks__durable_write_blocks(out, chunk_at(r, ci), chunk_len(r, ci));
+    st = write_chunk(r, out, ci);
     if (started) {
       pthread_mutex_lock(&r->mu);
       r->taken = ci + 1;

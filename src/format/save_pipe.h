@@ -77,13 +77,26 @@ void ks__save_hasher_finish(ks__save_hasher *h, bool hash_rest);
 #define KS__RING_CHUNK ((size_t)4 << 20)
 #define KS__RING_BUFS ((size_t)4)
 #define KS__RING_BYTES (KS__RING_CHUNK * KS__RING_BUFS + KS__DIRECT_ALIGN)
+/* Data bytes in the first chunk beside the header: the disk starts once these are copied. */
+#define KS__RING_FIRST_DATA ((size_t)256 << 10)
+
+/* The whole blocks that hold a header of hlen bytes (what the ring keeps a copy of). */
+static inline size_t ks__ring_head_len(size_t hlen) {
+  return (hlen + KS__DIRECT_ALIGN - 1) / KS__DIRECT_ALIGN * KS__DIRECT_ALIGN;
+}
+/* The allocation a ring for a header of hlen bytes needs. */
+static inline size_t ks__ring_bytes(size_t hlen) { return KS__RING_BYTES + ks__ring_head_len(hlen); }
 
 typedef struct ks__save_ring {
   ks__save_job *job;
   const char *hdr; /* the header (placeholder digits), hlen bytes: the image's start */
   size_t hlen;
   uint8_t *buf;    /* KS__RING_BUFS chunks */
+  uint8_t *head;   /* head_len bytes after them: the image's first blocks, kept until the digits are known */
+  size_t head_len;
+  bool head_written; /* the head went to the file with the checksums' digits in it */
   uint64_t total;  /* bytes of the file */
+  size_t first;    /* chunk 0's length: the disk starts early; the rest end on the 4 MiB grid */
   size_t chunks;
   size_t filled, taken; /* chunks filled by the filler, written by the caller (under mu) */
   bool stop;
@@ -93,11 +106,14 @@ typedef struct ks__save_ring {
   ks__xxh3_state xx;
 } ks__save_ring;
 
-/* A ring for the job's file (header hdr of hlen bytes) in mem, a KS__RING_BYTES allocation. */
+/* A ring for the job's file (header hdr of hlen bytes) in mem, a ks__ring_bytes(hlen) allocation. */
 void ks__save_ring_init(ks__save_ring *r, ks__save_job *job, const char *hdr, size_t hlen, uint8_t *mem);
 /* Writes the whole file to out (ks__durable_write_blocks: direct writes while they are on),
    chunk by chunk, each filled (and its tensors hashed into job->sums) by a second thread while
-   the caller writes the one before, when `thread` and one starts, else by the caller. */
+   the caller writes the one before, when `thread` and one starts, else by the caller. Once every
+   checksum is known and the file's whole blocks are written, the head blocks are written again
+   at offset 0 with the digits in place, directly (head_written); where they cannot be, the
+   caller patches the digits (ks__durable_pwrite). */
 KS_NODISCARD ks_status ks__save_ring_run(ks__save_ring *r, ks__durable *out, bool thread);
 
 #endif
