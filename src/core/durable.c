@@ -240,25 +240,29 @@ ks_status ks__durable_pwrite(ks__durable *d, const void *p, size_t n, uint64_t o
   return KS_OK;
 }
 
-ks_status ks__durable_pwrite_direct(ks__durable *d, const void *p, size_t n, uint64_t off, bool *done) {
-  *done = false;
-  if (!d->direct || !ks__io_can_pwrite(d->io) || (uintptr_t)p % KS__DIRECT_ALIGN || n % KS__DIRECT_ALIGN ||
-      off % KS__DIRECT_ALIGN)
-    return KS_OK;
-  size_t w = 0;
-  int rc = d->io->pwrite_fn(d->io->ctx, d->fd, p, n, off, &w);
-  if (rc == EINVAL || rc == ENOTSUP || rc == EOPNOTSUPP) return KS_OK; /* not this way: the caller's way */
-  if (!rc && w == n) {
-    *done = true;
-    return KS_OK;
+int ks__durable_pwrite_raw(ks__durable *d, const void *p, size_t n, uint64_t off) {
+  const uint8_t *b = p;
+  while (n > 0) {
+    size_t w = 0, len = n < MAX_WRITE ? n : MAX_WRITE;
+    int rc = d->io->pwrite_fn(d->io->ctx, d->fd, b, len, off, &w);
+    if (!rc && (w == 0 || w > len)) rc = EIO; /* no progress and no error: never spin */
+    if (rc) return rc;
+    b += w, n -= w, off += w;
   }
-  /* Short: the rest at its offset, whichever way the descriptor writes it now. */
-  if (!rc && w && w < n && w % KS__DIRECT_ALIGN == 0) {
-    ks_status st = ks__durable_pwrite(d, (const uint8_t *)p + w, n - w, off + w);
-    *done = st == KS_OK;
-    return st;
-  }
-  return io_fail(d, rc ? rc : EIO, "cannot write temporary file");
+  return 0;
+}
+
+ks_status ks__durable_fail(ks__durable *d, int rc) { return io_fail(d, rc, "cannot write temporary file"); }
+
+bool ks__durable_reserve(ks__durable *d, uint64_t size) {
+#if defined(__linux__)
+  if (!d->have_fd || !(ks_io_caps(d->io) & KS_IO_CAP_LOCAL) || size > (uint64_t)INT64_MAX) return false;
+  return fallocate(d->fd, 0, 0, (off_t)size) == 0;
+#else
+  (void)d;
+  (void)size;
+  return false;
+#endif
 }
 
 ks_status ks__durable_commit(ks__durable *d) {

@@ -5,6 +5,7 @@
  */
 #include "format/save_pipe.h"
 
+#include <errno.h>
 #include <string.h>
 
 ks_status ks__save_job_make(ks__save_job *j, const ks_statedict *sd, const ks_allocator *a, ks_error *err) {
@@ -197,63 +198,118 @@ static void *filler_main(void *arg) {
   return NULL;
 }
 
-/* The head blocks again, now with every checksum's digits, at offset 0 with a direct write: no
-   block of the file is left in the page cache for fsync to read back and write (a buffered
-   patch of the header would). Only over bytes already written, so the file never grows. */
-static KS_NODISCARD ks_status write_head(ks__save_ring *r, ks__durable *out, uint64_t written) {
-  if (!out->direct || r->head_len > written) return KS_OK; /* the caller patches the digits */
-  for (size_t k = 0; k < r->job->n; k++) ks__put_sum_digits((char *)r->head + r->job->sum_at[k], r->job->sums[k]);
-  bool done = false;
-  ks_status st = ks__durable_pwrite_direct(out, r->head, r->head_len, 0, &done);
-  r->head_written = done;
-  return st;
+/* The bytes of chunk ci a writer writes: all of it but the last chunk's partial block, which
+   goes after the head (write_ends). */
+static size_t chunk_bulk(const ks__save_ring *r, size_t ci) {
+  size_t n = chunk_len(r, ci);
+  return ci + 1 < r->chunks ? n : n - n % KS__DIRECT_ALIGN;
 }
 
-/* Chunk ci to the file; the last one's whole blocks, then the head, then its tail (which ends
-   direct writes). */
-static KS_NODISCARD ks_status write_chunk(ks__save_ring *r, ks__durable *out, size_t ci) {
+/* Chunk ci's bulk at its offset, directly while `direct`; a file system that refuses ends direct
+   writes (once, under mu) and gets it buffered. 0 or the errno. */
+static int write_chunk(ks__save_ring *r, size_t ci, bool direct) {
   const uint8_t *p = chunk_at(r, ci);
-  size_t n = chunk_len(r, ci);
-  if (ci == 0 && r->head_len <= n) memcpy(r->head, p, r->head_len);
-  if (ci + 1 < r->chunks) return ks__durable_write_blocks(out, p, n);
-  size_t bulk = n - n % KS__DIRECT_ALIGN;
-  ks_status st = ks__durable_write_blocks(out, p, bulk);
-  if (!st) st = write_head(r, out, chunk_start(r, ci) + bulk);
-  return st ? st : ks__durable_write_blocks(out, p + bulk, n - bulk);
+  size_t n = chunk_bulk(r, ci);
+  if (ci == 0 && r->head_len <= chunk_len(r, 0)) memcpy(r->head, p, r->head_len);
+  int rc = n ? ks__durable_pwrite_raw(r->out, p, n, chunk_start(r, ci)) : 0;
+  if (!direct || (rc != EINVAL && rc != ENOTSUP && rc != EOPNOTSUPP)) return rc;
+  pthread_mutex_lock(&r->mu);
+  if (r->direct) {
+    r->direct = false;
+    ks_status st = ks__durable_direct_end(r->out);
+    if (st && !r->st) r->st = st;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return ks__durable_pwrite_raw(r->out, p, n, chunk_start(r, ci));
+}
+
+/* Chunk ci is written (rc 0) or failed: frees its buffer once every chunk before it is written. */
+static void wrote(ks__save_ring *r, size_t ci, int rc) {
+  pthread_mutex_lock(&r->mu);
+  r->written |= 1u << (ci - r->taken);
+  while (r->written & 1u) {
+    r->written >>= 1;
+    r->taken++;
+  }
+  if ((rc || r->st) && !r->stop) {
+    r->stop = true;
+    if (rc && !r->rc) r->rc = rc;
+  }
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* A writer: claims the next filled chunk and writes it, until none is left or one failed. */
+static void write_claimed(ks__save_ring *r) {
+  for (;;) {
+    pthread_mutex_lock(&r->mu);
+    while (!r->stop && r->next < r->chunks && r->filled <= r->next) pthread_cond_wait(&r->cv, &r->mu);
+    if (r->stop || r->next >= r->chunks) {
+      pthread_mutex_unlock(&r->mu);
+      return;
+    }
+    size_t ci = r->next++;
+    bool direct = r->direct;
+    pthread_mutex_unlock(&r->mu);
+    wrote(r, ci, write_chunk(r, ci, direct));
+  }
+}
+
+static void *writer_main(void *arg) {
+  write_claimed(arg);
+  return NULL;
+}
+
+/* The head blocks again, now with every checksum's digits, at offset 0 with a direct write: no
+   block of the file is left in the page cache for fsync to read back and write (a buffered
+   patch of the header would). Only over bytes already written, so the file never grows; a file
+   system that refuses leaves it to the caller. Then the last partial block, through the page
+   cache. */
+static KS_NODISCARD ks_status write_ends(ks__save_ring *r) {
+  size_t last = r->chunks - 1, bulk = chunk_bulk(r, last);
+  uint64_t tail_at = chunk_start(r, last) + bulk;
+  if (r->direct && r->head_len <= tail_at) {
+    for (size_t k = 0; k < r->job->n; k++) ks__put_sum_digits((char *)r->head + r->job->sum_at[k], r->job->sums[k]);
+    int rc = ks__durable_pwrite_raw(r->out, r->head, r->head_len, 0);
+    if (rc && rc != EINVAL && rc != ENOTSUP && rc != EOPNOTSUPP) return ks__durable_fail(r->out, rc);
+    r->head_written = !rc;
+  }
+  ks_status st = ks__durable_direct_end(r->out);
+  int rc = st || bulk == chunk_len(r, last) ? 0
+                                            : ks__durable_pwrite_raw(r->out, chunk_at(r, last) + bulk,
+                                                                     chunk_len(r, last) - bulk, tail_at);
+  return st ? st : rc ? ks__durable_fail(r->out, rc) : KS_OK;
 }
 
 ks_status ks__save_ring_run(ks__save_ring *r, ks__durable *out, bool thread) {
   pthread_mutex_init(&r->mu, NULL); /* default attributes: cannot fail on Linux */
   pthread_cond_init(&r->cv, NULL);
-  pthread_t tid;
+  r->out = out;
+  r->direct = out->direct;
+  pthread_t filler, writer;
   /* The caller fills the short first chunk itself: the disk starts without waiting for the new
-     thread to be scheduled (milliseconds when the CPUs are busy). */
+     threads to be scheduled (milliseconds when the CPUs are busy). */
   bool two = thread && r->chunks > 1;
   if (two) {
     fill_chunk(r, 0);
     r->filled = 1;
+    (void)ks__durable_reserve(out, r->total); /* false: the writes allocate as they go */
   }
-  bool started = two && pthread_create(&tid, NULL, filler_main, r) == 0;
-  ks_status st = KS_OK;
-  for (size_t ci = 0; ci < r->chunks && !st; ci++) {
-    if (started) {
-      pthread_mutex_lock(&r->mu);
-      while (r->filled <= ci) pthread_cond_wait(&r->cv, &r->mu);
-      pthread_mutex_unlock(&r->mu);
-    } else if (ci >= r->filled) {
-      fill_chunk(r, ci); /* no second thread: fill, then write */
-    }
-    st = write_chunk(r, out, ci);
-    if (started) {
-      pthread_mutex_lock(&r->mu);
-      r->taken = ci + 1;
-      r->stop = st != KS_OK;
-      pthread_cond_broadcast(&r->cv);
-      pthread_mutex_unlock(&r->mu);
+  bool filling = two && pthread_create(&filler, NULL, filler_main, r) == 0;
+  bool writing = filling && pthread_create(&writer, NULL, writer_main, r) == 0;
+  if (filling) {
+    write_claimed(r);
+    if (writing) pthread_join(writer, NULL);
+    pthread_join(filler, NULL);
+  } else {
+    for (size_t ci = 0; ci < r->chunks && !r->stop; ci++) { /* fill, then write, in turn */
+      if (ci >= r->filled) fill_chunk(r, ci);
+      r->filled = ci + 1;
+      wrote(r, ci, write_chunk(r, ci, r->direct));
     }
   }
-  if (started) pthread_join(tid, NULL);
   pthread_cond_destroy(&r->cv);
   pthread_mutex_destroy(&r->mu);
-  return st;
+  if (r->st) return r->st;
+  return r->rc ? ks__durable_fail(out, r->rc) : write_ends(r);
 }

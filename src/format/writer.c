@@ -171,7 +171,6 @@ static KS_NODISCARD ks_status body_direct(save_ctx *c, const ks__save_tuning *t)
   ks__save_ring ring;
   ks__save_ring_init(&ring, &c->job, c->hdr->p, c->hdr->len, c->ring_mem);
   ks_status st = ks__save_ring_run(&ring, &c->out, t->threads != 1);
-  if (!st) st = ks__durable_direct_end(&c->out);
   return st || ring.head_written ? st : patch_sums(c);
 }
 
