@@ -240,6 +240,31 @@ ks_status ks__durable_pwrite(ks__durable *d, const void *p, size_t n, uint64_t o
   return KS_OK;
 }
 
+int ks__durable_pwrite_raw(ks__durable *d, const void *p, size_t n, uint64_t off) {
+  const uint8_t *b = p;
+  while (n > 0) {
+    size_t w = 0, len = n < MAX_WRITE ? n : MAX_WRITE;
+    int rc = d->io->pwrite_fn(d->io->ctx, d->fd, b, len, off, &w);
+    if (!rc && (w == 0 || w > len)) rc = EIO; /* no progress and no error: never spin */
+    if (rc) return rc;
+    b += w, n -= w, off += w;
+  }
+  return 0;
+}
+
+ks_status ks__durable_fail(ks__durable *d, int rc) { return io_fail(d, rc, "cannot write temporary file"); }
+
+bool ks__durable_reserve(ks__durable *d, uint64_t size) {
+#if defined(__linux__)
+  if (!d->have_fd || !(ks_io_caps(d->io) & KS_IO_CAP_LOCAL) || size > (uint64_t)INT64_MAX) return false;
+  return fallocate(d->fd, 0, 0, (off_t)size) == 0;
+#else
+  (void)d;
+  (void)size;
+  return false;
+#endif
+}
+
 ks_status ks__durable_commit(ks__durable *d) {
   int rc = d->io->fsync_fn(d->io->ctx, d->fd);
   if (rc) return io_fail(d, rc, "cannot fsync temporary file");

@@ -63,6 +63,18 @@ bool ks__durable_direct_begin(ks__durable *d);
  * write (EINVAL, ENOTSUP) ends them too, and gets the bytes buffered. Same errors as
  * ks__durable_write. */
 KS_NODISCARD ks_status ks__durable_write_blocks(ks__durable *d, const void *p, size_t n);
+/* Writes all n bytes at p at offset off of the temporary file in whatever mode its descriptor is
+ * in (direct or not; retrying short writes): 0 or the errno, formatting no error, so that several
+ * threads may write different ranges at once; ks__durable_fail reports a failure. Only for a table
+ * of which ks__io_can_pwrite is true. */
+int ks__durable_pwrite_raw(ks__durable *d, const void *p, size_t n, uint64_t off);
+/* KS_E_IO for a failed write (errno rc) of the temporary file, as ks__durable_write reports it. */
+KS_NODISCARD ks_status ks__durable_fail(ks__durable *d, int rc);
+/* Gives the temporary file its final size, its blocks allocated (fallocate), where the table is
+ * local and the file system can: direct writes then go into allocated blocks within the file's
+ * size, which the file system lets several run at once, instead of extending it one at a time.
+ * False when it did not (nothing changed; the writes allocate as they go). */
+bool ks__durable_reserve(ks__durable *d, uint64_t size);
 /* Ends direct writes (nothing when they are off); KS_E_IO when the descriptor refuses. Before any
  * pwrite of bytes that are not whole aligned blocks. */
 KS_NODISCARD ks_status ks__durable_direct_end(ks__durable *d);

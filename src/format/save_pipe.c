@@ -5,6 +5,7 @@
  */
 #include "format/save_pipe.h"
 
+#include <errno.h>
 #include <string.h>
 
 ks_status ks__save_job_make(ks__save_job *j, const ks_statedict *sd, const ks_allocator *a, ks_error *err) {
@@ -127,23 +128,35 @@ void ks__save_ring_init(ks__save_ring *r, ks__save_job *job, const char *hdr, si
   r->hdr = hdr;
   r->hlen = hlen;
   r->buf = mem + (KS__DIRECT_ALIGN - (uintptr_t)mem % KS__DIRECT_ALIGN) % KS__DIRECT_ALIGN;
+  r->head = r->buf + KS__RING_CHUNK * KS__RING_BUFS;
+  r->head_len = ks__ring_head_len(hlen);
   r->total = hlen + (job->n ? job->spans[job->n - 1].off + job->spans[job->n - 1].n : 0);
-  r->chunks = (size_t)((r->total + KS__RING_CHUNK - 1) / KS__RING_CHUNK);
+  /* A short first chunk: the disk starts writing after a few hundred KiB are copied, not 4 MiB
+     (the first use of each buffer also faults its pages in). */
+  r->first = r->head_len + KS__RING_FIRST_DATA < KS__RING_CHUNK ? r->head_len + KS__RING_FIRST_DATA : KS__RING_CHUNK;
+  size_t grid = (size_t)((r->total + KS__RING_CHUNK - 1) / KS__RING_CHUNK); /* 4 MiB chunks */
+  r->chunks = r->total <= r->first ? 1 : r->first < KS__RING_CHUNK ? grid + 1 : grid;
   for (size_t k = 0; k < job->n; k++) /* the empty ones take no place in the image */
     if (!job->spans[k].n) job->sums[k] = ks__xxh3(NULL, 0);
 }
 
 static uint8_t *chunk_at(const ks__save_ring *r, size_t ci) { return r->buf + (ci % KS__RING_BUFS) * KS__RING_CHUNK; }
 
-static size_t chunk_len(const ks__save_ring *r, size_t ci) {
-  uint64_t start = (uint64_t)ci * KS__RING_CHUNK;
-  return r->total - start < KS__RING_CHUNK ? (size_t)(r->total - start) : KS__RING_CHUNK;
+/* Where chunk ci ends: the first at `first`, the others where main's 4 MiB grid puts them, so
+   every later write is as large and as aligned as without the short first chunk. */
+static uint64_t chunk_end(const ks__save_ring *r, size_t ci) {
+  uint64_t end = ci ? (uint64_t)(ci + (r->first < KS__RING_CHUNK ? 0 : 1)) * KS__RING_CHUNK : r->first;
+  return end < r->total ? end : r->total;
 }
+
+static uint64_t chunk_start(const ks__save_ring *r, size_t ci) { return ci ? chunk_end(r, ci - 1) : 0; }
+
+static size_t chunk_len(const ks__save_ring *r, size_t ci) { return (size_t)(chunk_end(r, ci) - chunk_start(r, ci)); }
 
 /* Copies the file's bytes of chunk ci into its buffer, hashing each tensor piece as it lands. */
 static void fill_chunk(ks__save_ring *r, size_t ci) {
   uint8_t *dst = chunk_at(r, ci);
-  uint64_t pos = (uint64_t)ci * KS__RING_CHUNK, end = pos + chunk_len(r, ci);
+  uint64_t pos = chunk_start(r, ci), end = pos + chunk_len(r, ci);
   while (pos < end) {
     size_t n;
     if (pos < r->hlen) {
@@ -170,7 +183,7 @@ static void fill_chunk(ks__save_ring *r, size_t ci) {
 
 static void *filler_main(void *arg) {
   ks__save_ring *r = arg;
-  for (size_t ci = 0; ci < r->chunks; ci++) {
+  for (size_t ci = r->filled; ci < r->chunks; ci++) { /* the caller filled the first */
     pthread_mutex_lock(&r->mu);
     while (ci >= r->taken + KS__RING_BUFS && !r->stop) pthread_cond_wait(&r->cv, &r->mu);
     bool stop = r->stop;
@@ -185,31 +198,118 @@ static void *filler_main(void *arg) {
   return NULL;
 }
 
+/* The bytes of chunk ci a writer writes: all of it but the last chunk's partial block, which
+   goes after the head (write_ends). */
+static size_t chunk_bulk(const ks__save_ring *r, size_t ci) {
+  size_t n = chunk_len(r, ci);
+  return ci + 1 < r->chunks ? n : n - n % KS__DIRECT_ALIGN;
+}
+
+/* Chunk ci's bulk at its offset, directly while `direct`; a file system that refuses ends direct
+   writes (once, under mu) and gets it buffered. 0 or the errno. */
+static int write_chunk(ks__save_ring *r, size_t ci, bool direct) {
+  const uint8_t *p = chunk_at(r, ci);
+  size_t n = chunk_bulk(r, ci);
+  if (ci == 0 && r->head_len <= chunk_len(r, 0)) memcpy(r->head, p, r->head_len);
+  int rc = n ? ks__durable_pwrite_raw(r->out, p, n, chunk_start(r, ci)) : 0;
+  if (!direct || (rc != EINVAL && rc != ENOTSUP && rc != EOPNOTSUPP)) return rc;
+  pthread_mutex_lock(&r->mu);
+  if (r->direct) {
+    r->direct = false;
+    ks_status st = ks__durable_direct_end(r->out);
+    if (st && !r->st) r->st = st;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return ks__durable_pwrite_raw(r->out, p, n, chunk_start(r, ci));
+}
+
+/* Chunk ci is written (rc 0) or failed: frees its buffer once every chunk before it is written. */
+static void wrote(ks__save_ring *r, size_t ci, int rc) {
+  pthread_mutex_lock(&r->mu);
+  r->written |= 1u << (ci - r->taken);
+  while (r->written & 1u) {
+    r->written >>= 1;
+    r->taken++;
+  }
+  if ((rc || r->st) && !r->stop) {
+    r->stop = true;
+    if (rc && !r->rc) r->rc = rc;
+  }
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* A writer: claims the next filled chunk and writes it, until none is left or one failed. */
+static void write_claimed(ks__save_ring *r) {
+  for (;;) {
+    pthread_mutex_lock(&r->mu);
+    while (!r->stop && r->next < r->chunks && r->filled <= r->next) pthread_cond_wait(&r->cv, &r->mu);
+    if (r->stop || r->next >= r->chunks) {
+      pthread_mutex_unlock(&r->mu);
+      return;
+    }
+    size_t ci = r->next++;
+    bool direct = r->direct;
+    pthread_mutex_unlock(&r->mu);
+    wrote(r, ci, write_chunk(r, ci, direct));
+  }
+}
+
+static void *writer_main(void *arg) {
+  write_claimed(arg);
+  return NULL;
+}
+
+/* The head blocks again, now with every checksum's digits, at offset 0 with a direct write: no
+   block of the file is left in the page cache for fsync to read back and write (a buffered
+   patch of the header would). Only over bytes already written, so the file never grows; a file
+   system that refuses leaves it to the caller. Then the last partial block, through the page
+   cache. */
+static KS_NODISCARD ks_status write_ends(ks__save_ring *r) {
+  size_t last = r->chunks - 1, bulk = chunk_bulk(r, last);
+  uint64_t tail_at = chunk_start(r, last) + bulk;
+  if (r->direct && r->head_len <= tail_at) {
+    for (size_t k = 0; k < r->job->n; k++) ks__put_sum_digits((char *)r->head + r->job->sum_at[k], r->job->sums[k]);
+    int rc = ks__durable_pwrite_raw(r->out, r->head, r->head_len, 0);
+    if (rc && rc != EINVAL && rc != ENOTSUP && rc != EOPNOTSUPP) return ks__durable_fail(r->out, rc);
+    r->head_written = !rc;
+  }
+  ks_status st = ks__durable_direct_end(r->out);
+  int rc = st || bulk == chunk_len(r, last) ? 0
+                                            : ks__durable_pwrite_raw(r->out, chunk_at(r, last) + bulk,
+                                                                     chunk_len(r, last) - bulk, tail_at);
+  return st ? st : rc ? ks__durable_fail(r->out, rc) : KS_OK;
+}
+
 ks_status ks__save_ring_run(ks__save_ring *r, ks__durable *out, bool thread) {
   pthread_mutex_init(&r->mu, NULL); /* default attributes: cannot fail on Linux */
   pthread_cond_init(&r->cv, NULL);
-  pthread_t tid;
-  bool started = thread && r->chunks > 1 && pthread_create(&tid, NULL, filler_main, r) == 0;
-  ks_status st = KS_OK;
-  for (size_t ci = 0; ci < r->chunks && !st; ci++) {
-    if (started) {
-      pthread_mutex_lock(&r->mu);
-      while (r->filled <= ci) pthread_cond_wait(&r->cv, &r->mu);
-      pthread_mutex_unlock(&r->mu);
-    } else {
-      fill_chunk(r, ci); /* no second thread: fill, then write */
-    }
-    st = ks__durable_write_blocks(out, chunk_at(r, ci), chunk_len(r, ci));
-    if (started) {
-      pthread_mutex_lock(&r->mu);
-      r->taken = ci + 1;
-      r->stop = st != KS_OK;
-      pthread_cond_broadcast(&r->cv);
-      pthread_mutex_unlock(&r->mu);
+  r->out = out;
+  r->direct = out->direct;
+  pthread_t filler, writer;
+  /* The caller fills the short first chunk itself: the disk starts without waiting for the new
+     threads to be scheduled (milliseconds when the CPUs are busy). */
+  bool two = thread && r->chunks > 1;
+  if (two) {
+    fill_chunk(r, 0);
+    r->filled = 1;
+    (void)ks__durable_reserve(out, r->total); /* false: the writes allocate as they go */
+  }
+  bool filling = two && pthread_create(&filler, NULL, filler_main, r) == 0;
+  bool writing = filling && pthread_create(&writer, NULL, writer_main, r) == 0;
+  if (filling) {
+    write_claimed(r);
+    if (writing) pthread_join(writer, NULL);
+    pthread_join(filler, NULL);
+  } else {
+    for (size_t ci = 0; ci < r->chunks && !r->stop; ci++) { /* fill, then write, in turn */
+      if (ci >= r->filled) fill_chunk(r, ci);
+      r->filled = ci + 1;
+      wrote(r, ci, write_chunk(r, ci, r->direct));
     }
   }
-  if (started) pthread_join(tid, NULL);
   pthread_cond_destroy(&r->cv);
   pthread_mutex_destroy(&r->mu);
-  return st;
+  if (r->st) return r->st;
+  return r->rc ? ks__durable_fail(out, r->rc) : write_ends(r);
 }

@@ -77,15 +77,35 @@ void ks__save_hasher_finish(ks__save_hasher *h, bool hash_rest);
 #define KS__RING_CHUNK ((size_t)4 << 20)
 #define KS__RING_BUFS ((size_t)4)
 #define KS__RING_BYTES (KS__RING_CHUNK * KS__RING_BUFS + KS__DIRECT_ALIGN)
+/* Data bytes in the first chunk beside the header: the disk starts once these are copied. */
+#define KS__RING_FIRST_DATA ((size_t)256 << 10)
+
+/* The whole blocks that hold a header of hlen bytes (what the ring keeps a copy of). */
+static inline size_t ks__ring_head_len(size_t hlen) {
+  return (hlen + KS__DIRECT_ALIGN - 1) / KS__DIRECT_ALIGN * KS__DIRECT_ALIGN;
+}
+/* The allocation a ring for a header of hlen bytes needs. */
+static inline size_t ks__ring_bytes(size_t hlen) { return KS__RING_BYTES + ks__ring_head_len(hlen); }
 
 typedef struct ks__save_ring {
   ks__save_job *job;
   const char *hdr; /* the header (placeholder digits), hlen bytes: the image's start */
   size_t hlen;
   uint8_t *buf;    /* KS__RING_BUFS chunks */
+  uint8_t *head;   /* head_len bytes after them: the image's first blocks, kept until the digits are known */
+  size_t head_len;
+  bool head_written; /* the head went to the file with the checksums' digits in it */
   uint64_t total;  /* bytes of the file */
+  size_t first;    /* chunk 0's length: the disk starts early; the rest end on the 4 MiB grid */
   size_t chunks;
-  size_t filled, taken; /* chunks filled by the filler, written by the caller (under mu) */
+  /* Under mu: chunks filled; chunks before `taken` all written (their buffers free again);
+     which of the next KS__RING_BUFS are written too; the next chunk a writer claims. */
+  size_t filled, taken, next;
+  unsigned written;
+  bool direct;     /* the writers write with direct I/O (until a file system refuses) */
+  int rc;          /* the first failed write's errno */
+  ks_status st;    /* a failure already reported (ending direct writes) */
+  ks__durable *out;
   bool stop;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -93,11 +113,18 @@ typedef struct ks__save_ring {
   ks__xxh3_state xx;
 } ks__save_ring;
 
-/* A ring for the job's file (header hdr of hlen bytes) in mem, a KS__RING_BYTES allocation. */
+/* A ring for the job's file (header hdr of hlen bytes) in mem, a ks__ring_bytes(hlen) allocation. */
 void ks__save_ring_init(ks__save_ring *r, ks__save_job *job, const char *hdr, size_t hlen, uint8_t *mem);
-/* Writes the whole file to out (ks__durable_write_blocks: direct writes while they are on),
-   chunk by chunk, each filled (and its tensors hashed into job->sums) by a second thread while
-   the caller writes the one before, when `thread` and one starts, else by the caller. */
+/* Writes the whole file to out, which has direct writes on (ks__durable_direct_begin), chunk by
+   chunk at each one's offset. With `thread`: a second thread fills the chunks (hashing their
+   tensors into job->sums) while the caller and a third thread write the two before it, so two
+   writes are in flight (the file given its size first, ks__durable_reserve, so that the file
+   system runs them at once); without, or when no thread starts, the caller fills and writes each
+   in turn. A file system that refuses a direct write gets that chunk and the rest through the
+   page cache. Once every
+   checksum is known and the file's whole blocks are written, the head blocks are written again
+   at offset 0 with the digits in place, directly (head_written); where they cannot be, the
+   caller patches the digits (ks__durable_pwrite). */
 KS_NODISCARD ks_status ks__save_ring_run(ks__save_ring *r, ks__durable *out, bool thread);
 
 #endif

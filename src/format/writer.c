@@ -171,8 +171,7 @@ static KS_NODISCARD ks_status body_direct(save_ctx *c, const ks__save_tuning *t)
   ks__save_ring ring;
   ks__save_ring_init(&ring, &c->job, c->hdr->p, c->hdr->len, c->ring_mem);
   ks_status st = ks__save_ring_run(&ring, &c->out, t->threads != 1);
-  if (!st) st = ks__durable_direct_end(&c->out);
-  return st ? st : patch_sums(c);
+  return st || ring.head_written ? st : patch_sums(c);
 }
 
 static void cleanup(save_ctx *c) {
@@ -229,7 +228,7 @@ ks_status ks__save_tuned(const char *path, const ks_statedict *sd, const ks_meta
   if (!st) st = ks__durable_prepare(&c.out, path, io, c.alloc, err);
   c.stage_cap = data_len < STAGE_CAP ? (size_t)data_len + 1 : STAGE_CAP;
   if (!st && !(c.stage = ks__malloc(c.alloc, c.stage_cap))) st = ks__err(err, KS_E_NOMEM, "out of memory");
-  if (!st && mode == MODE_DIRECT && !(c.ring_mem = ks__malloc(c.alloc, KS__RING_BYTES)))
+  if (!st && mode == MODE_DIRECT && !(c.ring_mem = ks__malloc(c.alloc, ks__ring_bytes(hdr.len))))
     st = ks__err(err, KS_E_NOMEM, "out of memory");
   if (!st) st = ks__durable_open(&c.out);
   if (!st) {
