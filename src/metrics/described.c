@@ -259,6 +259,13 @@ static KS_NODISCARD ks_status attr_fits(const ks__attr *a, const char *key, cons
   return KS_OK;
 }
 
+/* A copy of an attribute's n bytes (one byte for an empty one, so NULL only means out of memory). */
+static void *attr_bytes(const ks_allocator *a, const void *p, size_t n) {
+  void *c = ks__malloc(a, n ? n : 1);
+  if (c && n) memcpy(c, p, n);
+  return c;
+}
+
 ks_status ks_metric_load_attrs(ks_metric *m, const ks_statedict *src, const char *prefix, ks_error *err) {
   if (!m || !src || !prefix) return ks__err(err, KS_E_INVALID, "ks_metric_load_attrs: NULL argument");
   if (!m->cls->wrapper) ks__attrs_unstage(m); /* a refused load leaves a binding's metric none */
@@ -278,12 +285,10 @@ ks_status ks_metric_load_attrs(ks_metric *m, const ks_statedict *src, const char
   for (size_t i = 0; i < m->n_attrs; i++) {
     const ks__attr *a = &m->attrs[i];
     if (a->flags & KS_ATTR_INT || ks__key(key, prefix, a->name) || ks_statedict_get(src, key, &e)) continue;
-    size_t n = e.tensor.nbytes;
-    if (!(copies[i] = ks__malloc(&m->alloc, n ? n : 1))) {
+    if (!(copies[i] = attr_bytes(&m->alloc, e.tensor.data, e.tensor.nbytes))) {
       for (size_t j = 0; j < i; j++) ks__free(&m->alloc, copies[j]);
       return ks__err_at(err, KS_E_NOMEM, NULL, key, -1, "out of memory staging attribute '%s'", a->name);
     }
-    if (n) memcpy(copies[i], e.tensor.data, n);
   }
   ks__attrs_unstage(m);
   for (size_t i = 0; i < m->n_attrs; i++) {
@@ -365,8 +370,7 @@ static KS_NODISCARD ks_status clone_attrs(const ks_metric *m, ks_metric *c, cons
     if (!m->cls->wrapper || !m->attrs[i].staged) continue;
     c->attrs[i].ival = m->attrs[i].ival;
     if (m->attrs[i].data) {
-      if (!(c->attrs[i].data = ks__malloc(a, m->attrs[i].nbytes ? m->attrs[i].nbytes : 1))) return KS_E_NOMEM;
-      if (m->attrs[i].nbytes) memcpy(c->attrs[i].data, m->attrs[i].data, m->attrs[i].nbytes);
+      if (!(c->attrs[i].data = attr_bytes(a, m->attrs[i].data, m->attrs[i].nbytes))) return KS_E_NOMEM;
       c->attrs[i].nbytes = m->attrs[i].nbytes;
     }
     c->attrs[i].staged = 1;
